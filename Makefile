@@ -1,0 +1,19 @@
+# kvrepro: the two commands of the README's quick start.
+#   make gate   install missing packages, configure, build, run the default gate
+#   make test   the same set-up, then the whole test suite through ctest
+# Everything else is CMake (see CMakeLists.txt).
+BUILD ?= build
+JOBS ?= 2
+
+.PHONY: gate test _setup
+
+gate: _setup
+	$(BUILD)/kvrepro gate
+
+test: _setup
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+
+_setup:
+	@./scripts/ensure-deps.sh
+	cmake -S . -B $(BUILD)
+	cmake --build $(BUILD) -j $(JOBS)

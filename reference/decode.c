@@ -1,0 +1,140 @@
+/* decode.c: greedy decoding of a left-padded batch with the reference
+ * forward pass: prefill (whole or in chunks), then one token per step. */
+#include "decode.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "forward.h"
+#include "kvmath.h"
+
+KvStatus kv_batch_left_pad(const int32_t *const *prompts, const int64_t *lens, int64_t batch,
+                           int32_t pad_id, int32_t **prompt, uint8_t **real, int64_t *prompt_len,
+                           KvError *err) {
+    *prompt = NULL;
+    *real = NULL;
+    *prompt_len = 0;
+    int64_t p = 0;
+    for (int64_t b = 0; b < batch; b++) {
+        if (lens[b] < 1) {
+            return kv_error_set(err, KV_ERR_INPUT, "prompts: row %lld: expected >= 1 token, found %lld",
+                                (long long)b, (long long)lens[b]);
+        }
+        p = lens[b] > p ? lens[b] : p;
+    }
+    int32_t *tok = malloc((size_t)(batch * p) * sizeof *tok); /* (B, P) */
+    uint8_t *rl = malloc((size_t)(batch * p));                /* (B, P) */
+    if (tok == NULL || rl == NULL) {
+        free(tok);
+        free(rl);
+        return kv_error_set(err, KV_ERR_INTERNAL, "prompts: out of memory");
+    }
+    for (int64_t b = 0; b < batch; b++) {
+        int64_t pad = p - lens[b];
+        for (int64_t i = 0; i < p; i++) {
+            tok[b * p + i] = i < pad ? pad_id : prompts[b][i - pad];
+            rl[b * p + i] = i < pad ? 0 : 1;
+        }
+    }
+    *prompt = tok;
+    *real = rl;
+    *prompt_len = p;
+    return KV_OK;
+}
+
+void kv_decode_result_free(KvDecodeResult *r) {
+    if (r == NULL) return;
+    free(r->tokens);
+    free(r->logits);
+    free(r->margins);
+    memset(r, 0, sizeof *r);
+}
+
+static KvStatus decode_check_spec(const KvModel *m, const KvDecodeSpec *sp, KvError *err) {
+    if (sp->batch < 1 || sp->prompt_len < 1 || sp->new_tokens < 1 || sp->prefill_chunk < 0) {
+        return kv_error_set(err, KV_ERR_INPUT,
+                            "decode: expected batch >= 1, prompt length >= 1, new tokens >= 1, "
+                            "prefill chunk >= 0; found %lld, %lld, %lld, %lld",
+                            (long long)sp->batch, (long long)sp->prompt_len,
+                            (long long)sp->new_tokens, (long long)sp->prefill_chunk);
+    }
+    for (int64_t b = 0; b < sp->batch; b++) {
+        /* Left padding puts every row's last prompt token in the last column,
+         * whose logits start the decode. */
+        if (!sp->prompt_real[b * sp->prompt_len + sp->prompt_len - 1]) {
+            return kv_error_set(err, KV_ERR_INPUT,
+                                "decode: prompt row %lld: expected a real token in the last "
+                                "column (left padding), found a pad",
+                                (long long)b);
+        }
+    }
+    (void)m;
+    return KV_OK;
+}
+
+KvStatus kv_decode_greedy(const KvModel *m, const KvDecodeSpec *sp, KvDecodeResult *out,
+                          KvError *err) {
+    KvStatus st = KV_OK;
+    KvRefState s = {0};
+    int32_t *chunk_tok = NULL; /* (B, chunk) */
+    uint8_t *chunk_real = NULL; /* (B, chunk) */
+    memset(out, 0, sizeof *out);
+
+    st = decode_check_spec(m, sp, err);
+    if (st != KV_OK) goto exit;
+
+    const int64_t B = sp->batch;
+    const int64_t P = sp->prompt_len;
+    const int64_t V = m->config.vocab_size;
+    const int64_t chunk = sp->prefill_chunk > 0 && sp->prefill_chunk < P ? sp->prefill_chunk : P;
+    /* The last generated token is never fed back, so P + new_tokens - 1
+     * slots suffice. */
+    st = kv_ref_state_init(&s, m, B, P + sp->new_tokens - 1, chunk, err);
+    if (st != KV_OK) goto exit;
+
+    out->steps = sp->new_tokens;
+    out->batch = B;
+    out->vocab = V;
+    out->tokens = calloc((size_t)(sp->new_tokens * B), sizeof *out->tokens);
+    out->logits = calloc((size_t)(sp->new_tokens * B * V), sizeof *out->logits);
+    out->margins = calloc((size_t)(sp->new_tokens * B), sizeof *out->margins);
+    chunk_tok = malloc((size_t)(B * chunk) * sizeof *chunk_tok);
+    chunk_real = malloc((size_t)(B * chunk));
+    if (!out->tokens || !out->logits || !out->margins || !chunk_tok || !chunk_real) {
+        st = kv_error_set(err, KV_ERR_INTERNAL, "decode: out of memory (%lld steps x %lld rows x %lld vocab)",
+                          (long long)sp->new_tokens, (long long)B, (long long)V);
+        goto exit;
+    }
+
+    for (int64_t off = 0; off < P; off += chunk) {
+        int64_t n = P - off < chunk ? P - off : chunk;
+        for (int64_t b = 0; b < B; b++) {
+            memcpy(chunk_tok + b * n, sp->prompt + b * P + off, (size_t)n * sizeof *chunk_tok);
+            memcpy(chunk_real + b * n, sp->prompt_real + b * P + off, (size_t)n);
+        }
+        st = kv_ref_forward(m, &s, chunk_tok, chunk_real, n, out->logits, err);
+        if (st != KV_OK) goto exit;
+    }
+
+    for (int64_t step = 0; step < sp->new_tokens; step++) {
+        float *lg = out->logits + step * B * V; /* (B, V) */
+        if (step > 0) {
+            for (int64_t b = 0; b < B; b++) {
+                chunk_tok[b] = out->tokens[(step - 1) * B + b];
+                chunk_real[b] = 1;
+            }
+            st = kv_ref_forward(m, &s, chunk_tok, chunk_real, 1, lg, err);
+            if (st != KV_OK) goto exit;
+        }
+        for (int64_t b = 0; b < B; b++) {
+            out->tokens[step * B + b] = kv_argmax(lg + b * V, V, &out->margins[step * B + b]);
+        }
+    }
+
+exit:
+    free(chunk_tok);
+    free(chunk_real);
+    kv_ref_state_free(&s);
+    if (st != KV_OK) kv_decode_result_free(out);
+    return st;
+}

@@ -1,0 +1,42 @@
+/* decode.h: greedy decoding of a left-padded batch with the reference. */
+#ifndef KV_DECODE_H
+#define KV_DECODE_H
+
+#include <stdint.h>
+
+#include "model.h"
+#include "status.h"
+
+typedef struct {
+    int64_t batch;             /* B */
+    int64_t prompt_len;        /* P, padded length (longest prompt) */
+    const int32_t *prompt;     /* (B, P) left-padded token ids */
+    const uint8_t *prompt_real;/* (B, P) 0 on pads */
+    int64_t new_tokens;        /* tokens generated per row, >= 1 */
+    int64_t prefill_chunk;     /* tokens per prefill forward; 0 = whole prompt at once */
+} KvDecodeSpec;
+
+typedef struct {
+    int64_t steps;    /* = new_tokens */
+    int64_t batch;
+    int64_t vocab;
+    int32_t *tokens;  /* (steps, B) the greedy token chosen at each step */
+    float *logits;    /* (steps, B, vocab) logits the token was chosen from */
+    float *margins;   /* (steps, B) top-1 minus runner-up logit */
+} KvDecodeResult;
+
+/* Builds a left-padded batch from `batch` prompts of the given lengths.
+ * prompt: (B, P) and real: (B, P) are malloc'd; pads hold pad_id. */
+KvStatus kv_batch_left_pad(const int32_t *const *prompts, const int64_t *lens, int64_t batch,
+                           int32_t pad_id, int32_t **prompt, uint8_t **real, int64_t *prompt_len,
+                           KvError *err);
+
+/* Runs the prefill (in chunks of prefill_chunk when set) and then one token
+ * per step; step 0's logits come from the prefill. Token ids are checked
+ * against the vocabulary. */
+KvStatus kv_decode_greedy(const KvModel *m, const KvDecodeSpec *spec, KvDecodeResult *out,
+                          KvError *err);
+
+void kv_decode_result_free(KvDecodeResult *r);
+
+#endif

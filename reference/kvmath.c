@@ -1,0 +1,121 @@
+/* kvmath.c: the reference's numeric building blocks. Every function here
+ * follows the exact contract written in kvmath.h; the contracts are what
+ * makes the reference bitwise reproducible for any thread count, so change
+ * the header first if a pattern must change. */
+#include "kvmath.h"
+
+#include <math.h>
+#include <stddef.h>
+
+float kv_dot(const float *a, const float *b, int64_t n) {
+    /* Fixed 16-lane pattern: independent of threads, and simple enough that
+     * the compiler turns the inner loop into SIMD without reassociating
+     * (lane j only ever sees elements i % 16 == j, in ascending order). */
+    float lane[KV_DOT_LANES] = {0};
+    int64_t n16 = n - n % KV_DOT_LANES;
+    for (int64_t i = 0; i < n16; i += KV_DOT_LANES) {
+        for (int j = 0; j < KV_DOT_LANES; j++) lane[j] += a[i + j] * b[i + j];
+    }
+    for (int w = KV_DOT_LANES / 2; w >= 1; w /= 2) {
+        for (int j = 0; j < w; j++) lane[j] += lane[j + w];
+    }
+    float s = lane[0];
+    for (int64_t i = n16; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+void kv_matmul(const float *x, const float *w, int64_t rows, int64_t in, int64_t out, float *y) {
+    /* Outputs are split across threads; each y element is computed by one
+     * thread with one kv_dot, so the result does not depend on the thread
+     * count. The weight row stays in cache while all rows use it. */
+#pragma omp parallel for schedule(static)
+    for (int64_t o = 0; o < out; o++) {
+        const float *wo = w + o * in;
+        for (int64_t r = 0; r < rows; r++) y[r * out + o] = kv_dot(x + r * in, wo, in);
+    }
+}
+
+void kv_rmsnorm(const float *x, const float *w, int64_t n, float eps, bool offset, float *out) {
+    float mean = kv_dot(x, x, n) / (float)n;
+    float r = 1.0f / sqrtf(mean + eps);
+    for (int64_t i = 0; i < n; i++) {
+        float xn = x[i] * r;
+        /* gemma2 stores w as an offset from 1 (Gemma2RMSNorm: * (1 + w));
+         * mistral/llama multiply by w (weight * hidden_states). */
+        out[i] = offset ? xn * (1.0f + w[i]) : w[i] * xn;
+    }
+}
+
+void kv_rope_inv_freq(int64_t head_dim, double theta, float *inv_freq) {
+    /* transformers: 1.0 / (base ** (arange(0, dim, 2).float() / dim)), all F32. */
+    for (int64_t i = 0; i < head_dim / 2; i++) {
+        float e = (float)(2 * i) / (float)head_dim;
+        inv_freq[i] = 1.0f / powf((float)theta, e);
+    }
+}
+
+void kv_rope_apply(float *x, int64_t head_dim, const float *inv_freq, int64_t pos) {
+    int64_t h = head_dim / 2;
+    for (int64_t i = 0; i < h; i++) {
+        float angle = (float)pos * inv_freq[i];
+        float c = cosf(angle);
+        float s = sinf(angle);
+        float a = x[i];
+        float b = x[i + h];
+        /* q * cos + rotate_half(q) * sin, rotate_half(q) = cat(-q2, q1). */
+        x[i] = a * c - b * s;
+        x[i + h] = b * c + a * s;
+    }
+}
+
+float kv_softcap(float x, float cap) {
+    if (cap <= 0.0f) return x;
+    return tanhf(x / cap) * cap;
+}
+
+float kv_gelu_tanh(float x) {
+    const float k_beta = 0.7978845608028654f; /* sqrt(2 / pi) */
+    const float k_kappa = 0.044715f;
+    float inner = k_beta * (x + k_kappa * x * x * x);
+    return 0.5f * x * (1.0f + tanhf(inner));
+}
+
+float kv_silu(float x) {
+    return x / (1.0f + expf(-x));
+}
+
+void kv_softmax(float *x, int64_t n) {
+    if (n <= 0) return;
+    float mx = x[0];
+    for (int64_t i = 1; i < n; i++) mx = x[i] > mx ? x[i] : mx;
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n; i++) {
+        x[i] = expf(x[i] - mx);
+        sum += x[i];
+    }
+    for (int64_t i = 0; i < n; i++) x[i] = x[i] / sum;
+}
+
+int64_t kv_gqa_kv_head(int64_t head, int64_t num_heads, int64_t num_kv_heads) {
+    return head / (num_heads / num_kv_heads);
+}
+
+bool kv_window_visible(int64_t q, int64_t k, int64_t window) {
+    if (k > q) return false;
+    return window == 0 || q - window < k;
+}
+
+int32_t kv_argmax(const float *x, int64_t n, float *margin) {
+    int64_t best = 0;
+    for (int64_t i = 1; i < n; i++) {
+        if (x[i] > x[best]) best = i; /* strict: ties keep the lowest id */
+    }
+    if (margin != NULL) {
+        float second = -INFINITY;
+        for (int64_t i = 0; i < n; i++) {
+            if (i != best && x[i] > second) second = x[i];
+        }
+        *margin = n > 1 ? x[best] - second : INFINITY;
+    }
+    return (int32_t)best;
+}

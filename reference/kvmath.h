@@ -1,0 +1,71 @@
+/* kvmath.h: the reference's numeric building blocks (DESIGN §1, §2, §4).
+ *
+ * Everything is F32 with -ffp-contract=off and no fast-math. Every reduction
+ * has a fixed order that depends only on the length of the data, never on the
+ * thread count, so the reference is bitwise reproducible for any
+ * OMP_NUM_THREADS. The dot-product pattern (KV_DOT_LANES partial sums) is the
+ * one documented contract that lets the compiler vectorize without changing
+ * results. */
+#ifndef KV_MATH_H
+#define KV_MATH_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+/* Dot-product pattern: lane j (0 <= j < 16) accumulates a[i]*b[i] for every
+ * i < n16 with i % 16 == j, in ascending i, where n16 = n rounded down to a
+ * multiple of 16. The lanes are then combined as a fixed pairwise tree
+ * (lane j += lane j+8, then j+4, j+2, j+1), and the tail elements
+ * i >= n16 are added to that sum one by one in ascending i. */
+#define KV_DOT_LANES 16
+
+float kv_dot(const float *a /* (n) */, const float *b /* (n) */, int64_t n);
+
+/* y[r, o] = dot(x[r, :], w[o, :]) for every row r and output o.
+ * x: (rows, in), w: (out, in) row-major as torch Linear stores it, y: (rows, out).
+ * Parallelised (OpenMP) over outputs only; each y element is one kv_dot. */
+void kv_matmul(const float *x, const float *w, int64_t rows, int64_t in, int64_t out, float *y);
+
+/* RMSNorm over n elements: x * rsqrt(mean(x^2) + eps), then times (1 + w)
+ * (gemma2, offset = true) or times w (mistral, offset = false). The sum of
+ * squares uses the kv_dot pattern; the mean divides by n in F32. */
+void kv_rmsnorm(const float *x /* (n) */, const float *w /* (n) */, int64_t n, float eps,
+                bool offset, float *out /* (n) */);
+
+/* RoPE inverse frequencies as transformers computes them in F32:
+ * inv_freq[i] = 1 / (theta ^ ((2i) / head_dim)), i < head_dim / 2. */
+void kv_rope_inv_freq(int64_t head_dim, double theta, float *inv_freq /* (head_dim / 2) */);
+
+/* Rotates one head vector in place at position pos (non-interleaved,
+ * rotate_half): with h = head_dim/2, angle_i = (float)pos * inv_freq[i],
+ *   out[i]   = x[i]   * cos(angle_i) - x[i+h] * sin(angle_i)
+ *   out[i+h] = x[i+h] * cos(angle_i) + x[i]   * sin(angle_i). */
+void kv_rope_apply(float *x /* (head_dim) */, int64_t head_dim, const float *inv_freq, int64_t pos);
+
+/* cap * tanh(x / cap); cap <= 0 means no softcap (returns x). */
+float kv_softcap(float x, float cap);
+
+/* gelu with the tanh approximation (gelu_pytorch_tanh):
+ * 0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x^3))). */
+float kv_gelu_tanh(float x);
+
+/* x * sigmoid(x) = x / (1 + exp(-x)). */
+float kv_silu(float x);
+
+/* In-place softmax over n values: subtract the max, exponentiate, sum in
+ * ascending index order, divide. n == 0 is a no-op. */
+void kv_softmax(float *x /* (n) */, int64_t n);
+
+/* GQA: the key/value head that query head `head` reads (transformers'
+ * repeat_kv: consecutive groups of num_heads / num_kv_heads query heads). */
+int64_t kv_gqa_kv_head(int64_t head, int64_t num_heads, int64_t num_kv_heads);
+
+/* DESIGN §2: a query at position q sees a key at position k when
+ * k <= q and (window == 0 or q - window < k). */
+bool kv_window_visible(int64_t q, int64_t k, int64_t window);
+
+/* Greedy argmax, ties to the lowest index. *margin (may be NULL) receives the
+ * gap between the best and the runner-up value (0 on a tie; +inf when n == 1). */
+int32_t kv_argmax(const float *x /* (n) */, int64_t n, float *margin);
+
+#endif

@@ -1,0 +1,57 @@
+/* model.h: a loaded model: configuration plus F32 weight pointers.
+ *
+ * F32 tensors are used in place from the mapping when aligned; F16/BF16 (and
+ * unaligned F32) are converted once at load into owned buffers. Every HF
+ * tensor name the family needs must be present with the shape the config
+ * implies; anything else is KV_ERR_INPUT and no partial model is returned. */
+#ifndef KV_MODEL_H
+#define KV_MODEL_H
+
+#include <stdint.h>
+
+#include "config.h"
+#include "safetensors.h"
+#include "status.h"
+
+typedef struct {
+    const float *input_norm;     /* (hidden) input_layernorm */
+    const float *post_attn_norm; /* (hidden) post_attention_layernorm */
+    const float *pre_ffw_norm;   /* (hidden) gemma2 pre_feedforward_layernorm; NULL for mistral */
+    const float *post_ffw_norm;  /* (hidden) gemma2 post_feedforward_layernorm; NULL for mistral */
+    const float *wq;             /* (num_heads * head_dim, hidden) */
+    const float *wk;             /* (num_kv_heads * head_dim, hidden) */
+    const float *wv;             /* (num_kv_heads * head_dim, hidden) */
+    const float *wo;             /* (hidden, num_heads * head_dim) */
+    const float *w_gate;         /* (intermediate, hidden) */
+    const float *w_up;           /* (intermediate, hidden) */
+    const float *w_down;         /* (hidden, intermediate) */
+} KvLayerWeights;
+
+typedef struct {
+    KvConfig config;
+    const float *embed;      /* (vocab, hidden) model.embed_tokens.weight */
+    const float *final_norm; /* (hidden) model.norm.weight */
+    const float *lm_head;    /* (vocab, hidden); == embed when tied */
+    KvLayerWeights *layers;  /* (num_layers) */
+    uint64_t weight_bytes;   /* F32 bytes of all weights a decode step reads */
+    KvSafetensors st;        /* keeps the mapping alive */
+    float **owned;           /* (n_owned) converted buffers */
+    size_t n_owned;
+} KvModel;
+
+/* Loads DIR/config.json and DIR/model.safetensors. */
+KvStatus kv_model_load_dir(const char *dir, KvModel *out, KvError *err);
+
+/* Loads from memory. The st bytes must outlive the model (weights may point
+ * into them). `label` names the source in messages (e.g. a fixture name). */
+KvStatus kv_model_load_memory(const char *config_json, size_t config_len, const uint8_t *st,
+                              size_t st_len, const char *label, KvModel *out, KvError *err);
+
+/* Releases everything (safe on a zeroed struct). */
+void kv_model_free(KvModel *m);
+
+/* FNV-1a 64-bit hash of the config JSON-independent identity of the weights:
+ * all tensors' F32 values in layer order. Used to name a model in reports. */
+uint64_t kv_model_hash(const KvModel *m);
+
+#endif

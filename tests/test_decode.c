@@ -1,0 +1,294 @@
+/* test_decode.c: determinism and semantics of the CPU reference decode.
+ *
+ * Bitwise invariants (DESIGN §2, §4): the same decode gives the same logits
+ * bytes across repeats and OpenMP thread counts; a chunked prefill equals a
+ * whole one; a row of a left-padded batch equals the same prompt decoded
+ * alone (padding shifts slots, never relative positions). Semantics: the
+ * window mask first changes a logit exactly when the context outgrows W. */
+#include <check.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "decode.h"
+#include "fixture.h"
+#include "prng.h"
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#define TEST_SEED KV_FIXTURE_DEFAULT_SEED
+#define TEST_PROMPT_SEED 7ULL
+static const char *const k_families[] = {"gemma2-tiny", "mistral-tiny"};
+
+/* One prompt of len tokens from [1, vocab), seeded. */
+static int32_t *make_prompt(int64_t len, uint64_t seed, int64_t vocab) {
+    int32_t *p = malloc((size_t)len * sizeof *p);
+    ck_assert_ptr_nonnull(p);
+    KvPrng g = kv_prng_seed(seed);
+    for (int64_t i = 0; i < len; i++) p[i] = 1 + (int32_t)kv_prng_below(&g, (uint32_t)(vocab - 1));
+    return p;
+}
+
+/* Decodes `batch` prompts (left-padded) and returns the result. */
+static KvDecodeResult run_decode(const KvModel *m, int32_t **prompts, const int64_t *lens,
+                                 int64_t batch, int64_t new_tokens, int64_t chunk) {
+    int32_t *tok = NULL;
+    uint8_t *real = NULL;
+    int64_t plen = 0;
+    KvError err = {{0}};
+    KvStatus st = kv_batch_left_pad((const int32_t *const *)prompts, lens, batch, 0, &tok, &real,
+                                    &plen, &err);
+    ck_assert_msg(st == KV_OK, "left pad: %s", err.msg);
+    KvDecodeSpec spec = {batch, plen, tok, real, new_tokens, chunk};
+    KvDecodeResult r = {0};
+    st = kv_decode_greedy(m, &spec, &r, &err);
+    ck_assert_msg(st == KV_OK, "decode: %s", err.msg);
+    free(tok);
+    free(real);
+    return r;
+}
+
+static void assert_same(const KvDecodeResult *a, const KvDecodeResult *b, const char *what) {
+    ck_assert_int_eq(a->steps, b->steps);
+    ck_assert_int_eq(a->batch, b->batch);
+    size_t n = (size_t)(a->steps * a->batch * a->vocab);
+    for (size_t i = 0; i < n; i++) {
+        if (memcmp(&a->logits[i], &b->logits[i], sizeof(float)) != 0) {
+            ck_abort_msg("Nondeterminism! %s: first differing logit at step %zu row %zu id %zu: "
+                         "%.9g vs %.9g (seeds %llu/%llu)",
+                         what, i / (size_t)(a->batch * a->vocab),
+                         (i / (size_t)a->vocab) % (size_t)a->batch, i % (size_t)a->vocab,
+                         (double)a->logits[i], (double)b->logits[i],
+                         (unsigned long long)TEST_SEED, (unsigned long long)TEST_PROMPT_SEED);
+        }
+    }
+    ck_assert_msg(memcmp(a->tokens, b->tokens, (size_t)(a->steps * a->batch) * sizeof(int32_t)) == 0,
+                  "%s: tokens differ", what);
+}
+
+/* The three prompt shapes of the acceptance: shorter than W, longer than W,
+ * and a left-padded batch of both lengths. */
+typedef struct {
+    const char *name;
+    int64_t batch;
+    int64_t lens[2];
+} Shape;
+static const Shape k_shapes[] = {
+    {"short", 1, {5, 0}},
+    {"long", 1, {3 * 16 + 2, 0}},
+    {"padded batch", 2, {3 * 16 + 2, 3}},
+};
+#define N_SHAPES (sizeof k_shapes / sizeof k_shapes[0])
+
+static KvDecodeResult run_shape(const KvModel *m, const Shape *s, int64_t new_tokens, int64_t chunk) {
+    int32_t *p[2] = {NULL, NULL};
+    for (int64_t b = 0; b < s->batch; b++) {
+        p[b] = make_prompt(s->lens[b], TEST_PROMPT_SEED + (uint64_t)b, m->config.vocab_size);
+    }
+    KvDecodeResult r = run_decode(m, p, s->lens, s->batch, new_tokens, chunk);
+    free(p[0]);
+    free(p[1]);
+    return r;
+}
+
+/* loop index i: family = i / N_SHAPES, shape = i % N_SHAPES */
+START_TEST(test_repeat_and_threads_bitwise) {
+    const char *fam = k_families[_i / (int)N_SHAPES];
+    const Shape *shape = &k_shapes[_i % (int)N_SHAPES];
+    KvFixtureModel f;
+    KvError err = {{0}};
+    ck_assert_msg(kv_fixture_load(fam, TEST_SEED, &f, &err) == KV_OK, "%s", err.msg);
+    int64_t w = f.model.config.sliding_window;
+    int64_t new_tokens = 3 * w + 4; /* at least 3 x W past the window */
+    KvDecodeResult base = run_shape(&f.model, shape, new_tokens, 0);
+    char what[128];
+    for (int rep = 0; rep < 2; rep++) {
+        KvDecodeResult again = run_shape(&f.model, shape, new_tokens, 0);
+        snprintf(what, sizeof what, "%s %s repeat %d", fam, shape->name, rep + 2);
+        assert_same(&base, &again, what);
+        kv_decode_result_free(&again);
+    }
+#ifdef _OPENMP
+    int saved = omp_get_max_threads();
+    const int threads[] = {1, 2, 4};
+    for (size_t t = 0; t < 3; t++) {
+        omp_set_num_threads(threads[t]);
+        ck_assert_int_eq(omp_get_max_threads(), threads[t]);
+        KvDecodeResult r = run_shape(&f.model, shape, new_tokens, 0);
+        snprintf(what, sizeof what, "%s %s OMP threads %d", fam, shape->name, threads[t]);
+        assert_same(&base, &r, what);
+        kv_decode_result_free(&r);
+    }
+    omp_set_num_threads(saved);
+#else
+    fprintf(stderr, "test_decode: built without OpenMP: thread-count check covers 1 thread only\n");
+#endif
+    kv_decode_result_free(&base);
+    kv_fixture_free(&f);
+}
+END_TEST
+
+START_TEST(test_chunked_prefill_bitwise) {
+    KvFixtureModel f;
+    KvError err = {{0}};
+    ck_assert_msg(kv_fixture_load(k_families[_i], TEST_SEED, &f, &err) == KV_OK, "%s", err.msg);
+    const Shape *s = &k_shapes[2]; /* padded batch, 50-token prompt */
+    KvDecodeResult whole = run_shape(&f.model, s, 20, 0);
+    const int64_t chunks[] = {1, 9, 16, 17};
+    for (size_t c = 0; c < 4; c++) {
+        KvDecodeResult r = run_shape(&f.model, s, 20, chunks[c]);
+        char what[96];
+        snprintf(what, sizeof what, "%s chunk %lld vs whole prefill", k_families[_i],
+                 (long long)chunks[c]);
+        assert_same(&whole, &r, what);
+        kv_decode_result_free(&r);
+    }
+    kv_decode_result_free(&whole);
+    kv_fixture_free(&f);
+}
+END_TEST
+
+START_TEST(test_padded_row_equals_alone) {
+    KvFixtureModel f;
+    KvError err = {{0}};
+    ck_assert_msg(kv_fixture_load(k_families[_i], TEST_SEED, &f, &err) == KV_OK, "%s", err.msg);
+    int64_t V = f.model.config.vocab_size;
+    int64_t lens[2] = {50, 3};
+    int32_t *p[2] = {make_prompt(50, TEST_PROMPT_SEED, V), make_prompt(3, TEST_PROMPT_SEED + 1, V)};
+    KvDecodeResult both = run_decode(&f.model, p, lens, 2, 52, 0);
+    for (int64_t b = 0; b < 2; b++) {
+        KvDecodeResult alone = run_decode(&f.model, &p[b], &lens[b], 1, 52, 0);
+        for (int64_t s = 0; s < 52; s++) {
+            ck_assert_msg(memcmp(alone.logits + s * V, both.logits + (s * 2 + b) * V,
+                                 (size_t)V * sizeof(float)) == 0,
+                          "%s: row %lld of the padded batch differs from decoding it alone at step %lld",
+                          k_families[_i], (long long)b, (long long)s);
+        }
+        kv_decode_result_free(&alone);
+    }
+    kv_decode_result_free(&both);
+    free(p[0]);
+    free(p[1]);
+    kv_fixture_free(&f);
+}
+END_TEST
+
+/* With the window removed the logits agree exactly while the context fits
+ * in W and differ from the first query that would drop a key: the query at
+ * slot W (context W + 1) is the first whose window (q - W < k) excludes
+ * slot 0. This pins the convention: an off-by-one moves the boundary. */
+START_TEST(test_window_boundary) {
+    KvFixtureModel f;
+    KvError err = {{0}};
+    ck_assert_msg(kv_fixture_load(k_families[_i], TEST_SEED, &f, &err) == KV_OK, "%s", err.msg);
+    const int64_t W = f.model.config.sliding_window;
+    const int64_t V = f.model.config.vocab_size;
+    const int64_t P = 5;
+    int32_t *p = make_prompt(P, TEST_PROMPT_SEED, V);
+    int64_t len = P;
+    KvDecodeResult win = run_decode(&f.model, &p, &len, 1, 2 * W, 0);
+    KvModel full = f.model; /* shallow copy: same weights, no window */
+    full.config.sliding_window = 0;
+    for (int64_t l = 0; l < full.config.num_layers; l++) full.config.layer_sliding[l] = 0;
+    /* Teacher-force the windowed tokens so both runs see the same inputs. */
+    int32_t *forced = malloc((size_t)(P + 2 * W) * sizeof *forced);
+    ck_assert_ptr_nonnull(forced);
+    memcpy(forced, p, (size_t)P * sizeof *forced);
+    for (int64_t s = 0; s < 2 * W; s++) forced[P + s] = win.tokens[s];
+    int64_t first_diff = -1;
+    for (int64_t s = 0; s < 2 * W && first_diff < 0; s++) {
+        /* Step s's logits come from the query at slot P - 1 + s. */
+        int64_t flen = P + s;
+        KvDecodeResult r = run_decode(&full, &forced, &flen, 1, 1, 0);
+        if (memcmp(r.logits, win.logits + s * V, (size_t)V * sizeof(float)) != 0) first_diff = s;
+        kv_decode_result_free(&r);
+    }
+    ck_assert_msg(first_diff == W - P + 1,
+                  "%s: window W=%lld should first change step %lld (query slot %lld), changed step %lld",
+                  k_families[_i], (long long)W, (long long)(W - P + 1), (long long)W,
+                  (long long)first_diff);
+    free(forced);
+    free(p);
+    kv_decode_result_free(&win);
+    kv_fixture_free(&f);
+}
+END_TEST
+
+START_TEST(test_margins_clear_of_ties) {
+    /* The fixtures are scaled so greedy margins are clear of F32 rounding:
+     * the smallest margin over a 64-step decode must exceed 1e-3 (logits
+     * are O(1..10); F32 rounding of them is ~1e-6). */
+    KvFixtureModel f;
+    KvError err = {{0}};
+    ck_assert_msg(kv_fixture_load(k_families[_i], TEST_SEED, &f, &err) == KV_OK, "%s", err.msg);
+    int64_t len = 5;
+    int32_t *p = make_prompt(len, TEST_PROMPT_SEED, f.model.config.vocab_size);
+    KvDecodeResult r = run_decode(&f.model, &p, &len, 1, 64, 0);
+    float mn = INFINITY;
+    for (int64_t i = 0; i < r.steps; i++) mn = r.margins[i] < mn ? r.margins[i] : mn;
+    ck_assert_msg(mn > 1e-3f, "%s: smallest top-1 margin %g", k_families[_i], (double)mn);
+    int distinct = 0;
+    for (int64_t i = 0; i < r.steps; i++) {
+        bool seen = false;
+        for (int64_t j = 0; j < i; j++) seen = seen || r.tokens[j] == r.tokens[i];
+        distinct += !seen;
+    }
+    fprintf(stderr, "%s: min margin %g, %d distinct tokens in 64 steps\n", k_families[_i],
+            (double)mn, distinct);
+    free(p);
+    kv_decode_result_free(&r);
+    kv_fixture_free(&f);
+}
+END_TEST
+
+START_TEST(test_bad_tokens_rejected) {
+    KvFixtureModel f;
+    KvError err = {{0}};
+    ck_assert_msg(kv_fixture_load("mistral-tiny", TEST_SEED, &f, &err) == KV_OK, "%s", err.msg);
+    int32_t tok[2] = {3, 512};
+    uint8_t real[2] = {1, 1};
+    KvDecodeSpec spec = {1, 2, tok, real, 4, 0};
+    KvDecodeResult r;
+    ck_assert_int_eq(kv_decode_greedy(&f.model, &spec, &r, &err), KV_ERR_INPUT);
+    ck_assert_msg(strstr(err.msg, "512") != NULL && strstr(err.msg, "[0, 512)") != NULL, "%s", err.msg);
+    ck_assert_ptr_null(r.logits);
+    tok[1] = 4;
+    real[1] = 0; /* right padding */
+    ck_assert_int_eq(kv_decode_greedy(&f.model, &spec, &r, &err), KV_ERR_INPUT);
+    ck_assert_msg(strstr(err.msg, "left padding") != NULL, "%s", err.msg);
+    real[0] = 1;
+    real[1] = 1;
+    spec.new_tokens = 0;
+    ck_assert_int_eq(kv_decode_greedy(&f.model, &spec, &r, &err), KV_ERR_INPUT);
+    kv_fixture_free(&f);
+}
+END_TEST
+
+static Suite *decode_suite(void) {
+    Suite *s = suite_create("decode");
+    TCase *tc = tcase_create("determinism");
+    tcase_set_timeout(tc, 120);
+    tcase_add_loop_test(tc, test_repeat_and_threads_bitwise, 0, 2 * (int)N_SHAPES);
+    tcase_add_loop_test(tc, test_chunked_prefill_bitwise, 0, 2);
+    tcase_add_loop_test(tc, test_padded_row_equals_alone, 0, 2);
+    suite_add_tcase(s, tc);
+    TCase *sem = tcase_create("semantics");
+    tcase_set_timeout(sem, 120);
+    tcase_add_loop_test(sem, test_window_boundary, 0, 2);
+    tcase_add_loop_test(sem, test_margins_clear_of_ties, 0, 2);
+    tcase_add_test(sem, test_bad_tokens_rejected);
+    suite_add_tcase(s, sem);
+    return s;
+}
+
+int main(void) {
+    SRunner *sr = srunner_create(decode_suite());
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}
