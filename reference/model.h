@@ -33,25 +33,33 @@ typedef struct {
     const float *final_norm; /* (hidden) model.norm.weight */
     const float *lm_head;    /* (vocab, hidden); == embed when tied */
     KvLayerWeights *layers;  /* (num_layers) */
-    uint64_t weight_bytes;   /* F32 bytes of all weights a decode step reads */
+    uint64_t weight_bytes;   /* F32 bytes a decode step reads: every layer matrix and norm,
+                              * final_norm and lm_head (vocab * hidden) once; an untied
+                              * embedding (one row read per token) is not counted */
     KvSafetensors st;        /* keeps the mapping alive */
     float **owned;           /* (n_owned) converted buffers */
     size_t n_owned;
 } KvModel;
 
-/* Loads DIR/config.json and DIR/model.safetensors. */
+/* Loads DIR/config.json and DIR/model.safetensors; messages name those paths.
+ * Tensors not needed by the family (and lm_head.weight when tied) are
+ * ignored. On failure *out is zeroed and nothing stays allocated. */
 KvStatus kv_model_load_dir(const char *dir, KvModel *out, KvError *err);
 
 /* Loads from memory. The st bytes must outlive the model (weights may point
- * into them). `label` names the source in messages (e.g. a fixture name). */
+ * into them). `label` names the source in messages (e.g. a fixture name):
+ * "LABEL/config.json: ..." and "LABEL/model.safetensors: ..."; with a NULL or
+ * empty label just "config.json: ..." and "model.safetensors: ...". */
 KvStatus kv_model_load_memory(const char *config_json, size_t config_len, const uint8_t *st,
                               size_t st_len, const char *label, KvModel *out, KvError *err);
 
 /* Releases everything (safe on a zeroed struct). */
 void kv_model_free(KvModel *m);
 
-/* FNV-1a 64-bit hash of the config JSON-independent identity of the weights:
- * all tensors' F32 values in layer order. Used to name a model in reports. */
+/* FNV-1a 64-bit hash of the weights' F32 bytes (independent of the config
+ * JSON text and of the file's dtype once converted): embed, then each layer's
+ * tensors in KvLayerWeights order (NULL ones skipped), final_norm, and
+ * lm_head when untied. Used to name a model in reports. */
 uint64_t kv_model_hash(const KvModel *m);
 
 #endif

@@ -67,10 +67,10 @@ endforeach()
 
 # Bad input: exit 2 and a message naming the file and field.
 kv_run(2 out err ${KVREPRO} gate --model "${WORK}/missing")
-kv_expect_match("${err}" "missing/config.json" "missing model dir")
+kv_expect_match("${err}" "cli_work/missing: cannot open" "missing model dir")
 file(MAKE_DIRECTORY "${WORK}/bad")
 file(READ "${WORK}/g/config.json" cfg)
-string(REGEX REPLACE "\"hidden_size\":[ ]*[0-9]+" "\"hidden_size\": \"128\"" cfg "${cfg}")
+string(REGEX REPLACE "\"hidden_size\":[ \t]*[0-9]+" "\"hidden_size\": \"128\"" cfg "${cfg}")
 file(WRITE "${WORK}/bad/config.json" "${cfg}")
 file(COPY "${WORK}/g/model.safetensors" DESTINATION "${WORK}/bad")
 kv_run(2 out err ${KVREPRO} gate --model "${WORK}/bad")

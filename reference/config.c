@@ -1,0 +1,648 @@
+/* config.c: reading, validating and writing a Hugging Face config.json.
+ *
+ * The semantics are those of transformers' Gemma2Config, MistralConfig and
+ * LlamaConfig: a missing (or null) optional field takes the class default, so
+ * a config that transformers loads gives the same model here. What kvrepro
+ * does not implement (RoPE scaling, biases, other activations) is rejected
+ * with a message rather than silently computed differently. */
+#include "config.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* A config.json is a few kilobytes; anything this large is not one. */
+#define KV_CONFIG_MAX_BYTES (16u * 1024u * 1024u)
+#define KV_CONFIG_INT_MAX 2147483647.0
+
+typedef struct {
+    const cJSON *root;
+    const char *label;
+    KvError *err;
+} ConfigCtx;
+
+/* A short description of a JSON value for "found ..." in messages. */
+static void json_describe(const cJSON *it, char *buf, size_t size) {
+    if (it == NULL) {
+        snprintf(buf, size, "nothing (missing)");
+    } else if (cJSON_IsNull(it)) {
+        snprintf(buf, size, "null");
+    } else if (cJSON_IsTrue(it)) {
+        snprintf(buf, size, "true");
+    } else if (cJSON_IsFalse(it)) {
+        snprintf(buf, size, "false");
+    } else if (cJSON_IsNumber(it)) {
+        snprintf(buf, size, "the number %.17g", it->valuedouble);
+    } else if (cJSON_IsString(it)) {
+        char s[48];
+        snprintf(s, sizeof s, "%s", it->valuestring);
+        for (char *p = s; *p; p++) {
+            if ((unsigned char)*p < 0x20) *p = '?';
+        }
+        snprintf(buf, size, "the string \"%s\"%s", s,
+                 strlen(it->valuestring) >= sizeof s ? "..." : "");
+    } else if (cJSON_IsArray(it)) {
+        snprintf(buf, size, "an array of %d", cJSON_GetArraySize(it));
+    } else if (cJSON_IsObject(it)) {
+        snprintf(buf, size, "an object");
+    } else {
+        snprintf(buf, size, "an unknown JSON value");
+    }
+}
+
+static KvStatus field_error(const ConfigCtx *c, const char *field, const char *expected,
+                            const cJSON *found) {
+    char what[128];
+    json_describe(found, what, sizeof what);
+    return kv_error_set(c->err, KV_ERR_INPUT, "%s: field '%s': expected %s, found %s", c->label,
+                        field, expected, what);
+}
+
+/* The field, or NULL when it is missing or JSON null (both mean "default"
+ * to transformers' config classes). */
+static const cJSON *field_get(const ConfigCtx *c, const char *name) {
+    const cJSON *it = cJSON_GetObjectItemCaseSensitive(c->root, name);
+    return cJSON_IsNull(it) ? NULL : it;
+}
+
+static bool json_is_int_in(const cJSON *it, double lo, double hi) {
+    if (!cJSON_IsNumber(it)) return false;
+    double d = it->valuedouble;
+    return isfinite(d) && d == floor(d) && d >= lo && d <= hi;
+}
+
+/* An integer field in [1, 2^31 - 1]; def < 0 means required. */
+static KvStatus field_int(const ConfigCtx *c, const char *name, int64_t def, int64_t *out) {
+    const cJSON *it = cJSON_GetObjectItemCaseSensitive(c->root, name);
+    if (it == NULL || cJSON_IsNull(it)) {
+        if (def < 0) return field_error(c, name, "an integer >= 1", it);
+        *out = def;
+        return KV_OK;
+    }
+    if (!json_is_int_in(it, 1.0, KV_CONFIG_INT_MAX)) {
+        return field_error(c, name, "an integer in [1, 2147483647]", it);
+    }
+    *out = (int64_t)it->valuedouble;
+    return KV_OK;
+}
+
+/* A finite number field; positive (> 0) or non-negative (>= 0). */
+static KvStatus field_double(const ConfigCtx *c, const char *name, double def, bool positive,
+                             double *out) {
+    const cJSON *it = field_get(c, name);
+    if (it == NULL) {
+        *out = def;
+        return KV_OK;
+    }
+    if (!cJSON_IsNumber(it) || !isfinite(it->valuedouble) ||
+        (positive ? !(it->valuedouble > 0.0) : !(it->valuedouble >= 0.0))) {
+        return field_error(c, name, positive ? "a finite number > 0" : "a finite number >= 0",
+                           it);
+    }
+    *out = it->valuedouble;
+    return KV_OK;
+}
+
+static KvStatus field_bool(const ConfigCtx *c, const char *name, bool def, bool *out) {
+    const cJSON *it = field_get(c, name);
+    if (it == NULL) {
+        *out = def;
+        return KV_OK;
+    }
+    if (!cJSON_IsBool(it)) return field_error(c, name, "true or false", it);
+    *out = cJSON_IsTrue(it);
+    return KV_OK;
+}
+
+/* A feature kvrepro does not compute must be off (false or absent). */
+static KvStatus field_must_be_false(const ConfigCtx *c, const char *name, const char *why) {
+    const cJSON *it = field_get(c, name);
+    if (it == NULL || cJSON_IsFalse(it)) return KV_OK;
+    char expected[96];
+    snprintf(expected, sizeof expected, "false (%s)", why);
+    return field_error(c, name, expected, it);
+}
+
+/* Softcap: missing = the class default, null = off (0). */
+static KvStatus field_softcap(const ConfigCtx *c, const char *name, double def, double *out) {
+    const cJSON *it = cJSON_GetObjectItemCaseSensitive(c->root, name);
+    if (it == NULL) {
+        *out = def;
+        return KV_OK;
+    }
+    if (cJSON_IsNull(it)) {
+        *out = 0.0;
+        return KV_OK;
+    }
+    return field_double(c, name, def, false, out);
+}
+
+/* The activation: hidden_activation (gemma2's field) wins over hidden_act. */
+static KvStatus check_activation(const ConfigCtx *c, KvFamily family) {
+    const char *want = family == KV_FAMILY_GEMMA2 ? "gelu_pytorch_tanh" : "silu";
+    const char *name = "hidden_act";
+    const cJSON *it = NULL;
+    if (family == KV_FAMILY_GEMMA2) {
+        it = field_get(c, "hidden_activation");
+        if (it != NULL) name = "hidden_activation";
+    }
+    if (it == NULL) it = field_get(c, "hidden_act");
+    if (it == NULL) return KV_OK;
+    if (cJSON_IsString(it) && strcmp(it->valuestring, want) == 0) return KV_OK;
+    char expected[96];
+    snprintf(expected, sizeof expected, "\"%s\" (the only activation supported for %s)", want,
+             kv_family_name(family));
+    return field_error(c, name, expected, it);
+}
+
+static KvStatus parse_rope(const ConfigCtx *c, double *theta) {
+    KvStatus st;
+    const cJSON *scaling = field_get(c, "rope_scaling");
+    if (scaling != NULL) {
+        return field_error(c, "rope_scaling", "null (RoPE scaling is not supported)", scaling);
+    }
+    double top = 10000.0;
+    st = field_double(c, "rope_theta", 10000.0, true, &top);
+    if (st != KV_OK) return st;
+    *theta = top;
+
+    /* transformers v5 moves rope_theta into rope_parameters. */
+    const cJSON *params = field_get(c, "rope_parameters");
+    if (params == NULL) return KV_OK;
+    if (!cJSON_IsObject(params)) {
+        return field_error(c, "rope_parameters", "an object {rope_type, rope_theta}", params);
+    }
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(params, "rope_type");
+    if (type != NULL && !cJSON_IsNull(type) &&
+        !(cJSON_IsString(type) && strcmp(type->valuestring, "default") == 0)) {
+        return field_error(c, "rope_parameters.rope_type",
+                           "\"default\" (RoPE scaling is not supported)", type);
+    }
+    const cJSON *pt = cJSON_GetObjectItemCaseSensitive(params, "rope_theta");
+    if (pt == NULL || cJSON_IsNull(pt)) return KV_OK;
+    if (!cJSON_IsNumber(pt) || !isfinite(pt->valuedouble) || !(pt->valuedouble > 0.0)) {
+        return field_error(c, "rope_parameters.rope_theta", "a finite number > 0", pt);
+    }
+    if (field_get(c, "rope_theta") != NULL && pt->valuedouble != top) {
+        char expected[96];
+        snprintf(expected, sizeof expected, "the same value as 'rope_theta' (%.17g)", top);
+        return field_error(c, "rope_parameters.rope_theta", expected, pt);
+    }
+    *theta = pt->valuedouble;
+    return KV_OK;
+}
+
+/* sliding_window: missing = def, null = no window (0), else an integer >= 1. */
+static KvStatus parse_window(const ConfigCtx *c, int64_t def, int64_t *out) {
+    const cJSON *it = cJSON_GetObjectItemCaseSensitive(c->root, "sliding_window");
+    if (it == NULL) {
+        *out = def;
+        return KV_OK;
+    }
+    if (cJSON_IsNull(it)) {
+        *out = 0;
+        return KV_OK;
+    }
+    if (!json_is_int_in(it, 1.0, KV_CONFIG_INT_MAX)) {
+        return field_error(c, "sliding_window", "an integer in [1, 2147483647] or null", it);
+    }
+    *out = (int64_t)it->valuedouble;
+    return KV_OK;
+}
+
+static KvStatus parse_layer_types(const ConfigCtx *c, KvConfig *cfg) {
+    const cJSON *lt = field_get(c, "layer_types");
+    if (lt == NULL) {
+        /* Gemma2Config's default: sliding on even layers, full on odd. */
+        for (int64_t i = 0; i < cfg->num_layers; i++) cfg->layer_sliding[i] = (i % 2 == 0);
+        return KV_OK;
+    }
+    if (!cJSON_IsArray(lt) || cJSON_GetArraySize(lt) != cfg->num_layers) {
+        char expected[96];
+        snprintf(expected, sizeof expected, "an array of %" PRId64 " strings (num_hidden_layers)",
+                 cfg->num_layers);
+        return field_error(c, "layer_types", expected, lt);
+    }
+    int64_t i = 0;
+    for (const cJSON *it = lt->child; it != NULL; it = it->next, i++) {
+        if (cJSON_IsString(it) && strcmp(it->valuestring, "sliding_attention") == 0) {
+            cfg->layer_sliding[i] = 1;
+        } else if (cJSON_IsString(it) && strcmp(it->valuestring, "full_attention") == 0) {
+            cfg->layer_sliding[i] = 0;
+        } else {
+            char name[48];
+            snprintf(name, sizeof name, "layer_types[%" PRId64 "]", i);
+            return field_error(c, name, "\"sliding_attention\" or \"full_attention\"", it);
+        }
+    }
+    return KV_OK;
+}
+
+/* Python's json keeps the last of repeated keys and cJSON the first: refuse
+ * them rather than read a different model than transformers would. */
+static KvStatus check_duplicate_keys(const ConfigCtx *c) {
+    for (const cJSON *a = c->root->child; a != NULL; a = a->next) {
+        for (const cJSON *b = a->next; b != NULL; b = b->next) {
+            if (strcmp(a->string, b->string) == 0) {
+                return kv_error_set(c->err, KV_ERR_INPUT,
+                                    "%s: field '%s': expected once, found repeated", c->label,
+                                    a->string);
+            }
+        }
+    }
+    return KV_OK;
+}
+
+/* Every weight count and byte count derived from the config must fit, so
+ * later code can multiply sizes without checking. */
+static KvStatus check_sizes(const ConfigCtx *c, const KvConfig *cfg) {
+    int64_t q_dim, kv_dim, embed, attn_q, attn_kv, mlp, layer, all, bytes;
+    bool bad = __builtin_mul_overflow(cfg->num_heads, cfg->head_dim, &q_dim) ||
+               __builtin_mul_overflow(cfg->num_kv_heads, cfg->head_dim, &kv_dim) ||
+               __builtin_mul_overflow(cfg->vocab_size, cfg->hidden_size, &embed) ||
+               __builtin_mul_overflow(q_dim, cfg->hidden_size, &attn_q) ||
+               __builtin_mul_overflow(kv_dim, cfg->hidden_size, &attn_kv) ||
+               __builtin_mul_overflow(cfg->intermediate_size, cfg->hidden_size, &mlp);
+    /* q + k + v + o, gate + up + down, four norms. */
+    if (!bad) {
+        bad = __builtin_mul_overflow(attn_q, (int64_t)2, &layer) ||
+              __builtin_add_overflow(layer, attn_kv, &layer) ||
+              __builtin_add_overflow(layer, attn_kv, &layer) ||
+              __builtin_add_overflow(layer, mlp, &layer) ||
+              __builtin_add_overflow(layer, mlp, &layer) ||
+              __builtin_add_overflow(layer, mlp, &layer) ||
+              __builtin_add_overflow(layer, 4 * cfg->hidden_size, &layer) ||
+              __builtin_mul_overflow(layer, cfg->num_layers, &all) ||
+              __builtin_add_overflow(all, embed, &all) ||
+              __builtin_add_overflow(all, embed, &all) ||
+              __builtin_add_overflow(all, cfg->hidden_size, &all) ||
+              __builtin_mul_overflow(all, (int64_t)sizeof(float), &bytes) ||
+              (uint64_t)bytes > (uint64_t)SIZE_MAX;
+    }
+    if (bad) {
+        return kv_error_set(c->err, KV_ERR_INPUT,
+                            "%s: sizes: expected a model whose weight bytes fit in 64 bits and "
+                            "size_t, found an overflow (vocab %" PRId64 ", hidden %" PRId64
+                            ", intermediate %" PRId64 ", layers %" PRId64 ", heads %" PRId64
+                            " x head_dim %" PRId64 ")",
+                            c->label, cfg->vocab_size, cfg->hidden_size, cfg->intermediate_size,
+                            cfg->num_layers, cfg->num_heads, cfg->head_dim);
+    }
+    return KV_OK;
+}
+
+static KvStatus parse_root(const ConfigCtx *c, KvConfig *cfg) {
+    KvStatus st;
+    const cJSON *mt = cJSON_GetObjectItemCaseSensitive(c->root, "model_type");
+    if (!cJSON_IsString(mt)) {
+        return field_error(c, "model_type", "a string (\"gemma2\", \"mistral\" or \"llama\")",
+                           mt);
+    }
+    bool llama = false;
+    if (strcmp(mt->valuestring, "gemma2") == 0) {
+        cfg->family = KV_FAMILY_GEMMA2;
+    } else if (strcmp(mt->valuestring, "mistral") == 0) {
+        cfg->family = KV_FAMILY_MISTRAL;
+    } else if (strcmp(mt->valuestring, "llama") == 0) {
+        cfg->family = KV_FAMILY_MISTRAL;
+        llama = true;
+    } else {
+        return field_error(c, "model_type", "\"gemma2\", \"mistral\" or \"llama\"", mt);
+    }
+    snprintf(cfg->model_type, sizeof cfg->model_type, "%s", mt->valuestring);
+    bool gemma = cfg->family == KV_FAMILY_GEMMA2;
+
+    st = parse_rope(c, &cfg->rope_theta);
+    if (st != KV_OK) return st;
+    st = field_must_be_false(c, "attention_bias", "attention biases are not supported");
+    if (st != KV_OK) return st;
+    st = field_must_be_false(c, "mlp_bias", "MLP biases are not supported");
+    if (st != KV_OK) return st;
+    st = check_activation(c, cfg->family);
+    if (st != KV_OK) return st;
+
+    if ((st = field_int(c, "vocab_size", -1, &cfg->vocab_size)) != KV_OK ||
+        (st = field_int(c, "hidden_size", -1, &cfg->hidden_size)) != KV_OK ||
+        (st = field_int(c, "intermediate_size", -1, &cfg->intermediate_size)) != KV_OK ||
+        (st = field_int(c, "num_hidden_layers", -1, &cfg->num_layers)) != KV_OK ||
+        (st = field_int(c, "num_attention_heads", -1, &cfg->num_heads)) != KV_OK ||
+        (st = field_int(c, "num_key_value_heads", cfg->num_heads, &cfg->num_kv_heads)) != KV_OK) {
+        return st;
+    }
+    if (cfg->num_layers > KV_MAX_LAYERS) {
+        char expected[64];
+        snprintf(expected, sizeof expected, "at most %d layers", KV_MAX_LAYERS);
+        return field_error(c, "num_hidden_layers", expected,
+                           cJSON_GetObjectItemCaseSensitive(c->root, "num_hidden_layers"));
+    }
+    if (cfg->num_heads % cfg->num_kv_heads != 0) {
+        char expected[96];
+        snprintf(expected, sizeof expected, "a divisor of num_attention_heads (%" PRId64 ")",
+                 cfg->num_heads);
+        return field_error(c, "num_key_value_heads", expected,
+                           cJSON_GetObjectItemCaseSensitive(c->root, "num_key_value_heads"));
+    }
+
+    const cJSON *hd = field_get(c, "head_dim");
+    if (hd == NULL && !gemma) {
+        /* MistralConfig/LlamaConfig: hidden_size // num_attention_heads; an
+         * inexact split would leave part of hidden_size unused, so refuse. */
+        if (cfg->hidden_size % cfg->num_heads != 0) {
+            return kv_error_set(c->err, KV_ERR_INPUT,
+                                "%s: field 'head_dim': expected it given, or hidden_size (%" PRId64
+                                ") divisible by num_attention_heads (%" PRId64 "), found neither",
+                                c->label, cfg->hidden_size, cfg->num_heads);
+        }
+        cfg->head_dim = cfg->hidden_size / cfg->num_heads;
+    } else {
+        st = field_int(c, "head_dim", 256, &cfg->head_dim);
+        if (st != KV_OK) return st;
+    }
+    if (cfg->head_dim % 2 != 0) {
+        /* RoPE rotates pairs (i, i + head_dim/2). */
+        char found[48];
+        snprintf(found, sizeof found, "%" PRId64, cfg->head_dim);
+        return kv_error_set(c->err, KV_ERR_INPUT,
+                            "%s: field 'head_dim': expected an even integer (RoPE), found %s",
+                            c->label, found);
+    }
+
+    int64_t def_pos = gemma ? 8192 : (llama ? 2048 : 131072);
+    st = field_int(c, "max_position_embeddings", def_pos, &cfg->max_position_embeddings);
+    if (st != KV_OK) return st;
+    st = field_double(c, "rms_norm_eps", 1e-6, true, &cfg->rms_norm_eps);
+    if (st != KV_OK) return st;
+    st = field_bool(c, "tie_word_embeddings", gemma, &cfg->tie_word_embeddings);
+    if (st != KV_OK) return st;
+
+    if (gemma) {
+        st = field_double(c, "query_pre_attn_scalar", 256.0, true, &cfg->query_pre_attn_scalar);
+        if (st != KV_OK) return st;
+        st = field_softcap(c, "attn_logit_softcapping", 50.0, &cfg->attn_logit_softcapping);
+        if (st != KV_OK) return st;
+        st = field_softcap(c, "final_logit_softcapping", 30.0, &cfg->final_logit_softcapping);
+        if (st != KV_OK) return st;
+        st = parse_window(c, 4096, &cfg->sliding_window);
+        if (st != KV_OK) return st;
+        st = parse_layer_types(c, cfg);
+        if (st != KV_OK) return st;
+        for (int64_t i = 0; i < cfg->num_layers; i++) {
+            if (cfg->layer_sliding[i] && cfg->sliding_window == 0) {
+                char expected[96];
+                snprintf(expected, sizeof expected,
+                         "an integer >= 1 (layer %" PRId64 " is sliding_attention)", i);
+                return field_error(c, "sliding_window", expected,
+                                   cJSON_GetObjectItemCaseSensitive(c->root, "sliding_window"));
+            }
+        }
+    } else {
+        if (llama) {
+            cfg->sliding_window = 0; /* LlamaConfig has no window */
+        } else {
+            st = parse_window(c, 4096, &cfg->sliding_window);
+            if (st != KV_OK) return st;
+        }
+        for (int64_t i = 0; i < cfg->num_layers; i++) {
+            cfg->layer_sliding[i] = cfg->sliding_window > 0;
+        }
+    }
+    return check_sizes(c, cfg);
+}
+
+KvStatus kv_config_parse(const char *text, size_t len, const char *label, KvConfig *out,
+                         KvError *err) {
+    const char *lab = label != NULL ? label : "config.json";
+    KvStatus st = KV_OK;
+    cJSON *root = NULL;
+    char *copy = NULL;
+    KvConfig cfg;
+    memset(&cfg, 0, sizeof cfg);
+    memset(out, 0, sizeof *out);
+
+    if (text == NULL) len = 0;
+    const void *nul = len > 0 ? memchr(text, 0, len) : NULL;
+    if (nul != NULL) {
+        st = kv_error_set(err, KV_ERR_INPUT, "%s: expected JSON text, found a NUL byte at %td",
+                          lab, (const char *)nul - text);
+        goto exit;
+    }
+    /* A terminated copy: the parser then cannot read past the caller's
+     * bytes whatever they hold (they need not be terminated). */
+    copy = malloc(len + 1);
+    if (copy == NULL) {
+        st = kv_error_set(err, KV_ERR_INTERNAL, "%s: out of memory", lab);
+        goto exit;
+    }
+    if (len > 0) memcpy(copy, text, len);
+    copy[len] = '\0';
+    const char *end = NULL;
+    root = cJSON_ParseWithOpts(copy, &end, 0);
+    if (root == NULL) {
+        size_t at = end != NULL && end >= copy ? (size_t)(end - copy) : 0;
+        st = kv_error_set(err, KV_ERR_INPUT,
+                          "%s: expected valid JSON, found a syntax error near byte %zu of %zu",
+                          lab, at, len);
+        goto exit;
+    }
+    for (const char *p = end; *p; p++) {
+        if (*p != ' ' && *p != '\t' && *p != '\n' && *p != '\r') {
+            st = kv_error_set(err, KV_ERR_INPUT,
+                              "%s: expected only whitespace after the JSON object, found "
+                              "trailing data at byte %td",
+                              lab, p - copy);
+            goto exit;
+        }
+    }
+    if (!cJSON_IsObject(root)) {
+        char found[128];
+        json_describe(root, found, sizeof found);
+        st = kv_error_set(err, KV_ERR_INPUT, "%s: expected a JSON object, found %s", lab, found);
+        goto exit;
+    }
+    ConfigCtx c = {.root = root, .label = lab, .err = err};
+    st = check_duplicate_keys(&c);
+    if (st != KV_OK) goto exit;
+    st = parse_root(&c, &cfg);
+    if (st != KV_OK) goto exit;
+    *out = cfg;
+
+exit:
+    cJSON_Delete(root);
+    free(copy);
+    return st;
+}
+
+KvStatus kv_config_load(const char *path, KvConfig *out, KvError *err) {
+    KvStatus st = KV_OK;
+    int fd = -1;
+    char *buf = NULL;
+    struct stat sb;
+
+    memset(out, 0, sizeof *out);
+    fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        st = kv_error_set(err, KV_ERR_INPUT, "%s: cannot open: %s", path, strerror(errno));
+        goto exit;
+    }
+    if (fstat(fd, &sb) != 0) {
+        st = kv_error_set(err, KV_ERR_INPUT, "%s: cannot stat: %s", path, strerror(errno));
+        goto exit;
+    }
+    if (!S_ISREG(sb.st_mode)) {
+        st = kv_error_set(err, KV_ERR_INPUT, "%s: expected a regular file, found %s", path,
+                          S_ISDIR(sb.st_mode) ? "a directory" : "another kind of file");
+        goto exit;
+    }
+    if (sb.st_size > (off_t)KV_CONFIG_MAX_BYTES) {
+        st = kv_error_set(err, KV_ERR_INPUT, "%s: expected at most %u bytes, found %lld", path,
+                          KV_CONFIG_MAX_BYTES, (long long)sb.st_size);
+        goto exit;
+    }
+    size_t size = (size_t)sb.st_size;
+    buf = malloc(size + 1);
+    if (buf == NULL) {
+        st = kv_error_set(err, KV_ERR_INTERNAL, "%s: out of memory", path);
+        goto exit;
+    }
+    size_t got = 0;
+    while (got < size) {
+        ssize_t r = read(fd, buf + got, size - got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) {
+            st = kv_error_set(err, KV_ERR_INPUT, "%s: cannot read: %s", path, strerror(errno));
+            goto exit;
+        }
+        if (r == 0) break; /* shrank while reading: parse what is there */
+        got += (size_t)r;
+    }
+    st = kv_config_parse(buf, got, path, out, err);
+
+exit:
+    free(buf);
+    if (fd >= 0) close(fd);
+    return st;
+}
+
+/* The shortest decimal that strtod reads back to exactly d. cJSON's own
+ * number printing only round-trips approximately. */
+static cJSON *json_exact_double(double d) {
+    char buf[40];
+    for (int prec = 15; prec <= 17; prec++) {
+        snprintf(buf, sizeof buf, "%.*g", prec, d);
+        if (strtod(buf, NULL) == d) break;
+    }
+    return cJSON_CreateRaw(buf);
+}
+
+static bool add_int(cJSON *o, const char *name, int64_t v) {
+    char buf[32];
+    snprintf(buf, sizeof buf, "%" PRId64, v);
+    return cJSON_AddRawToObject(o, name, buf) != NULL;
+}
+
+static bool add_double(cJSON *o, const char *name, double v) {
+    cJSON *it = json_exact_double(v);
+    if (it == NULL) return false;
+    if (!cJSON_AddItemToObject(o, name, it)) {
+        cJSON_Delete(it);
+        return false;
+    }
+    return true;
+}
+
+/* A non-negative value that is 0 when the feature is off: written as null. */
+static bool add_double_or_null(cJSON *o, const char *name, double v) {
+    if (v == 0.0) return cJSON_AddNullToObject(o, name) != NULL;
+    return add_double(o, name, v);
+}
+
+char *kv_config_to_json(const KvConfig *cfg) {
+    char *text = NULL;
+    cJSON *o = cJSON_CreateObject();
+    if (o == NULL) return NULL;
+    bool gemma = cfg->family == KV_FAMILY_GEMMA2;
+    /* model_type as written, unless it does not fit the family (a config
+     * built in code), or llama was given a window llama cannot express. */
+    const char *mt = gemma ? "gemma2" : "mistral";
+    if (!gemma && strcmp(cfg->model_type, "llama") == 0 && cfg->sliding_window == 0) mt = "llama";
+    const char *arch = gemma ? "Gemma2ForCausalLM"
+                             : (strcmp(mt, "llama") == 0 ? "LlamaForCausalLM"
+                                                         : "MistralForCausalLM");
+    cJSON *archs = cJSON_AddArrayToObject(o, "architectures");
+    cJSON *arch_s = cJSON_CreateString(arch);
+    bool ok = archs != NULL && arch_s != NULL && cJSON_AddItemToArray(archs, arch_s);
+    if (!ok) cJSON_Delete(arch_s);
+    ok = ok && cJSON_AddStringToObject(o, "model_type", mt) != NULL;
+    ok = ok && add_int(o, "vocab_size", cfg->vocab_size);
+    ok = ok && add_int(o, "hidden_size", cfg->hidden_size);
+    ok = ok && add_int(o, "intermediate_size", cfg->intermediate_size);
+    ok = ok && add_int(o, "num_hidden_layers", cfg->num_layers);
+    ok = ok && add_int(o, "num_attention_heads", cfg->num_heads);
+    ok = ok && add_int(o, "num_key_value_heads", cfg->num_kv_heads);
+    ok = ok && add_int(o, "head_dim", cfg->head_dim);
+    ok = ok && add_int(o, "max_position_embeddings", cfg->max_position_embeddings);
+    ok = ok && add_double(o, "rms_norm_eps", cfg->rms_norm_eps);
+    ok = ok && add_double(o, "rope_theta", cfg->rope_theta);
+    ok = ok && cJSON_AddBoolToObject(o, "tie_word_embeddings", cfg->tie_word_embeddings) != NULL;
+    ok = ok && cJSON_AddFalseToObject(o, "attention_bias") != NULL;
+    ok = ok && cJSON_AddNullToObject(o, "rope_scaling") != NULL;
+    if (gemma) {
+        ok = ok && cJSON_AddStringToObject(o, "hidden_activation", "gelu_pytorch_tanh") != NULL;
+        ok = ok && cJSON_AddStringToObject(o, "hidden_act", "gelu_pytorch_tanh") != NULL;
+        ok = ok && add_double(o, "query_pre_attn_scalar", cfg->query_pre_attn_scalar);
+        ok = ok && add_double_or_null(o, "attn_logit_softcapping", cfg->attn_logit_softcapping);
+        ok = ok && add_double_or_null(o, "final_logit_softcapping", cfg->final_logit_softcapping);
+        ok = ok && (cfg->sliding_window > 0 ? add_int(o, "sliding_window", cfg->sliding_window)
+                                            : cJSON_AddNullToObject(o, "sliding_window") != NULL);
+        cJSON *lt = ok ? cJSON_AddArrayToObject(o, "layer_types") : NULL;
+        ok = lt != NULL;
+        for (int64_t i = 0; ok && i < cfg->num_layers && i < KV_MAX_LAYERS; i++) {
+            cJSON *s = cJSON_CreateString(cfg->layer_sliding[i] ? "sliding_attention"
+                                                                 : "full_attention");
+            ok = s != NULL && cJSON_AddItemToArray(lt, s);
+            if (!ok) cJSON_Delete(s);
+        }
+    } else {
+        ok = ok && cJSON_AddStringToObject(o, "hidden_act", "silu") != NULL;
+        ok = ok && cJSON_AddFalseToObject(o, "mlp_bias") != NULL;
+        if (strcmp(mt, "mistral") == 0) {
+            ok = ok &&
+                 (cfg->sliding_window > 0 ? add_int(o, "sliding_window", cfg->sliding_window)
+                                          : cJSON_AddNullToObject(o, "sliding_window") != NULL);
+        }
+    }
+    ok = ok && cJSON_AddStringToObject(o, "torch_dtype", "float32") != NULL;
+    if (ok) text = cJSON_Print(o);
+    cJSON_Delete(o);
+    return text;
+}
+
+float kv_config_attn_scale(const KvConfig *cfg) {
+    /* transformers computes the scale as a Python float (double) and torch
+     * rounds it to float32 when it multiplies the scores. */
+    double base = cfg->family == KV_FAMILY_GEMMA2 ? cfg->query_pre_attn_scalar
+                                                  : (double)cfg->head_dim;
+    return (float)pow(base, -0.5);
+}
+
+int64_t kv_config_layer_window(const KvConfig *cfg, int64_t layer) {
+    if (layer < 0 || layer >= cfg->num_layers || layer >= KV_MAX_LAYERS) return 0;
+    return cfg->layer_sliding[layer] ? cfg->sliding_window : 0;
+}
+
+const char *kv_family_name(KvFamily f) {
+    switch (f) {
+    case KV_FAMILY_GEMMA2:
+        return "gemma2";
+    case KV_FAMILY_MISTRAL:
+        return "mistral";
+    }
+    return "unknown";
+}

@@ -1,0 +1,272 @@
+/* model.c: binding a config and a safetensors table into a KvModel.
+ *
+ * Every tensor the family needs is looked up by its Hugging Face name and
+ * checked for dtype and shape against the config before anything is used.
+ * Aligned F32 tensors are used in place (no copy of a mapped file); F16, BF16
+ * and unaligned F32 are converted once into owned buffers. On any failure
+ * everything is released and *out is left zeroed: no partial model. */
+#include "model.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "prng.h"
+
+/* Tensors per layer at most (gemma2: 4 norms + 7 matrices). */
+#define KV_TENSORS_PER_LAYER 11
+
+/* Resolves one tensor to an F32 pointer; rank 1 uses only d0. */
+static KvStatus bind_tensor(KvModel *m, const char *name, int rank, int64_t d0, int64_t d1,
+                            const float **dst, KvError *err) {
+    const KvSafetensors *st = &m->st;
+    const KvTensorInfo *t = kv_st_find(st, name);
+    char want[64];
+    if (rank == 1) {
+        snprintf(want, sizeof want, "[%" PRId64 "]", d0);
+    } else {
+        snprintf(want, sizeof want, "[%" PRId64 ", %" PRId64 "]", d0, d1);
+    }
+    if (t == NULL) {
+        return kv_error_set(err, KV_ERR_INPUT,
+                            "%s: tensor '%s': expected shape %s, found no such tensor (missing)",
+                            st->label, name, want);
+    }
+    if (!kv_dtype_loadable(t->dtype)) {
+        return kv_error_set(err, KV_ERR_INPUT,
+                            "%s: tensor '%s': expected dtype F32, F16 or BF16, found %s "
+                            "(not supported for weights)",
+                            st->label, name, kv_dtype_name(t->dtype));
+    }
+    bool ok = t->rank == rank && t->shape[0] == d0 && (rank == 1 || t->shape[1] == d1);
+    if (!ok) {
+        char found[160];
+        size_t used = (size_t)snprintf(found, sizeof found, "[");
+        for (int i = 0; i < t->rank && used < sizeof found; i++) {
+            used += (size_t)snprintf(found + used, sizeof found - used, "%s%" PRId64,
+                                     i ? ", " : "", t->shape[i]);
+        }
+        if (used < sizeof found) snprintf(found + used, sizeof found - used, "]");
+        return kv_error_set(err, KV_ERR_INPUT, "%s: tensor '%s': expected shape %s, found %s",
+                            st->label, name, want, found);
+    }
+
+    /* The config's size checks make numel * 4 representable. */
+    size_t numel = (size_t)d0 * (size_t)(rank == 1 ? 1 : d1);
+    const uint8_t *src = st->data + t->begin;
+    if (t->dtype == KV_DTYPE_F32 && (uintptr_t)src % _Alignof(float) == 0) {
+        *dst = (const float *)(const void *)src;
+        return KV_OK;
+    }
+    float *buf = malloc(numel > 0 ? numel * sizeof(float) : 1);
+    if (buf == NULL) {
+        return kv_error_set(err, KV_ERR_INTERNAL,
+                            "%s: tensor '%s': out of memory converting %zu values to F32",
+                            st->label, name, numel);
+    }
+    kv_dtype_to_f32(t->dtype, src, numel, buf);
+    m->owned[m->n_owned++] = buf;
+    *dst = buf;
+    return KV_OK;
+}
+
+/* Binds every weight of m->config from m->st. */
+static KvStatus bind_all(KvModel *m, KvError *err) {
+    const KvConfig *c = &m->config;
+    KvStatus st;
+    int64_t h = c->hidden_size;
+    int64_t q_dim = c->num_heads * c->head_dim;
+    int64_t kv_dim = c->num_kv_heads * c->head_dim;
+    bool gemma = c->family == KV_FAMILY_GEMMA2;
+    size_t max_owned = 3 + (size_t)c->num_layers * KV_TENSORS_PER_LAYER;
+
+    m->owned = calloc(max_owned, sizeof *m->owned);
+    m->layers = calloc((size_t)c->num_layers, sizeof *m->layers);
+    if (m->owned == NULL || m->layers == NULL) {
+        return kv_error_set(err, KV_ERR_INTERNAL, "%s: out of memory for the layer table",
+                            m->st.label);
+    }
+
+    st = bind_tensor(m, "model.embed_tokens.weight", 2, c->vocab_size, h, &m->embed, err);
+    if (st != KV_OK) return st;
+    for (int64_t i = 0; i < c->num_layers; i++) {
+        KvLayerWeights *L = &m->layers[i];
+        char n[KV_ST_MAX_NAME];
+        /* Each entry: suffix, rank, dims, destination; gemma2-only ones last. */
+        struct {
+            const char *suffix;
+            int rank;
+            int64_t d0, d1;
+            const float **dst;
+        } spec[KV_TENSORS_PER_LAYER] = {
+            {"input_layernorm.weight", 1, h, 0, &L->input_norm},
+            {"post_attention_layernorm.weight", 1, h, 0, &L->post_attn_norm},
+            {"self_attn.q_proj.weight", 2, q_dim, h, &L->wq},
+            {"self_attn.k_proj.weight", 2, kv_dim, h, &L->wk},
+            {"self_attn.v_proj.weight", 2, kv_dim, h, &L->wv},
+            {"self_attn.o_proj.weight", 2, h, q_dim, &L->wo},
+            {"mlp.gate_proj.weight", 2, c->intermediate_size, h, &L->w_gate},
+            {"mlp.up_proj.weight", 2, c->intermediate_size, h, &L->w_up},
+            {"mlp.down_proj.weight", 2, h, c->intermediate_size, &L->w_down},
+            {"pre_feedforward_layernorm.weight", 1, h, 0, &L->pre_ffw_norm},
+            {"post_feedforward_layernorm.weight", 1, h, 0, &L->post_ffw_norm},
+        };
+        int n_spec = gemma ? KV_TENSORS_PER_LAYER : KV_TENSORS_PER_LAYER - 2;
+        for (int k = 0; k < n_spec; k++) {
+            snprintf(n, sizeof n, "model.layers.%" PRId64 ".%s", i, spec[k].suffix);
+            st = bind_tensor(m, n, spec[k].rank, spec[k].d0, spec[k].d1, spec[k].dst, err);
+            if (st != KV_OK) return st;
+        }
+    }
+    st = bind_tensor(m, "model.norm.weight", 1, h, 0, &m->final_norm, err);
+    if (st != KV_OK) return st;
+    if (c->tie_word_embeddings) {
+        /* transformers ties lm_head to the embedding and ignores any
+         * lm_head.weight in the file. */
+        m->lm_head = m->embed;
+    } else {
+        st = bind_tensor(m, "lm_head.weight", 2, c->vocab_size, h, &m->lm_head, err);
+        if (st != KV_OK) return st;
+    }
+
+    uint64_t norms = (uint64_t)(gemma ? 4 : 2) * (uint64_t)h;
+    uint64_t per_layer = 2 * (uint64_t)q_dim * (uint64_t)h + 2 * (uint64_t)kv_dim * (uint64_t)h +
+                         3 * (uint64_t)c->intermediate_size * (uint64_t)h + norms;
+    /* What one decode step streams: every layer, the final norm and the
+     * (vocab, hidden) lm_head. The embedding is read whole only when it is
+     * the lm_head (tied); untied, a step reads one row of it, not counted. */
+    uint64_t lm_head = (uint64_t)c->vocab_size * (uint64_t)h;
+    uint64_t floats = per_layer * (uint64_t)c->num_layers + (uint64_t)h + lm_head;
+    m->weight_bytes = floats * sizeof(float);
+    return KV_OK;
+}
+
+/* Takes ownership of *st (closed on failure); *out is zeroed on failure. */
+static KvStatus model_assemble(const KvConfig *cfg, KvSafetensors *st, KvModel *out,
+                               KvError *err) {
+    memset(out, 0, sizeof *out);
+    out->config = *cfg;
+    out->st = *st;
+    memset(st, 0, sizeof *st);
+    KvStatus rc = bind_all(out, err);
+    if (rc != KV_OK) kv_model_free(out);
+    return rc;
+}
+
+KvStatus kv_model_load_memory(const char *config_json, size_t config_len, const uint8_t *st,
+                              size_t st_len, const char *label, KvModel *out, KvError *err) {
+    KvStatus rc = KV_OK;
+    KvConfig cfg;
+    KvSafetensors tab;
+    char cfg_label[512], st_label[512];
+    memset(&tab, 0, sizeof tab);
+    memset(out, 0, sizeof *out);
+
+    if (label != NULL && label[0] != '\0') {
+        snprintf(cfg_label, sizeof cfg_label, "%s/config.json", label);
+        snprintf(st_label, sizeof st_label, "%s/model.safetensors", label);
+    } else {
+        snprintf(cfg_label, sizeof cfg_label, "config.json");
+        snprintf(st_label, sizeof st_label, "model.safetensors");
+    }
+    rc = kv_config_parse(config_json, config_len, cfg_label, &cfg, err);
+    if (rc != KV_OK) goto exit;
+    rc = kv_st_parse(st, st_len, st_label, &tab, err);
+    if (rc != KV_OK) goto exit;
+    rc = model_assemble(&cfg, &tab, out, err);
+
+exit:
+    kv_st_close(&tab);
+    return rc;
+}
+
+/* dir + "/" + name into buf; false when it does not fit. */
+static bool path_join(char *buf, size_t size, const char *dir, const char *name) {
+    size_t n = strlen(dir);
+    const char *sep = (n > 0 && dir[n - 1] == '/') ? "" : "/";
+    int w = snprintf(buf, size, "%s%s%s", dir, sep, name);
+    return w >= 0 && (size_t)w < size;
+}
+
+KvStatus kv_model_load_dir(const char *dir, KvModel *out, KvError *err) {
+    KvStatus rc = KV_OK;
+    KvConfig cfg;
+    KvSafetensors tab;
+    char cfg_path[4096], st_path[4096];
+    struct stat sb;
+    memset(&tab, 0, sizeof tab);
+    memset(out, 0, sizeof *out);
+
+    if (stat(dir, &sb) != 0) {
+        rc = kv_error_set(err, KV_ERR_INPUT, "%s: cannot open model directory: %s", dir,
+                          strerror(errno));
+        goto exit;
+    }
+    if (!S_ISDIR(sb.st_mode)) {
+        rc = kv_error_set(err, KV_ERR_INPUT,
+                          "%s: expected a model directory (config.json + model.safetensors), "
+                          "found a file",
+                          dir);
+        goto exit;
+    }
+    if (!path_join(cfg_path, sizeof cfg_path, dir, "config.json") ||
+        !path_join(st_path, sizeof st_path, dir, "model.safetensors")) {
+        rc = kv_error_set(err, KV_ERR_INPUT, "%s: path too long", dir);
+        goto exit;
+    }
+    rc = kv_config_load(cfg_path, &cfg, err);
+    if (rc != KV_OK) goto exit;
+    rc = kv_st_open(st_path, &tab, err);
+    if (rc != KV_OK) goto exit;
+    rc = model_assemble(&cfg, &tab, out, err);
+
+exit:
+    kv_st_close(&tab);
+    return rc;
+}
+
+void kv_model_free(KvModel *m) {
+    if (m == NULL) return;
+    if (m->owned != NULL) {
+        for (size_t i = 0; i < m->n_owned; i++) free(m->owned[i]);
+    }
+    free(m->owned);
+    free(m->layers);
+    kv_st_close(&m->st);
+    memset(m, 0, sizeof *m);
+}
+
+static uint64_t hash_floats(uint64_t h, const float *p, int64_t n) {
+    return p != NULL ? kv_fnv1a(h, p, (size_t)n * sizeof(float)) : h;
+}
+
+uint64_t kv_model_hash(const KvModel *m) {
+    const KvConfig *c = &m->config;
+    int64_t h = c->hidden_size;
+    int64_t q_dim = c->num_heads * c->head_dim;
+    int64_t kv_dim = c->num_kv_heads * c->head_dim;
+    int64_t inter = c->intermediate_size;
+    uint64_t x = KV_FNV_OFFSET;
+    x = hash_floats(x, m->embed, c->vocab_size * h);
+    for (int64_t i = 0; m->layers != NULL && i < c->num_layers; i++) {
+        const KvLayerWeights *L = &m->layers[i];
+        /* Struct order; the gemma2-only norms are NULL (skipped) for mistral. */
+        x = hash_floats(x, L->input_norm, h);
+        x = hash_floats(x, L->post_attn_norm, h);
+        x = hash_floats(x, L->pre_ffw_norm, h);
+        x = hash_floats(x, L->post_ffw_norm, h);
+        x = hash_floats(x, L->wq, q_dim * h);
+        x = hash_floats(x, L->wk, kv_dim * h);
+        x = hash_floats(x, L->wv, kv_dim * h);
+        x = hash_floats(x, L->wo, h * q_dim);
+        x = hash_floats(x, L->w_gate, inter * h);
+        x = hash_floats(x, L->w_up, inter * h);
+        x = hash_floats(x, L->w_down, h * inter);
+    }
+    x = hash_floats(x, m->final_norm, h);
+    if (!c->tie_word_embeddings) x = hash_floats(x, m->lm_head, c->vocab_size * h);
+    return x;
+}

@@ -1,0 +1,724 @@
+/* safetensors.c: parsing, validating and writing the safetensors container.
+ *
+ * Every check happens before a tensor is handed out, so the model loader and
+ * everything after it can trust the table: header length inside the file,
+ * header a JSON object, each tensor's dtype known, shape non-negative, byte
+ * range inside the data section, consistent with the shape, and not
+ * overlapping another tensor. A malformed file is KV_ERR_INPUT with a message
+ * naming the file, the tensor and the field; nothing is allocated on failure. */
+#include "safetensors.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "kvrepro reads safetensors data in place and assumes a little-endian host"
+#endif
+
+/* The safetensors reference implementation refuses larger headers; so do we,
+ * which also bounds the copy made for the JSON parser. */
+#define KV_ST_MAX_HEADER 100000000ULL
+
+/* Offsets and shape entries arrive as JSON numbers (doubles); above 2^53 a
+ * double no longer names one integer, so such values are rejected. */
+#define KV_ST_MAX_EXACT 9007199254740992.0 /* 2^53 */
+
+typedef struct {
+    const char *name;
+    size_t bits;
+} KvDtypeDesc;
+
+/* Indexed by KvDtype. */
+static const KvDtypeDesc kv_dtype_table[KV_DTYPE_COUNT] = {
+    [KV_DTYPE_F32] = {"F32", 32},        [KV_DTYPE_F16] = {"F16", 16},
+    [KV_DTYPE_BF16] = {"BF16", 16},      [KV_DTYPE_BOOL] = {"BOOL", 8},
+    [KV_DTYPE_U8] = {"U8", 8},           [KV_DTYPE_I8] = {"I8", 8},
+    [KV_DTYPE_I16] = {"I16", 16},        [KV_DTYPE_U16] = {"U16", 16},
+    [KV_DTYPE_I32] = {"I32", 32},        [KV_DTYPE_U32] = {"U32", 32},
+    [KV_DTYPE_I64] = {"I64", 64},        [KV_DTYPE_U64] = {"U64", 64},
+    [KV_DTYPE_F64] = {"F64", 64},        [KV_DTYPE_C64] = {"C64", 64},
+    [KV_DTYPE_F8_E4M3] = {"F8_E4M3", 8}, [KV_DTYPE_F8_E5M2] = {"F8_E5M2", 8},
+    [KV_DTYPE_F8_E8M0] = {"F8_E8M0", 8}, [KV_DTYPE_F6_E2M3] = {"F6_E2M3", 6},
+    [KV_DTYPE_F6_E3M2] = {"F6_E3M2", 6}, [KV_DTYPE_F4] = {"F4", 4},
+};
+
+static bool dtype_valid(KvDtype dt) { return (int)dt >= 0 && dt < KV_DTYPE_COUNT; }
+
+const char *kv_dtype_name(KvDtype dt) { return dtype_valid(dt) ? kv_dtype_table[dt].name : "?"; }
+
+size_t kv_dtype_bits(KvDtype dt) { return dtype_valid(dt) ? kv_dtype_table[dt].bits : 0; }
+
+size_t kv_dtype_size(KvDtype dt) {
+    size_t bits = kv_dtype_bits(dt);
+    return bits % 8 == 0 ? bits / 8 : 0;
+}
+
+bool kv_dtype_loadable(KvDtype dt) {
+    return dt == KV_DTYPE_F32 || dt == KV_DTYPE_F16 || dt == KV_DTYPE_BF16;
+}
+
+bool kv_dtype_from_name(const char *name, KvDtype *out) {
+    if (name == NULL) return false;
+    for (int i = 0; i < KV_DTYPE_COUNT; i++) {
+        if (strcmp(name, kv_dtype_table[i].name) == 0) {
+            *out = (KvDtype)i;
+            return true;
+        }
+    }
+    return false;
+}
+
+static float f32_from_bits(uint32_t bits) {
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+/* IEEE binary16 -> binary32 is exact: every half value is a float. Written
+ * out bit by bit rather than through _Float16 so it does not depend on
+ * compiler support and keeps NaN payloads. */
+static float f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1fu;
+    uint32_t mant = h & 0x3ffu;
+    if (exp == 0x1fu) return f32_from_bits(sign | 0x7f800000u | (mant << 13)); /* inf, NaN */
+    if (exp != 0) return f32_from_bits(sign | ((exp + 112u) << 23) | (mant << 13));
+    if (mant == 0) return f32_from_bits(sign); /* signed zero */
+    /* Subnormal half mant * 2^-24 is a normal float: shift the leading one
+     * up to the implicit bit, lowering the exponent (2^-14 has field 113). */
+    uint32_t e = 113u;
+    while ((mant & 0x400u) == 0) {
+        mant <<= 1;
+        e--;
+    }
+    return f32_from_bits(sign | (e << 23) | ((mant & 0x3ffu) << 13));
+}
+
+void kv_dtype_to_f32(KvDtype dt, const uint8_t *src, size_t n, float *dst) {
+    switch (dt) {
+    case KV_DTYPE_F32:
+        memcpy(dst, src, n * sizeof(float)); /* memcpy: src may be unaligned */
+        return;
+    case KV_DTYPE_F16:
+        for (size_t i = 0; i < n; i++) {
+            uint16_t h = (uint16_t)(src[2 * i] | (src[2 * i + 1] << 8));
+            dst[i] = f16_to_f32(h);
+        }
+        return;
+    case KV_DTYPE_BF16:
+        /* bfloat16 is the top half of a binary32: exact by construction. */
+        for (size_t i = 0; i < n; i++) {
+            uint32_t b = (uint32_t)src[2 * i] | ((uint32_t)src[2 * i + 1] << 8);
+            dst[i] = f32_from_bits(b << 16);
+        }
+        return;
+    default:
+        for (size_t i = 0; i < n; i++) dst[i] = NAN;
+        return;
+    }
+}
+
+/* A short description of a JSON value for "found ..." in messages. */
+static void json_describe(const cJSON *it, char *buf, size_t size) {
+    if (it == NULL) {
+        snprintf(buf, size, "nothing (missing)");
+    } else if (cJSON_IsNull(it)) {
+        snprintf(buf, size, "null");
+    } else if (cJSON_IsTrue(it)) {
+        snprintf(buf, size, "true");
+    } else if (cJSON_IsFalse(it)) {
+        snprintf(buf, size, "false");
+    } else if (cJSON_IsNumber(it)) {
+        snprintf(buf, size, "the number %.17g", it->valuedouble);
+    } else if (cJSON_IsString(it)) {
+        char s[48];
+        snprintf(s, sizeof s, "%s", it->valuestring);
+        for (char *p = s; *p; p++) {
+            if ((unsigned char)*p < 0x20) *p = '?';
+        }
+        snprintf(buf, size, "the string \"%s\"%s", s,
+                 strlen(it->valuestring) >= sizeof s ? "..." : "");
+    } else if (cJSON_IsArray(it)) {
+        snprintf(buf, size, "an array of %d", cJSON_GetArraySize(it));
+    } else if (cJSON_IsObject(it)) {
+        snprintf(buf, size, "an object");
+    } else {
+        snprintf(buf, size, "an unknown JSON value");
+    }
+}
+
+/* An exact non-negative integer below 2^53. */
+static bool json_exact_u64(const cJSON *it, uint64_t *out) {
+    if (!cJSON_IsNumber(it)) return false;
+    double d = it->valuedouble;
+    if (!isfinite(d) || d < 0.0 || d >= KV_ST_MAX_EXACT || d != floor(d)) return false;
+    *out = (uint64_t)d;
+    return true;
+}
+
+static uint64_t read_u64_le(const uint8_t *p) {
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--) v = (v << 8) | p[i];
+    return v;
+}
+
+static void shape_format(const int64_t *shape, int rank, char *buf, size_t size) {
+    size_t used = 0;
+    used += (size_t)snprintf(buf, size, "[");
+    for (int i = 0; i < rank && used < size; i++) {
+        used += (size_t)snprintf(buf + used, size - used, "%s%" PRId64, i ? ", " : "", shape[i]);
+    }
+    if (used < size) snprintf(buf + used, size - used, "]");
+}
+
+static int cmp_info_name(const void *a, const void *b) {
+    return strcmp(((const KvTensorInfo *)a)->name, ((const KvTensorInfo *)b)->name);
+}
+
+static int cmp_info_begin(const void *a, const void *b) {
+    const KvTensorInfo *x = *(const KvTensorInfo *const *)a;
+    const KvTensorInfo *y = *(const KvTensorInfo *const *)b;
+    if (x->begin != y->begin) return x->begin < y->begin ? -1 : 1;
+    if (x->end != y->end) return x->end < y->end ? -1 : 1;
+    return strcmp(x->name, y->name);
+}
+
+/* Validates one tensor entry and fills *info; data_len bounds the offsets. */
+static KvStatus parse_tensor(const cJSON *entry, const char *lab, uint64_t data_len,
+                             KvTensorInfo *info, KvError *err) {
+    const char *name = entry->string;
+    char found[128];
+    size_t name_len = strlen(name);
+    if (name_len >= KV_ST_MAX_NAME) {
+        return kv_error_set(err, KV_ERR_INPUT,
+                            "%s: tensor '%.64s...': name: expected fewer than %d bytes, found %zu",
+                            lab, name, KV_ST_MAX_NAME, name_len);
+    }
+    memcpy(info->name, name, name_len + 1);
+    if (!cJSON_IsObject(entry)) {
+        json_describe(entry, found, sizeof found);
+        return kv_error_set(err, KV_ERR_INPUT,
+                            "%s: tensor '%s': expected an object {dtype, shape, data_offsets}, "
+                            "found %s",
+                            lab, name, found);
+    }
+
+    const cJSON *dtype = cJSON_GetObjectItemCaseSensitive(entry, "dtype");
+    if (!cJSON_IsString(dtype)) {
+        json_describe(dtype, found, sizeof found);
+        return kv_error_set(err, KV_ERR_INPUT,
+                            "%s: tensor '%s': field 'dtype': expected a string, found %s", lab,
+                            name, found);
+    }
+    if (!kv_dtype_from_name(dtype->valuestring, &info->dtype)) {
+        json_describe(dtype, found, sizeof found);
+        return kv_error_set(err, KV_ERR_INPUT,
+                            "%s: tensor '%s': field 'dtype': expected a safetensors dtype "
+                            "(F32, F16, BF16, I64, ...), found %s, an unknown name",
+                            lab, name, found);
+    }
+
+    const cJSON *shape = cJSON_GetObjectItemCaseSensitive(entry, "shape");
+    if (!cJSON_IsArray(shape)) {
+        json_describe(shape, found, sizeof found);
+        return kv_error_set(err, KV_ERR_INPUT,
+                            "%s: tensor '%s': field 'shape': expected an array, found %s", lab,
+                            name, found);
+    }
+    int rank = cJSON_GetArraySize(shape);
+    if (rank > KV_ST_MAX_RANK) {
+        return kv_error_set(err, KV_ERR_INPUT,
+                            "%s: tensor '%s': field 'shape': expected at most %d dimensions, "
+                            "found %d",
+                            lab, name, KV_ST_MAX_RANK, rank);
+    }
+    info->rank = rank;
+    uint64_t numel = 1;
+    bool numel_overflow = false;
+    int d = 0;
+    for (const cJSON *dim = shape->child; dim != NULL; dim = dim->next, d++) {
+        uint64_t v;
+        if (!json_exact_u64(dim, &v)) {
+            json_describe(dim, found, sizeof found);
+            return kv_error_set(err, KV_ERR_INPUT,
+                                "%s: tensor '%s': field 'shape[%d]': expected an integer >= 0 "
+                                "(and < 2^53), found %s",
+                                lab, name, d, found);
+        }
+        info->shape[d] = (int64_t)v;
+        if (__builtin_mul_overflow(numel, v, &numel)) numel_overflow = true;
+    }
+
+    const cJSON *offs = cJSON_GetObjectItemCaseSensitive(entry, "data_offsets");
+    if (!cJSON_IsArray(offs) || cJSON_GetArraySize(offs) != 2) {
+        json_describe(offs, found, sizeof found);
+        return kv_error_set(err, KV_ERR_INPUT,
+                            "%s: tensor '%s': field 'data_offsets': expected an array "
+                            "[begin, end], found %s",
+                            lab, name, found);
+    }
+    for (int i = 0; i < 2; i++) {
+        const cJSON *o = cJSON_GetArrayItem(offs, i);
+        uint64_t v;
+        if (!json_exact_u64(o, &v)) {
+            json_describe(o, found, sizeof found);
+            return kv_error_set(err, KV_ERR_INPUT,
+                                "%s: tensor '%s': field 'data_offsets[%d]': expected an integer "
+                                ">= 0 (and < 2^53), found %s",
+                                lab, name, i, found);
+        }
+        if (i == 0) {
+            info->begin = v;
+        } else {
+            info->end = v;
+        }
+    }
+    if (info->begin > info->end) {
+        return kv_error_set(err, KV_ERR_INPUT,
+                            "%s: tensor '%s': field 'data_offsets': expected begin <= end, "
+                            "found [%" PRIu64 ", %" PRIu64 "]",
+                            lab, name, info->begin, info->end);
+    }
+    if (info->end > data_len) {
+        return kv_error_set(err, KV_ERR_INPUT,
+                            "%s: tensor '%s': field 'data_offsets': expected end <= %" PRIu64
+                            " (the data section), found [%" PRIu64 ", %" PRIu64 "] out of bounds",
+                            lab, name, data_len, info->begin, info->end);
+    }
+
+    char shp[160];
+    shape_format(info->shape, info->rank, shp, sizeof shp);
+    uint64_t bits = kv_dtype_bits(info->dtype);
+    uint64_t total_bits;
+    if (numel_overflow || __builtin_mul_overflow(numel, bits, &total_bits)) {
+        return kv_error_set(err, KV_ERR_INPUT,
+                            "%s: tensor '%s': field 'shape': expected a size that fits in 64 "
+                            "bits, found %s of %s",
+                            lab, name, shp, kv_dtype_name(info->dtype));
+    }
+    if (total_bits % 8 != 0) {
+        return kv_error_set(err, KV_ERR_INPUT,
+                            "%s: tensor '%s': field 'shape': expected a whole number of bytes, "
+                            "found %s of %s (%" PRIu64 " bits)",
+                            lab, name, shp, kv_dtype_name(info->dtype), total_bits);
+    }
+    uint64_t want = total_bits / 8;
+    if (info->end - info->begin != want) {
+        return kv_error_set(err, KV_ERR_INPUT,
+                            "%s: tensor '%s': field 'data_offsets': expected %" PRIu64
+                            " bytes (shape %s of %s), found [%" PRIu64 ", %" PRIu64 "] = %" PRIu64
+                            " bytes",
+                            lab, name, want, shp, kv_dtype_name(info->dtype), info->begin,
+                            info->end, info->end - info->begin);
+    }
+    return KV_OK;
+}
+
+static KvStatus parse_metadata(const cJSON *meta, const char *lab, KvError *err) {
+    char found[128];
+    if (!cJSON_IsObject(meta)) {
+        json_describe(meta, found, sizeof found);
+        return kv_error_set(err, KV_ERR_INPUT,
+                            "%s: field '__metadata__': expected an object of strings, found %s",
+                            lab, found);
+    }
+    for (const cJSON *it = meta->child; it != NULL; it = it->next) {
+        if (!cJSON_IsString(it)) {
+            json_describe(it, found, sizeof found);
+            return kv_error_set(err, KV_ERR_INPUT,
+                                "%s: field '__metadata__.%.64s': expected a string, found %s", lab,
+                                it->string, found);
+        }
+    }
+    return KV_OK;
+}
+
+KvStatus kv_st_parse(const uint8_t *bytes, size_t len, const char *label, KvSafetensors *out,
+                     KvError *err) {
+    const char *lab = label != NULL ? label : "safetensors";
+    KvStatus st = KV_OK;
+    char *text = NULL;
+    cJSON *root = NULL;
+    KvTensorInfo *tab = NULL;
+    KvTensorInfo **by_begin = NULL;
+    char found[128];
+
+    memset(out, 0, sizeof *out);
+    if (bytes == NULL) len = 0;
+    if (len < 8) {
+        st = kv_error_set(err, KV_ERR_INPUT,
+                          "%s: file is %zu bytes, expected at least 8 (the header length)", lab,
+                          len);
+        goto exit;
+    }
+    uint64_t hlen = read_u64_le(bytes);
+    uint64_t avail = (uint64_t)len - 8; /* compare against this: hlen + 8 may wrap */
+    if (hlen > avail) {
+        st = kv_error_set(err, KV_ERR_INPUT,
+                          "%s: header length %" PRIu64 ": expected at most %" PRIu64
+                          " (the bytes after the 8-byte prefix), found past the end of file",
+                          lab, hlen, avail);
+        goto exit;
+    }
+    if (hlen > KV_ST_MAX_HEADER) {
+        st = kv_error_set(err, KV_ERR_INPUT,
+                          "%s: header length %" PRIu64 ": expected at most %llu, found too large",
+                          lab, hlen, KV_ST_MAX_HEADER);
+        goto exit;
+    }
+    const uint8_t *hdr = bytes + 8;
+    const void *nul = memchr(hdr, 0, (size_t)hlen);
+    if (nul != NULL) {
+        st = kv_error_set(err, KV_ERR_INPUT,
+                          "%s: header: expected JSON text, found a NUL byte at offset %td", lab,
+                          (const uint8_t *)nul - hdr);
+        goto exit;
+    }
+    /* cJSON wants a terminated string; the copy also keeps the parser from
+     * ever reading past the header, whatever the input. */
+    text = malloc((size_t)hlen + 1);
+    if (text == NULL) {
+        st = kv_error_set(err, KV_ERR_INTERNAL, "%s: out of memory for a %" PRIu64 "-byte header",
+                          lab, hlen);
+        goto exit;
+    }
+    memcpy(text, hdr, (size_t)hlen);
+    text[hlen] = '\0';
+    const char *end = NULL;
+    root = cJSON_ParseWithOpts(text, &end, 0);
+    if (root == NULL) {
+        size_t at = end != NULL && end >= text ? (size_t)(end - text) : 0;
+        st = kv_error_set(err, KV_ERR_INPUT,
+                          "%s: header: expected valid JSON, found a syntax error near byte %zu "
+                          "of %" PRIu64,
+                          lab, at, hlen);
+        goto exit;
+    }
+    for (const char *p = end; *p; p++) {
+        /* Only whitespace may follow (writers pad the header with spaces). */
+        if (*p != ' ' && *p != '\t' && *p != '\n' && *p != '\r') {
+            st = kv_error_set(err, KV_ERR_INPUT,
+                              "%s: header: expected only whitespace after the JSON object, "
+                              "found trailing data at byte %td",
+                              lab, p - text);
+            goto exit;
+        }
+    }
+    if (!cJSON_IsObject(root)) {
+        json_describe(root, found, sizeof found);
+        st = kv_error_set(err, KV_ERR_INPUT, "%s: header: expected a JSON object, found %s", lab,
+                          found);
+        goto exit;
+    }
+
+    uint64_t data_len = avail - hlen;
+    size_t n = 0;
+    for (const cJSON *it = root->child; it != NULL; it = it->next) {
+        if (strcmp(it->string, "__metadata__") == 0) {
+            st = parse_metadata(it, lab, err);
+            if (st != KV_OK) goto exit;
+        } else {
+            n++;
+        }
+    }
+    tab = calloc(n > 0 ? n : 1, sizeof *tab);
+    by_begin = calloc(n > 0 ? n : 1, sizeof *by_begin);
+    if (tab == NULL || by_begin == NULL) {
+        st = kv_error_set(err, KV_ERR_INTERNAL, "%s: out of memory for %zu tensors", lab, n);
+        goto exit;
+    }
+    size_t i = 0;
+    for (const cJSON *it = root->child; it != NULL; it = it->next) {
+        if (strcmp(it->string, "__metadata__") == 0) continue;
+        st = parse_tensor(it, lab, data_len, &tab[i], err);
+        if (st != KV_OK) goto exit;
+        i++;
+    }
+
+    /* cJSON keeps repeated keys; a name must still mean one tensor. */
+    qsort(tab, n, sizeof *tab, cmp_info_name);
+    for (i = 1; i < n; i++) {
+        if (strcmp(tab[i - 1].name, tab[i].name) == 0) {
+            st = kv_error_set(err, KV_ERR_INPUT,
+                              "%s: tensor '%s': expected a unique name, found a duplicate", lab,
+                              tab[i].name);
+            goto exit;
+        }
+    }
+
+    for (i = 0; i < n; i++) by_begin[i] = &tab[i];
+    qsort(by_begin, n, sizeof *by_begin, cmp_info_begin);
+    /* Empty tensors occupy no bytes and cannot overlap anything. */
+    const KvTensorInfo *last = NULL;
+    for (i = 0; i < n; i++) {
+        const KvTensorInfo *t = by_begin[i];
+        if (t->begin == t->end) continue;
+        if (last != NULL && t->begin < last->end) {
+            st = kv_error_set(err, KV_ERR_INPUT,
+                              "%s: tensor '%s': field 'data_offsets': expected no overlap with "
+                              "other tensors, found [%" PRIu64 ", %" PRIu64
+                              "] overlapping tensor '%s' [%" PRIu64 ", %" PRIu64 "]",
+                              lab, t->name, t->begin, t->end, last->name, last->begin, last->end);
+            goto exit;
+        }
+        if (last == NULL || t->end > last->end) last = t;
+    }
+
+    out->data = bytes + 8 + hlen;
+    out->data_len = data_len;
+    out->tensors = tab;
+    out->n_tensors = n;
+    snprintf(out->label, sizeof out->label, "%s", lab);
+    tab = NULL;
+
+exit:
+    free(by_begin);
+    free(tab);
+    cJSON_Delete(root);
+    free(text);
+    if (st != KV_OK) memset(out, 0, sizeof *out);
+    return st;
+}
+
+KvStatus kv_st_open(const char *path, KvSafetensors *out, KvError *err) {
+    KvStatus st = KV_OK;
+    int fd = -1;
+    void *map = NULL;
+    size_t map_len = 0;
+    struct stat sb;
+
+    memset(out, 0, sizeof *out);
+    fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        st = kv_error_set(err, KV_ERR_INPUT, "%s: cannot open: %s", path, strerror(errno));
+        goto exit;
+    }
+    if (fstat(fd, &sb) != 0) {
+        st = kv_error_set(err, KV_ERR_INPUT, "%s: cannot stat: %s", path, strerror(errno));
+        goto exit;
+    }
+    if (!S_ISREG(sb.st_mode)) {
+        st = kv_error_set(err, KV_ERR_INPUT, "%s: expected a regular file, found %s", path,
+                          S_ISDIR(sb.st_mode) ? "a directory" : "another kind of file");
+        goto exit;
+    }
+    /* mmap of 0 bytes fails and a shorter file cannot hold the length
+     * prefix: report it here as a format error, not a mapping error. */
+    if (sb.st_size < 8) {
+        st = kv_error_set(err, KV_ERR_INPUT,
+                          "%s: file is %lld bytes, expected at least 8 (the header length)", path,
+                          (long long)sb.st_size);
+        goto exit;
+    }
+    if ((uint64_t)sb.st_size > (uint64_t)SIZE_MAX) {
+        st = kv_error_set(err, KV_ERR_INPUT, "%s: file is %lld bytes, too large to map", path,
+                          (long long)sb.st_size);
+        goto exit;
+    }
+    map_len = (size_t)sb.st_size;
+    map = mmap(NULL, map_len, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (map == MAP_FAILED) {
+        map = NULL;
+        st = kv_error_set(err, KV_ERR_INPUT, "%s: cannot map: %s", path, strerror(errno));
+        goto exit;
+    }
+    st = kv_st_parse(map, map_len, path, out, err);
+    if (st != KV_OK) goto exit;
+    out->map = map;
+    out->map_len = map_len;
+    map = NULL;
+
+exit:
+    if (map != NULL) munmap(map, map_len);
+    if (fd >= 0) close(fd);
+    if (st != KV_OK) memset(out, 0, sizeof *out);
+    return st;
+}
+
+void kv_st_close(KvSafetensors *st) {
+    if (st == NULL) return;
+    free(st->tensors);
+    if (st->map != NULL) munmap(st->map, st->map_len);
+    memset(st, 0, sizeof *st);
+}
+
+const KvTensorInfo *kv_st_find(const KvSafetensors *st, const char *name) {
+    if (st == NULL || name == NULL) return NULL;
+    size_t lo = 0, hi = st->n_tensors;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        int c = strcmp(name, st->tensors[mid].name);
+        if (c == 0) return &st->tensors[mid];
+        if (c < 0) {
+            hi = mid;
+        } else {
+            lo = mid + 1;
+        }
+    }
+    return NULL;
+}
+
+static int cmp_cstr_ptr(const void *a, const void *b) {
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* A JSON number written from the exact integer, bypassing cJSON's double
+ * printing (which switches to exponent form for large values). */
+static cJSON *json_raw_u64(uint64_t v) {
+    char buf[32];
+    snprintf(buf, sizeof buf, "%" PRIu64, v);
+    return cJSON_CreateRaw(buf);
+}
+
+KvStatus kv_st_serialize(const KvStWriteTensor *tensors, size_t n, uint8_t **out, size_t *out_len,
+                         KvError *err) {
+    KvStatus st = KV_OK;
+    uint64_t *nbytes = NULL;
+    const char **names = NULL;
+    cJSON *root = NULL;
+    char *header = NULL;
+    uint8_t *img = NULL;
+    size_t img_len = 0;
+
+    *out = NULL;
+    *out_len = 0;
+    nbytes = calloc(n > 0 ? n : 1, sizeof *nbytes);
+    names = calloc(n > 0 ? n : 1, sizeof *names);
+    root = cJSON_CreateObject();
+    if (nbytes == NULL || names == NULL || root == NULL) goto oom;
+
+    uint64_t data_len = 0;
+    for (size_t i = 0; i < n; i++) {
+        const KvStWriteTensor *t = &tensors[i];
+        if (t->name == NULL || strlen(t->name) >= KV_ST_MAX_NAME ||
+            strcmp(t->name, "__metadata__") == 0) {
+            st = kv_error_set(err, KV_ERR_INPUT,
+                              "safetensors writer: tensor %zu: expected a name shorter than %d "
+                              "bytes (not __metadata__), found %s",
+                              i, KV_ST_MAX_NAME, t->name == NULL ? "NULL" : "a bad name");
+            goto exit;
+        }
+        size_t esize = kv_dtype_size(t->dtype);
+        if (esize == 0) {
+            st = kv_error_set(err, KV_ERR_INPUT,
+                              "safetensors writer: tensor '%s': expected a whole-byte dtype, "
+                              "found %s",
+                              t->name, kv_dtype_name(t->dtype));
+            goto exit;
+        }
+        if (t->rank < 0 || t->rank > KV_ST_MAX_RANK) {
+            st = kv_error_set(err, KV_ERR_INPUT,
+                              "safetensors writer: tensor '%s': expected rank 0..%d, found %d",
+                              t->name, KV_ST_MAX_RANK, t->rank);
+            goto exit;
+        }
+        uint64_t numel = 1;
+        for (int d = 0; d < t->rank; d++) {
+            if (t->shape[d] < 0 || (double)t->shape[d] >= KV_ST_MAX_EXACT ||
+                __builtin_mul_overflow(numel, (uint64_t)t->shape[d], &numel)) {
+                st = kv_error_set(err, KV_ERR_INPUT,
+                                  "safetensors writer: tensor '%s': shape[%d]: expected an "
+                                  "integer in [0, 2^53) with a representable size, found %" PRId64,
+                                  t->name, d, t->shape[d]);
+                goto exit;
+            }
+        }
+        if (__builtin_mul_overflow(numel, (uint64_t)esize, &nbytes[i]) ||
+            __builtin_add_overflow(data_len, nbytes[i], &data_len) ||
+            (double)data_len >= KV_ST_MAX_EXACT) {
+            st = kv_error_set(err, KV_ERR_INPUT,
+                              "safetensors writer: tensor '%s': expected a total size below "
+                              "2^53 bytes, found more",
+                              t->name);
+            goto exit;
+        }
+        if (nbytes[i] > 0 && t->data == NULL) {
+            st = kv_error_set(err, KV_ERR_INPUT,
+                              "safetensors writer: tensor '%s': expected data, found NULL",
+                              t->name);
+            goto exit;
+        }
+        names[i] = t->name;
+    }
+    qsort(names, n, sizeof *names, cmp_cstr_ptr);
+    for (size_t i = 1; i < n; i++) {
+        if (strcmp(names[i - 1], names[i]) == 0) {
+            st = kv_error_set(err, KV_ERR_INPUT,
+                              "safetensors writer: tensor '%s': expected a unique name, found a "
+                              "duplicate",
+                              names[i]);
+            goto exit;
+        }
+    }
+
+    cJSON *meta = cJSON_AddObjectToObject(root, "__metadata__");
+    if (meta == NULL || cJSON_AddStringToObject(meta, "format", "pt") == NULL) goto oom;
+    uint64_t off = 0;
+    for (size_t i = 0; i < n; i++) {
+        const KvStWriteTensor *t = &tensors[i];
+        cJSON *e = cJSON_AddObjectToObject(root, t->name);
+        if (e == NULL || cJSON_AddStringToObject(e, "dtype", kv_dtype_name(t->dtype)) == NULL)
+            goto oom;
+        cJSON *shape = cJSON_AddArrayToObject(e, "shape");
+        cJSON *offs = cJSON_AddArrayToObject(e, "data_offsets");
+        if (shape == NULL || offs == NULL) goto oom;
+        for (int d = 0; d < t->rank; d++) {
+            cJSON *v = json_raw_u64((uint64_t)t->shape[d]);
+            if (v == NULL || !cJSON_AddItemToArray(shape, v)) {
+                cJSON_Delete(v);
+                goto oom;
+            }
+        }
+        uint64_t pair[2] = {off, off + nbytes[i]};
+        for (int k = 0; k < 2; k++) {
+            cJSON *v = json_raw_u64(pair[k]);
+            if (v == NULL || !cJSON_AddItemToArray(offs, v)) {
+                cJSON_Delete(v);
+                goto oom;
+            }
+        }
+        off += nbytes[i];
+    }
+    header = cJSON_PrintUnformatted(root);
+    if (header == NULL) goto oom;
+
+    size_t hlen = strlen(header);
+    size_t pad = (8 - (8 + hlen) % 8) % 8; /* data section starts 8-aligned */
+    uint64_t total = 8 + (uint64_t)hlen + pad + data_len;
+    if (total > (uint64_t)SIZE_MAX) goto oom;
+    img_len = (size_t)total;
+    img = malloc(img_len);
+    if (img == NULL) goto oom;
+    uint64_t n_hdr = hlen + pad;
+    for (int b = 0; b < 8; b++) img[b] = (uint8_t)(n_hdr >> (8 * b));
+    memcpy(img + 8, header, hlen);
+    memset(img + 8 + hlen, ' ', pad);
+    uint8_t *dst = img + 8 + hlen + pad;
+    for (size_t i = 0; i < n; i++) {
+        if (nbytes[i] > 0) memcpy(dst, tensors[i].data, (size_t)nbytes[i]);
+        dst += nbytes[i];
+    }
+    *out = img;
+    *out_len = img_len;
+    img = NULL;
+    goto exit;
+
+oom:
+    st = kv_error_set(err, KV_ERR_INTERNAL, "safetensors writer: out of memory");
+exit:
+    free(img);
+    free(header);
+    cJSON_Delete(root);
+    free(names);
+    free(nbytes);
+    return st;
+}

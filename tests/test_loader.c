@@ -1,0 +1,1025 @@
+/* test_loader.c: the "loader" suite: config.json, safetensors and model
+ * loading (reference/config.h, safetensors.h, model.h).
+ *
+ * The malformed-input corpus (corpus.c) runs one loop test per entry: each
+ * must fail with the stated status and a message naming the file, the
+ * tensor or field and the expectation, and must leave no partial model.
+ * Expected values are computed here by formula, independently of the code
+ * under test (F16/BF16 decoding, shapes, byte counts). */
+#include <check.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "corpus.h"
+#include "fixture.h"
+#include "prng.h"
+
+/* Check records a mark per passing ck_assert (a pipe write); in the
+ * element-by-element sweeps only a failing condition reaches Check. */
+#define EXPECT(cond, ...)                                                                          \
+    do {                                                                                           \
+        if (!(cond)) ck_abort_msg(__VA_ARGS__);                                                    \
+    } while (0)
+
+static void *test_alloc(size_t n) {
+    void *p = malloc(n > 0 ? n : 1);
+    ck_assert_msg(p != NULL, "out of memory (%zu bytes)", n);
+    return p;
+}
+
+/* A model struct full of garbage, so "zeroed on failure" is checked, not
+ * assumed from a zero-initialised local. */
+static void model_poison(KvModel *m) { memset(m, 0xA5, sizeof *m); }
+
+static bool model_is_zero(const KvModel *m) {
+    static const KvModel zero;
+    return memcmp(m, &zero, sizeof zero) == 0;
+}
+
+static bool config_is_zero(const KvConfig *c) {
+    static const KvConfig zero;
+    return memcmp(c, &zero, sizeof zero) == 0;
+}
+
+/* ---- independent reference decoders ------------------------------------ */
+
+static float ref_f16(uint16_t h) {
+    int sign = h >> 15, e = (h >> 10) & 31, m = h & 1023;
+    double v;
+    if (e == 0) {
+        v = ldexp((double)m, -24);
+    } else if (e == 31) {
+        v = m != 0 ? NAN : INFINITY;
+    } else {
+        v = ldexp((double)(m + 1024), e - 25);
+    }
+    return (float)(sign ? -v : v);
+}
+
+static float ref_bf16(uint16_t h) {
+    int sign = h >> 15, e = (h >> 7) & 255, m = h & 127;
+    double v;
+    if (e == 0) {
+        v = ldexp((double)m, -133);
+    } else if (e == 255) {
+        v = m != 0 ? NAN : INFINITY;
+    } else {
+        v = ldexp((double)(m + 128), e - 134);
+    }
+    return (float)(sign ? -v : v);
+}
+
+/* Bitwise equality, any NaN equal to any NaN. */
+static bool same_float(float a, float b) {
+    if (isnan(a) || isnan(b)) return isnan(a) && isnan(b);
+    return memcmp(&a, &b, sizeof a) == 0;
+}
+
+/* ---- naming a model's tensors (test side, independent of model.c) ------ */
+
+typedef struct {
+    char name[KV_ST_MAX_NAME];
+    const float *p;
+} NamedPtr;
+
+static size_t model_named(const KvModel *m, NamedPtr *out) {
+    size_t n = 0;
+#define PUT(ptr, ...)                                                                              \
+    do {                                                                                           \
+        snprintf(out[n].name, sizeof out[n].name, __VA_ARGS__);                                    \
+        out[n++].p = (ptr);                                                                        \
+    } while (0)
+    PUT(m->embed, "model.embed_tokens.weight");
+    for (int64_t l = 0; l < m->config.num_layers; l++) {
+        const KvLayerWeights *L = &m->layers[l];
+        const char *pre = "model.layers";
+        long long i = (long long)l;
+        PUT(L->input_norm, "%s.%lld.input_layernorm.weight", pre, i);
+        PUT(L->post_attn_norm, "%s.%lld.post_attention_layernorm.weight", pre, i);
+        if (m->config.family == KV_FAMILY_GEMMA2) {
+            PUT(L->pre_ffw_norm, "%s.%lld.pre_feedforward_layernorm.weight", pre, i);
+            PUT(L->post_ffw_norm, "%s.%lld.post_feedforward_layernorm.weight", pre, i);
+        }
+        PUT(L->wq, "%s.%lld.self_attn.q_proj.weight", pre, i);
+        PUT(L->wk, "%s.%lld.self_attn.k_proj.weight", pre, i);
+        PUT(L->wv, "%s.%lld.self_attn.v_proj.weight", pre, i);
+        PUT(L->wo, "%s.%lld.self_attn.o_proj.weight", pre, i);
+        PUT(L->w_gate, "%s.%lld.mlp.gate_proj.weight", pre, i);
+        PUT(L->w_up, "%s.%lld.mlp.up_proj.weight", pre, i);
+        PUT(L->w_down, "%s.%lld.mlp.down_proj.weight", pre, i);
+    }
+    PUT(m->final_norm, "model.norm.weight");
+    if (!m->config.tie_word_embeddings) PUT(m->lm_head, "lm_head.weight");
+#undef PUT
+    return n;
+}
+
+static const float *named_find(const NamedPtr *np, size_t n, const char *name) {
+    for (size_t i = 0; i < n; i++) {
+        if (strcmp(np[i].name, name) == 0) return np[i].p;
+    }
+    return NULL;
+}
+
+static bool inside(const void *p, const void *base, size_t len) {
+    const uint8_t *q = p, *b = base;
+    return q >= b && q < b + len;
+}
+
+/* Loads the corpus base of `family` stored as `enc`; image and config text
+ * are returned so they outlive the model. */
+static KvModel load_base(KvFamily family, CorpusEncoding enc, bool misalign, uint8_t **st,
+                         size_t *st_len, char **cfg_text) {
+    KvConfig cfg;
+    corpus_config(family, &cfg);
+    *cfg_text = kv_config_to_json(&cfg);
+    ck_assert_ptr_nonnull(*cfg_text);
+    corpus_image(&cfg, enc, misalign, st, st_len);
+    KvModel m;
+    KvError err = {{0}};
+    model_poison(&m);
+    KvStatus s = kv_model_load_memory(*cfg_text, strlen(*cfg_text), *st, *st_len, "base", &m, &err);
+    ck_assert_msg(s == KV_OK, "base %s (encoding %d) failed to load: %s", kv_family_name(family),
+                  (int)enc, err.msg);
+    return m;
+}
+
+/* ---- the corpus -------------------------------------------------------- */
+
+START_TEST(test_corpus_case) {
+    const CorpusCase *c = &corpus_cases[_i];
+    char *cfg;
+    size_t cfg_len, st_len;
+    uint8_t *st;
+    corpus_case_build(c, &cfg, &cfg_len, &st, &st_len);
+    /* Exact-size copies (config without a terminator) so any read past the
+     * input is an ASan error in the sanitized build. */
+    char *cfg_exact = test_alloc(cfg_len);
+    memcpy(cfg_exact, cfg, cfg_len);
+    uint8_t *st_exact = st_len > 0 ? test_alloc(st_len) : NULL;
+    if (st_len > 0) memcpy(st_exact, st, st_len);
+    free(cfg);
+    free(st);
+
+    KvModel m;
+    KvError err;
+    memset(&err, 0, sizeof err);
+    model_poison(&m);
+    KvStatus s = kv_model_load_memory(cfg_exact, cfg_len, st_exact, st_len, "corpus", &m, &err);
+    ck_assert_msg(s == c->expect, "case %s: expected status %d, found %d (%s)", c->name,
+                  (int)c->expect, (int)s, err.msg);
+    if (c->expect == KV_OK) {
+        ck_assert_ptr_nonnull(m.embed);
+        ck_assert_ptr_nonnull(m.lm_head);
+        ck_assert_ptr_nonnull(m.layers);
+        kv_model_free(&m);
+        ck_assert_msg(model_is_zero(&m), "case %s: kv_model_free left data behind", c->name);
+    } else {
+        ck_assert_msg(model_is_zero(&m), "case %s: failed load left a partial model", c->name);
+        char file[64];
+        snprintf(file, sizeof file, "corpus/%s: ", c->file);
+        ck_assert_msg(strncmp(err.msg, file, strlen(file)) == 0,
+                      "case %s: message should start with '%s': %s", c->name, file, err.msg);
+        for (int k = 0; k < 3; k++) {
+            if (c->substr[k] == NULL) continue;
+            ck_assert_msg(strstr(err.msg, c->substr[k]) != NULL,
+                          "case %s: message lacks \"%s\": %s", c->name, c->substr[k], err.msg);
+        }
+    }
+    free(cfg_exact);
+    free(st_exact);
+}
+END_TEST
+
+/* ---- model loading ----------------------------------------------------- */
+
+START_TEST(test_base_loads) {
+    KvFamily family = _i == 0 ? KV_FAMILY_GEMMA2 : KV_FAMILY_MISTRAL;
+    uint8_t *st;
+    size_t st_len;
+    char *cfg_text;
+    KvModel m = load_base(family, CORPUS_F32, false, &st, &st_len, &cfg_text);
+    ck_assert_int_eq(m.config.family, family);
+    ck_assert_int_eq(m.config.num_layers, CORPUS_LAYERS);
+    ck_assert_ptr_nonnull(m.layers);
+    ck_assert_uint_eq(m.n_owned, 0); /* all F32 aligned: used in place */
+    if (family == KV_FAMILY_GEMMA2) {
+        ck_assert_ptr_eq(m.lm_head, m.embed);
+    } else {
+        ck_assert_ptr_ne(m.lm_head, m.embed);
+        ck_assert_ptr_null(m.layers[0].pre_ffw_norm);
+        ck_assert_ptr_null(m.layers[1].post_ffw_norm);
+    }
+
+    CorpusTensor ts[CORPUS_MAX_TENSORS];
+    NamedPtr np[CORPUS_MAX_TENSORS];
+    size_t nt = corpus_tensors(&m.config, ts);
+    size_t nn = model_named(&m, np);
+    ck_assert_uint_eq(nt, nn);
+    uint64_t floats = 0;
+    for (size_t t = 0; t < nt; t++) {
+        const float *p = named_find(np, nn, ts[t].name);
+        ck_assert_msg(p != NULL, "tensor %s not bound", ts[t].name);
+        ck_assert_msg(inside(p, st, st_len), "F32 tensor %s copied, not used in place",
+                      ts[t].name);
+        size_t numel = (size_t)ts[t].shape[0] * (size_t)(ts[t].rank == 2 ? ts[t].shape[1] : 1);
+        /* untied, the embedding table is not streamed per step */
+        if (m.config.tie_word_embeddings || strcmp(ts[t].name, "model.embed_tokens.weight") != 0)
+            floats += numel;
+        for (size_t i = 0; i < numel; i++) {
+            EXPECT(p[i] == corpus_value(ts[t].name, i), "%s[%zu]: expected %g, found %g",
+                   ts[t].name, i, (double)corpus_value(ts[t].name, i), (double)p[i]);
+        }
+    }
+    /* What a decode step reads: layers, final norm, lm_head (tied: the
+     * embedding, counted once). */
+    ck_assert_uint_eq(m.weight_bytes, floats * 4);
+    kv_model_free(&m);
+    ck_assert(model_is_zero(&m));
+    free(st);
+    free(cfg_text);
+}
+END_TEST
+
+/* Exact decoding of F16 / BF16 weights (specials, subnormals, NaN). */
+START_TEST(test_half_models_exact) {
+    KvFamily family = _i % 2 == 0 ? KV_FAMILY_GEMMA2 : KV_FAMILY_MISTRAL;
+    CorpusEncoding enc = _i < 2 ? CORPUS_F16_BITS : CORPUS_BF16_BITS;
+    uint8_t *st;
+    size_t st_len;
+    char *cfg_text;
+    KvModel m = load_base(family, enc, false, &st, &st_len, &cfg_text);
+    CorpusTensor ts[CORPUS_MAX_TENSORS];
+    NamedPtr np[CORPUS_MAX_TENSORS];
+    size_t nt = corpus_tensors(&m.config, ts);
+    size_t nn = model_named(&m, np);
+    ck_assert_uint_eq(m.n_owned, nt); /* every tensor converted once */
+    size_t specials_seen = 0;
+    for (size_t t = 0; t < nt; t++) {
+        const float *p = named_find(np, nn, ts[t].name);
+        ck_assert_ptr_nonnull(p);
+        ck_assert_msg(!inside(p, st, st_len), "%s: half tensor must be converted", ts[t].name);
+        size_t numel = (size_t)ts[t].shape[0] * (size_t)(ts[t].rank == 2 ? ts[t].shape[1] : 1);
+        for (size_t i = 0; i < numel; i++) {
+            uint16_t b = corpus_bits16(ts[t].name, i);
+            float want = enc == CORPUS_F16_BITS ? ref_f16(b) : ref_bf16(b);
+            EXPECT(same_float(p[i], want), "%s %s[%zu] bits 0x%04x: expected %a, found %a",
+                   enc == CORPUS_F16_BITS ? "F16" : "BF16", ts[t].name, i, b, (double)want,
+                   (double)p[i]);
+            if (fpclassify(want) == FP_SUBNORMAL || isinf(want) || isnan(want)) specials_seen++;
+        }
+    }
+    ck_assert_uint_gt(specials_seen, 0);
+    kv_model_free(&m);
+    free(st);
+    free(cfg_text);
+}
+END_TEST
+
+/* An F32 tensor at an address that is not 4-byte aligned is copied, exactly. */
+START_TEST(test_unaligned_f32) {
+    KvFamily family = _i == 0 ? KV_FAMILY_GEMMA2 : KV_FAMILY_MISTRAL;
+    uint8_t *st;
+    size_t st_len;
+    char *cfg_text;
+    KvModel m = load_base(family, CORPUS_F32, true, &st, &st_len, &cfg_text);
+    const KvTensorInfo *pad = kv_st_find(&m.st, "aaa.pad");
+    ck_assert_ptr_nonnull(pad); /* extra tensor: listed, ignored by the model */
+    const KvTensorInfo *emb = kv_st_find(&m.st, "model.embed_tokens.weight");
+    ck_assert_ptr_nonnull(emb);
+    ck_assert_uint_eq((uintptr_t)(m.st.data + emb->begin) % 4, 2); /* really misaligned */
+
+    CorpusTensor ts[CORPUS_MAX_TENSORS];
+    NamedPtr np[CORPUS_MAX_TENSORS];
+    size_t nt = corpus_tensors(&m.config, ts);
+    size_t nn = model_named(&m, np);
+    ck_assert_uint_eq(m.n_owned, nt);
+    for (size_t t = 0; t < nt; t++) {
+        const float *p = named_find(np, nn, ts[t].name);
+        ck_assert_ptr_nonnull(p);
+        ck_assert_uint_eq((uintptr_t)p % 4, 0);
+        ck_assert_msg(!inside(p, st, st_len), "%s: unaligned F32 used in place", ts[t].name);
+        size_t numel = (size_t)ts[t].shape[0] * (size_t)(ts[t].rank == 2 ? ts[t].shape[1] : 1);
+        for (size_t i = 0; i < numel; i++) {
+            EXPECT(p[i] == corpus_value(ts[t].name, i), "%s[%zu]", ts[t].name, i);
+        }
+    }
+    kv_model_free(&m);
+    free(st);
+    free(cfg_text);
+}
+END_TEST
+
+START_TEST(test_model_hash) {
+    uint8_t *st1, *st2, *st3;
+    size_t len1, len2, len3;
+    char *c1, *c2, *c3;
+    KvModel a = load_base(KV_FAMILY_MISTRAL, CORPUS_F32, false, &st1, &len1, &c1);
+    KvModel b = load_base(KV_FAMILY_MISTRAL, CORPUS_F16_VALUES, false, &st2, &len2, &c2);
+    KvModel g = load_base(KV_FAMILY_GEMMA2, CORPUS_F32, false, &st3, &len3, &c3);
+    uint64_t ha = kv_model_hash(&a);
+    /* The same F32 values give the same hash whatever the file's dtype. */
+    ck_assert_uint_eq(ha, kv_model_hash(&b));
+    ck_assert_uint_ne(ha, kv_model_hash(&g));
+    ck_assert_uint_ne(ha, KV_FNV_OFFSET);
+
+    /* Flipping one weight bit (lm_head, hashed only when untied) changes it. */
+    const KvTensorInfo *lm = kv_st_find(&a.st, "lm_head.weight");
+    ck_assert_ptr_nonnull(lm);
+    size_t at = (size_t)(a.st.data - st1) + (size_t)lm->begin + 40;
+    kv_model_free(&a);
+    st1[at] ^= 0x01;
+    KvError err;
+    ck_assert_int_eq(kv_model_load_memory(c1, strlen(c1), st1, len1, "x", &a, &err), KV_OK);
+    ck_assert_uint_ne(ha, kv_model_hash(&a));
+    st1[at] ^= 0x01;
+    kv_model_free(&a);
+    ck_assert_int_eq(kv_model_load_memory(c1, strlen(c1), st1, len1, "x", &a, &err), KV_OK);
+    ck_assert_uint_eq(ha, kv_model_hash(&a));
+
+    kv_model_free(&a);
+    kv_model_free(&b);
+    kv_model_free(&g);
+    free(st1);
+    free(st2);
+    free(st3);
+    free(c1);
+    free(c2);
+    free(c3);
+}
+END_TEST
+
+/* The real tiny fixtures (fixtures/fixture.c) load through the loader. */
+START_TEST(test_fixture_tiny_loads) {
+    KvFamily family = _i == 0 ? KV_FAMILY_GEMMA2 : KV_FAMILY_MISTRAL;
+    KvConfig cfg;
+    KvError err = {{0}};
+    ck_assert_int_eq(kv_fixture_config(family, KV_SIZE_TINY, &cfg, &err), KV_OK);
+    uint8_t *st = NULL;
+    size_t st_len = 0;
+    char *json = NULL;
+    KvStatus s = kv_fixture_build(&cfg, KV_FIXTURE_DEFAULT_SEED, &st, &st_len, &json, &err);
+    ck_assert_msg(s == KV_OK, "fixture build: %s", err.msg);
+    KvModel m;
+    model_poison(&m);
+    s = kv_model_load_memory(json, strlen(json), st, st_len, "tiny", &m, &err);
+    ck_assert_msg(s == KV_OK, "fixture load: %s", err.msg);
+    ck_assert_int_eq(m.config.family, family);
+    ck_assert_int_eq(m.config.vocab_size, cfg.vocab_size);
+    ck_assert_int_eq(m.config.hidden_size, cfg.hidden_size);
+    ck_assert_int_eq(m.config.num_layers, cfg.num_layers);
+    ck_assert_int_eq(m.config.num_kv_heads, cfg.num_kv_heads);
+    ck_assert_int_eq(m.config.head_dim, cfg.head_dim);
+    ck_assert_int_eq(m.config.sliding_window, cfg.sliding_window);
+    ck_assert_int_eq(memcmp(m.config.layer_sliding, cfg.layer_sliding, KV_MAX_LAYERS), 0);
+    ck_assert(m.config.tie_word_embeddings == cfg.tie_word_embeddings);
+    NamedPtr *np = test_alloc((3 + (size_t)cfg.num_layers * 11) * sizeof *np);
+    size_t nn = model_named(&m, np);
+    for (size_t i = 0; i < nn; i++) {
+        const KvTensorInfo *t = kv_st_find(&m.st, np[i].name);
+        ck_assert_msg(t != NULL && np[i].p != NULL, "fixture tensor %s", np[i].name);
+        ck_assert_ptr_eq(np[i].p, (const float *)(const void *)(m.st.data + t->begin));
+    }
+    free(np);
+    kv_model_free(&m);
+    free(st);
+    free(json);
+}
+END_TEST
+
+/* ---- config.json ------------------------------------------------------- */
+
+static KvConfig parse_ok(const char *json) {
+    KvConfig c;
+    KvError err = {{0}};
+    KvStatus s = kv_config_parse(json, strlen(json), "t.json", &c, &err);
+    ck_assert_msg(s == KV_OK, "expected %s to parse: %s", json, err.msg);
+    return c;
+}
+
+static void parse_bad(const char *json, const char *want1, const char *want2) {
+    KvConfig c;
+    KvError err = {{0}};
+    memset(&c, 0x5A, sizeof c);
+    KvStatus s = kv_config_parse(json, strlen(json), "t.json", &c, &err);
+    ck_assert_msg(s == KV_ERR_INPUT, "expected %s to fail, found %d", json, (int)s);
+    ck_assert_msg(config_is_zero(&c), "failed parse left fields behind");
+    ck_assert_msg(strncmp(err.msg, "t.json: ", 8) == 0, "no label: %s", err.msg);
+    ck_assert_msg(strstr(err.msg, want1) != NULL, "message lacks \"%s\": %s", want1, err.msg);
+    ck_assert_msg(strstr(err.msg, want2) != NULL, "message lacks \"%s\": %s", want2, err.msg);
+}
+
+#define REQ_FIELDS                                                                                 \
+    "\"vocab_size\": 100, \"hidden_size\": 64, \"intermediate_size\": 128, "                       \
+    "\"num_hidden_layers\": 3, \"num_attention_heads\": 4"
+
+START_TEST(test_config_defaults_gemma2) {
+    KvConfig c = parse_ok("{\"model_type\": \"gemma2\", " REQ_FIELDS "}");
+    ck_assert_int_eq(c.family, KV_FAMILY_GEMMA2);
+    ck_assert_str_eq(c.model_type, "gemma2");
+    ck_assert_int_eq(c.num_kv_heads, 4);
+    ck_assert_int_eq(c.head_dim, 256);
+    ck_assert_int_eq(c.max_position_embeddings, 8192);
+    ck_assert(c.rms_norm_eps == 1e-6);
+    ck_assert(c.rope_theta == 10000.0);
+    ck_assert(c.query_pre_attn_scalar == 256.0);
+    ck_assert(c.attn_logit_softcapping == 50.0);
+    ck_assert(c.final_logit_softcapping == 30.0);
+    ck_assert(c.tie_word_embeddings);
+    ck_assert_int_eq(c.sliding_window, 4096);
+    ck_assert_int_eq(c.layer_sliding[0], 1);
+    ck_assert_int_eq(c.layer_sliding[1], 0);
+    ck_assert_int_eq(c.layer_sliding[2], 1);
+    ck_assert_int_eq(c.layer_sliding[3], 0); /* past num_layers: untouched zero */
+    ck_assert_int_eq(kv_config_layer_window(&c, 0), 4096);
+    ck_assert_int_eq(kv_config_layer_window(&c, 1), 0);
+    ck_assert_int_eq(kv_config_layer_window(&c, 3), 0);
+    ck_assert_int_eq(kv_config_layer_window(&c, -1), 0);
+    ck_assert(kv_config_attn_scale(&c) == 0.0625f);
+
+    /* null softcaps are off; layer_types given; hidden_act only */
+    c = parse_ok("{\"model_type\": \"gemma2\", " REQ_FIELDS
+                 ", \"attn_logit_softcapping\": null, \"final_logit_softcapping\": null,"
+                 " \"hidden_act\": \"gelu_pytorch_tanh\", \"query_pre_attn_scalar\": 144,"
+                 " \"layer_types\": [\"full_attention\", \"full_attention\", "
+                 "\"sliding_attention\"], \"sliding_window\": 7}");
+    ck_assert(c.attn_logit_softcapping == 0.0 && c.final_logit_softcapping == 0.0);
+    ck_assert_int_eq(c.layer_sliding[0], 0);
+    ck_assert_int_eq(c.layer_sliding[2], 1);
+    ck_assert_int_eq(kv_config_layer_window(&c, 2), 7);
+    ck_assert(kv_config_attn_scale(&c) == (float)(1.0 / 12.0));
+
+    /* hidden_activation decides; a stale hidden_act beside it is ignored */
+    c = parse_ok("{\"model_type\": \"gemma2\", " REQ_FIELDS
+                 ", \"hidden_activation\": \"gelu_pytorch_tanh\", \"hidden_act\": \"gelu\"}");
+    ck_assert_int_eq(c.family, KV_FAMILY_GEMMA2);
+
+    /* all-full gemma2 needs no window */
+    c = parse_ok("{\"model_type\": \"gemma2\", " REQ_FIELDS ", \"sliding_window\": null,"
+                 " \"layer_types\": [\"full_attention\", \"full_attention\", "
+                 "\"full_attention\"]}");
+    ck_assert_int_eq(c.sliding_window, 0);
+}
+END_TEST
+
+START_TEST(test_config_defaults_mistral_llama) {
+    KvConfig c = parse_ok("{\"model_type\": \"mistral\", " REQ_FIELDS "}");
+    ck_assert_int_eq(c.family, KV_FAMILY_MISTRAL);
+    ck_assert_int_eq(c.num_kv_heads, 4);
+    ck_assert_int_eq(c.head_dim, 16);
+    ck_assert_int_eq(c.max_position_embeddings, 131072);
+    ck_assert(!c.tie_word_embeddings);
+    ck_assert_int_eq(c.sliding_window, 4096);
+    for (int i = 0; i < 3; i++) ck_assert_int_eq(kv_config_layer_window(&c, i), 4096);
+    ck_assert(c.attn_logit_softcapping == 0.0 && c.final_logit_softcapping == 0.0);
+    ck_assert(kv_config_attn_scale(&c) == 0.25f);
+
+    c = parse_ok("{\"model_type\": \"mistral\", " REQ_FIELDS ", \"sliding_window\": null,"
+                 " \"head_dim\": 32, \"num_key_value_heads\": 2, \"rope_theta\": 1000000.0,"
+                 " \"tie_word_embeddings\": true, \"hidden_act\": \"silu\","
+                 " \"attention_bias\": false, \"rope_scaling\": null}");
+    ck_assert_int_eq(c.sliding_window, 0);
+    ck_assert_int_eq(c.layer_sliding[0], 0);
+    ck_assert_int_eq(c.head_dim, 32);
+    ck_assert(c.rope_theta == 1e6);
+    ck_assert(c.tie_word_embeddings);
+    ck_assert(kv_config_attn_scale(&c) == (float)pow(32.0, -0.5));
+
+    /* llama: mistral math, never a window */
+    c = parse_ok("{\"model_type\": \"llama\", " REQ_FIELDS ", \"sliding_window\": 64,"
+                 " \"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": 500000}}");
+    ck_assert_int_eq(c.family, KV_FAMILY_MISTRAL);
+    ck_assert_str_eq(c.model_type, "llama");
+    ck_assert_int_eq(c.sliding_window, 0);
+    ck_assert_int_eq(c.max_position_embeddings, 2048);
+    ck_assert_int_eq(kv_config_layer_window(&c, 0), 0);
+    ck_assert(c.rope_theta == 500000.0);
+
+    ck_assert_str_eq(kv_family_name(KV_FAMILY_GEMMA2), "gemma2");
+    ck_assert_str_eq(kv_family_name(KV_FAMILY_MISTRAL), "mistral");
+}
+END_TEST
+
+START_TEST(test_config_errors) {
+    parse_bad("{\"model_type\": \"mistral\", " REQ_FIELDS ", \"sliding_window\": 0}",
+              "'sliding_window'", "the number 0");
+    parse_bad("{\"model_type\": \"gemma2\", " REQ_FIELDS ", \"head_dim\": 9}", "'head_dim'",
+              "even");
+    parse_bad("{\"model_type\": \"mistral\", \"vocab_size\": 100, \"hidden_size\": 64, "
+              "\"intermediate_size\": 128, \"num_hidden_layers\": 3, "
+              "\"num_attention_heads\": 6}",
+              "'head_dim'", "divisible");
+    parse_bad("{\"model_type\": \"gemma2\", " REQ_FIELDS ", \"vocab_size\": 1e400}",
+              "'vocab_size'", "once");
+    parse_bad("{\"model_type\": \"gemma2\", \"vocab_size\": 1e400, \"hidden_size\": 64, "
+              "\"intermediate_size\": 128, \"num_hidden_layers\": 3, "
+              "\"num_attention_heads\": 4}",
+              "'vocab_size'", "integer");
+    parse_bad("{\"model_type\": 2, " REQ_FIELDS "}", "'model_type'", "the number 2");
+    parse_bad("{\"model_type\": \"gemma2\", " REQ_FIELDS ", \"rms_norm_eps\": \"1e-6\"}",
+              "'rms_norm_eps'", "string");
+    parse_bad("{\"model_type\": \"gemma2\", " REQ_FIELDS ", \"rope_parameters\": 3}",
+              "'rope_parameters'", "object");
+    parse_bad("{\"model_type\": \"gemma2\", " REQ_FIELDS ", \"final_logit_softcapping\": -2}",
+              "'final_logit_softcapping'", ">= 0");
+    parse_bad("\"gemma2\"", "JSON object", "string");
+    parse_bad("{\"model_type\": \"gemma2\", " REQ_FIELDS "} x", "trailing", "byte");
+
+    KvConfig c;
+    KvError err = {{0}};
+    memset(&c, 0x5A, sizeof c);
+    ck_assert_int_eq(kv_config_parse(NULL, 0, "nothing.json", &c, &err), KV_ERR_INPUT);
+    ck_assert(config_is_zero(&c));
+    ck_assert_ptr_nonnull(strstr(err.msg, "nothing.json"));
+    /* Embedded NUL: refused rather than silently truncated. */
+    static const char nul_text[] = "{\"model_type\": \"gemma2\"\0}";
+    ck_assert_int_eq(kv_config_parse(nul_text, sizeof nul_text - 1, "n.json", &c, &err),
+                     KV_ERR_INPUT);
+    ck_assert_ptr_nonnull(strstr(err.msg, "NUL"));
+}
+END_TEST
+
+static void config_assert_equal(const KvConfig *a, const KvConfig *b) {
+    ck_assert_int_eq(a->family, b->family);
+    ck_assert_str_eq(a->model_type, b->model_type);
+    ck_assert_int_eq(a->vocab_size, b->vocab_size);
+    ck_assert_int_eq(a->hidden_size, b->hidden_size);
+    ck_assert_int_eq(a->intermediate_size, b->intermediate_size);
+    ck_assert_int_eq(a->num_layers, b->num_layers);
+    ck_assert_int_eq(a->num_heads, b->num_heads);
+    ck_assert_int_eq(a->num_kv_heads, b->num_kv_heads);
+    ck_assert_int_eq(a->head_dim, b->head_dim);
+    ck_assert_int_eq(a->sliding_window, b->sliding_window);
+    ck_assert_int_eq(a->max_position_embeddings, b->max_position_embeddings);
+    /* doubles: bitwise (memcmp), not approximately */
+    ck_assert_msg(memcmp(&a->rms_norm_eps, &b->rms_norm_eps, sizeof(double)) == 0,
+                  "eps %.17g vs %.17g", a->rms_norm_eps, b->rms_norm_eps);
+    ck_assert_msg(memcmp(&a->rope_theta, &b->rope_theta, sizeof(double)) == 0,
+                  "theta %.17g vs %.17g", a->rope_theta, b->rope_theta);
+    ck_assert(memcmp(&a->query_pre_attn_scalar, &b->query_pre_attn_scalar, sizeof(double)) == 0);
+    ck_assert(memcmp(&a->attn_logit_softcapping, &b->attn_logit_softcapping, sizeof(double)) == 0);
+    ck_assert(memcmp(&a->final_logit_softcapping, &b->final_logit_softcapping, sizeof(double)) ==
+              0);
+    ck_assert(a->tie_word_embeddings == b->tie_word_embeddings);
+    ck_assert_int_eq(memcmp(a->layer_sliding, b->layer_sliding, sizeof a->layer_sliding), 0);
+}
+
+static void roundtrip(const KvConfig *cfg) {
+    char *json = kv_config_to_json(cfg);
+    ck_assert_ptr_nonnull(json);
+    KvConfig back;
+    KvError err = {{0}};
+    KvStatus s = kv_config_parse(json, strlen(json), "rt.json", &back, &err);
+    ck_assert_msg(s == KV_OK, "round trip failed: %s\n%s", err.msg, json);
+    config_assert_equal(cfg, &back);
+    free(json);
+}
+
+START_TEST(test_config_roundtrip) {
+    KvConfig c;
+    corpus_config(KV_FAMILY_GEMMA2, &c);
+    roundtrip(&c);
+    /* doubles that need 17 digits, gemma2 without softcaps, odd layer pattern */
+    c.rms_norm_eps = 0.1 + 0.2;
+    c.rope_theta = 10000.000000000002;
+    c.query_pre_attn_scalar = 1.0 / 3.0;
+    c.attn_logit_softcapping = 0.0;
+    c.final_logit_softcapping = 0.0;
+    c.num_layers = 5;
+    for (int i = 0; i < 5; i++) c.layer_sliding[i] = (i == 1 || i == 4);
+    c.tie_word_embeddings = false;
+    roundtrip(&c);
+    /* gemma2 all-full, no window */
+    for (int i = 0; i < 5; i++) c.layer_sliding[i] = 0;
+    c.sliding_window = 0;
+    roundtrip(&c);
+
+    corpus_config(KV_FAMILY_MISTRAL, &c);
+    roundtrip(&c);
+    c.rms_norm_eps = 1e-5 * (1.0 + 1e-15);
+    c.tie_word_embeddings = true;
+    roundtrip(&c);
+    c.sliding_window = 0;
+    memset(c.layer_sliding, 0, sizeof c.layer_sliding);
+    roundtrip(&c);
+    snprintf(c.model_type, sizeof c.model_type, "llama");
+    roundtrip(&c);
+    /* max layer count */
+    corpus_config(KV_FAMILY_GEMMA2, &c);
+    c.num_layers = KV_MAX_LAYERS;
+    for (int i = 0; i < KV_MAX_LAYERS; i++) c.layer_sliding[i] = (uint8_t)(i % 3 == 0);
+    roundtrip(&c);
+
+    /* the fixture configurations (fixtures/fixture.c) */
+    for (int f = 0; f < 2; f++) {
+        for (int size = 0; size < 2; size++) {
+            KvError err;
+            ck_assert_int_eq(kv_fixture_config((KvFamily)f, (KvFixtureSize)size, &c, &err),
+                             KV_OK);
+            roundtrip(&c);
+        }
+    }
+}
+END_TEST
+
+/* The JSON kv_config_to_json writes carries what transformers reads. */
+START_TEST(test_config_json_fields) {
+    KvConfig c;
+    corpus_config(KV_FAMILY_GEMMA2, &c);
+    c.attn_logit_softcapping = 0.0;
+    char *json = kv_config_to_json(&c);
+    ck_assert_ptr_nonnull(json);
+    cJSON *o = cJSON_Parse(json);
+    ck_assert_ptr_nonnull(o);
+    ck_assert_str_eq(cJSON_GetArrayItem(cJSON_GetObjectItem(o, "architectures"), 0)->valuestring,
+                     "Gemma2ForCausalLM");
+    ck_assert_str_eq(cJSON_GetObjectItem(o, "hidden_activation")->valuestring,
+                     "gelu_pytorch_tanh");
+    ck_assert_str_eq(cJSON_GetObjectItem(o, "torch_dtype")->valuestring, "float32");
+    ck_assert(cJSON_IsNull(cJSON_GetObjectItem(o, "attn_logit_softcapping")));
+    ck_assert(cJSON_IsFalse(cJSON_GetObjectItem(o, "attention_bias")));
+    ck_assert_int_eq(cJSON_GetArraySize(cJSON_GetObjectItem(o, "layer_types")), CORPUS_LAYERS);
+    ck_assert_str_eq(cJSON_GetArrayItem(cJSON_GetObjectItem(o, "layer_types"), 1)->valuestring,
+                     "full_attention");
+    cJSON_Delete(o);
+    free(json);
+
+    corpus_config(KV_FAMILY_MISTRAL, &c);
+    c.sliding_window = 0;
+    json = kv_config_to_json(&c);
+    o = cJSON_Parse(json);
+    ck_assert_ptr_nonnull(o);
+    ck_assert_str_eq(cJSON_GetArrayItem(cJSON_GetObjectItem(o, "architectures"), 0)->valuestring,
+                     "MistralForCausalLM");
+    ck_assert_str_eq(cJSON_GetObjectItem(o, "hidden_act")->valuestring, "silu");
+    ck_assert(cJSON_IsNull(cJSON_GetObjectItem(o, "sliding_window")));
+    cJSON_Delete(o);
+    free(json);
+}
+END_TEST
+
+/* ---- safetensors ------------------------------------------------------- */
+
+START_TEST(test_f16_bf16_exhaustive) {
+    uint8_t *src = test_alloc(65536 * 2 + 1);
+    float *dst = test_alloc(65536 * sizeof(float));
+    /* src + 1: conversions must not assume alignment */
+    for (uint32_t b = 0; b < 65536; b++) {
+        src[1 + 2 * b] = (uint8_t)(b & 0xff);
+        src[2 + 2 * b] = (uint8_t)(b >> 8);
+    }
+    kv_dtype_to_f32(KV_DTYPE_F16, src + 1, 65536, dst);
+    for (uint32_t b = 0; b < 65536; b++) {
+        EXPECT(same_float(dst[b], ref_f16((uint16_t)b)), "F16 0x%04x: expected %a, found %a", b,
+               (double)ref_f16((uint16_t)b), (double)dst[b]);
+    }
+    ck_assert(dst[0x8000] == 0.0f && signbit(dst[0x8000]));
+    ck_assert(dst[0x0001] == 5.9604644775390625e-08f);
+    ck_assert(dst[0x7bff] == 65504.0f);
+    kv_dtype_to_f32(KV_DTYPE_BF16, src + 1, 65536, dst);
+    for (uint32_t b = 0; b < 65536; b++) {
+        EXPECT(same_float(dst[b], ref_bf16((uint16_t)b)), "BF16 0x%04x: expected %a, found %a", b,
+               (double)ref_bf16((uint16_t)b), (double)dst[b]);
+    }
+    ck_assert(dst[0x3f80] == 1.0f);
+    float f32[3] = {1.5f, -0.0f, 3e-40f};
+    memcpy(src + 1, f32, sizeof f32);
+    kv_dtype_to_f32(KV_DTYPE_F32, src + 1, 3, dst);
+    ck_assert_int_eq(memcmp(dst, f32, sizeof f32), 0);
+    kv_dtype_to_f32(KV_DTYPE_I64, src, 2, dst);
+    ck_assert(isnan(dst[0]) && isnan(dst[1]));
+    free(src);
+    free(dst);
+}
+END_TEST
+
+START_TEST(test_dtype_table) {
+    for (int i = 0; i < KV_DTYPE_COUNT; i++) {
+        KvDtype dt;
+        ck_assert(kv_dtype_from_name(kv_dtype_name((KvDtype)i), &dt));
+        ck_assert_int_eq(dt, i);
+        ck_assert_uint_gt(kv_dtype_bits((KvDtype)i), 0);
+    }
+    ck_assert_uint_eq(kv_dtype_size(KV_DTYPE_F32), 4);
+    ck_assert_uint_eq(kv_dtype_size(KV_DTYPE_BF16), 2);
+    ck_assert_uint_eq(kv_dtype_size(KV_DTYPE_I64), 8);
+    ck_assert_uint_eq(kv_dtype_size(KV_DTYPE_F8_E4M3), 1);
+    ck_assert_uint_eq(kv_dtype_size(KV_DTYPE_F4), 0);
+    ck_assert_uint_eq(kv_dtype_bits(KV_DTYPE_F6_E2M3), 6);
+    ck_assert(kv_dtype_loadable(KV_DTYPE_F16) && !kv_dtype_loadable(KV_DTYPE_U8));
+    KvDtype dt;
+    ck_assert(!kv_dtype_from_name("f32", &dt));
+    ck_assert(!kv_dtype_from_name("Q4_K", &dt));
+    ck_assert_str_eq(kv_dtype_name((KvDtype)999), "?");
+}
+END_TEST
+
+START_TEST(test_st_roundtrip) {
+    float a[6] = {1, 2, 3, 4, 5, 6};
+    uint16_t b[3] = {0x3c00, 0x4000, 0x4200};
+    float s = 7.0f;
+    KvStWriteTensor w[4] = {
+        {.name = "zeta", .dtype = KV_DTYPE_F32, .rank = 2, .shape = {2, 3}, .data = a},
+        {.name = "alpha", .dtype = KV_DTYPE_F16, .rank = 1, .shape = {3}, .data = b},
+        {.name = "mid.scalar", .dtype = KV_DTYPE_F32, .rank = 0, .data = &s},
+        {.name = "empty", .dtype = KV_DTYPE_F32, .rank = 2, .shape = {0, 5}, .data = NULL},
+    };
+    uint8_t *img;
+    size_t len;
+    KvError err = {{0}};
+    ck_assert_int_eq(kv_st_serialize(w, 4, &img, &len, &err), KV_OK);
+    uint64_t hl = 0;
+    for (int i = 7; i >= 0; i--) hl = (hl << 8) | img[i];
+    ck_assert_uint_eq((8 + hl) % 8, 0);
+    ck_assert_uint_eq(len, 8 + hl + 24 + 6 + 4);
+    char *hdr = test_alloc((size_t)hl + 1);
+    memcpy(hdr, img + 8, (size_t)hl);
+    hdr[hl] = '\0';
+    ck_assert_ptr_nonnull(strstr(hdr, "\"__metadata__\":{\"format\":\"pt\"}"));
+    free(hdr);
+
+    KvSafetensors st;
+    memset(&st, 0x77, sizeof st);
+    ck_assert_int_eq(kv_st_parse(img, len, "rt.safetensors", &st, &err), KV_OK);
+    ck_assert_uint_eq(st.n_tensors, 4);
+    ck_assert_str_eq(st.label, "rt.safetensors");
+    ck_assert_ptr_null(st.map);
+    const char *sorted[4] = {"alpha", "empty", "mid.scalar", "zeta"};
+    for (int i = 0; i < 4; i++) {
+        ck_assert_str_eq(st.tensors[i].name, sorted[i]);
+        ck_assert_ptr_eq(kv_st_find(&st, sorted[i]), &st.tensors[i]);
+    }
+    ck_assert_ptr_null(kv_st_find(&st, "beta"));
+    ck_assert_ptr_null(kv_st_find(&st, ""));
+    const KvTensorInfo *z = kv_st_find(&st, "zeta");
+    ck_assert_int_eq(z->rank, 2);
+    ck_assert_int_eq(z->shape[0], 2);
+    ck_assert_int_eq(z->shape[1], 3);
+    ck_assert_uint_eq(z->begin, 0);
+    ck_assert_uint_eq(z->end, 24);
+    ck_assert_int_eq(memcmp(st.data + z->begin, a, sizeof a), 0);
+    const KvTensorInfo *al = kv_st_find(&st, "alpha");
+    ck_assert_int_eq(al->dtype, KV_DTYPE_F16);
+    float f[3];
+    kv_dtype_to_f32(al->dtype, st.data + al->begin, 3, f);
+    ck_assert(f[0] == 1.0f && f[1] == 2.0f && f[2] == 3.0f);
+    const KvTensorInfo *sc = kv_st_find(&st, "mid.scalar");
+    ck_assert_int_eq(sc->rank, 0);
+    ck_assert_uint_eq(sc->end - sc->begin, 4);
+    const KvTensorInfo *em = kv_st_find(&st, "empty");
+    ck_assert_uint_eq(em->end, em->begin);
+    kv_st_close(&st);
+    KvSafetensors zero;
+    memset(&zero, 0, sizeof zero);
+    ck_assert_int_eq(memcmp(&st, &zero, sizeof st), 0);
+    kv_st_close(&st); /* twice: safe on a zeroed struct */
+    free(img);
+
+    /* writer refuses duplicate and over-long names */
+    KvStWriteTensor dup[2] = {w[0], w[0]};
+    img = (uint8_t *)&s;
+    ck_assert_int_eq(kv_st_serialize(dup, 2, &img, &len, &err), KV_ERR_INPUT);
+    ck_assert_ptr_null(img);
+    ck_assert_ptr_nonnull(strstr(err.msg, "duplicate"));
+    char longname[KV_ST_MAX_NAME + 1];
+    memset(longname, 'n', KV_ST_MAX_NAME);
+    longname[KV_ST_MAX_NAME] = '\0';
+    KvStWriteTensor lw = w[0];
+    lw.name = longname;
+    ck_assert_int_eq(kv_st_serialize(&lw, 1, &img, &len, &err), KV_ERR_INPUT);
+    /* an empty table is a valid file */
+    ck_assert_int_eq(kv_st_serialize(NULL, 0, &img, &len, &err), KV_OK);
+    ck_assert_int_eq(kv_st_parse(img, len, "e", &st, &err), KV_OK);
+    ck_assert_uint_eq(st.n_tensors, 0);
+    ck_assert_ptr_null(kv_st_find(&st, "x"));
+    kv_st_close(&st);
+    free(img);
+}
+END_TEST
+
+/* The 100 MB header cap (the safetensors reference limit) holds even when
+ * the file is long enough to contain the claimed header. */
+START_TEST(test_st_header_cap) {
+    size_t len = 100000000 + 16;
+    uint8_t *img = calloc(len, 1); /* untouched zero pages: cheap */
+    ck_assert_ptr_nonnull(img);
+    uint64_t hl = 100000001;
+    for (int i = 0; i < 8; i++) img[i] = (uint8_t)(hl >> (8 * i));
+    KvSafetensors st;
+    KvError err = {{0}};
+    ck_assert_int_eq(kv_st_parse(img, len, "big", &st, &err), KV_ERR_INPUT);
+    ck_assert_ptr_nonnull(strstr(err.msg, "big: header length 100000001"));
+    ck_assert_ptr_nonnull(strstr(err.msg, "at most 100000000"));
+    ck_assert_ptr_null(st.tensors);
+    free(img);
+}
+END_TEST
+
+/* ---- files on disk ----------------------------------------------------- */
+
+typedef struct {
+    char dir[256];
+} TempDir;
+
+static void temp_make(TempDir *t) {
+    const char *base = getenv("TMPDIR");
+    snprintf(t->dir, sizeof t->dir, "%s/kvloader.XXXXXX", base != NULL && *base ? base : "/tmp");
+    ck_assert_msg(mkdtemp(t->dir) != NULL, "mkdtemp %s: %s", t->dir, strerror(errno));
+}
+
+static void temp_path(const TempDir *t, const char *name, char *out, size_t size) {
+    snprintf(out, size, "%s/%s", t->dir, name);
+}
+
+static void temp_write(const TempDir *t, const char *name, const void *data, size_t len) {
+    char p[512];
+    temp_path(t, name, p, sizeof p);
+    FILE *f = fopen(p, "wb");
+    ck_assert_msg(f != NULL, "%s: %s", p, strerror(errno));
+    ck_assert_uint_eq(fwrite(data, 1, len, f), len);
+    ck_assert_int_eq(fclose(f), 0);
+}
+
+static void temp_remove(const TempDir *t) {
+    static const char *names[] = {"config.json", "model.safetensors", "sub"};
+    char p[512];
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        temp_path(t, names[i], p, sizeof p);
+        if (unlink(p) != 0) rmdir(p);
+    }
+    rmdir(t->dir);
+}
+
+/* Writes the mistral base into t; returns the image (caller frees). */
+static uint8_t *temp_base(const TempDir *t, size_t *len) {
+    KvConfig cfg;
+    corpus_config(KV_FAMILY_MISTRAL, &cfg);
+    char *json = kv_config_to_json(&cfg);
+    ck_assert_ptr_nonnull(json);
+    uint8_t *img;
+    corpus_image(&cfg, CORPUS_F32, false, &img, len);
+    temp_write(t, "config.json", json, strlen(json));
+    temp_write(t, "model.safetensors", img, *len);
+    free(json);
+    return img;
+}
+
+/* Loads dir expecting KV_ERR_INPUT naming `path` and containing `word`. */
+static void dir_bad(const char *dir, const char *path, const char *word) {
+    KvModel m;
+    KvError err = {{0}};
+    model_poison(&m);
+    KvStatus s = kv_model_load_dir(dir, &m, &err);
+    ck_assert_msg(s == KV_ERR_INPUT, "%s: expected KV_ERR_INPUT, found %d (%s)", dir, (int)s,
+                  err.msg);
+    ck_assert_msg(model_is_zero(&m), "%s: failed load left a partial model", dir);
+    ck_assert_msg(strstr(err.msg, path) != NULL, "message lacks path %s: %s", path, err.msg);
+    ck_assert_msg(strstr(err.msg, word) != NULL, "message lacks \"%s\": %s", word, err.msg);
+}
+
+START_TEST(test_dir_loads) {
+    TempDir t;
+    temp_make(&t);
+    size_t len;
+    uint8_t *img = temp_base(&t, &len);
+    KvModel m;
+    KvError err = {{0}};
+    model_poison(&m);
+    KvStatus s = kv_model_load_dir(t.dir, &m, &err);
+    ck_assert_msg(s == KV_OK, "%s", err.msg);
+    ck_assert_ptr_nonnull(m.st.map);
+    ck_assert_uint_eq(m.st.map_len, len);
+    ck_assert(inside(m.embed, m.st.map, m.st.map_len)); /* mapped, used in place */
+    ck_assert(inside(m.lm_head, m.st.map, m.st.map_len));
+    ck_assert_uint_eq(m.n_owned, 0);
+    ck_assert(m.layers[1].w_down[5] == corpus_value("model.layers.1.mlp.down_proj.weight", 5));
+    char p[512];
+    temp_path(&t, "model.safetensors", p, sizeof p);
+    ck_assert_str_eq(m.st.label, p);
+    kv_model_free(&m);
+    ck_assert(model_is_zero(&m));
+    /* a trailing slash on the directory is fine */
+    char slash[300];
+    snprintf(slash, sizeof slash, "%s/", t.dir);
+    ck_assert_int_eq(kv_model_load_dir(slash, &m, &err), KV_OK);
+    kv_model_free(&m);
+    free(img);
+    temp_remove(&t);
+}
+END_TEST
+
+START_TEST(test_dir_errors) {
+    TempDir t;
+    temp_make(&t);
+    char p[512], q[512];
+
+    /* missing directory */
+    temp_path(&t, "nope", p, sizeof p);
+    dir_bad(p, p, "No such file");
+    /* empty directory: config.json missing */
+    temp_path(&t, "config.json", p, sizeof p);
+    dir_bad(t.dir, p, "cannot open");
+
+    size_t len;
+    uint8_t *img = temp_base(&t, &len);
+    /* the directory given is a file */
+    temp_path(&t, "config.json", p, sizeof p);
+    dir_bad(p, p, "directory");
+
+    /* model.safetensors missing */
+    temp_path(&t, "model.safetensors", q, sizeof q);
+    ck_assert_int_eq(unlink(q), 0);
+    dir_bad(t.dir, q, "cannot open");
+    /* truncated on disk: the header length runs past the end */
+    temp_write(&t, "model.safetensors", img, 100);
+    dir_bad(t.dir, q, "header length");
+    /* truncated inside the data section */
+    temp_write(&t, "model.safetensors", img, len - 4);
+    dir_bad(t.dir, q, "out of bounds");
+    /* empty and 5-byte files: format errors, not mmap failures */
+    temp_write(&t, "model.safetensors", img, 0);
+    dir_bad(t.dir, q, "0 bytes");
+    temp_write(&t, "model.safetensors", img, 5);
+    dir_bad(t.dir, q, "5 bytes");
+    /* a directory where the file should be */
+    ck_assert_int_eq(unlink(q), 0);
+    ck_assert_int_eq(mkdir(q, 0700), 0);
+    dir_bad(t.dir, q, "regular file");
+    ck_assert_int_eq(rmdir(q), 0);
+    temp_write(&t, "model.safetensors", img, len);
+
+    /* config.json present but malformed: named by path */
+    temp_write(&t, "config.json", "{\"model_type\": \"mistral\"", 24);
+    dir_bad(t.dir, p, "valid JSON");
+    temp_write(&t, "config.json", "", 0);
+    dir_bad(t.dir, p, "valid JSON");
+
+    /* kv_config_load and kv_st_open directly */
+    KvConfig c;
+    KvError err = {{0}};
+    memset(&c, 0x33, sizeof c);
+    temp_path(&t, "missing.json", p, sizeof p);
+    ck_assert_int_eq(kv_config_load(p, &c, &err), KV_ERR_INPUT);
+    ck_assert(config_is_zero(&c));
+    ck_assert_ptr_nonnull(strstr(err.msg, p));
+    ck_assert_ptr_nonnull(strstr(err.msg, "cannot open"));
+    KvSafetensors st;
+    memset(&st, 0x33, sizeof st);
+    ck_assert_int_eq(kv_st_open(p, &st, &err), KV_ERR_INPUT);
+    ck_assert_ptr_null(st.tensors);
+    ck_assert_ptr_null(st.map);
+
+    free(img);
+    temp_remove(&t);
+}
+END_TEST
+
+static Suite *loader_suite(void) {
+    Suite *s = suite_create("loader");
+    TCase *tc = tcase_create("corpus");
+    tcase_add_loop_test(tc, test_corpus_case, 0, (int)corpus_n_cases);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("model");
+    tcase_add_loop_test(tc, test_base_loads, 0, 2);
+    tcase_add_loop_test(tc, test_half_models_exact, 0, 4);
+    tcase_add_loop_test(tc, test_unaligned_f32, 0, 2);
+    tcase_add_test(tc, test_model_hash);
+    tcase_add_loop_test(tc, test_fixture_tiny_loads, 0, 2);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("config");
+    tcase_add_test(tc, test_config_defaults_gemma2);
+    tcase_add_test(tc, test_config_defaults_mistral_llama);
+    tcase_add_test(tc, test_config_errors);
+    tcase_add_test(tc, test_config_roundtrip);
+    tcase_add_test(tc, test_config_json_fields);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("safetensors");
+    tcase_add_test(tc, test_f16_bf16_exhaustive);
+    tcase_add_test(tc, test_dtype_table);
+    tcase_add_test(tc, test_st_roundtrip);
+    tcase_add_test(tc, test_st_header_cap);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("files");
+    tcase_add_test(tc, test_dir_loads);
+    tcase_add_test(tc, test_dir_errors);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void) {
+    SRunner *sr = srunner_create(loader_suite());
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    printf("loader: %zu corpus entries\n", corpus_n_cases);
+    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}
