@@ -7,6 +7,7 @@
 
 #include "forward.h"
 #include "kvmath.h"
+#include "stream.h"
 
 KvStatus kv_batch_left_pad(const int32_t *const *prompts, const int64_t *lens, int64_t batch,
                            int32_t pad_id, int32_t **prompt, uint8_t **real, int64_t *prompt_len,
@@ -50,6 +51,35 @@ void kv_decode_result_free(KvDecodeResult *r) {
     memset(r, 0, sizeof *r);
 }
 
+/* The capture key of the next decode step: per sliding layer, the variant's
+ * host regime and its attended length. A graph stays valid while the key is
+ * unchanged (a framework re-records when a host branch flips or a shape
+ * changes). */
+static void decode_capture_key(const KvRefState *s, int64_t *key) {
+    for (int64_t l = 0; l < s->n_layers; l++) {
+        const KvSlidingCache *c = s->caches != NULL ? s->caches[l] : NULL;
+        key[2 * l] = c != NULL ? s->variant->regime(c, s->len) : 0;
+        key[2 * l + 1] = c != NULL ? s->variant->view(c).n_slots : 0;
+    }
+}
+
+/* One decode step in graph mode: re-capture when the key changed, replay. */
+static KvStatus decode_graph_step(KvRefState *s, KvGraph *g, int64_t *key, int64_t *cur_key,
+                                  int64_t *captures, KvError *err) {
+    const size_t key_bytes = (size_t)(2 * s->n_layers) * sizeof *key;
+    decode_capture_key(s, key);
+    if (*captures == 0 || memcmp(key, cur_key, key_bytes) != 0) {
+        kv_stream_begin_capture(&s->stream, g);
+        kv_ref_launch_forward(s, 1);
+        KvStatus st = kv_stream_end_capture(&s->stream, err);
+        if (st != KV_OK) return st;
+        memcpy(cur_key, key, key_bytes);
+        (*captures)++;
+    }
+    kv_graph_replay(g);
+    return KV_OK;
+}
+
 static KvStatus decode_check_spec(const KvModel *m, const KvDecodeSpec *sp, KvError *err) {
     if (sp->batch < 1 || sp->prompt_len < 1 || sp->new_tokens < 1 || sp->prefill_chunk < 0) {
         return kv_error_set(err, KV_ERR_INPUT,
@@ -78,6 +108,9 @@ KvStatus kv_decode_greedy(const KvModel *m, const KvDecodeSpec *sp, KvDecodeResu
     KvRefState s = {0};
     int32_t *chunk_tok = NULL; /* (B, chunk) */
     uint8_t *chunk_real = NULL; /* (B, chunk) */
+    KvGraph g = {0};
+    int64_t *key = NULL;     /* (2 * num_layers) capture key now */
+    int64_t *cur_key = NULL; /* (2 * num_layers) key of the captured graph */
     memset(out, 0, sizeof *out);
 
     st = decode_check_spec(m, sp, err);
@@ -89,8 +122,9 @@ KvStatus kv_decode_greedy(const KvModel *m, const KvDecodeSpec *sp, KvDecodeResu
     const int64_t chunk = sp->prefill_chunk > 0 && sp->prefill_chunk < P ? sp->prefill_chunk : P;
     /* The last generated token is never fed back, so P + new_tokens - 1
      * slots suffice. */
-    st = kv_ref_state_init(&s, m, B, P + sp->new_tokens - 1, chunk, err);
+    st = kv_ref_state_init(&s, m, B, P + sp->new_tokens - 1, chunk, sp->variant, err);
     if (st != KV_OK) goto exit;
+    s.faults = sp->faults;
 
     out->steps = sp->new_tokens;
     out->batch = B;
@@ -100,7 +134,10 @@ KvStatus kv_decode_greedy(const KvModel *m, const KvDecodeSpec *sp, KvDecodeResu
     out->margins = calloc((size_t)(sp->new_tokens * B), sizeof *out->margins);
     chunk_tok = malloc((size_t)(B * chunk) * sizeof *chunk_tok);
     chunk_real = malloc((size_t)(B * chunk));
-    if (!out->tokens || !out->logits || !out->margins || !chunk_tok || !chunk_real) {
+    key = calloc((size_t)(2 * m->config.num_layers), sizeof *key);
+    cur_key = calloc((size_t)(2 * m->config.num_layers), sizeof *cur_key);
+    if (!out->tokens || !out->logits || !out->margins || !chunk_tok || !chunk_real || !key ||
+        !cur_key) {
         st = kv_error_set(err, KV_ERR_INTERNAL, "decode: out of memory (%lld steps x %lld rows x %lld vocab)",
                           (long long)sp->new_tokens, (long long)B, (long long)V);
         goto exit;
@@ -112,26 +149,49 @@ KvStatus kv_decode_greedy(const KvModel *m, const KvDecodeSpec *sp, KvDecodeResu
             memcpy(chunk_tok + b * n, sp->prompt + b * P + off, (size_t)n * sizeof *chunk_tok);
             memcpy(chunk_real + b * n, sp->prompt_real + b * P + off, (size_t)n);
         }
-        st = kv_ref_forward(m, &s, chunk_tok, chunk_real, n, out->logits, err);
+        st = kv_ref_forward(m, &s, chunk_tok, chunk_real, n, NULL, err);
         if (st != KV_OK) goto exit;
     }
 
+    /* Step 0 comes from the prefill; each later step feeds one token per
+     * row: the greedy token the last forward wrote into tok_in, or the
+     * forced one written over it (a host-to-memory copy, as before a graph
+     * replay). */
     for (int64_t step = 0; step < sp->new_tokens; step++) {
-        float *lg = out->logits + step * B * V; /* (B, V) */
         if (step > 0) {
-            for (int64_t b = 0; b < B; b++) {
-                chunk_tok[b] = out->tokens[(step - 1) * B + b];
-                chunk_real[b] = 1;
+            if (sp->forced != NULL) {
+                for (int64_t b = 0; b < B; b++) {
+                    chunk_tok[b] = sp->forced[(step - 1) * B + b];
+                    chunk_real[b] = 1;
+                }
+                st = kv_ref_check_input(&s, chunk_tok, chunk_real, 1, err);
+                if (st != KV_OK) goto exit;
+                memcpy(s.tok_in, chunk_tok, (size_t)B * sizeof *chunk_tok);
+                memcpy(s.real_in, chunk_real, (size_t)B);
+            } else if (s.len + 1 > s.max_len) {
+                st = kv_error_set(err, KV_ERR_INTERNAL, "decode: state full at step %lld",
+                                  (long long)step);
+                goto exit;
             }
-            st = kv_ref_forward(m, &s, chunk_tok, chunk_real, 1, lg, err);
+            if (sp->mode == KV_MODE_GRAPH) {
+                st = decode_graph_step(&s, &g, key, cur_key, &out->graphs_captured, err);
+                if (st != KV_OK) goto exit;
+            } else {
+                kv_ref_launch_forward(&s, 1);
+            }
+            s.len += 1;
+            st = kv_ref_check_sentinels(&s, 1, err);
             if (st != KV_OK) goto exit;
         }
-        for (int64_t b = 0; b < B; b++) {
-            out->tokens[step * B + b] = kv_argmax(lg + b * V, V, &out->margins[step * B + b]);
-        }
+        memcpy(out->logits + step * B * V, s.logits, (size_t)(B * V) * sizeof(float));
+        memcpy(out->tokens + step * B, s.next_tok, (size_t)B * sizeof(int32_t));
+        memcpy(out->margins + step * B, s.margin, (size_t)B * sizeof(float));
     }
 
 exit:
+    kv_graph_free(&g);
+    free(key);
+    free(cur_key);
     free(chunk_tok);
     free(chunk_real);
     kv_ref_state_free(&s);

@@ -4,8 +4,16 @@
 
 #include <stdint.h>
 
+#include "cache.h"
 #include "model.h"
 #include "status.h"
+
+/* How decode steps run (DESIGN §4). */
+typedef enum {
+    KV_MODE_EAGER = 0, /* every step launches its ops */
+    KV_MODE_GRAPH = 1, /* one decode step captured after prefill and replayed; re-captured
+                        * when a cache's capture key (host regime, attended length) changes */
+} KvExecMode;
 
 typedef struct {
     int64_t batch;             /* B */
@@ -14,6 +22,13 @@ typedef struct {
     const uint8_t *prompt_real;/* (B, P) 0 on pads */
     int64_t new_tokens;        /* tokens generated per row, >= 1 */
     int64_t prefill_chunk;     /* tokens per prefill forward; 0 = whole prompt at once */
+    const int32_t *forced;     /* (new_tokens, B) or NULL: teacher forcing. When set, step
+                                * s > 0 feeds forced[s - 1] instead of the greedy token;
+                                * the result still records the greedy choice at each step.
+                                * Used to keep comparing after a flip at a near-tie. */
+    const KvCacheOps *variant; /* NULL: the reference; else the sliding-layer cache variant */
+    KvExecMode mode;           /* eager (default) or graph */
+    unsigned faults;           /* planted KV_FAULT_* bits (forward.h); 0 for clean runs */
 } KvDecodeSpec;
 
 typedef struct {
@@ -23,6 +38,7 @@ typedef struct {
     int32_t *tokens;  /* (steps, B) the greedy token chosen at each step */
     float *logits;    /* (steps, B, vocab) logits the token was chosen from */
     float *margins;   /* (steps, B) top-1 minus runner-up logit */
+    int64_t graphs_captured; /* graph mode: captures made (0 in eager mode) */
 } KvDecodeResult;
 
 /* Builds a left-padded batch from `batch` prompts of the given lengths.

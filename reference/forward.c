@@ -1,11 +1,21 @@
-/* forward.c: the reference forward pass (DESIGN §1, §2) over a full-length
- * cache where slot = absolute position, so the window is purely a mask.
+/* forward.c: the reference forward pass (DESIGN §1, §2), written as ops on a
+ * stream (stream.h) so that the same code runs eagerly or is captured into a
+ * graph and replayed (DESIGN §4, graph mode on the CPU).
+ *
+ * Graph rule: everything that changes from one decode step to the next (the
+ * position, the input tokens, the RoPE positions) is read by the ops from
+ * state memory at execution time; op arguments hold only pointers and values
+ * that are fixed for the captured step (n, layer index, sizes). The one
+ * deliberate exception is `host_total` for cache updates: host-branch
+ * variants choose their regime from it, and graph mode re-captures when that
+ * regime changes, as a framework does.
  *
  * Determinism: every reduction is a kv_dot (fixed 16-lane pattern) or a
- * sequential sum over visible keys in ascending position (the canonical key
- * order of DESIGN §2); OpenMP splits only independent outputs (matmul output
- * columns, attention heads), so results are bitwise the same for any thread
- * count. */
+ * kv_attend over visible keys in ascending position; OpenMP splits only
+ * independent outputs, so results are bitwise the same for any thread count.
+ * With a cache variant, sliding layers keep K/V in the variant's slots and
+ * attention gathers the variant's view sorted by position, so every correct
+ * variant is bitwise equal to the reference. */
 #include "forward.h"
 
 #include <math.h>
@@ -37,11 +47,25 @@ void kv_ref_state_free(KvRefState *s) {
     free(s->qpos);
     free(s->last);
     free(s->scores);
+    free(s->gk);
+    free(s->gv);
+    free(s->gpos);
+    free(s->tok_in);
+    free(s->real_in);
+    free(s->logits);
+    free(s->next_tok);
+    free(s->margin);
+    if (s->caches != NULL) {
+        for (int64_t l = 0; l < s->n_layers; l++) {
+            if (s->caches[l] != NULL) s->variant->destroy(s->caches[l]);
+        }
+        free(s->caches);
+    }
     memset(s, 0, sizeof *s);
 }
 
 KvStatus kv_ref_state_init(KvRefState *s, const KvModel *m, int64_t batch, int64_t max_len,
-                           int64_t max_chunk, KvError *err) {
+                           int64_t max_chunk, const KvCacheOps *variant, KvError *err) {
     const KvConfig *c = &m->config;
     memset(s, 0, sizeof *s);
     if (batch < 1 || max_len < 1 || max_chunk < 1 || max_chunk > max_len) {
@@ -50,12 +74,14 @@ KvStatus kv_ref_state_init(KvRefState *s, const KvModel *m, int64_t batch, int64
                             "found batch %lld, max_len %lld, max_chunk %lld",
                             (long long)batch, (long long)max_len, (long long)max_chunk);
     }
-    int64_t kv_dim = c->num_kv_heads * c->head_dim;
-    int64_t q_dim = c->num_heads * c->head_dim;
-    int64_t rows = batch * max_chunk;
+    const int64_t kv_dim = c->num_kv_heads * c->head_dim;
+    const int64_t q_dim = c->num_heads * c->head_dim;
+    const int64_t rows = batch * max_chunk;
+    s->model = m;
     s->batch = batch;
     s->max_len = max_len;
     s->max_chunk = max_chunk;
+    s->n_layers = c->num_layers;
     s->k = kv_alloc_floats(c->num_layers * batch * max_len * kv_dim);
     s->v = kv_alloc_floats(c->num_layers * batch * max_len * kv_dim);
     s->real = calloc((size_t)(batch * max_len), 1);
@@ -72,90 +98,141 @@ KvStatus kv_ref_state_init(KvRefState *s, const KvModel *m, int64_t batch, int64
     s->up = kv_alloc_floats(rows * c->intermediate_size);
     s->qpos = calloc((size_t)rows, sizeof(int64_t));
     s->last = kv_alloc_floats(batch * c->hidden_size);
-    s->scores = kv_alloc_floats(c->num_heads * max_len);
+    s->max_keys = max_len + c->sliding_window;
+    s->scores = kv_alloc_floats(c->num_heads * s->max_keys);
+    s->gk = calloc((size_t)(c->num_heads * s->max_keys), sizeof *s->gk);
+    s->gv = calloc((size_t)(c->num_heads * s->max_keys), sizeof *s->gv);
+    s->gpos = calloc((size_t)(c->num_heads * s->max_keys), sizeof *s->gpos);
+    s->tok_in = calloc((size_t)rows, sizeof *s->tok_in);
+    s->real_in = calloc((size_t)rows, 1);
+    s->logits = kv_alloc_floats(batch * c->vocab_size);
+    s->next_tok = calloc((size_t)batch, sizeof *s->next_tok);
+    s->margin = kv_alloc_floats(batch);
     if (!s->k || !s->v || !s->real || !s->n_real || !s->inv_freq || !s->x || !s->xn || !s->q ||
         !s->kn || !s->vn || !s->att || !s->tmp || !s->gate || !s->up || !s->qpos || !s->last ||
-        !s->scores) {
+        !s->scores || !s->gk || !s->gv || !s->gpos || !s->tok_in || !s->real_in || !s->logits ||
+        !s->next_tok || !s->margin) {
         kv_ref_state_free(s);
         return kv_error_set(err, KV_ERR_INTERNAL,
                             "reference state: out of memory (batch %lld, max_len %lld)",
                             (long long)batch, (long long)max_len);
     }
     kv_rope_inv_freq(c->head_dim, c->rope_theta, s->inv_freq);
+    if (variant != NULL) {
+        s->variant = variant;
+        s->caches = calloc((size_t)c->num_layers, sizeof *s->caches);
+        if (s->caches == NULL) {
+            kv_ref_state_free(s);
+            return kv_error_set(err, KV_ERR_INTERNAL, "reference state: out of memory");
+        }
+        for (int64_t l = 0; l < c->num_layers; l++) {
+            int64_t w = kv_config_layer_window(c, l);
+            if (w == 0) continue; /* full layers keep the static cache */
+            KvStatus st = variant->create(batch, w, kv_dim, &s->caches[l], err);
+            if (st != KV_OK) {
+                kv_error_prefix(err, variant->name);
+                kv_ref_state_free(s);
+                return st;
+            }
+            variant->reset(s->caches[l]);
+        }
+    }
     return KV_OK;
 }
 
-/* out[r, :] = rmsnorm(in[r, :]) for rows r. */
-static void ref_norm_rows(const KvConfig *c, const float *in, const float *w, int64_t rows,
-                          float *out) {
-    bool offset = c->family == KV_FAMILY_GEMMA2;
-    for (int64_t r = 0; r < rows; r++) {
-        kv_rmsnorm(in + r * c->hidden_size, w, c->hidden_size, (float)c->rms_norm_eps, offset,
-                   out + r * c->hidden_size);
+/* ---- ops: each takes one argument struct, copied by value at launch ---- */
+
+/* Per new token: record whether its slot is real and give it its RoPE
+ * position (real tokens seen so far in the row). Reads the slot from memory. */
+typedef struct {
+    KvRefState *s;
+    int64_t n;
+    int64_t host_len; /* the host's count at launch: only the stale_scalar fault reads it */
+} ArgsPositions;
+
+static void op_positions(const void *ap) {
+    const ArgsPositions *a = ap;
+    KvRefState *s = a->s;
+    if (s->faults & KV_FAULT_STALE_SCALAR) {
+        /* Planted: the step's position comes from a kernel argument captured
+         * by value, not from memory; every later op of the step reads it. */
+        s->total_mem = a->host_len;
     }
-}
-
-/* Attention for the n new tokens of every row at layer `layer`, reading the
- * cache (which already holds the new keys). Keys are visited in ascending
- * slot order, i.e. ascending position: the canonical key order. */
-static void ref_attention(const KvModel *m, KvRefState *s, int64_t layer, int64_t n) {
-    const KvConfig *c = &m->config;
-    const int64_t hd = c->head_dim;
-    const int64_t kv_dim = c->num_kv_heads * hd;
-    const int64_t q_dim = c->num_heads * hd;
-    const int64_t window = kv_config_layer_window(c, layer);
-    const float scale = kv_config_attn_scale(c);
-    const float cap = (float)c->attn_logit_softcapping;
-    const float *kc = s->k + layer * s->batch * s->max_len * kv_dim; /* (B, max_len, kv_dim) */
-    const float *vc = s->v + layer * s->batch * s->max_len * kv_dim; /* (B, max_len, kv_dim) */
-
+    const int64_t len = s->total_mem;
     for (int64_t b = 0; b < s->batch; b++) {
-        const uint8_t *real = s->real + b * s->max_len;
-        for (int64_t t = 0; t < n; t++) {
-            int64_t qs = s->len + t; /* the query's slot (= cache position) */
-            int64_t r = b * n + t;
-#pragma omp parallel for schedule(static)
-            for (int64_t h = 0; h < c->num_heads; h++) {
-                const float *qh = s->q + r * q_dim + h * hd;
-                float *out = s->att + r * q_dim + h * hd;
-                float *sc = s->scores + h * s->max_len; /* (visible keys) */
-                int64_t kvh = kv_gqa_kv_head(h, c->num_heads, c->num_kv_heads);
-                for (int64_t d = 0; d < hd; d++) out[d] = 0.0f;
-                if (!real[qs]) continue; /* a pad query sees nothing; its output is unused */
-                int64_t nv = 0;
-                for (int64_t k = 0; k <= qs; k++) {
-                    if (!real[k] || !kv_window_visible(qs, k, window)) continue;
-                    float dot = kv_dot(qh, kc + (b * s->max_len + k) * kv_dim + kvh * hd, hd);
-                    sc[nv++] = kv_softcap(dot * scale, cap);
-                }
-                kv_softmax(sc, nv);
-                int64_t rank = 0;
-                for (int64_t k = 0; k <= qs; k++) {
-                    if (!real[k] || !kv_window_visible(qs, k, window)) continue;
-                    const float *vk = vc + (b * s->max_len + k) * kv_dim + kvh * hd;
-                    float p = sc[rank++];
-                    for (int64_t d = 0; d < hd; d++) out[d] += p * vk[d];
-                }
-            }
+        for (int64_t t = 0; t < a->n; t++) {
+            const int64_t r = b * a->n + t;
+            const uint8_t is_real = s->real_in[r] ? 1 : 0;
+            s->real[b * s->max_len + len + t] = is_real;
+            s->qpos[r] = is_real ? s->n_real[b]++ : 0;
         }
     }
 }
 
-static void ref_layer(const KvModel *m, KvRefState *s, int64_t layer, int64_t n) {
-    const KvConfig *c = &m->config;
-    const KvLayerWeights *w = &m->layers[layer];
-    const int64_t rows = s->batch * n;
-    const int64_t hd = c->head_dim;
-    const int64_t kv_dim = c->num_kv_heads * hd;
-    const int64_t q_dim = c->num_heads * hd;
+typedef struct {
+    KvRefState *s;
+    int64_t n;
+} ArgsEmbed;
+
+static void op_embed(const void *ap) {
+    const ArgsEmbed *a = ap;
+    KvRefState *s = a->s;
+    const KvConfig *c = &s->model->config;
     const int64_t hidden = c->hidden_size;
     const bool gemma = c->family == KV_FAMILY_GEMMA2;
+    /* gemma2 scales embeddings by sqrt(hidden) rounded to the activation
+     * dtype (F32), as torch.tensor(hidden**0.5, dtype=...) does. */
+    const float normalizer = gemma ? (float)sqrt((double)hidden) : 1.0f;
+    for (int64_t r = 0; r < s->batch * a->n; r++) {
+        const float *e = s->model->embed + (int64_t)s->tok_in[r] * hidden; /* (hidden) */
+        for (int64_t i = 0; i < hidden; i++) {
+            s->x[r * hidden + i] = gemma ? e[i] * normalizer : e[i];
+        }
+    }
+}
 
-    ref_norm_rows(c, s->x, w->input_norm, rows, s->xn);
-    kv_matmul(s->xn, w->wq, rows, hidden, q_dim, s->q);
-    kv_matmul(s->xn, w->wk, rows, hidden, kv_dim, s->kn);
-    kv_matmul(s->xn, w->wv, rows, hidden, kv_dim, s->vn);
-    for (int64_t r = 0; r < rows; r++) {
+typedef struct {
+    const KvConfig *c;
+    const float *in;  /* (rows, hidden) */
+    const float *w;   /* (hidden) */
+    float *out;       /* (rows, hidden); may equal in */
+    int64_t rows;
+} ArgsNorm;
+
+static void op_norm_rows(const void *ap) {
+    const ArgsNorm *a = ap;
+    const bool offset = a->c->family == KV_FAMILY_GEMMA2;
+    const int64_t h = a->c->hidden_size;
+    for (int64_t r = 0; r < a->rows; r++) {
+        kv_rmsnorm(a->in + r * h, a->w, h, (float)a->c->rms_norm_eps, offset, a->out + r * h);
+    }
+}
+
+typedef struct {
+    const float *x; /* (rows, in) */
+    const float *w; /* (out, in) */
+    float *y;       /* (rows, out) */
+    int64_t rows, in, out;
+} ArgsMatmul;
+
+static void op_matmul(const void *ap) {
+    const ArgsMatmul *a = ap;
+    kv_matmul(a->x, a->w, a->rows, a->in, a->out, a->y);
+}
+
+typedef struct {
+    KvRefState *s;
+    int64_t n;
+} ArgsRope;
+
+static void op_rope(const void *ap) {
+    const ArgsRope *a = ap;
+    KvRefState *s = a->s;
+    const KvConfig *c = &s->model->config;
+    const int64_t hd = c->head_dim;
+    const int64_t q_dim = c->num_heads * hd;
+    const int64_t kv_dim = c->num_kv_heads * hd;
+    for (int64_t r = 0; r < s->batch * a->n; r++) {
         for (int64_t h = 0; h < c->num_heads; h++) {
             kv_rope_apply(s->q + r * q_dim + h * hd, hd, s->inv_freq, s->qpos[r]);
         }
@@ -163,46 +240,321 @@ static void ref_layer(const KvModel *m, KvRefState *s, int64_t layer, int64_t n)
             kv_rope_apply(s->kn + r * kv_dim + h * hd, hd, s->inv_freq, s->qpos[r]);
         }
     }
-    /* Store the new keys/values at their slots, then attend. */
-    float *kc = s->k + layer * s->batch * s->max_len * kv_dim; /* (B, max_len, kv_dim) */
-    float *vc = s->v + layer * s->batch * s->max_len * kv_dim; /* (B, max_len, kv_dim) */
+}
+
+/* Full (static) cache: store the new K/V at slot = position. */
+typedef struct {
+    KvRefState *s;
+    int64_t layer, n;
+} ArgsLayerN;
+
+static void op_store_static(const void *ap) {
+    const ArgsLayerN *a = ap;
+    KvRefState *s = a->s;
+    const KvConfig *c = &s->model->config;
+    const int64_t kv_dim = c->num_kv_heads * c->head_dim;
+    float *kc = s->k + a->layer * s->batch * s->max_len * kv_dim; /* (B, max_len, kv_dim) */
+    float *vc = s->v + a->layer * s->batch * s->max_len * kv_dim; /* (B, max_len, kv_dim) */
     for (int64_t b = 0; b < s->batch; b++) {
-        for (int64_t t = 0; t < n; t++) {
-            int64_t slot = s->len + t;
-            memcpy(kc + (b * s->max_len + slot) * kv_dim, s->kn + (b * n + t) * kv_dim,
+        for (int64_t t = 0; t < a->n; t++) {
+            const int64_t slot = s->total_mem + t;
+            memcpy(kc + (b * s->max_len + slot) * kv_dim, s->kn + (b * a->n + t) * kv_dim,
                    (size_t)kv_dim * sizeof(float));
-            memcpy(vc + (b * s->max_len + slot) * kv_dim, s->vn + (b * n + t) * kv_dim,
+            memcpy(vc + (b * s->max_len + slot) * kv_dim, s->vn + (b * a->n + t) * kv_dim,
                    (size_t)kv_dim * sizeof(float));
         }
     }
-    ref_attention(m, s, layer, n);
-    kv_matmul(s->att, w->wo, rows, q_dim, hidden, s->tmp);
-
-    if (gemma) {
-        /* h = x + post_attention_layernorm(attn(...)) */
-        ref_norm_rows(c, s->tmp, w->post_attn_norm, rows, s->tmp);
-        for (int64_t i = 0; i < rows * hidden; i++) s->x[i] = s->x[i] + s->tmp[i];
-        ref_norm_rows(c, s->x, w->pre_ffw_norm, rows, s->xn);
-    } else {
-        for (int64_t i = 0; i < rows * hidden; i++) s->x[i] = s->x[i] + s->tmp[i];
-        ref_norm_rows(c, s->x, w->post_attn_norm, rows, s->xn);
-    }
-
-    const int64_t inter = c->intermediate_size;
-    kv_matmul(s->xn, w->w_gate, rows, hidden, inter, s->gate);
-    kv_matmul(s->xn, w->w_up, rows, hidden, inter, s->up);
-    for (int64_t i = 0; i < rows * inter; i++) {
-        float a = gemma ? kv_gelu_tanh(s->gate[i]) : kv_silu(s->gate[i]);
-        s->gate[i] = a * s->up[i];
-    }
-    kv_matmul(s->gate, w->w_down, rows, inter, hidden, s->tmp);
-    if (gemma) ref_norm_rows(c, s->tmp, w->post_ffw_norm, rows, s->tmp);
-    for (int64_t i = 0; i < rows * hidden; i++) s->x[i] = s->x[i] + s->tmp[i];
 }
 
-KvStatus kv_ref_forward(const KvModel *m, KvRefState *s, const int32_t *tokens,
-                        const uint8_t *real, int64_t n, float *logits, KvError *err) {
+/* Attention over the static cache (slot = position), which already holds the
+ * new keys: keys are visited in ascending slot order, i.e. ascending
+ * position, the canonical key order. */
+static void op_attn_static(const void *ap) {
+    const ArgsLayerN *a = ap;
+    KvRefState *s = a->s;
+    const KvConfig *c = &s->model->config;
+    const int64_t hd = c->head_dim;
+    const int64_t kv_dim = c->num_kv_heads * hd;
+    const int64_t q_dim = c->num_heads * hd;
+    const int64_t window = kv_config_layer_window(c, a->layer);
+    const float scale = kv_config_attn_scale(c);
+    const float cap = (float)c->attn_logit_softcapping;
+    const float *kc = s->k + a->layer * s->batch * s->max_len * kv_dim; /* (B, max_len, kv_dim) */
+    const float *vc = s->v + a->layer * s->batch * s->max_len * kv_dim; /* (B, max_len, kv_dim) */
+    const int64_t len = s->total_mem;
+
+    for (int64_t b = 0; b < s->batch; b++) {
+        const uint8_t *real = s->real + b * s->max_len; /* (max_len) */
+        for (int64_t t = 0; t < a->n; t++) {
+            const int64_t qs = len + t; /* the query's slot (= cache position) */
+            const int64_t r = b * a->n + t;
+#pragma omp parallel for schedule(static) \
+    if (2 * c->num_heads * (qs + 1) * hd >= kv_parallel_min_work())
+            for (int64_t h = 0; h < c->num_heads; h++) {
+                const int64_t kvh = kv_gqa_kv_head(h, c->num_heads, c->num_kv_heads);
+                const float **gk = s->gk + h * s->max_keys; /* (max_keys) */
+                const float **gv = s->gv + h * s->max_keys; /* (max_keys) */
+                int64_t nk = 0;
+                /* A pad query sees nothing; its output is never used. */
+                for (int64_t k = 0; real[qs] && k <= qs; k++) {
+                    if (!real[k] || !kv_window_visible(qs, k, window)) continue;
+                    gk[nk] = kc + (b * s->max_len + k) * kv_dim + kvh * hd;
+                    gv[nk] = vc + (b * s->max_len + k) * kv_dim + kvh * hd;
+                    nk++;
+                }
+                kv_attend(s->q + r * q_dim + h * hd, gk, gv, nk, hd, scale, cap,
+                          s->scores + h * s->max_keys, s->att + r * q_dim + h * hd);
+            }
+        }
+    }
+}
+
+/* A variant's cache update. host_total is frozen at capture on purpose (see
+ * the file comment); positions come from memory through &total_mem. */
+typedef struct {
+    KvRefState *s;
+    int64_t layer, n, host_total;
+} ArgsCacheUpdate;
+
+static void op_cache_update(const void *ap) {
+    const ArgsCacheUpdate *a = ap;
+    KvRefState *s = a->s;
+    s->variant->update(s->caches[a->layer], s->kn, s->vn, s->real_in, a->n, &s->total_mem,
+                       a->host_total);
+}
+
+/* Attention over a variant's view of a sliding layer plus (include_new) the
+ * new keys. n_slots is the attended length frozen at capture (the "shape"
+ * baked into a graph; the dynamic variant re-captures when it grows). Slots
+ * may hold positions in any order (ring, always_roll): keys are gathered and
+ * sorted by position, so the reduction order is the reference's. */
+typedef struct {
+    KvRefState *s;
+    int64_t layer, n, n_slots;
+    bool include_new;
+} ArgsAttnVariant;
+
+static void op_attn_variant(const void *ap) {
+    const ArgsAttnVariant *a = ap;
+    KvRefState *s = a->s;
+    const KvConfig *c = &s->model->config;
+    const int64_t hd = c->head_dim;
+    const int64_t kv_dim = c->num_kv_heads * hd;
+    const int64_t q_dim = c->num_heads * hd;
+    const int64_t window = kv_config_layer_window(c, a->layer);
+    const float scale = kv_config_attn_scale(c);
+    const float cap = (float)c->attn_logit_softcapping;
+    const KvCacheView view = s->variant->view(s->caches[a->layer]);
+    const int64_t len = s->total_mem;
+    const int64_t n = a->n;
+
+    for (int64_t b = 0; b < s->batch; b++) {
+        for (int64_t t = 0; t < n; t++) {
+            const int64_t qs = len + t;
+            const int64_t r = b * n + t;
+            const bool q_real = s->real_in[r] != 0;
+#pragma omp parallel for schedule(static) \
+    if (2 * c->num_heads * (a->n_slots + n) * hd >= kv_parallel_min_work())
+            for (int64_t h = 0; h < c->num_heads; h++) {
+                const int64_t kvh = kv_gqa_kv_head(h, c->num_heads, c->num_kv_heads);
+                const float **gk = s->gk + h * s->max_keys; /* (max_keys) */
+                const float **gv = s->gv + h * s->max_keys; /* (max_keys) */
+                int64_t *gp = s->gpos + h * s->max_keys;    /* (max_keys) */
+                int64_t nk = 0;
+                for (int64_t i = 0; q_real && i < a->n_slots; i++) {
+                    const int64_t p = view.pos[i];
+                    if (p < 0 || !view.real[b * view.row_stride + i]) continue;
+                    if (!kv_window_visible(qs, p, window)) continue;
+                    gk[nk] = view.k + (b * view.row_stride + i) * view.dim + kvh * hd;
+                    gv[nk] = view.v + (b * view.row_stride + i) * view.dim + kvh * hd;
+                    gp[nk] = p;
+                    nk++;
+                }
+                for (int64_t u = 0; q_real && a->include_new && u <= t; u++) {
+                    if (!s->real_in[b * n + u] || !kv_window_visible(qs, len + u, window)) continue;
+                    gk[nk] = s->kn + (b * n + u) * kv_dim + kvh * hd;
+                    gv[nk] = s->vn + (b * n + u) * kv_dim + kvh * hd;
+                    gp[nk] = len + u;
+                    nk++;
+                }
+                /* Insertion sort by position (distinct): canonical key order. */
+                for (int64_t i = 1; i < nk; i++) {
+                    const float *ki = gk[i];
+                    const float *vi = gv[i];
+                    const int64_t pi = gp[i];
+                    int64_t j = i - 1;
+                    for (; j >= 0 && gp[j] > pi; j--) {
+                        gk[j + 1] = gk[j];
+                        gv[j + 1] = gv[j];
+                        gp[j + 1] = gp[j];
+                    }
+                    gk[j + 1] = ki;
+                    gv[j + 1] = vi;
+                    gp[j + 1] = pi;
+                }
+                kv_attend(s->q + r * q_dim + h * hd, gk, gv, nk, hd, scale, cap,
+                          s->scores + h * s->max_keys, s->att + r * q_dim + h * hd);
+            }
+        }
+    }
+}
+
+typedef struct {
+    float *x;       /* (count) */
+    const float *y; /* (count) */
+    int64_t count;
+} ArgsAdd;
+
+static void op_add(const void *ap) {
+    const ArgsAdd *a = ap;
+    for (int64_t i = 0; i < a->count; i++) a->x[i] = a->x[i] + a->y[i];
+}
+
+typedef struct {
+    float *gate;     /* (count) in: gate projection, out: act(gate) * up */
+    const float *up; /* (count) */
+    int64_t count;
+    bool gelu;       /* gemma2 GeGLU (tanh gelu); else SwiGLU (silu) */
+} ArgsGlu;
+
+static void op_glu(const void *ap) {
+    const ArgsGlu *a = ap;
+    for (int64_t i = 0; i < a->count; i++) {
+        const float act = a->gelu ? kv_gelu_tanh(a->gate[i]) : kv_silu(a->gate[i]);
+        a->gate[i] = act * a->up[i];
+    }
+}
+
+/* Final norm of each row's last token, lm_head, final softcap. */
+static void op_final(const void *ap) {
+    const ArgsEmbed *a = ap;
+    KvRefState *s = a->s;
+    const KvModel *m = s->model;
     const KvConfig *c = &m->config;
+    const int64_t hidden = c->hidden_size;
+    for (int64_t b = 0; b < s->batch; b++) {
+        kv_rmsnorm(s->x + (b * a->n + a->n - 1) * hidden, m->final_norm, hidden,
+                   (float)c->rms_norm_eps, c->family == KV_FAMILY_GEMMA2, s->last + b * hidden);
+    }
+    kv_matmul(s->last, m->lm_head, s->batch, hidden, c->vocab_size, s->logits);
+    if (c->final_logit_softcapping > 0.0) {
+        const float cap = (float)c->final_logit_softcapping;
+        for (int64_t i = 0; i < s->batch * c->vocab_size; i++) {
+            s->logits[i] = kv_softcap(s->logits[i], cap);
+        }
+    }
+}
+
+/* Greedy argmax into the next step's input (ties to the lowest id), then
+ * the position advances by n: the last ops of a captured decode step. */
+typedef struct {
+    KvRefState *s;
+    int64_t n;
+} ArgsAdvance;
+
+static void op_argmax_advance(const void *ap) {
+    const ArgsAdvance *a = ap;
+    KvRefState *s = a->s;
+    const int64_t vocab = s->model->config.vocab_size;
+    for (int64_t b = 0; b < s->batch; b++) {
+        s->next_tok[b] = kv_argmax(s->logits + b * vocab, vocab, &s->margin[b]);
+        s->tok_in[b] = s->next_tok[b]; /* the next step's (B, 1) input */
+        s->real_in[b] = 1;
+    }
+    s->total_mem += a->n;
+}
+
+/* ---- one forward of n tokens as a sequence of ops ---- */
+
+static void launch_layer(KvRefState *s, int64_t layer, int64_t n) {
+    const KvModel *m = s->model;
+    const KvConfig *c = &m->config;
+    const KvLayerWeights *w = &m->layers[layer];
+    const int64_t rows = s->batch * n;
+    const int64_t hd = c->head_dim;
+    const int64_t kv_dim = c->num_kv_heads * hd;
+    const int64_t q_dim = c->num_heads * hd;
+    const int64_t hidden = c->hidden_size;
+    const int64_t inter = c->intermediate_size;
+    const bool gemma = c->family == KV_FAMILY_GEMMA2;
+    KvStream *st = &s->stream;
+
+    ArgsNorm norm_in = {c, s->x, w->input_norm, s->xn, rows};
+    kv_stream_launch(st, op_norm_rows, &norm_in, sizeof norm_in);
+    ArgsMatmul mq = {s->xn, w->wq, s->q, rows, hidden, q_dim};
+    kv_stream_launch(st, op_matmul, &mq, sizeof mq);
+    ArgsMatmul mk = {s->xn, w->wk, s->kn, rows, hidden, kv_dim};
+    kv_stream_launch(st, op_matmul, &mk, sizeof mk);
+    ArgsMatmul mv = {s->xn, w->wv, s->vn, rows, hidden, kv_dim};
+    kv_stream_launch(st, op_matmul, &mv, sizeof mv);
+    ArgsRope rope = {s, n};
+    kv_stream_launch(st, op_rope, &rope, sizeof rope);
+
+    KvSlidingCache *cache = s->caches != NULL ? s->caches[layer] : NULL;
+    if (cache != NULL) {
+        /* A variant's sliding layer: its own update and view (DESIGN §3).
+         * n == 1 takes the variant's fast path; n > 1 attends over the
+         * cached keys plus the new ones, then stores the last min(W, seen). */
+        const KvCacheOps *ops = s->variant;
+        const bool after = n == 1 && ops->one_token_order == KV_ATTEND_AFTER_UPDATE;
+        ArgsCacheUpdate up = {s, layer, n, s->len};
+        if (after) kv_stream_launch(st, op_cache_update, &up, sizeof up);
+        /* The attended length is read now, at launch: a graph bakes it in.
+         * Fixed-size variants always expose W slots; dynamic attends before
+         * its update, so this is the length the step really attends over. */
+        ArgsAttnVariant att = {s, layer, n, ops->view(cache).n_slots, !after};
+        kv_stream_launch(st, op_attn_variant, &att, sizeof att);
+        if (!after) kv_stream_launch(st, op_cache_update, &up, sizeof up);
+    } else {
+        ArgsLayerN ln = {s, layer, n};
+        kv_stream_launch(st, op_store_static, &ln, sizeof ln);
+        kv_stream_launch(st, op_attn_static, &ln, sizeof ln);
+    }
+
+    ArgsMatmul mo = {s->att, w->wo, s->tmp, rows, q_dim, hidden};
+    kv_stream_launch(st, op_matmul, &mo, sizeof mo);
+    ArgsAdd add = {s->x, s->tmp, rows * hidden};
+    if (gemma) {
+        /* h = x + post_attention_layernorm(attn(...)) */
+        ArgsNorm post = {c, s->tmp, w->post_attn_norm, s->tmp, rows};
+        kv_stream_launch(st, op_norm_rows, &post, sizeof post);
+        kv_stream_launch(st, op_add, &add, sizeof add);
+        ArgsNorm pre = {c, s->x, w->pre_ffw_norm, s->xn, rows};
+        kv_stream_launch(st, op_norm_rows, &pre, sizeof pre);
+    } else {
+        kv_stream_launch(st, op_add, &add, sizeof add);
+        ArgsNorm post = {c, s->x, w->post_attn_norm, s->xn, rows};
+        kv_stream_launch(st, op_norm_rows, &post, sizeof post);
+    }
+    ArgsMatmul mg = {s->xn, w->w_gate, s->gate, rows, hidden, inter};
+    kv_stream_launch(st, op_matmul, &mg, sizeof mg);
+    ArgsMatmul mu = {s->xn, w->w_up, s->up, rows, hidden, inter};
+    kv_stream_launch(st, op_matmul, &mu, sizeof mu);
+    ArgsGlu glu = {s->gate, s->up, rows * inter, gemma};
+    kv_stream_launch(st, op_glu, &glu, sizeof glu);
+    ArgsMatmul md = {s->gate, w->w_down, s->tmp, rows, inter, hidden};
+    kv_stream_launch(st, op_matmul, &md, sizeof md);
+    if (gemma) {
+        ArgsNorm post = {c, s->tmp, w->post_ffw_norm, s->tmp, rows};
+        kv_stream_launch(st, op_norm_rows, &post, sizeof post);
+    }
+    kv_stream_launch(st, op_add, &add, sizeof add);
+}
+
+void kv_ref_launch_forward(KvRefState *s, int64_t n) {
+    ArgsPositions pos = {s, n, s->len};
+    kv_stream_launch(&s->stream, op_positions, &pos, sizeof pos);
+    ArgsEmbed emb = {s, n};
+    kv_stream_launch(&s->stream, op_embed, &emb, sizeof emb);
+    for (int64_t l = 0; l < s->model->config.num_layers; l++) launch_layer(s, l, n);
+    kv_stream_launch(&s->stream, op_final, &emb, sizeof emb);
+    ArgsAdvance adv = {s, n};
+    kv_stream_launch(&s->stream, op_argmax_advance, &adv, sizeof adv);
+}
+
+KvStatus kv_ref_check_input(const KvRefState *s, const int32_t *tokens, const uint8_t *real,
+                            int64_t n, KvError *err) {
+    const KvConfig *c = &s->model->config;
     if (n < 1 || n > s->max_chunk || s->len + n > s->max_len) {
         return kv_error_set(err, KV_ERR_INPUT,
                             "reference forward: %lld new tokens at slot %lld exceed the state "
@@ -210,12 +562,10 @@ KvStatus kv_ref_forward(const KvModel *m, KvRefState *s, const int32_t *tokens,
                             (long long)n, (long long)s->len, (long long)s->max_chunk,
                             (long long)s->max_len);
     }
-    /* Validate everything before touching the state, so a bad call leaves
-     * the cache as it was. */
     for (int64_t b = 0; b < s->batch; b++) {
         bool seen_real = s->n_real[b] > 0;
         for (int64_t t = 0; t < n; t++) {
-            int32_t tok = tokens[b * n + t];
+            const int32_t tok = tokens[b * n + t];
             if (tok < 0 || tok >= c->vocab_size) {
                 return kv_error_set(err, KV_ERR_INPUT,
                                     "tokens: row %lld position %lld: expected a token id in "
@@ -233,37 +583,38 @@ KvStatus kv_ref_forward(const KvModel *m, KvRefState *s, const int32_t *tokens,
             }
         }
     }
+    return KV_OK;
+}
 
-    const int64_t hidden = c->hidden_size;
-    /* gemma2 scales embeddings by sqrt(hidden) rounded to the activation
-     * dtype (F32), as torch.tensor(hidden**0.5, dtype=...) does. */
-    const float normalizer = c->family == KV_FAMILY_GEMMA2 ? (float)sqrt((double)hidden) : 1.0f;
-    for (int64_t b = 0; b < s->batch; b++) {
-        for (int64_t t = 0; t < n; t++) {
-            int64_t r = b * n + t;
-            const float *e = m->embed + (int64_t)tokens[r] * hidden;
-            for (int64_t i = 0; i < hidden; i++) {
-                s->x[r * hidden + i] = c->family == KV_FAMILY_GEMMA2 ? e[i] * normalizer : e[i];
-            }
-            uint8_t is_real = real[r] ? 1 : 0;
-            s->real[b * s->max_len + s->len + t] = is_real;
-            /* RoPE position = real tokens before this one in the row. */
-            s->qpos[r] = is_real ? s->n_real[b]++ : 0;
+KvStatus kv_ref_check_sentinels(const KvRefState *s, int64_t n, KvError *err) {
+    if (s->caches == NULL) return KV_OK;
+    for (int64_t l = 0; l < s->n_layers; l++) {
+        if (s->caches[l] != NULL && !s->variant->sentinels_ok(s->caches[l])) {
+            return kv_error_set(err, KV_ERR_INTERNAL,
+                                "%s: layer %lld: a cache sentinel region was overwritten while "
+                                "storing positions %lld..%lld (out-of-bounds write)",
+                                s->variant->name, (long long)l, (long long)(s->len - n),
+                                (long long)(s->len - 1));
         }
     }
+    return KV_OK;
+}
 
-    for (int64_t l = 0; l < c->num_layers; l++) ref_layer(m, s, l, n);
-
-    for (int64_t b = 0; b < s->batch; b++) {
-        kv_rmsnorm(s->x + (b * n + n - 1) * hidden, m->final_norm, hidden,
-                   (float)c->rms_norm_eps, c->family == KV_FAMILY_GEMMA2,
-                   s->last + b * hidden);
-    }
-    kv_matmul(s->last, m->lm_head, s->batch, hidden, c->vocab_size, logits);
-    if (c->final_logit_softcapping > 0.0) {
-        float cap = (float)c->final_logit_softcapping;
-        for (int64_t i = 0; i < s->batch * c->vocab_size; i++) logits[i] = kv_softcap(logits[i], cap);
-    }
+KvStatus kv_ref_forward(const KvModel *m, KvRefState *s, const int32_t *tokens,
+                        const uint8_t *real, int64_t n, float *logits, KvError *err) {
+    (void)m; /* the state carries its model */
+    /* Validate everything before touching the state, so a bad call leaves
+     * the cache as it was. */
+    KvStatus st = kv_ref_check_input(s, tokens, real, n, err);
+    if (st != KV_OK) return st;
+    memcpy(s->tok_in, tokens, (size_t)(s->batch * n) * sizeof *tokens);
+    memcpy(s->real_in, real, (size_t)(s->batch * n));
+    kv_ref_launch_forward(s, n);
     s->len += n;
+    st = kv_ref_check_sentinels(s, n, err);
+    if (st != KV_OK) return st;
+    if (logits != NULL) {
+        memcpy(logits, s->logits, (size_t)(s->batch * s->model->config.vocab_size) * sizeof(float));
+    }
     return KV_OK;
 }

@@ -5,20 +5,40 @@
  * this is the "obviously right" layout every cache variant is compared with.
  * Batches are left-padded: each row has the same number of slots; pad slots
  * are never visible as keys, and a row's RoPE position is the number of real
- * tokens before it. */
+ * tokens before it.
+ *
+ * With a cache variant (candidates/cache.h), sliding layers keep their K/V in
+ * the variant's W slots instead and attention reads the variant's view; full
+ * layers keep the static max_len cache. Attention always reduces the visible
+ * keys in ascending position through kv_attend, so every correct variant is
+ * bitwise equal to the reference. */
 #ifndef KV_FORWARD_H
 #define KV_FORWARD_H
 
 #include <stdint.h>
 
+#include "cache.h"
 #include "model.h"
 #include "status.h"
+#include "stream.h"
+
+/* Planted faults (DESIGN §7), off in every default run. */
+enum {
+    /* The step's position is a kernel argument captured by value (the
+     * host's count at launch) instead of being read from memory: harmless
+     * eagerly (fresh every launch), frozen in a graph, so from the second
+     * replay on the step writes and attends at the capture-time position. */
+    KV_FAULT_STALE_SCALAR = 1u << 0,
+};
 
 typedef struct {
+    const KvModel *model;
+    unsigned faults;    /* KV_FAULT_* bits; 0 in every clean run */
+    KvStream stream;    /* eager, or capturing a decode step into a graph */
     int64_t batch;      /* B */
     int64_t max_len;    /* slots per row */
     int64_t max_chunk;  /* most tokens one forward call may take */
-    int64_t len;        /* slots filled so far (same for every row) */
+    int64_t len;        /* host's count of slots filled so far (same for every row) */
     float *k;           /* (num_layers, B, max_len, num_kv_heads * head_dim) after RoPE */
     float *v;           /* (num_layers, B, max_len, num_kv_heads * head_dim) */
     uint8_t *real;      /* (B, max_len) 1 when the slot holds a real (non-pad) token */
@@ -36,20 +56,54 @@ typedef struct {
     float *up;          /* (B * max_chunk, intermediate) */
     int64_t *qpos;      /* (B * max_chunk) RoPE position of each new token */
     float *last;        /* (B, hidden) final-normed last position of each row */
-    float *scores;      /* (num_heads, max_len) softmax scratch, one row per head */
+    float *scores;      /* (num_heads, max_keys) softmax scratch, one row per head */
+    int64_t max_keys;   /* most keys one query can gather: max_len + window */
+    const float **gk;   /* (num_heads, max_keys) gathered key rows, ascending position */
+    const float **gv;   /* (num_heads, max_keys) gathered value rows */
+    int64_t *gpos;      /* (num_heads, max_keys) their positions */
+    /* Step inputs and outputs in memory, as a captured graph sees them: */
+    int32_t *tok_in;    /* (B, max_chunk) tokens of the next forward; argmax writes (B, 1) */
+    uint8_t *real_in;   /* (B, max_chunk) 0 marks a pad */
+    float *logits;      /* (B, vocab) logits of each row's last token */
+    int32_t *next_tok;  /* (B) greedy token of the last forward */
+    float *margin;      /* (B) its top-1 margin */
+    const KvCacheOps *variant;  /* NULL: the reference (every layer in the static cache) */
+    KvSlidingCache **caches;    /* (num_layers) the variant's cache per sliding layer, else NULL */
+    int64_t n_layers;   /* entries in caches */
+    int64_t total_mem;  /* positions stored so far, in memory: ops read it at execution
+                         * (the value a CUDA graph would read from device memory) */
 } KvRefState;
 
 /* Allocates a state for `batch` rows of up to max_len slots, taking up to
- * max_chunk tokens per forward call. */
+ * max_chunk tokens per forward call. variant NULL: the reference; else
+ * sliding layers use that cache variant. */
 KvStatus kv_ref_state_init(KvRefState *s, const KvModel *m, int64_t batch, int64_t max_len,
-                           int64_t max_chunk, KvError *err);
+                           int64_t max_chunk, const KvCacheOps *variant, KvError *err);
 void kv_ref_state_free(KvRefState *s);
 
 /* Appends n tokens to every row (slots len .. len+n-1) and runs the model.
  * tokens: (B, n); real: (B, n) 0 marks a pad (left padding only: a pad never
  * follows a real token in a row). logits: (B, vocab), the logits of each
- * row's last new token (after the final softcap). */
+ * row's last new token (after the final softcap). With a variant, every
+ * cache's sentinel regions are checked after the call: an out-of-bounds
+ * write is KV_ERR_INTERNAL naming the layer and the variant. */
 KvStatus kv_ref_forward(const KvModel *m, KvRefState *s, const int32_t *tokens,
                         const uint8_t *real, int64_t n, float *logits, KvError *err);
+
+/* Checks n new tokens (B, n) against the vocabulary, left padding and the
+ * state's capacity without touching the state. */
+KvStatus kv_ref_check_input(const KvRefState *s, const int32_t *tokens, const uint8_t *real,
+                            int64_t n, KvError *err);
+
+/* Launches one forward of the n tokens already in tok_in/real_in on
+ * s->stream: positions, embedding, layers, final norm + lm_head + softcap,
+ * argmax into tok_in[0..B) (the next step's input) and total_mem += n. On an
+ * eager stream it runs now; while capturing it is recorded. The caller
+ * advances s->len (the host count) by n afterwards. */
+void kv_ref_launch_forward(KvRefState *s, int64_t n);
+
+/* KV_ERR_INTERNAL naming the layer when a variant cache's sentinel region
+ * was overwritten by the last n positions (s->len already advanced). */
+KvStatus kv_ref_check_sentinels(const KvRefState *s, int64_t n, KvError *err);
 
 #endif

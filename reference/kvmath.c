@@ -8,6 +8,16 @@
 #include <stddef.h>
 #include <string.h>
 
+static int64_t g_parallel_min_work = KV_PARALLEL_MIN_WORK;
+
+void kv_set_parallel_min_work(int64_t work) {
+    g_parallel_min_work = work < 0 ? 0 : work;
+}
+
+int64_t kv_parallel_min_work(void) {
+    return g_parallel_min_work;
+}
+
 /* Four 4-wide vectors hold the 16 lanes: vector v, element e is lane
  * 4v + e. GCC vector types make the SIMD explicit instead of hoping the
  * auto-vectorizer keeps the lanes in registers (at -O2 it kept them in
@@ -85,7 +95,7 @@ void kv_matmul(const float *x, const float *w, int64_t rows, int64_t in, int64_t
      * not depend on the thread count. A block of weight rows stays in cache
      * while every input row uses it. */
     const int64_t blocks = out / KV_MM_ROWS;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (rows * in * out >= g_parallel_min_work)
     for (int64_t blk = 0; blk < blocks; blk++) {
         const int64_t o = blk * KV_MM_ROWS;
         for (int64_t r = 0; r < rows; r++) {
@@ -158,6 +168,18 @@ void kv_softmax(float *x, int64_t n) {
         sum += x[i];
     }
     for (int64_t i = 0; i < n; i++) x[i] = x[i] / sum;
+}
+
+void kv_attend(const float *q, const float *const *k, const float *const *v, int64_t nk,
+               int64_t hd, float scale, float cap, float *scores, float *out) {
+    for (int64_t d = 0; d < hd; d++) out[d] = 0.0f;
+    if (nk == 0) return;
+    for (int64_t j = 0; j < nk; j++) scores[j] = kv_softcap(kv_dot(q, k[j], hd) * scale, cap);
+    kv_softmax(scores, nk);
+    for (int64_t j = 0; j < nk; j++) {
+        const float p = scores[j];
+        for (int64_t d = 0; d < hd; d++) out[d] += p * v[j][d];
+    }
 }
 
 int64_t kv_gqa_kv_head(int64_t head, int64_t num_heads, int64_t num_kv_heads) {

@@ -19,6 +19,16 @@
  * i >= n16 are added to that sum one by one in ascending i. */
 #define KV_DOT_LANES 16
 
+/* Parallel regions only open when their work (multiply-adds) reaches this
+ * threshold: for tiny models the fork/join costs more than the work, and
+ * spinning OpenMP workers collapse when several processes share the cores
+ * (ctest -j). Results never depend on it (each output is computed by one
+ * thread in a fixed order); tests set it to 0 to force every region
+ * parallel. Default KV_PARALLEL_MIN_WORK. */
+#define KV_PARALLEL_MIN_WORK (1 << 18)
+void kv_set_parallel_min_work(int64_t work);
+int64_t kv_parallel_min_work(void);
+
 float kv_dot(const float *a /* (n) */, const float *b /* (n) */, int64_t n);
 
 /* y[r, o] = dot(x[r, :], w[o, :]) for every row r and output o.
@@ -55,6 +65,16 @@ float kv_silu(float x);
 /* In-place softmax over n values: subtract the max, exponentiate, sum in
  * ascending index order, divide. n == 0 is a no-op. */
 void kv_softmax(float *x /* (n) */, int64_t n);
+
+/* Attention of one query head over nk keys given in ascending position (the
+ * canonical key order of DESIGN §2; the caller gathers and orders them):
+ *   s_j = softcap(kv_dot(q, k_j) * scale, cap), p = kv_softmax(s),
+ *   out[d] = sum_j p_j * v_j[d], accumulated in j order starting from 0.
+ * nk == 0 gives out = 0. scores: (nk) scratch. Every backend path that
+ * must be bitwise equal to the reference calls exactly this. */
+void kv_attend(const float *q /* (hd) */, const float *const *k /* (nk) -> (hd) */,
+               const float *const *v /* (nk) -> (hd) */, int64_t nk, int64_t hd, float scale,
+               float cap, float *scores /* (nk) */, float *out /* (hd) */);
 
 /* GQA: the key/value head that query head `head` reads (transformers'
  * repeat_kv: consecutive groups of num_heads / num_kv_heads query heads). */

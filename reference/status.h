@@ -7,6 +7,10 @@
 #ifndef KV_STATUS_H
 #define KV_STATUS_H
 
+#ifdef __cplusplus
+extern "C" { /* shared with the CUDA (.cu, compiled as C++) side */
+#endif
+
 typedef enum {
     KV_OK = 0,
     KV_ERR_INPUT = 2,    /* bad input or usage: malformed file, wrong shape, missing file */
@@ -26,5 +30,9 @@ KvStatus kv_error_set(KvError *err, KvStatus st, const char *fmt, ...)
 /* Prepends "prefix: " to an existing message (used to add the file name when a
  * lower layer only knew the field). */
 void kv_error_prefix(KvError *err, const char *prefix);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

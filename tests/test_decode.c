@@ -14,6 +14,7 @@
 
 #include "decode.h"
 #include "fixture.h"
+#include "kvmath.h"
 #include "prng.h"
 
 #ifdef _OPENMP
@@ -43,7 +44,8 @@ static KvDecodeResult run_decode(const KvModel *m, int32_t **prompts, const int6
     KvStatus st = kv_batch_left_pad((const int32_t *const *)prompts, lens, batch, 0, &tok, &real,
                                     &plen, &err);
     ck_assert_msg(st == KV_OK, "left pad: %s", err.msg);
-    KvDecodeSpec spec = {batch, plen, tok, real, new_tokens, chunk};
+    KvDecodeSpec spec = {.batch = batch, .prompt_len = plen, .prompt = tok, .prompt_real = real,
+                         .new_tokens = new_tokens, .prefill_chunk = chunk};
     KvDecodeResult r = {0};
     st = kv_decode_greedy(m, &spec, &r, &err);
     ck_assert_msg(st == KV_OK, "decode: %s", err.msg);
@@ -114,6 +116,9 @@ START_TEST(test_repeat_and_threads_bitwise) {
     }
 #ifdef _OPENMP
     int saved = omp_get_max_threads();
+    /* Force every parallel region open, so the thread counts really split
+     * the work (the tiny fixture is below the default threshold). */
+    kv_set_parallel_min_work(0);
     const int threads[] = {1, 2, 4};
     for (size_t t = 0; t < 3; t++) {
         omp_set_num_threads(threads[t]);
@@ -124,6 +129,7 @@ START_TEST(test_repeat_and_threads_bitwise) {
         kv_decode_result_free(&r);
     }
     omp_set_num_threads(saved);
+    kv_set_parallel_min_work(KV_PARALLEL_MIN_WORK);
 #else
     fprintf(stderr, "test_decode: built without OpenMP: thread-count check covers 1 thread only\n");
 #endif
@@ -251,7 +257,8 @@ START_TEST(test_bad_tokens_rejected) {
     ck_assert_msg(kv_fixture_load("mistral-tiny", TEST_SEED, &f, &err) == KV_OK, "%s", err.msg);
     int32_t tok[2] = {3, 512};
     uint8_t real[2] = {1, 1};
-    KvDecodeSpec spec = {1, 2, tok, real, 4, 0};
+    KvDecodeSpec spec = {.batch = 1, .prompt_len = 2, .prompt = tok, .prompt_real = real,
+                         .new_tokens = 4};
     KvDecodeResult r;
     ck_assert_int_eq(kv_decode_greedy(&f.model, &spec, &r, &err), KV_ERR_INPUT);
     ck_assert_msg(strstr(err.msg, "512") != NULL && strstr(err.msg, "[0, 512)") != NULL, "%s", err.msg);

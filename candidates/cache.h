@@ -1,0 +1,101 @@
+/* cache.h: the sliding-window cache-layer interface (DESIGN §3), ggml-style:
+ * a table of function pointers (KvCacheOps) plus an opaque context.
+ *
+ * A sliding layer keeps W slots per batch row (dynamic keeps W - 1). The
+ * forward pass hands the cache the K/V rows of n >= 1 new tokens; the cache
+ * stores the last min(W, seen) tokens in its own layout and exposes a view:
+ * for each slot the absolute position it holds (or -1 when empty), and per
+ * row whether the token there is real (pads are never visible). Attention
+ * then gathers the visible keys and reduces them in ascending position (the
+ * canonical key order), so any correct variant is bitwise equal to the
+ * reference.
+ *
+ * Positions here are cache positions: they count padded slots, exactly as
+ * the reference's slot index does (DESIGN §2). All rows advance together.
+ *
+ * Two scalars, on purpose: `*total` is the number of positions stored so
+ * far read from memory (what a CUDA graph would read from device memory);
+ * `host_total` is the host's own count, which only host-branch variants
+ * (cat_shift, roll) may use, and only to choose their regime, as
+ * transformers' `is_full` does. Graph mode bakes that choice in at capture. */
+#ifndef KV_CACHE_H
+#define KV_CACHE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "status.h"
+
+typedef struct KvSlidingCache KvSlidingCache; /* opaque, one per sliding layer */
+
+typedef struct {
+    int64_t n_slots;      /* slots attention may read (W, or W - 1 for dynamic) */
+    int64_t row_stride;   /* slots between consecutive rows in k, v, real */
+    int64_t dim;          /* floats per slot (num_kv_heads * head_dim) */
+    const float *k;       /* (B, row_stride, dim) */
+    const float *v;       /* (B, row_stride, dim) */
+    const int64_t *pos;   /* (n_slots) absolute position held by slot i, -1 = empty */
+    const uint8_t *real;  /* (B, row_stride) 1 when the token in the slot is real */
+} KvCacheView;
+
+/* When attention reads the cache relative to the update. */
+typedef enum {
+    /* n == 1 fast path: update, then attend over the view alone (the new
+     * key is in the cache). n > 1 always uses KV_ATTEND_BEFORE_UPDATE. */
+    KV_ATTEND_AFTER_UPDATE = 0,
+    /* attend over the view plus the new keys, then update (dynamic, and
+     * every variant when n > 1). */
+    KV_ATTEND_BEFORE_UPDATE = 1,
+} KvAttendOrder;
+
+typedef struct {
+    const char *name;
+    KvAttendOrder one_token_order; /* order used for n == 1 */
+    bool host_branch;              /* regime chosen on the host (cat_shift, roll) */
+
+    /* Allocates a cache for `batch` rows of `window` slots of `dim` floats,
+     * every buffer wrapped in sentinel regions (kv_guard_alloc). */
+    KvStatus (*create)(int64_t batch, int64_t window, int64_t dim, KvSlidingCache **out,
+                       KvError *err);
+    void (*destroy)(KvSlidingCache *c); /* NULL-safe */
+    /* Empties every slot (pos = -1, real = 0) and poisons K/V with NaN so a
+     * read of a never-written slot shows up in the logits. */
+    void (*reset)(KvSlidingCache *c);
+    /* Stores n >= 1 new tokens at positions *total .. *total + n - 1.
+     * k_new, v_new: (B, n, dim); real_new: (B, n). After the call the cache
+     * holds the last min(W, *total + n) positions (dynamic: W - 1). The
+     * caller advances *total afterwards. */
+    void (*update)(KvSlidingCache *c, const float *k_new, const float *v_new,
+                   const uint8_t *real_new, int64_t n, const int64_t *total, int64_t host_total);
+    /* The pointers stay fixed for the cache's lifetime (a captured graph
+     * keeps them by value); n_slots, pos and the contents change. */
+    KvCacheView (*view)(const KvSlidingCache *c);
+    /* Host regime for host-branch variants: 0 filling, 1 full; always 0 for
+     * the others. Graph mode re-captures when it changes. */
+    int (*regime)(const KvSlidingCache *c, int64_t host_total);
+    /* True when every sentinel region is intact (tests call it every step). */
+    bool (*sentinels_ok)(const KvSlidingCache *c);
+} KvCacheOps;
+
+/* The six variants of DESIGN §3. */
+extern const KvCacheOps kv_cache_index_copy;
+extern const KvCacheOps kv_cache_cat_shift;
+extern const KvCacheOps kv_cache_roll;
+extern const KvCacheOps kv_cache_always_roll;
+extern const KvCacheOps kv_cache_ring;
+extern const KvCacheOps kv_cache_dynamic;
+
+/* All variants, in the order above; *count receives 6. */
+const KvCacheOps *const *kv_cache_all(int *count);
+/* By name, or NULL. */
+const KvCacheOps *kv_cache_find(const char *name);
+
+/* Sentinel-guarded buffers: KV_GUARD_FLOATS floats of a fixed bit pattern
+ * before and after the n usable bytes. */
+#define KV_GUARD_FLOATS 64
+void *kv_guard_alloc(size_t bytes);
+void kv_guard_free(void *p);
+bool kv_guard_ok(const void *p);
+
+#endif

@@ -1,0 +1,28 @@
+/* cache_registry.c: the list of cache-update variants (DESIGN §3) and lookup
+ * by name, so the CLI, the run matrix and the tests iterate one table instead
+ * of naming the variants in several places. The order is cache.h's; reports
+ * and test loop indices rely on it. */
+#include <stddef.h>
+#include <string.h>
+
+#include "cache.h"
+
+#define KV_CACHE_COUNT 6
+
+static const KvCacheOps *const kv_cache_table[KV_CACHE_COUNT] = {
+    &kv_cache_index_copy, &kv_cache_cat_shift, &kv_cache_roll,
+    &kv_cache_always_roll, &kv_cache_ring, &kv_cache_dynamic,
+};
+
+const KvCacheOps *const *kv_cache_all(int *count) {
+    if (count != NULL) *count = KV_CACHE_COUNT;
+    return kv_cache_table;
+}
+
+const KvCacheOps *kv_cache_find(const char *name) {
+    if (name == NULL) return NULL;
+    for (int i = 0; i < KV_CACHE_COUNT; i++) {
+        if (strcmp(kv_cache_table[i]->name, name) == 0) return kv_cache_table[i];
+    }
+    return NULL;
+}

@@ -1,0 +1,264 @@
+/* cache_roll.c: the `roll` sliding-window cache variant (DESIGN §3), the
+ * torch.roll formulation of transformers' sliding update with a host
+ * `is_full` flag.
+ *
+ * Layout: W slots per row in ascending position (slot i holds i while
+ * filling, total - W + i once full), the same as index_copy.
+ *
+ * Data movement for one new token, with the regime chosen on the host from
+ * host_total (is_full = host_total >= W):
+ *   - filling: index_copy of the new row into the cache at slot
+ *     clamp(p, 0, W - 1), p read from *total;
+ *   - full: roll(keys, -1) into a separate output buffer (out[i] =
+ *     in[(i + 1) % W], done as the two contiguous block copies torch.roll
+ *     makes), copied back over the cache, then the new row is written into
+ *     the last slot (which the roll filled with the oldest row).
+ * For n > 1 new tokens: roll left by the number of positions that leave the
+ * window (through the same output buffer), then write the new rows that stay
+ * at their slots; of a prefill longer than W only the last W rows.
+ *
+ * Why it exists: like cat_shift it is a host branch baked into a captured
+ * graph, but its data movement wraps around: the slot that receives the new
+ * row first holds the oldest row, so a skipped or stale write leaves a
+ * plausible-looking but wrong key there instead of an empty slot. The bugs
+ * this shape has in the wild: a graph not re-captured when is_full flips,
+ * and a roll done in place. */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cache.h"
+
+struct KvSlidingCache {
+    const KvCacheOps *ops; /* &kv_cache_roll: a handle given to another table is refused */
+    int64_t batch;         /* B */
+    int64_t window;        /* W */
+    int64_t dim;           /* floats per slot */
+    float *k;              /* (B, W, dim) */
+    float *v;              /* (B, W, dim) */
+    uint8_t *real;         /* (B, W) */
+    int64_t *pos;          /* (W) position held by each slot, -1 = empty */
+    /* torch.roll's output tensor: never the input, so the roll cannot race. */
+    float *out_k;          /* (B, W, dim) */
+    float *out_v;          /* (B, W, dim) */
+    uint8_t *out_real;     /* (B, W) */
+    int64_t *out_pos;      /* (W) */
+};
+
+static bool roll_shape_fits(int64_t batch, int64_t window, int64_t dim) {
+    const uint64_t limit = (uint64_t)(SIZE_MAX / 16);
+    uint64_t n = (uint64_t)batch;
+    if ((uint64_t)window > limit / n) return false;
+    n *= (uint64_t)window;
+    return (uint64_t)dim <= limit / n;
+}
+
+static void roll_destroy(KvSlidingCache *c) {
+    if (c == NULL) return;
+    kv_guard_free(c->k);
+    kv_guard_free(c->v);
+    kv_guard_free(c->real);
+    kv_guard_free(c->pos);
+    kv_guard_free(c->out_k);
+    kv_guard_free(c->out_v);
+    kv_guard_free(c->out_real);
+    kv_guard_free(c->out_pos);
+    free(c);
+}
+
+static void roll_reset(KvSlidingCache *c) {
+    if (c == NULL || c->ops != &kv_cache_roll) return;
+    const int64_t slots = c->batch * c->window;
+    const int64_t floats = slots * c->dim;
+    /* NaN K/V: a read of a never-written slot poisons the logits. */
+    for (int64_t i = 0; i < floats; i++) {
+        c->k[i] = NAN;
+        c->v[i] = NAN;
+        c->out_k[i] = NAN;
+        c->out_v[i] = NAN;
+    }
+    memset(c->real, 0, (size_t)slots);
+    memset(c->out_real, 0, (size_t)slots);
+    for (int64_t i = 0; i < c->window; i++) {
+        c->pos[i] = -1;
+        c->out_pos[i] = -1;
+    }
+}
+
+static KvStatus roll_create(int64_t batch, int64_t window, int64_t dim, KvSlidingCache **out,
+                            KvError *err) {
+    KvStatus st = KV_OK;
+    KvSlidingCache *c = NULL;
+    if (out == NULL) return kv_error_set(err, KV_ERR_INPUT, "roll: create: out is NULL");
+    *out = NULL;
+    if (batch < 1 || window < 1 || dim < 1) {
+        return kv_error_set(err, KV_ERR_INPUT,
+                            "roll: create: batch, window and dim must be >= 1, "
+                            "got batch %lld, window %lld, dim %lld",
+                            (long long)batch, (long long)window, (long long)dim);
+    }
+    if (!roll_shape_fits(batch, window, dim)) {
+        return kv_error_set(err, KV_ERR_INPUT,
+                            "roll: create: batch %lld x window %lld x dim %lld "
+                            "does not fit in memory sizes",
+                            (long long)batch, (long long)window, (long long)dim);
+    }
+    c = calloc(1, sizeof *c);
+    if (c == NULL) {
+        st = kv_error_set(err, KV_ERR_INTERNAL, "roll: create: out of memory (cache struct)");
+        goto exit;
+    }
+    c->ops = &kv_cache_roll;
+    c->batch = batch;
+    c->window = window;
+    c->dim = dim;
+    const size_t slots = (size_t)batch * (size_t)window;
+    const size_t fbytes = slots * (size_t)dim * sizeof(float);
+    c->k = kv_guard_alloc(fbytes);
+    c->v = kv_guard_alloc(fbytes);
+    c->real = kv_guard_alloc(slots);
+    c->pos = kv_guard_alloc((size_t)window * sizeof(int64_t));
+    c->out_k = kv_guard_alloc(fbytes);
+    c->out_v = kv_guard_alloc(fbytes);
+    c->out_real = kv_guard_alloc(slots);
+    c->out_pos = kv_guard_alloc((size_t)window * sizeof(int64_t));
+    if (c->k == NULL || c->v == NULL || c->real == NULL || c->pos == NULL || c->out_k == NULL ||
+        c->out_v == NULL || c->out_real == NULL || c->out_pos == NULL) {
+        st = kv_error_set(err, KV_ERR_INTERNAL,
+                          "roll: create: out of memory for batch %lld x window %lld x dim %lld",
+                          (long long)batch, (long long)window, (long long)dim);
+        goto exit;
+    }
+    roll_reset(c);
+    *out = c;
+    c = NULL;
+exit:
+    roll_destroy(c);
+    return st;
+}
+
+/* out = torch.roll(in, -shift, dims=slot) for `rows` rows of W elements of
+ * elem_bytes each: out[r, i] = in[r, (i + shift) % W], as two contiguous
+ * block copies per row (the tail moves to the front, the head wraps to the
+ * back). 0 <= shift < W. */
+static void roll_left_rows(const void *in, void *out, int64_t rows, int64_t W, size_t elem_bytes,
+                           int64_t shift) {
+    const unsigned char *src = in;
+    unsigned char *dst = out;
+    const size_t row_bytes = (size_t)W * elem_bytes;
+    const size_t head = (size_t)shift * elem_bytes;
+    for (int64_t r = 0; r < rows; r++) {
+        const unsigned char *s = src + (size_t)r * row_bytes;
+        unsigned char *d = dst + (size_t)r * row_bytes;
+        memcpy(d, s + head, row_bytes - head);
+        memcpy(d + (row_bytes - head), s, head);
+    }
+}
+
+/* keys = roll(keys, -shift) through the output buffers, then copied back (a
+ * copy, not a swap: the view's pointers stay fixed for a captured graph). */
+static void roll_shift_left(KvSlidingCache *c, int64_t shift) {
+    const int64_t B = c->batch, W = c->window;
+    const size_t fslot = (size_t)c->dim * sizeof(float);
+    roll_left_rows(c->k, c->out_k, B, W, fslot, shift);
+    roll_left_rows(c->v, c->out_v, B, W, fslot, shift);
+    roll_left_rows(c->real, c->out_real, B, W, 1, shift);
+    roll_left_rows(c->pos, c->out_pos, 1, W, sizeof(int64_t), shift);
+    const size_t slots = (size_t)B * (size_t)W;
+    memcpy(c->k, c->out_k, slots * fslot);
+    memcpy(c->v, c->out_v, slots * fslot);
+    memcpy(c->real, c->out_real, slots);
+    memcpy(c->pos, c->out_pos, (size_t)W * sizeof(int64_t));
+}
+
+/* keys[:, slot] = new[:, j]. k_new, v_new: (B, n, dim); real_new: (B, n). */
+static void roll_write_slot(KvSlidingCache *c, int64_t slot, const float *k_new,
+                            const float *v_new, const uint8_t *real_new, int64_t n, int64_t j,
+                            int64_t position) {
+    const int64_t W = c->window, D = c->dim;
+    const size_t row_bytes = (size_t)D * sizeof(float);
+    for (int64_t b = 0; b < c->batch; b++) {
+        memcpy(c->k + (b * W + slot) * D, k_new + (b * n + j) * D, row_bytes);
+        memcpy(c->v + (b * W + slot) * D, v_new + (b * n + j) * D, row_bytes);
+        c->real[b * W + slot] = real_new[b * n + j];
+    }
+    c->pos[slot] = position;
+}
+
+static int roll_regime(const KvSlidingCache *c, int64_t host_total) {
+    if (c == NULL) return 0;
+    return host_total >= c->window ? 1 : 0;
+}
+
+/* k_new, v_new: (B, n, dim); real_new: (B, n); *total: positions stored before
+ * this call (the device scalar); host_total: the host's count. */
+static void roll_update(KvSlidingCache *c, const float *k_new, const float *v_new,
+                        const uint8_t *real_new, int64_t n, const int64_t *total,
+                        int64_t host_total) {
+    if (c == NULL || c->ops != &kv_cache_roll || total == NULL || n < 1) return;
+    const int64_t W = c->window;
+    /* Positions come from the device scalar; host_total only picks the regime. */
+    const int64_t p0 = *total;
+    if (p0 < 0) return; /* not a position: nothing sensible to store */
+
+    if (n == 1) {
+        if (roll_regime(c, host_total) == 0) {
+            /* Filling: index_copy at the position (clamped as transformers
+             * does, which keeps a stale regime in bounds). */
+            roll_write_slot(c, p0 < W - 1 ? p0 : W - 1, k_new, v_new, real_new, 1, 0, p0);
+        } else {
+            /* Full: roll(-1) moves the oldest row into the last slot, which
+             * the new row then replaces. */
+            roll_shift_left(c, 1 % W);
+            roll_write_slot(c, W - 1, k_new, v_new, real_new, 1, 0, p0);
+        }
+        return;
+    }
+
+    /* n > 1: slot i holds first + i before and first' + i after: roll left by
+     * first' - first. When that is W or more nothing old survives and the new
+     * rows cover every slot, so the roll is skipped. */
+    const int64_t end = p0 + n;
+    const int64_t first_old = p0 > W ? p0 - W : 0;
+    const int64_t first_new = end > W ? end - W : 0;
+    const int64_t shift = first_new - first_old;
+    if (shift > 0 && shift < W) roll_shift_left(c, shift);
+    const int64_t j0 = first_new > p0 ? first_new - p0 : 0;
+    for (int64_t j = j0; j < n; j++) {
+        roll_write_slot(c, p0 + j - first_new, k_new, v_new, real_new, n, j, p0 + j);
+    }
+}
+
+static KvCacheView roll_view(const KvSlidingCache *c) {
+    KvCacheView view = {0};
+    if (c == NULL || c->ops != &kv_cache_roll) return view;
+    view.n_slots = c->window;
+    view.row_stride = c->window;
+    view.dim = c->dim;
+    view.k = c->k;
+    view.v = c->v;
+    view.pos = c->pos;
+    view.real = c->real;
+    return view;
+}
+
+static bool roll_sentinels_ok(const KvSlidingCache *c) {
+    if (c == NULL || c->ops != &kv_cache_roll) return false;
+    return kv_guard_ok(c->k) && kv_guard_ok(c->v) && kv_guard_ok(c->real) &&
+           kv_guard_ok(c->pos) && kv_guard_ok(c->out_k) && kv_guard_ok(c->out_v) &&
+           kv_guard_ok(c->out_real) && kv_guard_ok(c->out_pos);
+}
+
+const KvCacheOps kv_cache_roll = {
+    .name = "roll",
+    .one_token_order = KV_ATTEND_AFTER_UPDATE,
+    .host_branch = true,
+    .create = roll_create,
+    .destroy = roll_destroy,
+    .reset = roll_reset,
+    .update = roll_update,
+    .view = roll_view,
+    .regime = roll_regime,
+    .sentinels_ok = roll_sentinels_ok,
+};

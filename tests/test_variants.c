@@ -1,0 +1,265 @@
+/* test_variants.c: every sliding-window cache variant decodes bitwise like
+ * the reference (DESIGN §2: on the CPU every variant is bitwise identical to
+ * the reference), for every scenario of DESIGN §5 and both tiny families.
+ *
+ * The forward pass checks every cache's sentinel regions after every step
+ * (kv_ref_forward returns KV_ERR_INTERNAL on an out-of-bounds write), so
+ * each decode here is also an out-of-bounds check. */
+#include <check.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cache.h"
+#include "decode.h"
+#include "forward.h"
+#include "fixture.h"
+#include "prng.h"
+
+#define TEST_SEED KV_FIXTURE_DEFAULT_SEED
+#define TEST_PROMPT_SEED 11ULL
+#define N_VARIANTS 6
+static const char *const k_families[] = {"gemma2-tiny", "mistral-tiny"};
+
+/* A scenario, parameterised by the window W: prompt b has
+ * len_w[b] * W + len_add[b] tokens. */
+typedef struct {
+    const char *name;
+    int64_t batch;
+    int64_t len_w[2];
+    int64_t len_add[2];
+    bool chunked; /* prefill in chunks of W / 2 + 1 */
+} Scenario;
+
+static const Scenario k_scenarios[] = {
+    {"short_prompt_crosses_window", 1, {0, 0}, {5, 0}, false},
+    {"prompt_w_minus_1", 1, {1, 0}, {-1, 0}, false},
+    {"prompt_w", 1, {1, 0}, {0, 0}, false},
+    {"prompt_w_plus_1", 1, {1, 0}, {1, 0}, false},
+    {"prefill_longer_than_window", 1, {3, 0}, {0, 0}, false},
+    {"left_padded_batch", 2, {3, 0}, {0, 3}, false},
+    {"chunked_prefill", 1, {3, 0}, {0, 0}, true},
+};
+#define N_SCENARIOS (int)(sizeof k_scenarios / sizeof k_scenarios[0])
+
+/* The captures a graph-mode decode must make (issue 4): 1 for variants
+ * without a host branch or shape change; cat_shift and roll re-capture once
+ * when the decode crosses W (their host regime flips); dynamic once per
+ * distinct attended length min(total, W - 1) over the decode steps. */
+static int64_t expected_captures(const KvCacheOps *v, int64_t prompt_len, int64_t steps,
+                                 int64_t w) {
+    if (steps <= 1) return 0;
+    /* decode step s (1 <= s < steps) starts with total = prompt_len + s - 1 */
+    const int64_t first = prompt_len, last = prompt_len + steps - 2;
+    if (v->host_branch) return first < w && last >= w ? 2 : 1;
+    if (v->one_token_order == KV_ATTEND_BEFORE_UPDATE) {
+        const int64_t cap = w - 1;
+        const int64_t lo = first < cap ? first : cap;
+        const int64_t hi = last < cap ? last : cap;
+        return hi - lo + 1;
+    }
+    return 1;
+}
+
+static KvDecodeResult scenario_decode(const KvModel *m, const Scenario *sc,
+                                      const KvCacheOps *variant, KvExecMode mode,
+                                      unsigned faults, int64_t *prompt_len) {
+    const int64_t w = m->config.sliding_window;
+    int32_t *rows[2] = {NULL, NULL};
+    int64_t lens[2] = {0, 0};
+    for (int64_t b = 0; b < sc->batch; b++) {
+        lens[b] = sc->len_w[b] * w + sc->len_add[b];
+        rows[b] = malloc((size_t)lens[b] * sizeof(int32_t));
+        ck_assert_ptr_nonnull(rows[b]);
+        KvPrng g = kv_prng_seed(TEST_PROMPT_SEED + (uint64_t)b);
+        for (int64_t i = 0; i < lens[b]; i++) {
+            rows[b][i] = 1 + (int32_t)kv_prng_below(&g, (uint32_t)(m->config.vocab_size - 1));
+        }
+    }
+    int32_t *tok = NULL;
+    uint8_t *real = NULL;
+    int64_t plen = 0;
+    KvError err = {{0}};
+    ck_assert(kv_batch_left_pad((const int32_t *const *)rows, lens, sc->batch, 0, &tok, &real,
+                                &plen, &err) == KV_OK);
+    /* Decode at least 3 x W steps past the window whatever the prompt. */
+    int64_t past = plen >= w ? 0 : w - plen;
+    KvDecodeSpec spec = {
+        .batch = sc->batch,
+        .prompt_len = plen,
+        .prompt = tok,
+        .prompt_real = real,
+        .new_tokens = past + 3 * w + 2,
+        .prefill_chunk = sc->chunked ? w / 2 + 1 : 0,
+        .variant = variant,
+        .mode = mode,
+        .faults = faults,
+    };
+    if (prompt_len != NULL) *prompt_len = plen;
+    KvDecodeResult r;
+    KvStatus st = kv_decode_greedy(m, &spec, &r, &err);
+    ck_assert_msg(st == KV_OK, "%s %s: %s", sc->name, variant ? variant->name : "reference",
+                  err.msg);
+    free(tok);
+    free(real);
+    free(rows[0]);
+    free(rows[1]);
+    return r;
+}
+
+/* _i = (family * N_SCENARIOS + scenario) */
+START_TEST(test_variants_bitwise) {
+    const char *fam = k_families[_i / N_SCENARIOS];
+    const Scenario *sc = &k_scenarios[_i % N_SCENARIOS];
+    KvFixtureModel f;
+    KvError err = {{0}};
+    ck_assert_msg(kv_fixture_load(fam, TEST_SEED, &f, &err) == KV_OK, "%s", err.msg);
+    const int64_t w = f.model.config.sliding_window;
+    int64_t plen = 0;
+    KvDecodeResult ref = scenario_decode(&f.model, sc, NULL, KV_MODE_EAGER, 0, &plen);
+    int count = 0;
+    const KvCacheOps *const *all = kv_cache_all(&count);
+    ck_assert_int_eq(count, N_VARIANTS);
+    static const char *const mode_name[] = {"eager", "graph"};
+    for (int v = 0; v < count; v++) {
+        for (int mode = KV_MODE_EAGER; mode <= KV_MODE_GRAPH; mode++) {
+            KvDecodeResult r = scenario_decode(&f.model, sc, all[v], (KvExecMode)mode, 0, NULL);
+            ck_assert_int_eq(r.steps, ref.steps);
+            size_t per_step = (size_t)(ref.batch * ref.vocab);
+            for (int64_t s = 0; s < ref.steps; s++) {
+                if (memcmp(r.logits + (size_t)s * per_step, ref.logits + (size_t)s * per_step,
+                           per_step * sizeof(float)) != 0) {
+                    ck_abort_msg("%s %s: variant %s (%s) differs from the reference at step %lld "
+                                 "(window %lld, seeds %llu/%llu)",
+                                 fam, sc->name, all[v]->name, mode_name[mode], (long long)s,
+                                 (long long)w, (unsigned long long)TEST_SEED,
+                                 (unsigned long long)TEST_PROMPT_SEED);
+                }
+            }
+            ck_assert_msg(memcmp(r.tokens, ref.tokens,
+                                 (size_t)(ref.steps * ref.batch) * sizeof(int32_t)) == 0,
+                          "%s %s %s (%s): tokens differ", fam, sc->name, all[v]->name,
+                          mode_name[mode]);
+            const int64_t want = mode == KV_MODE_GRAPH
+                                     ? expected_captures(all[v], plen, ref.steps, w) : 0;
+            ck_assert_msg(r.graphs_captured == want,
+                          "%s %s %s (%s): %lld graph captures, expected %lld", fam, sc->name,
+                          all[v]->name, mode_name[mode], (long long)r.graphs_captured,
+                          (long long)want);
+            kv_decode_result_free(&r);
+        }
+    }
+    kv_decode_result_free(&ref);
+    kv_fixture_free(&f);
+}
+END_TEST
+
+/* Multi-token decode (DESIGN §3: any n >= 1 at any point): the reference's
+ * own greedy continuation is fed back k tokens per forward (k = 2, 3), as a
+ * speculative verifier would, and each forward's logits must be bitwise the
+ * reference's. _i = family * 2 + (k - 2). */
+START_TEST(test_variants_multi_token) {
+    const char *fam = k_families[_i / 2];
+    const int64_t k = 2 + _i % 2;
+    KvFixtureModel f;
+    KvError err = {{0}};
+    ck_assert_msg(kv_fixture_load(fam, TEST_SEED, &f, &err) == KV_OK, "%s", err.msg);
+    const KvModel *m = &f.model;
+    const int64_t w = m->config.sliding_window;
+    const int64_t V = m->config.vocab_size;
+    const Scenario *sc = &k_scenarios[0]; /* short prompt crossing the window */
+    int64_t plen = 0;
+    KvDecodeResult greedy = scenario_decode(m, sc, NULL, KV_MODE_EAGER, 0, &plen);
+    /* prompt + continuation, fed as: the prompt at once, then k at a time */
+    const int64_t total = plen + greedy.steps;
+    int32_t *seq = malloc((size_t)total * sizeof *seq);
+    uint8_t *real = malloc((size_t)total);
+    ck_assert(seq != NULL && real != NULL);
+    KvPrng g = kv_prng_seed(TEST_PROMPT_SEED);
+    for (int64_t i = 0; i < plen; i++) seq[i] = 1 + (int32_t)kv_prng_below(&g, (uint32_t)(V - 1));
+    for (int64_t i = 0; i < greedy.steps; i++) seq[plen + i] = greedy.tokens[i];
+    memset(real, 1, (size_t)total);
+    ck_assert_msg(greedy.steps - 1 >= 3 * w, "decode must run 3W past the window");
+
+    int count = 0;
+    const KvCacheOps *const *all = kv_cache_all(&count);
+    float *ref_logits = malloc((size_t)V * sizeof(float) * (size_t)(total / k + 2));
+    float *got = malloc((size_t)V * sizeof(float));
+    ck_assert(ref_logits != NULL && got != NULL);
+    for (int v = -1; v < count; v++) {
+        KvRefState st;
+        ck_assert(kv_ref_state_init(&st, m, 1, total, plen > k ? plen : k,
+                                    v < 0 ? NULL : all[v], &err) == KV_OK);
+        ck_assert_msg(kv_ref_forward(m, &st, seq, real, plen, got, &err) == KV_OK, "%s", err.msg);
+        int64_t calls = 0;
+        for (int64_t off = plen; off + k <= total; off += k, calls++) {
+            KvStatus rc = kv_ref_forward(m, &st, seq + off, real + off, k, got, &err);
+            ck_assert_msg(rc == KV_OK, "%s: %s", v < 0 ? "reference" : all[v]->name, err.msg);
+            float *want = ref_logits + calls * V;
+            if (v < 0) {
+                memcpy(want, got, (size_t)V * sizeof(float));
+            } else {
+                ck_assert_msg(memcmp(want, got, (size_t)V * sizeof(float)) == 0,
+                              "%s: %s with %lld tokens per forward differs from the reference "
+                              "at forward %lld (positions %lld..%lld)",
+                              fam, all[v]->name, (long long)k, (long long)calls, (long long)off,
+                              (long long)(off + k - 1));
+            }
+        }
+        kv_ref_state_free(&st);
+    }
+    free(ref_logits);
+    free(got);
+    free(seq);
+    free(real);
+    kv_decode_result_free(&greedy);
+    kv_fixture_free(&f);
+}
+END_TEST
+
+/* Graph mode really freezes scalars: with the position advanced from a
+ * captured host scalar (KV_FAULT_STALE_SCALAR), eager decoding is untouched
+ * (the scalar is fresh every launch), the first replay is still right, and
+ * the second replay re-uses the captured position, so its logits differ. */
+START_TEST(test_graph_freezes_scalars) {
+    KvFixtureModel f;
+    KvError err = {{0}};
+    ck_assert_msg(kv_fixture_load(k_families[_i], TEST_SEED, &f, &err) == KV_OK, "%s", err.msg);
+    const Scenario *sc = &k_scenarios[4]; /* prompt 3W: no re-capture during the decode */
+    const KvCacheOps *ring = kv_cache_find("ring");
+    ck_assert_ptr_nonnull(ring);
+    KvDecodeResult clean = scenario_decode(&f.model, sc, ring, KV_MODE_GRAPH, 0, NULL);
+    KvDecodeResult eager = scenario_decode(&f.model, sc, ring, KV_MODE_EAGER, KV_FAULT_STALE_SCALAR, NULL);
+    KvDecodeResult graph = scenario_decode(&f.model, sc, ring, KV_MODE_GRAPH, KV_FAULT_STALE_SCALAR, NULL);
+    const size_t per = (size_t)(clean.batch * clean.vocab) * sizeof(float);
+    ck_assert_msg(memcmp(clean.logits, eager.logits, per * (size_t)clean.steps) == 0,
+                  "the stale scalar must be invisible in eager mode");
+    ck_assert_int_eq(graph.graphs_captured, 1);
+    /* step 0: prefill; step 1: first replay; step 2: second replay */
+    ck_assert_msg(memcmp(clean.logits + 1 * (per / sizeof(float)), graph.logits + 1 * (per / sizeof(float)), per) == 0,
+                  "first replay should still be right");
+    ck_assert_msg(memcmp(clean.logits + 2 * (per / sizeof(float)), graph.logits + 2 * (per / sizeof(float)), per) != 0,
+                  "%s: a position captured by value must change the logits after the first "
+                  "replay, or graph mode is not freezing scalars", k_families[_i]);
+    kv_decode_result_free(&clean);
+    kv_decode_result_free(&eager);
+    kv_decode_result_free(&graph);
+    kv_fixture_free(&f);
+}
+END_TEST
+
+int main(void) {
+    Suite *s = suite_create("variants");
+    TCase *tc = tcase_create("cpu");
+    tcase_set_timeout(tc, 300);
+    tcase_add_loop_test(tc, test_variants_bitwise, 0, 2 * N_SCENARIOS);
+    tcase_add_loop_test(tc, test_variants_multi_token, 0, 4);
+    tcase_add_loop_test(tc, test_graph_freezes_scalars, 0, 2);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}
