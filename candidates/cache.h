@@ -39,6 +39,18 @@ typedef struct {
     const uint8_t *real;  /* (B, row_stride) 1 when the token in the slot is real */
 } KvCacheView;
 
+/* Everything of a cache that persists between updates, for snapshots (the
+ * replay check restores it before each replay). Temporaries are scratch and
+ * not part of it. */
+typedef struct {
+    float *k;           /* (B, slots, dim) */
+    float *v;           /* (B, slots, dim) */
+    uint8_t *real;      /* (B, slots) */
+    int64_t *pos;       /* (slots) */
+    int64_t *counters;  /* (n_counters) host-side scalars that persist (dynamic: filled) */
+    int64_t batch, slots, dim, n_counters;
+} KvCacheState;
+
 /* When attention reads the cache relative to the update. */
 typedef enum {
     /* n == 1 fast path: update, then attend over the view alone (the new
@@ -76,6 +88,8 @@ typedef struct {
     int (*regime)(const KvSlidingCache *c, int64_t host_total);
     /* True when every sentinel region is intact (tests call it every step). */
     bool (*sentinels_ok)(const KvSlidingCache *c);
+    /* The persistent state (buffers and counters), for snapshots. */
+    KvCacheState (*state)(KvSlidingCache *c);
 } KvCacheOps;
 
 /* The six variants of DESIGN §3. */
@@ -90,6 +104,12 @@ extern const KvCacheOps kv_cache_dynamic;
 const KvCacheOps *const *kv_cache_all(int *count);
 /* By name, or NULL. */
 const KvCacheOps *kv_cache_find(const char *name);
+
+/* Snapshots of a cache's persistent state (KvCacheState): bytes needed,
+ * save into dst, restore from src. Used by the replay check. */
+size_t kv_cache_snapshot_bytes(const KvCacheOps *ops, KvSlidingCache *c);
+void kv_cache_snapshot_save(const KvCacheOps *ops, KvSlidingCache *c, void *dst);
+void kv_cache_snapshot_load(const KvCacheOps *ops, KvSlidingCache *c, const void *src);
 
 /* Sentinel-guarded buffers: KV_GUARD_FLOATS floats of a fixed bit pattern
  * before and after the n usable bytes. */

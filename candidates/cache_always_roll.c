@@ -212,6 +212,13 @@ static bool always_roll_sentinels_ok(const KvSlidingCache *c) {
            kv_guard_ok(c->src_real) && kv_guard_ok(c->src_pos);
 }
 
+/* The persistent state: the slots; temporaries are scratch. */
+static KvCacheState always_roll_state(KvSlidingCache *c) {
+    return (KvCacheState){.k = c->k, .v = c->v, .real = c->real, .pos = c->pos,
+                          .counters = NULL, .batch = c->batch, .slots = c->window,
+                          .dim = c->dim, .n_counters = 0};
+}
+
 const KvCacheOps kv_cache_always_roll = {
     .name = "always_roll",
     .one_token_order = KV_ATTEND_AFTER_UPDATE,
@@ -223,4 +230,5 @@ const KvCacheOps kv_cache_always_roll = {
     .view = always_roll_view,
     .regime = always_roll_regime,
     .sentinels_ok = always_roll_sentinels_ok,
+    .state = always_roll_state,
 };

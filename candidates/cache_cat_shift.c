@@ -253,6 +253,13 @@ static bool cat_shift_sentinels_ok(const KvSlidingCache *c) {
            kv_guard_ok(c->tmp_real) && kv_guard_ok(c->tmp_pos);
 }
 
+/* The persistent state: the slots; temporaries are scratch. */
+static KvCacheState cat_shift_state(KvSlidingCache *c) {
+    return (KvCacheState){.k = c->k, .v = c->v, .real = c->real, .pos = c->pos,
+                          .counters = NULL, .batch = c->batch, .slots = c->window,
+                          .dim = c->dim, .n_counters = 0};
+}
+
 const KvCacheOps kv_cache_cat_shift = {
     .name = "cat_shift",
     .one_token_order = KV_ATTEND_AFTER_UPDATE,
@@ -264,4 +271,5 @@ const KvCacheOps kv_cache_cat_shift = {
     .view = cat_shift_view,
     .regime = cat_shift_regime,
     .sentinels_ok = cat_shift_sentinels_ok,
+    .state = cat_shift_state,
 };

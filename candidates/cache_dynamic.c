@@ -251,6 +251,13 @@ static bool dynamic_sentinels_ok(const KvSlidingCache *c) {
            kv_guard_ok(c->tmp_real) && kv_guard_ok(c->tmp_pos);
 }
 
+/* The persistent state: the slots and the filled count; temporaries are scratch. */
+static KvCacheState dynamic_state(KvSlidingCache *c) {
+    return (KvCacheState){.k = c->k, .v = c->v, .real = c->real, .pos = c->pos,
+                          .counters = &c->filled, .batch = c->batch, .slots = c->slots,
+                          .dim = c->dim, .n_counters = 1};
+}
+
 const KvCacheOps kv_cache_dynamic = {
     .name = "dynamic",
     .one_token_order = KV_ATTEND_BEFORE_UPDATE,
@@ -262,4 +269,5 @@ const KvCacheOps kv_cache_dynamic = {
     .view = dynamic_view,
     .regime = dynamic_regime,
     .sentinels_ok = dynamic_sentinels_ok,
+    .state = dynamic_state,
 };

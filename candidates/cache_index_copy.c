@@ -253,6 +253,13 @@ static bool index_copy_sentinels_ok(const KvSlidingCache *c) {
            kv_guard_ok(c->tmp_real) && kv_guard_ok(c->tmp_pos) && kv_guard_ok(c->indices);
 }
 
+/* The persistent state: the slots; temporaries are scratch. */
+static KvCacheState index_copy_state(KvSlidingCache *c) {
+    return (KvCacheState){.k = c->k, .v = c->v, .real = c->real, .pos = c->pos,
+                          .counters = NULL, .batch = c->batch, .slots = c->window,
+                          .dim = c->dim, .n_counters = 0};
+}
+
 const KvCacheOps kv_cache_index_copy = {
     .name = "index_copy",
     .one_token_order = KV_ATTEND_AFTER_UPDATE,
@@ -264,4 +271,5 @@ const KvCacheOps kv_cache_index_copy = {
     .view = index_copy_view,
     .regime = index_copy_regime,
     .sentinels_ok = index_copy_sentinels_ok,
+    .state = index_copy_state,
 };

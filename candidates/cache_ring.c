@@ -158,6 +158,13 @@ static bool ring_sentinels_ok(const KvSlidingCache *c) {
     return kv_guard_ok(c->k) && kv_guard_ok(c->v) && kv_guard_ok(c->real) && kv_guard_ok(c->pos);
 }
 
+/* The persistent state: the slots; temporaries are scratch. */
+static KvCacheState ring_state(KvSlidingCache *c) {
+    return (KvCacheState){.k = c->k, .v = c->v, .real = c->real, .pos = c->pos,
+                          .counters = NULL, .batch = c->batch, .slots = c->window,
+                          .dim = c->dim, .n_counters = 0};
+}
+
 const KvCacheOps kv_cache_ring = {
     .name = "ring",
     .one_token_order = KV_ATTEND_AFTER_UPDATE,
@@ -169,4 +176,5 @@ const KvCacheOps kv_cache_ring = {
     .view = ring_view,
     .regime = ring_regime,
     .sentinels_ok = ring_sentinels_ok,
+    .state = ring_state,
 };

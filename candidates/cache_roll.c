@@ -250,6 +250,13 @@ static bool roll_sentinels_ok(const KvSlidingCache *c) {
            kv_guard_ok(c->out_real) && kv_guard_ok(c->out_pos);
 }
 
+/* The persistent state: the slots; temporaries are scratch. */
+static KvCacheState roll_state(KvSlidingCache *c) {
+    return (KvCacheState){.k = c->k, .v = c->v, .real = c->real, .pos = c->pos,
+                          .counters = NULL, .batch = c->batch, .slots = c->window,
+                          .dim = c->dim, .n_counters = 0};
+}
+
 const KvCacheOps kv_cache_roll = {
     .name = "roll",
     .one_token_order = KV_ATTEND_AFTER_UPDATE,
@@ -261,4 +268,5 @@ const KvCacheOps kv_cache_roll = {
     .view = roll_view,
     .regime = roll_regime,
     .sentinels_ok = roll_sentinels_ok,
+    .state = roll_state,
 };

@@ -109,6 +109,8 @@ KvStatus kv_decode_greedy(const KvModel *m, const KvDecodeSpec *sp, KvDecodeResu
     int32_t *chunk_tok = NULL; /* (B, chunk) */
     uint8_t *chunk_real = NULL; /* (B, chunk) */
     KvGraph g = {0};
+    KvRefSnapshot snap = {0};
+    float *first_logits = NULL; /* (B, V) the first run of a replay-checked step */
     int64_t *key = NULL;     /* (2 * num_layers) capture key now */
     int64_t *cur_key = NULL; /* (2 * num_layers) key of the captured graph */
     memset(out, 0, sizeof *out);
@@ -135,9 +137,11 @@ KvStatus kv_decode_greedy(const KvModel *m, const KvDecodeSpec *sp, KvDecodeResu
     chunk_tok = malloc((size_t)(B * chunk) * sizeof *chunk_tok);
     chunk_real = malloc((size_t)(B * chunk));
     key = calloc((size_t)(2 * m->config.num_layers), sizeof *key);
+    first_logits = malloc((size_t)(B * V) * sizeof *first_logits);
+    out->replay_mismatch_step = -1;
     cur_key = calloc((size_t)(2 * m->config.num_layers), sizeof *cur_key);
     if (!out->tokens || !out->logits || !out->margins || !chunk_tok || !chunk_real || !key ||
-        !cur_key) {
+        !cur_key || !first_logits) {
         st = kv_error_set(err, KV_ERR_INTERNAL, "decode: out of memory (%lld steps x %lld rows x %lld vocab)",
                           (long long)sp->new_tokens, (long long)B, (long long)V);
         goto exit;
@@ -173,11 +177,28 @@ KvStatus kv_decode_greedy(const KvModel *m, const KvDecodeSpec *sp, KvDecodeResu
                                   (long long)step);
                 goto exit;
             }
-            if (sp->mode == KV_MODE_GRAPH) {
-                st = decode_graph_step(&s, &g, key, cur_key, &out->graphs_captured, err);
+            const bool check = sp->replay_every > 0 && step % sp->replay_every == 0;
+            const int64_t runs = check ? (sp->replay_k > 0 ? sp->replay_k : 3) : 1;
+            if (check) {
+                st = kv_ref_snapshot_save(&s, &snap, err);
                 if (st != KV_OK) goto exit;
-            } else {
-                kv_ref_launch_forward(&s, 1);
+                out->replays_checked++;
+            }
+            for (int64_t run = 0; run < runs; run++) {
+                if (run > 0) kv_ref_snapshot_load(&s, &snap);
+                if (sp->mode == KV_MODE_GRAPH) {
+                    st = decode_graph_step(&s, &g, key, cur_key, &out->graphs_captured, err);
+                    if (st != KV_OK) goto exit;
+                } else {
+                    kv_ref_launch_forward(&s, 1);
+                }
+                if (!check) continue;
+                if (run == 0) {
+                    memcpy(first_logits, s.logits, (size_t)(B * V) * sizeof(float));
+                } else if (out->replay_mismatch_step < 0 &&
+                           memcmp(first_logits, s.logits, (size_t)(B * V) * sizeof(float)) != 0) {
+                    out->replay_mismatch_step = step;
+                }
             }
             s.len += 1;
             st = kv_ref_check_sentinels(&s, 1, err);
@@ -190,6 +211,8 @@ KvStatus kv_decode_greedy(const KvModel *m, const KvDecodeSpec *sp, KvDecodeResu
 
 exit:
     kv_graph_free(&g);
+    kv_ref_snapshot_free(&snap);
+    free(first_logits);
     free(key);
     free(cur_key);
     free(chunk_tok);

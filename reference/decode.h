@@ -29,6 +29,10 @@ typedef struct {
     const KvCacheOps *variant; /* NULL: the reference; else the sliding-layer cache variant */
     KvExecMode mode;           /* eager (default) or graph */
     unsigned faults;           /* planted KV_FAULT_* bits (forward.h); 0 for clean runs */
+    int64_t replay_every;      /* replay check at every decode step s with s % replay_every
+                                * == 0 (0 = off): the step runs replay_k times from one
+                                * snapshot and every run must be bitwise identical */
+    int64_t replay_k;          /* runs per checked step; <= 0 means 3 */
 } KvDecodeSpec;
 
 typedef struct {
@@ -39,6 +43,8 @@ typedef struct {
     float *logits;    /* (steps, B, vocab) logits the token was chosen from */
     float *margins;   /* (steps, B) top-1 minus runner-up logit */
     int64_t graphs_captured; /* graph mode: captures made (0 in eager mode) */
+    int64_t replays_checked; /* steps that went through the replay check */
+    int64_t replay_mismatch_step; /* first step whose replays differed, -1 when none */
 } KvDecodeResult;
 
 /* Builds a left-padded batch from `batch` prompts of the given lengths.

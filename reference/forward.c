@@ -437,6 +437,16 @@ static void op_final(const void *ap) {
                    (float)c->rms_norm_eps, c->family == KV_FAMILY_GEMMA2, s->last + b * hidden);
     }
     kv_matmul(s->last, m->lm_head, s->batch, hidden, c->vocab_size, s->logits);
+    if ((s->faults & KV_FAULT_ATOMIC_REDUCTION) && (s->fault_clock++ % 2 == 1)) {
+        /* Planted: every other execution sums row 0's logits in reverse
+         * order, as an atomic accumulation's order follows thread timing. */
+        for (int64_t v = 0; v < c->vocab_size; v++) {
+            const float *wv = m->lm_head + v * hidden;
+            float acc = 0.0f;
+            for (int64_t i = hidden - 1; i >= 0; i--) acc += s->last[i] * wv[i];
+            s->logits[v] = acc;
+        }
+    }
     if (c->final_logit_softcapping > 0.0) {
         const float cap = (float)c->final_logit_softcapping;
         for (int64_t i = 0; i < s->batch * c->vocab_size; i++) {
@@ -584,6 +594,85 @@ KvStatus kv_ref_check_input(const KvRefState *s, const int32_t *tokens, const ui
         }
     }
     return KV_OK;
+}
+
+/* The persistent parts of a state, in snapshot order. */
+typedef struct {
+    void *ptr;
+    size_t bytes;
+} SnapPart;
+
+static size_t snapshot_parts(KvRefState *s, SnapPart *parts) {
+    const KvConfig *c = &s->model->config;
+    const size_t kv = (size_t)(c->num_layers * s->batch * s->max_len * c->num_kv_heads *
+                               c->head_dim) * sizeof(float);
+    const size_t rows = (size_t)(s->batch * s->max_chunk);
+    size_t n = 0;
+    parts[n++] = (SnapPart){s->k, kv};
+    parts[n++] = (SnapPart){s->v, kv};
+    parts[n++] = (SnapPart){s->real, (size_t)(s->batch * s->max_len)};
+    parts[n++] = (SnapPart){s->n_real, (size_t)s->batch * sizeof(int64_t)};
+    parts[n++] = (SnapPart){&s->total_mem, sizeof s->total_mem};
+    parts[n++] = (SnapPart){s->tok_in, rows * sizeof(int32_t)};
+    parts[n++] = (SnapPart){s->real_in, rows};
+    return n;
+}
+
+static size_t snapshot_bytes(KvRefState *s) {
+    SnapPart parts[8];
+    size_t n = snapshot_parts(s, parts), total = 0;
+    for (size_t i = 0; i < n; i++) total += parts[i].bytes;
+    for (int64_t l = 0; s->caches != NULL && l < s->n_layers; l++) {
+        if (s->caches[l] != NULL) total += kv_cache_snapshot_bytes(s->variant, s->caches[l]);
+    }
+    return total;
+}
+
+KvStatus kv_ref_snapshot_save(KvRefState *s, KvRefSnapshot *snap, KvError *err) {
+    const size_t need = snapshot_bytes(s);
+    if (snap->bytes == NULL || snap->len != need) {
+        free(snap->bytes);
+        snap->bytes = malloc(need > 0 ? need : 1);
+        snap->len = need;
+        if (snap->bytes == NULL) {
+            snap->len = 0;
+            return kv_error_set(err, KV_ERR_INTERNAL, "snapshot: out of memory (%zu bytes)", need);
+        }
+    }
+    SnapPart parts[8];
+    size_t n = snapshot_parts(s, parts);
+    unsigned char *out = snap->bytes;
+    for (size_t i = 0; i < n; i++) {
+        memcpy(out, parts[i].ptr, parts[i].bytes);
+        out += parts[i].bytes;
+    }
+    for (int64_t l = 0; s->caches != NULL && l < s->n_layers; l++) {
+        if (s->caches[l] == NULL) continue;
+        kv_cache_snapshot_save(s->variant, s->caches[l], out);
+        out += kv_cache_snapshot_bytes(s->variant, s->caches[l]);
+    }
+    return KV_OK;
+}
+
+void kv_ref_snapshot_load(KvRefState *s, const KvRefSnapshot *snap) {
+    SnapPart parts[8];
+    size_t n = snapshot_parts(s, parts);
+    const unsigned char *in = snap->bytes;
+    for (size_t i = 0; i < n; i++) {
+        memcpy(parts[i].ptr, in, parts[i].bytes);
+        in += parts[i].bytes;
+    }
+    for (int64_t l = 0; s->caches != NULL && l < s->n_layers; l++) {
+        if (s->caches[l] == NULL) continue;
+        kv_cache_snapshot_load(s->variant, s->caches[l], in);
+        in += kv_cache_snapshot_bytes(s->variant, s->caches[l]);
+    }
+}
+
+void kv_ref_snapshot_free(KvRefSnapshot *snap) {
+    free(snap->bytes);
+    snap->bytes = NULL;
+    snap->len = 0;
 }
 
 KvStatus kv_ref_check_sentinels(const KvRefState *s, int64_t n, KvError *err) {

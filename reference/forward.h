@@ -29,11 +29,17 @@ enum {
      * eagerly (fresh every launch), frozen in a graph, so from the second
      * replay on the step writes and attends at the capture-time position. */
     KV_FAULT_STALE_SCALAR = 1u << 0,
+    /* CPU analog of a floating-point atomic reduction: the lm_head's sum
+     * order alternates with an execution counter that no snapshot restores
+     * (as thread timing would), so the same step gives different bits from
+     * one execution to the next. */
+    KV_FAULT_ATOMIC_REDUCTION = 1u << 1,
 };
 
 typedef struct {
     const KvModel *model;
     unsigned faults;    /* KV_FAULT_* bits; 0 in every clean run */
+    uint64_t fault_clock; /* executions seen by KV_FAULT_ATOMIC_REDUCTION (never snapshotted) */
     KvStream stream;    /* eager, or capturing a decode step into a graph */
     int64_t batch;      /* B */
     int64_t max_len;    /* slots per row */
@@ -101,6 +107,19 @@ KvStatus kv_ref_check_input(const KvRefState *s, const int32_t *tokens, const ui
  * eager stream it runs now; while capturing it is recorded. The caller
  * advances s->len (the host count) by n afterwards. */
 void kv_ref_launch_forward(KvRefState *s, int64_t n);
+
+/* A copy of everything in a state that persists between steps (caches,
+ * positions, the next step's input), for the replay check. */
+typedef struct {
+    unsigned char *bytes; /* (len) */
+    size_t len;
+} KvRefSnapshot;
+
+/* Saves s into snap (allocated on first use, reused after). */
+KvStatus kv_ref_snapshot_save(KvRefState *s, KvRefSnapshot *snap, KvError *err);
+/* Restores s from a snapshot taken of the same state. */
+void kv_ref_snapshot_load(KvRefState *s, const KvRefSnapshot *snap);
+void kv_ref_snapshot_free(KvRefSnapshot *snap);
 
 /* KV_ERR_INTERNAL naming the layer when a variant cache's sentinel region
  * was overwritten by the last n positions (s->len already advanced). */

@@ -64,7 +64,8 @@ static int64_t expected_captures(const KvCacheOps *v, int64_t prompt_len, int64_
 
 static KvDecodeResult scenario_decode(const KvModel *m, const Scenario *sc,
                                       const KvCacheOps *variant, KvExecMode mode,
-                                      unsigned faults, int64_t *prompt_len) {
+                                      unsigned faults, int64_t *prompt_len,
+                                      int64_t replay_every) {
     const int64_t w = m->config.sliding_window;
     int32_t *rows[2] = {NULL, NULL};
     int64_t lens[2] = {0, 0};
@@ -95,6 +96,7 @@ static KvDecodeResult scenario_decode(const KvModel *m, const Scenario *sc,
         .variant = variant,
         .mode = mode,
         .faults = faults,
+        .replay_every = replay_every,
     };
     if (prompt_len != NULL) *prompt_len = plen;
     KvDecodeResult r;
@@ -117,14 +119,19 @@ START_TEST(test_variants_bitwise) {
     ck_assert_msg(kv_fixture_load(fam, TEST_SEED, &f, &err) == KV_OK, "%s", err.msg);
     const int64_t w = f.model.config.sliding_window;
     int64_t plen = 0;
-    KvDecodeResult ref = scenario_decode(&f.model, sc, NULL, KV_MODE_EAGER, 0, &plen);
+    KvDecodeResult ref = scenario_decode(&f.model, sc, NULL, KV_MODE_EAGER, 0, &plen, 0);
     int count = 0;
     const KvCacheOps *const *all = kv_cache_all(&count);
     ck_assert_int_eq(count, N_VARIANTS);
     static const char *const mode_name[] = {"eager", "graph"};
     for (int v = 0; v < count; v++) {
         for (int mode = KV_MODE_EAGER; mode <= KV_MODE_GRAPH; mode++) {
-            KvDecodeResult r = scenario_decode(&f.model, sc, all[v], (KvExecMode)mode, 0, NULL);
+            /* Replay check every 7th step: K = 3 runs from one snapshot. */
+            KvDecodeResult r = scenario_decode(&f.model, sc, all[v], (KvExecMode)mode, 0, NULL, 7);
+            ck_assert_msg(r.replays_checked > 0 && r.replay_mismatch_step < 0,
+                          "%s %s %s (%s): replay check: %lld steps checked, mismatch at %lld",
+                          fam, sc->name, all[v]->name, mode_name[mode],
+                          (long long)r.replays_checked, (long long)r.replay_mismatch_step);
             ck_assert_int_eq(r.steps, ref.steps);
             size_t per_step = (size_t)(ref.batch * ref.vocab);
             for (int64_t s = 0; s < ref.steps; s++) {
@@ -170,7 +177,7 @@ START_TEST(test_variants_multi_token) {
     const int64_t V = m->config.vocab_size;
     const Scenario *sc = &k_scenarios[0]; /* short prompt crossing the window */
     int64_t plen = 0;
-    KvDecodeResult greedy = scenario_decode(m, sc, NULL, KV_MODE_EAGER, 0, &plen);
+    KvDecodeResult greedy = scenario_decode(m, sc, NULL, KV_MODE_EAGER, 0, &plen, 0);
     /* prompt + continuation, fed as: the prompt at once, then k at a time */
     const int64_t total = plen + greedy.steps;
     int32_t *seq = malloc((size_t)total * sizeof *seq);
@@ -229,9 +236,9 @@ START_TEST(test_graph_freezes_scalars) {
     const Scenario *sc = &k_scenarios[4]; /* prompt 3W: no re-capture during the decode */
     const KvCacheOps *ring = kv_cache_find("ring");
     ck_assert_ptr_nonnull(ring);
-    KvDecodeResult clean = scenario_decode(&f.model, sc, ring, KV_MODE_GRAPH, 0, NULL);
-    KvDecodeResult eager = scenario_decode(&f.model, sc, ring, KV_MODE_EAGER, KV_FAULT_STALE_SCALAR, NULL);
-    KvDecodeResult graph = scenario_decode(&f.model, sc, ring, KV_MODE_GRAPH, KV_FAULT_STALE_SCALAR, NULL);
+    KvDecodeResult clean = scenario_decode(&f.model, sc, ring, KV_MODE_GRAPH, 0, NULL, 0);
+    KvDecodeResult eager = scenario_decode(&f.model, sc, ring, KV_MODE_EAGER, KV_FAULT_STALE_SCALAR, NULL, 0);
+    KvDecodeResult graph = scenario_decode(&f.model, sc, ring, KV_MODE_GRAPH, KV_FAULT_STALE_SCALAR, NULL, 0);
     const size_t per = (size_t)(clean.batch * clean.vocab) * sizeof(float);
     ck_assert_msg(memcmp(clean.logits, eager.logits, per * (size_t)clean.steps) == 0,
                   "the stale scalar must be invisible in eager mode");
@@ -249,6 +256,25 @@ START_TEST(test_graph_freezes_scalars) {
 }
 END_TEST
 
+/* The replay check can fail: with a reduction whose order changes from one
+ * execution to the next (KV_FAULT_ATOMIC_REDUCTION), replays of the same
+ * step from one snapshot differ, in eager and in graph mode, at the first
+ * checked step. _i = mode. */
+START_TEST(test_replay_check_catches_nondeterminism) {
+    KvFixtureModel f;
+    KvError err = {{0}};
+    ck_assert_msg(kv_fixture_load("mistral-tiny", TEST_SEED, &f, &err) == KV_OK, "%s", err.msg);
+    const KvCacheOps *ring = kv_cache_find("ring");
+    KvDecodeResult r = scenario_decode(&f.model, &k_scenarios[0], ring, (KvExecMode)_i,
+                                       KV_FAULT_ATOMIC_REDUCTION, NULL, 4);
+    ck_assert_msg(r.replay_mismatch_step == 4,
+                  "replay check should flag step 4 (the first checked), flagged %lld",
+                  (long long)r.replay_mismatch_step);
+    kv_decode_result_free(&r);
+    kv_fixture_free(&f);
+}
+END_TEST
+
 int main(void) {
     Suite *s = suite_create("variants");
     TCase *tc = tcase_create("cpu");
@@ -256,6 +282,7 @@ int main(void) {
     tcase_add_loop_test(tc, test_variants_bitwise, 0, 2 * N_SCENARIOS);
     tcase_add_loop_test(tc, test_variants_multi_token, 0, 4);
     tcase_add_loop_test(tc, test_graph_freezes_scalars, 0, 2);
+    tcase_add_loop_test(tc, test_replay_check_catches_nondeterminism, 0, 2);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
