@@ -51,35 +51,6 @@ void kv_decode_result_free(KvDecodeResult *r) {
     memset(r, 0, sizeof *r);
 }
 
-/* The capture key of the next decode step: per sliding layer, the variant's
- * host regime and its attended length. A graph stays valid while the key is
- * unchanged (a framework re-records when a host branch flips or a shape
- * changes). */
-static void decode_capture_key(const KvRefState *s, int64_t *key) {
-    for (int64_t l = 0; l < s->n_layers; l++) {
-        const KvSlidingCache *c = s->caches != NULL ? s->caches[l] : NULL;
-        key[2 * l] = c != NULL ? s->variant->regime(c, s->len) : 0;
-        key[2 * l + 1] = c != NULL ? s->variant->view(c).n_slots : 0;
-    }
-}
-
-/* One decode step in graph mode: re-capture when the key changed, replay. */
-static KvStatus decode_graph_step(KvRefState *s, KvGraph *g, int64_t *key, int64_t *cur_key,
-                                  int64_t *captures, KvError *err) {
-    const size_t key_bytes = (size_t)(2 * s->n_layers) * sizeof *key;
-    decode_capture_key(s, key);
-    if (*captures == 0 || memcmp(key, cur_key, key_bytes) != 0) {
-        kv_stream_begin_capture(&s->stream, g);
-        kv_ref_launch_forward(s, 1);
-        KvStatus st = kv_stream_end_capture(&s->stream, err);
-        if (st != KV_OK) return st;
-        memcpy(cur_key, key, key_bytes);
-        (*captures)++;
-    }
-    kv_graph_replay(g);
-    return KV_OK;
-}
-
 static KvStatus decode_check_spec(const KvModel *m, const KvDecodeSpec *sp, KvError *err) {
     if (sp->batch < 1 || sp->prompt_len < 1 || sp->new_tokens < 1 || sp->prefill_chunk < 0) {
         return kv_error_set(err, KV_ERR_INPUT,
@@ -108,11 +79,9 @@ KvStatus kv_decode_greedy(const KvModel *m, const KvDecodeSpec *sp, KvDecodeResu
     KvRefState s = {0};
     int32_t *chunk_tok = NULL; /* (B, chunk) */
     uint8_t *chunk_real = NULL; /* (B, chunk) */
-    KvGraph g = {0};
+    KvGraphRunner runner = {0};
     KvRefSnapshot snap = {0};
     float *first_logits = NULL; /* (B, V) the first run of a replay-checked step */
-    int64_t *key = NULL;     /* (2 * num_layers) capture key now */
-    int64_t *cur_key = NULL; /* (2 * num_layers) key of the captured graph */
     memset(out, 0, sizeof *out);
 
     st = decode_check_spec(m, sp, err);
@@ -136,12 +105,12 @@ KvStatus kv_decode_greedy(const KvModel *m, const KvDecodeSpec *sp, KvDecodeResu
     out->margins = calloc((size_t)(sp->new_tokens * B), sizeof *out->margins);
     chunk_tok = malloc((size_t)(B * chunk) * sizeof *chunk_tok);
     chunk_real = malloc((size_t)(B * chunk));
-    key = calloc((size_t)(2 * m->config.num_layers), sizeof *key);
+    st = kv_graph_runner_init(&runner, &s, err);
+    if (st != KV_OK) goto exit;
     first_logits = malloc((size_t)(B * V) * sizeof *first_logits);
     out->replay_mismatch_step = -1;
-    cur_key = calloc((size_t)(2 * m->config.num_layers), sizeof *cur_key);
-    if (!out->tokens || !out->logits || !out->margins || !chunk_tok || !chunk_real || !key ||
-        !cur_key || !first_logits) {
+    if (!out->tokens || !out->logits || !out->margins || !chunk_tok || !chunk_real ||
+        !first_logits) {
         st = kv_error_set(err, KV_ERR_INTERNAL, "decode: out of memory (%lld steps x %lld rows x %lld vocab)",
                           (long long)sp->new_tokens, (long long)B, (long long)V);
         goto exit;
@@ -187,7 +156,7 @@ KvStatus kv_decode_greedy(const KvModel *m, const KvDecodeSpec *sp, KvDecodeResu
             for (int64_t run = 0; run < runs; run++) {
                 if (run > 0) kv_ref_snapshot_load(&s, &snap);
                 if (sp->mode == KV_MODE_GRAPH) {
-                    st = decode_graph_step(&s, &g, key, cur_key, &out->graphs_captured, err);
+                    st = kv_graph_runner_step(&runner, &s, 1, err);
                     if (st != KV_OK) goto exit;
                 } else {
                     kv_ref_launch_forward(&s, 1);
@@ -210,11 +179,10 @@ KvStatus kv_decode_greedy(const KvModel *m, const KvDecodeSpec *sp, KvDecodeResu
     }
 
 exit:
-    kv_graph_free(&g);
+    out->graphs_captured = runner.captures;
+    kv_graph_runner_free(&runner);
     kv_ref_snapshot_free(&snap);
     free(first_logits);
-    free(key);
-    free(cur_key);
     free(chunk_tok);
     free(chunk_real);
     kv_ref_state_free(&s);

@@ -417,8 +417,16 @@ typedef struct {
     bool gelu;       /* gemma2 GeGLU (tanh gelu); else SwiGLU (silu) */
 } ArgsGlu;
 
+/* A transcendental (tanh, exp) costs about as much as this many
+ * multiply-adds: elementwise loops weigh their work by it against the
+ * parallel threshold. */
+#define KV_TRANSCENDENTAL_WORK 128
+
 static void op_glu(const void *ap) {
     const ArgsGlu *a = ap;
+    /* Elementwise: no reduction, so threads cannot change any bit. */
+#pragma omp parallel for schedule(static) \
+    if (a->count * KV_TRANSCENDENTAL_WORK >= kv_parallel_min_work())
     for (int64_t i = 0; i < a->count; i++) {
         const float act = a->gelu ? kv_gelu_tanh(a->gate[i]) : kv_silu(a->gate[i]);
         a->gate[i] = act * a->up[i];
@@ -449,7 +457,10 @@ static void op_final(const void *ap) {
     }
     if (c->final_logit_softcapping > 0.0) {
         const float cap = (float)c->final_logit_softcapping;
-        for (int64_t i = 0; i < s->batch * c->vocab_size; i++) {
+        const int64_t count = s->batch * c->vocab_size;
+#pragma omp parallel for schedule(static) \
+    if (count * KV_TRANSCENDENTAL_WORK >= kv_parallel_min_work())
+        for (int64_t i = 0; i < count; i++) {
             s->logits[i] = kv_softcap(s->logits[i], cap);
         }
     }
@@ -594,6 +605,45 @@ KvStatus kv_ref_check_input(const KvRefState *s, const int32_t *tokens, const ui
         }
     }
     return KV_OK;
+}
+
+KvStatus kv_graph_runner_init(KvGraphRunner *r, const KvRefState *s, KvError *err) {
+    memset(r, 0, sizeof *r);
+    r->key_len = 1 + 2 * s->n_layers;
+    r->key = calloc((size_t)r->key_len, sizeof *r->key);
+    r->cur_key = calloc((size_t)r->key_len, sizeof *r->cur_key);
+    if (r->key == NULL || r->cur_key == NULL) {
+        kv_graph_runner_free(r);
+        return kv_error_set(err, KV_ERR_INTERNAL, "graph runner: out of memory");
+    }
+    return KV_OK;
+}
+
+KvStatus kv_graph_runner_step(KvGraphRunner *r, KvRefState *s, int64_t n, KvError *err) {
+    r->key[0] = n;
+    for (int64_t l = 0; l < s->n_layers; l++) {
+        KvSlidingCache *c = s->caches != NULL ? s->caches[l] : NULL;
+        r->key[1 + 2 * l] = c != NULL ? s->variant->regime(c, s->len) : 0;
+        r->key[2 + 2 * l] = c != NULL ? s->variant->view(c).n_slots : 0;
+    }
+    const size_t bytes = (size_t)r->key_len * sizeof *r->key;
+    if (r->captures == 0 || memcmp(r->key, r->cur_key, bytes) != 0) {
+        kv_stream_begin_capture(&s->stream, &r->graph);
+        kv_ref_launch_forward(s, n);
+        KvStatus st = kv_stream_end_capture(&s->stream, err);
+        if (st != KV_OK) return st;
+        memcpy(r->cur_key, r->key, bytes);
+        r->captures++;
+    }
+    kv_graph_replay(&r->graph);
+    return KV_OK;
+}
+
+void kv_graph_runner_free(KvGraphRunner *r) {
+    kv_graph_free(&r->graph);
+    free(r->key);
+    free(r->cur_key);
+    memset(r, 0, sizeof *r);
 }
 
 /* The persistent parts of a state, in snapshot order. */

@@ -108,6 +108,24 @@ KvStatus kv_ref_check_input(const KvRefState *s, const int32_t *tokens, const ui
  * advances s->len (the host count) by n afterwards. */
 void kv_ref_launch_forward(KvRefState *s, int64_t n);
 
+/* Graph mode: captures a forward of n tokens once and replays it; re-captures
+ * when the capture key changes: n, or for any sliding layer the variant's
+ * host regime or attended length (a framework re-records when a host branch
+ * flips or a shape changes). */
+typedef struct {
+    KvGraph graph;
+    int64_t *key;      /* (1 + 2 * num_layers) key of the next step */
+    int64_t *cur_key;  /* (1 + 2 * num_layers) key of the captured graph */
+    int64_t key_len;
+    int64_t captures;  /* graphs captured so far */
+} KvGraphRunner;
+
+KvStatus kv_graph_runner_init(KvGraphRunner *r, const KvRefState *s, KvError *err);
+/* Runs one forward of the n tokens in tok_in/real_in through the graph
+ * (capturing first when needed). The caller advances s->len by n. */
+KvStatus kv_graph_runner_step(KvGraphRunner *r, KvRefState *s, int64_t n, KvError *err);
+void kv_graph_runner_free(KvGraphRunner *r);
+
 /* A copy of everything in a state that persists between steps (caches,
  * positions, the next step's input), for the replay check. */
 typedef struct {

@@ -7,6 +7,8 @@
  * everything is released and *out is left zeroed: no partial model. */
 #include "model.h"
 
+#include "bigalloc.h"
+
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -61,7 +63,7 @@ static KvStatus bind_tensor(KvModel *m, const char *name, int rank, int64_t d0, 
         *dst = (const float *)(const void *)src;
         return KV_OK;
     }
-    float *buf = malloc(numel > 0 ? numel * sizeof(float) : 1);
+    float *buf = kv_big_alloc(numel > 0 ? numel * sizeof(float) : 1); /* streamed every step */
     if (buf == NULL) {
         return kv_error_set(err, KV_ERR_INTERNAL,
                             "%s: tensor '%s': out of memory converting %zu values to F32",

@@ -8,6 +8,8 @@
  * naming the file, the tensor and the field; nothing is allocated on failure. */
 #include "safetensors.h"
 
+#include "bigalloc.h"
+
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -696,7 +698,7 @@ KvStatus kv_st_serialize(const KvStWriteTensor *tensors, size_t n, uint8_t **out
     uint64_t total = 8 + (uint64_t)hlen + pad + data_len;
     if (total > (uint64_t)SIZE_MAX) goto oom;
     img_len = (size_t)total;
-    img = malloc(img_len);
+    img = kv_big_alloc(img_len); /* weights are streamed every decode step */
     if (img == NULL) goto oom;
     uint64_t n_hdr = hlen + pad;
     for (int b = 0; b < 8; b++) img[b] = (uint8_t)(n_hdr >> (8 * b));

@@ -164,11 +164,13 @@ END_TEST
 
 /* Multi-token decode (DESIGN §3: any n >= 1 at any point): the reference's
  * own greedy continuation is fed back k tokens per forward (k = 2, 3), as a
- * speculative verifier would, and each forward's logits must be bitwise the
- * reference's. _i = family * 2 + (k - 2). */
+ * speculative verifier would, eagerly and through a captured k-token graph;
+ * each forward's logits must be bitwise the reference's.
+ * _i = (family * 2 + (k - 2)) * 2 + mode. */
 START_TEST(test_variants_multi_token) {
-    const char *fam = k_families[_i / 2];
-    const int64_t k = 2 + _i % 2;
+    const char *fam = k_families[_i / 4];
+    const int64_t k = 2 + (_i / 2) % 2;
+    const bool graph = _i % 2 == 1;
     KvFixtureModel f;
     KvError err = {{0}};
     ck_assert_msg(kv_fixture_load(fam, TEST_SEED, &f, &err) == KV_OK, "%s", err.msg);
@@ -199,21 +201,39 @@ START_TEST(test_variants_multi_token) {
         ck_assert(kv_ref_state_init(&st, m, 1, total, plen > k ? plen : k,
                                     v < 0 ? NULL : all[v], &err) == KV_OK);
         ck_assert_msg(kv_ref_forward(m, &st, seq, real, plen, got, &err) == KV_OK, "%s", err.msg);
+        KvGraphRunner runner;
+        ck_assert(kv_graph_runner_init(&runner, &st, &err) == KV_OK);
         int64_t calls = 0;
         for (int64_t off = plen; off + k <= total; off += k, calls++) {
-            KvStatus rc = kv_ref_forward(m, &st, seq + off, real + off, k, got, &err);
+            KvStatus rc;
+            if (graph && v >= 0) {
+                /* The host writes the step's tokens into memory, then replays. */
+                ck_assert(kv_ref_check_input(&st, seq + off, real + off, k, &err) == KV_OK);
+                memcpy(st.tok_in, seq + off, (size_t)k * sizeof(int32_t));
+                memcpy(st.real_in, real + off, (size_t)k);
+                rc = kv_graph_runner_step(&runner, &st, k, &err);
+                st.len += k;
+                if (rc == KV_OK) rc = kv_ref_check_sentinels(&st, k, &err);
+                memcpy(got, st.logits, (size_t)V * sizeof(float));
+            } else {
+                rc = kv_ref_forward(m, &st, seq + off, real + off, k, got, &err);
+            }
             ck_assert_msg(rc == KV_OK, "%s: %s", v < 0 ? "reference" : all[v]->name, err.msg);
             float *want = ref_logits + calls * V;
             if (v < 0) {
                 memcpy(want, got, (size_t)V * sizeof(float));
             } else {
                 ck_assert_msg(memcmp(want, got, (size_t)V * sizeof(float)) == 0,
-                              "%s: %s with %lld tokens per forward differs from the reference "
-                              "at forward %lld (positions %lld..%lld)",
-                              fam, all[v]->name, (long long)k, (long long)calls, (long long)off,
-                              (long long)(off + k - 1));
+                              "%s: %s (%s) with %lld tokens per forward differs from the "
+                              "reference at forward %lld (positions %lld..%lld)",
+                              fam, all[v]->name, graph ? "graph" : "eager", (long long)k,
+                              (long long)calls, (long long)off, (long long)(off + k - 1));
             }
         }
+        if (graph && v >= 0) {
+            ck_assert_msg(runner.captures >= 1, "%s: no graph captured", all[v]->name);
+        }
+        kv_graph_runner_free(&runner);
         kv_ref_state_free(&st);
     }
     free(ref_logits);
@@ -280,7 +300,7 @@ int main(void) {
     TCase *tc = tcase_create("cpu");
     tcase_set_timeout(tc, 300);
     tcase_add_loop_test(tc, test_variants_bitwise, 0, 2 * N_SCENARIOS);
-    tcase_add_loop_test(tc, test_variants_multi_token, 0, 4);
+    tcase_add_loop_test(tc, test_variants_multi_token, 0, 8);
     tcase_add_loop_test(tc, test_graph_freezes_scalars, 0, 2);
     tcase_add_loop_test(tc, test_replay_check_catches_nondeterminism, 0, 2);
     suite_add_tcase(s, tc);
