@@ -25,117 +25,51 @@
  * and the number of stored rows is W - 1, not W: the bugs of this shape in
  * the wild are a window off by one (keeping W rows, or W - 2) and a graph
  * replayed at a stale length. */
-#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "cache.h"
+#include "cache_internal.h"
 
 struct KvSlidingCache {
     const KvCacheOps *ops; /* &kv_cache_dynamic: a handle given to another table is refused */
-    int64_t batch;         /* B */
     int64_t window;        /* W */
-    int64_t slots;         /* S = W - 1, the capacity */
     int64_t filled;        /* slots holding a position, 0 .. S (the attended length) */
-    int64_t dim;           /* floats per slot */
-    float *k;              /* (B, S, dim) */
-    float *v;              /* (B, S, dim) */
-    uint8_t *real;         /* (B, S) */
-    int64_t *pos;          /* (S) position held by each slot, -1 = empty */
+    KvCacheSlots cur;      /* S = W - 1 slots per row (cur.slots), the capacity */
     /* The sliced cat result, distinct from the cache so the shift never
      * reads a row it has already overwritten. */
-    float *tmp_k;          /* (B, S, dim) */
-    float *tmp_v;          /* (B, S, dim) */
-    uint8_t *tmp_real;     /* (B, S) */
-    int64_t *tmp_pos;      /* (S) */
+    KvCacheSlots tmp;      /* S slots per row, same shape as cur */
 };
-
-static bool dynamic_shape_fits(int64_t batch, int64_t window, int64_t dim) {
-    const uint64_t limit = (uint64_t)(SIZE_MAX / 16);
-    uint64_t n = (uint64_t)batch;
-    if ((uint64_t)window > limit / n) return false;
-    n *= (uint64_t)window;
-    return (uint64_t)dim <= limit / n;
-}
 
 static void dynamic_destroy(KvSlidingCache *c) {
     if (c == NULL) return;
-    kv_guard_free(c->k);
-    kv_guard_free(c->v);
-    kv_guard_free(c->real);
-    kv_guard_free(c->pos);
-    kv_guard_free(c->tmp_k);
-    kv_guard_free(c->tmp_v);
-    kv_guard_free(c->tmp_real);
-    kv_guard_free(c->tmp_pos);
+    kv_slots_free(&c->cur);
+    kv_slots_free(&c->tmp);
     free(c);
 }
 
 static void dynamic_reset(KvSlidingCache *c) {
     if (c == NULL || c->ops != &kv_cache_dynamic) return;
-    const int64_t slots = c->batch * c->slots;
-    const int64_t floats = slots * c->dim;
-    /* NaN K/V: a read of a never-written slot poisons the logits. */
-    for (int64_t i = 0; i < floats; i++) {
-        c->k[i] = NAN;
-        c->v[i] = NAN;
-        c->tmp_k[i] = NAN;
-        c->tmp_v[i] = NAN;
-    }
-    memset(c->real, 0, (size_t)slots);
-    memset(c->tmp_real, 0, (size_t)slots);
-    for (int64_t i = 0; i < c->slots; i++) {
-        c->pos[i] = -1;
-        c->tmp_pos[i] = -1;
-    }
+    kv_slots_clear(&c->cur);
+    kv_slots_clear(&c->tmp);
     c->filled = 0;
 }
 
 static KvStatus dynamic_create(int64_t batch, int64_t window, int64_t dim, KvSlidingCache **out,
                                KvError *err) {
-    KvStatus st = KV_OK;
-    KvSlidingCache *c = NULL;
-    if (out == NULL) return kv_error_set(err, KV_ERR_INPUT, "dynamic: create: out is NULL");
-    *out = NULL;
-    if (batch < 1 || window < 1 || dim < 1) {
-        return kv_error_set(err, KV_ERR_INPUT,
-                            "dynamic: create: batch, window and dim must be >= 1, "
-                            "got batch %lld, window %lld, dim %lld",
-                            (long long)batch, (long long)window, (long long)dim);
-    }
-    if (!dynamic_shape_fits(batch, window, dim)) {
-        return kv_error_set(err, KV_ERR_INPUT,
-                            "dynamic: create: batch %lld x window %lld x dim %lld "
-                            "does not fit in memory sizes",
-                            (long long)batch, (long long)window, (long long)dim);
-    }
-    c = calloc(1, sizeof *c);
+    KvStatus st = kv_slots_check_create("dynamic", batch, window, dim, out, err);
+    if (st != KV_OK) return st;
+    KvSlidingCache *c = calloc(1, sizeof *c);
     if (c == NULL) {
-        st = kv_error_set(err, KV_ERR_INTERNAL, "dynamic: create: out of memory (cache struct)");
+        st = kv_slots_oom_struct("dynamic", err);
         goto exit;
     }
     c->ops = &kv_cache_dynamic;
-    c->batch = batch;
     c->window = window;
-    c->slots = window - 1; /* 0 when W = 1: zero-byte buffers, still guarded */
-    c->dim = dim;
-    const size_t slots = (size_t)batch * (size_t)c->slots;
-    const size_t fbytes = slots * (size_t)dim * sizeof(float);
-    c->k = kv_guard_alloc(fbytes);
-    c->v = kv_guard_alloc(fbytes);
-    c->real = kv_guard_alloc(slots);
-    c->pos = kv_guard_alloc((size_t)c->slots * sizeof(int64_t));
-    c->tmp_k = kv_guard_alloc(fbytes);
-    c->tmp_v = kv_guard_alloc(fbytes);
-    c->tmp_real = kv_guard_alloc(slots);
-    c->tmp_pos = kv_guard_alloc((size_t)c->slots * sizeof(int64_t));
-    if (c->k == NULL || c->v == NULL || c->real == NULL || c->pos == NULL || c->tmp_k == NULL ||
-        c->tmp_v == NULL || c->tmp_real == NULL || c->tmp_pos == NULL) {
-        st = kv_error_set(err, KV_ERR_INTERNAL,
-                          "dynamic: create: out of memory for batch %lld x window %lld x "
-                          "dim %lld",
-                          (long long)batch, (long long)window, (long long)dim);
+    /* S = W - 1 is 0 when W = 1: zero-byte buffers, still guarded */
+    if (!kv_slots_alloc(&c->cur, batch, window - 1, dim) ||
+        !kv_slots_alloc(&c->tmp, batch, window - 1, dim)) {
+        st = kv_slots_oom_buffers("dynamic", batch, window, dim, err);
         goto exit;
     }
     dynamic_reset(c);
@@ -149,13 +83,15 @@ exit:
 /* Copies the first `count` slots of the temporary over the cache. A copy, not
  * a swap: the view's pointers stay fixed for the cache's lifetime. */
 static void dynamic_commit(KvSlidingCache *c, int64_t count) {
-    const int64_t S = c->slots, D = c->dim;
-    for (int64_t b = 0; b < c->batch; b++) {
-        memcpy(c->k + b * S * D, c->tmp_k + b * S * D, (size_t)(count * D) * sizeof(float));
-        memcpy(c->v + b * S * D, c->tmp_v + b * S * D, (size_t)(count * D) * sizeof(float));
-        memcpy(c->real + b * S, c->tmp_real + b * S, (size_t)count);
+    KvCacheSlots *cur = &c->cur;
+    const KvCacheSlots *tmp = &c->tmp;
+    const int64_t S = cur->slots, D = cur->dim;
+    for (int64_t b = 0; b < cur->batch; b++) {
+        memcpy(cur->k + b * S * D, tmp->k + b * S * D, (size_t)(count * D) * sizeof(float));
+        memcpy(cur->v + b * S * D, tmp->v + b * S * D, (size_t)(count * D) * sizeof(float));
+        memcpy(cur->real + b * S, tmp->real + b * S, (size_t)count);
     }
-    memcpy(c->pos, c->tmp_pos, (size_t)count * sizeof(int64_t));
+    memcpy(cur->pos, tmp->pos, (size_t)count * sizeof(int64_t));
     c->filled = count;
 }
 
@@ -166,7 +102,8 @@ static void dynamic_update(KvSlidingCache *c, const float *k_new, const float *v
                            int64_t host_total) {
     (void)host_total; /* the shape is the cache's own; positions come from the device scalar */
     if (c == NULL || c->ops != &kv_cache_dynamic || total == NULL || n < 1) return;
-    const int64_t B = c->batch, S = c->slots, D = c->dim;
+    KvCacheSlots *cur = &c->cur, *tmp = &c->tmp;
+    const int64_t B = cur->batch, S = cur->slots, D = cur->dim;
     const size_t row_bytes = (size_t)D * sizeof(float);
     if (S == 0) return;        /* W = 1: the window is the new token alone */
     const int64_t p0 = *total; /* read now, as a graph reads device memory at replay */
@@ -176,11 +113,11 @@ static void dynamic_update(KvSlidingCache *c, const float *k_new, const float *v
     if (n == 1 && stored < S) {
         /* Growing: cat appends one row; nothing already stored moves. */
         for (int64_t b = 0; b < B; b++) {
-            memcpy(c->k + (b * S + stored) * D, k_new + b * D, row_bytes);
-            memcpy(c->v + (b * S + stored) * D, v_new + b * D, row_bytes);
-            c->real[b * S + stored] = real_new[b];
+            memcpy(cur->k + (b * S + stored) * D, k_new + b * D, row_bytes);
+            memcpy(cur->v + (b * S + stored) * D, v_new + b * D, row_bytes);
+            cur->real[b * S + stored] = real_new[b];
         }
-        c->pos[stored] = p0;
+        cur->pos[stored] = p0;
         c->filled = stored + 1;
         return;
     }
@@ -188,15 +125,15 @@ static void dynamic_update(KvSlidingCache *c, const float *k_new, const float *v
     if (n == 1) {
         /* Full: keys = cat(keys, new)[:, 1:], i.e. cat(keys[:, 1:], new). */
         for (int64_t b = 0; b < B; b++) {
-            memcpy(c->tmp_k + b * S * D, c->k + (b * S + 1) * D, (size_t)(S - 1) * row_bytes);
-            memcpy(c->tmp_v + b * S * D, c->v + (b * S + 1) * D, (size_t)(S - 1) * row_bytes);
-            memcpy(c->tmp_real + b * S, c->real + b * S + 1, (size_t)(S - 1));
-            memcpy(c->tmp_k + (b * S + S - 1) * D, k_new + b * D, row_bytes);
-            memcpy(c->tmp_v + (b * S + S - 1) * D, v_new + b * D, row_bytes);
-            c->tmp_real[b * S + S - 1] = real_new[b];
+            memcpy(tmp->k + b * S * D, cur->k + (b * S + 1) * D, (size_t)(S - 1) * row_bytes);
+            memcpy(tmp->v + b * S * D, cur->v + (b * S + 1) * D, (size_t)(S - 1) * row_bytes);
+            memcpy(tmp->real + b * S, cur->real + b * S + 1, (size_t)(S - 1));
+            memcpy(tmp->k + (b * S + S - 1) * D, k_new + b * D, row_bytes);
+            memcpy(tmp->v + (b * S + S - 1) * D, v_new + b * D, row_bytes);
+            tmp->real[b * S + S - 1] = real_new[b];
         }
-        memcpy(c->tmp_pos, c->pos + 1, (size_t)(S - 1) * sizeof(int64_t));
-        c->tmp_pos[S - 1] = p0;
+        memcpy(tmp->pos, cur->pos + 1, (size_t)(S - 1) * sizeof(int64_t));
+        tmp->pos[S - 1] = p0;
         dynamic_commit(c, S);
         return;
     }
@@ -210,32 +147,24 @@ static void dynamic_update(KvSlidingCache *c, const float *k_new, const float *v
         for (int64_t b = 0; b < B; b++) {
             const int64_t dst = b * S + i;
             if (s < stored) {
-                memcpy(c->tmp_k + dst * D, c->k + (b * S + s) * D, row_bytes);
-                memcpy(c->tmp_v + dst * D, c->v + (b * S + s) * D, row_bytes);
-                c->tmp_real[dst] = c->real[b * S + s];
+                memcpy(tmp->k + dst * D, cur->k + (b * S + s) * D, row_bytes);
+                memcpy(tmp->v + dst * D, cur->v + (b * S + s) * D, row_bytes);
+                tmp->real[dst] = cur->real[b * S + s];
             } else {
                 const int64_t j = s - stored; /* new row */
-                memcpy(c->tmp_k + dst * D, k_new + (b * n + j) * D, row_bytes);
-                memcpy(c->tmp_v + dst * D, v_new + (b * n + j) * D, row_bytes);
-                c->tmp_real[dst] = real_new[b * n + j];
+                memcpy(tmp->k + dst * D, k_new + (b * n + j) * D, row_bytes);
+                memcpy(tmp->v + dst * D, v_new + (b * n + j) * D, row_bytes);
+                tmp->real[dst] = real_new[b * n + j];
             }
         }
-        c->tmp_pos[i] = s < stored ? c->pos[s] : p0 + (s - stored);
+        tmp->pos[i] = s < stored ? cur->pos[s] : p0 + (s - stored);
     }
     dynamic_commit(c, keep);
 }
 
 static KvCacheView dynamic_view(const KvSlidingCache *c) {
-    KvCacheView view = {0};
-    if (c == NULL || c->ops != &kv_cache_dynamic) return view;
-    view.n_slots = c->filled; /* the attended length: the "shape change" */
-    view.row_stride = c->slots;
-    view.dim = c->dim;
-    view.k = c->k;
-    view.v = c->v;
-    view.pos = c->pos;
-    view.real = c->real;
-    return view;
+    if (c == NULL || c->ops != &kv_cache_dynamic) return (KvCacheView){0};
+    return kv_slots_view(&c->cur, c->filled); /* the attended length: the "shape change" */
 }
 
 static int dynamic_regime(const KvSlidingCache *c, int64_t host_total) {
@@ -246,16 +175,12 @@ static int dynamic_regime(const KvSlidingCache *c, int64_t host_total) {
 
 static bool dynamic_sentinels_ok(const KvSlidingCache *c) {
     if (c == NULL || c->ops != &kv_cache_dynamic) return false;
-    return kv_guard_ok(c->k) && kv_guard_ok(c->v) && kv_guard_ok(c->real) &&
-           kv_guard_ok(c->pos) && kv_guard_ok(c->tmp_k) && kv_guard_ok(c->tmp_v) &&
-           kv_guard_ok(c->tmp_real) && kv_guard_ok(c->tmp_pos);
+    return kv_slots_ok(&c->cur) && kv_slots_ok(&c->tmp);
 }
 
 /* The persistent state: the slots and the filled count; temporaries are scratch. */
 static KvCacheState dynamic_state(KvSlidingCache *c) {
-    return (KvCacheState){.k = c->k, .v = c->v, .real = c->real, .pos = c->pos,
-                          .counters = &c->filled, .batch = c->batch, .slots = c->slots,
-                          .dim = c->dim, .n_counters = 1};
+    return kv_slots_state(&c->cur, &c->filled, 1);
 }
 
 const KvCacheOps kv_cache_dynamic = {

@@ -16,90 +16,42 @@
  * does not depend on the slot. Its bugs in the wild: p % W computed from a
  * stale position (the wrong slot overwritten), and a mask that trusts slot
  * order instead of pos[]. */
-#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "cache.h"
+#include "cache_internal.h"
 
 struct KvSlidingCache {
     const KvCacheOps *ops; /* &kv_cache_ring: a handle given to another table is refused */
-    int64_t batch;         /* B */
     int64_t window;        /* W */
-    int64_t dim;           /* floats per slot */
-    float *k;              /* (B, W, dim) */
-    float *v;              /* (B, W, dim) */
-    uint8_t *real;         /* (B, W) */
-    int64_t *pos;          /* (W) position held by each slot, -1 = empty */
+    KvCacheSlots cur;      /* W slots per row, the ones attention reads */
 };
-
-static bool ring_shape_fits(int64_t batch, int64_t window, int64_t dim) {
-    const uint64_t limit = (uint64_t)(SIZE_MAX / 16);
-    uint64_t n = (uint64_t)batch;
-    if ((uint64_t)window > limit / n) return false;
-    n *= (uint64_t)window;
-    return (uint64_t)dim <= limit / n;
-}
 
 static void ring_destroy(KvSlidingCache *c) {
     if (c == NULL) return;
-    kv_guard_free(c->k);
-    kv_guard_free(c->v);
-    kv_guard_free(c->real);
-    kv_guard_free(c->pos);
+    kv_slots_free(&c->cur);
     free(c);
 }
 
 static void ring_reset(KvSlidingCache *c) {
     if (c == NULL || c->ops != &kv_cache_ring) return;
-    const int64_t slots = c->batch * c->window;
-    const int64_t floats = slots * c->dim;
-    /* NaN K/V: a read of a never-written slot poisons the logits. */
-    for (int64_t i = 0; i < floats; i++) {
-        c->k[i] = NAN;
-        c->v[i] = NAN;
-    }
-    memset(c->real, 0, (size_t)slots);
-    for (int64_t i = 0; i < c->window; i++) c->pos[i] = -1;
+    kv_slots_clear(&c->cur);
 }
 
 static KvStatus ring_create(int64_t batch, int64_t window, int64_t dim, KvSlidingCache **out,
                             KvError *err) {
-    KvStatus st = KV_OK;
-    KvSlidingCache *c = NULL;
-    if (out == NULL) return kv_error_set(err, KV_ERR_INPUT, "ring: create: out is NULL");
-    *out = NULL;
-    if (batch < 1 || window < 1 || dim < 1) {
-        return kv_error_set(err, KV_ERR_INPUT,
-                            "ring: create: batch, window and dim must be >= 1, "
-                            "got batch %lld, window %lld, dim %lld",
-                            (long long)batch, (long long)window, (long long)dim);
-    }
-    if (!ring_shape_fits(batch, window, dim)) {
-        return kv_error_set(err, KV_ERR_INPUT,
-                            "ring: create: batch %lld x window %lld x dim %lld "
-                            "does not fit in memory sizes",
-                            (long long)batch, (long long)window, (long long)dim);
-    }
-    c = calloc(1, sizeof *c);
+    KvStatus st = kv_slots_check_create("ring", batch, window, dim, out, err);
+    if (st != KV_OK) return st;
+    KvSlidingCache *c = calloc(1, sizeof *c);
     if (c == NULL) {
-        st = kv_error_set(err, KV_ERR_INTERNAL, "ring: create: out of memory (cache struct)");
+        st = kv_slots_oom_struct("ring", err);
         goto exit;
     }
     c->ops = &kv_cache_ring;
-    c->batch = batch;
     c->window = window;
-    c->dim = dim;
-    const size_t slots = (size_t)batch * (size_t)window;
-    c->k = kv_guard_alloc(slots * (size_t)dim * sizeof(float));
-    c->v = kv_guard_alloc(slots * (size_t)dim * sizeof(float));
-    c->real = kv_guard_alloc(slots);
-    c->pos = kv_guard_alloc((size_t)window * sizeof(int64_t));
-    if (c->k == NULL || c->v == NULL || c->real == NULL || c->pos == NULL) {
-        st = kv_error_set(err, KV_ERR_INTERNAL,
-                          "ring: create: out of memory for batch %lld x window %lld x dim %lld",
-                          (long long)batch, (long long)window, (long long)dim);
+    if (!kv_slots_alloc(&c->cur, batch, window, dim)) {
+        st = kv_slots_oom_buffers("ring", batch, window, dim, err);
         goto exit;
     }
     ring_reset(c);
@@ -117,7 +69,8 @@ static void ring_update(KvSlidingCache *c, const float *k_new, const float *v_ne
                         int64_t host_total) {
     (void)host_total; /* the slot comes from the device scalar alone */
     if (c == NULL || c->ops != &kv_cache_ring || total == NULL || n < 1) return;
-    const int64_t W = c->window, D = c->dim;
+    KvCacheSlots *s = &c->cur;
+    const int64_t W = c->window, D = s->dim;
     const size_t row_bytes = (size_t)D * sizeof(float);
     const int64_t p0 = *total; /* read now, as a graph reads device memory at replay */
     if (p0 < 0) return;        /* not a position: nothing sensible to store */
@@ -125,26 +78,18 @@ static void ring_update(KvSlidingCache *c, const float *k_new, const float *v_ne
     for (int64_t j = j0; j < n; j++) {
         const int64_t p = p0 + j;
         const int64_t slot = p % W;
-        for (int64_t b = 0; b < c->batch; b++) {
-            memcpy(c->k + (b * W + slot) * D, k_new + (b * n + j) * D, row_bytes);
-            memcpy(c->v + (b * W + slot) * D, v_new + (b * n + j) * D, row_bytes);
-            c->real[b * W + slot] = real_new[b * n + j];
+        for (int64_t b = 0; b < s->batch; b++) {
+            memcpy(s->k + (b * W + slot) * D, k_new + (b * n + j) * D, row_bytes);
+            memcpy(s->v + (b * W + slot) * D, v_new + (b * n + j) * D, row_bytes);
+            s->real[b * W + slot] = real_new[b * n + j];
         }
-        c->pos[slot] = p;
+        s->pos[slot] = p;
     }
 }
 
 static KvCacheView ring_view(const KvSlidingCache *c) {
-    KvCacheView view = {0};
-    if (c == NULL || c->ops != &kv_cache_ring) return view;
-    view.n_slots = c->window;
-    view.row_stride = c->window;
-    view.dim = c->dim;
-    view.k = c->k;
-    view.v = c->v;
-    view.pos = c->pos;
-    view.real = c->real;
-    return view;
+    if (c == NULL || c->ops != &kv_cache_ring) return (KvCacheView){0};
+    return kv_slots_view(&c->cur, c->window);
 }
 
 static int ring_regime(const KvSlidingCache *c, int64_t host_total) {
@@ -155,14 +100,12 @@ static int ring_regime(const KvSlidingCache *c, int64_t host_total) {
 
 static bool ring_sentinels_ok(const KvSlidingCache *c) {
     if (c == NULL || c->ops != &kv_cache_ring) return false;
-    return kv_guard_ok(c->k) && kv_guard_ok(c->v) && kv_guard_ok(c->real) && kv_guard_ok(c->pos);
+    return kv_slots_ok(&c->cur);
 }
 
-/* The persistent state: the slots; temporaries are scratch. */
+/* The persistent state: the slots. */
 static KvCacheState ring_state(KvSlidingCache *c) {
-    return (KvCacheState){.k = c->k, .v = c->v, .real = c->real, .pos = c->pos,
-                          .counters = NULL, .batch = c->batch, .slots = c->window,
-                          .dim = c->dim, .n_counters = 0};
+    return kv_slots_state(&c->cur, NULL, 0);
 }
 
 const KvCacheOps kv_cache_ring = {

@@ -23,111 +23,47 @@
  * plausible-looking but wrong key there instead of an empty slot. The bugs
  * this shape has in the wild: a graph not re-captured when is_full flips,
  * and a roll done in place. */
-#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "cache.h"
+#include "cache_internal.h"
 
 struct KvSlidingCache {
     const KvCacheOps *ops; /* &kv_cache_roll: a handle given to another table is refused */
-    int64_t batch;         /* B */
     int64_t window;        /* W */
-    int64_t dim;           /* floats per slot */
-    float *k;              /* (B, W, dim) */
-    float *v;              /* (B, W, dim) */
-    uint8_t *real;         /* (B, W) */
-    int64_t *pos;          /* (W) position held by each slot, -1 = empty */
+    KvCacheSlots cur;      /* W slots per row, the ones attention reads */
     /* torch.roll's output tensor: never the input, so the roll cannot race. */
-    float *out_k;          /* (B, W, dim) */
-    float *out_v;          /* (B, W, dim) */
-    uint8_t *out_real;     /* (B, W) */
-    int64_t *out_pos;      /* (W) */
+    KvCacheSlots out;      /* W slots per row, same shape as cur */
 };
-
-static bool roll_shape_fits(int64_t batch, int64_t window, int64_t dim) {
-    const uint64_t limit = (uint64_t)(SIZE_MAX / 16);
-    uint64_t n = (uint64_t)batch;
-    if ((uint64_t)window > limit / n) return false;
-    n *= (uint64_t)window;
-    return (uint64_t)dim <= limit / n;
-}
 
 static void roll_destroy(KvSlidingCache *c) {
     if (c == NULL) return;
-    kv_guard_free(c->k);
-    kv_guard_free(c->v);
-    kv_guard_free(c->real);
-    kv_guard_free(c->pos);
-    kv_guard_free(c->out_k);
-    kv_guard_free(c->out_v);
-    kv_guard_free(c->out_real);
-    kv_guard_free(c->out_pos);
+    kv_slots_free(&c->cur);
+    kv_slots_free(&c->out);
     free(c);
 }
 
 static void roll_reset(KvSlidingCache *c) {
     if (c == NULL || c->ops != &kv_cache_roll) return;
-    const int64_t slots = c->batch * c->window;
-    const int64_t floats = slots * c->dim;
-    /* NaN K/V: a read of a never-written slot poisons the logits. */
-    for (int64_t i = 0; i < floats; i++) {
-        c->k[i] = NAN;
-        c->v[i] = NAN;
-        c->out_k[i] = NAN;
-        c->out_v[i] = NAN;
-    }
-    memset(c->real, 0, (size_t)slots);
-    memset(c->out_real, 0, (size_t)slots);
-    for (int64_t i = 0; i < c->window; i++) {
-        c->pos[i] = -1;
-        c->out_pos[i] = -1;
-    }
+    kv_slots_clear(&c->cur);
+    kv_slots_clear(&c->out);
 }
 
 static KvStatus roll_create(int64_t batch, int64_t window, int64_t dim, KvSlidingCache **out,
                             KvError *err) {
-    KvStatus st = KV_OK;
-    KvSlidingCache *c = NULL;
-    if (out == NULL) return kv_error_set(err, KV_ERR_INPUT, "roll: create: out is NULL");
-    *out = NULL;
-    if (batch < 1 || window < 1 || dim < 1) {
-        return kv_error_set(err, KV_ERR_INPUT,
-                            "roll: create: batch, window and dim must be >= 1, "
-                            "got batch %lld, window %lld, dim %lld",
-                            (long long)batch, (long long)window, (long long)dim);
-    }
-    if (!roll_shape_fits(batch, window, dim)) {
-        return kv_error_set(err, KV_ERR_INPUT,
-                            "roll: create: batch %lld x window %lld x dim %lld "
-                            "does not fit in memory sizes",
-                            (long long)batch, (long long)window, (long long)dim);
-    }
-    c = calloc(1, sizeof *c);
+    KvStatus st = kv_slots_check_create("roll", batch, window, dim, out, err);
+    if (st != KV_OK) return st;
+    KvSlidingCache *c = calloc(1, sizeof *c);
     if (c == NULL) {
-        st = kv_error_set(err, KV_ERR_INTERNAL, "roll: create: out of memory (cache struct)");
+        st = kv_slots_oom_struct("roll", err);
         goto exit;
     }
     c->ops = &kv_cache_roll;
-    c->batch = batch;
     c->window = window;
-    c->dim = dim;
-    const size_t slots = (size_t)batch * (size_t)window;
-    const size_t fbytes = slots * (size_t)dim * sizeof(float);
-    c->k = kv_guard_alloc(fbytes);
-    c->v = kv_guard_alloc(fbytes);
-    c->real = kv_guard_alloc(slots);
-    c->pos = kv_guard_alloc((size_t)window * sizeof(int64_t));
-    c->out_k = kv_guard_alloc(fbytes);
-    c->out_v = kv_guard_alloc(fbytes);
-    c->out_real = kv_guard_alloc(slots);
-    c->out_pos = kv_guard_alloc((size_t)window * sizeof(int64_t));
-    if (c->k == NULL || c->v == NULL || c->real == NULL || c->pos == NULL || c->out_k == NULL ||
-        c->out_v == NULL || c->out_real == NULL || c->out_pos == NULL) {
-        st = kv_error_set(err, KV_ERR_INTERNAL,
-                          "roll: create: out of memory for batch %lld x window %lld x dim %lld",
-                          (long long)batch, (long long)window, (long long)dim);
+    if (!kv_slots_alloc(&c->cur, batch, window, dim) ||
+        !kv_slots_alloc(&c->out, batch, window, dim)) {
+        st = kv_slots_oom_buffers("roll", batch, window, dim, err);
         goto exit;
     }
     roll_reset(c);
@@ -159,31 +95,30 @@ static void roll_left_rows(const void *in, void *out, int64_t rows, int64_t W, s
 /* keys = roll(keys, -shift) through the output buffers, then copied back (a
  * copy, not a swap: the view's pointers stay fixed for a captured graph). */
 static void roll_shift_left(KvSlidingCache *c, int64_t shift) {
-    const int64_t B = c->batch, W = c->window;
-    const size_t fslot = (size_t)c->dim * sizeof(float);
-    roll_left_rows(c->k, c->out_k, B, W, fslot, shift);
-    roll_left_rows(c->v, c->out_v, B, W, fslot, shift);
-    roll_left_rows(c->real, c->out_real, B, W, 1, shift);
-    roll_left_rows(c->pos, c->out_pos, 1, W, sizeof(int64_t), shift);
-    const size_t slots = (size_t)B * (size_t)W;
-    memcpy(c->k, c->out_k, slots * fslot);
-    memcpy(c->v, c->out_v, slots * fslot);
-    memcpy(c->real, c->out_real, slots);
-    memcpy(c->pos, c->out_pos, (size_t)W * sizeof(int64_t));
+    const KvCacheSlots *cur = &c->cur;
+    KvCacheSlots *out = &c->out;
+    const int64_t B = cur->batch, W = c->window;
+    const size_t fslot = (size_t)cur->dim * sizeof(float);
+    roll_left_rows(cur->k, out->k, B, W, fslot, shift);
+    roll_left_rows(cur->v, out->v, B, W, fslot, shift);
+    roll_left_rows(cur->real, out->real, B, W, 1, shift);
+    roll_left_rows(cur->pos, out->pos, 1, W, sizeof(int64_t), shift);
+    kv_slots_copy(&c->cur, out);
 }
 
 /* keys[:, slot] = new[:, j]. k_new, v_new: (B, n, dim); real_new: (B, n). */
 static void roll_write_slot(KvSlidingCache *c, int64_t slot, const float *k_new,
                             const float *v_new, const uint8_t *real_new, int64_t n, int64_t j,
                             int64_t position) {
-    const int64_t W = c->window, D = c->dim;
+    KvCacheSlots *cur = &c->cur;
+    const int64_t W = c->window, D = cur->dim;
     const size_t row_bytes = (size_t)D * sizeof(float);
-    for (int64_t b = 0; b < c->batch; b++) {
-        memcpy(c->k + (b * W + slot) * D, k_new + (b * n + j) * D, row_bytes);
-        memcpy(c->v + (b * W + slot) * D, v_new + (b * n + j) * D, row_bytes);
-        c->real[b * W + slot] = real_new[b * n + j];
+    for (int64_t b = 0; b < cur->batch; b++) {
+        memcpy(cur->k + (b * W + slot) * D, k_new + (b * n + j) * D, row_bytes);
+        memcpy(cur->v + (b * W + slot) * D, v_new + (b * n + j) * D, row_bytes);
+        cur->real[b * W + slot] = real_new[b * n + j];
     }
-    c->pos[slot] = position;
+    cur->pos[slot] = position;
 }
 
 static int roll_regime(const KvSlidingCache *c, int64_t host_total) {
@@ -231,30 +166,18 @@ static void roll_update(KvSlidingCache *c, const float *k_new, const float *v_ne
 }
 
 static KvCacheView roll_view(const KvSlidingCache *c) {
-    KvCacheView view = {0};
-    if (c == NULL || c->ops != &kv_cache_roll) return view;
-    view.n_slots = c->window;
-    view.row_stride = c->window;
-    view.dim = c->dim;
-    view.k = c->k;
-    view.v = c->v;
-    view.pos = c->pos;
-    view.real = c->real;
-    return view;
+    if (c == NULL || c->ops != &kv_cache_roll) return (KvCacheView){0};
+    return kv_slots_view(&c->cur, c->window);
 }
 
 static bool roll_sentinels_ok(const KvSlidingCache *c) {
     if (c == NULL || c->ops != &kv_cache_roll) return false;
-    return kv_guard_ok(c->k) && kv_guard_ok(c->v) && kv_guard_ok(c->real) &&
-           kv_guard_ok(c->pos) && kv_guard_ok(c->out_k) && kv_guard_ok(c->out_v) &&
-           kv_guard_ok(c->out_real) && kv_guard_ok(c->out_pos);
+    return kv_slots_ok(&c->cur) && kv_slots_ok(&c->out);
 }
 
 /* The persistent state: the slots; temporaries are scratch. */
 static KvCacheState roll_state(KvSlidingCache *c) {
-    return (KvCacheState){.k = c->k, .v = c->v, .real = c->real, .pos = c->pos,
-                          .counters = NULL, .batch = c->batch, .slots = c->window,
-                          .dim = c->dim, .n_counters = 0};
+    return kv_slots_state(&c->cur, NULL, 0);
 }
 
 const KvCacheOps kv_cache_roll = {

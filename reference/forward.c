@@ -220,6 +220,21 @@ static void op_matmul(const void *ap) {
     kv_matmul(a->x, a->w, a->rows, a->in, a->out, a->y);
 }
 
+/* Up to three projections of one input in one parallel region. */
+typedef struct {
+    const float *x;     /* (rows, in) */
+    const float *w[3];  /* (out[j], in) */
+    float *y[3];        /* (rows, out[j]) */
+    int64_t out[3];
+    int64_t rows, in;
+    int count;
+} ArgsMatmulMulti;
+
+static void op_matmul_multi(const void *ap) {
+    const ArgsMatmulMulti *a = ap;
+    kv_matmul_multi(a->x, a->rows, a->in, a->count, a->w, a->out, a->y);
+}
+
 typedef struct {
     KvRefState *s;
     int64_t n;
@@ -502,12 +517,9 @@ static void launch_layer(KvRefState *s, int64_t layer, int64_t n) {
 
     ArgsNorm norm_in = {c, s->x, w->input_norm, s->xn, rows};
     kv_stream_launch(st, op_norm_rows, &norm_in, sizeof norm_in);
-    ArgsMatmul mq = {s->xn, w->wq, s->q, rows, hidden, q_dim};
-    kv_stream_launch(st, op_matmul, &mq, sizeof mq);
-    ArgsMatmul mk = {s->xn, w->wk, s->kn, rows, hidden, kv_dim};
-    kv_stream_launch(st, op_matmul, &mk, sizeof mk);
-    ArgsMatmul mv = {s->xn, w->wv, s->vn, rows, hidden, kv_dim};
-    kv_stream_launch(st, op_matmul, &mv, sizeof mv);
+    ArgsMatmulMulti qkv = {s->xn, {w->wq, w->wk, w->wv}, {s->q, s->kn, s->vn},
+                           {q_dim, kv_dim, kv_dim}, rows, hidden, 3};
+    kv_stream_launch(st, op_matmul_multi, &qkv, sizeof qkv);
     ArgsRope rope = {s, n};
     kv_stream_launch(st, op_rope, &rope, sizeof rope);
 
@@ -547,10 +559,9 @@ static void launch_layer(KvRefState *s, int64_t layer, int64_t n) {
         ArgsNorm post = {c, s->x, w->post_attn_norm, s->xn, rows};
         kv_stream_launch(st, op_norm_rows, &post, sizeof post);
     }
-    ArgsMatmul mg = {s->xn, w->w_gate, s->gate, rows, hidden, inter};
-    kv_stream_launch(st, op_matmul, &mg, sizeof mg);
-    ArgsMatmul mu = {s->xn, w->w_up, s->up, rows, hidden, inter};
-    kv_stream_launch(st, op_matmul, &mu, sizeof mu);
+    ArgsMatmulMulti gu = {s->xn, {w->w_gate, w->w_up, NULL}, {s->gate, s->up, NULL},
+                          {inter, inter, 0}, rows, hidden, 2};
+    kv_stream_launch(st, op_matmul_multi, &gu, sizeof gu);
     ArgsGlu glu = {s->gate, s->up, rows * inter, gemma};
     kv_stream_launch(st, op_glu, &glu, sizeof glu);
     ArgsMatmul md = {s->gate, w->w_down, s->tmp, rows, inter, hidden};

@@ -103,24 +103,49 @@ static void kv_dot_rows(const float *x, const float *w0, int64_t n, float out[KV
     }
 }
 
-void kv_matmul(const float *x, const float *w, int64_t rows, int64_t in, int64_t out, float *y) {
-    /* Outputs are split across threads in blocks of KV_MM_ROWS; each y element is
-     * computed by one thread with kv_dot's exact pattern, so the result does
-     * not depend on the thread count. A block of weight rows stays in cache
-     * while every input row uses it. */
-    const int64_t blocks = out / KV_MM_ROWS;
-#pragma omp parallel for schedule(static) if (rows * in * out >= g_parallel_min_work)
-    for (int64_t blk = 0; blk < blocks; blk++) {
-        const int64_t o = blk * KV_MM_ROWS;
-        for (int64_t r = 0; r < rows; r++) {
-            float v[KV_MM_ROWS];
-            kv_dot_rows(x + r * in, w + o * in, in, v);
-            for (int k = 0; k < KV_MM_ROWS; k++) y[r * out + o + k] = v[k];
+/* Rows r of y[o0 .. o0 + KV_MM_ROWS) for one block. */
+static void kv_matmul_block(const float *x, const float *w, int64_t rows, int64_t in,
+                            int64_t out, int64_t blk, float *y) {
+    const int64_t o = blk * KV_MM_ROWS;
+    for (int64_t r = 0; r < rows; r++) {
+        float v[KV_MM_ROWS];
+        kv_dot_rows(x + r * in, w + o * in, in, v);
+        for (int k = 0; k < KV_MM_ROWS; k++) y[r * out + o + k] = v[k];
+    }
+}
+
+void kv_matmul_multi(const float *x, int64_t rows, int64_t in, int count,
+                     const float *const *ws, const int64_t *outs, float *const *ys) {
+    int64_t work = 0;
+    for (int j = 0; j < count; j++) work += rows * in * outs[j];
+#pragma omp parallel if (work >= g_parallel_min_work)
+    {
+        for (int j = 0; j < count; j++) {
+            const int64_t blocks = outs[j] / KV_MM_ROWS;
+            /* nowait: the matrices are independent, so threads move on to
+             * the next one without a barrier in between. */
+#pragma omp for schedule(static) nowait
+            for (int64_t blk = 0; blk < blocks; blk++) {
+                kv_matmul_block(x, ws[j], rows, in, outs[j], blk, ys[j]);
+            }
         }
     }
-    for (int64_t o = blocks * KV_MM_ROWS; o < out; o++) {
-        for (int64_t r = 0; r < rows; r++) y[r * out + o] = kv_dot(x + r * in, w + o * in, in);
+    /* Tails (out not a multiple of KV_MM_ROWS): one kv_dot each. */
+    for (int j = 0; j < count; j++) {
+        for (int64_t o = outs[j] / KV_MM_ROWS * KV_MM_ROWS; o < outs[j]; o++) {
+            for (int64_t r = 0; r < rows; r++) {
+                ys[j][r * outs[j] + o] = kv_dot(x + r * in, ws[j] + o * in, in);
+            }
+        }
     }
+}
+
+void kv_matmul(const float *x, const float *w, int64_t rows, int64_t in, int64_t out, float *y) {
+    /* Outputs are split across threads in blocks of KV_MM_ROWS; each y
+     * element is computed by one thread with kv_dot's exact pattern, so the
+     * result does not depend on the thread count. A block of weight rows
+     * stays in cache while every input row uses it. */
+    kv_matmul_multi(x, rows, in, 1, &w, &out, &y);
 }
 
 void kv_rmsnorm(const float *x, const float *w, int64_t n, float eps, bool offset, float *out) {

@@ -36,6 +36,13 @@ float kv_dot(const float *a /* (n) */, const float *b /* (n) */, int64_t n);
  * Parallelised (OpenMP) over outputs only; each y element is one kv_dot. */
 void kv_matmul(const float *x, const float *w, int64_t rows, int64_t in, int64_t out, float *y);
 
+/* Several matmuls of the same input in one parallel region (q/k/v, gate/up):
+ * ys[j] = x @ ws[j]^T with ws[j]: (outs[j], in), ys[j]: (rows, outs[j]).
+ * Every element is exactly what kv_matmul computes; only the fork/join is
+ * shared, which is what a memory-bound decode step pays for per region. */
+void kv_matmul_multi(const float *x, int64_t rows, int64_t in, int count,
+                     const float *const *ws, const int64_t *outs, float *const *ys);
+
 /* RMSNorm over n elements: x * rsqrt(mean(x^2) + eps), then times (1 + w)
  * (gemma2, offset = true) or times w (mistral, offset = false). The sum of
  * squares uses the kv_dot pattern; the mean divides by n in F32. */
