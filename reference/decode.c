@@ -48,6 +48,7 @@ void kv_decode_result_free(KvDecodeResult *r) {
     free(r->tokens);
     free(r->logits);
     free(r->margins);
+    free(r->probe_hash);
     memset(r, 0, sizeof *r);
 }
 
@@ -96,6 +97,15 @@ KvStatus kv_decode_greedy(const KvModel *m, const KvDecodeSpec *sp, KvDecodeResu
     st = kv_ref_state_init(&s, m, B, P + sp->new_tokens - 1, chunk, sp->variant, err);
     if (st != KV_OK) goto exit;
     s.faults = sp->faults;
+    s.probes = sp->record_probes;
+    if (sp->record_probes) {
+        out->n_probes = s.n_probes;
+        out->probe_hash = calloc((size_t)(sp->new_tokens * s.n_probes * B), sizeof *out->probe_hash);
+        if (out->probe_hash == NULL) {
+            st = kv_error_set(err, KV_ERR_INTERNAL, "decode: out of memory for probe hashes");
+            goto exit;
+        }
+    }
 
     out->steps = sp->new_tokens;
     out->batch = B;
@@ -176,6 +186,10 @@ KvStatus kv_decode_greedy(const KvModel *m, const KvDecodeSpec *sp, KvDecodeResu
         memcpy(out->logits + step * B * V, s.logits, (size_t)(B * V) * sizeof(float));
         memcpy(out->tokens + step * B, s.next_tok, (size_t)B * sizeof(int32_t));
         memcpy(out->margins + step * B, s.margin, (size_t)B * sizeof(float));
+        if (out->probe_hash != NULL) {
+            memcpy(out->probe_hash + step * s.n_probes * B, s.probe_hash,
+                   (size_t)(s.n_probes * B) * sizeof(uint64_t));
+        }
     }
 
 exit:

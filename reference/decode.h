@@ -2,6 +2,7 @@
 #ifndef KV_DECODE_H
 #define KV_DECODE_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "cache.h"
@@ -33,6 +34,7 @@ typedef struct {
                                 * == 0 (0 = off): the step runs replay_k times from one
                                 * snapshot and every run must be bitwise identical */
     int64_t replay_k;          /* runs per checked step; <= 0 means 3 */
+    bool record_probes;        /* fill KvDecodeResult.probe_hash */
 } KvDecodeSpec;
 
 typedef struct {
@@ -45,6 +47,8 @@ typedef struct {
     int64_t graphs_captured; /* graph mode: captures made (0 in eager mode) */
     int64_t replays_checked; /* steps that went through the replay check */
     int64_t replay_mismatch_step; /* first step whose replays differed, -1 when none */
+    int64_t n_probes;         /* kv_probe_count (forward.h) when probes were recorded, else 0 */
+    uint64_t *probe_hash;     /* (steps, n_probes, B) or NULL */
 } KvDecodeResult;
 
 /* Builds a left-padded batch from `batch` prompts of the given lengths.

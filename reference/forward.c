@@ -19,10 +19,12 @@
 #include "forward.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "kvmath.h"
+#include "prng.h"
 
 static void *kv_alloc_floats(int64_t n) {
     return calloc((size_t)(n > 0 ? n : 1), sizeof(float));
@@ -55,6 +57,7 @@ void kv_ref_state_free(KvRefState *s) {
     free(s->logits);
     free(s->next_tok);
     free(s->margin);
+    free(s->probe_hash);
     if (s->caches != NULL) {
         for (int64_t l = 0; l < s->n_layers; l++) {
             if (s->caches[l] != NULL) s->variant->destroy(s->caches[l]);
@@ -108,10 +111,12 @@ KvStatus kv_ref_state_init(KvRefState *s, const KvModel *m, int64_t batch, int64
     s->logits = kv_alloc_floats(batch * c->vocab_size);
     s->next_tok = calloc((size_t)batch, sizeof *s->next_tok);
     s->margin = kv_alloc_floats(batch);
+    s->n_probes = kv_probe_count(c);
+    s->probe_hash = calloc((size_t)(s->n_probes * batch), sizeof *s->probe_hash);
     if (!s->k || !s->v || !s->real || !s->n_real || !s->inv_freq || !s->x || !s->xn || !s->q ||
         !s->kn || !s->vn || !s->att || !s->tmp || !s->gate || !s->up || !s->qpos || !s->last ||
         !s->scores || !s->gk || !s->gv || !s->gpos || !s->tok_in || !s->real_in || !s->logits ||
-        !s->next_tok || !s->margin) {
+        !s->next_tok || !s->margin || !s->probe_hash) {
         kv_ref_state_free(s);
         return kv_error_set(err, KV_ERR_INTERNAL,
                             "reference state: out of memory (batch %lld, max_len %lld)",
@@ -138,6 +143,106 @@ KvStatus kv_ref_state_init(KvRefState *s, const KvModel *m, int64_t batch, int64
         }
     }
     return KV_OK;
+}
+
+/* ---- probes ---- */
+
+/* Arguments of the per-layer ops that need only the layer and n. */
+typedef struct {
+    KvRefState *s;
+    int64_t layer, n;
+} ArgsLayerN;
+
+int64_t kv_probe_count(const KvConfig *c) {
+    return 3 + 7 * c->num_layers;
+}
+
+void kv_probe_name(const KvConfig *c, int64_t index, char *out, size_t out_len) {
+    static const char *const k_layer[7] = {"q", "k", "v", "cache", "attn", "mlp", "residual"};
+    const int64_t n = kv_probe_count(c);
+    if (index == 0) {
+        snprintf(out, out_len, "embed");
+    } else if (index == n - 2) {
+        snprintf(out, out_len, "final_norm");
+    } else if (index == n - 1) {
+        snprintf(out, out_len, "logits");
+    } else {
+        snprintf(out, out_len, "layer%lld.%s", (long long)((index - 1) / 7),
+                 k_layer[(index - 1) % 7]);
+    }
+}
+
+/* Probe index of layer l's item k (0 q, 1 k, 2 v, 3 cache, 4 attn, 5 mlp,
+ * 6 residual). */
+static int64_t probe_layer(int64_t l, int64_t k) {
+    return 1 + 7 * l + k;
+}
+
+/* Hash of a buffer holding `per_row` bytes for each batch row, rows
+ * consecutive: probe_hash[idx, b] = fnv1a(base + b * per_row, per_row). */
+typedef struct {
+    KvRefState *s;
+    int64_t idx;
+    const void *base;
+    int64_t per_row; /* bytes */
+} ArgsProbe;
+
+static void op_probe(const void *ap) {
+    const ArgsProbe *a = ap;
+    KvRefState *s = a->s;
+    for (int64_t b = 0; b < s->batch; b++) {
+        s->probe_hash[a->idx * s->batch + b] =
+            kv_fnv1a(KV_FNV_OFFSET, (const unsigned char *)a->base + b * a->per_row,
+                     (size_t)a->per_row);
+    }
+}
+
+static void launch_probe(KvRefState *s, int64_t idx, const void *base, int64_t per_row) {
+    if (!s->probes) return;
+    ArgsProbe a = {s, idx, base, per_row};
+    kv_stream_launch(&s->stream, op_probe, &a, sizeof a);
+}
+
+/* The cache probe: per row, K then V of every real position the next query
+ * (position len + n) will see, ascending: q - W < p <= q - 1 on a sliding
+ * layer, every p < len + n on a full one. Layout-independent, so variants
+ * compare with the reference and with each other. */
+static void op_probe_cache(const void *ap) {
+    const ArgsLayerN *a = ap;
+    KvRefState *s = a->s;
+    const KvConfig *c = &s->model->config;
+    const int64_t kv_dim = c->num_kv_heads * c->head_dim;
+    const int64_t window = kv_config_layer_window(c, a->layer);
+    const int64_t next = s->total_mem + a->n; /* the next query's position */
+    const int64_t lo = window > 0 && next - window + 1 > 0 ? next - window + 1 : 0;
+    const size_t row_bytes = (size_t)kv_dim * sizeof(float);
+    KvSlidingCache *cache = s->caches != NULL ? s->caches[a->layer] : NULL;
+    KvCacheView view = {0};
+    if (cache != NULL) view = s->variant->view(cache);
+    for (int64_t b = 0; b < s->batch; b++) {
+        uint64_t h = KV_FNV_OFFSET;
+        for (int64_t p = lo; p < next; p++) {
+            const float *k = NULL, *v = NULL;
+            if (cache == NULL) {
+                if (!s->real[b * s->max_len + p]) continue;
+                const int64_t off = ((a->layer * s->batch + b) * s->max_len + p) * kv_dim;
+                k = s->k + off;
+                v = s->v + off;
+            } else {
+                for (int64_t i = 0; i < view.n_slots; i++) {
+                    if (view.pos[i] != p || !view.real[b * view.row_stride + i]) continue;
+                    k = view.k + (b * view.row_stride + i) * view.dim;
+                    v = view.v + (b * view.row_stride + i) * view.dim;
+                    break;
+                }
+                if (k == NULL) continue; /* missing from the cache: the hash shows it */
+            }
+            h = kv_fnv1a(h, &p, sizeof p);
+            h = kv_fnv1a(h, k, row_bytes);
+            h = kv_fnv1a(h, v, row_bytes);
+        }
+        s->probe_hash[probe_layer(a->layer, 3) * s->batch + b] = h;
+    }
 }
 
 /* ---- ops: each takes one argument struct, copied by value at launch ---- */
@@ -258,11 +363,6 @@ static void op_rope(const void *ap) {
 }
 
 /* Full (static) cache: store the new K/V at slot = position. */
-typedef struct {
-    KvRefState *s;
-    int64_t layer, n;
-} ArgsLayerN;
-
 static void op_store_static(const void *ap) {
     const ArgsLayerN *a = ap;
     KvRefState *s = a->s;
@@ -522,6 +622,9 @@ static void launch_layer(KvRefState *s, int64_t layer, int64_t n) {
     kv_stream_launch(st, op_matmul_multi, &qkv, sizeof qkv);
     ArgsRope rope = {s, n};
     kv_stream_launch(st, op_rope, &rope, sizeof rope);
+    launch_probe(s, probe_layer(layer, 0), s->q, n * q_dim * (int64_t)sizeof(float));
+    launch_probe(s, probe_layer(layer, 1), s->kn, n * kv_dim * (int64_t)sizeof(float));
+    launch_probe(s, probe_layer(layer, 2), s->vn, n * kv_dim * (int64_t)sizeof(float));
 
     KvSlidingCache *cache = s->caches != NULL ? s->caches[layer] : NULL;
     if (cache != NULL) {
@@ -543,6 +646,11 @@ static void launch_layer(KvRefState *s, int64_t layer, int64_t n) {
         kv_stream_launch(st, op_store_static, &ln, sizeof ln);
         kv_stream_launch(st, op_attn_static, &ln, sizeof ln);
     }
+    if (s->probes) {
+        ArgsLayerN pc = {s, layer, n};
+        kv_stream_launch(st, op_probe_cache, &pc, sizeof pc);
+    }
+    launch_probe(s, probe_layer(layer, 4), s->att, n * q_dim * (int64_t)sizeof(float));
 
     ArgsMatmul mo = {s->att, w->wo, s->tmp, rows, q_dim, hidden};
     kv_stream_launch(st, op_matmul, &mo, sizeof mo);
@@ -570,16 +678,22 @@ static void launch_layer(KvRefState *s, int64_t layer, int64_t n) {
         ArgsNorm post = {c, s->tmp, w->post_ffw_norm, s->tmp, rows};
         kv_stream_launch(st, op_norm_rows, &post, sizeof post);
     }
+    launch_probe(s, probe_layer(layer, 5), s->tmp, n * hidden * (int64_t)sizeof(float));
     kv_stream_launch(st, op_add, &add, sizeof add);
+    launch_probe(s, probe_layer(layer, 6), s->x, n * hidden * (int64_t)sizeof(float));
 }
 
 void kv_ref_launch_forward(KvRefState *s, int64_t n) {
     ArgsPositions pos = {s, n, s->len};
     kv_stream_launch(&s->stream, op_positions, &pos, sizeof pos);
     ArgsEmbed emb = {s, n};
+    const KvConfig *c = &s->model->config;
     kv_stream_launch(&s->stream, op_embed, &emb, sizeof emb);
-    for (int64_t l = 0; l < s->model->config.num_layers; l++) launch_layer(s, l, n);
+    launch_probe(s, 0, s->x, n * c->hidden_size * (int64_t)sizeof(float));
+    for (int64_t l = 0; l < c->num_layers; l++) launch_layer(s, l, n);
     kv_stream_launch(&s->stream, op_final, &emb, sizeof emb);
+    launch_probe(s, s->n_probes - 2, s->last, c->hidden_size * (int64_t)sizeof(float));
+    launch_probe(s, s->n_probes - 1, s->logits, c->vocab_size * (int64_t)sizeof(float));
     ArgsAdvance adv = {s, n};
     kv_stream_launch(&s->stream, op_argmax_advance, &adv, sizeof adv);
 }

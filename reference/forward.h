@@ -73,6 +73,11 @@ typedef struct {
     float *logits;      /* (B, vocab) logits of each row's last token */
     int32_t *next_tok;  /* (B) greedy token of the last forward */
     float *margin;      /* (B) its top-1 margin */
+    /* Probes (DESIGN §6): per forward, an FNV-1a 64 hash per batch row of
+     * every named intermediate, computed by ops (so graphs record them). */
+    bool probes;        /* record probe hashes (off in benchmarks) */
+    int64_t n_probes;   /* 3 + 7 * num_layers */
+    uint64_t *probe_hash; /* (n_probes, B) hashes of the last forward */
     const KvCacheOps *variant;  /* NULL: the reference (every layer in the static cache) */
     KvSlidingCache **caches;    /* (num_layers) the variant's cache per sliding layer, else NULL */
     int64_t n_layers;   /* entries in caches */
@@ -95,6 +100,13 @@ void kv_ref_state_free(KvRefState *s);
  * write is KV_ERR_INTERNAL naming the layer and the variant. */
 KvStatus kv_ref_forward(const KvModel *m, KvRefState *s, const int32_t *tokens,
                         const uint8_t *real, int64_t n, float *logits, KvError *err);
+
+/* Probe names in probe order: "embed", then per layer l "layer<l>.q", ".k",
+ * ".v" (after RoPE), ".cache" (the keys and values the next query will read,
+ * ascending position: comparable across cache layouts), ".attn" (attention
+ * output), ".mlp" (MLP output), ".residual"; then "final_norm", "logits". */
+int64_t kv_probe_count(const KvConfig *c);
+void kv_probe_name(const KvConfig *c, int64_t index, char *out, size_t out_len);
 
 /* Checks n new tokens (B, n) against the vocabulary, left padding and the
  * state's capacity without touching the state. */

@@ -97,6 +97,7 @@ static KvDecodeResult scenario_decode(const KvModel *m, const Scenario *sc,
         .mode = mode,
         .faults = faults,
         .replay_every = replay_every,
+        .record_probes = true,
     };
     if (prompt_len != NULL) *prompt_len = plen;
     KvDecodeResult r;
@@ -148,6 +149,21 @@ START_TEST(test_variants_bitwise) {
                                  (size_t)(ref.steps * ref.batch) * sizeof(int32_t)) == 0,
                           "%s %s %s (%s): tokens differ", fam, sc->name, all[v]->name,
                           mode_name[mode]);
+            /* Every probe, including the layout-independent cache view,
+             * hashes the same as the reference's. */
+            ck_assert_int_eq(r.n_probes, ref.n_probes);
+            ck_assert_int_gt(r.n_probes, 0);
+            const size_t np = (size_t)(ref.steps * ref.n_probes * ref.batch);
+            for (size_t i = 0; i < np; i++) {
+                if (r.probe_hash[i] != ref.probe_hash[i]) {
+                    char name[64];
+                    kv_probe_name(&f.model.config, (int64_t)(i / (size_t)ref.batch) % ref.n_probes,
+                                  name, sizeof name);
+                    ck_abort_msg("%s %s %s (%s): probe %s differs at step %zu row %zu", fam,
+                                 sc->name, all[v]->name, mode_name[mode], name,
+                                 i / (size_t)(ref.n_probes * ref.batch), i % (size_t)ref.batch);
+                }
+            }
             const int64_t want = mode == KV_MODE_GRAPH
                                      ? expected_captures(all[v], plen, ref.steps, w) : 0;
             ck_assert_msg(r.graphs_captured == want,
