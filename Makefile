@@ -8,7 +8,8 @@ JOBS ?= 2
 .PHONY: gate test _setup
 
 gate: _setup
-	$(BUILD)/kvrepro gate
+	@mkdir -p reports/out
+	$(BUILD)/kvrepro gate --report reports/out/latest.h5 --junit reports/out/latest.xml
 
 test: _setup
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)

@@ -1,6 +1,7 @@
-/* scenario.c: building the decode scenarios from a config and a seed. */
+/* scenario.c: building the default scenarios from a config and a seed. */
 #include "scenario.h"
 
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -8,25 +9,96 @@
 #include "decode.h"
 #include "prng.h"
 
-KvStatus kv_scenario_default(const KvConfig *cfg, uint64_t seed, KvScenario *out, KvError *err) {
+/* Prompt b has len_w[b] * W + len_add[b] tokens. */
+typedef struct {
+    const char *name;
+    int64_t batch;
+    int64_t len_w[2];
+    int64_t len_add[2];
+    bool chunked; /* prefill in chunks of W / 2 + 1 */
+} ScenarioDef;
+
+static const ScenarioDef k_defs[] = {
+    {"short_prompt_crosses_window", 1, {0, 0}, {5, 0}, false},
+    {"prompt_w_minus_1", 1, {1, 0}, {-1, 0}, false},
+    {"prompt_w", 1, {1, 0}, {0, 0}, false},
+    {"prompt_w_plus_1", 1, {1, 0}, {1, 0}, false},
+    {"prefill_longer_than_window", 1, {3, 0}, {0, 0}, false},
+    {"left_padded_batch", 2, {3, 0}, {0, 3}, false},
+    {"chunked_prefill", 1, {3, 0}, {0, 0}, true},
+};
+#define N_DEFS (int)(sizeof k_defs / sizeof k_defs[0])
+
+const char *const *kv_scenario_names(int *count) {
+    static const char *names[N_DEFS];
+    for (int i = 0; i < N_DEFS; i++) names[i] = k_defs[i].name;
+    *count = N_DEFS;
+    return names;
+}
+
+KvStatus kv_scenario_custom(const char *name, const int32_t *const *prompts, const int64_t *lens,
+                            int64_t batch, int64_t new_tokens, KvScenario *out, KvError *err) {
     memset(out, 0, sizeof *out);
-    int64_t w = cfg->sliding_window > 0 ? cfg->sliding_window : 16;
-    int32_t toks[KV_SCENARIO_SHORT_PROMPT];
-    KvPrng g = kv_prng_stream(seed, "scenario/short_past_window");
-    /* Token 0 is kept for padding, so prompts draw from [1, vocab). */
-    for (int i = 0; i < KV_SCENARIO_SHORT_PROMPT; i++) {
-        toks[i] = 1 + (int32_t)kv_prng_below(&g, (uint32_t)(cfg->vocab_size - 1));
-    }
-    const int32_t *rows[1] = {toks};
-    int64_t lens[1] = {KV_SCENARIO_SHORT_PROMPT};
-    KvStatus st = kv_batch_left_pad(rows, lens, 1, 0, &out->prompt, &out->real, &out->prompt_len, err);
+    KvStatus st = kv_batch_left_pad(prompts, lens, batch, 0, &out->prompt, &out->real,
+                                    &out->prompt_len, err);
     if (st != KV_OK) return st;
-    snprintf(out->name, sizeof out->name, "short_past_window");
-    out->seed = seed;
-    out->batch = 1;
-    out->new_tokens = w + 3 * w;
-    out->prefill_chunk = 0;
+    snprintf(out->name, sizeof out->name, "%s", name);
+    out->batch = batch;
+    out->new_tokens = new_tokens;
     return KV_OK;
+}
+
+KvStatus kv_scenario_build(const KvConfig *cfg, const char *name, uint64_t seed, KvScenario *out,
+                           KvError *err) {
+    memset(out, 0, sizeof *out);
+    const ScenarioDef *d = NULL;
+    for (int i = 0; i < N_DEFS; i++) {
+        if (strcmp(k_defs[i].name, name) == 0) d = &k_defs[i];
+    }
+    if (d == NULL) {
+        return kv_error_set(err, KV_ERR_INPUT,
+                            "scenario '%s': unknown; expected one of short_prompt_crosses_window, "
+                            "prompt_w_minus_1, prompt_w, prompt_w_plus_1, "
+                            "prefill_longer_than_window, left_padded_batch, chunked_prefill",
+                            name);
+    }
+    const int64_t w = cfg->sliding_window > 0 ? cfg->sliding_window : 16;
+    int32_t *rows[2] = {NULL, NULL};
+    int64_t lens[2] = {0, 0};
+    KvStatus st = KV_OK;
+    for (int64_t b = 0; b < d->batch; b++) {
+        lens[b] = d->len_w[b] * w + d->len_add[b];
+        if (lens[b] < 1) lens[b] = 1;
+        rows[b] = malloc((size_t)lens[b] * sizeof(int32_t));
+        if (rows[b] == NULL) {
+            st = kv_error_set(err, KV_ERR_INTERNAL, "scenario %s: out of memory", name);
+            goto exit;
+        }
+        char stream[96];
+        snprintf(stream, sizeof stream, "scenario/%s/row%lld", name, (long long)b);
+        KvPrng g = kv_prng_stream(seed, stream);
+        for (int64_t i = 0; i < lens[b]; i++) {
+            rows[b][i] = 1 + (int32_t)kv_prng_below(&g, (uint32_t)(cfg->vocab_size - 1));
+        }
+    }
+    {
+        int64_t longest = lens[0] > lens[1] ? lens[0] : lens[1];
+        /* Cross the window if the prompt does not, then 3 x W more steps. */
+        int64_t to_window = longest < w ? w - longest : 0;
+        st = kv_scenario_custom(name, (const int32_t *const *)rows, lens, d->batch,
+                                to_window + 3 * w + 1, out, err);
+        if (st != KV_OK) goto exit;
+        out->seed = seed;
+        out->prefill_chunk = d->chunked ? w / 2 + 1 : 0;
+    }
+exit:
+    free(rows[0]);
+    free(rows[1]);
+    return st;
+}
+
+KvStatus kv_scenario_default(const KvConfig *cfg, uint64_t seed, KvScenario *out, KvError *err) {
+    return kv_scenario_build(cfg, k_defs[0].name, seed, out, err);
 }
 
 void kv_scenario_free(KvScenario *s) {

@@ -5,7 +5,7 @@
 # `make gate` / `make test` never fail later with an obscure CMake error.
 set -eu
 
-PKGS="cmake pkg-config libcjson-dev check libhdf5-dev"
+PKGS="cmake pkg-config libcjson-dev check libhdf5-dev hdf5-tools libxml2-utils"
 
 if ! command -v dpkg-query >/dev/null 2>&1; then
     echo "kvrepro: no dpkg-query: this is not a Debian-like system." >&2

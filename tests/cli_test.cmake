@@ -1,6 +1,7 @@
 # cli_test.cmake: end-to-end checks of the kvrepro binary: exit codes,
-# messages on bad input, file vs in-memory fixtures, and bitwise-identical
-# logits across OpenMP thread counts. Run by ctest with -DKVREPRO and -DWORK.
+# messages on bad input, file vs in-memory fixtures, byte-identical reports
+# across OpenMP thread counts, and a planted fault failing the gate. Run by
+# ctest with -DKVREPRO and -DWORK.
 file(REMOVE_RECURSE "${WORK}")
 file(MAKE_DIRECTORY "${WORK}")
 
@@ -20,6 +21,10 @@ function(kv_expect_match text regex what)
   endif()
 endfunction()
 
+# A small gate: one scenario, two variants, one repeat (the full matrix runs
+# in the variants suite and in `make gate`).
+set(SMALL --scenarios prompt_w_plus_1 --variants ring,cat_shift --repeats 2)
+
 # Help and usage errors.
 kv_run(0 out err ${KVREPRO} --help)
 kv_expect_match("${out}" "fixture" "kvrepro --help")
@@ -34,36 +39,56 @@ kv_run(2 out err ${KVREPRO} gate --seed abc)
 kv_expect_match("${err}" "--seed: expected a non-negative integer, found 'abc'" "bad seed")
 kv_run(2 out err ${KVREPRO} gate --fixture nope)
 kv_expect_match("${err}" "fixture 'nope': unknown" "unknown fixture")
+kv_run(2 out err ${KVREPRO} gate --variants ring,nope)
+kv_expect_match("${err}" "unknown variant 'nope'" "unknown variant")
+kv_run(2 out err ${KVREPRO} gate --scenarios prompt_w,nope)
+kv_expect_match("${err}" "unknown scenario 'nope'" "unknown scenario")
+kv_run(2 out err ${KVREPRO} gate --tol max_rel_err=abc)
+kv_expect_match("${err}" "max_rel_err=abc" "bad tolerance")
+kv_run(2 out err ${KVREPRO} gate --shard 3/2)
+kv_expect_match("${err}" "--shard: expected I/N" "bad shard")
 kv_run(2 out err ${KVREPRO} fixture --family gpt2 --out "${WORK}/x")
 kv_expect_match("${err}" "--family: expected gemma2 or mistral, found 'gpt2'" "bad family")
 
-# A fixture written to disk decodes exactly like the same fixture in memory.
+# A fixture written to disk is the same model as the fixture in memory.
 kv_run(0 out err ${KVREPRO} fixture --family gemma2 --seed 20261122 --out "${WORK}/g")
 kv_expect_match("${out}" "min top-1 margin: [0-9]" "fixture prints the margin")
-kv_run(0 disk err ${KVREPRO} gate --model "${WORK}/g")
-kv_run(0 mem err ${KVREPRO} gate --fixture gemma2-tiny)
-string(REGEX MATCH "logits fnv1a64: 0x[0-9a-f]+" h_disk "${disk}")
-string(REGEX MATCH "logits fnv1a64: 0x[0-9a-f]+" h_mem "${mem}")
-if(h_disk STREQUAL "" OR NOT h_disk STREQUAL h_mem)
-  message(FATAL_ERROR "disk vs memory fixture differ: '${h_disk}' vs '${h_mem}'")
+string(REGEX MATCH "weights fnv1a64: 0x[0-9a-f]+" h_fixture "${out}")
+string(REPLACE "weights fnv1a64: " "" h_fixture "${h_fixture}")
+kv_run(0 disk err ${KVREPRO} gate --model "${WORK}/g" ${SMALL})
+kv_run(0 mem err ${KVREPRO} gate --fixture gemma2-tiny ${SMALL})
+string(REGEX MATCH "weights fnv1a64 0x[0-9a-f]+" h_disk "${disk}")
+string(REGEX MATCH "weights fnv1a64 0x[0-9a-f]+" h_mem "${mem}")
+if(h_disk STREQUAL "" OR NOT h_disk STREQUAL h_mem OR NOT h_disk MATCHES "${h_fixture}")
+  message(FATAL_ERROR "disk vs memory fixture differ: '${h_disk}' vs '${h_mem}' vs '${h_fixture}'")
 endif()
-kv_expect_match("${mem}" "cuda: " "gate reports the CUDA status")
+kv_expect_match("${mem}" "[0-9]+ passed, 0 failed, [0-9]+ skipped" "gate summary line")
+kv_expect_match("${mem}" "cuda +eager +0 +SKIP" "cuda runs are reported as skipped")
 
-# Bitwise determinism across thread counts, through the binary.
-set(ref "")
+# The same gate gives byte-identical reports for any thread count.
 foreach(t 1 2 4)
-  kv_run(0 out err ${CMAKE_COMMAND} -E env OMP_NUM_THREADS=${t} ${KVREPRO} gate)
-  string(REGEX MATCHALL "logits fnv1a64: 0x[0-9a-f]+" hashes "${out}")
-  list(LENGTH hashes nh)
-  if(NOT nh EQUAL 2)
-    message(FATAL_ERROR "expected 2 logits hashes (two fixtures), got ${nh}:\n${out}")
-  endif()
-  if(ref STREQUAL "")
-    set(ref "${hashes}")
-  elseif(NOT hashes STREQUAL ref)
-    message(FATAL_ERROR "Nondeterminism! OMP_NUM_THREADS=${t}: ${hashes} vs ${ref}")
+  kv_run(0 out err ${CMAKE_COMMAND} -E env OMP_NUM_THREADS=${t}
+         ${KVREPRO} gate --quiet ${SMALL} --report "${WORK}/t${t}.h5" --junit "${WORK}/t${t}.xml")
+endforeach()
+foreach(t 2 4)
+  execute_process(COMMAND ${CMAKE_COMMAND} -E compare_files "${WORK}/t1.h5" "${WORK}/t${t}.h5"
+                  RESULT_VARIABLE same)
+  if(NOT same EQUAL 0)
+    message(FATAL_ERROR "Nondeterminism! reports differ between OMP_NUM_THREADS=1 and ${t}")
   endif()
 endforeach()
+execute_process(COMMAND h5dump -H "${WORK}/t1.h5" RESULT_VARIABLE dump_rc OUTPUT_QUIET ERROR_QUIET)
+if(NOT dump_rc EQUAL 0)
+  message(FATAL_ERROR "h5dump cannot read the report (rc ${dump_rc})")
+endif()
+
+# Planted faults make the gate fail (exit 1) and say where.
+kv_run(1 out err ${KVREPRO} gate --fixture mistral-tiny ${SMALL} --fault stale_scalar)
+kv_expect_match("${out}" "FAIL" "stale_scalar is caught")
+kv_expect_match("${out}" "[1-9][0-9]* failed" "stale_scalar counted as failed")
+kv_run(1 out err ${KVREPRO} gate --fixture mistral-tiny ${SMALL} --fault atomic_reduction)
+kv_expect_match("${out}" "replays of step [0-9]+ from one snapshot were not bitwise identical"
+                "atomic_reduction is caught by the replay check")
 
 # Bad input: exit 2 and a message naming the file and field.
 kv_run(2 out err ${KVREPRO} gate --model "${WORK}/missing")
@@ -76,14 +101,30 @@ file(COPY "${WORK}/g/model.safetensors" DESTINATION "${WORK}/bad")
 kv_run(2 out err ${KVREPRO} gate --model "${WORK}/bad")
 kv_expect_match("${err}" "bad/config.json.*hidden_size" "non-numeric hidden_size")
 file(WRITE "${WORK}/bad/model.safetensors" "short")
-file(WRITE "${WORK}/bad/config.json" "${cfg}")
 file(READ "${WORK}/g/config.json" cfg)
 file(WRITE "${WORK}/bad/config.json" "${cfg}")
 kv_run(2 out err ${KVREPRO} gate --model "${WORK}/bad")
 kv_expect_match("${err}" "bad/model.safetensors" "truncated safetensors")
 
-# An unwritable output directory: exit 2, nothing left behind.
+# --prompts: a custom left-padded batch; bad files are exit 2.
+file(WRITE "${WORK}/prompts.json" "[[5, 6, 7, 8], [9, 10]]")
+kv_run(0 out err ${KVREPRO} gate --fixture mistral-tiny --variants ring --repeats 1
+       --prompts "${WORK}/prompts.json" --max-new-tokens 40)
+kv_expect_match("${out}" "prompts +ring" "custom prompts run")
+file(WRITE "${WORK}/prompts_bad.json" "[[5, -1]]")
+kv_run(2 out err ${KVREPRO} gate --prompts "${WORK}/prompts_bad.json" --max-new-tokens 4)
+kv_expect_match("${err}" "prompts_bad.json: prompt 0 token 1" "bad prompt token")
+
+# Unwritable report paths: exit 2, nothing left behind.
 file(WRITE "${WORK}/afile" "x")
+kv_run(2 out err ${KVREPRO} gate --quiet ${SMALL} --report "${WORK}/afile/sub/r.h5")
+kv_expect_match("${err}" "afile/sub/r.h5" "unwritable --report")
+kv_run(2 out err ${KVREPRO} gate --quiet ${SMALL} --junit "${WORK}/nodir/r.xml")
+kv_expect_match("${err}" "nodir/r.xml" "unwritable --junit")
+file(GLOB leftovers "${WORK}/nodir*" "${WORK}/afile/*")
+if(leftovers)
+  message(FATAL_ERROR "partial files left behind: ${leftovers}")
+endif()
 kv_run(2 out err ${KVREPRO} fixture --family mistral --out "${WORK}/afile/sub")
 kv_expect_match("${err}" "afile/sub" "unwritable --out")
 message(STATUS "cli: all checks passed")

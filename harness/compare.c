@@ -1,0 +1,263 @@
+/* compare.c: comparisons between recorded runs (DESIGN §6). Pure functions
+ * of KvRun data, so recorded reports (kvrepro diff) and live runs go through
+ * exactly the same code. */
+#include "compare.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+KvTolerances kv_tolerances_default(void) {
+    KvTolerances t = {KV_TOL_MAX_REL_ERR, KV_TOL_TIE_MARGIN};
+    return t;
+}
+
+KvStatus kv_tolerances_set(KvTolerances *t, const char *assignment, KvError *err) {
+    const char *eq = strchr(assignment, '=');
+    if (eq == NULL) {
+        return kv_error_set(err, KV_ERR_INPUT, "--tol '%s': expected NAME=VALUE", assignment);
+    }
+    size_t n = (size_t)(eq - assignment);
+    char *end = NULL;
+    errno = 0;
+    double v = strtod(eq + 1, &end);
+    if (errno != 0 || end == eq + 1 || *end != '\0' || !isfinite(v) || v < 0.0) {
+        return kv_error_set(err, KV_ERR_INPUT,
+                            "--tol '%s': expected a finite number >= 0 after '=', found '%s'",
+                            assignment, eq + 1);
+    }
+    if (n == strlen("max_rel_err") && strncmp(assignment, "max_rel_err", n) == 0) {
+        t->max_rel_err = v;
+    } else if (n == strlen("tie_margin") && strncmp(assignment, "tie_margin", n) == 0) {
+        t->tie_margin = v;
+    } else {
+        return kv_error_set(err, KV_ERR_INPUT,
+                            "--tol '%s': unknown tolerance '%.*s'; expected max_rel_err or "
+                            "tie_margin",
+                            assignment, (int)n, assignment);
+    }
+    return KV_OK;
+}
+
+KvStatus kv_tolerances_record(const KvTolerances *t, KvReport *rep, KvError *err) {
+    free(rep->tolerances);
+    rep->tolerances = calloc(2, sizeof *rep->tolerances);
+    if (rep->tolerances == NULL) return kv_error_set(err, KV_ERR_INTERNAL, "out of memory");
+    rep->n_tolerances = 2;
+    snprintf(rep->tolerances[0].name, sizeof rep->tolerances[0].name, "max_rel_err");
+    rep->tolerances[0].value = t->max_rel_err;
+    snprintf(rep->tolerances[0].reason, sizeof rep->tolerances[0].reason,
+             "F32 reduction-order differences stay < 1e-5; a window off by one moves logits "
+             "by > 0.3 (relative to the row's largest |logit|)");
+    snprintf(rep->tolerances[1].name, sizeof rep->tolerances[1].name, "tie_margin");
+    rep->tolerances[1].value = t->tie_margin;
+    snprintf(rep->tolerances[1].reason, sizeof rep->tolerances[1].reason,
+             "a token flip is a near-tie when the reference's top-1 margin is at most this");
+    return KV_OK;
+}
+
+void kv_run_label(const KvRun *r, char *out, size_t len) {
+    snprintf(out, len, "%s/%s/%s/r%d", r->variant, r->backend, r->mode, (int)r->repeat);
+}
+
+static void compare_init(KvComparison *c, KvCompareKind kind, int64_t a, int64_t b) {
+    memset(c, 0, sizeof *c);
+    c->kind = kind;
+    c->run_a = a;
+    c->run_b = b;
+    c->first_step = c->first_row = c->first_probe = -1;
+    c->verdict = KV_VERDICT_PASS;
+}
+
+/* The first (step, probe, row) whose probe hash differs; false when none. */
+static bool first_probe_difference(const KvRun *a, const KvRun *b, int64_t *step, int64_t *row,
+                                   int64_t *probe) {
+    if (a->probe_hash == NULL || b->probe_hash == NULL || a->n_probes != b->n_probes) return false;
+    const int64_t np = a->n_probes, B = a->batch;
+    const int64_t steps = a->steps < b->steps ? a->steps : b->steps;
+    for (int64_t s = 0; s < steps; s++) {
+        for (int64_t p = 0; p < np; p++) {
+            for (int64_t r = 0; r < B; r++) {
+                const int64_t i = (s * np + p) * B + r;
+                if (a->probe_hash[i] != b->probe_hash[i]) {
+                    *step = s;
+                    *row = r;
+                    *probe = p;
+                    return true;
+                }
+            }
+        }
+    }
+    return false;
+}
+
+static bool runs_shaped_alike(const KvRun *a, const KvRun *b, KvComparison *out) {
+    if (a->steps == b->steps && a->batch == b->batch && a->vocab == b->vocab) return true;
+    out->verdict = KV_VERDICT_FAIL;
+    snprintf(out->message, sizeof out->message,
+             "runs have different shapes: %lld steps x %lld rows x %lld vocab vs %lld x %lld x %lld",
+             (long long)a->steps, (long long)a->batch, (long long)a->vocab, (long long)b->steps,
+             (long long)b->batch, (long long)b->vocab);
+    return false;
+}
+
+static bool compare_skipped(const KvRun *a, const KvRun *b, KvComparison *out) {
+    const KvRun *sk = a->skipped ? a : (b->skipped ? b : NULL);
+    if (sk == NULL) return false;
+    out->verdict = KV_VERDICT_SKIP;
+    snprintf(out->message, sizeof out->message, "skipped: %s", sk->skip_reason);
+    return true;
+}
+
+static void describe_divergence(const KvRun *a, const KvRun *b, KvComparison *out,
+                                const char *what) {
+    char pname[KV_NAME_LEN] = "logits";
+    if (out->first_probe >= 0 && a->probe_names != NULL) {
+        snprintf(pname, sizeof pname, "%s", a->probe_names[out->first_probe]);
+    }
+    const int64_t i = out->first_step * a->batch + out->first_row;
+    snprintf(out->message, sizeof out->message,
+             "%s: first divergence at step %lld row %lld, probe %s (tokens %d vs %d)", what,
+             (long long)out->first_step, (long long)out->first_row, pname, a->tokens[i],
+             b->tokens[i]);
+}
+
+void kv_compare_bitwise(const KvRun *a, const KvRun *b, KvCompareKind kind, int64_t a_index,
+                        int64_t b_index, KvComparison *out) {
+    compare_init(out, kind, a_index, b_index);
+    if (compare_skipped(a, b, out)) return;
+    if (!runs_shaped_alike(a, b, out)) return;
+    int64_t s, r, p;
+    if (first_probe_difference(a, b, &s, &r, &p)) {
+        out->first_step = s;
+        out->first_row = r;
+        out->first_probe = p;
+        out->verdict = KV_VERDICT_FAIL;
+        describe_divergence(a, b, out, "not bitwise identical");
+        return;
+    }
+    /* No probes (or equal probes): fall back to the logits and tokens. */
+    const size_t per = (size_t)(a->batch * a->vocab);
+    for (int64_t st = 0; st < a->steps; st++) {
+        for (int64_t row = 0; row < a->batch; row++) {
+            const size_t off = (size_t)st * per + (size_t)(row * a->vocab);
+            const bool logits_differ =
+                a->logits != NULL && b->logits != NULL &&
+                memcmp(a->logits + off, b->logits + off, (size_t)a->vocab * sizeof(float)) != 0;
+            const bool token_differs = a->tokens[st * a->batch + row] != b->tokens[st * a->batch + row];
+            if (logits_differ || token_differs) {
+                out->first_step = st;
+                out->first_row = row;
+                out->verdict = KV_VERDICT_FAIL;
+                describe_divergence(a, b, out, "not bitwise identical");
+                return;
+            }
+        }
+    }
+    snprintf(out->message, sizeof out->message, "bitwise identical (%lld steps)", (long long)a->steps);
+}
+
+void kv_compare_replay(const KvRun *run, int64_t index, KvComparison *out) {
+    compare_init(out, KV_CMP_REPLAY, index, index);
+    if (run->skipped) {
+        out->verdict = KV_VERDICT_SKIP;
+        snprintf(out->message, sizeof out->message, "skipped: %s", run->skip_reason);
+    } else if (run->replay_mismatch_step >= 0) {
+        out->verdict = KV_VERDICT_FAIL;
+        out->first_step = run->replay_mismatch_step;
+        snprintf(out->message, sizeof out->message,
+                 "replays of step %lld from one snapshot were not bitwise identical",
+                 (long long)run->replay_mismatch_step);
+    } else if (run->replays_checked == 0) {
+        out->verdict = KV_VERDICT_SKIP;
+        snprintf(out->message, sizeof out->message, "no step was replay-checked");
+    } else {
+        snprintf(out->message, sizeof out->message, "%lld steps replayed, all bitwise identical",
+                 (long long)run->replays_checked);
+    }
+}
+
+void kv_compare_reference(const KvRun *ref, const KvRun *cand, const KvTolerances *t,
+                          int64_t ref_index, int64_t cand_index, KvComparison *out) {
+    compare_init(out, KV_CMP_REFERENCE, ref_index, cand_index);
+    if (compare_skipped(ref, cand, out)) return;
+    if (!runs_shaped_alike(ref, cand, out)) return;
+    const int64_t V = ref->vocab, B = ref->batch;
+    double se = 0.0, ss = 0.0;
+    int64_t agree = 0, fail_step = -1, fail_row = -1;
+    const char *fail_what = NULL;
+    for (int64_t s = 0; s < ref->steps; s++) {
+        for (int64_t b = 0; b < B; b++) {
+            const float *r = ref->logits + (s * B + b) * V;
+            const float *c = cand->logits + (s * B + b) * V;
+            double max_abs = 0.0, max_ref = 0.0, mr = -INFINITY, mc = -INFINITY;
+            for (int64_t v = 0; v < V; v++) {
+                const double d = (double)c[v] - (double)r[v];
+                max_abs = fabs(d) > max_abs ? fabs(d) : max_abs;
+                max_ref = fabs((double)r[v]) > max_ref ? fabs((double)r[v]) : max_ref;
+                se += d * d;
+                ss += (double)r[v] * (double)r[v];
+                mr = r[v] > mr ? r[v] : mr;
+                mc = c[v] > mc ? c[v] : mc;
+            }
+            /* KL(softmax(ref) || softmax(cand)) in double. */
+            double zr = 0.0, zc = 0.0;
+            for (int64_t v = 0; v < V; v++) {
+                zr += exp((double)r[v] - mr);
+                zc += exp((double)c[v] - mc);
+            }
+            double kl = 0.0;
+            for (int64_t v = 0; v < V; v++) {
+                const double lp = (double)r[v] - mr - log(zr);
+                const double lq = (double)c[v] - mc - log(zc);
+                kl += exp(lp) * (lp - lq);
+            }
+            const double rel = max_abs / (max_ref > 0.0 ? max_ref : 1.0);
+            out->max_abs_err = max_abs > out->max_abs_err ? max_abs : out->max_abs_err;
+            out->max_rel_err = rel > out->max_rel_err ? rel : out->max_rel_err;
+            out->kl = kl > out->kl ? kl : out->kl;
+            const int64_t i = s * B + b;
+            if (ref->tokens[i] == cand->tokens[i]) {
+                agree++;
+            } else if (ref->margins[i] <= t->tie_margin) {
+                out->near_ties++;
+            } else if (fail_step < 0) {
+                fail_step = s;
+                fail_row = b;
+                fail_what = "token flip above the tie margin";
+            }
+            if (rel > t->max_rel_err && fail_step < 0) {
+                fail_step = s;
+                fail_row = b;
+                fail_what = "logits beyond max_rel_err";
+            }
+        }
+    }
+    out->nmse = ss > 0.0 ? se / ss : 0.0;
+    out->top1_agreement = 100.0 * (double)agree / (double)(ref->steps * B);
+    int64_t ps, pr, pp;
+    const bool probe_diff = first_probe_difference(ref, cand, &ps, &pr, &pp);
+    if (probe_diff) {
+        out->first_step = ps;
+        out->first_row = pr;
+        out->first_probe = pp;
+    }
+    if (fail_step >= 0) {
+        out->verdict = KV_VERDICT_FAIL;
+        if (!probe_diff) {
+            out->first_step = fail_step;
+            out->first_row = fail_row;
+        }
+        char what[160];
+        snprintf(what, sizeof what, "%s at step %lld row %lld (max rel err %.3g)", fail_what,
+                 (long long)fail_step, (long long)fail_row, out->max_rel_err);
+        describe_divergence(ref, cand, out, what);
+    } else {
+        snprintf(out->message, sizeof out->message,
+                 "agrees: max rel err %.3g, top-1 %.1f%%, %lld near-ties%s", out->max_rel_err,
+                 out->top1_agreement, (long long)out->near_ties,
+                 probe_diff ? " (not bitwise)" : ", bitwise identical");
+    }
+}

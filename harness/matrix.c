@@ -1,0 +1,272 @@
+/* matrix.c: running the gate matrix and recording it (see matrix.h). */
+#include "matrix.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cuda_device.h"
+#include "decode.h"
+#include "forward.h"
+#include "prng.h"
+
+static double matrix_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Grows rep->runs by one zeroed run; returns its index or -1. */
+static int64_t report_add_run(KvReport *rep) {
+    KvRun *runs = realloc(rep->runs, (size_t)(rep->n_runs + 1) * sizeof *runs);
+    if (runs == NULL) return -1;
+    rep->runs = runs;
+    memset(&runs[rep->n_runs], 0, sizeof runs[0]);
+    runs[rep->n_runs].replay_mismatch_step = -1;
+    return rep->n_runs++;
+}
+
+static KvStatus report_add_comparison(KvReport *rep, const KvComparison *c, KvError *err) {
+    KvComparison *cs = realloc(rep->comparisons, (size_t)(rep->n_comparisons + 1) * sizeof *cs);
+    if (cs == NULL) return kv_error_set(err, KV_ERR_INTERNAL, "out of memory");
+    rep->comparisons = cs;
+    cs[rep->n_comparisons++] = *c;
+    return KV_OK;
+}
+
+static void run_identify(KvRun *r, const char *model, const char *scenario, const char *variant,
+                         const char *backend, const char *mode, int repeat) {
+    snprintf(r->model, sizeof r->model, "%s", model);
+    snprintf(r->scenario, sizeof r->scenario, "%s", scenario);
+    snprintf(r->variant, sizeof r->variant, "%s", variant);
+    snprintf(r->backend, sizeof r->backend, "%s", backend);
+    snprintf(r->mode, sizeof r->mode, "%s", mode);
+    r->repeat = repeat;
+}
+
+/* Decodes sc and fills run (identity already set). forced: (steps, B) or NULL. */
+static KvStatus run_decode(const KvModel *m, const KvScenario *sc, const KvCacheOps *variant,
+                           KvExecMode mode, const KvGateOptions *o, const int32_t *forced,
+                           KvRun *run, KvError *err) {
+    KvDecodeSpec spec = {
+        .batch = sc->batch,
+        .prompt_len = sc->prompt_len,
+        .prompt = sc->prompt,
+        .prompt_real = sc->real,
+        .new_tokens = sc->new_tokens,
+        .prefill_chunk = sc->prefill_chunk,
+        .forced = forced,
+        .variant = variant,
+        .mode = mode,
+        .faults = variant != NULL ? o->faults : 0,
+        .replay_every = variant != NULL ? o->replay_every : 0,
+        .record_probes = true,
+    };
+    KvDecodeResult res;
+    const double t0 = matrix_now();
+    KvStatus st = kv_decode_greedy(m, &spec, &res, err);
+    if (st != KV_OK) return st;
+    const double t1 = matrix_now();
+    const int64_t B = res.batch, S = res.steps, V = res.vocab;
+    run->steps = S;
+    run->batch = B;
+    run->vocab = V;
+    run->prompt_len = sc->prompt_len;
+    run->prompt = malloc((size_t)(B * sc->prompt_len) * sizeof *run->prompt);
+    run->prompt_real = malloc((size_t)(B * sc->prompt_len));
+    run->logits_hash = malloc((size_t)(S * B) * sizeof *run->logits_hash);
+    run->probe_names = calloc((size_t)res.n_probes, sizeof *run->probe_names);
+    if (!run->prompt || !run->prompt_real || !run->logits_hash || !run->probe_names) {
+        kv_decode_result_free(&res);
+        return kv_error_set(err, KV_ERR_INTERNAL, "out of memory recording a run");
+    }
+    memcpy(run->prompt, sc->prompt, (size_t)(B * sc->prompt_len) * sizeof *run->prompt);
+    memcpy(run->prompt_real, sc->real, (size_t)(B * sc->prompt_len));
+    for (int64_t i = 0; i < S * B; i++) {
+        run->logits_hash[i] = kv_fnv1a(KV_FNV_OFFSET, res.logits + i * V, (size_t)V * sizeof(float));
+    }
+    for (int64_t p = 0; p < res.n_probes; p++) {
+        kv_probe_name(&m->config, p, run->probe_names[p], KV_NAME_LEN);
+    }
+    /* Take ownership of the result's arrays. */
+    run->tokens = res.tokens;
+    run->logits = res.logits;
+    run->margins = res.margins;
+    run->n_probes = res.n_probes;
+    run->probe_hash = res.probe_hash;
+    run->graphs_captured = res.graphs_captured;
+    run->replays_checked = res.replays_checked;
+    run->replay_mismatch_step = res.replay_mismatch_step;
+    run->seconds = o->timings ? t1 - t0 : 0.0;
+    return KV_OK;
+}
+
+/* Index of the run (variant, mode, repeat) among the candidate runs of
+ * this scenario, laid out as [variant][mode][repeat]; -1 when absent. */
+typedef struct {
+    int64_t *index; /* (n_variants, 2, repeats) run index or -1 */
+    int repeats;
+} CandidateTable;
+
+static int64_t *cand_slot(CandidateTable *t, int v, int mode, int rep) {
+    return &t->index[((int64_t)v * 2 + mode) * t->repeats + rep];
+}
+
+static void progress_line(const KvGateOptions *o, int64_t done, int64_t total, const KvRun *r,
+                          double t0) {
+    if (!o->progress) return;
+    fprintf(stderr, "\r[%lld/%lld] %s %s %s/%s/%s/r%d  %.1fs   ", (long long)done,
+            (long long)total, r->model, r->scenario, r->variant, r->backend, r->mode,
+            (int)r->repeat, matrix_now() - t0);
+    fflush(stderr);
+}
+
+static KvStatus run_scenario(const KvModel *m, const char *model_name, const KvScenario *sc,
+                             const KvGateOptions *o, KvReport *rep, const char *cuda_skip,
+                             KvError *err) {
+    KvStatus st = KV_OK;
+    const int modes[2] = {o->eager ? (int)KV_MODE_EAGER : -1, o->graph ? (int)KV_MODE_GRAPH : -1};
+    static const char *const mode_name[2] = {"eager", "graph"};
+    CandidateTable tab = {NULL, o->repeats};
+    tab.index = malloc((size_t)(o->n_variants * 2 * o->repeats) * sizeof *tab.index);
+    if (tab.index == NULL) return kv_error_set(err, KV_ERR_INTERNAL, "out of memory");
+    for (int64_t i = 0; i < (int64_t)o->n_variants * 2 * o->repeats; i++) tab.index[i] = -1;
+    const double t0 = matrix_now();
+    const int64_t total = 1 + (int64_t)o->n_variants * ((o->eager ? 1 : 0) + (o->graph ? 1 : 0)) *
+                                  o->repeats;
+    int64_t done = 0;
+
+    /* The reference. */
+    const int64_t ref = report_add_run(rep);
+    if (ref < 0) {
+        st = kv_error_set(err, KV_ERR_INTERNAL, "out of memory");
+        goto exit;
+    }
+    run_identify(&rep->runs[ref], model_name, sc->name, "reference", "cpu", "eager", 0);
+    st = run_decode(m, sc, NULL, KV_MODE_EAGER, o, NULL, &rep->runs[ref], err);
+    if (st != KV_OK) goto exit;
+    progress_line(o, ++done, total, &rep->runs[ref], t0);
+
+    for (int v = 0; o->cpu && v < o->n_variants; v++) {
+        for (int mi = 0; mi < 2; mi++) {
+            if (modes[mi] < 0) continue;
+            for (int k = 0; k < o->repeats; k++) {
+                const int64_t idx = report_add_run(rep);
+                if (idx < 0) {
+                    st = kv_error_set(err, KV_ERR_INTERNAL, "out of memory");
+                    goto exit;
+                }
+                KvRun *run = &rep->runs[idx];
+                run_identify(run, model_name, sc->name, o->variants[v]->name, "cpu",
+                             mode_name[mi], k);
+                st = run_decode(m, sc, o->variants[v], (KvExecMode)modes[mi], o, NULL, run, err);
+                if (st != KV_OK) goto exit;
+                *cand_slot(&tab, v, mi, k) = idx;
+                KvComparison c;
+                if (k == 0) {
+                    kv_compare_reference(&rep->runs[ref], run, &o->tol, ref, idx, &c);
+                    if (c.near_ties > 0) {
+                        /* A flip at a near-tie: teacher-force the reference's
+                         * tokens so the later steps are still compared. */
+                        KvRun forced = {0};
+                        run_identify(&forced, model_name, sc->name, o->variants[v]->name, "cpu",
+                                     mode_name[mi], k);
+                        forced.replay_mismatch_step = -1;
+                        st = run_decode(m, sc, o->variants[v], (KvExecMode)modes[mi], o,
+                                        rep->runs[ref].tokens, &forced, err);
+                        if (st != KV_OK) {
+                            kv_run_free(&forced);
+                            goto exit;
+                        }
+                        const int64_t ties = c.near_ties;
+                        kv_compare_reference(&rep->runs[ref], &forced, &o->tol, ref, idx, &c);
+                        c.near_ties = ties > c.near_ties ? ties : c.near_ties;
+                        kv_run_free(&rep->runs[idx]);
+                        rep->runs[idx] = forced;
+                        run = &rep->runs[idx];
+                    }
+                    st = report_add_comparison(rep, &c, err);
+                    if (st != KV_OK) goto exit;
+                    if (o->replay_every > 0) {
+                        kv_compare_replay(run, idx, &c);
+                        st = report_add_comparison(rep, &c, err);
+                        if (st != KV_OK) goto exit;
+                    }
+                } else {
+                    const int64_t first = *cand_slot(&tab, v, mi, 0);
+                    kv_compare_bitwise(&rep->runs[first], run, KV_CMP_REPEAT, first, idx, &c);
+                    st = report_add_comparison(rep, &c, err);
+                    if (st != KV_OK) goto exit;
+                }
+                if (k == 0 && mi == 1 && *cand_slot(&tab, v, 0, 0) >= 0) {
+                    const int64_t eager = *cand_slot(&tab, v, 0, 0);
+                    kv_compare_bitwise(&rep->runs[eager], run, KV_CMP_GRAPH, eager, idx, &c);
+                    st = report_add_comparison(rep, &c, err);
+                    if (st != KV_OK) goto exit;
+                }
+                if (k == 0 && v > 0 && *cand_slot(&tab, 0, mi, 0) >= 0) {
+                    const int64_t base = *cand_slot(&tab, 0, mi, 0);
+                    kv_compare_bitwise(&rep->runs[base], run, KV_CMP_VARIANT, base, idx, &c);
+                    st = report_add_comparison(rep, &c, err);
+                    if (st != KV_OK) goto exit;
+                }
+                progress_line(o, ++done, total, run, t0);
+            }
+        }
+    }
+
+    /* CUDA: recorded as skipped, with the reason, never as passed. */
+    for (int v = 0; o->cuda && v < o->n_variants; v++) {
+        for (int mi = 0; mi < 2; mi++) {
+            if (modes[mi] < 0) continue;
+            const int64_t idx = report_add_run(rep);
+            if (idx < 0) {
+                st = kv_error_set(err, KV_ERR_INTERNAL, "out of memory");
+                goto exit;
+            }
+            KvRun *run = &rep->runs[idx];
+            run_identify(run, model_name, sc->name, o->variants[v]->name, "cuda", mode_name[mi], 0);
+            run->skipped = true;
+            snprintf(run->skip_reason, sizeof run->skip_reason, "%s", cuda_skip);
+        }
+    }
+exit:
+    free(tab.index);
+    return st;
+}
+
+KvStatus kv_gate_run_model(const KvModel *m, const char *model_name, const KvGateOptions *o,
+                           int *unit, KvReport *rep, KvError *err) {
+    /* Why CUDA runs are skipped here: no device, or (with one) no CUDA
+     * backend yet. Either way they are reported as skipped, never passed. */
+    char cuda_skip[256] = "";
+    if (o->cuda) {
+        KvCudaInfo info;
+        KvError cerr = {{0}};
+        if (kv_cuda_query(&info, &cerr) == KV_OK) {
+            snprintf(cuda_skip, sizeof cuda_skip,
+                     "device %.120s present, but the CUDA backend is not implemented yet",
+                     info.name);
+        } else {
+            snprintf(cuda_skip, sizeof cuda_skip, "%.250s", cerr.msg);
+        }
+    }
+    const int n = o->custom != NULL ? 1 : o->n_scenarios;
+    for (int i = 0; i < n; i++, (*unit)++) {
+        if (*unit % o->shard_n != o->shard_i - 1) continue;
+        KvScenario sc = {0};
+        KvStatus st = KV_OK;
+        const KvScenario *use = o->custom;
+        if (use == NULL) {
+            st = kv_scenario_build(&m->config, o->scenarios[i], o->prompt_seed, &sc, err);
+            if (st != KV_OK) return st;
+            use = &sc;
+        }
+        st = run_scenario(m, model_name, use, o, rep, cuda_skip, err);
+        kv_scenario_free(&sc);
+        if (st != KV_OK) return st;
+    }
+    if (o->progress) fprintf(stderr, "\n");
+    return KV_OK;
+}

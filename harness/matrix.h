@@ -1,0 +1,42 @@
+/* matrix.h: the gate's run matrix (DESIGN §4-§6): for each model and
+ * scenario, the reference run, then every selected variant x backend x mode
+ * x repeat, each recorded as a KvRun, and every comparison the design
+ * requires, appended to a KvReport. */
+#ifndef KV_MATRIX_H
+#define KV_MATRIX_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "cache.h"
+#include "compare.h"
+#include "model.h"
+#include "report.h"
+#include "scenario.h"
+#include "status.h"
+
+typedef struct {
+    const char *const *scenarios;     /* (n_scenarios) names of the default set */
+    int n_scenarios;
+    const KvScenario *custom;         /* --prompts: replaces the scenarios when non-NULL */
+    const KvCacheOps *const *variants; /* (n_variants) */
+    int n_variants;
+    bool cpu, cuda;                   /* backends */
+    bool eager, graph;                /* modes */
+    int repeats;                      /* >= 1 */
+    int64_t replay_every;             /* replay check stride in decode steps (0 = off) */
+    unsigned faults;                  /* planted faults for candidate runs (0 = clean) */
+    KvTolerances tol;
+    uint64_t prompt_seed;
+    int shard_i, shard_n;             /* run the (model, scenario) units u with
+                                       * u % shard_n == shard_i - 1 */
+    bool timings;                     /* record wall time (breaks byte-identical reports) */
+    bool progress;                    /* progress line on stderr */
+} KvGateOptions;
+
+/* Runs the matrix for one model and appends runs and comparisons to rep.
+ * *unit is the running (model, scenario) counter used for sharding. */
+KvStatus kv_gate_run_model(const KvModel *m, const char *model_name, const KvGateOptions *o,
+                           int *unit, KvReport *rep, KvError *err);
+
+#endif

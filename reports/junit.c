@@ -1,0 +1,534 @@
+/* junit.c: JUnit XML for CI test reporters (junit.h has the mapping).
+ *
+ * The whole document is built in memory first and written in one go to a
+ * temporary beside the target, then renamed: a reader (a CI job collecting
+ * artifacts) never sees half a file, and a failed write leaves nothing. The
+ * output depends only on the report, in report order, so that two writes of
+ * one report compare equal byte for byte. */
+#include "junit.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static const char *const kv_compare_kind_names[] = {
+    [KV_CMP_REFERENCE] = "reference",
+    [KV_CMP_REPEAT] = "repeat",
+    [KV_CMP_GRAPH] = "graph_vs_eager",
+    [KV_CMP_VARIANT] = "variant_vs_variant",
+    [KV_CMP_REPLAY] = "replay",
+};
+
+#define JUNIT_N_KINDS ((int)(sizeof kv_compare_kind_names / sizeof kv_compare_kind_names[0]))
+
+const char *kv_compare_kind_name(KvCompareKind kind) {
+    int k = (int)kind;
+    if (k < 0 || k >= JUNIT_N_KINDS) return "unknown";
+    return kv_compare_kind_names[k];
+}
+
+/* ---- growable output buffer ---------------------------------------------- */
+
+/* Appends never fail individually; the first allocation failure sets oom and
+ * every later append is a no-op, checked once at the end. */
+typedef struct {
+    char *data;
+    size_t len, cap;
+    int oom;
+} JunitBuf;
+
+static int junit_buf_reserve(JunitBuf *b, size_t extra) {
+    if (b->oom) return 0;
+    if (extra <= b->cap - b->len) return 1;
+    size_t cap = b->cap > 0 ? b->cap : 4096;
+    while (cap - b->len < extra) {
+        if (cap > SIZE_MAX / 2) {
+            b->oom = 1;
+            return 0;
+        }
+        cap *= 2;
+    }
+    char *p = realloc(b->data, cap);
+    if (p == NULL) {
+        b->oom = 1;
+        return 0;
+    }
+    b->data = p;
+    b->cap = cap;
+    return 1;
+}
+
+static void junit_put(JunitBuf *b, const char *s, size_t n) {
+    if (!junit_buf_reserve(b, n)) return;
+    memcpy(b->data + b->len, s, n);
+    b->len += n;
+}
+
+static void junit_puts(JunitBuf *b, const char *s) { junit_put(b, s, strlen(s)); }
+
+static void junit_printf(JunitBuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static void junit_printf(JunitBuf *b, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(NULL, 0, fmt, ap);
+    va_end(ap);
+    if (n < 0) {
+        b->oom = 1;
+        return;
+    }
+    if (!junit_buf_reserve(b, (size_t)n + 1)) return;
+    va_start(ap, fmt);
+    vsnprintf(b->data + b->len, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+    b->len += (size_t)n;
+}
+
+/* ---- XML escaping ----------------------------------------------------------- */
+
+/* Length of the well-formed UTF-8 sequence at s (at most n bytes) that XML 1.0
+ * can carry, or 0: overlong forms, surrogates, code points past U+10FFFF and
+ * the non-characters U+FFFE/U+FFFF are rejected (RFC 3629, XML 1.0 §2.2). */
+static size_t junit_utf8_len(const unsigned char *s, size_t n) {
+    unsigned char c = s[0];
+    size_t len;
+    unsigned char lo = 0x80, hi = 0xBF; /* allowed range of the second byte */
+    if (c >= 0xC2 && c <= 0xDF) {
+        len = 2;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+        len = 3;
+        if (c == 0xE0) lo = 0xA0;
+        if (c == 0xED) hi = 0x9F;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+        len = 4;
+        if (c == 0xF0) lo = 0x90;
+        if (c == 0xF4) hi = 0x8F;
+    } else {
+        return 0;
+    }
+    if (n < len) return 0;
+    if (s[1] < lo || s[1] > hi) return 0;
+    for (size_t i = 2; i < len; i++) {
+        if (s[i] < 0x80 || s[i] > 0xBF) return 0;
+    }
+    if (len == 3 && c == 0xEF && s[1] == 0xBF && (s[2] == 0xBE || s[2] == 0xBF)) return 0;
+    return len;
+}
+
+/* Writes s, read up to its NUL or max bytes, escaped for XML.
+ * in_attr: tab, newline and CR become character references, since attribute
+ * value normalisation would otherwise turn them into spaces. Bytes XML 1.0
+ * cannot represent at all (C0 controls, DEL, invalid UTF-8) become the
+ * visible text "\xNN" so the message stays readable and the file parses. */
+static void junit_put_escaped(JunitBuf *b, const char *s, size_t max, int in_attr) {
+    const unsigned char *u = (const unsigned char *)s;
+    size_t n = strnlen(s, max);
+    size_t i = 0;
+    while (i < n) {
+        unsigned char c = u[i];
+        switch (c) {
+        case '&': junit_puts(b, "&amp;"); i++; continue;
+        case '<': junit_puts(b, "&lt;"); i++; continue;
+        case '>': junit_puts(b, "&gt;"); i++; continue;
+        case '"': junit_puts(b, "&quot;"); i++; continue;
+        case '\'': junit_puts(b, "&apos;"); i++; continue;
+        case '\t':
+        case '\n':
+            if (in_attr) {
+                junit_printf(b, "&#%d;", c);
+            } else {
+                junit_put(b, (const char *)&u[i], 1);
+            }
+            i++;
+            continue;
+        case '\r': /* a literal CR is folded away by end-of-line handling */
+            junit_puts(b, "&#13;");
+            i++;
+            continue;
+        default: break;
+        }
+        if (c < 0x20 || c == 0x7F) {
+            junit_printf(b, "\\x%02X", c);
+            i++;
+        } else if (c < 0x80) {
+            junit_put(b, (const char *)&u[i], 1);
+            i++;
+        } else {
+            size_t len = junit_utf8_len(u + i, n - i);
+            if (len == 0) {
+                junit_printf(b, "\\x%02X", c);
+                i++;
+            } else if (len == 2 && c == 0xC2 && u[i + 1] <= 0x9F) {
+                junit_printf(b, "&#x%02X;", u[i + 1]); /* C1 control: legal, but keep it visible */
+                i += 2;
+            } else {
+                junit_put(b, (const char *)&u[i], len);
+                i += len;
+            }
+        }
+    }
+}
+
+#define JUNIT_FIELD(b, field, in_attr) junit_put_escaped((b), (field), sizeof(field), (in_attr))
+
+/* "variant/backend/mode/rN", escaped. */
+static void junit_put_run_label(JunitBuf *b, const KvRun *r, int in_attr) {
+    JUNIT_FIELD(b, r->variant, in_attr);
+    junit_puts(b, "/");
+    JUNIT_FIELD(b, r->backend, in_attr);
+    junit_puts(b, "/");
+    JUNIT_FIELD(b, r->mode, in_attr);
+    junit_printf(b, "/r%d", (int)r->repeat);
+}
+
+static void junit_put_classname(JunitBuf *b, const KvRun *r) {
+    junit_puts(b, "kvrepro.");
+    JUNIT_FIELD(b, r->model, 1);
+    junit_puts(b, ".");
+    JUNIT_FIELD(b, r->scenario, 1);
+}
+
+/* ---- report structure ------------------------------------------------------- */
+
+static int junit_same_pair(const KvRun *a, const KvRun *b) {
+    return strncmp(a->model, b->model, sizeof a->model) == 0 &&
+           strncmp(a->scenario, b->scenario, sizeof a->scenario) == 0;
+}
+
+/* A time CI can parse: NaN, infinities and negative values (never measured)
+ * count as 0 rather than becoming "nan" in the file. */
+static double junit_run_seconds(const KvRun *r) {
+    return isfinite(r->seconds) && r->seconds >= 0.0 ? r->seconds : 0.0;
+}
+
+typedef struct {
+    int64_t tests, failures, skipped;
+    double seconds;
+} JunitCounts;
+
+static KvStatus junit_check_report(const KvReport *rep, KvError *err) {
+    if (rep->n_runs < 0 || rep->n_comparisons < 0) {
+        return kv_error_set(err, KV_ERR_INPUT, "report: n_runs %lld, n_comparisons %lld: expected >= 0",
+                            (long long)rep->n_runs, (long long)rep->n_comparisons);
+    }
+    if ((rep->n_runs > 0 && rep->runs == NULL) || (rep->n_comparisons > 0 && rep->comparisons == NULL)) {
+        return kv_error_set(err, KV_ERR_INPUT, "report: runs or comparisons array is NULL with a nonzero count");
+    }
+    for (int64_t c = 0; c < rep->n_comparisons; c++) {
+        const KvComparison *cmp = &rep->comparisons[c];
+        if (cmp->run_a < 0 || cmp->run_a >= rep->n_runs || cmp->run_b < 0 || cmp->run_b >= rep->n_runs) {
+            return kv_error_set(err, KV_ERR_INPUT,
+                                "report: comparison %lld: run_a %lld, run_b %lld: expected indices in [0, %lld)",
+                                (long long)c, (long long)cmp->run_a, (long long)cmp->run_b,
+                                (long long)rep->n_runs);
+        }
+        if ((int)cmp->kind < 0 || (int)cmp->kind >= JUNIT_N_KINDS) {
+            return kv_error_set(err, KV_ERR_INPUT, "report: comparison %lld: kind %d: expected 0..%d",
+                                (long long)c, (int)cmp->kind, JUNIT_N_KINDS - 1);
+        }
+        if (cmp->verdict != KV_VERDICT_PASS && cmp->verdict != KV_VERDICT_FAIL &&
+            cmp->verdict != KV_VERDICT_SKIP) {
+            return kv_error_set(err, KV_ERR_INPUT, "report: comparison %lld: verdict %d: expected PASS, FAIL or SKIP",
+                                (long long)c, (int)cmp->verdict);
+        }
+    }
+    return KV_OK;
+}
+
+static void junit_put_properties(JunitBuf *b, const KvReport *rep) {
+    junit_puts(b, "    <properties>\n");
+    const struct {
+        const char *name;
+        const char *value;
+        size_t size;
+    } text[] = {
+        {"tool_version", rep->tool_version, sizeof rep->tool_version},
+        {"git_commit", rep->git_commit, sizeof rep->git_commit},
+        {"host", rep->host, sizeof rep->host},
+        {"device", rep->device, sizeof rep->device},
+        {"math_mode", rep->math_mode, sizeof rep->math_mode},
+        {"shard", rep->shard, sizeof rep->shard},
+    };
+    for (size_t i = 0; i < sizeof text / sizeof text[0]; i++) {
+        junit_printf(b, "      <property name=\"%s\" value=\"", text[i].name);
+        junit_put_escaped(b, text[i].value, text[i].size, 1);
+        junit_puts(b, "\"/>\n");
+    }
+    junit_printf(b, "      <property name=\"weight_seed\" value=\"%llu\"/>\n", (unsigned long long)rep->weight_seed);
+    junit_printf(b, "      <property name=\"prompt_seed\" value=\"%llu\"/>\n", (unsigned long long)rep->prompt_seed);
+    junit_printf(b, "      <property name=\"model_hash\" value=\"0x%016llx\"/>\n",
+                 (unsigned long long)rep->model_hash);
+    for (int64_t t = 0; rep->tolerances != NULL && t < rep->n_tolerances; t++) {
+        const KvTolerance *tol = &rep->tolerances[t];
+        junit_puts(b, "      <property name=\"tolerance.");
+        JUNIT_FIELD(b, tol->name, 1);
+        junit_printf(b, "\" value=\"%.9g\"/>\n", tol->value);
+    }
+    junit_puts(b, "    </properties>\n");
+}
+
+static void junit_put_seeds_line(JunitBuf *b, const KvReport *rep) {
+    junit_printf(b, "weight_seed=%llu prompt_seed=%llu\n", (unsigned long long)rep->weight_seed,
+                 (unsigned long long)rep->prompt_seed);
+}
+
+/* "<kind>: <a> vs <b>" */
+static void junit_put_cmp_name(JunitBuf *b, const KvReport *rep, const KvComparison *cmp, int in_attr) {
+    junit_puts(b, kv_compare_kind_name(cmp->kind));
+    junit_puts(b, ": ");
+    junit_put_run_label(b, &rep->runs[cmp->run_a], in_attr);
+    junit_puts(b, " vs ");
+    junit_put_run_label(b, &rep->runs[cmp->run_b], in_attr);
+}
+
+/* The comparison's message, or a stand-in when the harness left it empty
+ * (an empty message= would read as "no reason" in CI). */
+static void junit_put_cmp_message(JunitBuf *b, const KvComparison *cmp, int in_attr) {
+    if (cmp->message[0] != '\0') {
+        JUNIT_FIELD(b, cmp->message, in_attr);
+    } else {
+        junit_printf(b, "%s comparison %s", kv_compare_kind_name(cmp->kind),
+                     cmp->verdict == KV_VERDICT_SKIP ? "skipped" : "failed");
+    }
+}
+
+static void junit_put_run_case(JunitBuf *b, const KvReport *rep, int64_t i, const int64_t *first_fail) {
+    const KvRun *r = &rep->runs[i];
+    junit_puts(b, "    <testcase name=\"");
+    junit_put_run_label(b, r, 1);
+    junit_puts(b, "\" classname=\"");
+    junit_put_classname(b, r);
+    junit_printf(b, "\" time=\"%.3f\"", junit_run_seconds(r));
+    if (first_fail[i] >= 0) {
+        const KvComparison *first = &rep->comparisons[first_fail[i]];
+        junit_puts(b, ">\n      <failure message=\"");
+        junit_put_cmp_message(b, first, 1);
+        junit_printf(b, "\" type=\"%s\">", kv_compare_kind_name(first->kind));
+        for (int64_t c = first_fail[i]; c < rep->n_comparisons; c++) {
+            const KvComparison *cmp = &rep->comparisons[c];
+            if (cmp->run_b != i || cmp->verdict != KV_VERDICT_FAIL) continue;
+            junit_put_cmp_name(b, rep, cmp, 0);
+            junit_puts(b, ": ");
+            junit_put_cmp_message(b, cmp, 0);
+            junit_puts(b, "\n");
+        }
+        junit_put_seeds_line(b, rep);
+        junit_puts(b, "</failure>\n    </testcase>\n");
+    } else if (r->skipped) {
+        junit_puts(b, ">\n      <skipped message=\"");
+        if (r->skip_reason[0] != '\0') {
+            JUNIT_FIELD(b, r->skip_reason, 1);
+        } else {
+            junit_puts(b, "skipped");
+        }
+        junit_puts(b, "\"/>\n    </testcase>\n");
+    } else {
+        junit_puts(b, "/>\n");
+    }
+}
+
+static void junit_put_cmp_case(JunitBuf *b, const KvReport *rep, const KvComparison *cmp) {
+    junit_puts(b, "    <testcase name=\"");
+    junit_put_cmp_name(b, rep, cmp, 1);
+    junit_puts(b, "\" classname=\"");
+    junit_put_classname(b, &rep->runs[cmp->run_b]);
+    junit_puts(b, "\" time=\"0\"");
+    if (cmp->verdict == KV_VERDICT_FAIL) {
+        junit_puts(b, ">\n      <failure message=\"");
+        junit_put_cmp_message(b, cmp, 1);
+        junit_printf(b, "\" type=\"%s\">", kv_compare_kind_name(cmp->kind));
+        junit_put_cmp_message(b, cmp, 0);
+        junit_printf(b, "\nfirst_step=%lld first_row=%lld first_probe=%lld\n", (long long)cmp->first_step,
+                     (long long)cmp->first_row, (long long)cmp->first_probe);
+        if (cmp->kind == KV_CMP_REFERENCE) {
+            junit_printf(b,
+                         "max_abs_err=%.9g max_rel_err=%.9g nmse=%.9g kl=%.9g top1_agreement=%.9g "
+                         "near_ties=%lld\n",
+                         cmp->max_abs_err, cmp->max_rel_err, cmp->nmse, cmp->kl, cmp->top1_agreement,
+                         (long long)cmp->near_ties);
+        }
+        junit_put_seeds_line(b, rep);
+        junit_puts(b, "</failure>\n    </testcase>\n");
+    } else if (cmp->verdict == KV_VERDICT_SKIP) {
+        junit_puts(b, ">\n      <skipped message=\"");
+        junit_put_cmp_message(b, cmp, 1);
+        junit_puts(b, "\"/>\n    </testcase>\n");
+    } else {
+        junit_puts(b, "/>\n");
+    }
+}
+
+static void junit_put_counts(JunitBuf *b, const JunitCounts *k) {
+    junit_printf(b, " tests=\"%lld\" failures=\"%lld\" errors=\"0\" skipped=\"%lld\" time=\"%.3f\"",
+                 (long long)k->tests, (long long)k->failures, (long long)k->skipped, k->seconds);
+}
+
+/* The whole document. leader[i]: index of the first run with run i's
+ * (model, scenario); first_fail[i]: the first FAIL comparison with run_b == i,
+ * or -1; counts[L]: the totals of the suite led by run L. */
+static void junit_build(JunitBuf *b, const KvReport *rep, const int64_t *leader, const int64_t *first_fail,
+                        const JunitCounts *counts, const JunitCounts *total) {
+    junit_puts(b, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<testsuites name=\"kvrepro\"");
+    junit_put_counts(b, total);
+    junit_puts(b, ">\n");
+    for (int64_t l = 0; l < rep->n_runs; l++) {
+        if (leader[l] != l) continue;
+        const KvRun *lr = &rep->runs[l];
+        junit_puts(b, "  <testsuite name=\"");
+        JUNIT_FIELD(b, lr->model, 1);
+        junit_puts(b, "/");
+        JUNIT_FIELD(b, lr->scenario, 1);
+        junit_puts(b, "\"");
+        junit_put_counts(b, &counts[l]);
+        junit_puts(b, ">\n");
+        junit_put_properties(b, rep);
+        for (int64_t i = l; i < rep->n_runs; i++) {
+            if (leader[i] == l) junit_put_run_case(b, rep, i, first_fail);
+        }
+        for (int64_t c = 0; c < rep->n_comparisons; c++) {
+            const KvComparison *cmp = &rep->comparisons[c];
+            if (leader[cmp->run_b] == l) junit_put_cmp_case(b, rep, cmp);
+        }
+        junit_puts(b, "  </testsuite>\n");
+    }
+    junit_puts(b, "</testsuites>\n");
+}
+
+/* ---- entry point -------------------------------------------------------------- */
+
+KvStatus kv_junit_write(const KvReport *rep, const char *path, KvError *err) {
+    KvStatus st = KV_OK;
+    int64_t *leader = NULL, *first_fail = NULL;
+    JunitCounts *counts = NULL;
+    JunitBuf buf = {0};
+    char *tmp = NULL;
+    FILE *f = NULL;
+    int created = 0;
+    JunitCounts total = {0};
+    size_t tmp_size = 0;
+    int rc = 0;
+
+    if (rep == NULL || path == NULL || path[0] == '\0') {
+        return kv_error_set(err, KV_ERR_INPUT, "kv_junit_write: report and a non-empty path are required");
+    }
+    st = junit_check_report(rep, err);
+    if (st != KV_OK) {
+        kv_error_prefix(err, path);
+        return st;
+    }
+
+    size_t nr = (size_t)rep->n_runs;
+    leader = malloc((nr > 0 ? nr : 1) * sizeof *leader);
+    first_fail = malloc((nr > 0 ? nr : 1) * sizeof *first_fail);
+    counts = calloc(nr > 0 ? nr : 1, sizeof *counts);
+    if (leader == NULL || first_fail == NULL || counts == NULL) {
+        st = kv_error_set(err, KV_ERR_INTERNAL, "%s: out of memory for %zu runs", path, nr);
+        goto exit;
+    }
+
+    /* Quadratic in the run count, which is a test matrix (hundreds at most),
+     * and it keeps suite order = order of first appearance without sorting. */
+    for (int64_t i = 0; i < rep->n_runs; i++) {
+        leader[i] = i;
+        for (int64_t j = 0; j < i; j++) {
+            if (junit_same_pair(&rep->runs[j], &rep->runs[i])) {
+                leader[i] = j;
+                break;
+            }
+        }
+        first_fail[i] = -1;
+    }
+    for (int64_t c = rep->n_comparisons - 1; c >= 0; c--) {
+        const KvComparison *cmp = &rep->comparisons[c];
+        if (cmp->verdict == KV_VERDICT_FAIL) first_fail[cmp->run_b] = c;
+    }
+
+    for (int64_t i = 0; i < rep->n_runs; i++) {
+        JunitCounts *k = &counts[leader[i]];
+        k->tests++;
+        if (first_fail[i] >= 0) {
+            k->failures++;
+        } else if (rep->runs[i].skipped) {
+            k->skipped++;
+        }
+        k->seconds += junit_run_seconds(&rep->runs[i]);
+    }
+    for (int64_t c = 0; c < rep->n_comparisons; c++) {
+        const KvComparison *cmp = &rep->comparisons[c];
+        JunitCounts *k = &counts[leader[cmp->run_b]];
+        k->tests++;
+        if (cmp->verdict == KV_VERDICT_FAIL) k->failures++;
+        if (cmp->verdict == KV_VERDICT_SKIP) k->skipped++;
+    }
+    /* Totals summed suite by suite in suite order, so the root's time is the
+     * sum of the suites' own (unrounded) times in one fixed order. */
+    for (int64_t l = 0; l < rep->n_runs; l++) {
+        if (leader[l] != l) continue;
+        total.tests += counts[l].tests;
+        total.failures += counts[l].failures;
+        total.skipped += counts[l].skipped;
+        total.seconds += counts[l].seconds;
+    }
+
+    junit_build(&buf, rep, leader, first_fail, counts, &total);
+    if (buf.oom) {
+        st = kv_error_set(err, KV_ERR_INTERNAL, "%s: out of memory building the JUnit document", path);
+        goto exit;
+    }
+
+    tmp_size = strlen(path) + 32;
+    tmp = malloc(tmp_size);
+    if (tmp == NULL) {
+        st = kv_error_set(err, KV_ERR_INTERNAL, "%s: out of memory", path);
+        goto exit;
+    }
+    snprintf(tmp, tmp_size, "%s.tmp-%ld", path, (long)getpid());
+
+    f = fopen(tmp, "wb");
+    if (f == NULL) {
+        st = kv_error_set(err, KV_ERR_INPUT, "%s: cannot create: %s", path, strerror(errno));
+        goto exit;
+    }
+    created = 1;
+    if (buf.len > 0 && fwrite(buf.data, 1, buf.len, f) != buf.len) {
+        st = kv_error_set(err, KV_ERR_INTERNAL, "%s: write failed: %s", tmp, strerror(errno));
+        goto exit;
+    }
+    if (fflush(f) != 0) {
+        st = kv_error_set(err, KV_ERR_INTERNAL, "%s: write failed: %s", tmp, strerror(errno));
+        goto exit;
+    }
+    /* On disk before the rename, so a crash leaves the old file or the new
+     * one, never an empty file under the final name. */
+    if (fsync(fileno(f)) != 0 && errno != EINVAL && errno != ENOTSUP) {
+        st = kv_error_set(err, KV_ERR_INTERNAL, "%s: fsync failed: %s", tmp, strerror(errno));
+        goto exit;
+    }
+    rc = fclose(f);
+    f = NULL;
+    if (rc != 0) {
+        st = kv_error_set(err, KV_ERR_INTERNAL, "%s: write failed: %s", tmp, strerror(errno));
+        goto exit;
+    }
+    if (rename(tmp, path) != 0) {
+        /* e.g. path is a directory: still "cannot create" from the caller's view */
+        st = kv_error_set(err, KV_ERR_INPUT, "%s: cannot create: %s", path, strerror(errno));
+        goto exit;
+    }
+    created = 0;
+
+exit:
+    if (f != NULL) fclose(f);
+    if (created) remove(tmp);
+    free(tmp);
+    free(buf.data);
+    free(counts);
+    free(first_fail);
+    free(leader);
+    return st;
+}

@@ -1,0 +1,127 @@
+/* report.h: the in-memory form of a gate run (DESIGN §6, §8): what the
+ * harness records and compares, what the HDF5 writer stores (SCHEMA.md) and
+ * what the reader gives back. Plain data: every array is owned by its struct
+ * and released by kv_report_free. */
+#ifndef KV_REPORT_H
+#define KV_REPORT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "status.h"
+
+#define KV_REPORT_SCHEMA_VERSION 1
+#define KV_NAME_LEN 64
+
+/* One recorded decode. Identified by (model, scenario, variant, backend,
+ * mode, repeat); the reference run has variant "reference", mode "eager",
+ * repeat 0. */
+typedef struct {
+    char model[KV_NAME_LEN];     /* fixture name or model directory basename */
+    char scenario[KV_NAME_LEN];
+    char variant[KV_NAME_LEN];   /* "reference" or a cache variant name */
+    char backend[16];            /* "cpu" or "cuda" */
+    char mode[16];               /* "eager" or "graph" */
+    int32_t repeat;              /* 0 .. repeats-1 */
+    bool skipped;                /* not run here (e.g. no CUDA device) */
+    char skip_reason[256];
+    int64_t steps, batch, vocab;
+    int64_t prompt_len;
+    int32_t *prompt;             /* (batch, prompt_len) left-padded ids */
+    uint8_t *prompt_real;        /* (batch, prompt_len) */
+    int32_t *tokens;             /* (steps, batch) greedy token per step */
+    float *logits;               /* (steps, batch, vocab) */
+    uint64_t *logits_hash;       /* (steps, batch) FNV-1a 64 of each row's logits bytes */
+    float *margins;              /* (steps, batch) top-1 minus runner-up */
+    int64_t n_probes;
+    char (*probe_names)[KV_NAME_LEN]; /* (n_probes) e.g. "embed", "layer2.q", "logits" */
+    uint64_t *probe_hash;        /* (steps, n_probes, batch) FNV-1a 64 per probe row */
+    int64_t graphs_captured;
+    int64_t replays_checked;
+    int64_t replay_mismatch_step; /* -1 when none */
+    double seconds;              /* wall time of the decode (not part of any comparison) */
+} KvRun;
+
+typedef enum { KV_VERDICT_PASS = 0, KV_VERDICT_FAIL = 1, KV_VERDICT_SKIP = 2 } KvVerdict;
+
+/* Comparison kinds (DESIGN §6). */
+typedef enum {
+    KV_CMP_REFERENCE = 0, /* candidate vs reference: tolerance + tie-aware tokens */
+    KV_CMP_REPEAT = 1,    /* repeat k vs repeat 0: bitwise */
+    KV_CMP_GRAPH = 2,     /* graph vs eager: bitwise */
+    KV_CMP_VARIANT = 3,   /* variant vs variant on one backend: bitwise */
+    KV_CMP_REPLAY = 4,    /* replays of one step from one snapshot: bitwise */
+} KvCompareKind;
+
+typedef struct {
+    KvCompareKind kind;
+    int64_t run_a, run_b;        /* indices into KvReport.runs (b = candidate) */
+    KvVerdict verdict;
+    char message[512];           /* one line: what differed where, or why skipped */
+    /* first divergence, -1 when none */
+    int64_t first_step, first_row, first_probe;
+    int64_t near_ties;           /* reference comparison: flips under the tie threshold */
+    double max_abs_err, max_rel_err, nmse, kl, top1_agreement; /* reference comparison */
+} KvComparison;
+
+typedef struct {
+    char name[KV_NAME_LEN];
+    double value;
+    char reason[160];
+} KvTolerance;
+
+typedef struct {
+    /* root attributes */
+    char tool_version[64];
+    char git_commit[64];
+    char host[128];
+    char device[256];            /* "cpu only" or the CUDA device, driver, CUDA, cuBLAS */
+    char math_mode[64];          /* e.g. "fp32, no TF32, -ffp-contract=off" */
+    uint64_t weight_seed;        /* fixture seed (0 for a model directory) */
+    uint64_t prompt_seed;
+    uint64_t model_hash;         /* kv_model_hash of the (first) model */
+    char shard[32];              /* "1/1" or "I/N" */
+    KvTolerance *tolerances;     /* (n_tolerances) */
+    int64_t n_tolerances;
+    KvRun *runs;                 /* (n_runs) */
+    int64_t n_runs;
+    KvComparison *comparisons;   /* (n_comparisons) */
+    int64_t n_comparisons;
+} KvReport;
+
+/* Frees every array a run owns and zeroes the struct (so it can be freed
+ * again or refilled). NULL is allowed. */
+void kv_run_free(KvRun *r);
+/* Frees every run (kv_run_free), the tolerances and the comparisons, and
+ * zeroes the struct. NULL and an all-zero report are allowed. */
+void kv_report_free(KvReport *rep);
+
+/* The verdict of run i as `kvrepro show` and the gate print it: FAIL when any
+ * comparison with run_b == i failed (a failure outranks a skip, as in the
+ * JUnit output); otherwise SKIP when the run was skipped or any such
+ * comparison was skipped; otherwise PASS (so a reference run, which is never
+ * a run_b, passes when it ran). i out of range gives SKIP. */
+KvVerdict kv_report_run_verdict(const KvReport *rep, int64_t i);
+
+/* The largest max_rel_err over comparisons with run_b == i; NaN when there is
+ * none (e.g. the reference run). */
+double kv_report_run_max_rel_err(const KvReport *rep, int64_t i);
+
+/* One line saying where run i first diverged, written to buf (always
+ * NUL-terminated, truncated to n): for the first failing comparison with
+ * run_b == i, "step S row R [probe NAME] vs LABEL" (LABEL is run_a's
+ * variant/backend/mode/rN) when it has a position, else its message; for a
+ * run without a failure "skipped: <reason>" when skipped, the first skipped
+ * comparison's message when one was skipped, else "-". */
+void kv_report_run_divergence(const KvReport *rep, int64_t i, char *buf, size_t n);
+
+/* Prints the summary table: a header line, one line per run (model,
+ * scenario, variant, backend, mode, repeat, verdict, first divergence, max
+ * rel err, graphs) with columns as wide as their widest entry, then exactly
+ * "N passed, N failed, N skipped" counting runs by kv_report_run_verdict.
+ * Returns KV_OK, or KV_ERR_INTERNAL when writing to f fails. */
+KvStatus kv_report_print_summary(const KvReport *rep, FILE *f);
+
+#endif

@@ -1,0 +1,1052 @@
+/* test_report.c: the "report" suite: the in-memory report (reports/report.h),
+ * its HDF5 form (reports/report_h5.h, SCHEMA.md) and the summary table.
+ *
+ * A small synthetic report (one model, three runs of which one is skipped,
+ * two comparisons, two tolerances; values exactly representable, plus -0,
+ * +inf, a NaN with a payload and 64-bit values above INT64_MAX) is written,
+ * read back and compared field by field; written twice across a clock
+ * second and under malloc perturbation, and the bytes compared; opened with
+ * h5dump; and damaged in the ways a reader meets (missing, not HDF5,
+ * truncated, other schema version, missing objects, inconsistent shapes). */
+#include <check.h>
+#include <dirent.h>
+#include <errno.h>
+#include <hdf5.h>
+#include <limits.h>
+#include <math.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
+
+#include "report.h"
+#include "report_h5.h"
+
+/* Synthetic report shape: (steps, batch, vocab), prompt length, probes. */
+#define T_STEPS 3
+#define T_BATCH 2
+#define T_VOCAB 5
+#define T_PLEN 4
+#define T_PROBES 3
+
+static char g_dir[PATH_MAX]; /* per-test scratch directory */
+
+static void *test_alloc(size_t n) {
+    void *p = calloc(1, n > 0 ? n : 1);
+    ck_assert_msg(p != NULL, "out of memory (%zu bytes)", n);
+    return p;
+}
+
+static void scratch_path(char *buf, size_t n, const char *name) {
+    int w = snprintf(buf, n, "%s/%s", g_dir, name);
+    ck_assert_msg(w > 0 && (size_t)w < n, "path too long: %s/%s", g_dir, name);
+}
+
+/* Removes everything under dir (one level of subdirectories is enough here). */
+static void remove_tree(const char *dir) {
+    DIR *d = opendir(dir);
+    if (d == NULL) return;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
+        char p[PATH_MAX];
+        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+        struct stat sb;
+        if (lstat(p, &sb) == 0 && S_ISDIR(sb.st_mode)) {
+            remove_tree(p);
+        } else {
+            unlink(p);
+        }
+    }
+    closedir(d);
+    rmdir(dir);
+}
+
+static void setup(void) {
+    const char *tmp = getenv("TMPDIR");
+    snprintf(g_dir, sizeof g_dir, "%s/kvrepro-test-report-XXXXXX",
+             tmp != NULL && tmp[0] != '\0' ? tmp : "/tmp");
+    ck_assert_msg(mkdtemp(g_dir) != NULL, "mkdtemp %s: %s", g_dir, strerror(errno));
+}
+
+static void teardown(void) { remove_tree(g_dir); }
+
+/* Number of entries in the scratch directory whose name contains part
+ * (NULL: all entries). */
+static int count_entries(const char *part) {
+    DIR *d = opendir(g_dir);
+    ck_assert_msg(d != NULL, "opendir %s: %s", g_dir, strerror(errno));
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
+        if (part == NULL || strstr(e->d_name, part) != NULL) n++;
+    }
+    closedir(d);
+    return n;
+}
+
+static bool path_exists(const char *p) {
+    struct stat sb;
+    return stat(p, &sb) == 0;
+}
+
+/* ---- the synthetic report ------------------------------------------------ */
+
+static float float_from_bits(uint32_t u) {
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static void fill_run(KvRun *r, const char *variant, const char *mode, int32_t repeat, int salt) {
+    snprintf(r->model, sizeof r->model, "fx-gemma2");
+    snprintf(r->scenario, sizeof r->scenario, "prompt_w_plus_1");
+    snprintf(r->variant, sizeof r->variant, "%s", variant);
+    snprintf(r->backend, sizeof r->backend, "cpu");
+    snprintf(r->mode, sizeof r->mode, "%s", mode);
+    r->repeat = repeat;
+    r->steps = T_STEPS;
+    r->batch = T_BATCH;
+    r->vocab = T_VOCAB;
+    r->prompt_len = T_PLEN;
+    r->n_probes = T_PROBES;
+    r->prompt = test_alloc(T_BATCH * T_PLEN * sizeof *r->prompt);           /* (B, P) */
+    r->prompt_real = test_alloc(T_BATCH * T_PLEN * sizeof *r->prompt_real); /* (B, P) */
+    for (int b = 0; b < T_BATCH; b++) {
+        for (int p = 0; p < T_PLEN; p++) {
+            const bool pad = b == 1 && p == 0; /* row 1 is left-padded by one */
+            r->prompt[b * T_PLEN + p] = pad ? 0 : 100 + 10 * b + p;
+            r->prompt_real[b * T_PLEN + p] = pad ? 0 : 1;
+        }
+    }
+    r->tokens = test_alloc(T_STEPS * T_BATCH * sizeof *r->tokens); /* (S, B) */
+    r->logits_hash = test_alloc(T_STEPS * T_BATCH * sizeof *r->logits_hash);
+    r->margins = test_alloc(T_STEPS * T_BATCH * sizeof *r->margins);
+    r->logits = test_alloc(T_STEPS * T_BATCH * T_VOCAB * sizeof *r->logits); /* (S, B, V) */
+    for (int i = 0; i < T_STEPS * T_BATCH; i++) {
+        r->tokens[i] = (i * 3 + salt) % T_VOCAB;
+        r->logits_hash[i] = 0xcbf29ce484222325ULL ^ (uint64_t)(i + 17 * salt);
+        r->margins[i] = 0.125f * (float)(i + 1);
+    }
+    for (int i = 0; i < T_STEPS * T_BATCH * T_VOCAB; i++) {
+        r->logits[i] = 0.25f * (float)(i - 7 + salt); /* exactly representable */
+    }
+    r->logits[0] = -0.0f;
+    r->logits[1] = INFINITY;
+    r->logits[2] = float_from_bits(0x7fc01234u); /* a NaN with a payload */
+    r->probe_names = test_alloc(T_PROBES * sizeof *r->probe_names);
+    snprintf(r->probe_names[0], KV_NAME_LEN, "embed");
+    snprintf(r->probe_names[1], KV_NAME_LEN, "layer0.q");
+    snprintf(r->probe_names[2], KV_NAME_LEN, "layer0.k");
+    r->probe_hash = test_alloc(T_STEPS * T_PROBES * T_BATCH * sizeof *r->probe_hash);
+    for (int i = 0; i < T_STEPS * T_PROBES * T_BATCH; i++) {
+        r->probe_hash[i] = 0x8000000000000000ULL | (uint64_t)(i * 7919 + salt);
+    }
+    r->replay_mismatch_step = -1;
+}
+
+/* One model, three runs (reference; a failing graph run; a skipped CUDA
+ * run), two comparisons, two tolerances. */
+static void build_report(KvReport *rep) {
+    memset(rep, 0, sizeof *rep);
+    snprintf(rep->tool_version, sizeof rep->tool_version, "0.1.0");
+    snprintf(rep->git_commit, sizeof rep->git_commit, "81bb48f0a1b2");
+    snprintf(rep->host, sizeof rep->host, "ci-runner-7");
+    snprintf(rep->device, sizeof rep->device, "cpu only");
+    snprintf(rep->math_mode, sizeof rep->math_mode, "fp32, no TF32, -ffp-contract=off");
+    rep->weight_seed = UINT64_MAX; /* above INT64_MAX: must stay unsigned */
+    rep->prompt_seed = 12345;
+    rep->model_hash = 0x8000000000000001ULL;
+    snprintf(rep->shard, sizeof rep->shard, "1/1");
+
+    rep->n_tolerances = 2;
+    rep->tolerances = test_alloc(2 * sizeof *rep->tolerances);
+    snprintf(rep->tolerances[0].name, KV_NAME_LEN, "max_rel_err");
+    rep->tolerances[0].value = 0.0001220703125; /* 2^-13 */
+    snprintf(rep->tolerances[0].reason, sizeof rep->tolerances[0].reason,
+             "F32 reduction-order differences stay below it");
+    snprintf(rep->tolerances[1].name, KV_NAME_LEN, "tie_margin");
+    rep->tolerances[1].value = 0.015625;
+    snprintf(rep->tolerances[1].reason, sizeof rep->tolerances[1].reason,
+             "a flip under this top-1 margin is a near-tie");
+
+    rep->n_runs = 3;
+    rep->runs = test_alloc(3 * sizeof *rep->runs);
+    fill_run(&rep->runs[0], "reference", "eager", 0, 0);
+    fill_run(&rep->runs[1], "index_copy", "graph", 1, 1);
+    rep->runs[1].graphs_captured = 2;
+    rep->runs[1].replays_checked = 3;
+    rep->runs[1].replay_mismatch_step = 2;
+    rep->runs[1].seconds = 0.5;
+    KvRun *sk = &rep->runs[2]; /* attributes only */
+    snprintf(sk->model, sizeof sk->model, "fx-gemma2");
+    snprintf(sk->scenario, sizeof sk->scenario, "prompt_w_plus_1");
+    snprintf(sk->variant, sizeof sk->variant, "ring");
+    snprintf(sk->backend, sizeof sk->backend, "cuda");
+    snprintf(sk->mode, sizeof sk->mode, "eager");
+    sk->skipped = true;
+    snprintf(sk->skip_reason, sizeof sk->skip_reason, "no CUDA device: cudaErrorNoDevice");
+    sk->steps = T_STEPS;
+    sk->batch = T_BATCH;
+    sk->vocab = T_VOCAB;
+    sk->prompt_len = T_PLEN;
+    sk->replay_mismatch_step = -1;
+
+    rep->n_comparisons = 2;
+    rep->comparisons = test_alloc(2 * sizeof *rep->comparisons);
+    KvComparison *c0 = &rep->comparisons[0];
+    c0->kind = KV_CMP_REFERENCE;
+    c0->run_a = 0;
+    c0->run_b = 1;
+    c0->verdict = KV_VERDICT_FAIL;
+    snprintf(c0->message, sizeof c0->message,
+             "max_rel_err 0.0625 > 0.000122 at step 1 row 0, probe layer0.k");
+    c0->first_step = 1;
+    c0->first_row = 0;
+    c0->first_probe = 2;
+    c0->near_ties = 1;
+    c0->max_abs_err = 0.125;
+    c0->max_rel_err = 0.0625;
+    c0->nmse = 0.001953125;
+    c0->kl = 0.0078125;
+    c0->top1_agreement = 0.75;
+    KvComparison *c1 = &rep->comparisons[1];
+    c1->kind = KV_CMP_VARIANT;
+    c1->run_a = 0;
+    c1->run_b = 2;
+    c1->verdict = KV_VERDICT_SKIP;
+    snprintf(c1->message, sizeof c1->message, "skipped: no CUDA device: cudaErrorNoDevice");
+    c1->first_step = c1->first_row = c1->first_probe = -1;
+    c1->max_rel_err = NAN;
+}
+
+/* Writes the synthetic report to scratch name; path returned in buf. */
+static void write_synthetic(const char *name, char *buf, size_t n) {
+    KvReport rep;
+    build_report(&rep);
+    scratch_path(buf, n, name);
+    KvError err = {{0}};
+    KvStatus st = kv_report_write_h5(&rep, buf, &err);
+    ck_assert_msg(st == KV_OK, "write %s: status %d: %s", buf, st, err.msg);
+    kv_report_free(&rep);
+}
+
+/* ---- exact comparison --------------------------------------------------- */
+
+#define SAME_BYTES(a, b, n, what)                                                                  \
+    ck_assert_msg(((a) == NULL && (b) == NULL) ||                                                  \
+                      ((a) != NULL && (b) != NULL && memcmp((a), (b), (n)) == 0),                  \
+                  "%s differs", what)
+
+static void assert_same_run(const KvRun *a, const KvRun *b, int64_t i) {
+    char what[64];
+    snprintf(what, sizeof what, "runs[%lld]", (long long)i);
+    ck_assert_str_eq(a->model, b->model);
+    ck_assert_str_eq(a->scenario, b->scenario);
+    ck_assert_str_eq(a->variant, b->variant);
+    ck_assert_str_eq(a->backend, b->backend);
+    ck_assert_str_eq(a->mode, b->mode);
+    ck_assert_int_eq(a->repeat, b->repeat);
+    ck_assert_int_eq(a->skipped, b->skipped);
+    ck_assert_str_eq(a->skip_reason, b->skip_reason);
+    ck_assert_int_eq(a->steps, b->steps);
+    ck_assert_int_eq(a->batch, b->batch);
+    ck_assert_int_eq(a->vocab, b->vocab);
+    ck_assert_int_eq(a->prompt_len, b->prompt_len);
+    ck_assert_int_eq(a->n_probes, b->n_probes);
+    ck_assert_int_eq(a->graphs_captured, b->graphs_captured);
+    ck_assert_int_eq(a->replays_checked, b->replays_checked);
+    ck_assert_int_eq(a->replay_mismatch_step, b->replay_mismatch_step);
+    ck_assert_msg(memcmp(&a->seconds, &b->seconds, sizeof a->seconds) == 0, "%s.seconds", what);
+    if (a->skipped) {
+        /* skipped runs are stored as attributes only */
+        ck_assert_ptr_null(b->prompt);
+        ck_assert_ptr_null(b->logits);
+        ck_assert_ptr_null(b->probe_names);
+        return;
+    }
+    const size_t BP = (size_t)(a->batch * a->prompt_len), SB = (size_t)(a->steps * a->batch);
+    SAME_BYTES(a->prompt, b->prompt, BP * sizeof *a->prompt, "prompt");
+    SAME_BYTES(a->prompt_real, b->prompt_real, BP, "prompt_real");
+    SAME_BYTES(a->tokens, b->tokens, SB * sizeof *a->tokens, "tokens");
+    SAME_BYTES(a->logits, b->logits, SB * (size_t)a->vocab * sizeof(float), "logits");
+    SAME_BYTES(a->logits_hash, b->logits_hash, SB * sizeof(uint64_t), "logits_hash");
+    SAME_BYTES(a->margins, b->margins, SB * sizeof(float), "margins");
+    for (int64_t p = 0; p < a->n_probes; p++) {
+        ck_assert_str_eq(a->probe_names[p], b->probe_names[p]);
+    }
+    SAME_BYTES(a->probe_hash, b->probe_hash, SB * (size_t)a->n_probes * sizeof(uint64_t),
+               "probe_hash");
+}
+
+static bool same_double(double a, double b) { return memcmp(&a, &b, sizeof a) == 0; }
+
+static void assert_same_report(const KvReport *a, const KvReport *b) {
+    ck_assert_str_eq(a->tool_version, b->tool_version);
+    ck_assert_str_eq(a->git_commit, b->git_commit);
+    ck_assert_str_eq(a->host, b->host);
+    ck_assert_str_eq(a->device, b->device);
+    ck_assert_str_eq(a->math_mode, b->math_mode);
+    ck_assert_uint_eq(a->weight_seed, b->weight_seed);
+    ck_assert_uint_eq(a->prompt_seed, b->prompt_seed);
+    ck_assert_uint_eq(a->model_hash, b->model_hash);
+    ck_assert_str_eq(a->shard, b->shard);
+    ck_assert_int_eq(a->n_tolerances, b->n_tolerances);
+    for (int64_t t = 0; t < a->n_tolerances; t++) {
+        ck_assert_str_eq(a->tolerances[t].name, b->tolerances[t].name);
+        ck_assert_msg(same_double(a->tolerances[t].value, b->tolerances[t].value),
+                      "tolerances[%lld].value", (long long)t);
+        ck_assert_str_eq(a->tolerances[t].reason, b->tolerances[t].reason);
+    }
+    ck_assert_int_eq(a->n_runs, b->n_runs);
+    for (int64_t i = 0; i < a->n_runs; i++) assert_same_run(&a->runs[i], &b->runs[i], i);
+    ck_assert_int_eq(a->n_comparisons, b->n_comparisons);
+    for (int64_t k = 0; k < a->n_comparisons; k++) {
+        const KvComparison *x = &a->comparisons[k], *y = &b->comparisons[k];
+        ck_assert_int_eq(x->kind, y->kind);
+        ck_assert_int_eq(x->run_a, y->run_a);
+        ck_assert_int_eq(x->run_b, y->run_b);
+        ck_assert_int_eq(x->verdict, y->verdict);
+        ck_assert_str_eq(x->message, y->message);
+        ck_assert_int_eq(x->first_step, y->first_step);
+        ck_assert_int_eq(x->first_row, y->first_row);
+        ck_assert_int_eq(x->first_probe, y->first_probe);
+        ck_assert_int_eq(x->near_ties, y->near_ties);
+        ck_assert_msg(same_double(x->max_abs_err, y->max_abs_err) &&
+                          same_double(x->max_rel_err, y->max_rel_err) &&
+                          same_double(x->nmse, y->nmse) && same_double(x->kl, y->kl) &&
+                          same_double(x->top1_agreement, y->top1_agreement),
+                      "comparisons[%lld] metrics differ", (long long)k);
+    }
+}
+
+/* A struct full of garbage, so "zeroed on failure" is checked, not assumed. */
+static void report_poison(KvReport *r) { memset(r, 0xA5, sizeof *r); }
+
+static bool report_is_zero(const KvReport *r) {
+    static const KvReport zero;
+    return memcmp(r, &zero, sizeof zero) == 0;
+}
+
+/* ---- round trip ------------------------------------------------------- */
+
+START_TEST(test_roundtrip_exact) {
+    KvReport rep, back;
+    build_report(&rep);
+    char path[PATH_MAX];
+    scratch_path(path, sizeof path, "r.h5");
+    KvError err = {{0}};
+    ck_assert_msg(kv_report_write_h5(&rep, path, &err) == KV_OK, "write: %s", err.msg);
+    ck_assert_int_eq(count_entries(".tmp-"), 0);
+    report_poison(&back);
+    ck_assert_msg(kv_report_read_h5(path, &back, &err) == KV_OK, "read: %s", err.msg);
+    assert_same_report(&rep, &back);
+    kv_report_free(&back);
+    kv_report_free(&rep);
+}
+END_TEST
+
+/* Empty tables, a run with no probes and no steps: zero-sized datasets. */
+START_TEST(test_roundtrip_empty_shapes) {
+    KvReport rep, back;
+    build_report(&rep);
+    free(rep.tolerances);
+    rep.tolerances = NULL;
+    rep.n_tolerances = 0;
+    free(rep.comparisons);
+    rep.comparisons = NULL;
+    rep.n_comparisons = 0;
+    KvRun *r = &rep.runs[1];
+    r->steps = 0;
+    r->n_probes = 0;
+    char path[PATH_MAX];
+    scratch_path(path, sizeof path, "empty.h5");
+    KvError err = {{0}};
+    ck_assert_msg(kv_report_write_h5(&rep, path, &err) == KV_OK, "write: %s", err.msg);
+    ck_assert_msg(kv_report_read_h5(path, &back, &err) == KV_OK, "read: %s", err.msg);
+    ck_assert_int_eq(back.n_tolerances, 0);
+    ck_assert_int_eq(back.n_comparisons, 0);
+    ck_assert_int_eq(back.runs[1].steps, 0);
+    ck_assert_ptr_null(back.runs[1].logits);
+    ck_assert_ptr_null(back.runs[1].probe_names);
+    ck_assert_int_eq(back.runs[1].prompt[1], rep.runs[1].prompt[1]);
+    kv_report_free(&back);
+    kv_report_free(&rep);
+}
+END_TEST
+
+/* ---- reproducible bytes ------------------------------------------------- */
+
+static unsigned char *slurp(const char *path, size_t *n) {
+    FILE *f = fopen(path, "rb");
+    ck_assert_msg(f != NULL, "open %s: %s", path, strerror(errno));
+    ck_assert(fseek(f, 0, SEEK_END) == 0);
+    long len = ftell(f);
+    ck_assert(len >= 0);
+    ck_assert(fseek(f, 0, SEEK_SET) == 0);
+    unsigned char *buf = test_alloc((size_t)len);
+    ck_assert(fread(buf, 1, (size_t)len, f) == (size_t)len);
+    fclose(f);
+    *n = (size_t)len;
+    return buf;
+}
+
+static void assert_same_file(const char *a, const char *b) {
+    size_t na, nb;
+    unsigned char *x = slurp(a, &na), *y = slurp(b, &nb);
+    size_t first = 0;
+    while (first < na && first < nb && x[first] == y[first]) first++;
+    ck_assert_msg(na == nb && first == na,
+                  "Nondeterminism! %s (%zu bytes) and %s (%zu bytes) differ first at byte %zu", a,
+                  na, b, nb, first);
+    free(x);
+    free(y);
+}
+
+/* The same report twice: across a clock second (any timestamp would
+ * differ), with HDF5's free lists returned and glibc filling fresh memory
+ * with a pattern (any uninitialised byte written would differ). And the
+ * report read back writes the same bytes again (every field round-trips). */
+START_TEST(test_byte_identical) {
+    char a[PATH_MAX], b[PATH_MAX], c[PATH_MAX];
+    write_synthetic("a.h5", a, sizeof a);
+    const time_t t0 = time(NULL);
+    while (time(NULL) == t0) {
+        struct timespec ts = {0, 50 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    ck_assert(H5garbage_collect() >= 0);
+    /* glibc's malloc only: under ASan, mallopt is a no-op returning 0 and
+     * ASan fills fresh memory with its own pattern instead */
+    bool perturbed = false;
+#ifdef __GLIBC__
+    perturbed = mallopt(M_PERTURB, 0xA5) == 1;
+#endif
+    write_synthetic("b.h5", b, sizeof b);
+#ifdef __GLIBC__
+    if (perturbed) ck_assert(mallopt(M_PERTURB, 0) == 1);
+#endif
+    (void)perturbed;
+    assert_same_file(a, b);
+    /* the format is pinned to v1.8 objects: superblock version 2 */
+    size_t n;
+    unsigned char *bytes = slurp(a, &n);
+    ck_assert_msg(n > 8 && memcmp(bytes, "\211HDF\r\n\032\n", 8) == 0 && bytes[8] == 2,
+                  "expected the HDF5 signature and superblock version 2 at offset 0");
+    free(bytes);
+
+    KvReport back;
+    KvError err = {{0}};
+    ck_assert_msg(kv_report_read_h5(a, &back, &err) == KV_OK, "read: %s", err.msg);
+    scratch_path(c, sizeof c, "c.h5");
+    ck_assert_msg(kv_report_write_h5(&back, c, &err) == KV_OK, "write: %s", err.msg);
+    kv_report_free(&back);
+    assert_same_file(a, c);
+}
+END_TEST
+
+/* Garbage after a string's terminator must not reach the file. */
+START_TEST(test_bytes_ignore_garbage_after_strings) {
+    char a[PATH_MAX], b[PATH_MAX];
+    write_synthetic("clean.h5", a, sizeof a);
+    KvReport rep;
+    build_report(&rep);
+    memset(rep.host + strlen(rep.host) + 1, 'x', sizeof rep.host - strlen(rep.host) - 2);
+    memset(rep.runs[1].variant + strlen(rep.runs[1].variant) + 1, 'y',
+           KV_NAME_LEN - strlen(rep.runs[1].variant) - 2);
+    memset(rep.runs[1].probe_names[0] + 6, 'z', KV_NAME_LEN - 7);
+    memset(rep.comparisons[0].message + strlen(rep.comparisons[0].message) + 1, 'w', 100);
+    scratch_path(b, sizeof b, "dirty.h5");
+    KvError err = {{0}};
+    ck_assert_msg(kv_report_write_h5(&rep, b, &err) == KV_OK, "write: %s", err.msg);
+    kv_report_free(&rep);
+    assert_same_file(a, b);
+}
+END_TEST
+
+/* ---- h5dump ------------------------------------------------------------- */
+
+/* h5dump on PATH (or $H5DUMP); NULL when absent. */
+static const char *find_h5dump(char *buf, size_t n) {
+    const char *env = getenv("H5DUMP");
+    if (env != NULL && env[0] != '\0') return access(env, X_OK) == 0 ? env : NULL;
+    const char *path = getenv("PATH");
+    if (path == NULL) return NULL;
+    const char *p = path;
+    while (*p != '\0') {
+        const char *end = strchr(p, ':');
+        size_t len = end != NULL ? (size_t)(end - p) : strlen(p);
+        snprintf(buf, n, "%.*s/h5dump", (int)len, p);
+        if (len > 0 && access(buf, X_OK) == 0) return buf;
+        if (end == NULL) break;
+        p = end + 1;
+    }
+    return NULL;
+}
+
+/* Runs a command, returns its exit status and its stdout in out. */
+static int run_capture(const char *cmd, char *out, size_t n) {
+    FILE *p = popen(cmd, "r");
+    ck_assert_msg(p != NULL, "popen %s: %s", cmd, strerror(errno));
+    size_t used = 0;
+    while (used + 1 < n) {
+        size_t got = fread(out + used, 1, n - 1 - used, p);
+        if (got == 0) break;
+        used += got;
+    }
+    out[used] = '\0';
+    char sink[4096];
+    while (fread(sink, 1, sizeof sink, p) > 0) {
+    }
+    int status = pclose(p);
+    return status;
+}
+
+START_TEST(test_h5dump_reads_report) {
+    char tool[PATH_MAX];
+    const char *h5dump = find_h5dump(tool, sizeof tool);
+    if (h5dump == NULL) {
+        const char *require = getenv("KV_REQUIRE_H5DUMP");
+        ck_assert_msg(require == NULL || require[0] == '\0' || strcmp(require, "0") == 0,
+                      "h5dump not found on PATH and KV_REQUIRE_H5DUMP is set "
+                      "(Debian package hdf5-tools)");
+        fprintf(stderr, "test_report: h5dump check SKIPPED: no h5dump on PATH (install the Debian "
+                        "package hdf5-tools; set KV_REQUIRE_H5DUMP=1 to make this a failure)\n");
+        return;
+    }
+    char path[PATH_MAX], cmd[3 * PATH_MAX];
+    write_synthetic("dump.h5", path, sizeof path);
+    static char out[1 << 16];
+
+    snprintf(cmd, sizeof cmd, "'%s' -H '%s' 2>&1", h5dump, path);
+    int status = run_capture(cmd, out, sizeof out);
+    ck_assert_msg(status == 0, "%s: exit status %d:\n%s", cmd, status, out);
+    const char *expect[] = {"ATTRIBUTE \"schema_version\"",
+                            "DATASET \"tolerances\"",
+                            "GROUP \"runs\"",
+                            "GROUP \"0000\"",
+                            "GROUP \"0002\"",
+                            "DATASET \"logits\"",
+                            "DATASET \"probe_hash\"",
+                            "DATASET \"comparisons\"",
+                            "DATASET \"summary\"",
+                            "H5T_STD_U64LE",
+                            "SIMPLE { ( 3, 2, 5 ) / ( 3, 2, 5 ) }"};
+    for (size_t i = 0; i < sizeof expect / sizeof expect[0]; i++) {
+        ck_assert_msg(strstr(out, expect[i]) != NULL, "h5dump -H output lacks %s:\n%s", expect[i],
+                      out);
+    }
+
+    snprintf(cmd, sizeof cmd, "'%s' -d /runs/0001/tokens '%s' 2>&1", h5dump, path);
+    status = run_capture(cmd, out, sizeof out);
+    ck_assert_msg(status == 0, "%s: exit status %d:\n%s", cmd, status, out);
+    /* tokens[s][b] = (3 * (s * B + b) + 1) % V with the salt 1 of run 1 */
+    ck_assert_msg(strstr(out, "(0,0): 1, 4,") != NULL && strstr(out, "(1,0): 2, 0,") != NULL,
+                  "h5dump tokens of run 1 unexpected:\n%s", out);
+}
+END_TEST
+
+/* ---- write failures ----------------------------------------------------- */
+
+static void assert_write_fails(const KvReport *rep, const char *path, KvStatus want,
+                               const char *part) {
+    KvError err = {{0}};
+    KvStatus st = kv_report_write_h5(rep, path, &err);
+    ck_assert_msg(st == want, "write %s: expected status %d, found %d (%s)", path, want, st,
+                  err.msg);
+    ck_assert_msg(strncmp(err.msg, path, strlen(path)) == 0, "message lacks the path: %s", err.msg);
+    ck_assert_msg(strstr(err.msg, part) != NULL, "message lacks \"%s\": %s", part, err.msg);
+    ck_assert_int_eq(count_entries(".tmp-"), 0);
+}
+
+START_TEST(test_write_missing_directory) {
+    KvReport rep;
+    build_report(&rep);
+    char path[PATH_MAX];
+    scratch_path(path, sizeof path, "no-such-dir/r.h5");
+    assert_write_fails(&rep, path, KV_ERR_INPUT, ": cannot create: No such file or directory");
+    ck_assert(!path_exists(path));
+    ck_assert_int_eq(count_entries(NULL), 0);
+    kv_report_free(&rep);
+}
+END_TEST
+
+START_TEST(test_write_under_regular_file) {
+    KvReport rep;
+    build_report(&rep);
+    char file[PATH_MAX], path[PATH_MAX];
+    scratch_path(file, sizeof file, "plain.txt");
+    FILE *f = fopen(file, "w");
+    ck_assert(f != NULL && fputs("not a directory\n", f) >= 0 && fclose(f) == 0);
+    scratch_path(path, sizeof path, "plain.txt/r.h5");
+    assert_write_fails(&rep, path, KV_ERR_INPUT, ": cannot create: Not a directory");
+    ck_assert_int_eq(count_entries(NULL), 1);
+    kv_report_free(&rep);
+}
+END_TEST
+
+/* The rename is what fails: the finished temporary must be removed. */
+START_TEST(test_write_over_directory_leaves_no_temp) {
+    KvReport rep;
+    build_report(&rep);
+    char path[PATH_MAX];
+    scratch_path(path, sizeof path, "taken.h5");
+    ck_assert(mkdir(path, 0755) == 0);
+    assert_write_fails(&rep, path, KV_ERR_INPUT, ": cannot create: ");
+    struct stat sb;
+    ck_assert(stat(path, &sb) == 0 && S_ISDIR(sb.st_mode));
+    ck_assert_int_eq(count_entries(NULL), 1);
+    kv_report_free(&rep);
+}
+END_TEST
+
+START_TEST(test_write_inconsistent_report) {
+    KvReport rep;
+    build_report(&rep);
+    char path[PATH_MAX];
+    scratch_path(path, sizeof path, "bad.h5");
+    rep.comparisons[1].run_b = 3;
+    assert_write_fails(&rep, path, KV_ERR_INPUT, "comparisons[1]");
+    rep.comparisons[1].run_b = 2;
+    memset(rep.runs[0].variant, 'v', sizeof rep.runs[0].variant); /* no terminator */
+    assert_write_fails(&rep, path, KV_ERR_INPUT, "runs[0].variant: expected a NUL-terminated");
+    snprintf(rep.runs[0].variant, KV_NAME_LEN, "reference");
+    free(rep.runs[1].margins);
+    rep.runs[1].margins = NULL;
+    assert_write_fails(&rep, path, KV_ERR_INPUT, "runs[1].margins: expected 6 elements");
+    ck_assert_int_eq(count_entries(NULL), 0);
+    kv_report_free(&rep);
+}
+END_TEST
+
+START_TEST(test_write_replaces_existing) {
+    KvReport rep, back;
+    build_report(&rep);
+    char path[PATH_MAX];
+    write_synthetic("r.h5", path, sizeof path);
+    snprintf(rep.host, sizeof rep.host, "second-host");
+    KvError err = {{0}};
+    ck_assert_msg(kv_report_write_h5(&rep, path, &err) == KV_OK, "write: %s", err.msg);
+    ck_assert_msg(kv_report_read_h5(path, &back, &err) == KV_OK, "read: %s", err.msg);
+    ck_assert_str_eq(back.host, "second-host");
+    ck_assert_int_eq(count_entries(NULL), 1);
+    kv_report_free(&back);
+    kv_report_free(&rep);
+}
+END_TEST
+
+/* ---- read failures ------------------------------------------------------ */
+
+static void assert_read_fails(const char *path, const char *part) {
+    KvReport out;
+    report_poison(&out);
+    KvError err = {{0}};
+    KvStatus st = kv_report_read_h5(path, &out, &err);
+    ck_assert_msg(st == KV_ERR_INPUT, "read %s: expected KV_ERR_INPUT, found %d (%s)", path, st,
+                  err.msg);
+    ck_assert_msg(strncmp(err.msg, path, strlen(path)) == 0 && err.msg[strlen(path)] == ':',
+                  "message does not start with the path: %s", err.msg);
+    ck_assert_msg(strstr(err.msg, part) != NULL, "message lacks \"%s\": %s", part, err.msg);
+    ck_assert_msg(report_is_zero(&out), "output not zeroed after a failed read");
+}
+
+START_TEST(test_read_missing_file) {
+    char path[PATH_MAX];
+    scratch_path(path, sizeof path, "absent.h5");
+    assert_read_fails(path, "cannot open: No such file or directory");
+}
+END_TEST
+
+START_TEST(test_read_text_file) {
+    char path[PATH_MAX];
+    scratch_path(path, sizeof path, "notes.txt");
+    FILE *f = fopen(path, "w");
+    ck_assert(f != NULL && fputs("tokens: 1 2 3\n", f) >= 0 && fclose(f) == 0);
+    assert_read_fails(path, "expected an HDF5 file, found 14 bytes without an HDF5 signature");
+}
+END_TEST
+
+START_TEST(test_read_directory) {
+    assert_read_fails(g_dir, "expected an HDF5 file, found a directory");
+}
+END_TEST
+
+START_TEST(test_read_truncated) {
+    char full[PATH_MAX], half[PATH_MAX];
+    write_synthetic("full.h5", full, sizeof full);
+    size_t n;
+    unsigned char *bytes = slurp(full, &n);
+    scratch_path(half, sizeof half, "half.h5");
+    FILE *f = fopen(half, "wb");
+    ck_assert(f != NULL && fwrite(bytes, 1, n / 2, f) == n / 2 && fclose(f) == 0);
+    free(bytes);
+    assert_read_fails(half, "expected a complete HDF5 file");
+    assert_read_fails(half, "truncated");
+}
+END_TEST
+
+/* Opens a written report for editing with the HDF5 API; every call checked. */
+static hid_t open_rw(const char *path) {
+    hid_t f = H5Fopen(path, H5F_ACC_RDWR, H5P_DEFAULT);
+    ck_assert_msg(f >= 0, "H5Fopen %s", path);
+    return f;
+}
+
+START_TEST(test_read_other_schema_version) {
+    char path[PATH_MAX];
+    write_synthetic("v2.h5", path, sizeof path);
+    hid_t f = open_rw(path);
+    hid_t a = H5Aopen(f, "schema_version", H5P_DEFAULT);
+    ck_assert(a >= 0);
+    const int32_t v = KV_REPORT_SCHEMA_VERSION + 98;
+    ck_assert(H5Awrite(a, H5T_NATIVE_INT32, &v) >= 0);
+    ck_assert(H5Aclose(a) >= 0);
+    ck_assert(H5Fclose(f) >= 0);
+    char want[96];
+    snprintf(want, sizeof want, "/: attribute schema_version: expected %d, found %d",
+             KV_REPORT_SCHEMA_VERSION, (int)v);
+    assert_read_fails(path, want);
+}
+END_TEST
+
+START_TEST(test_read_missing_dataset) {
+    char path[PATH_MAX];
+    write_synthetic("nologits.h5", path, sizeof path);
+    hid_t f = open_rw(path);
+    ck_assert(H5Ldelete(f, "/runs/0001/logits", H5P_DEFAULT) >= 0);
+    ck_assert(H5Fclose(f) >= 0);
+    assert_read_fails(path, "/runs/0001/logits: expected a float dataset of shape (3, 2, 5), "
+                            "found nothing");
+}
+END_TEST
+
+START_TEST(test_read_missing_group) {
+    char path[PATH_MAX];
+    write_synthetic("norun.h5", path, sizeof path);
+    hid_t f = open_rw(path);
+    ck_assert(H5Ldelete(f, "/runs/0000", H5P_DEFAULT) >= 0);
+    ck_assert(H5Fclose(f) >= 0);
+    assert_read_fails(path, "/runs/0000: expected a group");
+}
+END_TEST
+
+START_TEST(test_read_missing_attribute) {
+    char path[PATH_MAX];
+    write_synthetic("novariant.h5", path, sizeof path);
+    hid_t f = open_rw(path);
+    hid_t g = H5Gopen2(f, "/runs/0001", H5P_DEFAULT);
+    ck_assert(g >= 0);
+    ck_assert(H5Adelete(g, "variant") >= 0);
+    ck_assert(H5Gclose(g) >= 0);
+    ck_assert(H5Fclose(f) >= 0);
+    assert_read_fails(path, "/runs/0001: attribute variant: expected a string, found nothing");
+}
+END_TEST
+
+START_TEST(test_read_inconsistent_shape) {
+    char path[PATH_MAX];
+    write_synthetic("shape.h5", path, sizeof path);
+    hid_t f = open_rw(path);
+    hid_t g = H5Gopen2(f, "/runs/0001", H5P_DEFAULT);
+    ck_assert(g >= 0);
+    hid_t a = H5Aopen(g, "vocab", H5P_DEFAULT);
+    ck_assert(a >= 0);
+    const int64_t vocab = T_VOCAB + 1;
+    ck_assert(H5Awrite(a, H5T_NATIVE_INT64, &vocab) >= 0);
+    ck_assert(H5Aclose(a) >= 0);
+    ck_assert(H5Gclose(g) >= 0);
+    ck_assert(H5Fclose(f) >= 0);
+    assert_read_fails(path, "/runs/0001/logits: expected shape (3, 2, 6), found (3, 2, 5)");
+}
+END_TEST
+
+START_TEST(test_read_missing_table) {
+    char path[PATH_MAX];
+    write_synthetic("nosummary.h5", path, sizeof path);
+    hid_t f = open_rw(path);
+    ck_assert(H5Ldelete(f, "/summary", H5P_DEFAULT) >= 0);
+    ck_assert(H5Fclose(f) >= 0);
+    assert_read_fails(path, "/summary: expected a 1-D compound dataset, found nothing");
+}
+END_TEST
+
+/* h5py writes str attributes as variable-length UTF-8: accepted. */
+START_TEST(test_read_variable_length_attribute) {
+    char path[PATH_MAX];
+    write_synthetic("vlen.h5", path, sizeof path);
+    hid_t f = open_rw(path);
+    hid_t g = H5Gopen2(f, "/runs/0001", H5P_DEFAULT);
+    ck_assert(g >= 0);
+    ck_assert(H5Adelete(g, "variant") >= 0);
+    hid_t t = H5Tcopy(H5T_C_S1);
+    ck_assert(t >= 0);
+    ck_assert(H5Tset_size(t, H5T_VARIABLE) >= 0 && H5Tset_cset(t, H5T_CSET_UTF8) >= 0);
+    hid_t s = H5Screate(H5S_SCALAR);
+    ck_assert(s >= 0);
+    hid_t a = H5Acreate2(g, "variant", t, s, H5P_DEFAULT, H5P_DEFAULT);
+    ck_assert(a >= 0);
+    const char *value = "always_roll";
+    ck_assert(H5Awrite(a, t, &value) >= 0);
+    ck_assert(H5Aclose(a) >= 0 && H5Sclose(s) >= 0 && H5Tclose(t) >= 0);
+    ck_assert(H5Gclose(g) >= 0);
+    ck_assert(H5Fclose(f) >= 0);
+    KvReport back;
+    KvError err = {{0}};
+    ck_assert_msg(kv_report_read_h5(path, &back, &err) == KV_OK, "read: %s", err.msg);
+    ck_assert_str_eq(back.runs[1].variant, "always_roll");
+    kv_report_free(&back);
+}
+END_TEST
+
+/* Replaces /tolerances with one row written the way h5py writes numpy "S"
+ * fields: ASCII, NULL-padded, no terminator when the text fills the field. */
+static void write_ascii_tolerance(const char *path, const char *name) {
+    typedef struct {
+        char name[KV_NAME_LEN];
+        double value;
+        char reason[160];
+    } Row;
+    Row row;
+    memset(&row, 0, sizeof row);
+    memcpy(row.name, name, strnlen(name, sizeof row.name));
+    row.value = 0.5;
+    snprintf(row.reason, sizeof row.reason, "written like h5py");
+    hid_t f = open_rw(path);
+    ck_assert(H5Ldelete(f, "/tolerances", H5P_DEFAULT) >= 0);
+    hid_t s_name = H5Tcopy(H5T_C_S1), s_reason = H5Tcopy(H5T_C_S1);
+    ck_assert(s_name >= 0 && s_reason >= 0);
+    ck_assert(H5Tset_size(s_name, sizeof row.name) >= 0 &&
+              H5Tset_strpad(s_name, H5T_STR_NULLPAD) >= 0);
+    ck_assert(H5Tset_size(s_reason, sizeof row.reason) >= 0 &&
+              H5Tset_strpad(s_reason, H5T_STR_NULLPAD) >= 0);
+    hid_t t = H5Tcreate(H5T_COMPOUND, sizeof row);
+    ck_assert(t >= 0);
+    ck_assert(H5Tinsert(t, "name", offsetof(Row, name), s_name) >= 0);
+    ck_assert(H5Tinsert(t, "value", offsetof(Row, value), H5T_NATIVE_DOUBLE) >= 0);
+    ck_assert(H5Tinsert(t, "reason", offsetof(Row, reason), s_reason) >= 0);
+    const hsize_t dims[1] = {1};
+    hid_t sp = H5Screate_simple(1, dims, NULL);
+    ck_assert(sp >= 0);
+    hid_t d = H5Dcreate2(f, "tolerances", t, sp, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    ck_assert(d >= 0);
+    ck_assert(H5Dwrite(d, t, H5S_ALL, H5S_ALL, H5P_DEFAULT, &row) >= 0);
+    ck_assert(H5Dclose(d) >= 0 && H5Sclose(sp) >= 0 && H5Tclose(t) >= 0);
+    ck_assert(H5Tclose(s_reason) >= 0 && H5Tclose(s_name) >= 0);
+    ck_assert(H5Fclose(f) >= 0);
+}
+
+START_TEST(test_read_ascii_table_strings) {
+    char path[PATH_MAX];
+    write_synthetic("ascii.h5", path, sizeof path);
+    write_ascii_tolerance(path, "max_rel_err");
+    KvReport back;
+    KvError err = {{0}};
+    ck_assert_msg(kv_report_read_h5(path, &back, &err) == KV_OK, "read: %s", err.msg);
+    ck_assert_int_eq(back.n_tolerances, 1);
+    ck_assert_str_eq(back.tolerances[0].name, "max_rel_err");
+    ck_assert_str_eq(back.tolerances[0].reason, "written like h5py");
+    ck_assert(back.tolerances[0].value == 0.5);
+    kv_report_free(&back);
+}
+END_TEST
+
+/* A name that fills all 64 bytes cannot round-trip through char[64]. */
+START_TEST(test_read_table_string_too_long) {
+    char path[PATH_MAX], name[KV_NAME_LEN + 1];
+    memset(name, 'n', KV_NAME_LEN);
+    name[KV_NAME_LEN] = '\0';
+    write_synthetic("long.h5", path, sizeof path);
+    write_ascii_tolerance(path, name);
+    assert_read_fails(path, "/tolerances[0]: member name: expected a string of at most 63 bytes");
+}
+END_TEST
+
+/* ---- summary ------------------------------------------------------------ */
+
+START_TEST(test_run_verdicts) {
+    KvReport rep;
+    build_report(&rep);
+    ck_assert_int_eq(kv_report_run_verdict(&rep, 0), KV_VERDICT_PASS); /* reference */
+    ck_assert_int_eq(kv_report_run_verdict(&rep, 1), KV_VERDICT_FAIL);
+    ck_assert_int_eq(kv_report_run_verdict(&rep, 2), KV_VERDICT_SKIP);
+    ck_assert_int_eq(kv_report_run_verdict(&rep, 3), KV_VERDICT_SKIP); /* out of range */
+    ck_assert_int_eq(kv_report_run_verdict(&rep, -1), KV_VERDICT_SKIP);
+    ck_assert(isnan(kv_report_run_max_rel_err(&rep, 0)));
+    ck_assert(kv_report_run_max_rel_err(&rep, 1) == 0.0625);
+    /* a failure outranks a skip, on a skipped run too */
+    rep.comparisons[1].verdict = KV_VERDICT_FAIL;
+    ck_assert_int_eq(kv_report_run_verdict(&rep, 2), KV_VERDICT_FAIL);
+    /* a ran run whose only comparison was skipped is not a pass */
+    rep.comparisons[0].verdict = KV_VERDICT_SKIP;
+    ck_assert_int_eq(kv_report_run_verdict(&rep, 1), KV_VERDICT_SKIP);
+    rep.comparisons[0].verdict = KV_VERDICT_PASS;
+    ck_assert_int_eq(kv_report_run_verdict(&rep, 1), KV_VERDICT_PASS);
+    char div[128];
+    kv_report_run_divergence(&rep, 1, div, sizeof div);
+    ck_assert_str_eq(div, "-");
+    rep.comparisons[0].verdict = KV_VERDICT_FAIL;
+    kv_report_run_divergence(&rep, 1, div, sizeof div);
+    ck_assert_str_eq(div, "step 1 row 0 probe layer0.k vs reference/cpu/eager/r0");
+    kv_report_run_divergence(&rep, 1, div, 8); /* truncated, terminated */
+    ck_assert_str_eq(div, "step 1 ");
+    kv_report_free(&rep);
+}
+END_TEST
+
+/* Splits text into lines in place; returns the count. */
+static int split_lines(char *text, char **lines, int max) {
+    int n = 0;
+    char *p = text;
+    while (*p != '\0' && n < max) {
+        lines[n++] = p;
+        char *nl = strchr(p, '\n');
+        if (nl == NULL) break;
+        *nl = '\0';
+        p = nl + 1;
+    }
+    return n;
+}
+
+START_TEST(test_print_summary) {
+    KvReport rep;
+    build_report(&rep);
+    FILE *f = tmpfile();
+    ck_assert(f != NULL);
+    ck_assert_int_eq(kv_report_print_summary(&rep, f), KV_OK);
+    rewind(f);
+    static char text[8192];
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    text[n] = '\0';
+    fclose(f);
+    ck_assert_msg(n > 0 && text[n - 1] == '\n', "summary does not end with a newline:\n%s", text);
+    char *lines[16];
+    const int nl = split_lines(text, lines, 16);
+    ck_assert_msg(nl == 5, "expected header + 3 runs + totals, found %d lines", nl);
+    ck_assert_msg(strncmp(lines[0], "model", 5) == 0 && strstr(lines[0], "verdict") != NULL &&
+                      strstr(lines[0], "first divergence") != NULL &&
+                      strstr(lines[0], "max rel err") != NULL && strstr(lines[0], "graphs") != NULL,
+                  "header: %s", lines[0]);
+    const char *verdicts[3] = {"PASS", "FAIL", "SKIP"};
+    const char *vcol = strstr(lines[0], "verdict");
+    for (int i = 0; i < 3; i++) {
+        const char *line = lines[1 + i];
+        ck_assert_msg(strncmp(line, "fx-gemma2", 9) == 0, "run %d: %s", i, line);
+        /* columns line up: the verdict sits under its header */
+        ck_assert_msg(strncmp(line + (vcol - lines[0]), verdicts[i], 4) == 0,
+                      "run %d verdict not under the header:\n%s\n%s", i, lines[0], line);
+    }
+    ck_assert_msg(strstr(lines[1], "reference") != NULL && strstr(lines[1], " - ") != NULL, "%s",
+                  lines[1]);
+    ck_assert_msg(strstr(lines[2], "index_copy") != NULL && strstr(lines[2], "graph") != NULL &&
+                      strstr(lines[2], "step 1 row 0 probe layer0.k vs reference/cpu/eager/r0") !=
+                          NULL &&
+                      strstr(lines[2], "6.250e-02") != NULL,
+                  "%s", lines[2]);
+    const size_t l2 = strlen(lines[2]);
+    ck_assert_msg(l2 > 2 && lines[2][l2 - 1] == '2' && lines[2][l2 - 2] == ' ', "graphs column: %s",
+                  lines[2]);
+    ck_assert_msg(strstr(lines[3], "cuda") != NULL &&
+                      strstr(lines[3], "skipped: no CUDA device: cudaErrorNoDevice") != NULL,
+                  "%s", lines[3]);
+    ck_assert_str_eq(lines[4], "1 passed, 1 failed, 1 skipped");
+    kv_report_free(&rep);
+}
+END_TEST
+
+START_TEST(test_print_summary_empty) {
+    KvReport rep;
+    memset(&rep, 0, sizeof rep);
+    FILE *f = tmpfile();
+    ck_assert(f != NULL);
+    ck_assert_int_eq(kv_report_print_summary(&rep, f), KV_OK);
+    rewind(f);
+    char text[512];
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    text[n] = '\0';
+    fclose(f);
+    const char *last = strstr(text, "\n");
+    ck_assert(last != NULL);
+    ck_assert_str_eq(last + 1, "0 passed, 0 failed, 0 skipped\n");
+}
+END_TEST
+
+START_TEST(test_free_is_safe) {
+    kv_report_free(NULL);
+    kv_run_free(NULL);
+    KvReport rep;
+    build_report(&rep);
+    kv_run_free(&rep.runs[0]);
+    ck_assert_ptr_null(rep.runs[0].logits);
+    kv_run_free(&rep.runs[0]); /* twice: zeroed, so nothing to free */
+    kv_report_free(&rep);
+    ck_assert(report_is_zero(&rep));
+    kv_report_free(&rep);
+}
+END_TEST
+
+static Suite *report_suite(void) {
+    Suite *s = suite_create("report");
+
+    TCase *rt = tcase_create("roundtrip");
+    tcase_add_checked_fixture(rt, setup, teardown);
+    tcase_add_test(rt, test_roundtrip_exact);
+    tcase_add_test(rt, test_roundtrip_empty_shapes);
+    tcase_add_test(rt, test_read_variable_length_attribute);
+    suite_add_tcase(s, rt);
+
+    TCase *bytes = tcase_create("reproducible_bytes");
+    tcase_add_checked_fixture(bytes, setup, teardown);
+    tcase_set_timeout(bytes, 30);
+    tcase_add_test(bytes, test_byte_identical);
+    tcase_add_test(bytes, test_bytes_ignore_garbage_after_strings);
+    tcase_add_test(bytes, test_h5dump_reads_report);
+    suite_add_tcase(s, bytes);
+
+    TCase *wr = tcase_create("write_errors");
+    tcase_add_checked_fixture(wr, setup, teardown);
+    tcase_add_test(wr, test_write_missing_directory);
+    tcase_add_test(wr, test_write_under_regular_file);
+    tcase_add_test(wr, test_write_over_directory_leaves_no_temp);
+    tcase_add_test(wr, test_write_inconsistent_report);
+    tcase_add_test(wr, test_write_replaces_existing);
+    suite_add_tcase(s, wr);
+
+    TCase *rd = tcase_create("read_errors");
+    tcase_add_checked_fixture(rd, setup, teardown);
+    tcase_add_test(rd, test_read_missing_file);
+    tcase_add_test(rd, test_read_text_file);
+    tcase_add_test(rd, test_read_directory);
+    tcase_add_test(rd, test_read_truncated);
+    tcase_add_test(rd, test_read_other_schema_version);
+    tcase_add_test(rd, test_read_missing_dataset);
+    tcase_add_test(rd, test_read_missing_group);
+    tcase_add_test(rd, test_read_missing_attribute);
+    tcase_add_test(rd, test_read_inconsistent_shape);
+    tcase_add_test(rd, test_read_missing_table);
+    tcase_add_test(rd, test_read_ascii_table_strings);
+    tcase_add_test(rd, test_read_table_string_too_long);
+    suite_add_tcase(s, rd);
+
+    TCase *sum = tcase_create("summary");
+    tcase_add_test(sum, test_run_verdicts);
+    tcase_add_test(sum, test_print_summary);
+    tcase_add_test(sum, test_print_summary_empty);
+    tcase_add_test(sum, test_free_is_safe);
+    suite_add_tcase(s, sum);
+    return s;
+}
+
+int main(void) {
+    SRunner *sr = srunner_create(report_suite());
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}
