@@ -13,6 +13,9 @@ enum { KV_EXIT_PASS = 0, KV_EXIT_GATE_FAIL = 1, KV_EXIT_USAGE = 2, KV_EXIT_INTER
 
 int kv_cmd_fixture(int argc, char **argv);
 int kv_cmd_gate(int argc, char **argv);
+int kv_cmd_show(int argc, char **argv);
+int kv_cmd_diff(int argc, char **argv);
+int kv_cmd_merge(int argc, char **argv);
 
 /* If argv[*i] is "--name VALUE" or "--name=VALUE", stores VALUE, advances *i
  * past it and returns true. A missing value prints an error and sets *bad. */

@@ -50,7 +50,10 @@ static void main_usage(FILE *f) {
             "usage: kvrepro <command> [options]\n\n"
             "commands:\n"
             "  fixture   write a deterministic synthetic model (config.json + model.safetensors)\n"
-            "  gate      decode the default scenario with the CPU reference and print it\n"
+            "  gate      run the gate: reference vs every cache variant, eager and graph\n"
+            "  show      print the summary of an HDF5 report\n"
+            "  diff      compare two recorded runs and print the first divergence\n"
+            "  merge     join shard reports into one\n"
             "  version   print the version and commit\n\n"
             "Run 'kvrepro <command> --help' for the options of a command.\n"
             "Exit codes: 0 pass, 1 gate failure, 2 bad input or usage, 3 internal error.\n",
@@ -73,6 +76,9 @@ int main(int argc, char **argv) {
     }
     if (strcmp(cmd, "fixture") == 0) return kv_cmd_fixture(argc - 1, argv + 1);
     if (strcmp(cmd, "gate") == 0) return kv_cmd_gate(argc - 1, argv + 1);
+    if (strcmp(cmd, "show") == 0) return kv_cmd_show(argc - 1, argv + 1);
+    if (strcmp(cmd, "diff") == 0) return kv_cmd_diff(argc - 1, argv + 1);
+    if (strcmp(cmd, "merge") == 0) return kv_cmd_merge(argc - 1, argv + 1);
     fprintf(stderr, "kvrepro: unknown command '%s'\n\n", cmd);
     main_usage(stderr);
     return KV_EXIT_USAGE;

@@ -1,0 +1,242 @@
+/* cmd_report.c: the report subcommands. `kvrepro show R.h5` prints a report's
+ * summary; `kvrepro diff` compares two recorded runs with the same comparator
+ * the gate uses; `kvrepro merge` joins shard reports into one. */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "compare.h"
+#include "report.h"
+#include "report_h5.h"
+
+/* Selects a run by index ("12") or by label "model/scenario/variant/backend/
+ * mode/rN"; -1 when there is no such run. */
+static int64_t report_find_run(const KvReport *rep, const char *sel) {
+    char *end = NULL;
+    long long idx = strtoll(sel, &end, 10);
+    if (end != sel && *end == '\0') return idx >= 0 && idx < rep->n_runs ? (int64_t)idx : -1;
+    for (int64_t i = 0; i < rep->n_runs; i++) {
+        const KvRun *r = &rep->runs[i];
+        char label[512];
+        snprintf(label, sizeof label, "%.64s/%.64s/%.64s/%.16s/%.16s/r%d", r->model, r->scenario,
+                 r->variant, r->backend, r->mode, (int)r->repeat);
+        if (strcmp(label, sel) == 0) return i;
+    }
+    return -1;
+}
+
+static void report_print_root(const KvReport *rep, const char *path) {
+    printf("report %s: kvrepro %s (commit %s), host %s\n", path, rep->tool_version,
+           rep->git_commit, rep->host);
+    printf("device: %s; math: %s; shard %s\n", rep->device, rep->math_mode, rep->shard);
+    printf("seeds: weights %" PRIu64 ", prompts %" PRIu64 "; model fnv1a64 0x%016" PRIx64 "\n",
+           rep->weight_seed, rep->prompt_seed, rep->model_hash);
+    for (int64_t t = 0; t < rep->n_tolerances; t++) {
+        printf("tolerance %s = %g (%s)\n", rep->tolerances[t].name, rep->tolerances[t].value,
+               rep->tolerances[t].reason);
+    }
+}
+
+int kv_cmd_show(int argc, char **argv) {
+    if (argc != 2 || strcmp(argv[1], "--help") == 0) {
+        fprintf(argc == 2 ? stdout : stderr,
+                "usage: kvrepro show REPORT.h5\n\nPrints a report's root attributes and its "
+                "summary table (one line per run, then 'N passed, N failed, N skipped').\n");
+        return argc == 2 ? KV_EXIT_PASS : KV_EXIT_USAGE;
+    }
+    KvReport rep;
+    KvError err = {{0}};
+    KvStatus st = kv_report_read_h5(argv[1], &rep, &err);
+    if (st != KV_OK) {
+        fprintf(stderr, "kvrepro show: %s\n", err.msg);
+        return kv_gate_exit_code(st);
+    }
+    report_print_root(&rep, argv[1]);
+    st = kv_report_print_summary(&rep, stdout);
+    kv_report_free(&rep);
+    return st == KV_OK ? KV_EXIT_PASS : KV_EXIT_INTERNAL;
+}
+
+static void diff_usage(FILE *f) {
+    fprintf(f,
+            "usage: kvrepro diff A.h5 [B.h5] --run X --run Y\n\n"
+            "Compares run X (of A.h5) with run Y (of B.h5, or of A.h5 when only one report is\n"
+            "given) bitwise, with the gate's comparator, and prints the first differing\n"
+            "(step, row, probe). With a reference run on either side, the reference\n"
+            "agreement metrics are printed too. Runs are selected by index or by label\n"
+            "model/scenario/variant/backend/mode/rN (as `kvrepro show` lists them).\n"
+            "Exit codes: 0 identical, 1 different, 2 bad input (unknown run, mismatched runs).\n");
+}
+
+int kv_cmd_diff(int argc, char **argv) {
+    const char *paths[2] = {NULL, NULL};
+    const char *sel[2] = {NULL, NULL};
+    int n_paths = 0, n_sel = 0;
+    bool bad = false;
+    for (int i = 1; i < argc && !bad; i++) {
+        const char *v = NULL;
+        if (strcmp(argv[i], "--help") == 0) {
+            diff_usage(stdout);
+            return KV_EXIT_PASS;
+        } else if (kv_cli_take(argc, argv, &i, "--run", &v, &bad)) {
+            if (!bad && n_sel < 2) sel[n_sel++] = v;
+            else bad = true;
+        } else if (argv[i][0] != '-' && n_paths < 2) {
+            paths[n_paths++] = argv[i];
+        } else {
+            fprintf(stderr, "kvrepro diff: unexpected argument '%s'\n", argv[i]);
+            bad = true;
+        }
+    }
+    if (bad || n_paths < 1 || n_sel != 2) {
+        diff_usage(stderr);
+        return KV_EXIT_USAGE;
+    }
+    KvReport rep[2];
+    memset(rep, 0, sizeof rep);
+    KvError err = {{0}};
+    int rc = KV_EXIT_PASS;
+    KvStatus st = KV_OK;
+    for (int k = 0; k < n_paths && st == KV_OK; k++) st = kv_report_read_h5(paths[k], &rep[k], &err);
+    if (st != KV_OK) {
+        fprintf(stderr, "kvrepro diff: %s\n", err.msg);
+        rc = kv_gate_exit_code(st);
+        goto exit;
+    }
+    const KvReport *ra = &rep[0];
+    const KvReport *rb = n_paths == 2 ? &rep[1] : &rep[0];
+    const int64_t a = report_find_run(ra, sel[0]);
+    const int64_t b = report_find_run(rb, sel[1]);
+    if (a < 0 || b < 0) {
+        fprintf(stderr, "kvrepro diff: %s: no run '%s' (%lld runs; see kvrepro show)\n",
+                a < 0 ? paths[0] : paths[n_paths - 1], a < 0 ? sel[0] : sel[1],
+                (long long)(a < 0 ? ra->n_runs : rb->n_runs));
+        rc = KV_EXIT_USAGE;
+        goto exit;
+    }
+    const KvRun *x = &ra->runs[a], *y = &rb->runs[b];
+    if (x->skipped || y->skipped || x->steps != y->steps || x->batch != y->batch ||
+        x->vocab != y->vocab || x->n_probes != y->n_probes) {
+        fprintf(stderr, "kvrepro diff: mismatched runs: %s is %s%lld steps x %lld rows x %lld vocab, "
+                "%s is %s%lld x %lld x %lld\n", sel[0], x->skipped ? "skipped, " : "",
+                (long long)x->steps, (long long)x->batch, (long long)x->vocab, sel[1],
+                y->skipped ? "skipped, " : "", (long long)y->steps, (long long)y->batch,
+                (long long)y->vocab);
+        rc = KV_EXIT_USAGE;
+        goto exit;
+    }
+    KvComparison c;
+    kv_compare_bitwise(x, y, KV_CMP_VARIANT, a, b, &c);
+    printf("%s vs %s: %s\n", sel[0], sel[1], c.message);
+    if (strcmp(x->variant, "reference") == 0 || strcmp(y->variant, "reference") == 0) {
+        KvTolerances tol = kv_tolerances_default();
+        const bool x_ref = strcmp(x->variant, "reference") == 0;
+        KvComparison rc_cmp;
+        kv_compare_reference(x_ref ? x : y, x_ref ? y : x, &tol, x_ref ? a : b, x_ref ? b : a,
+                             &rc_cmp);
+        printf("reference agreement: %s (max abs %.3g, nmse %.3g, kl %.3g, top-1 %.1f%%)\n",
+               rc_cmp.message, rc_cmp.max_abs_err, rc_cmp.nmse, rc_cmp.kl, rc_cmp.top1_agreement);
+    }
+    rc = c.verdict == KV_VERDICT_FAIL ? KV_EXIT_GATE_FAIL : KV_EXIT_PASS;
+exit:
+    kv_report_free(&rep[0]);
+    kv_report_free(&rep[1]);
+    return rc;
+}
+
+/* True when two shard reports come from the same gate (same tool, commit,
+ * seeds, model and tolerances), so their runs may be joined. */
+static bool merge_compatible(const KvReport *a, const KvReport *b, char *why, size_t n) {
+    if (strcmp(a->tool_version, b->tool_version) != 0 || strcmp(a->git_commit, b->git_commit) != 0) {
+        snprintf(why, n, "tool version/commit %.40s/%.40s vs %.40s/%.40s", a->tool_version, a->git_commit,
+                 b->tool_version, b->git_commit);
+        return false;
+    }
+    if (a->weight_seed != b->weight_seed || a->prompt_seed != b->prompt_seed ||
+        a->model_hash != b->model_hash) {
+        snprintf(why, n, "seeds or model differ");
+        return false;
+    }
+    if (a->n_tolerances != b->n_tolerances) {
+        snprintf(why, n, "tolerances differ");
+        return false;
+    }
+    for (int64_t t = 0; t < a->n_tolerances; t++) {
+        if (strcmp(a->tolerances[t].name, b->tolerances[t].name) != 0 ||
+            a->tolerances[t].value != b->tolerances[t].value) {
+            snprintf(why, n, "tolerance %s differs", a->tolerances[t].name);
+            return false;
+        }
+    }
+    return true;
+}
+
+int kv_cmd_merge(int argc, char **argv) {
+    if (argc < 3 || strcmp(argv[1], "--help") == 0) {
+        fprintf(argc >= 2 && strcmp(argv[1], "--help") == 0 ? stdout : stderr,
+                "usage: kvrepro merge OUT.h5 IN.h5...\n\nJoins shard reports of one gate "
+                "(`kvrepro gate --shard I/N`) into one report; the inputs must share the tool\n"
+                "version, commit, seeds, model and tolerances.\n");
+        return argc >= 2 && strcmp(argv[1], "--help") == 0 ? KV_EXIT_PASS : KV_EXIT_USAGE;
+    }
+    const char *out_path = argv[1];
+    KvReport out, in;
+    memset(&out, 0, sizeof out);
+    memset(&in, 0, sizeof in);
+    KvError err = {{0}};
+    KvStatus st = KV_OK;
+    int rc = KV_EXIT_PASS;
+    for (int k = 2; k < argc; k++) {
+        st = kv_report_read_h5(argv[k], &in, &err);
+        if (st != KV_OK) goto fail;
+        if (k == 2) {
+            out = in; /* take the first report whole */
+            memset(&in, 0, sizeof in);
+            continue;
+        }
+        char why[256];
+        if (!merge_compatible(&out, &in, why, sizeof why)) {
+            st = kv_error_set(&err, KV_ERR_INPUT, "%s: not a shard of the same gate as %s: %s",
+                              argv[k], argv[2], why);
+            goto fail;
+        }
+        const int64_t base = out.n_runs;
+        KvRun *runs = realloc(out.runs, (size_t)(out.n_runs + in.n_runs) * sizeof *runs);
+        if (runs == NULL) goto oom;
+        out.runs = runs;
+        memcpy(out.runs + out.n_runs, in.runs, (size_t)in.n_runs * sizeof *runs);
+        out.n_runs += in.n_runs;
+        KvComparison *cs = realloc(out.comparisons,
+                                   (size_t)(out.n_comparisons + in.n_comparisons) * sizeof *cs);
+        if (cs == NULL) goto oom;
+        out.comparisons = cs;
+        for (int64_t c = 0; c < in.n_comparisons; c++) {
+            KvComparison cmp = in.comparisons[c];
+            cmp.run_a += base; /* run indices move with the runs */
+            cmp.run_b += base;
+            out.comparisons[out.n_comparisons++] = cmp;
+        }
+        /* The runs' arrays now belong to out. */
+        free(in.runs);
+        in.runs = NULL;
+        in.n_runs = 0;
+        kv_report_free(&in);
+    }
+    snprintf(out.shard, sizeof out.shard, "merged %d", argc - 2);
+    st = kv_report_write_h5(&out, out_path, &err);
+    if (st != KV_OK) goto fail;
+    printf("merged %d reports into %s: %lld runs, %lld comparisons\n", argc - 2, out_path,
+           (long long)out.n_runs, (long long)out.n_comparisons);
+    goto exit;
+oom:
+    st = kv_error_set(&err, KV_ERR_INTERNAL, "out of memory");
+fail:
+    fprintf(stderr, "kvrepro merge: %s\n", err.msg);
+    rc = kv_gate_exit_code(st);
+exit:
+    kv_report_free(&in);
+    kv_report_free(&out);
+    return rc;
+}
