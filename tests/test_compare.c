@@ -1,0 +1,185 @@
+/* test_compare.c: the comparator on synthetic runs, so every verdict path is
+ * exercised, including those a clean CPU gate never reaches (near-tie flips,
+ * real flips, tolerance breaches, replay mismatches). Expected values are
+ * computed here by hand from the constructed data. */
+#include <check.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "compare.h"
+#include "report.h"
+
+#define S 4 /* steps */
+#define B 2 /* rows */
+#define V 8 /* vocab */
+#define P 3 /* probes */
+
+/* A run whose logits are v * 0.5 + step (row 0) / - step (row 1) style data
+ * with a clear top-1 at id (step + row) % V, margin 1.0. */
+static KvRun make_run(void) {
+    KvRun r;
+    memset(&r, 0, sizeof r);
+    snprintf(r.variant, sizeof r.variant, "ring");
+    snprintf(r.backend, sizeof r.backend, "cpu");
+    snprintf(r.mode, sizeof r.mode, "eager");
+    r.steps = S;
+    r.batch = B;
+    r.vocab = V;
+    r.n_probes = P;
+    r.replay_mismatch_step = -1;
+    r.tokens = calloc(S * B, sizeof *r.tokens);
+    r.logits = calloc(S * B * V, sizeof *r.logits);
+    r.margins = calloc(S * B, sizeof *r.margins);
+    r.probe_hash = calloc(S * P * B, sizeof *r.probe_hash);
+    r.probe_names = calloc(P, sizeof *r.probe_names);
+    ck_assert(r.tokens && r.logits && r.margins && r.probe_hash && r.probe_names);
+    snprintf(r.probe_names[0], KV_NAME_LEN, "embed");
+    snprintf(r.probe_names[1], KV_NAME_LEN, "layer0.cache");
+    snprintf(r.probe_names[2], KV_NAME_LEN, "logits");
+    for (int s = 0; s < S; s++) {
+        for (int b = 0; b < B; b++) {
+            const int top = (s + b) % V;
+            for (int v = 0; v < V; v++) r.logits[(s * B + b) * V + v] = v == top ? 4.0f : 3.0f - 0.25f * (float)v;
+            r.tokens[s * B + b] = top;
+            r.margins[s * B + b] = 4.0f - 3.0f + 0.25f * (float)(top == 0 ? 1 : 0); /* runner-up */
+        }
+    }
+    for (int i = 0; i < S * P * B; i++) r.probe_hash[i] = 1000u + (uint64_t)i;
+    return r;
+}
+
+static KvRun copy_run(const KvRun *a) {
+    KvRun r = make_run();
+    memcpy(r.logits, a->logits, S * B * V * sizeof(float));
+    memcpy(r.tokens, a->tokens, S * B * sizeof(int32_t));
+    memcpy(r.margins, a->margins, S * B * sizeof(float));
+    memcpy(r.probe_hash, a->probe_hash, S * P * B * sizeof(uint64_t));
+    return r;
+}
+
+START_TEST(test_identical_runs_pass) {
+    KvRun a = make_run(), b = copy_run(&a);
+    KvComparison c;
+    const KvTolerances t = kv_tolerances_default();
+    kv_compare_reference(&a, &b, &t, 0, 1, &c);
+    ck_assert_int_eq(c.verdict, KV_VERDICT_PASS);
+    ck_assert(c.max_rel_err == 0.0 && c.nmse == 0.0 && c.top1_agreement == 100.0);
+    ck_assert_int_eq(c.first_step, -1);
+    kv_compare_bitwise(&a, &b, KV_CMP_REPEAT, 0, 1, &c);
+    ck_assert_int_eq(c.verdict, KV_VERDICT_PASS);
+    kv_run_free(&a);
+    kv_run_free(&b);
+}
+END_TEST
+
+START_TEST(test_bitwise_names_first_probe) {
+    KvRun a = make_run(), b = copy_run(&a);
+    /* step 2, probe 1 (layer0.cache), row 1 differs; a later probe too */
+    b.probe_hash[(2 * P + 1) * B + 1] ^= 1;
+    b.probe_hash[(3 * P + 0) * B + 0] ^= 1;
+    KvComparison c;
+    kv_compare_bitwise(&a, &b, KV_CMP_GRAPH, 0, 1, &c);
+    ck_assert_int_eq(c.verdict, KV_VERDICT_FAIL);
+    ck_assert_int_eq(c.first_step, 2);
+    ck_assert_int_eq(c.first_row, 1);
+    ck_assert_int_eq(c.first_probe, 1);
+    ck_assert_msg(strstr(c.message, "layer0.cache") != NULL, "%s", c.message);
+    kv_run_free(&a);
+    kv_run_free(&b);
+}
+END_TEST
+
+START_TEST(test_near_tie_flip_is_reported_not_failed) {
+    KvRun ref = make_run(), cand = copy_run(&ref);
+    /* At step 1 row 0 the reference's margin is tiny: a flip there is a
+     * near-tie. */
+    ref.margins[1 * B + 0] = 1e-4f;
+    cand.tokens[1 * B + 0] = (ref.tokens[1 * B + 0] + 1) % V;
+    KvComparison c;
+    const KvTolerances t = kv_tolerances_default();
+    kv_compare_reference(&ref, &cand, &t, 0, 1, &c);
+    ck_assert_int_eq(c.verdict, KV_VERDICT_PASS);
+    ck_assert_int_eq(c.near_ties, 1);
+    ck_assert(fabs(c.top1_agreement - 100.0 * 7.0 / 8.0) < 1e-12);
+    kv_run_free(&ref);
+    kv_run_free(&cand);
+}
+END_TEST
+
+START_TEST(test_real_flip_fails) {
+    KvRun ref = make_run(), cand = copy_run(&ref);
+    cand.tokens[2 * B + 1] = (ref.tokens[2 * B + 1] + 3) % V; /* margin 1.0 >> tie margin */
+    KvComparison c;
+    const KvTolerances t = kv_tolerances_default();
+    kv_compare_reference(&ref, &cand, &t, 0, 1, &c);
+    ck_assert_int_eq(c.verdict, KV_VERDICT_FAIL);
+    ck_assert_msg(strstr(c.message, "token flip above the tie margin at step 2 row 1") != NULL,
+                  "%s", c.message);
+    kv_run_free(&ref);
+    kv_run_free(&cand);
+}
+END_TEST
+
+START_TEST(test_tolerance_breach_fails_and_metrics) {
+    KvRun ref = make_run(), cand = copy_run(&ref);
+    /* One logit off by 2e-3 (relative 5e-4 of the row's max 4.0): above
+     * 1e-4, fails; with --tol max_rel_err=1e-3 it passes. */
+    cand.logits[(3 * B + 0) * V + 5] += 2e-3f;
+    KvComparison c;
+    KvTolerances t = kv_tolerances_default();
+    kv_compare_reference(&ref, &cand, &t, 0, 1, &c);
+    ck_assert_int_eq(c.verdict, KV_VERDICT_FAIL);
+    const double d = (double)cand.logits[(3 * B + 0) * V + 5] - (double)ref.logits[(3 * B + 0) * V + 5];
+    ck_assert(fabs(c.max_abs_err - fabs(d)) < 1e-12);
+    ck_assert(fabs(c.max_rel_err - fabs(d) / 4.0) < 1e-12);
+    ck_assert(c.nmse > 0.0 && c.kl > 0.0);
+    KvError err = {{0}};
+    ck_assert_int_eq(kv_tolerances_set(&t, "max_rel_err=1e-3", &err), KV_OK);
+    kv_compare_reference(&ref, &cand, &t, 0, 1, &c);
+    ck_assert_int_eq(c.verdict, KV_VERDICT_PASS);
+    ck_assert_int_eq(kv_tolerances_set(&t, "max_rel=1", &err), KV_ERR_INPUT);
+    ck_assert_int_eq(kv_tolerances_set(&t, "tie_margin=-1", &err), KV_ERR_INPUT);
+    ck_assert_int_eq(kv_tolerances_set(&t, "tie_margin=nan", &err), KV_ERR_INPUT);
+    kv_run_free(&ref);
+    kv_run_free(&cand);
+}
+END_TEST
+
+START_TEST(test_replay_and_skip) {
+    KvRun r = make_run();
+    KvComparison c;
+    r.replays_checked = 3;
+    kv_compare_replay(&r, 0, &c);
+    ck_assert_int_eq(c.verdict, KV_VERDICT_PASS);
+    r.replay_mismatch_step = 2;
+    kv_compare_replay(&r, 0, &c);
+    ck_assert_int_eq(c.verdict, KV_VERDICT_FAIL);
+    ck_assert_int_eq(c.first_step, 2);
+    KvRun sk = make_run();
+    sk.skipped = true;
+    snprintf(sk.skip_reason, sizeof sk.skip_reason, "no CUDA device");
+    kv_compare_bitwise(&r, &sk, KV_CMP_VARIANT, 0, 1, &c);
+    ck_assert_int_eq(c.verdict, KV_VERDICT_SKIP);
+    ck_assert_msg(strstr(c.message, "no CUDA device") != NULL, "%s", c.message);
+    kv_run_free(&r);
+    kv_run_free(&sk);
+}
+END_TEST
+
+int main(void) {
+    Suite *s = suite_create("compare");
+    TCase *tc = tcase_create("comparator");
+    tcase_add_test(tc, test_identical_runs_pass);
+    tcase_add_test(tc, test_bitwise_names_first_probe);
+    tcase_add_test(tc, test_near_tie_flip_is_reported_not_failed);
+    tcase_add_test(tc, test_real_flip_fails);
+    tcase_add_test(tc, test_tolerance_breach_fails_and_metrics);
+    tcase_add_test(tc, test_replay_and_skip);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}
