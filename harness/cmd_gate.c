@@ -70,9 +70,13 @@ static void gate_usage(FILE *f) {
             "  --fault NAME      plant a fault in every candidate run: stale_scalar,\n"
             "                    atomic_reduction (the gate must then fail)\n"
             "  --timings         record wall times (the report is then not byte-reproducible)\n"
+            "  --full-logits-max-vocab N\n"
+            "                    above this vocabulary the report keeps each row's top-%d logits\n"
+            "                    and the hash of the full row (default %d); comparisons always\n"
+            "                    use the full logits\n"
             "Exit codes: 0 pass, 1 gate failure, 2 bad input or usage, 3 internal error.\n",
             KV_TOL_MAX_REL_ERR, KV_TOL_TIE_MARGIN, (unsigned long long)KV_FIXTURE_DEFAULT_SEED,
-            (unsigned long long)KV_FIXTURE_DEFAULT_SEED);
+            (unsigned long long)KV_FIXTURE_DEFAULT_SEED, KV_TOPK, KV_FULL_LOGITS_MAX_VOCAB);
 }
 
 int kv_gate_exit_code(KvStatus st) {
@@ -247,6 +251,7 @@ int kv_cmd_gate(int argc, char **argv) {
         .cpu = true, .cuda = true, .eager = true, .graph = true, .repeats = 3,
         .replay_every = 5, .tol = kv_tolerances_default(),
         .prompt_seed = KV_FIXTURE_DEFAULT_SEED, .shard_i = 1, .shard_n = 1,
+        .full_logits_max_vocab = KV_FULL_LOGITS_MAX_VOCAB,
     };
     for (int i = 1; i < argc && !bad; i++) {
         const char *v = NULL;
@@ -308,6 +313,9 @@ int kv_cmd_gate(int argc, char **argv) {
         } else if (kv_cli_take(argc, argv, &i, "--replay-every", &v, &bad)) {
             bad = bad || !kv_cli_parse_u64("--replay-every", v, &u);
             o.replay_every = (int64_t)u;
+        } else if (kv_cli_take(argc, argv, &i, "--full-logits-max-vocab", &v, &bad)) {
+            bad = bad || !kv_cli_parse_u64("--full-logits-max-vocab", v, &u);
+            o.full_logits_max_vocab = (int64_t)u;
         } else if (kv_cli_take(argc, argv, &i, "--report", &v, &bad)) {
             report_path = v;
         } else if (kv_cli_take(argc, argv, &i, "--junit", &v, &bad)) {

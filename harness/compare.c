@@ -143,9 +143,12 @@ void kv_compare_bitwise(const KvRun *a, const KvRun *b, KvCompareKind kind, int6
     for (int64_t st = 0; st < a->steps; st++) {
         for (int64_t row = 0; row < a->batch; row++) {
             const size_t off = (size_t)st * per + (size_t)(row * a->vocab);
+            /* Full logits when both runs kept them, else their hashes. */
             const bool logits_differ =
-                a->logits != NULL && b->logits != NULL &&
-                memcmp(a->logits + off, b->logits + off, (size_t)a->vocab * sizeof(float)) != 0;
+                a->logits != NULL && b->logits != NULL
+                    ? memcmp(a->logits + off, b->logits + off, (size_t)a->vocab * sizeof(float)) != 0
+                    : a->logits_hash != NULL && b->logits_hash != NULL &&
+                          a->logits_hash[st * a->batch + row] != b->logits_hash[st * a->batch + row];
             const bool token_differs = a->tokens[st * a->batch + row] != b->tokens[st * a->batch + row];
             if (logits_differ || token_differs) {
                 out->first_step = st;
@@ -184,6 +187,13 @@ void kv_compare_reference(const KvRun *ref, const KvRun *cand, const KvTolerance
     compare_init(out, KV_CMP_REFERENCE, ref_index, cand_index);
     if (compare_skipped(ref, cand, out)) return;
     if (!runs_shaped_alike(ref, cand, out)) return;
+    if (ref->logits == NULL || cand->logits == NULL) {
+        out->verdict = KV_VERDICT_SKIP;
+        snprintf(out->message, sizeof out->message,
+                 "reference agreement needs full logits; a run kept only its top-%d",
+                 (int)(ref->logits == NULL ? ref->topk : cand->topk));
+        return;
+    }
     const int64_t V = ref->vocab, B = ref->batch;
     double se = 0.0, ss = 0.0;
     int64_t agree = 0, fail_step = -1, fail_row = -1;

@@ -122,6 +122,39 @@ static void progress_line(const KvGateOptions *o, int64_t done, int64_t total, c
     fflush(stderr);
 }
 
+/* Replaces a run's full logits by each row's KV_TOPK largest (descending,
+ * ties to the lowest id); logits_hash still identifies the full rows. */
+static KvStatus run_keep_topk(KvRun *r, KvError *err) {
+    const int64_t k = r->vocab < KV_TOPK ? r->vocab : KV_TOPK;
+    const int64_t rows = r->steps * r->batch;
+    r->topk_ids = malloc((size_t)(rows * k) * sizeof *r->topk_ids);
+    r->topk_values = malloc((size_t)(rows * k) * sizeof *r->topk_values);
+    if (r->topk_ids == NULL || r->topk_values == NULL) {
+        return kv_error_set(err, KV_ERR_INTERNAL, "out of memory keeping top-k logits");
+    }
+    for (int64_t i = 0; i < rows; i++) {
+        const float *row = r->logits + i * r->vocab;
+        int32_t *ids = r->topk_ids + i * k;
+        float *vals = r->topk_values + i * k;
+        for (int64_t j = 0; j < k; j++) {
+            /* j-th largest: strictly below the previous, or equal with a higher id */
+            int64_t best = -1;
+            for (int64_t v = 0; v < r->vocab; v++) {
+                bool taken = false;
+                for (int64_t q = 0; q < j && !taken; q++) taken = ids[q] == v;
+                if (taken) continue;
+                if (best < 0 || row[v] > row[best]) best = v;
+            }
+            ids[j] = (int32_t)best;
+            vals[j] = row[best];
+        }
+    }
+    free(r->logits);
+    r->logits = NULL;
+    r->topk = (int32_t)k;
+    return KV_OK;
+}
+
 static KvStatus run_scenario(const KvModel *m, const char *model_name, const KvScenario *sc,
                              const KvGateOptions *o, KvReport *rep, const char *cuda_skip,
                              KvError *err) {
@@ -214,6 +247,14 @@ static KvStatus run_scenario(const KvModel *m, const char *model_name, const KvS
                 progress_line(o, ++done, total, run, t0);
             }
         }
+    }
+
+    /* Every comparison of this scenario is done: large vocabularies now keep
+     * only their top-k logits (the report would otherwise be huge). */
+    for (int64_t i = ref; i < rep->n_runs && m->config.vocab_size > o->full_logits_max_vocab; i++) {
+        if (rep->runs[i].logits == NULL) continue;
+        st = run_keep_topk(&rep->runs[i], err);
+        if (st != KV_OK) goto exit;
     }
 
     /* CUDA: recorded as skipped, with the reason, never as passed. */

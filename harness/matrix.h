@@ -15,6 +15,12 @@
 #include "scenario.h"
 #include "status.h"
 
+/* Logits kept per row when the vocabulary is too large to store whole. */
+#define KV_TOPK 16
+/* Default --full-logits-max-vocab: tiny and medium fixtures keep everything;
+ * real checkpoints (128K-256K vocabularies) keep the top KV_TOPK + a hash. */
+#define KV_FULL_LOGITS_MAX_VOCAB 65536
+
 typedef struct {
     const char *const *scenarios;     /* (n_scenarios) names of the default set */
     int n_scenarios;
@@ -32,6 +38,8 @@ typedef struct {
                                        * u % shard_n == shard_i - 1 */
     bool timings;                     /* record wall time (breaks byte-identical reports) */
     bool progress;                    /* progress line on stderr */
+    int64_t full_logits_max_vocab;    /* above this vocabulary, runs keep only their top
+                                       * KV_TOPK logits per row (after all comparisons) */
 } KvGateOptions;
 
 /* Runs the matrix for one model and appends runs and comparisons to rep.

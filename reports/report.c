@@ -14,6 +14,8 @@ void kv_run_free(KvRun *r) {
     free(r->prompt_real);
     free(r->tokens);
     free(r->logits);
+    free(r->topk_ids);
+    free(r->topk_values);
     free(r->logits_hash);
     free(r->margins);
     free(r->probe_names);

@@ -32,7 +32,11 @@ typedef struct {
     int32_t *prompt;             /* (batch, prompt_len) left-padded ids */
     uint8_t *prompt_real;        /* (batch, prompt_len) */
     int32_t *tokens;             /* (steps, batch) greedy token per step */
-    float *logits;               /* (steps, batch, vocab) */
+    float *logits;               /* (steps, batch, vocab); NULL when topk > 0 */
+    int32_t topk;                /* 0: full logits; k > 0: only each row's k largest are kept
+                                  * (vocabularies above the gate's --full-logits-max-vocab) */
+    int32_t *topk_ids;           /* (steps, batch, topk) by descending logit, ties to lowest id */
+    float *topk_values;          /* (steps, batch, topk) */
     uint64_t *logits_hash;       /* (steps, batch) FNV-1a 64 of each row's logits bytes */
     float *margins;              /* (steps, batch) top-1 minus runner-up */
     int64_t n_probes;

@@ -415,6 +415,11 @@ static KvStatus report_validate(const KvReport *rep, ReportCtx *c) {
                                ", prompt_len %" PRId64 ", n_probes %" PRId64,
                                i, r->steps, r->batch, r->vocab, r->prompt_len, r->n_probes);
         }
+        if (r->topk < 0 || r->topk > r->vocab) {
+            return report_fail(c, KV_ERR_INPUT,
+                               "runs[%" PRId64 "].topk: expected 0..vocab (%" PRId64 "), found %d",
+                               i, r->vocab, (int)r->topk);
+        }
         if (r->skipped) continue;
         const struct {
             const char *name;
@@ -424,7 +429,9 @@ static KvStatus report_validate(const KvReport *rep, ReportCtx *c) {
             {"prompt", r->prompt, n.prompt},
             {"prompt_real", r->prompt_real, n.prompt},
             {"tokens", r->tokens, n.rows},
-            {"logits", r->logits, n.logits},
+            {"logits", r->logits, r->topk > 0 ? 0 : n.logits},
+            {"topk_ids", r->topk_ids, r->topk > 0 ? n.rows * (size_t)r->topk : 0},
+            {"topk_values", r->topk_values, r->topk > 0 ? n.rows * (size_t)r->topk : 0},
             {"logits_hash", r->logits_hash, n.rows},
             {"margins", r->margins, n.rows},
             {"probe_names", r->probe_names, (size_t)r->n_probes},
@@ -723,6 +730,7 @@ static KvStatus h5w_run_attrs(hid_t g, const char *objpath, const KvRun *r, Repo
         (st = h5w_attr_string(g, objpath, "backend", r->backend, sizeof r->backend, c)) != KV_OK ||
         (st = h5w_attr_string(g, objpath, "mode", r->mode, sizeof r->mode, c)) != KV_OK ||
         (st = h5w_attr_i32(g, objpath, "repeat", r->repeat, c)) != KV_OK ||
+        (st = h5w_attr_i32(g, objpath, "topk", r->topk, c)) != KV_OK ||
         (st = h5w_attr(g, objpath, "skipped", H5T_STD_U8LE, H5T_NATIVE_UINT8, &skipped, c)) !=
             KV_OK ||
         (st = h5w_attr_string(g, objpath, "skip_reason", r->skip_reason, sizeof r->skip_reason,
@@ -747,6 +755,16 @@ static KvStatus h5w_run_attrs(hid_t g, const char *objpath, const KvRun *r, Repo
  * run `twin` (twin >= 0). */
 static KvStatus h5w_logits(hid_t g, const char *objpath, const KvRun *r, int64_t twin,
                            const hsize_t *d_logits, ReportCtx *c) {
+    if (r->topk > 0) {
+        /* Large vocabulary: each row's top-k ids and values; the full
+         * logits are still identified by logits_hash. */
+        const hsize_t d_topk[3] = {d_logits[0], d_logits[1], (hsize_t)r->topk};
+        KvStatus st = h5w_dataset(g, objpath, "topk_ids", H5T_STD_I32LE, H5T_NATIVE_INT32, 3,
+                                  d_topk, r->topk_ids, true, c);
+        if (st != KV_OK) return st;
+        return h5w_dataset(g, objpath, "topk_values", H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, 3, d_topk,
+                           r->topk_values, true, c);
+    }
     if (twin < 0) {
         return h5w_dataset(g, objpath, "logits", H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, 3, d_logits,
                            r->logits, true, c);
@@ -769,6 +787,7 @@ static int64_t h5w_logits_twin(const KvReport *rep, int64_t i, const int64_t *st
     const size_t n = (size_t)(r->steps * r->batch * r->vocab) * sizeof(float);
     for (int64_t j = 0; j < i; j++) {
         const KvRun *q = &rep->runs[j];
+        if (r->topk > 0 || q->topk > 0) return -1; /* no full logits to share */
         if (q->skipped || stored_by[j] != j || q->steps != r->steps || q->batch != r->batch ||
             q->vocab != r->vocab || strncmp(q->model, r->model, KV_NAME_LEN) != 0 ||
             strncmp(q->scenario, r->scenario, KV_NAME_LEN) != 0) {
@@ -1567,6 +1586,21 @@ static KvStatus h5r_summary(hid_t file, const KvReport *rep, ReportCtx *c) {
     return st;
 }
 
+/* Full logits, or (topk > 0) the top-k ids and values. */
+static KvStatus h5r_logits(hid_t g, const char *objpath, KvRun *r, const hsize_t *d_logits,
+                           ReportCtx *c) {
+    if (r->topk == 0) {
+        return h5r_dataset(g, objpath, "logits", H5T_FLOAT, H5T_NATIVE_FLOAT, sizeof(float), 3,
+                           d_logits, (void **)&r->logits, c);
+    }
+    const hsize_t d_topk[3] = {d_logits[0], d_logits[1], (hsize_t)r->topk};
+    KvStatus st = h5r_dataset(g, objpath, "topk_ids", H5T_INTEGER, H5T_NATIVE_INT32,
+                              sizeof(int32_t), 3, d_topk, (void **)&r->topk_ids, c);
+    if (st != KV_OK) return st;
+    return h5r_dataset(g, objpath, "topk_values", H5T_FLOAT, H5T_NATIVE_FLOAT, sizeof(float), 3,
+                       d_topk, (void **)&r->topk_values, c);
+}
+
 static KvStatus h5r_run_datasets(hid_t g, const char *objpath, KvRun *r, ReportCtx *c) {
     KvStatus st;
     const hsize_t S = (hsize_t)r->steps, B = (hsize_t)r->batch, V = (hsize_t)r->vocab,
@@ -1582,8 +1616,7 @@ static KvStatus h5r_run_datasets(hid_t g, const char *objpath, KvRun *r, ReportC
                           2, d_prompt, (void **)&r->prompt_real, c)) != KV_OK ||
         (st = h5r_dataset(g, objpath, "tokens", H5T_INTEGER, H5T_NATIVE_INT32, sizeof(int32_t), 2,
                           d_rows, (void **)&r->tokens, c)) != KV_OK ||
-        (st = h5r_dataset(g, objpath, "logits", H5T_FLOAT, H5T_NATIVE_FLOAT, sizeof(float), 3,
-                          d_logits, (void **)&r->logits, c)) != KV_OK ||
+        (st = h5r_logits(g, objpath, r, d_logits, c)) != KV_OK ||
         (st = h5r_dataset(g, objpath, "logits_hash", H5T_INTEGER, H5T_NATIVE_UINT64,
                           sizeof(uint64_t), 2, d_rows, (void **)&r->logits_hash, c)) != KV_OK ||
         (st = h5r_dataset(g, objpath, "margins", H5T_FLOAT, H5T_NATIVE_FLOAT, sizeof(float), 2,
@@ -1637,6 +1670,13 @@ static KvStatus h5r_run(hid_t runs, int64_t i, int64_t n_runs, KvRun *r, ReportC
     }
     r->repeat = (int32_t)repeat;
     r->skipped = skipped != 0;
+    /* topk: absent in reports that always stored full logits. */
+    if (H5Aexists(g, "topk") > 0) {
+        int64_t topk = 0;
+        st = h5r_attr_range(g, objpath, "topk", 0, r->vocab, &topk, c);
+        if (st != KV_OK) goto exit;
+        r->topk = (int32_t)topk;
+    }
     RunCounts n;
     if (!run_counts(r, &n)) {
         st = report_fail(c, KV_ERR_INPUT,

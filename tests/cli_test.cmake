@@ -190,4 +190,15 @@ kv_run(0 out err ${KVREPRO} gate ${SHARDED} --shard 1/3 --seed 7 --report "${WOR
 kv_run(2 out err ${KVREPRO} merge "${WORK}/m2.h5" "${WORK}/s1.h5" "${WORK}/s_other.h5")
 kv_expect_match("${err}" "not a shard of the same gate" "merge of different gates")
 
+# Above --full-logits-max-vocab a report keeps each row's top-16 logits and
+# the row hashes; show and diff still work on it.
+kv_run(0 out err ${KVREPRO} gate --quiet --scenarios prompt_w --variants ring --repeats 2
+       --full-logits-max-vocab 100 --report "${WORK}/topk.h5")
+execute_process(COMMAND h5dump -H -d /runs/0001/topk_ids "${WORK}/topk.h5"
+                RESULT_VARIABLE topk_rc OUTPUT_VARIABLE topk_out ERROR_QUIET)
+kv_expect_match("${topk_out}" "DATASPACE +SIMPLE +\\{ \\( [0-9]+, 1, 16 \\)" "top-k dataset shape")
+kv_run(0 out err ${KVREPRO} show "${WORK}/topk.h5")
+kv_run(0 out err ${KVREPRO} diff "${WORK}/topk.h5" --run 1 --run 2)
+kv_expect_match("${out}" "bitwise identical" "diff of top-k runs")
+
 message(STATUS "cli: all checks passed")
