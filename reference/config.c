@@ -6,6 +6,7 @@
  * does not implement (RoPE scaling, biases, other activations) is rejected
  * with a message rather than silently computed differently. */
 #include "config.h"
+#include "json_describe.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -28,39 +29,11 @@ typedef struct {
     KvError *err;
 } ConfigCtx;
 
-/* A short description of a JSON value for "found ..." in messages. */
-static void json_describe(const cJSON *it, char *buf, size_t size) {
-    if (it == NULL) {
-        snprintf(buf, size, "nothing (missing)");
-    } else if (cJSON_IsNull(it)) {
-        snprintf(buf, size, "null");
-    } else if (cJSON_IsTrue(it)) {
-        snprintf(buf, size, "true");
-    } else if (cJSON_IsFalse(it)) {
-        snprintf(buf, size, "false");
-    } else if (cJSON_IsNumber(it)) {
-        snprintf(buf, size, "the number %.17g", it->valuedouble);
-    } else if (cJSON_IsString(it)) {
-        char s[48];
-        snprintf(s, sizeof s, "%s", it->valuestring);
-        for (char *p = s; *p; p++) {
-            if ((unsigned char)*p < 0x20) *p = '?';
-        }
-        snprintf(buf, size, "the string \"%s\"%s", s,
-                 strlen(it->valuestring) >= sizeof s ? "..." : "");
-    } else if (cJSON_IsArray(it)) {
-        snprintf(buf, size, "an array of %d", cJSON_GetArraySize(it));
-    } else if (cJSON_IsObject(it)) {
-        snprintf(buf, size, "an object");
-    } else {
-        snprintf(buf, size, "an unknown JSON value");
-    }
-}
 
 static KvStatus field_error(const ConfigCtx *c, const char *field, const char *expected,
                             const cJSON *found) {
     char what[128];
-    json_describe(found, what, sizeof what);
+    kv_json_describe(found, what, sizeof what);
     return kv_error_set(c->err, KV_ERR_INPUT, "%s: field '%s': expected %s, found %s", c->label,
                         field, expected, what);
 }
@@ -462,7 +435,7 @@ KvStatus kv_config_parse(const char *text, size_t len, const char *label, KvConf
     }
     if (!cJSON_IsObject(root)) {
         char found[128];
-        json_describe(root, found, sizeof found);
+        kv_json_describe(root, found, sizeof found);
         st = kv_error_set(err, KV_ERR_INPUT, "%s: expected a JSON object, found %s", lab, found);
         goto exit;
     }

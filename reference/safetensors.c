@@ -7,6 +7,7 @@
  * overlapping another tensor. A malformed file is KV_ERR_INPUT with a message
  * naming the file, the tensor and the field; nothing is allocated on failure. */
 #include "safetensors.h"
+#include "json_describe.h"
 
 #include "bigalloc.h"
 
@@ -129,34 +130,6 @@ void kv_dtype_to_f32(KvDtype dt, const uint8_t *src, size_t n, float *dst) {
     }
 }
 
-/* A short description of a JSON value for "found ..." in messages. */
-static void json_describe(const cJSON *it, char *buf, size_t size) {
-    if (it == NULL) {
-        snprintf(buf, size, "nothing (missing)");
-    } else if (cJSON_IsNull(it)) {
-        snprintf(buf, size, "null");
-    } else if (cJSON_IsTrue(it)) {
-        snprintf(buf, size, "true");
-    } else if (cJSON_IsFalse(it)) {
-        snprintf(buf, size, "false");
-    } else if (cJSON_IsNumber(it)) {
-        snprintf(buf, size, "the number %.17g", it->valuedouble);
-    } else if (cJSON_IsString(it)) {
-        char s[48];
-        snprintf(s, sizeof s, "%s", it->valuestring);
-        for (char *p = s; *p; p++) {
-            if ((unsigned char)*p < 0x20) *p = '?';
-        }
-        snprintf(buf, size, "the string \"%s\"%s", s,
-                 strlen(it->valuestring) >= sizeof s ? "..." : "");
-    } else if (cJSON_IsArray(it)) {
-        snprintf(buf, size, "an array of %d", cJSON_GetArraySize(it));
-    } else if (cJSON_IsObject(it)) {
-        snprintf(buf, size, "an object");
-    } else {
-        snprintf(buf, size, "an unknown JSON value");
-    }
-}
 
 /* An exact non-negative integer below 2^53. */
 static bool json_exact_u64(const cJSON *it, uint64_t *out) {
@@ -207,7 +180,7 @@ static KvStatus parse_tensor(const cJSON *entry, const char *lab, uint64_t data_
     }
     memcpy(info->name, name, name_len + 1);
     if (!cJSON_IsObject(entry)) {
-        json_describe(entry, found, sizeof found);
+        kv_json_describe(entry, found, sizeof found);
         return kv_error_set(err, KV_ERR_INPUT,
                             "%s: tensor '%s': expected an object {dtype, shape, data_offsets}, "
                             "found %s",
@@ -216,13 +189,13 @@ static KvStatus parse_tensor(const cJSON *entry, const char *lab, uint64_t data_
 
     const cJSON *dtype = cJSON_GetObjectItemCaseSensitive(entry, "dtype");
     if (!cJSON_IsString(dtype)) {
-        json_describe(dtype, found, sizeof found);
+        kv_json_describe(dtype, found, sizeof found);
         return kv_error_set(err, KV_ERR_INPUT,
                             "%s: tensor '%s': field 'dtype': expected a string, found %s", lab,
                             name, found);
     }
     if (!kv_dtype_from_name(dtype->valuestring, &info->dtype)) {
-        json_describe(dtype, found, sizeof found);
+        kv_json_describe(dtype, found, sizeof found);
         return kv_error_set(err, KV_ERR_INPUT,
                             "%s: tensor '%s': field 'dtype': expected a safetensors dtype "
                             "(F32, F16, BF16, I64, ...), found %s, an unknown name",
@@ -231,7 +204,7 @@ static KvStatus parse_tensor(const cJSON *entry, const char *lab, uint64_t data_
 
     const cJSON *shape = cJSON_GetObjectItemCaseSensitive(entry, "shape");
     if (!cJSON_IsArray(shape)) {
-        json_describe(shape, found, sizeof found);
+        kv_json_describe(shape, found, sizeof found);
         return kv_error_set(err, KV_ERR_INPUT,
                             "%s: tensor '%s': field 'shape': expected an array, found %s", lab,
                             name, found);
@@ -250,7 +223,7 @@ static KvStatus parse_tensor(const cJSON *entry, const char *lab, uint64_t data_
     for (const cJSON *dim = shape->child; dim != NULL; dim = dim->next, d++) {
         uint64_t v;
         if (!json_exact_u64(dim, &v)) {
-            json_describe(dim, found, sizeof found);
+            kv_json_describe(dim, found, sizeof found);
             return kv_error_set(err, KV_ERR_INPUT,
                                 "%s: tensor '%s': field 'shape[%d]': expected an integer >= 0 "
                                 "(and < 2^53), found %s",
@@ -262,7 +235,7 @@ static KvStatus parse_tensor(const cJSON *entry, const char *lab, uint64_t data_
 
     const cJSON *offs = cJSON_GetObjectItemCaseSensitive(entry, "data_offsets");
     if (!cJSON_IsArray(offs) || cJSON_GetArraySize(offs) != 2) {
-        json_describe(offs, found, sizeof found);
+        kv_json_describe(offs, found, sizeof found);
         return kv_error_set(err, KV_ERR_INPUT,
                             "%s: tensor '%s': field 'data_offsets': expected an array "
                             "[begin, end], found %s",
@@ -272,7 +245,7 @@ static KvStatus parse_tensor(const cJSON *entry, const char *lab, uint64_t data_
         const cJSON *o = cJSON_GetArrayItem(offs, i);
         uint64_t v;
         if (!json_exact_u64(o, &v)) {
-            json_describe(o, found, sizeof found);
+            kv_json_describe(o, found, sizeof found);
             return kv_error_set(err, KV_ERR_INPUT,
                                 "%s: tensor '%s': field 'data_offsets[%d]': expected an integer "
                                 ">= 0 (and < 2^53), found %s",
@@ -328,14 +301,14 @@ static KvStatus parse_tensor(const cJSON *entry, const char *lab, uint64_t data_
 static KvStatus parse_metadata(const cJSON *meta, const char *lab, KvError *err) {
     char found[128];
     if (!cJSON_IsObject(meta)) {
-        json_describe(meta, found, sizeof found);
+        kv_json_describe(meta, found, sizeof found);
         return kv_error_set(err, KV_ERR_INPUT,
                             "%s: field '__metadata__': expected an object of strings, found %s",
                             lab, found);
     }
     for (const cJSON *it = meta->child; it != NULL; it = it->next) {
         if (!cJSON_IsString(it)) {
-            json_describe(it, found, sizeof found);
+            kv_json_describe(it, found, sizeof found);
             return kv_error_set(err, KV_ERR_INPUT,
                                 "%s: field '__metadata__.%.64s': expected a string, found %s", lab,
                                 it->string, found);
@@ -416,7 +389,7 @@ KvStatus kv_st_parse(const uint8_t *bytes, size_t len, const char *label, KvSafe
         }
     }
     if (!cJSON_IsObject(root)) {
-        json_describe(root, found, sizeof found);
+        kv_json_describe(root, found, sizeof found);
         st = kv_error_set(err, KV_ERR_INPUT, "%s: header: expected a JSON object, found %s", lab,
                           found);
         goto exit;

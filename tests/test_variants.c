@@ -16,32 +16,26 @@
 #include "forward.h"
 #include "fixture.h"
 #include "prng.h"
+#include "scenario.h"
 
 #define TEST_SEED KV_FIXTURE_DEFAULT_SEED
 #define TEST_PROMPT_SEED 11ULL
 #define N_VARIANTS 6
 static const char *const k_families[] = {"gemma2-tiny", "mistral-tiny"};
 
-/* A scenario, parameterised by the window W: prompt b has
- * len_w[b] * W + len_add[b] tokens. */
-typedef struct {
-    const char *name;
-    int64_t batch;
-    int64_t len_w[2];
-    int64_t len_add[2];
-    bool chunked; /* prefill in chunks of W / 2 + 1 */
-} Scenario;
+/* The scenarios are the gate's own (harness/scenario.c), so this suite
+ * checks exactly what `kvrepro gate` runs. */
+static int n_scenarios(void) {
+    int n = 0;
+    kv_scenario_names(&n);
+    return n;
+}
+#define N_SCENARIOS n_scenarios()
 
-static const Scenario k_scenarios[] = {
-    {"short_prompt_crosses_window", 1, {0, 0}, {5, 0}, false},
-    {"prompt_w_minus_1", 1, {1, 0}, {-1, 0}, false},
-    {"prompt_w", 1, {1, 0}, {0, 0}, false},
-    {"prompt_w_plus_1", 1, {1, 0}, {1, 0}, false},
-    {"prefill_longer_than_window", 1, {3, 0}, {0, 0}, false},
-    {"left_padded_batch", 2, {3, 0}, {0, 3}, false},
-    {"chunked_prefill", 1, {3, 0}, {0, 0}, true},
-};
-#define N_SCENARIOS (int)(sizeof k_scenarios / sizeof k_scenarios[0])
+static const char *scenario_name(int i) {
+    int n = 0;
+    return kv_scenario_names(&n)[i];
+}
 
 /* The captures a graph-mode decode must make (issue 4): 1 for variants
  * without a host branch or shape change; cat_shift and roll re-capture once
@@ -62,59 +56,39 @@ static int64_t expected_captures(const KvCacheOps *v, int64_t prompt_len, int64_
     return 1;
 }
 
-static KvDecodeResult scenario_decode(const KvModel *m, const Scenario *sc,
+static KvDecodeResult scenario_decode(const KvModel *m, const char *name,
                                       const KvCacheOps *variant, KvExecMode mode,
                                       unsigned faults, int64_t *prompt_len,
                                       int64_t replay_every) {
-    const int64_t w = m->config.sliding_window;
-    int32_t *rows[2] = {NULL, NULL};
-    int64_t lens[2] = {0, 0};
-    for (int64_t b = 0; b < sc->batch; b++) {
-        lens[b] = sc->len_w[b] * w + sc->len_add[b];
-        rows[b] = malloc((size_t)lens[b] * sizeof(int32_t));
-        ck_assert_ptr_nonnull(rows[b]);
-        KvPrng g = kv_prng_seed(TEST_PROMPT_SEED + (uint64_t)b);
-        for (int64_t i = 0; i < lens[b]; i++) {
-            rows[b][i] = 1 + (int32_t)kv_prng_below(&g, (uint32_t)(m->config.vocab_size - 1));
-        }
-    }
-    int32_t *tok = NULL;
-    uint8_t *real = NULL;
-    int64_t plen = 0;
+    KvScenario sc;
     KvError err = {{0}};
-    ck_assert(kv_batch_left_pad((const int32_t *const *)rows, lens, sc->batch, 0, &tok, &real,
-                                &plen, &err) == KV_OK);
-    /* Decode at least 3 x W steps past the window whatever the prompt. */
-    int64_t past = plen >= w ? 0 : w - plen;
+    ck_assert_msg(kv_scenario_build(&m->config, name, TEST_PROMPT_SEED, &sc, &err) == KV_OK, "%s",
+                  err.msg);
     KvDecodeSpec spec = {
-        .batch = sc->batch,
-        .prompt_len = plen,
-        .prompt = tok,
-        .prompt_real = real,
-        .new_tokens = past + 3 * w + 2,
-        .prefill_chunk = sc->chunked ? w / 2 + 1 : 0,
+        .batch = sc.batch,
+        .prompt_len = sc.prompt_len,
+        .prompt = sc.prompt,
+        .prompt_real = sc.real,
+        .new_tokens = sc.new_tokens,
+        .prefill_chunk = sc.prefill_chunk,
         .variant = variant,
         .mode = mode,
         .faults = faults,
         .replay_every = replay_every,
         .record_probes = true,
     };
-    if (prompt_len != NULL) *prompt_len = plen;
+    if (prompt_len != NULL) *prompt_len = sc.prompt_len;
     KvDecodeResult r;
     KvStatus st = kv_decode_greedy(m, &spec, &r, &err);
-    ck_assert_msg(st == KV_OK, "%s %s: %s", sc->name, variant ? variant->name : "reference",
-                  err.msg);
-    free(tok);
-    free(real);
-    free(rows[0]);
-    free(rows[1]);
+    ck_assert_msg(st == KV_OK, "%s %s: %s", name, variant ? variant->name : "reference", err.msg);
+    kv_scenario_free(&sc);
     return r;
 }
 
 /* _i = (family * N_SCENARIOS + scenario) */
 START_TEST(test_variants_bitwise) {
     const char *fam = k_families[_i / N_SCENARIOS];
-    const Scenario *sc = &k_scenarios[_i % N_SCENARIOS];
+    const char *sc = scenario_name(_i % N_SCENARIOS);
     KvFixtureModel f;
     KvError err = {{0}};
     ck_assert_msg(kv_fixture_load(fam, TEST_SEED, &f, &err) == KV_OK, "%s", err.msg);
@@ -131,7 +105,7 @@ START_TEST(test_variants_bitwise) {
             KvDecodeResult r = scenario_decode(&f.model, sc, all[v], (KvExecMode)mode, 0, NULL, 7);
             ck_assert_msg(r.replays_checked > 0 && r.replay_mismatch_step < 0,
                           "%s %s %s (%s): replay check: %lld steps checked, mismatch at %lld",
-                          fam, sc->name, all[v]->name, mode_name[mode],
+                          fam, sc, all[v]->name, mode_name[mode],
                           (long long)r.replays_checked, (long long)r.replay_mismatch_step);
             ck_assert_int_eq(r.steps, ref.steps);
             size_t per_step = (size_t)(ref.batch * ref.vocab);
@@ -140,14 +114,14 @@ START_TEST(test_variants_bitwise) {
                            per_step * sizeof(float)) != 0) {
                     ck_abort_msg("%s %s: variant %s (%s) differs from the reference at step %lld "
                                  "(window %lld, seeds %llu/%llu)",
-                                 fam, sc->name, all[v]->name, mode_name[mode], (long long)s,
+                                 fam, sc, all[v]->name, mode_name[mode], (long long)s,
                                  (long long)w, (unsigned long long)TEST_SEED,
                                  (unsigned long long)TEST_PROMPT_SEED);
                 }
             }
             ck_assert_msg(memcmp(r.tokens, ref.tokens,
                                  (size_t)(ref.steps * ref.batch) * sizeof(int32_t)) == 0,
-                          "%s %s %s (%s): tokens differ", fam, sc->name, all[v]->name,
+                          "%s %s %s (%s): tokens differ", fam, sc, all[v]->name,
                           mode_name[mode]);
             /* Every probe, including the layout-independent cache view,
              * hashes the same as the reference's. */
@@ -160,14 +134,14 @@ START_TEST(test_variants_bitwise) {
                     kv_probe_name(&f.model.config, (int64_t)(i / (size_t)ref.batch) % ref.n_probes,
                                   name, sizeof name);
                     ck_abort_msg("%s %s %s (%s): probe %s differs at step %zu row %zu", fam,
-                                 sc->name, all[v]->name, mode_name[mode], name,
+                                 sc, all[v]->name, mode_name[mode], name,
                                  i / (size_t)(ref.n_probes * ref.batch), i % (size_t)ref.batch);
                 }
             }
             const int64_t want = mode == KV_MODE_GRAPH
                                      ? expected_captures(all[v], plen, ref.steps, w) : 0;
             ck_assert_msg(r.graphs_captured == want,
-                          "%s %s %s (%s): %lld graph captures, expected %lld", fam, sc->name,
+                          "%s %s %s (%s): %lld graph captures, expected %lld", fam, sc,
                           all[v]->name, mode_name[mode], (long long)r.graphs_captured,
                           (long long)want);
             kv_decode_result_free(&r);
@@ -193,7 +167,9 @@ START_TEST(test_variants_multi_token) {
     const KvModel *m = &f.model;
     const int64_t w = m->config.sliding_window;
     const int64_t V = m->config.vocab_size;
-    const Scenario *sc = &k_scenarios[0]; /* short prompt crossing the window */
+    const char *sc = "short_prompt_crosses_window";
+    KvScenario scen;
+    ck_assert(kv_scenario_build(&m->config, sc, TEST_PROMPT_SEED, &scen, &err) == KV_OK);
     int64_t plen = 0;
     KvDecodeResult greedy = scenario_decode(m, sc, NULL, KV_MODE_EAGER, 0, &plen, 0);
     /* prompt + continuation, fed as: the prompt at once, then k at a time */
@@ -201,8 +177,8 @@ START_TEST(test_variants_multi_token) {
     int32_t *seq = malloc((size_t)total * sizeof *seq);
     uint8_t *real = malloc((size_t)total);
     ck_assert(seq != NULL && real != NULL);
-    KvPrng g = kv_prng_seed(TEST_PROMPT_SEED);
-    for (int64_t i = 0; i < plen; i++) seq[i] = 1 + (int32_t)kv_prng_below(&g, (uint32_t)(V - 1));
+    memcpy(seq, scen.prompt, (size_t)plen * sizeof *seq); /* one row, no padding */
+    kv_scenario_free(&scen);
     for (int64_t i = 0; i < greedy.steps; i++) seq[plen + i] = greedy.tokens[i];
     memset(real, 1, (size_t)total);
     ck_assert_msg(greedy.steps - 1 >= 3 * w, "decode must run 3W past the window");
@@ -269,7 +245,7 @@ START_TEST(test_graph_freezes_scalars) {
     KvFixtureModel f;
     KvError err = {{0}};
     ck_assert_msg(kv_fixture_load(k_families[_i], TEST_SEED, &f, &err) == KV_OK, "%s", err.msg);
-    const Scenario *sc = &k_scenarios[4]; /* prompt 3W: no re-capture during the decode */
+    const char *sc = "prefill_longer_than_window"; /* no re-capture during the decode */
     const KvCacheOps *ring = kv_cache_find("ring");
     ck_assert_ptr_nonnull(ring);
     KvDecodeResult clean = scenario_decode(&f.model, sc, ring, KV_MODE_GRAPH, 0, NULL, 0);
@@ -301,7 +277,7 @@ START_TEST(test_replay_check_catches_nondeterminism) {
     KvError err = {{0}};
     ck_assert_msg(kv_fixture_load("mistral-tiny", TEST_SEED, &f, &err) == KV_OK, "%s", err.msg);
     const KvCacheOps *ring = kv_cache_find("ring");
-    KvDecodeResult r = scenario_decode(&f.model, &k_scenarios[0], ring, (KvExecMode)_i,
+    KvDecodeResult r = scenario_decode(&f.model, "short_prompt_crosses_window", ring, (KvExecMode)_i,
                                        KV_FAULT_ATOMIC_REDUCTION, NULL, 4);
     ck_assert_msg(r.replay_mismatch_step == 4,
                   "replay check should flag step 4 (the first checked), flagged %lld",
