@@ -410,6 +410,9 @@ int kv_cmd_gate(int argc, char **argv) {
         return KV_EXIT_USAGE;
     }
     o.progress = !quiet && isatty(STDERR_FILENO);
+    int64_t runs_done = 0;
+    o.runs_done = &runs_done;
+    o.started = kv_gate_now();
 
     KvReport rep;
     memset(&rep, 0, sizeof rep);
@@ -442,6 +445,13 @@ int kv_cmd_gate(int argc, char **argv) {
         models[1] = k_default_models[1];
         model_is_dir[0] = model_is_dir[1] = false;
         n_models = 2;
+    }
+    {
+        /* Units (model, scenario) in this shard, for the progress total. */
+        const int per_model = o.custom != NULL ? 1 : o.n_scenarios;
+        int64_t units = 0;
+        for (int u = 0; u < n_models * per_model; u++) units += u % o.shard_n == o.shard_i - 1;
+        o.runs_total = units * kv_gate_runs_per_unit(&o);
     }
     int unit = 0;
     for (int i = 0; i < n_models && st == KV_OK; i++) {

@@ -11,7 +11,7 @@
 #include "forward.h"
 #include "prng.h"
 
-static double matrix_now(void) {
+double kv_gate_now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
@@ -64,10 +64,10 @@ static KvStatus run_decode(const KvModel *m, const KvScenario *sc, const KvCache
         .record_probes = true,
     };
     KvDecodeResult res;
-    const double t0 = matrix_now();
+    const double t0 = kv_gate_now();
     KvStatus st = kv_decode_greedy(m, &spec, &res, err);
     if (st != KV_OK) return st;
-    const double t1 = matrix_now();
+    const double t1 = kv_gate_now();
     const int64_t B = res.batch, S = res.steps, V = res.vocab;
     run->steps = S;
     run->batch = B;
@@ -113,12 +113,18 @@ static int64_t *cand_slot(CandidateTable *t, int v, int mode, int rep) {
     return &t->index[((int64_t)v * 2 + mode) * t->repeats + rep];
 }
 
-static void progress_line(const KvGateOptions *o, int64_t done, int64_t total, const KvRun *r,
-                          double t0) {
-    if (!o->progress) return;
-    fprintf(stderr, "\r[%lld/%lld] %s %s %s/%s/%s/r%d  %.1fs   ", (long long)done,
-            (long long)total, r->model, r->scenario, r->variant, r->backend, r->mode,
-            (int)r->repeat, matrix_now() - t0);
+int64_t kv_gate_runs_per_unit(const KvGateOptions *o) {
+    const int64_t modes = (o->eager ? 1 : 0) + (o->graph ? 1 : 0);
+    return 1 + (o->cpu ? (int64_t)o->n_variants * modes * o->repeats : 0);
+}
+
+/* "[done/total] current run  elapsed" on stderr, rewritten in place. */
+static void progress_line(const KvGateOptions *o, const KvRun *r) {
+    if (!o->progress || o->runs_done == NULL) return;
+    ++*o->runs_done;
+    fprintf(stderr, "\r[%lld/%lld] %s %s %s/%s/%s/r%d  %.1fs   ", (long long)*o->runs_done,
+            (long long)o->runs_total, r->model, r->scenario, r->variant, r->backend, r->mode,
+            (int)r->repeat, kv_gate_now() - o->started);
     fflush(stderr);
 }
 
@@ -165,10 +171,6 @@ static KvStatus run_scenario(const KvModel *m, const char *model_name, const KvS
     tab.index = malloc((size_t)(o->n_variants * 2 * o->repeats) * sizeof *tab.index);
     if (tab.index == NULL) return kv_error_set(err, KV_ERR_INTERNAL, "out of memory");
     for (int64_t i = 0; i < (int64_t)o->n_variants * 2 * o->repeats; i++) tab.index[i] = -1;
-    const double t0 = matrix_now();
-    const int64_t total = 1 + (int64_t)o->n_variants * ((o->eager ? 1 : 0) + (o->graph ? 1 : 0)) *
-                                  o->repeats;
-    int64_t done = 0;
 
     /* The reference. */
     const int64_t ref = report_add_run(rep);
@@ -179,7 +181,7 @@ static KvStatus run_scenario(const KvModel *m, const char *model_name, const KvS
     run_identify(&rep->runs[ref], model_name, sc->name, "reference", "cpu", "eager", 0);
     st = run_decode(m, sc, NULL, KV_MODE_EAGER, o, NULL, &rep->runs[ref], err);
     if (st != KV_OK) goto exit;
-    progress_line(o, ++done, total, &rep->runs[ref], t0);
+    progress_line(o, &rep->runs[ref]);
 
     for (int v = 0; o->cpu && v < o->n_variants; v++) {
         for (int mi = 0; mi < 2; mi++) {
@@ -244,7 +246,7 @@ static KvStatus run_scenario(const KvModel *m, const char *model_name, const KvS
                     st = report_add_comparison(rep, &c, err);
                     if (st != KV_OK) goto exit;
                 }
-                progress_line(o, ++done, total, run, t0);
+                progress_line(o, run);
             }
         }
     }

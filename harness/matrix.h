@@ -38,9 +38,19 @@ typedef struct {
                                        * u % shard_n == shard_i - 1 */
     bool timings;                     /* record wall time (breaks byte-identical reports) */
     bool progress;                    /* progress line on stderr */
+    int64_t *runs_done;               /* progress: runs finished so far (all models) */
+    int64_t runs_total;               /* progress: runs the whole gate will make */
+    double started;                   /* progress: CLOCK_MONOTONIC seconds at gate start */
     int64_t full_logits_max_vocab;    /* above this vocabulary, runs keep only their top
                                        * KV_TOPK logits per row (after all comparisons) */
 } KvGateOptions;
+
+/* Candidate + reference runs one (model, scenario) unit makes (CPU runs;
+ * skipped CUDA entries are not runs that take time). */
+int64_t kv_gate_runs_per_unit(const KvGateOptions *o);
+
+/* CLOCK_MONOTONIC in seconds (progress and --timings). */
+double kv_gate_now(void);
 
 /* Runs the matrix for one model and appends runs and comparisons to rep.
  * *unit is the running (model, scenario) counter used for sharding. */
