@@ -92,7 +92,7 @@ kv_expect_match("${out}" "replays of step [0-9]+ from one snapshot were not bitw
 
 # Bad input: exit 2 and a message naming the file and field.
 kv_run(2 out err ${KVREPRO} gate --model "${WORK}/missing")
-kv_expect_match("${err}" "cli_work/missing: cannot open" "missing model dir")
+kv_expect_match("${err}" "/missing: cannot open" "missing model dir")
 file(MAKE_DIRECTORY "${WORK}/bad")
 file(READ "${WORK}/g/config.json" cfg)
 string(REGEX REPLACE "\"hidden_size\":[ \t]*[0-9]+" "\"hidden_size\": \"128\"" cfg "${cfg}")
