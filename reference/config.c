@@ -6,6 +6,7 @@
  * does not implement (RoPE scaling, biases, other activations) is rejected
  * with a message rather than silently computed differently. */
 #include "config.h"
+#include "file_open.h"
 #include "json_describe.h"
 
 #include <cjson/cJSON.h>
@@ -459,20 +460,8 @@ KvStatus kv_config_load(const char *path, KvConfig *out, KvError *err) {
     struct stat sb;
 
     memset(out, 0, sizeof *out);
-    fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        st = kv_error_set(err, KV_ERR_INPUT, "%s: cannot open: %s", path, strerror(errno));
-        goto exit;
-    }
-    if (fstat(fd, &sb) != 0) {
-        st = kv_error_set(err, KV_ERR_INPUT, "%s: cannot stat: %s", path, strerror(errno));
-        goto exit;
-    }
-    if (!S_ISREG(sb.st_mode)) {
-        st = kv_error_set(err, KV_ERR_INPUT, "%s: expected a regular file, found %s", path,
-                          S_ISDIR(sb.st_mode) ? "a directory" : "another kind of file");
-        goto exit;
-    }
+    st = kv_file_open_regular(path, &fd, &sb, err);
+    if (st != KV_OK) goto exit;
     if (sb.st_size > (off_t)KV_CONFIG_MAX_BYTES) {
         st = kv_error_set(err, KV_ERR_INPUT, "%s: expected at most %u bytes, found %lld", path,
                           KV_CONFIG_MAX_BYTES, (long long)sb.st_size);

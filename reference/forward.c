@@ -274,13 +274,14 @@ static void op_positions(const void *ap) {
     }
 }
 
+/* Arguments of the ops that need only the state and the token count. */
 typedef struct {
     KvRefState *s;
     int64_t n;
-} ArgsEmbed;
+} ArgsStepN;
 
 static void op_embed(const void *ap) {
-    const ArgsEmbed *a = ap;
+    const ArgsStepN *a = ap;
     KvRefState *s = a->s;
     const KvConfig *c = &s->model->config;
     const int64_t hidden = c->hidden_size;
@@ -340,13 +341,9 @@ static void op_matmul_multi(const void *ap) {
     kv_matmul_multi(a->x, a->rows, a->in, a->count, a->w, a->out, a->y);
 }
 
-typedef struct {
-    KvRefState *s;
-    int64_t n;
-} ArgsRope;
 
 static void op_rope(const void *ap) {
-    const ArgsRope *a = ap;
+    const ArgsStepN *a = ap;
     KvRefState *s = a->s;
     const KvConfig *c = &s->model->config;
     const int64_t hd = c->head_dim;
@@ -550,7 +547,7 @@ static void op_glu(const void *ap) {
 
 /* Final norm of each row's last token, lm_head, final softcap. */
 static void op_final(const void *ap) {
-    const ArgsEmbed *a = ap;
+    const ArgsStepN *a = ap;
     KvRefState *s = a->s;
     const KvModel *m = s->model;
     const KvConfig *c = &m->config;
@@ -583,13 +580,9 @@ static void op_final(const void *ap) {
 
 /* Greedy argmax into the next step's input (ties to the lowest id), then
  * the position advances by n: the last ops of a captured decode step. */
-typedef struct {
-    KvRefState *s;
-    int64_t n;
-} ArgsAdvance;
 
 static void op_argmax_advance(const void *ap) {
-    const ArgsAdvance *a = ap;
+    const ArgsStepN *a = ap;
     KvRefState *s = a->s;
     const int64_t vocab = s->model->config.vocab_size;
     for (int64_t b = 0; b < s->batch; b++) {
@@ -620,7 +613,7 @@ static void launch_layer(KvRefState *s, int64_t layer, int64_t n) {
     ArgsMatmulMulti qkv = {s->xn, {w->wq, w->wk, w->wv}, {s->q, s->kn, s->vn},
                            {q_dim, kv_dim, kv_dim}, rows, hidden, 3};
     kv_stream_launch(st, op_matmul_multi, &qkv, sizeof qkv);
-    ArgsRope rope = {s, n};
+    ArgsStepN rope = {s, n};
     kv_stream_launch(st, op_rope, &rope, sizeof rope);
     launch_probe(s, probe_layer(layer, 0), s->q, n * q_dim * (int64_t)sizeof(float));
     launch_probe(s, probe_layer(layer, 1), s->kn, n * kv_dim * (int64_t)sizeof(float));
@@ -686,7 +679,7 @@ static void launch_layer(KvRefState *s, int64_t layer, int64_t n) {
 void kv_ref_launch_forward(KvRefState *s, int64_t n) {
     ArgsPositions pos = {s, n, s->len};
     kv_stream_launch(&s->stream, op_positions, &pos, sizeof pos);
-    ArgsEmbed emb = {s, n};
+    ArgsStepN emb = {s, n};
     const KvConfig *c = &s->model->config;
     kv_stream_launch(&s->stream, op_embed, &emb, sizeof emb);
     launch_probe(s, 0, s->x, n * c->hidden_size * (int64_t)sizeof(float));
@@ -694,7 +687,7 @@ void kv_ref_launch_forward(KvRefState *s, int64_t n) {
     kv_stream_launch(&s->stream, op_final, &emb, sizeof emb);
     launch_probe(s, s->n_probes - 2, s->last, c->hidden_size * (int64_t)sizeof(float));
     launch_probe(s, s->n_probes - 1, s->logits, c->vocab_size * (int64_t)sizeof(float));
-    ArgsAdvance adv = {s, n};
+    ArgsStepN adv = {s, n};
     kv_stream_launch(&s->stream, op_argmax_advance, &adv, sizeof adv);
 }
 

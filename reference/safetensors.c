@@ -7,6 +7,7 @@
  * overlapping another tensor. A malformed file is KV_ERR_INPUT with a message
  * naming the file, the tensor and the field; nothing is allocated on failure. */
 #include "safetensors.h"
+#include "file_open.h"
 #include "json_describe.h"
 
 #include "bigalloc.h"
@@ -472,20 +473,8 @@ KvStatus kv_st_open(const char *path, KvSafetensors *out, KvError *err) {
     struct stat sb;
 
     memset(out, 0, sizeof *out);
-    fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        st = kv_error_set(err, KV_ERR_INPUT, "%s: cannot open: %s", path, strerror(errno));
-        goto exit;
-    }
-    if (fstat(fd, &sb) != 0) {
-        st = kv_error_set(err, KV_ERR_INPUT, "%s: cannot stat: %s", path, strerror(errno));
-        goto exit;
-    }
-    if (!S_ISREG(sb.st_mode)) {
-        st = kv_error_set(err, KV_ERR_INPUT, "%s: expected a regular file, found %s", path,
-                          S_ISDIR(sb.st_mode) ? "a directory" : "another kind of file");
-        goto exit;
-    }
+    st = kv_file_open_regular(path, &fd, &sb, err);
+    if (st != KV_OK) goto exit;
     /* mmap of 0 bytes fails and a shorter file cannot hold the length
      * prefix: report it here as a format error, not a mapping error. */
     if (sb.st_size < 8) {

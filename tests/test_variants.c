@@ -287,6 +287,35 @@ START_TEST(test_replay_check_catches_nondeterminism) {
 }
 END_TEST
 
+/* An out-of-bounds cache write fails the decode: a float written just
+ * before a sliding layer's first key slot (where a wrong index would land)
+ * makes the next forward return KV_ERR_INTERNAL naming layer and variant.
+ * _i = variant index. */
+START_TEST(test_sentinel_write_fails_forward) {
+    KvFixtureModel f;
+    KvError err = {{0}};
+    ck_assert_msg(kv_fixture_load("mistral-tiny", TEST_SEED, &f, &err) == KV_OK, "%s", err.msg);
+    int count = 0;
+    const KvCacheOps *v = kv_cache_all(&count)[_i];
+    KvRefState st;
+    ck_assert(kv_ref_state_init(&st, &f.model, 1, 64, 8, v, &err) == KV_OK);
+    int32_t tok[8] = {3, 4, 5, 6, 7, 8, 9, 10};
+    uint8_t real[8] = {1, 1, 1, 1, 1, 1, 1, 1};
+    ck_assert_msg(kv_ref_forward(&f.model, &st, tok, real, 8, NULL, &err) == KV_OK, "%s", err.msg);
+    const KvCacheView view = v->view(st.caches[0]);
+    float *before = (float *)view.k - 1; /* inside the front guard region */
+    const float saved = *before;
+    *before = 1.0f;
+    ck_assert_int_eq(kv_ref_forward(&f.model, &st, tok, real, 1, NULL, &err), KV_ERR_INTERNAL);
+    ck_assert_msg(strstr(err.msg, "sentinel") != NULL && strstr(err.msg, "layer 0") != NULL &&
+                      strstr(err.msg, v->name) != NULL,
+                  "%s", err.msg);
+    *before = saved;
+    kv_ref_state_free(&st);
+    kv_fixture_free(&f);
+}
+END_TEST
+
 int main(void) {
     Suite *s = suite_create("variants");
     TCase *tc = tcase_create("cpu");
@@ -295,6 +324,7 @@ int main(void) {
     tcase_add_loop_test(tc, test_variants_multi_token, 0, 8);
     tcase_add_loop_test(tc, test_graph_freezes_scalars, 0, 2);
     tcase_add_loop_test(tc, test_replay_check_catches_nondeterminism, 0, 2);
+    tcase_add_loop_test(tc, test_sentinel_write_fails_forward, 0, N_VARIANTS);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
