@@ -90,6 +90,9 @@ typedef struct {
     bool (*sentinels_ok)(const KvSlidingCache *c);
     /* The persistent state (buffers and counters), for snapshots. */
     KvCacheState (*state)(KvSlidingCache *c);
+    /* Planted faults (fault.h): the variant keeps the KV_FAULT_* bits it
+     * implements and ignores the rest. NULL when it implements none. */
+    void (*plant)(KvSlidingCache *c, unsigned faults);
 } KvCacheOps;
 
 /* The six variants of DESIGN §3. */

@@ -27,6 +27,7 @@
 #include <string.h>
 
 #include "cache_internal.h"
+#include "fault.h"
 
 struct KvSlidingCache {
     const KvCacheOps *ops; /* &kv_cache_cat_shift: a handle given to another table is refused */
@@ -34,6 +35,7 @@ struct KvSlidingCache {
     KvCacheSlots cur;      /* W slots per row, the ones attention reads */
     /* The cat result, distinct from the cache so the shift never overlaps. */
     KvCacheSlots tmp;      /* W slots per row, same shape as cur */
+    unsigned faults;       /* planted: KV_FAULT_INPLACE_SHIFT or 0 */
 };
 
 static void cat_shift_destroy(KvSlidingCache *c) {
@@ -110,6 +112,27 @@ static void cat_shift_update(KvSlidingCache *c, const float *k_new, const float 
         return;
     }
 
+    if (n == 1 && (c->faults & KV_FAULT_INPLACE_SHIFT)) {
+        /* Planted KV_FAULT_INPLACE_SHIFT (fault.h): keys[:, :-1] = keys[:, 1:]
+         * with no temporary. On a GPU the blocks race; the CPU analog is the
+         * overlapping copy run in the wrong direction (last slot first), so
+         * every slot ends up holding the newest old row. The positions are
+         * bookkeeping and stay right, so the cache looks plausible. */
+        for (int64_t b = 0; b < B; b++) {
+            for (int64_t i = W - 2; i >= 0; i--) {
+                memcpy(cur->k + (b * W + i) * D, cur->k + (b * W + i + 1) * D, row_bytes);
+                memcpy(cur->v + (b * W + i) * D, cur->v + (b * W + i + 1) * D, row_bytes);
+                cur->real[b * W + i] = cur->real[b * W + i + 1];
+            }
+            memcpy(cur->k + (b * W + W - 1) * D, k_new + b * D, row_bytes);
+            memcpy(cur->v + (b * W + W - 1) * D, v_new + b * D, row_bytes);
+            cur->real[b * W + W - 1] = real_new[b];
+        }
+        memmove(cur->pos, cur->pos + 1, (size_t)(W - 1) * sizeof(int64_t));
+        cur->pos[W - 1] = p0;
+        return;
+    }
+
     if (n == 1) {
         /* Full: tmp = cat(keys[:, 1:], new), then keys = tmp. */
         for (int64_t b = 0; b < B; b++) {
@@ -165,6 +188,11 @@ static void cat_shift_update(KvSlidingCache *c, const float *k_new, const float 
     cat_shift_commit(c);
 }
 
+static void cat_shift_plant(KvSlidingCache *c, unsigned faults) {
+    if (c == NULL || c->ops != &kv_cache_cat_shift) return;
+    c->faults = faults & KV_FAULT_INPLACE_SHIFT;
+}
+
 static KvCacheView cat_shift_view(const KvSlidingCache *c) {
     if (c == NULL || c->ops != &kv_cache_cat_shift) return (KvCacheView){0};
     return kv_slots_view(&c->cur, c->window);
@@ -192,4 +220,5 @@ const KvCacheOps kv_cache_cat_shift = {
     .regime = cat_shift_regime,
     .sentinels_ok = cat_shift_sentinels_ok,
     .state = cat_shift_state,
+    .plant = cat_shift_plant,
 };

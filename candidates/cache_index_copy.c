@@ -25,6 +25,7 @@
 #include <string.h>
 
 #include "cache_internal.h"
+#include "fault.h"
 
 struct KvSlidingCache {
     const KvCacheOps *ops; /* &kv_cache_index_copy: a handle given to another table is refused */
@@ -34,6 +35,7 @@ struct KvSlidingCache {
      * gather through a permutation cannot run in place. */
     KvCacheSlots tmp;      /* W slots per row, same shape as cur */
     int64_t *indices;      /* (W) gather indices, recomputed from *total on every update */
+    unsigned faults;       /* planted: KV_FAULT_PREFILL_FIRST_W or 0 */
 };
 
 static void index_copy_destroy(KvSlidingCache *c) {
@@ -150,12 +152,21 @@ static void index_copy_update(KvSlidingCache *c, const float *k_new, const float
     for (int64_t i = 0; i < W; i++) c->indices[i] = (i + shift) % W;
     index_copy_gather(c);
     /* Only new rows inside the window are stored: of a prefill longer than W,
-     * the last W. */
+     * the last W. Planted KV_FAULT_PREFILL_FIRST_W (fault.h): the slots and
+     * positions are right but the data comes from the first rows
+     * (key_states[:, :, :W] instead of [:, :, -W:]). */
     const int64_t j0 = first_new > p0 ? first_new - p0 : 0;
+    const bool first_w = (c->faults & KV_FAULT_PREFILL_FIRST_W) != 0;
     for (int64_t j = j0; j < n; j++) {
-        index_copy_put(c, p0 + j - first_new, k_new, v_new, real_new, n, j, p0 + j);
+        index_copy_put(c, p0 + j - first_new, k_new, v_new, real_new, n, first_w ? j - j0 : j,
+                       p0 + j);
     }
     index_copy_commit(c);
+}
+
+static void index_copy_plant(KvSlidingCache *c, unsigned faults) {
+    if (c == NULL || c->ops != &kv_cache_index_copy) return;
+    c->faults = faults & KV_FAULT_PREFILL_FIRST_W;
 }
 
 static KvCacheView index_copy_view(const KvSlidingCache *c) {
@@ -191,4 +202,5 @@ const KvCacheOps kv_cache_index_copy = {
     .regime = index_copy_regime,
     .sentinels_ok = index_copy_sentinels_ok,
     .state = index_copy_state,
+    .plant = index_copy_plant,
 };

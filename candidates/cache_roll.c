@@ -28,6 +28,7 @@
 #include <string.h>
 
 #include "cache_internal.h"
+#include "fault.h"
 
 struct KvSlidingCache {
     const KvCacheOps *ops; /* &kv_cache_roll: a handle given to another table is refused */
@@ -35,6 +36,7 @@ struct KvSlidingCache {
     KvCacheSlots cur;      /* W slots per row, the ones attention reads */
     /* torch.roll's output tensor: never the input, so the roll cannot race. */
     KvCacheSlots out;      /* W slots per row, same shape as cur */
+    unsigned faults;       /* planted: KV_FAULT_INPLACE_SHIFT or 0 */
 };
 
 static void roll_destroy(KvSlidingCache *c) {
@@ -92,9 +94,36 @@ static void roll_left_rows(const void *in, void *out, int64_t rows, int64_t W, s
     }
 }
 
+/* Planted KV_FAULT_INPLACE_SHIFT (fault.h): the roll written straight into
+ * the cache, no output buffer. On a GPU the blocks race; the CPU analog is
+ * the overlapping copy in the wrong direction: slot i takes slot i + shift
+ * walking down from the top, so it reads rows this pass already overwrote,
+ * and the wrapped head reads overwritten rows too. Positions are bookkeeping
+ * and roll correctly through the output buffer, so the cache looks right. */
+static void roll_shift_left_inplace(KvSlidingCache *c, int64_t shift) {
+    KvCacheSlots *cur = &c->cur;
+    const int64_t B = cur->batch, W = c->window, D = cur->dim;
+    const size_t row_bytes = (size_t)D * sizeof(float);
+    for (int64_t b = 0; b < B; b++) {
+        for (int64_t i = W - 1; i >= 0; i--) {
+            const int64_t src = b * W + (i + shift) % W;
+            const int64_t dst = b * W + i;
+            memcpy(cur->k + dst * D, cur->k + src * D, row_bytes);
+            memcpy(cur->v + dst * D, cur->v + src * D, row_bytes);
+            cur->real[dst] = cur->real[src];
+        }
+    }
+    roll_left_rows(cur->pos, c->out.pos, 1, W, sizeof(int64_t), shift);
+    memcpy(cur->pos, c->out.pos, (size_t)W * sizeof(int64_t));
+}
+
 /* keys = roll(keys, -shift) through the output buffers, then copied back (a
  * copy, not a swap: the view's pointers stay fixed for a captured graph). */
 static void roll_shift_left(KvSlidingCache *c, int64_t shift) {
+    if (c->faults & KV_FAULT_INPLACE_SHIFT) {
+        roll_shift_left_inplace(c, shift);
+        return;
+    }
     const KvCacheSlots *cur = &c->cur;
     KvCacheSlots *out = &c->out;
     const int64_t B = cur->batch, W = c->window;
@@ -165,6 +194,11 @@ static void roll_update(KvSlidingCache *c, const float *k_new, const float *v_ne
     }
 }
 
+static void roll_plant(KvSlidingCache *c, unsigned faults) {
+    if (c == NULL || c->ops != &kv_cache_roll) return;
+    c->faults = faults & KV_FAULT_INPLACE_SHIFT;
+}
+
 static KvCacheView roll_view(const KvSlidingCache *c) {
     if (c == NULL || c->ops != &kv_cache_roll) return (KvCacheView){0};
     return kv_slots_view(&c->cur, c->window);
@@ -192,4 +226,5 @@ const KvCacheOps kv_cache_roll = {
     .regime = roll_regime,
     .sentinels_ok = roll_sentinels_ok,
     .state = roll_state,
+    .plant = roll_plant,
 };

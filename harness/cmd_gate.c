@@ -16,11 +16,13 @@
 #include "compare.h"
 #include "cuda_device.h"
 #include "decode.h"
+#include "fault.h"
 #include "fixture.h"
 #include "forward.h"
 #include "junit.h"
 #include "matrix.h"
 #include "model.h"
+#include "mutation.h"
 #include "prng.h"
 #include "report.h"
 #include "report_h5.h"
@@ -40,7 +42,8 @@ static void gate_usage(FILE *f) {
             "                    [--repeats N] [--report PATH.h5] [--junit PATH.xml]\n"
             "                    [--shard I/N] [--tol NAME=VALUE]... [--prompts FILE\n"
             "                    --max-new-tokens N] [--seed N] [--prompt-seed N]\n"
-            "                    [--replay-every N] [--fault NAME] [--timings]\n"
+            "                    [--replay-every N] [--fault LIST | --faults LIST|all]\n"
+            "                    [--timings]\n"
             "                    [--quiet | --verbose]\n\n"
             "Runs the reference and every selected cache variant on every scenario, compares\n"
             "them (reference agreement within tolerances; repeats, graph vs eager, variant vs\n"
@@ -67,8 +70,14 @@ static void gate_usage(FILE *f) {
             "  --seed N          fixture weight seed (default %llu)\n"
             "  --prompt-seed N   scenario prompt seed (default %llu)\n"
             "  --replay-every N  replay-check every N-th decode step (default 5, 0 = off)\n"
-            "  --fault NAME      plant a fault in every candidate run: stale_scalar,\n"
-            "                    atomic_reduction (the gate must then fail)\n"
+            "  --fault LIST      plant these faults (comma-separated) in every candidate run:\n"
+            "                    stale_scalar, atomic_reduction, inplace_shift,\n"
+            "                    window_off_by_one, prefill_first_w, unwritten_slot,\n"
+            "                    no_recapture, tf32 (the gate must then fail)\n"
+            "  --faults LIST|all mutation score: the matrix once clean and once per fault,\n"
+            "                    into one report; prints per fault whether and how the gate\n"
+            "                    caught it, 'mutation score: C/P' and 'false alarms: N'; exits\n"
+            "                    1 unless every fault was caught with no false alarm\n"
             "  --timings         record wall times (the report is then not byte-reproducible)\n"
             "  --full-logits-max-vocab N\n"
             "                    above this vocabulary the report keeps each row's top-%d logits\n"
@@ -216,6 +225,44 @@ exit:
     return st;
 }
 
+/* Parses a comma-separated list of fault names ("all" too when allow_all):
+ * ORs them into *bits (when bits is not NULL), else appends each distinct
+ * fault's bit to list (*count entries, at most KV_FAULT_COUNT). Prints the
+ * error and returns false on an unknown name or an empty list. */
+static bool gate_parse_faults(const char *opt, const char *text, bool allow_all, unsigned *bits,
+                              unsigned *list, int *count) {
+    int n_all = 0;
+    const KvFaultInfo *all = kv_fault_all(&n_all);
+    char *copy = strdup(text);
+    bool ok = copy != NULL && text[0] != '\0';
+    for (char *tok = ok ? strtok(copy, ",") : NULL; ok && tok != NULL; tok = strtok(NULL, ",")) {
+        const bool every = allow_all && strcmp(tok, "all") == 0;
+        const KvFaultInfo *f = kv_fault_find(tok);
+        if (!every && f == NULL) {
+            ok = false;
+            break;
+        }
+        for (int k = 0; k < n_all; k++) {
+            if (!every && all[k].bit != f->bit) continue;
+            if (bits != NULL) {
+                *bits |= all[k].bit;
+                continue;
+            }
+            bool seen = false;
+            for (int j = 0; j < *count; j++) seen = seen || list[j] == all[k].bit;
+            if (!seen) list[(*count)++] = all[k].bit;
+        }
+    }
+    if (!ok) {
+        char names[256];
+        kv_fault_names(~0u, names, sizeof names);
+        fprintf(stderr, "kvrepro gate: %s: expected a comma-separated list of %s%s, found '%s'\n",
+                opt, names, allow_all ? " or all" : "", text);
+    }
+    free(copy);
+    return ok;
+}
+
 /* Fills the report's root attributes (DESIGN §8). */
 static void gate_report_root(KvReport *rep, const KvGateOptions *o, uint64_t seed) {
     snprintf(rep->tool_version, sizeof rep->tool_version, "%s", KV_VERSION);
@@ -245,7 +292,10 @@ int kv_cmd_gate(int argc, char **argv) {
     int n_scen_items = -1, n_var_items = -1;
     const char *report_path = NULL, *junit_path = NULL, *prompts_path = NULL;
     uint64_t seed = KV_FIXTURE_DEFAULT_SEED, max_new = 0, u = 0;
-    bool quiet = false, verbose = false, bad = false;
+    bool quiet = false, verbose = false, bad = false, mutation = false;
+    KvMutationPass passes[1 + KV_FAULT_COUNT];
+    int n_passes = 1;
+    memset(passes, 0, sizeof passes);
     KvError err = {{0}};
     KvGateOptions o = {
         .cpu = true, .cuda = true, .eager = true, .graph = true, .repeats = 3,
@@ -344,19 +394,28 @@ int kv_cmd_gate(int argc, char **argv) {
             o.shard_n = sn;
         } else if (kv_cli_take(argc, argv, &i, "--fault", &v, &bad)) {
             if (bad) break;
-            if (strcmp(v, "stale_scalar") == 0) {
-                o.faults |= KV_FAULT_STALE_SCALAR;
-            } else if (strcmp(v, "atomic_reduction") == 0) {
-                o.faults |= KV_FAULT_ATOMIC_REDUCTION;
-            } else {
-                fprintf(stderr, "kvrepro gate: --fault: expected stale_scalar or atomic_reduction, "
-                        "found '%s'\n", v);
-                bad = true;
-            }
+            bad = !gate_parse_faults("--fault", v, false, &o.faults, NULL, NULL);
+        } else if (kv_cli_take(argc, argv, &i, "--faults", &v, &bad)) {
+            if (bad) break;
+            mutation = true;
+            unsigned list[KV_FAULT_COUNT];
+            int n_list = 0;
+            bad = !gate_parse_faults("--faults", v, true, NULL, list, &n_list);
+            n_passes = 1 + n_list; /* passes[0] is the clean pass */
+            for (int k = 0; k < n_list; k++) passes[1 + k].faults = list[k];
         } else {
             fprintf(stderr, "kvrepro gate: unknown option '%s'\n", argv[i]);
             bad = true;
         }
+    }
+    if (!bad && mutation && o.faults != 0) {
+        fprintf(stderr, "kvrepro gate: --fault and --faults exclude each other\n");
+        bad = true;
+    }
+    if (!bad && mutation && junit_path != NULL) {
+        fprintf(stderr, "kvrepro gate: --junit describes one gate, not a mutation score; drop it "
+                "or run the gate without --faults\n");
+        bad = true;
     }
     if (!bad && prompts_path != NULL && max_new == 0) {
         fprintf(stderr, "kvrepro gate: --prompts needs --max-new-tokens N (N >= 1)\n");
@@ -451,8 +510,10 @@ int kv_cmd_gate(int argc, char **argv) {
         const int per_model = o.custom != NULL ? 1 : o.n_scenarios;
         int64_t units = 0;
         for (int u = 0; u < n_models * per_model; u++) units += u % o.shard_n == o.shard_i - 1;
-        o.runs_total = units * kv_gate_runs_per_unit(&o);
+        o.runs_total = units * kv_gate_runs_per_unit(&o) * n_passes;
     }
+    if (!mutation) passes[0].faults = o.faults;
+    for (int p = 0; p < n_passes; p++) passes[p].first_fail = -1;
     int unit = 0;
     for (int i = 0; i < n_models && st == KV_OK; i++) {
         KvModel dir_model = {0};
@@ -485,7 +546,16 @@ int kv_cmd_gate(int argc, char **argv) {
                     }
                 }
             }
-            if (st == KV_OK) st = kv_gate_run_model(m, name, &o, &unit, &rep, &err);
+            /* Every pass runs the same (model, scenario) units, so a shard
+             * holds the same units clean and faulty. */
+            const int unit_base = unit;
+            for (int p = 0; p < n_passes && st == KV_OK; p++) {
+                unit = unit_base;
+                o.faults = passes[p].faults;
+                const int64_t from = rep.n_comparisons;
+                st = kv_gate_run_model(m, name, &o, &unit, &rep, &err);
+                kv_mutation_account(&passes[p], &rep, from, rep.n_comparisons);
+            }
         }
         kv_model_free(&dir_model);
         kv_fixture_free(&fx);
@@ -494,8 +564,11 @@ int kv_cmd_gate(int argc, char **argv) {
 
     bool failed = false;
     for (int64_t c = 0; c < rep.n_comparisons; c++) {
+        /* In a mutation run the faulty passes are meant to fail: only the
+         * clean runs' failures (false alarms) are listed unless --verbose. */
+        const bool planted = mutation && rep.runs[rep.comparisons[c].run_b].fault[0] != '\0';
         failed = failed || rep.comparisons[c].verdict == KV_VERDICT_FAIL;
-        if (verbose || (!quiet && rep.comparisons[c].verdict == KV_VERDICT_FAIL)) {
+        if (verbose || (!quiet && !planted && rep.comparisons[c].verdict == KV_VERDICT_FAIL)) {
             char la[96], lb[96];
             kv_run_label(&rep.runs[rep.comparisons[c].run_a], la, sizeof la);
             kv_run_label(&rep.runs[rep.comparisons[c].run_b], lb, sizeof lb);
@@ -505,7 +578,15 @@ int kv_cmd_gate(int argc, char **argv) {
                    la, lb, rep.comparisons[c].message);
         }
     }
-    st = kv_report_print_summary(&rep, stdout);
+    if (mutation) {
+        /* The per-run table of a mutation run is thousands of lines: the
+         * report and `kvrepro show` have it; --verbose prints it. */
+        st = verbose ? kv_report_print_summary(&rep, stdout) : KV_OK;
+        if (st == KV_OK) st = kv_mutation_print(passes, n_passes, &rep, stdout);
+        failed = kv_mutation_caught(passes, n_passes) < n_passes - 1 || passes[0].failed > 0;
+    } else {
+        st = kv_report_print_summary(&rep, stdout);
+    }
     if (st != KV_OK) {
         kv_error_set(&err, st, "cannot print the summary table");
         goto done;

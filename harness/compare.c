@@ -59,7 +59,9 @@ KvStatus kv_tolerances_record(const KvTolerances *t, KvReport *rep, KvError *err
 }
 
 void kv_run_label(const KvRun *r, char *out, size_t len) {
-    snprintf(out, len, "%s/%s/%s/r%d", r->variant, r->backend, r->mode, (int)r->repeat);
+    char vl[2 * KV_NAME_LEN + 2];
+    kv_run_variant_label(r, vl, sizeof vl);
+    snprintf(out, len, "%s/%s/%s/r%d", vl, r->backend, r->mode, (int)r->repeat);
 }
 
 static void compare_init(KvComparison *c, KvCompareKind kind, int64_t a, int64_t b) {

@@ -8,6 +8,7 @@
 
 #include "cuda_device.h"
 #include "decode.h"
+#include "fault.h"
 #include "forward.h"
 #include "prng.h"
 
@@ -35,8 +36,10 @@ static KvStatus report_add_comparison(KvReport *rep, const KvComparison *c, KvEr
     return KV_OK;
 }
 
+/* faults: the planted faults of a candidate run (0 for the reference). */
 static void run_identify(KvRun *r, const char *model, const char *scenario, const char *variant,
-                         const char *backend, const char *mode, int repeat) {
+                         const char *backend, const char *mode, int repeat, unsigned faults) {
+    kv_fault_names(faults, r->fault, sizeof r->fault);
     snprintf(r->model, sizeof r->model, "%s", model);
     snprintf(r->scenario, sizeof r->scenario, "%s", scenario);
     snprintf(r->variant, sizeof r->variant, "%s", variant);
@@ -73,6 +76,7 @@ static KvStatus run_decode(const KvModel *m, const KvScenario *sc, const KvCache
     run->batch = B;
     run->vocab = V;
     run->prompt_len = sc->prompt_len;
+    run->prefill_chunk = sc->prefill_chunk;
     run->prompt = malloc((size_t)(B * sc->prompt_len) * sizeof *run->prompt);
     run->prompt_real = malloc((size_t)(B * sc->prompt_len));
     run->logits_hash = malloc((size_t)(S * B) * sizeof *run->logits_hash);
@@ -178,7 +182,7 @@ static KvStatus run_scenario(const KvModel *m, const char *model_name, const KvS
         st = kv_error_set(err, KV_ERR_INTERNAL, "out of memory");
         goto exit;
     }
-    run_identify(&rep->runs[ref], model_name, sc->name, "reference", "cpu", "eager", 0);
+    run_identify(&rep->runs[ref], model_name, sc->name, "reference", "cpu", "eager", 0, 0);
     st = run_decode(m, sc, NULL, KV_MODE_EAGER, o, NULL, &rep->runs[ref], err);
     if (st != KV_OK) goto exit;
     progress_line(o, &rep->runs[ref]);
@@ -194,7 +198,7 @@ static KvStatus run_scenario(const KvModel *m, const char *model_name, const KvS
                 }
                 KvRun *run = &rep->runs[idx];
                 run_identify(run, model_name, sc->name, o->variants[v]->name, "cpu",
-                             mode_name[mi], k);
+                             mode_name[mi], k, o->faults);
                 st = run_decode(m, sc, o->variants[v], (KvExecMode)modes[mi], o, NULL, run, err);
                 if (st != KV_OK) goto exit;
                 *cand_slot(&tab, v, mi, k) = idx;
@@ -206,7 +210,7 @@ static KvStatus run_scenario(const KvModel *m, const char *model_name, const KvS
                          * tokens so the later steps are still compared. */
                         KvRun forced = {0};
                         run_identify(&forced, model_name, sc->name, o->variants[v]->name, "cpu",
-                                     mode_name[mi], k);
+                                     mode_name[mi], k, o->faults);
                         forced.replay_mismatch_step = -1;
                         st = run_decode(m, sc, o->variants[v], (KvExecMode)modes[mi], o,
                                         rep->runs[ref].tokens, &forced, err);
@@ -269,7 +273,8 @@ static KvStatus run_scenario(const KvModel *m, const char *model_name, const KvS
                 goto exit;
             }
             KvRun *run = &rep->runs[idx];
-            run_identify(run, model_name, sc->name, o->variants[v]->name, "cuda", mode_name[mi], 0);
+            run_identify(run, model_name, sc->name, o->variants[v]->name, "cuda", mode_name[mi], 0,
+                         o->faults);
             run->skipped = true;
             snprintf(run->skip_reason, sizeof run->skip_reason, "%s", cuda_skip);
         }

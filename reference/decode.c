@@ -96,7 +96,7 @@ KvStatus kv_decode_greedy(const KvModel *m, const KvDecodeSpec *sp, KvDecodeResu
      * slots suffice. */
     st = kv_ref_state_init(&s, m, B, P + sp->new_tokens - 1, chunk, sp->variant, err);
     if (st != KV_OK) goto exit;
-    s.faults = sp->faults;
+    kv_ref_state_plant(&s, sp->faults);
     s.probes = sp->record_probes;
     if (sp->record_probes) {
         out->n_probes = s.n_probes;

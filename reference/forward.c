@@ -145,6 +145,54 @@ KvStatus kv_ref_state_init(KvRefState *s, const KvModel *m, int64_t batch, int64
     return KV_OK;
 }
 
+void kv_ref_state_plant(KvRefState *s, unsigned faults) {
+    s->faults = faults;
+    for (int64_t l = 0; s->caches != NULL && l < s->n_layers; l++) {
+        if (s->caches[l] != NULL && s->variant->plant != NULL) {
+            s->variant->plant(s->caches[l], faults);
+        }
+    }
+}
+
+/* ---- planted faults in attention (fault.h) ---- */
+
+/* KV_FAULT_ATOMIC_REDUCTION's clock: one tick per attention op execution
+ * anywhere in the process, never part of a snapshot, so the same step gives
+ * different bits in a repeat, a replay or another mode, as the summation
+ * order of float atomics follows thread timing. Integer atomics only. */
+static _Atomic uint64_t g_fault_clock;
+
+/* True when this attention execution sums its keys in reverse: a hashed bit
+ * of the clock (a plain alternation would line up between runs whose
+ * attention counts are even). */
+static bool fault_clock_reversed(void) {
+    uint64_t z = ++g_fault_clock;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return ((z ^ (z >> 31)) & 1u) != 0;
+}
+
+/* The window the mask applies: W, or W + 1 under KV_FAULT_WINDOW_OFF_BY_ONE
+ * (admits q - W <= k). Full layers (0) stay full. */
+static int64_t fault_mask_window(const KvRefState *s, int64_t window) {
+    return window > 0 && (s->faults & KV_FAULT_WINDOW_OFF_BY_ONE) ? window + 1 : window;
+}
+
+/* kv_attend over nk gathered keys in ascending position, or, when reversed
+ * (KV_FAULT_ATOMIC_REDUCTION), the same keys summed in descending order. */
+static void attend_keys(const float *q, const float **gk, const float **gv, int64_t nk,
+                        int64_t hd, float scale, float cap, float *scores, float *out,
+                        bool reversed) {
+    for (int64_t i = 0; reversed && i < nk / 2; i++) {
+        const float *tk = gk[i], *tv = gv[i];
+        gk[i] = gk[nk - 1 - i];
+        gv[i] = gv[nk - 1 - i];
+        gk[nk - 1 - i] = tk;
+        gv[nk - 1 - i] = tv;
+    }
+    kv_attend(q, gk, gv, nk, hd, scale, cap, scores, out);
+}
+
 /* ---- probes ---- */
 
 /* Arguments of the per-layer ops that need only the layer and n. */
@@ -319,11 +367,23 @@ typedef struct {
     const float *w; /* (out, in) */
     float *y;       /* (rows, out) */
     int64_t rows, in, out;
+    bool tf32;      /* planted KV_FAULT_TF32 */
 } ArgsMatmul;
+
+/* y = x w^T, or under KV_FAULT_TF32 with TF32-rounded inputs (out of memory
+ * for its scratch: NaN outputs, so the failure cannot pass unseen). */
+static void matmul_maybe_tf32(const float *x, const float *w, int64_t rows, int64_t in,
+                              int64_t out, float *y, bool tf32) {
+    if (!tf32) {
+        kv_matmul(x, w, rows, in, out, y);
+    } else if (kv_matmul_tf32(x, w, rows, in, out, y) != KV_OK) {
+        for (int64_t i = 0; i < rows * out; i++) y[i] = NAN;
+    }
+}
 
 static void op_matmul(const void *ap) {
     const ArgsMatmul *a = ap;
-    kv_matmul(a->x, a->w, a->rows, a->in, a->out, a->y);
+    matmul_maybe_tf32(a->x, a->w, a->rows, a->in, a->out, a->y, a->tf32);
 }
 
 /* Up to three projections of one input in one parallel region. */
@@ -334,11 +394,18 @@ typedef struct {
     int64_t out[3];
     int64_t rows, in;
     int count;
+    bool tf32;          /* planted KV_FAULT_TF32 */
 } ArgsMatmulMulti;
 
 static void op_matmul_multi(const void *ap) {
     const ArgsMatmulMulti *a = ap;
-    kv_matmul_multi(a->x, a->rows, a->in, a->count, a->w, a->out, a->y);
+    if (!a->tf32) {
+        kv_matmul_multi(a->x, a->rows, a->in, a->count, a->w, a->out, a->y);
+        return;
+    }
+    for (int j = 0; j < a->count; j++) {
+        matmul_maybe_tf32(a->x, a->w[j], a->rows, a->in, a->out[j], a->y[j], true);
+    }
 }
 
 
@@ -388,9 +455,10 @@ static void op_attn_static(const void *ap) {
     const int64_t hd = c->head_dim;
     const int64_t kv_dim = c->num_kv_heads * hd;
     const int64_t q_dim = c->num_heads * hd;
-    const int64_t window = kv_config_layer_window(c, a->layer);
+    const int64_t window = fault_mask_window(s, kv_config_layer_window(c, a->layer));
     const float scale = kv_config_attn_scale(c);
     const float cap = (float)c->attn_logit_softcapping;
+    const bool reversed = (s->faults & KV_FAULT_ATOMIC_REDUCTION) && fault_clock_reversed();
     const float *kc = s->k + a->layer * s->batch * s->max_len * kv_dim; /* (B, max_len, kv_dim) */
     const float *vc = s->v + a->layer * s->batch * s->max_len * kv_dim; /* (B, max_len, kv_dim) */
     const int64_t len = s->total_mem;
@@ -414,8 +482,8 @@ static void op_attn_static(const void *ap) {
                     gv[nk] = vc + (b * s->max_len + k) * kv_dim + kvh * hd;
                     nk++;
                 }
-                kv_attend(s->q + r * q_dim + h * hd, gk, gv, nk, hd, scale, cap,
-                          s->scores + h * s->max_keys, s->att + r * q_dim + h * hd);
+                attend_keys(s->q + r * q_dim + h * hd, gk, gv, nk, hd, scale, cap,
+                            s->scores + h * s->max_keys, s->att + r * q_dim + h * hd, reversed);
             }
         }
     }
@@ -453,9 +521,13 @@ static void op_attn_variant(const void *ap) {
     const int64_t hd = c->head_dim;
     const int64_t kv_dim = c->num_kv_heads * hd;
     const int64_t q_dim = c->num_heads * hd;
-    const int64_t window = kv_config_layer_window(c, a->layer);
+    const int64_t window = fault_mask_window(s, kv_config_layer_window(c, a->layer));
     const float scale = kv_config_attn_scale(c);
     const float cap = (float)c->attn_logit_softcapping;
+    const bool reversed = (s->faults & KV_FAULT_ATOMIC_REDUCTION) && fault_clock_reversed();
+    /* KV_FAULT_UNWRITTEN_SLOT: the mask forgets slot validity, so an empty
+     * slot (position -1, NaN since reset) is gathered like a key. */
+    const bool unwritten = (s->faults & KV_FAULT_UNWRITTEN_SLOT) != 0;
     const KvCacheView view = s->variant->view(s->caches[a->layer]);
     const int64_t len = s->total_mem;
     const int64_t n = a->n;
@@ -475,8 +547,10 @@ static void op_attn_variant(const void *ap) {
                 int64_t nk = 0;
                 for (int64_t i = 0; q_real && i < a->n_slots; i++) {
                     const int64_t p = view.pos[i];
-                    if (p < 0 || !view.real[b * view.row_stride + i]) continue;
-                    if (!kv_window_visible(qs, p, window)) continue;
+                    if (!(p < 0 && unwritten)) {
+                        if (p < 0 || !view.real[b * view.row_stride + i]) continue;
+                        if (!kv_window_visible(qs, p, window)) continue;
+                    }
                     gk[nk] = view.k + (b * view.row_stride + i) * view.dim + kvh * hd;
                     gv[nk] = view.v + (b * view.row_stride + i) * view.dim + kvh * hd;
                     gp[nk] = p;
@@ -504,8 +578,8 @@ static void op_attn_variant(const void *ap) {
                     gv[j + 1] = vi;
                     gp[j + 1] = pi;
                 }
-                kv_attend(s->q + r * q_dim + h * hd, gk, gv, nk, hd, scale, cap,
-                          s->scores + h * s->max_keys, s->att + r * q_dim + h * hd);
+                attend_keys(s->q + r * q_dim + h * hd, gk, gv, nk, hd, scale, cap,
+                            s->scores + h * s->max_keys, s->att + r * q_dim + h * hd, reversed);
             }
         }
     }
@@ -556,17 +630,8 @@ static void op_final(const void *ap) {
         kv_rmsnorm(s->x + (b * a->n + a->n - 1) * hidden, m->final_norm, hidden,
                    (float)c->rms_norm_eps, c->family == KV_FAMILY_GEMMA2, s->last + b * hidden);
     }
-    kv_matmul(s->last, m->lm_head, s->batch, hidden, c->vocab_size, s->logits);
-    if ((s->faults & KV_FAULT_ATOMIC_REDUCTION) && (s->fault_clock++ % 2 == 1)) {
-        /* Planted: every other execution sums row 0's logits in reverse
-         * order, as an atomic accumulation's order follows thread timing. */
-        for (int64_t v = 0; v < c->vocab_size; v++) {
-            const float *wv = m->lm_head + v * hidden;
-            float acc = 0.0f;
-            for (int64_t i = hidden - 1; i >= 0; i--) acc += s->last[i] * wv[i];
-            s->logits[v] = acc;
-        }
-    }
+    matmul_maybe_tf32(s->last, m->lm_head, s->batch, hidden, c->vocab_size, s->logits,
+                      (s->faults & KV_FAULT_TF32) != 0);
     if (c->final_logit_softcapping > 0.0) {
         const float cap = (float)c->final_logit_softcapping;
         const int64_t count = s->batch * c->vocab_size;
@@ -610,8 +675,9 @@ static void launch_layer(KvRefState *s, int64_t layer, int64_t n) {
 
     ArgsNorm norm_in = {c, s->x, w->input_norm, s->xn, rows};
     kv_stream_launch(st, op_norm_rows, &norm_in, sizeof norm_in);
+    const bool tf32 = (s->faults & KV_FAULT_TF32) != 0;
     ArgsMatmulMulti qkv = {s->xn, {w->wq, w->wk, w->wv}, {s->q, s->kn, s->vn},
-                           {q_dim, kv_dim, kv_dim}, rows, hidden, 3};
+                           {q_dim, kv_dim, kv_dim}, rows, hidden, 3, tf32};
     kv_stream_launch(st, op_matmul_multi, &qkv, sizeof qkv);
     ArgsStepN rope = {s, n};
     kv_stream_launch(st, op_rope, &rope, sizeof rope);
@@ -645,7 +711,7 @@ static void launch_layer(KvRefState *s, int64_t layer, int64_t n) {
     }
     launch_probe(s, probe_layer(layer, 4), s->att, n * q_dim * (int64_t)sizeof(float));
 
-    ArgsMatmul mo = {s->att, w->wo, s->tmp, rows, q_dim, hidden};
+    ArgsMatmul mo = {s->att, w->wo, s->tmp, rows, q_dim, hidden, tf32};
     kv_stream_launch(st, op_matmul, &mo, sizeof mo);
     ArgsAdd add = {s->x, s->tmp, rows * hidden};
     if (gemma) {
@@ -661,11 +727,11 @@ static void launch_layer(KvRefState *s, int64_t layer, int64_t n) {
         kv_stream_launch(st, op_norm_rows, &post, sizeof post);
     }
     ArgsMatmulMulti gu = {s->xn, {w->w_gate, w->w_up, NULL}, {s->gate, s->up, NULL},
-                          {inter, inter, 0}, rows, hidden, 2};
+                          {inter, inter, 0}, rows, hidden, 2, tf32};
     kv_stream_launch(st, op_matmul_multi, &gu, sizeof gu);
     ArgsGlu glu = {s->gate, s->up, rows * inter, gemma};
     kv_stream_launch(st, op_glu, &glu, sizeof glu);
-    ArgsMatmul md = {s->gate, w->w_down, s->tmp, rows, inter, hidden};
+    ArgsMatmul md = {s->gate, w->w_down, s->tmp, rows, inter, hidden, tf32};
     kv_stream_launch(st, op_matmul, &md, sizeof md);
     if (gemma) {
         ArgsNorm post = {c, s->tmp, w->post_ffw_norm, s->tmp, rows};
@@ -741,7 +807,11 @@ KvStatus kv_graph_runner_step(KvGraphRunner *r, KvRefState *s, int64_t n, KvErro
     r->key[0] = n;
     for (int64_t l = 0; l < s->n_layers; l++) {
         KvSlidingCache *c = s->caches != NULL ? s->caches[l] : NULL;
-        r->key[1 + 2 * l] = c != NULL ? s->variant->regime(c, s->len) : 0;
+        /* KV_FAULT_NO_RECAPTURE: the regime is left out of the key, so a
+         * host-branch variant replays the graph of the regime it was
+         * captured in after is_full flips. */
+        const bool keep = (s->faults & KV_FAULT_NO_RECAPTURE) != 0;
+        r->key[1 + 2 * l] = c != NULL && !keep ? s->variant->regime(c, s->len) : 0;
         r->key[2 + 2 * l] = c != NULL ? s->variant->view(c).n_slots : 0;
     }
     const size_t bytes = (size_t)r->key_len * sizeof *r->key;

@@ -18,28 +18,15 @@
 #include <stdint.h>
 
 #include "cache.h"
+#include "fault.h"
 #include "model.h"
 #include "status.h"
 #include "stream.h"
 
-/* Planted faults (DESIGN §7), off in every default run. */
-enum {
-    /* The step's position is a kernel argument captured by value (the
-     * host's count at launch) instead of being read from memory: harmless
-     * eagerly (fresh every launch), frozen in a graph, so from the second
-     * replay on the step writes and attends at the capture-time position. */
-    KV_FAULT_STALE_SCALAR = 1u << 0,
-    /* CPU analog of a floating-point atomic reduction: the lm_head's sum
-     * order alternates with an execution counter that no snapshot restores
-     * (as thread timing would), so the same step gives different bits from
-     * one execution to the next. */
-    KV_FAULT_ATOMIC_REDUCTION = 1u << 1,
-};
-
 typedef struct {
     const KvModel *model;
-    unsigned faults;    /* KV_FAULT_* bits; 0 in every clean run */
-    uint64_t fault_clock; /* executions seen by KV_FAULT_ATOMIC_REDUCTION (never snapshotted) */
+    unsigned faults;    /* KV_FAULT_* bits (fault.h); 0 in every clean run. Set with
+                         * kv_ref_state_plant so the caches get theirs too. */
     KvStream stream;    /* eager, or capturing a decode step into a graph */
     int64_t batch;      /* B */
     int64_t max_len;    /* slots per row */
@@ -91,6 +78,10 @@ typedef struct {
 KvStatus kv_ref_state_init(KvRefState *s, const KvModel *m, int64_t batch, int64_t max_len,
                            int64_t max_chunk, const KvCacheOps *variant, KvError *err);
 void kv_ref_state_free(KvRefState *s);
+
+/* Plants faults (fault.h bits) in the state and in every variant cache
+ * that implements one of them; 0 makes the state clean again. */
+void kv_ref_state_plant(KvRefState *s, unsigned faults);
 
 /* Appends n tokens to every row (slots len .. len+n-1) and runs the model.
  * tokens: (B, n); real: (B, n) 0 marks a pad (left padding only: a pad never

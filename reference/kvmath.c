@@ -7,6 +7,7 @@
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 static int64_t g_parallel_min_work = KV_PARALLEL_MIN_WORK;
@@ -138,6 +139,45 @@ void kv_matmul_multi(const float *x, int64_t rows, int64_t in, int count,
             }
         }
     }
+}
+
+float kv_round_tf32(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if ((u & 0x7f800000u) == 0x7f800000u) return f; /* NaN, infinity */
+    /* Keep 10 of 23 mantissa bits: add half an ulp of the result (minus one
+     * when the kept lsb is 0: ties to even), then truncate. A carry into the
+     * exponent is the correct rounding up. */
+    u += 0x00000fffu + ((u >> 13) & 1u);
+    u &= ~0x00001fffu;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+KvStatus kv_matmul_tf32(const float *x, const float *w, int64_t rows, int64_t in, int64_t out,
+                        float *y) {
+    float *xr = malloc((size_t)(rows * in > 0 ? rows * in : 1) * sizeof *xr); /* (rows, in) */
+    if (xr == NULL) return KV_ERR_INTERNAL;
+    for (int64_t i = 0; i < rows * in; i++) xr[i] = kv_round_tf32(x[i]);
+    bool oom = false;
+    /* Each output is one kv_dot of rounded rows, whichever thread runs it. */
+#pragma omp parallel if (rows * in * out >= g_parallel_min_work)
+    {
+        float *wr = malloc((size_t)(in > 0 ? in : 1) * sizeof *wr); /* (in) */
+        if (wr == NULL) {
+#pragma omp atomic write
+            oom = true;
+        }
+#pragma omp for schedule(static)
+        for (int64_t o = 0; o < out; o++) {
+            if (wr == NULL) continue;
+            for (int64_t i = 0; i < in; i++) wr[i] = kv_round_tf32(w[o * in + i]);
+            for (int64_t r = 0; r < rows; r++) y[r * out + o] = kv_dot(xr + r * in, wr, in);
+        }
+        free(wr);
+    }
+    free(xr);
+    return oom ? KV_ERR_INTERNAL : KV_OK;
 }
 
 void kv_matmul(const float *x, const float *w, int64_t rows, int64_t in, int64_t out, float *y) {

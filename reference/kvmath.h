@@ -12,6 +12,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "status.h"
+
 /* Dot-product pattern: lane j (0 <= j < 16) accumulates a[i]*b[i] for every
  * i < n16 with i % 16 == j, in ascending i, where n16 = n rounded down to a
  * multiple of 16. The lanes are then combined as a fixed pairwise tree
@@ -42,6 +44,15 @@ void kv_matmul(const float *x, const float *w, int64_t rows, int64_t in, int64_t
  * shared, which is what a memory-bound decode step pays for per region. */
 void kv_matmul_multi(const float *x, int64_t rows, int64_t in, int count,
                      const float *const *ws, const int64_t *outs, float *const *ys);
+
+/* Planted fault KV_FAULT_TF32 (fault.h), the CPU analog of TF32 in cuBLAS:
+ * kv_matmul with both inputs first rounded to TF32 (10 mantissa bits, round
+ * to nearest even), accumulation still in F32. KV_ERR_INTERNAL when the
+ * scratch cannot be allocated (y is then left untouched). */
+KvStatus kv_matmul_tf32(const float *x, const float *w, int64_t rows, int64_t in, int64_t out,
+                        float *y);
+/* f rounded to TF32 (NaN and infinities unchanged). */
+float kv_round_tf32(float f);
 
 /* RMSNorm over n elements: x * rsqrt(mean(x^2) + eps), then times (1 + w)
  * (gemma2, offset = true) or times w (mistral, offset = false). The sum of

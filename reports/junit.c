@@ -176,9 +176,11 @@ static void junit_put_escaped(JunitBuf *b, const char *s, size_t max, int in_att
 
 #define JUNIT_FIELD(b, field, in_attr) junit_put_escaped((b), (field), sizeof(field), (in_attr))
 
-/* "variant/backend/mode/rN", escaped. */
+/* "variant[+fault]/backend/mode/rN", escaped. */
 static void junit_put_run_label(JunitBuf *b, const KvRun *r, int in_attr) {
-    JUNIT_FIELD(b, r->variant, in_attr);
+    char vl[2 * KV_NAME_LEN + 2];
+    kv_run_variant_label(r, vl, sizeof vl);
+    JUNIT_FIELD(b, vl, in_attr);
     junit_puts(b, "/");
     JUNIT_FIELD(b, r->backend, in_attr);
     junit_puts(b, "/");

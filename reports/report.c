@@ -72,6 +72,12 @@ double kv_report_run_max_rel_err(const KvReport *rep, int64_t i) {
 /* Text of a fixed-size name field, safe when it is not NUL-terminated. */
 static int field_len(const char *s, size_t cap) { return (int)strnlen(s, cap); }
 
+void kv_run_variant_label(const KvRun *r, char *out, size_t n) {
+    const int fl = field_len(r->fault, sizeof r->fault);
+    snprintf(out, n, "%.*s%s%.*s", field_len(r->variant, sizeof r->variant), r->variant,
+             fl > 0 ? "+" : "", fl, r->fault);
+}
+
 void kv_report_run_divergence(const KvReport *rep, int64_t i, char *buf, size_t n) {
     if (buf == NULL || n == 0) return;
     snprintf(buf, n, "-");
@@ -92,6 +98,8 @@ void kv_report_run_divergence(const KvReport *rep, int64_t i, char *buf, size_t 
             return;
         }
         const KvRun *a = &rep->runs[fail->run_a];
+        char va[2 * KV_NAME_LEN + 2];
+        kv_run_variant_label(a, va, sizeof va);
         char probe[KV_NAME_LEN + 16] = "";
         if (fail->first_probe >= 0 && fail->first_probe < run->n_probes &&
             run->probe_names != NULL) {
@@ -101,9 +109,9 @@ void kv_report_run_divergence(const KvReport *rep, int64_t i, char *buf, size_t 
         } else if (fail->first_probe >= 0) {
             snprintf(probe, sizeof probe, " probe #%" PRId64, fail->first_probe);
         }
-        snprintf(buf, n, "step %" PRId64 " row %" PRId64 "%s vs %.*s/%.*s/%.*s/r%" PRId32,
-                 fail->first_step, fail->first_row, probe, field_len(a->variant, KV_NAME_LEN),
-                 a->variant, field_len(a->backend, sizeof a->backend), a->backend,
+        snprintf(buf, n, "step %" PRId64 " row %" PRId64 "%s vs %s/%.*s/%.*s/r%" PRId32,
+                 fail->first_step, fail->first_row, probe, va,
+                 field_len(a->backend, sizeof a->backend), a->backend,
                  field_len(a->mode, sizeof a->mode), a->mode, a->repeat);
         return;
     }
@@ -150,7 +158,9 @@ KvStatus kv_report_print_summary(const KvReport *rep, FILE *f) {
         const KvRun *r = &rep->runs[i];
         w.model = max_int(w.model, field_len(r->model, sizeof r->model));
         w.scenario = max_int(w.scenario, field_len(r->scenario, sizeof r->scenario));
-        w.variant = max_int(w.variant, field_len(r->variant, sizeof r->variant));
+        char vl[2 * KV_NAME_LEN + 2];
+        kv_run_variant_label(r, vl, sizeof vl);
+        w.variant = max_int(w.variant, (int)strlen(vl));
         w.backend = max_int(w.backend, field_len(r->backend, sizeof r->backend));
         w.mode = max_int(w.mode, field_len(r->mode, sizeof r->mode));
         summary_divergence(rep, i, div, sizeof div);
@@ -167,17 +177,18 @@ KvStatus kv_report_print_summary(const KvReport *rep, FILE *f) {
         failed += v == KV_VERDICT_FAIL;
         skipped += v == KV_VERDICT_SKIP;
         summary_divergence(rep, i, div, sizeof div);
+        char vl[2 * KV_NAME_LEN + 2];
+        kv_run_variant_label(r, vl, sizeof vl);
         /* "-" when nothing was compared; a NaN error prints as "nan" */
         char rel_text[32] = "-";
         if (comparisons_for(rep, i) > 0) {
             snprintf(rel_text, sizeof rel_text, "%.3e", kv_report_run_max_rel_err(rep, i));
         }
         fprintf(f,
-                "%-*.*s  %-*.*s  %-*.*s  %-*.*s  %-*.*s  %6" PRId32 "  %-7s  %-*s  %11s  %6" PRId64
+                "%-*.*s  %-*.*s  %-*s  %-*.*s  %-*.*s  %6" PRId32 "  %-7s  %-*s  %11s  %6" PRId64
                 "\n",
                 w.model, field_len(r->model, sizeof r->model), r->model, w.scenario,
-                field_len(r->scenario, sizeof r->scenario), r->scenario, w.variant,
-                field_len(r->variant, sizeof r->variant), r->variant, w.backend,
+                field_len(r->scenario, sizeof r->scenario), r->scenario, w.variant, vl, w.backend,
                 field_len(r->backend, sizeof r->backend), r->backend, w.mode,
                 field_len(r->mode, sizeof r->mode), r->mode, r->repeat, verdict_text(v),
                 w.divergence, div, rel_text, r->graphs_captured);

@@ -22,6 +22,7 @@ typedef struct {
     char model[KV_NAME_LEN];     /* fixture name or model directory basename */
     char scenario[KV_NAME_LEN];
     char variant[KV_NAME_LEN];   /* "reference" or a cache variant name */
+    char fault[KV_NAME_LEN];     /* planted fault(s) of this run (fault.h names), "" = clean */
     char backend[16];            /* "cpu" or "cuda" */
     char mode[16];               /* "eager" or "graph" */
     int32_t repeat;              /* 0 .. repeats-1 */
@@ -29,6 +30,7 @@ typedef struct {
     char skip_reason[256];
     int64_t steps, batch, vocab;
     int64_t prompt_len;
+    int64_t prefill_chunk;       /* tokens per prefill forward, 0 = the whole prompt at once */
     int32_t *prompt;             /* (batch, prompt_len) left-padded ids */
     uint8_t *prompt_real;        /* (batch, prompt_len) */
     int32_t *tokens;             /* (steps, batch) greedy token per step */
@@ -94,6 +96,11 @@ typedef struct {
     KvComparison *comparisons;   /* (n_comparisons) */
     int64_t n_comparisons;
 } KvReport;
+
+/* The run's variant as every listing shows it: "variant", or
+ * "variant+fault" for a run with a planted fault (NUL-terminated, truncated
+ * to n). */
+void kv_run_variant_label(const KvRun *r, char *out, size_t n);
 
 /* Frees every array a run owns and zeroes the struct (so it can be freed
  * again or refilled). NULL is allowed. */

@@ -702,7 +702,9 @@ static KvStatus h5w_summary(hid_t file, const KvReport *rep, ReportCtx *c) {
         d->index = i;
         field_copy(d->model, r->model, sizeof d->model);
         field_copy(d->scenario, r->scenario, sizeof d->scenario);
-        field_copy(d->variant, r->variant, sizeof d->variant);
+        char vl[2 * KV_NAME_LEN + 2];
+        kv_run_variant_label(r, vl, sizeof vl);
+        field_copy(d->variant, vl, sizeof d->variant);
         field_copy(d->backend, r->backend, sizeof d->backend);
         field_copy(d->mode, r->mode, sizeof d->mode);
         d->repeat = r->repeat;
@@ -731,6 +733,8 @@ static KvStatus h5w_run_attrs(hid_t g, const char *objpath, const KvRun *r, Repo
         (st = h5w_attr_string(g, objpath, "mode", r->mode, sizeof r->mode, c)) != KV_OK ||
         (st = h5w_attr_i32(g, objpath, "repeat", r->repeat, c)) != KV_OK ||
         (st = h5w_attr_i32(g, objpath, "topk", r->topk, c)) != KV_OK ||
+        (st = h5w_attr_string(g, objpath, "fault", r->fault, sizeof r->fault, c)) != KV_OK ||
+        (st = h5w_attr_i64(g, objpath, "prefill_chunk", r->prefill_chunk, c)) != KV_OK ||
         (st = h5w_attr(g, objpath, "skipped", H5T_STD_U8LE, H5T_NATIVE_UINT8, &skipped, c)) !=
             KV_OK ||
         (st = h5w_attr_string(g, objpath, "skip_reason", r->skip_reason, sizeof r->skip_reason,
@@ -1676,6 +1680,16 @@ static KvStatus h5r_run(hid_t runs, int64_t i, int64_t n_runs, KvRun *r, ReportC
         st = h5r_attr_range(g, objpath, "topk", 0, r->vocab, &topk, c);
         if (st != KV_OK) goto exit;
         r->topk = (int32_t)topk;
+    }
+    /* fault and prefill_chunk: absent in reports from before planted faults
+     * were recorded (clean runs, whole-prompt prefill unknown: 0). */
+    if (H5Aexists(g, "fault") > 0) {
+        st = h5r_attr_string(g, objpath, "fault", r->fault, sizeof r->fault, c);
+        if (st != KV_OK) goto exit;
+    }
+    if (H5Aexists(g, "prefill_chunk") > 0) {
+        st = h5r_attr_range(g, objpath, "prefill_chunk", 0, INT64_MAX, &r->prefill_chunk, c);
+        if (st != KV_OK) goto exit;
     }
     RunCounts n;
     if (!run_counts(r, &n)) {

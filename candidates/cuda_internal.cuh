@@ -1,0 +1,301 @@
+/* cuda_internal.cuh: the run context, checked-call macros and kernel
+ * launchers shared by cuda_forward.cu, cuda_kernels.cu and cuda_cache.cu.
+ * Private to candidates/cuda_*.cu; nothing in C includes it.
+ *
+ * Every CUDA runtime and cuBLAS call goes through KV_CUDA_CHECK /
+ * KV_CUBLAS_CHECK, and every kernel launch through KV_LAUNCH (which checks
+ * cudaGetLastError right after the launch). Each records the file, the line
+ * and the statement text in the KvError and leaves through the calling
+ * function's one `cleanup:` label with `st` set, so the functions that use
+ * them need `KvStatus st`, `KvError *err` and `cleanup:` in scope. */
+#ifndef KV_CUDA_INTERNAL_CUH
+#define KV_CUDA_INTERNAL_CUH
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <stdint.h>
+
+#include "cuda_forward.h"
+
+extern "C" {
+#include "config.h"
+#include "fault.h"
+}
+
+/* Block sizes. Each reduction's order depends only on these constants and
+ * the data's shape, never on the device or its SM count, so results are the
+ * same on every run (DESIGN §2). */
+#define KV_CUDA_NORM_THREADS 256   /* RMSNorm: one block per row */
+#define KV_CUDA_ATTN_THREADS 128   /* attention: one block per (query row, head) */
+#define KV_CUDA_GATHER_THREADS 256 /* key gather: one block per query row */
+#define KV_CUDA_ARGMAX_THREADS 256 /* argmax: one block per batch row */
+#define KV_CUDA_EW_THREADS 256     /* elementwise kernels */
+
+/* Device error flags (KvCudaCtx.dev_err), set with integer atomicOr by
+ * kernels that meet a broken invariant instead of writing out of bounds. */
+enum {
+    KV_CUDA_DERR_TOKEN = 1 << 0, /* a token id outside [0, vocab) reached the embedding */
+    KV_CUDA_DERR_SLOT = 1 << 1,  /* a position at or past max_len */
+    KV_CUDA_DERR_KEYS = 1 << 2,  /* more visible keys than the gather buffer holds */
+};
+
+/* The GPU implementations, in cache.h's variant order after the reference. */
+typedef enum {
+    KV_CUDA_REFERENCE = 0, /* static max_len cache on every layer, window as a mask */
+    KV_CUDA_INDEX_COPY,
+    KV_CUDA_CAT_SHIFT,
+    KV_CUDA_ROLL,
+    KV_CUDA_ALWAYS_ROLL,
+    KV_CUDA_RING,
+    KV_CUDA_DYNAMIC,
+} KvCudaVariant;
+
+/* One set of slot buffers on the device (cache_internal.h's KvCacheSlots). */
+typedef struct {
+    float *k;      /* (B, slots, kv_dim) */
+    float *v;      /* (B, slots, kv_dim) */
+    uint8_t *real; /* (B, slots) 1 when the token in the slot is real */
+    int64_t *pos;  /* (slots) position held by each slot, -1 = empty */
+} KvCudaSlots;
+
+/* A sliding layer's variant cache on the device. */
+typedef struct {
+    int64_t window;  /* W */
+    int64_t slots;   /* S: W, or W - 1 for dynamic */
+    KvCudaSlots cur; /* the slots attention reads */
+    KvCudaSlots tmp; /* the variant's temporary (gather target, cat result, roll output,
+                      * always_roll's pre-roll copy); never read by attention */
+    int64_t *indices; /* (W) index_copy's gather indices, computed on the device */
+    int64_t filled;  /* dynamic: slots holding a position (the tensor's shape), a host
+                      * value as in transformers; part of the snapshot */
+    KvCudaSlots snap; /* snapshot of cur for the replay check */
+    int64_t snap_filled;
+} KvCudaCache;
+
+/* One layer's weights on the device. */
+typedef struct {
+    const float *input_norm;     /* (hidden) */
+    const float *post_attn_norm; /* (hidden) */
+    const float *pre_ffw_norm;   /* (hidden) gemma2 only, else NULL */
+    const float *post_ffw_norm;  /* (hidden) gemma2 only, else NULL */
+    const float *wq;             /* (q_dim, hidden) */
+    const float *wk;             /* (kv_dim, hidden) */
+    const float *wv;             /* (kv_dim, hidden) */
+    const float *wo;             /* (hidden, q_dim) */
+    const float *w_gate;         /* (inter, hidden) */
+    const float *w_up;           /* (inter, hidden) */
+    const float *w_down;         /* (hidden, inter) */
+} KvCudaLayer;
+
+/* Everything one run owns: the stream, the cuBLAS handle, the weights, the
+ * persistent state and scratch, all allocated before the first step so that
+ * nothing is allocated while a graph is being captured. */
+typedef struct {
+    const KvModel *model;
+    const KvConfig *c;
+    KvCudaVariant variant;
+    const char *variant_name; /* "reference" or the cache variant's name */
+    unsigned faults;          /* KV_FAULT_* bits planted (fault.h); 0 in clean runs */
+    bool probes;              /* record probe hashes */
+
+    /* Shapes (64-bit, as every count and offset in this project). */
+    int64_t B, max_len, max_chunk, max_keys, n_probes;
+    int64_t hidden, q_dim, kv_dim, inter, vocab, hd, n_heads, n_kv_heads, n_layers;
+    int64_t window;  /* the config's sliding window W (0: none) */
+    float eps, scale, attn_cap, final_cap, embed_scale;
+    bool gemma;
+
+    /* Host mirror of what the host may know (DESIGN §4): its own count of
+     * slots filled (regime choice only) and dynamic's shapes. */
+    int64_t len;
+    int64_t snap_len;
+
+    cudaStream_t stream;
+    cublasHandle_t blas;
+    void *blas_ws;           /* cuBLAS workspace, set after cublasSetStream */
+    size_t blas_ws_bytes;
+    float *one, *zero;       /* (1) each: alpha and beta in device memory */
+
+    /* Weights: one device arena; pointers into it. */
+    float *w_arena;          /* (w_arena_floats) */
+    size_t w_arena_floats;
+    const float *w_embed;    /* (vocab, hidden) */
+    const float *w_final_norm; /* (hidden) */
+    const float *w_lm_head;  /* (vocab, hidden), == w_embed when tied */
+    KvCudaLayer *layers;     /* (n_layers) host array of device pointers */
+
+    /* Persistent state (snapshotted by the replay check). */
+    float **kc;              /* (n_layers) -> (B, max_len, kv_dim) static K, NULL on variant layers */
+    float **vc;              /* (n_layers) -> (B, max_len, kv_dim) static V */
+    uint8_t *real;           /* (B, max_len) slot holds a real token */
+    int64_t *n_real;         /* (B) real tokens seen = next RoPE position */
+    int64_t *total;          /* (1) positions stored so far, read by kernels at execution */
+    int32_t *tok_in;         /* (B, max_chunk) next forward's tokens; argmax writes (B, 1) */
+    uint8_t *real_in;        /* (B, max_chunk) 0 marks a pad */
+    KvCudaCache *caches;     /* (n_layers) variant caches; slots == 0 on full layers */
+
+    /* Snapshot copies of the persistent device state above. */
+    float **snap_kc, **snap_vc; /* (n_layers) */
+    uint8_t *snap_real;
+    int64_t *snap_n_real, *snap_total;
+    int32_t *snap_tok_in;
+    uint8_t *snap_real_in;
+
+    /* Scratch, sized for max_chunk tokens per row. */
+    float *inv_freq;         /* (hd / 2) */
+    float *x;                /* (B * max_chunk, hidden) residual stream */
+    float *xn;               /* (B * max_chunk, hidden) */
+    float *q;                /* (B * max_chunk, q_dim) */
+    float *kn;               /* (B * max_chunk, kv_dim) new keys */
+    float *vn;               /* (B * max_chunk, kv_dim) new values */
+    float *att;              /* (B * max_chunk, q_dim) */
+    float *tmp;              /* (B * max_chunk, hidden) */
+    float *gate;             /* (B * max_chunk, inter) */
+    float *up;               /* (B * max_chunk, inter) */
+    int64_t *qpos;           /* (B * max_chunk) RoPE position per new token */
+    int32_t *gidx;           /* (B * max_chunk, max_keys) visible keys per query, ascending
+                              * position: >= 0 a cache slot, < 0 new token -(code + 1) */
+    int32_t *nkeys;          /* (B * max_chunk) */
+    int32_t *gtab;           /* (B * max_chunk, W + 1) position-indexed gather table */
+    int32_t *probe_map;      /* (B, W + 1) cache probe: slot per window position */
+    float *last;             /* (B, hidden) final-normed last token per row */
+    float *logits;           /* (B, vocab) */
+    int32_t *next_tok;       /* (B) */
+    float *margin;           /* (B) */
+    uint64_t *probe_hash;    /* (n_probes, B) */
+    int32_t *dev_err;        /* (1) KV_CUDA_DERR_* bits */
+    uint64_t *fault_clock;   /* (1) KV_FAULT_ATOMIC_REDUCTION's clock, never snapshotted */
+
+    /* Every cudaMalloc of the run, freed in reverse at destroy. */
+    void **allocs;
+    int64_t n_allocs, cap_allocs;
+
+    /* Op timing (bench only): CUDA events around each op of an eager step. */
+    bool timing;
+    cudaEvent_t *events;     /* (2 * max_timed) */
+    int64_t max_timed, n_timed;
+} KvCudaCtx;
+
+/* ---- errors ---- */
+
+/* err->msg = "FILE:LINE: STATEMENT failed: NAME: TEXT"; returns st. */
+KvStatus kv_cuda_fail_rt(KvError *err, KvStatus st, cudaError_t e, const char *stmt,
+                         const char *file, int line);
+KvStatus kv_cuda_fail_blas(KvError *err, KvStatus st, cublasStatus_t s, const char *stmt,
+                           const char *file, int line);
+
+#define KV_CUDA_CHECK(call)                                                                        \
+    do {                                                                                           \
+        cudaError_t kv_e_ = (call);                                                                \
+        if (kv_e_ != cudaSuccess) {                                                                \
+            st = kv_cuda_fail_rt(err, KV_ERR_INTERNAL, kv_e_, #call, __FILE__, __LINE__);          \
+            goto cleanup;                                                                          \
+        }                                                                                          \
+    } while (0)
+
+#define KV_CUBLAS_CHECK(call)                                                                      \
+    do {                                                                                           \
+        cublasStatus_t kv_s_ = (call);                                                             \
+        if (kv_s_ != CUBLAS_STATUS_SUCCESS) {                                                      \
+            st = kv_cuda_fail_blas(err, KV_ERR_INTERNAL, kv_s_, #call, __FILE__, __LINE__);        \
+            goto cleanup;                                                                          \
+        }                                                                                          \
+    } while (0)
+
+/* A KvStatus-returning call: propagate failure to this function's cleanup. */
+#define KV_TRY(call)                                                                               \
+    do {                                                                                           \
+        st = (call);                                                                               \
+        if (st != KV_OK) goto cleanup;                                                             \
+    } while (0)
+
+/* Op timing hooks (no-ops unless ctx->timing; never on while capturing). */
+cudaError_t kv_cuda_timer_begin(KvCudaCtx *ctx);
+cudaError_t kv_cuda_timer_end(KvCudaCtx *ctx);
+
+/* Launches kernel on ctx's stream, then checks cudaGetLastError (a bad
+ * configuration or a missing kernel image shows up there), naming the
+ * launch. Timed as one op when ctx->timing. */
+#define KV_LAUNCH(ctx, kernel, grid, block, smem, ...)                                             \
+    do {                                                                                           \
+        KV_CUDA_CHECK(kv_cuda_timer_begin(ctx));                                                   \
+        kernel<<<(grid), (block), (smem), (ctx)->stream>>>(__VA_ARGS__);                           \
+        cudaError_t kv_le_ = cudaGetLastError();                                                   \
+        if (kv_le_ != cudaSuccess) {                                                               \
+            st = kv_cuda_fail_rt(err, KV_ERR_INTERNAL, kv_le_,                                     \
+                                 #kernel "<<<" #grid ", " #block ", " #smem ">>>(" #__VA_ARGS__ ")", \
+                                 __FILE__, __LINE__);                                              \
+            goto cleanup;                                                                          \
+        }                                                                                          \
+        KV_CUDA_CHECK(kv_cuda_timer_end(ctx));                                                     \
+    } while (0)
+
+/* An asynchronous copy on ctx's stream, timed as one op. */
+#define KV_COPY(ctx, dst, src, bytes)                                                              \
+    do {                                                                                           \
+        KV_CUDA_CHECK(kv_cuda_timer_begin(ctx));                                                   \
+        KV_CUDA_CHECK(cudaMemcpyAsync((dst), (src), (bytes), cudaMemcpyDeviceToDevice,             \
+                                      (ctx)->stream));                                             \
+        KV_CUDA_CHECK(kv_cuda_timer_end(ctx));                                                     \
+    } while (0)
+
+/* Blocks for a grid-stride loop over `count` elements. */
+static inline unsigned int kv_cuda_blocks(int64_t count, int threads) {
+    int64_t b = (count + threads - 1) / threads;
+    if (b < 1) b = 1;
+    if (b > 65535) b = 65535; /* grid-stride loops cover the rest */
+    return (unsigned int)b;
+}
+
+/* ---- launchers (cuda_kernels.cu) ---- */
+
+/* y (rows, out) = x (rows, in) W^T with W (out, in) row-major, on cuBLAS. */
+KvStatus kv_cuda_gemm(KvCudaCtx *ctx, const float *x, const float *w, float *y, int64_t rows,
+                      int64_t in, int64_t out, KvError *err);
+/* Positions: slot realness, RoPE positions, stale-scalar fault, fault clock. */
+KvStatus kv_cuda_positions(KvCudaCtx *ctx, int64_t n, KvError *err);
+KvStatus kv_cuda_embed(KvCudaCtx *ctx, int64_t n, KvError *err);
+/* out (rows, hidden) rows spaced by out_stride = RMSNorm of in rows spaced by
+ * in_stride (floats); out may equal in. */
+KvStatus kv_cuda_rmsnorm(KvCudaCtx *ctx, const float *in, int64_t in_stride, const float *w,
+                         float *out, int64_t out_stride, int64_t rows, KvError *err);
+KvStatus kv_cuda_rope(KvCudaCtx *ctx, int64_t n, KvError *err);
+KvStatus kv_cuda_store_static(KvCudaCtx *ctx, int64_t layer, int64_t n, KvError *err);
+/* Visible keys of each new query in ascending position into gidx/nkeys. */
+KvStatus kv_cuda_gather_static(KvCudaCtx *ctx, int64_t layer, int64_t n, KvError *err);
+KvStatus kv_cuda_gather_variant(KvCudaCtx *ctx, int64_t layer, int64_t n, int64_t n_slots,
+                                bool include_new, KvError *err);
+/* Attention over the gathered keys: kbase/vbase (B, row_stride, kv_dim). */
+KvStatus kv_cuda_attend(KvCudaCtx *ctx, int64_t layer, int64_t n, const float *kbase,
+                        const float *vbase, int64_t row_stride, KvError *err);
+KvStatus kv_cuda_add(KvCudaCtx *ctx, float *x, const float *y, int64_t count, KvError *err);
+KvStatus kv_cuda_glu(KvCudaCtx *ctx, int64_t count, KvError *err);
+KvStatus kv_cuda_softcap(KvCudaCtx *ctx, float *x, int64_t count, float cap, KvError *err);
+KvStatus kv_cuda_argmax_advance(KvCudaCtx *ctx, int64_t n, KvError *err);
+/* probe_hash[idx, b] = fnv1a(base + b * per_row, per_row). */
+KvStatus kv_cuda_probe(KvCudaCtx *ctx, int64_t idx, const void *base, int64_t per_row,
+                       KvError *err);
+/* The layout-independent cache probe of layer l after a forward of n. */
+KvStatus kv_cuda_probe_cache(KvCudaCtx *ctx, int64_t layer, int64_t n, int64_t n_slots,
+                             KvError *err);
+/* Fills bytes at p with `byte` on ctx's stream (cudaMemsetAsync, timed). */
+KvStatus kv_cuda_fill(KvCudaCtx *ctx, void *p, int byte, size_t bytes, KvError *err);
+
+/* ---- cache variants (cuda_cache.cu) ---- */
+
+/* The variant's update of a sliding layer for n new tokens (kn, vn,
+ * real_in), positions from ctx->total on the device; host_total only picks
+ * host-branch regimes. Advances nothing on the host (kv_cuda_cache_advance
+ * does, once per executed forward). */
+KvStatus kv_cuda_cache_update(KvCudaCtx *ctx, int64_t layer, int64_t n, int64_t host_total,
+                              KvError *err);
+/* The slots attention reads before (after_update false) or after an update
+ * of n tokens: W, or dynamic's filled count. */
+int64_t kv_cuda_cache_n_slots(const KvCudaCtx *ctx, int64_t layer, int64_t n, bool after_update);
+/* Host regime (cat_shift, roll: host_total >= W; else 0), as cache.h's regime. */
+int kv_cuda_cache_regime(const KvCudaCtx *ctx, int64_t layer, int64_t host_total);
+/* Host side of an executed forward of n tokens: dynamic's filled count. */
+void kv_cuda_cache_advance(KvCudaCtx *ctx, int64_t n);
+
+#endif

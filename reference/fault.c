@@ -1,0 +1,48 @@
+/* fault.c: the planted-fault catalog (fault.h). */
+#include "fault.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static const KvFaultInfo k_faults[KV_FAULT_COUNT] = {
+    {KV_FAULT_STALE_SCALAR, "stale_scalar", "reference/forward.c op_positions", "cache",
+     "the position is a kernel argument captured by value: graph replays reuse it"},
+    {KV_FAULT_ATOMIC_REDUCTION, "atomic_reduction", "reference/forward.c attend_keys", "attn",
+     "attention's reduction order follows execution timing (float atomics)"},
+    {KV_FAULT_INPLACE_SHIFT, "inplace_shift", "candidates/cache_cat_shift.c, cache_roll.c",
+     "cache", "the window shift done in place, overlapping, in the wrong direction"},
+    {KV_FAULT_WINDOW_OFF_BY_ONE, "window_off_by_one", "reference/forward.c attend_keys",
+     "attn", "the mask admits q - W <= k: W + 1 keys"},
+    {KV_FAULT_PREFILL_FIRST_W, "prefill_first_w", "candidates/cache_index_copy.c", "cache",
+     "a prefill longer than W stores its first W rows instead of its last W"},
+    {KV_FAULT_UNWRITTEN_SLOT, "unwritten_slot", "reference/forward.c attend_keys", "attn",
+     "the mask ignores slot validity: never-written (NaN) slots are read"},
+    {KV_FAULT_NO_RECAPTURE, "no_recapture", "reference/forward.c kv_graph_runner_step", "cache",
+     "a host-branch variant's graph is kept when its regime changes"},
+    {KV_FAULT_TF32, "tf32", "reference/kvmath.c kv_matmul_tf32", "q",
+     "TF32 matmuls: inputs rounded to 10 mantissa bits"},
+};
+
+const KvFaultInfo *kv_fault_all(int *count) {
+    if (count != NULL) *count = KV_FAULT_COUNT;
+    return k_faults;
+}
+
+const KvFaultInfo *kv_fault_find(const char *name) {
+    for (int i = 0; name != NULL && i < KV_FAULT_COUNT; i++) {
+        if (strcmp(k_faults[i].name, name) == 0) return &k_faults[i];
+    }
+    return NULL;
+}
+
+void kv_fault_names(unsigned faults, char *out, size_t n) {
+    if (n == 0) return;
+    out[0] = '\0';
+    size_t used = 0;
+    for (int i = 0; i < KV_FAULT_COUNT; i++) {
+        if (!(faults & k_faults[i].bit)) continue;
+        int w = snprintf(out + used, n - used, "%s%s", used > 0 ? "," : "", k_faults[i].name);
+        if (w < 0 || (size_t)w >= n - used) return; /* truncated, still terminated */
+        used += (size_t)w;
+    }
+}

@@ -1,0 +1,69 @@
+/* fault.h: the planted-fault catalog (DESIGN §7).
+ *
+ * A planted fault is a deliberate bug of the kind sliding-window caches have
+ * in the wild, selectable as a candidate (`kvrepro gate --fault NAME`, or
+ * `--faults all` for the mutation score) and never part of a default run.
+ * Each is implemented beside the code it corrupts (the cache variant, the
+ * forward op or the graph runner); the CPU versions are the closest analog
+ * of the GPU bug, and each says so where it is planted. The bits travel in
+ * KvDecodeSpec.faults / KvRefState.faults; 0 is a clean run. */
+#ifndef KV_FAULT_H
+#define KV_FAULT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum {
+    /* forward.c op_positions: the step's position comes from a kernel
+     * argument captured by value, so graph replays reuse the capture-time
+     * position. */
+    KV_FAULT_STALE_SCALAR = 1u << 0,
+    /* forward.c attention: the reduction order over the keys follows a
+     * process-wide execution clock (as float atomics follow thread timing). */
+    KV_FAULT_ATOMIC_REDUCTION = 1u << 1,
+    /* cache_cat_shift.c / cache_roll.c: the shift done in place without a
+     * temporary; on the CPU an overlapping copy in the wrong direction. */
+    KV_FAULT_INPLACE_SHIFT = 1u << 2,
+    /* forward.c attention mask: admits q - W <= k (W + 1 keys). */
+    KV_FAULT_WINDOW_OFF_BY_ONE = 1u << 3,
+    /* cache_index_copy.c: a prefill longer than W stores its first W rows
+     * instead of its last W. */
+    KV_FAULT_PREFILL_FIRST_W = 1u << 4,
+    /* forward.c attention gather: slot validity ignored, so never-written
+     * slots (NaN-poisoned at reset) are read. */
+    KV_FAULT_UNWRITTEN_SLOT = 1u << 5,
+    /* forward.c graph runner: a host-branch variant's graph is kept when its
+     * regime changes (filling code replayed on a full cache). */
+    KV_FAULT_NO_RECAPTURE = 1u << 6,
+    /* kvmath.c kv_matmul_tf32: TF32 in cuBLAS on the GPU; on the CPU every
+     * matmul input rounded to 10 mantissa bits. */
+    KV_FAULT_TF32 = 1u << 7,
+};
+
+#define KV_FAULT_COUNT 8
+
+typedef struct {
+    unsigned bit;
+    const char *name;      /* as on the command line */
+    const char *where;     /* the file and function it is planted in */
+    const char *acts_on;   /* the probe kind bisect should name ("cache", "attn", "q") */
+    const char *what;      /* one line: the bug it imitates */
+} KvFaultInfo;
+
+/* The catalog, in bit order; *count receives KV_FAULT_COUNT. */
+const KvFaultInfo *kv_fault_all(int *count);
+/* By name, or NULL. */
+const KvFaultInfo *kv_fault_find(const char *name);
+/* Writes the names of the bits in `faults`, comma-separated in catalog order
+ * ("" for 0), NUL-terminated and truncated to n. */
+void kv_fault_names(unsigned faults, char *out, size_t n);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
