@@ -16,6 +16,7 @@ int kv_cmd_gate(int argc, char **argv);
 int kv_cmd_show(int argc, char **argv);
 int kv_cmd_diff(int argc, char **argv);
 int kv_cmd_merge(int argc, char **argv);
+int kv_cmd_bisect(int argc, char **argv);
 
 /* If argv[*i] is "--name VALUE" or "--name=VALUE", stores VALUE, advances *i
  * past it and returns true. A missing value prints an error and sets *bad. */

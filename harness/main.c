@@ -54,6 +54,7 @@ static void main_usage(FILE *f) {
             "  show      print the summary of an HDF5 report\n"
             "  diff      compare two recorded runs and print the first divergence\n"
             "  merge     join shard reports into one\n"
+            "  bisect    find the first step, row, layer and probe where two runs part\n"
             "  version   print the version and commit\n\n"
             "Run 'kvrepro <command> --help' for the options of a command.\n"
             "Exit codes: 0 pass, 1 gate failure, 2 bad input or usage, 3 internal error.\n",
@@ -78,6 +79,7 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "gate") == 0) return kv_cmd_gate(argc - 1, argv + 1);
     if (strcmp(cmd, "show") == 0) return kv_cmd_show(argc - 1, argv + 1);
     if (strcmp(cmd, "diff") == 0) return kv_cmd_diff(argc - 1, argv + 1);
+    if (strcmp(cmd, "bisect") == 0) return kv_cmd_bisect(argc - 1, argv + 1);
     if (strcmp(cmd, "merge") == 0) return kv_cmd_merge(argc - 1, argv + 1);
     fprintf(stderr, "kvrepro: unknown command '%s'\n\n", cmd);
     main_usage(stderr);

@@ -49,6 +49,7 @@ void kv_decode_result_free(KvDecodeResult *r) {
     free(r->logits);
     free(r->margins);
     free(r->probe_hash);
+    kv_probe_dump_free(&r->dump);
     memset(r, 0, sizeof *r);
 }
 
@@ -98,6 +99,10 @@ KvStatus kv_decode_greedy(const KvModel *m, const KvDecodeSpec *sp, KvDecodeResu
     if (st != KV_OK) goto exit;
     kv_ref_state_plant(&s, sp->faults);
     s.probes = sp->record_probes;
+    if (sp->record_probes && sp->dump_probes) {
+        st = kv_ref_dump_enable(&s, err);
+        if (st != KV_OK) goto exit;
+    }
     if (sp->record_probes) {
         out->n_probes = s.n_probes;
         out->probe_hash = calloc((size_t)(sp->new_tokens * s.n_probes * B), sizeof *out->probe_hash);
@@ -190,6 +195,12 @@ KvStatus kv_decode_greedy(const KvModel *m, const KvDecodeSpec *sp, KvDecodeResu
             memcpy(out->probe_hash + step * s.n_probes * B, s.probe_hash,
                    (size_t)(s.n_probes * B) * sizeof(uint64_t));
         }
+    }
+
+    if (s.dump.data != NULL) {
+        /* The state's dump (the last step's values) moves to the result. */
+        out->dump = s.dump;
+        memset(&s.dump, 0, sizeof s.dump);
     }
 
 exit:

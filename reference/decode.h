@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 #include "cache.h"
+#include "forward.h"
 #include "model.h"
 #include "status.h"
 
@@ -35,6 +36,8 @@ typedef struct {
                                 * snapshot and every run must be bitwise identical */
     int64_t replay_k;          /* runs per checked step; <= 0 means 3 */
     bool record_probes;        /* fill KvDecodeResult.probe_hash */
+    bool dump_probes;          /* (with record_probes) fill KvDecodeResult.dump with the full
+                                * probe values of the last step (bisect --rerun) */
 } KvDecodeSpec;
 
 typedef struct {
@@ -49,6 +52,7 @@ typedef struct {
     int64_t replay_mismatch_step; /* first step whose replays differed, -1 when none */
     int64_t n_probes;         /* kv_probe_count (forward.h) when probes were recorded, else 0 */
     uint64_t *probe_hash;     /* (steps, n_probes, B) or NULL */
+    KvProbeDump dump;         /* dump_probes: every probe's values at the last step */
 } KvDecodeResult;
 
 /* Builds a left-padded batch from `batch` prompts of the given lengths.

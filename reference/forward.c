@@ -58,6 +58,7 @@ void kv_ref_state_free(KvRefState *s) {
     free(s->next_tok);
     free(s->margin);
     free(s->probe_hash);
+    kv_probe_dump_free(&s->dump);
     if (s->caches != NULL) {
         for (int64_t l = 0; l < s->n_layers; l++) {
             if (s->caches[l] != NULL) s->variant->destroy(s->caches[l]);
@@ -195,6 +196,58 @@ static void attend_keys(const float *q, const float **gk, const float **gv, int6
 
 /* ---- probes ---- */
 
+void kv_probe_dump_free(KvProbeDump *d) {
+    if (d == NULL) return;
+    for (int64_t p = 0; d->data != NULL && p < d->n_probes; p++) free(d->data[p]);
+    free(d->data);
+    free(d->len);
+    free(d->cap);
+    memset(d, 0, sizeof *d);
+}
+
+KvStatus kv_ref_dump_enable(KvRefState *s, KvError *err) {
+    const KvConfig *c = &s->model->config;
+    const int64_t kv_dim = c->num_kv_heads * c->head_dim;
+    const int64_t q_dim = c->num_heads * c->head_dim;
+    int64_t widest = c->hidden_size > q_dim ? c->hidden_size : q_dim;
+    KvProbeDump *d = &s->dump;
+    kv_probe_dump_free(d);
+    d->n_probes = s->n_probes;
+    d->batch = s->batch;
+    d->data = calloc((size_t)s->n_probes, sizeof *d->data);
+    d->len = calloc((size_t)s->n_probes, sizeof *d->len);
+    d->cap = calloc((size_t)s->n_probes, sizeof *d->cap);
+    bool ok = d->data != NULL && d->len != NULL && d->cap != NULL;
+    for (int64_t p = 0; ok && p < s->n_probes; p++) {
+        /* Per row: n tokens of the probed width; logits one row of the
+         * vocabulary; a cache probe up to every slot, K and V. */
+        int64_t cap = s->max_chunk * widest;
+        if (p == s->n_probes - 1) cap = c->vocab_size;
+        if (p > 0 && p < s->n_probes - 2 && (p - 1) % 7 == 3) cap = s->max_len * 2 * kv_dim;
+        d->cap[p] = cap;
+        d->data[p] = calloc((size_t)(s->batch * cap), sizeof(float));
+        ok = d->data[p] != NULL;
+    }
+    if (!ok) {
+        kv_probe_dump_free(d);
+        return kv_error_set(err, KV_ERR_INTERNAL, "probe dump: out of memory");
+    }
+    return KV_OK;
+}
+
+/* Keeps a probe's full values: per_row bytes of floats for each row. */
+static void dump_probe(KvRefState *s, int64_t idx, const void *base, int64_t per_row) {
+    KvProbeDump *d = &s->dump;
+    if (d->data == NULL) return;
+    const int64_t floats = per_row / (int64_t)sizeof(float);
+    if (floats > d->cap[idx]) return; /* cannot happen: cap is the widest tensor */
+    d->len[idx] = floats;
+    for (int64_t b = 0; b < s->batch; b++) {
+        memcpy(d->data[idx] + b * floats, (const unsigned char *)base + b * per_row,
+               (size_t)per_row);
+    }
+}
+
 /* Arguments of the per-layer ops that need only the layer and n. */
 typedef struct {
     KvRefState *s;
@@ -238,6 +291,7 @@ typedef struct {
 static void op_probe(const void *ap) {
     const ArgsProbe *a = ap;
     KvRefState *s = a->s;
+    dump_probe(s, a->idx, a->base, a->per_row);
     for (int64_t b = 0; b < s->batch; b++) {
         s->probe_hash[a->idx * s->batch + b] =
             kv_fnv1a(KV_FNV_OFFSET, (const unsigned char *)a->base + b * a->per_row,
@@ -267,6 +321,13 @@ static void op_probe_cache(const void *ap) {
     KvSlidingCache *cache = s->caches != NULL ? s->caches[a->layer] : NULL;
     KvCacheView view = {0};
     if (cache != NULL) view = s->variant->view(cache);
+    const int64_t idx = probe_layer(a->layer, 3);
+    float *dense = NULL; /* (B, next - lo, 2, kv_dim) for the dump, NaN = not held */
+    if (s->dump.data != NULL && (next - lo) * 2 * kv_dim <= s->dump.cap[idx]) {
+        s->dump.len[idx] = (next - lo) * 2 * kv_dim;
+        dense = s->dump.data[idx];
+        for (int64_t i = 0; i < s->batch * s->dump.len[idx]; i++) dense[i] = NAN;
+    }
     for (int64_t b = 0; b < s->batch; b++) {
         uint64_t h = KV_FNV_OFFSET;
         for (int64_t p = lo; p < next; p++) {
@@ -288,8 +349,13 @@ static void op_probe_cache(const void *ap) {
             h = kv_fnv1a(h, &p, sizeof p);
             h = kv_fnv1a(h, k, row_bytes);
             h = kv_fnv1a(h, v, row_bytes);
+            if (dense != NULL) {
+                float *row = dense + b * s->dump.len[idx] + (p - lo) * 2 * kv_dim;
+                memcpy(row, k, row_bytes);
+                memcpy(row + kv_dim, v, row_bytes);
+            }
         }
-        s->probe_hash[probe_layer(a->layer, 3) * s->batch + b] = h;
+        s->probe_hash[idx * s->batch + b] = h;
     }
 }
 

@@ -23,6 +23,21 @@
 #include "status.h"
 #include "stream.h"
 
+/* Full values of every probe of the last forward (bisect --rerun): what
+ * the probe hashes summarise. Every probe is a float tensor per batch row;
+ * the cache probe is dense: for each position the next query may see
+ * (ascending, q - W < p <= q - 1 on a sliding layer, all on a full one), the
+ * K row then the V row, NaN where the cache does not hold that position for
+ * the row (a pad, or a slot the layout lost). */
+typedef struct {
+    int64_t n_probes, batch;
+    float **data;   /* (n_probes) -> (batch, len[p]) */
+    int64_t *len;   /* (n_probes) floats per row in the last forward */
+    int64_t *cap;   /* (n_probes) floats per row allocated */
+} KvProbeDump;
+
+void kv_probe_dump_free(KvProbeDump *d);
+
 typedef struct {
     const KvModel *model;
     unsigned faults;    /* KV_FAULT_* bits (fault.h); 0 in every clean run. Set with
@@ -65,6 +80,7 @@ typedef struct {
     bool probes;        /* record probe hashes (off in benchmarks) */
     int64_t n_probes;   /* 3 + 7 * num_layers */
     uint64_t *probe_hash; /* (n_probes, B) hashes of the last forward */
+    KvProbeDump dump;   /* full probe values of the last forward when dump.data != NULL */
     const KvCacheOps *variant;  /* NULL: the reference (every layer in the static cache) */
     KvSlidingCache **caches;    /* (num_layers) the variant's cache per sliding layer, else NULL */
     int64_t n_layers;   /* entries in caches */
@@ -82,6 +98,10 @@ void kv_ref_state_free(KvRefState *s);
 /* Plants faults (fault.h bits) in the state and in every variant cache
  * that implements one of them; 0 makes the state clean again. */
 void kv_ref_state_plant(KvRefState *s, unsigned faults);
+
+/* Makes every later probe op also keep its full values in s->dump (probes
+ * must be on). Call before a graph is captured. */
+KvStatus kv_ref_dump_enable(KvRefState *s, KvError *err);
 
 /* Appends n tokens to every row (slots len .. len+n-1) and runs the model.
  * tokens: (B, n); real: (B, n) 0 marks a pad (left padding only: a pad never

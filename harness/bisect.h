@@ -1,0 +1,60 @@
+/* bisect.h: finding where two recorded runs part (DESIGN §6), from their
+ * probe hashes alone, and re-executing both up to that step with full
+ * probe values (`kvrepro bisect`). */
+#ifndef KV_BISECT_H
+#define KV_BISECT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "decode.h"
+#include "model.h"
+#include "report.h"
+#include "status.h"
+
+/* The first point at which two runs differ, in execution order: the
+ * earliest step; within it the first probe in probe order (the order the
+ * forward computes them); within that the lowest batch row. */
+typedef struct {
+    int64_t step, row, probe; /* -1 when the runs agree everywhere recorded */
+    int64_t layer;            /* the probe's layer, -1 for embed, final_norm, logits */
+    bool by_tokens;           /* no probes recorded: found from tokens / logits hashes */
+} KvBisectPoint;
+
+/* Compares the recorded probe hashes (or, when a run has none, tokens and
+ * logits hashes). KV_ERR_INPUT naming the field when the runs cannot be
+ * compared (skipped, different steps, batch or probe lists). */
+KvStatus kv_bisect_find(const KvRun *a, const KvRun *b, KvBisectPoint *out, KvError *err);
+
+/* The probes whose values feed probe p, in probe-index order (at most 2):
+ * q/k/v <- the layer input (previous residual or embed); cache <- k, v;
+ * attn <- q, cache; mlp <- attn; residual <- mlp, layer input; final_norm
+ * <- last residual; logits <- final_norm; embed <- none. Returns the count. */
+int kv_bisect_inputs(int64_t n_probes, int64_t p, int64_t inputs[2]);
+
+/* Layer of probe p (-1 for embed, final_norm, logits). */
+int64_t kv_bisect_probe_layer(int64_t n_probes, int64_t p);
+
+/* Re-executes a recorded run (its prompt, prefill chunk, variant, mode and
+ * planted faults) on model m for steps 0..step, recording probes and the
+ * full probe values of the last step (out->dump). KV_ERR_INPUT when the run
+ * names an unknown variant or fault or does not fit the model. */
+KvStatus kv_bisect_rerun(const KvModel *m, const KvRun *run, int64_t step, KvDecodeResult *out,
+                         KvError *err);
+
+/* Elementwise comparison of one probe's values in two reruns. */
+typedef struct {
+    int64_t len;          /* floats per row (a and b agree, else shape_differs) */
+    bool shape_differs;
+    bool differs;         /* any bit differs in any row */
+    int64_t first_index;  /* first differing element of the divergent row, -1 if none */
+    float value_a, value_b;
+    int64_t ulp;          /* ULP distance of that element, -1 when one is NaN */
+    double max_abs_diff;  /* over every row; +inf when a NaN meets a number */
+} KvBisectDiff;
+
+/* a, b: (batch, len) each; row: the divergent row. */
+void kv_bisect_diff(const float *a, int64_t len_a, const float *b, int64_t len_b, int64_t batch,
+                    int64_t row, KvBisectDiff *out);
+
+#endif

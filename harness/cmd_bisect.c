@@ -1,0 +1,330 @@
+/* cmd_bisect.c: `kvrepro bisect`: where do two recorded runs first part?
+ *
+ * From the probe hashes alone (DESIGN §6) it names the first step, batch
+ * row, layer and probe at which the runs differ, with the tokens around it.
+ * With --rerun it re-executes both runs up to that step with full probe
+ * dumps and prints the first differing element of the located probe and of
+ * its inputs (index, both values, ULP distance, max |A - B|), and stores
+ * the dumps in the report's /bisect group. Exit codes: 0 the runs agree, 1
+ * a divergence was found, 2 bad input or usage, 3 internal error. */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bisect.h"
+#include "bisect_h5.h"
+#include "cli.h"
+#include "compare.h"
+#include "fixture.h"
+#include "report.h"
+#include "report_h5.h"
+
+static void bisect_usage(FILE *f) {
+    fprintf(f,
+            "usage: kvrepro bisect REPORT.h5 [REPORT_B.h5] [--run A] [--run B] [--rerun]\n"
+            "                      [--out PATH.h5] [--model DIR]\n\n"
+            "Finds, from the recorded probe hashes, the first step, batch row, layer and probe\n"
+            "at which run B differs from run A, and prints it with the tokens at that step.\n"
+            "Without --run it bisects the report's first failing comparison. With two reports,\n"
+            "A is in the first and B in the second (one --run names both).\n\n"
+            "  --run SPEC   a run index (as in runs/NNNN) or its label\n"
+            "               MODEL/SCENARIO/VARIANT[+FAULT]/BACKEND/MODE/rN\n"
+            "  --rerun      re-execute both runs (CPU) up to that step with full dumps of the\n"
+            "               differing probe and its inputs; print the first differing element\n"
+            "               and write the dumps to the /bisect group of the (first) report\n"
+            "  --out PATH   write the report with /bisect there instead of over REPORT.h5\n"
+            "  --model DIR  the checkpoint a non-fixture run used (fixtures are rebuilt from\n"
+            "               the report's weight seed)\n"
+            "Exit codes: 0 the runs agree, 1 they diverge, 2 bad input or usage, 3 internal.\n");
+}
+
+/* "MODEL/SCENARIO/VARIANT[+FAULT]/BACKEND/MODE/rN" */
+static void bisect_run_label(const KvRun *r, char *out, size_t n) {
+    char rl[192];
+    kv_run_label(r, rl, sizeof rl);
+    snprintf(out, n, "%.*s/%.*s/%s", KV_NAME_LEN, r->model, KV_NAME_LEN, r->scenario, rl);
+}
+
+/* Index of the run named by spec, or -1 with the error set. */
+static int64_t bisect_find_run(const KvReport *rep, const char *path, const char *spec,
+                               KvError *err) {
+    char *end = NULL;
+    const long long idx = strtoll(spec, &end, 10);
+    if (end != spec && *end == '\0') {
+        if (idx >= 0 && idx < rep->n_runs) return idx;
+        kv_error_set(err, KV_ERR_INPUT, "%s: --run %s: expected a run index below %lld", path, spec,
+                     (long long)rep->n_runs);
+        return -1;
+    }
+    for (int64_t i = 0; i < rep->n_runs; i++) {
+        char label[320];
+        bisect_run_label(&rep->runs[i], label, sizeof label);
+        if (strcmp(label, spec) == 0) return i;
+    }
+    kv_error_set(err, KV_ERR_INPUT, "%s: --run %s: no such run (labels look like %s)", path, spec,
+                 "gemma2-tiny/prompt_w/ring/cpu/graph/r0");
+    return -1;
+}
+
+static void bisect_print_tokens(const KvRun *a, const KvRun *b, int64_t step) {
+    printf("tokens at step %" PRId64 ":", step);
+    for (int64_t r = 0; r < a->batch; r++) {
+        const int64_t i = step * a->batch + r;
+        printf("%s row %" PRId64 ": A %d, B %d%s", r > 0 ? ";" : "", r, a->tokens[i], b->tokens[i],
+               a->tokens[i] != b->tokens[i] ? " (differ)" : "");
+    }
+    printf("\n");
+    if (step > 0) {
+        printf("fed at step %" PRId64 ":", step);
+        for (int64_t r = 0; r < a->batch; r++) {
+            const int64_t i = (step - 1) * a->batch + r;
+            printf("%s row %" PRId64 ": A %d, B %d", r > 0 ? ";" : "", r, a->tokens[i],
+                   b->tokens[i]);
+        }
+        printf("\n");
+    }
+}
+
+/* One probe's dumps compared and printed. kv_dim and next locate an
+ * element of a cache probe (position, K or V, element). */
+static void bisect_print_diff(const char *role, const char *name, const KvProbeDump *da,
+                              const KvProbeDump *db, int64_t p, int64_t row, bool cache,
+                              int64_t kv_dim, int64_t next) {
+    KvBisectDiff d;
+    kv_bisect_diff(da->data[p], da->len[p], db->data[p], db->len[p], da->batch, row, &d);
+    printf("  %-9s %-18s ", role, name);
+    if (d.shape_differs) {
+        printf("shapes differ: %" PRId64 " vs %" PRId64 " floats per row\n", da->len[p], db->len[p]);
+        return;
+    }
+    if (!d.differs) {
+        printf("identical (%" PRId64 " floats per row)\n", d.len);
+        return;
+    }
+    if (d.first_index < 0) {
+        printf("row %" PRId64 " identical; other rows differ, max |A-B| %.6g\n", row, d.max_abs_diff);
+        return;
+    }
+    char where[96] = "";
+    if (cache) {
+        const int64_t count = d.len / (2 * kv_dim);
+        const int64_t entry = d.first_index / (2 * kv_dim);
+        const int64_t in_entry = d.first_index % (2 * kv_dim);
+        snprintf(where, sizeof where, " (position %" PRId64 " %s[%" PRId64 "])",
+                 next - count + entry, in_entry < kv_dim ? "K" : "V", in_entry % kv_dim);
+    }
+    char ulp[32] = "n/a (NaN)";
+    if (d.ulp >= 0) snprintf(ulp, sizeof ulp, "%" PRId64, d.ulp);
+    printf("row %" PRId64 " element %" PRId64 "%s: A %.9g, B %.9g, ulp %s; max |A-B| %.6g\n", row,
+           d.first_index, where, (double)d.value_a, (double)d.value_b, ulp, d.max_abs_diff);
+}
+
+typedef struct {
+    const char *path_a, *path_b;   /* report files (path_b may equal path_a) */
+    const KvReport *rep_a;
+    const KvRun *a, *b;
+    int64_t ia, ib;
+    const char *out, *model_dir;
+} BisectJob;
+
+/* Re-runs both runs to pt->step, prints the element-wise differences of the
+ * located probe and its inputs, and writes /bisect. */
+static KvStatus bisect_rerun(const BisectJob *j, const KvBisectPoint *pt, KvError *err) {
+    KvStatus st = KV_OK;
+    KvFixtureModel fx = {0};
+    KvModel dir_model = {0};
+    const KvModel *m = NULL;
+    KvDecodeResult ra = {0}, rb = {0};
+    if (j->model_dir != NULL) {
+        st = kv_model_load_dir(j->model_dir, &dir_model, err);
+        m = &dir_model;
+    } else {
+        char name[KV_NAME_LEN + 1];
+        memcpy(name, j->a->model, KV_NAME_LEN);
+        name[KV_NAME_LEN] = '\0';
+        st = kv_fixture_load(name, j->rep_a->weight_seed, &fx, err);
+        if (st != KV_OK) kv_error_prefix(err, "--rerun needs --model DIR for a checkpoint run");
+        m = &fx.model;
+    }
+    if (st != KV_OK) goto exit;
+    st = kv_bisect_rerun(m, j->a, pt->step, &ra, err);
+    if (st != KV_OK) {
+        kv_error_prefix(err, "rerun of A");
+        goto exit;
+    }
+    st = kv_bisect_rerun(m, j->b, pt->step, &rb, err);
+    if (st != KV_OK) {
+        kv_error_prefix(err, "rerun of B");
+        goto exit;
+    }
+    const int64_t NP = ra.n_probes, B = ra.batch;
+    const int64_t last = (pt->step * NP + pt->probe) * B + pt->row;     /* in the recording */
+    const int64_t here = ((ra.steps - 1) * NP + pt->probe) * B + pt->row; /* in the rerun */
+    const bool same_a = ra.probe_hash[here] == j->a->probe_hash[last];
+    const bool same_b = rb.probe_hash[here] == j->b->probe_hash[last];
+    printf("rerun to step %" PRId64 ": A %s its recorded hash there, B %s\n", pt->step,
+           same_a ? "reproduces" : "does NOT reproduce", same_b ? "reproduces" : "does NOT reproduce");
+    if (!same_a || !same_b) {
+        printf("  (a run that does not reproduce is itself nondeterministic: repeat the rerun)\n");
+    }
+    const KvConfig *c = &m->config;
+    const int64_t kv_dim = c->num_kv_heads * c->head_dim;
+    const int64_t next = j->a->prompt_len + pt->step; /* positions stored after the step */
+    int64_t probes[3] = {pt->probe, -1, -1};
+    const int n_in = kv_bisect_inputs(NP, pt->probe, probes + 1);
+    KvBisectTensorOut tensors[3];
+    for (int k = 0; k < 1 + n_in; k++) {
+        const int64_t p = probes[k];
+        const bool cache = p > 0 && p < NP - 2 && (p - 1) % 7 == 3;
+        bisect_print_diff(k == 0 ? "diverged" : "input", j->a->probe_names[p], &ra.dump, &rb.dump,
+                          p, pt->row, cache, kv_dim, next);
+        tensors[k] = (KvBisectTensorOut){j->a->probe_names[p], k == 0 ? "diverged" : "input", B,
+                                         ra.dump.len[p], rb.dump.len[p], ra.dump.data[p],
+                                         rb.dump.data[p]};
+    }
+    char la[512], lb[512], ra_label[320], rb_label[320];
+    bisect_run_label(j->a, ra_label, sizeof ra_label);
+    bisect_run_label(j->b, rb_label, sizeof rb_label);
+    snprintf(la, sizeof la, "%s:runs/%04" PRId64 " %s", j->path_a, j->ia, ra_label);
+    snprintf(lb, sizeof lb, "%s:runs/%04" PRId64 " %s", j->path_b, j->ib, rb_label);
+    const KvBisectRecord rec = {la, lb, pt->step, pt->row, pt->probe, j->a->probe_names[pt->probe],
+                                tensors, 1 + n_in};
+    const char *dst = j->out != NULL ? j->out : j->path_a;
+    st = kv_bisect_write_h5(j->path_a, dst, &rec, err);
+    if (st == KV_OK) printf("dumps: %s /bisect\n", dst);
+exit:
+    kv_decode_result_free(&ra);
+    kv_decode_result_free(&rb);
+    kv_fixture_free(&fx);
+    kv_model_free(&dir_model);
+    return st;
+}
+
+int kv_cmd_bisect(int argc, char **argv) {
+    const char *paths[2] = {NULL, NULL}, *runs[2] = {NULL, NULL};
+    const char *out = NULL, *model_dir = NULL;
+    int n_paths = 0, n_runs = 0;
+    bool rerun = false, bad = false;
+    for (int i = 1; i < argc && !bad; i++) {
+        const char *v = NULL;
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            bisect_usage(stdout);
+            return KV_EXIT_PASS;
+        } else if (strcmp(argv[i], "--rerun") == 0) {
+            rerun = true;
+        } else if (kv_cli_take(argc, argv, &i, "--run", &v, &bad)) {
+            if (!bad && n_runs == 2) {
+                fprintf(stderr, "kvrepro bisect: at most two --run\n");
+                bad = true;
+            }
+            if (!bad) runs[n_runs++] = v;
+        } else if (kv_cli_take(argc, argv, &i, "--out", &v, &bad)) {
+            out = v;
+        } else if (kv_cli_take(argc, argv, &i, "--model", &v, &bad)) {
+            model_dir = v;
+        } else if (argv[i][0] == '-') {
+            fprintf(stderr, "kvrepro bisect: unknown option '%s'\n", argv[i]);
+            bad = true;
+        } else if (n_paths == 2) {
+            fprintf(stderr, "kvrepro bisect: at most two reports\n");
+            bad = true;
+        } else {
+            paths[n_paths++] = argv[i];
+        }
+    }
+    if (!bad && n_paths == 0) {
+        fprintf(stderr, "kvrepro bisect: expected a report\n");
+        bad = true;
+    }
+    if (!bad && n_paths == 2 && n_runs == 0) {
+        fprintf(stderr, "kvrepro bisect: with two reports, name the runs with --run\n");
+        bad = true;
+    }
+    if (!bad && n_paths == 1 && n_runs == 1) {
+        fprintf(stderr, "kvrepro bisect: with one report, give two --run (or none: the first "
+                "failing comparison)\n");
+        bad = true;
+    }
+    if (bad) {
+        bisect_usage(stderr);
+        return KV_EXIT_USAGE;
+    }
+
+    KvError err = {{0}};
+    KvReport rep[2];
+    memset(rep, 0, sizeof rep);
+    int rc = KV_EXIT_PASS;
+    KvStatus st = kv_report_read_h5(paths[0], &rep[0], &err);
+    if (st == KV_OK && n_paths == 2) st = kv_report_read_h5(paths[1], &rep[1], &err);
+    if (st != KV_OK) goto done;
+    const KvReport *rb_rep = n_paths == 2 ? &rep[1] : &rep[0];
+    int64_t ia = -1, ib = -1;
+    if (n_runs == 0) {
+        for (int64_t c = 0; c < rep[0].n_comparisons && ia < 0; c++) {
+            if (rep[0].comparisons[c].verdict != KV_VERDICT_FAIL) continue;
+            ia = rep[0].comparisons[c].run_a;
+            ib = rep[0].comparisons[c].run_b;
+        }
+        if (ia < 0) {
+            printf("bisect: %s: every comparison passed; nothing to bisect (name runs with "
+                   "--run A --run B)\n", paths[0]);
+            goto done;
+        }
+    } else {
+        ia = bisect_find_run(&rep[0], paths[0], runs[0], &err);
+        if (ia < 0) {
+            st = KV_ERR_INPUT;
+            goto done;
+        }
+        ib = bisect_find_run(rb_rep, n_paths == 2 ? paths[1] : paths[0], runs[n_runs - 1], &err);
+        if (ib < 0) {
+            st = KV_ERR_INPUT;
+            goto done;
+        }
+    }
+    const KvRun *a = &rep[0].runs[ia], *b = &rb_rep->runs[ib];
+    char la[320], lb[320];
+    bisect_run_label(a, la, sizeof la);
+    bisect_run_label(b, lb, sizeof lb);
+    printf("A: %s runs/%04" PRId64 " %s\n", paths[0], ia, la);
+    printf("B: %s runs/%04" PRId64 " %s\n", n_paths == 2 ? paths[1] : paths[0], ib, lb);
+    KvBisectPoint pt;
+    st = kv_bisect_find(a, b, &pt, &err);
+    if (st != KV_OK) goto done;
+    if (pt.step < 0) {
+        printf("no divergence: %" PRId64 " steps x %" PRId64 " probes x %" PRId64
+               " rows identical\n", a->steps, a->n_probes, a->batch);
+        goto done;
+    }
+    rc = KV_EXIT_GATE_FAIL;
+    if (pt.by_tokens) {
+        printf("first divergence: step %" PRId64 ", row %" PRId64
+               " (tokens or logits; no probe hashes recorded)\n", pt.step, pt.row);
+    } else {
+        char layer[32] = "";
+        if (pt.layer >= 0) snprintf(layer, sizeof layer, ", layer %" PRId64, pt.layer);
+        printf("first divergence: step %" PRId64 ", row %" PRId64 "%s, probe %.*s (probe %" PRId64
+               " of %" PRId64 "; the %" PRId64 " before it agree)\n",
+               pt.step, pt.row, layer, KV_NAME_LEN, a->probe_names[pt.probe], pt.probe,
+               a->n_probes, pt.probe);
+    }
+    bisect_print_tokens(a, b, pt.step);
+    if (rerun) {
+        if (pt.by_tokens) {
+            st = kv_error_set(&err, KV_ERR_INPUT, "--rerun needs recorded probe hashes");
+            goto done;
+        }
+        BisectJob job = {paths[0], n_paths == 2 ? paths[1] : paths[0], &rep[0], a, b, ia, ib,
+                         out, model_dir};
+        st = bisect_rerun(&job, &pt, &err);
+    }
+done:
+    if (st != KV_OK) {
+        fprintf(stderr, "kvrepro bisect: %s\n", err.msg);
+        rc = kv_gate_exit_code(st);
+    }
+    kv_report_free(&rep[0]);
+    kv_report_free(&rep[1]);
+    return rc;
+}

@@ -1,0 +1,36 @@
+/* bisect_h5.h: the /bisect group of a report (reports/SCHEMA.md): the full
+ * values of the probe at which two runs first differ, and of its inputs,
+ * from both reruns of `kvrepro bisect --rerun`. */
+#ifndef KV_BISECT_H5_H
+#define KV_BISECT_H5_H
+
+#include <stdint.h>
+
+#include "status.h"
+
+typedef struct {
+    const char *name;     /* probe name, e.g. "layer0.cache" */
+    const char *role;     /* "diverged" (the located probe) or "input" */
+    int64_t batch;
+    int64_t len_a, len_b; /* floats per row in each run */
+    const float *a;       /* (batch, len_a) */
+    const float *b;       /* (batch, len_b) */
+} KvBisectTensorOut;
+
+typedef struct {
+    const char *label_a, *label_b; /* the runs, as "report:runs/NNNN model/scenario/..." */
+    int64_t step, row, probe;
+    const char *probe_name;
+    const KvBisectTensorOut *tensors; /* (n_tensors) */
+    int n_tensors;
+} KvBisectRecord;
+
+/* Copies the report at src to dst with a /bisect group (replacing any
+ * earlier one) holding rec. src may equal dst: the copy is built as
+ * "<dst>.tmp-<pid>", flushed and renamed, so dst is either untouched or
+ * complete. KV_ERR_INPUT when src cannot be read or dst created, naming the
+ * file; KV_ERR_INTERNAL when HDF5 fails. */
+KvStatus kv_bisect_write_h5(const char *src, const char *dst, const KvBisectRecord *rec,
+                            KvError *err);
+
+#endif
