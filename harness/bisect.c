@@ -163,7 +163,7 @@ KvStatus kv_bisect_rerun(const KvModel *m, const KvRun *run, int64_t step, KvDec
     return kv_decode_greedy(m, &spec, out, err);
 }
 
-/* Float bits as integers ordered like the floats (-0 and +0 one apart). */
+/* Float bits as integers ordered like the floats (-0 and +0 both 0). */
 static int64_t bisect_ordered(float f) {
     int32_t i;
     memcpy(&i, &f, sizeof i);

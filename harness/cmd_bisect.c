@@ -49,22 +49,13 @@ static void bisect_run_label(const KvRun *r, char *out, size_t n) {
 /* Index of the run named by spec, or -1 with the error set. */
 static int64_t bisect_find_run(const KvReport *rep, const char *path, const char *spec,
                                KvError *err) {
-    char *end = NULL;
-    const long long idx = strtoll(spec, &end, 10);
-    if (end != spec && *end == '\0') {
-        if (idx >= 0 && idx < rep->n_runs) return idx;
-        kv_error_set(err, KV_ERR_INPUT, "%s: --run %s: expected a run index below %lld", path, spec,
-                     (long long)rep->n_runs);
-        return -1;
+    const int64_t i = kv_report_find_run(rep, spec);
+    if (i < 0) {
+        kv_error_set(err, KV_ERR_INPUT, "%s: --run %s: no such run (%lld runs; an index, or a "
+                     "label like gemma2-tiny/prompt_w/ring+tf32/cpu/graph/r0; see kvrepro show)",
+                     path, spec, (long long)rep->n_runs);
     }
-    for (int64_t i = 0; i < rep->n_runs; i++) {
-        char label[320];
-        bisect_run_label(&rep->runs[i], label, sizeof label);
-        if (strcmp(label, spec) == 0) return i;
-    }
-    kv_error_set(err, KV_ERR_INPUT, "%s: --run %s: no such run (labels look like %s)", path, spec,
-                 "gemma2-tiny/prompt_w/ring/cpu/graph/r0");
-    return -1;
+    return i;
 }
 
 static void bisect_print_tokens(const KvRun *a, const KvRun *b, int64_t step) {

@@ -11,22 +11,6 @@
 #include "report.h"
 #include "report_h5.h"
 
-/* Selects a run by index ("12") or by label "model/scenario/variant/backend/
- * mode/rN"; -1 when there is no such run. */
-static int64_t report_find_run(const KvReport *rep, const char *sel) {
-    char *end = NULL;
-    long long idx = strtoll(sel, &end, 10);
-    if (end != sel && *end == '\0') return idx >= 0 && idx < rep->n_runs ? (int64_t)idx : -1;
-    for (int64_t i = 0; i < rep->n_runs; i++) {
-        const KvRun *r = &rep->runs[i];
-        char label[512];
-        snprintf(label, sizeof label, "%.64s/%.64s/%.64s/%.16s/%.16s/r%d", r->model, r->scenario,
-                 r->variant, r->backend, r->mode, (int)r->repeat);
-        if (strcmp(label, sel) == 0) return i;
-    }
-    return -1;
-}
-
 static void report_print_root(const KvReport *rep, const char *path) {
     printf("report %s: kvrepro %s (commit %s), host %s\n", path, rep->tool_version,
            rep->git_commit, rep->host);
@@ -107,8 +91,8 @@ int kv_cmd_diff(int argc, char **argv) {
     }
     const KvReport *ra = &rep[0];
     const KvReport *rb = n_paths == 2 ? &rep[1] : &rep[0];
-    const int64_t a = report_find_run(ra, sel[0]);
-    const int64_t b = report_find_run(rb, sel[1]);
+    const int64_t a = kv_report_find_run(ra, sel[0]);
+    const int64_t b = kv_report_find_run(rb, sel[1]);
     if (a < 0 || b < 0) {
         fprintf(stderr, "kvrepro diff: %s: no run '%s' (%lld runs; see kvrepro show)\n",
                 a < 0 ? paths[0] : paths[n_paths - 1], a < 0 ? sel[0] : sel[1],

@@ -58,6 +58,20 @@ KvStatus kv_tolerances_record(const KvTolerances *t, KvReport *rep, KvError *err
     return KV_OK;
 }
 
+int64_t kv_report_find_run(const KvReport *rep, const char *sel) {
+    char *end = NULL;
+    const long long idx = strtoll(sel, &end, 10);
+    if (end != sel && *end == '\0') return idx >= 0 && idx < rep->n_runs ? (int64_t)idx : -1;
+    for (int64_t i = 0; i < rep->n_runs; i++) {
+        const KvRun *r = &rep->runs[i];
+        char run[192], label[384];
+        kv_run_label(r, run, sizeof run);
+        snprintf(label, sizeof label, "%.64s/%.64s/%s", r->model, r->scenario, run);
+        if (strcmp(label, sel) == 0) return i;
+    }
+    return -1;
+}
+
 void kv_run_label(const KvRun *r, char *out, size_t len) {
     char vl[2 * KV_NAME_LEN + 2];
     kv_run_variant_label(r, vl, sizeof vl);

@@ -57,4 +57,9 @@ void kv_compare_replay(const KvRun *run, int64_t index, KvComparison *out);
 /* A short label "variant/backend/mode/rN" for messages. */
 void kv_run_label(const KvRun *r, char *out, size_t len);
 
+/* Selects a run by index ("12") or by its full label
+ * "model/scenario/variant[+fault]/backend/mode/rN" (exact: a clean and a
+ * faulty run of one variant are different runs); -1 when there is none. */
+int64_t kv_report_find_run(const KvReport *rep, const char *sel);
+
 #endif

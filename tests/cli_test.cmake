@@ -140,8 +140,52 @@ kv_run(1 out err ${KVREPRO} gate --quiet --fixture mistral-tiny ${SMALL} --fault
        --report "${WORK}/fault.h5")
 kv_run(1 out err ${KVREPRO} diff "${WORK}/t1.h5" "${WORK}/fault.h5"
        --run mistral-tiny/prompt_w_plus_1/ring/cpu/graph/r0
-       --run mistral-tiny/prompt_w_plus_1/ring/cpu/graph/r0)
+       --run mistral-tiny/prompt_w_plus_1/ring+stale_scalar/cpu/graph/r0)
 kv_expect_match("${out}" "first divergence at step [0-9]+ row 0, probe " "diff names the probe")
+
+# bisect: from probe hashes to the first (step, row, layer, probe); --rerun
+# dumps the probe and its inputs into /bisect; bad input is exit 2.
+kv_run(1 out err ${KVREPRO} bisect "${WORK}/t1.h5" "${WORK}/fault.h5"
+       --run mistral-tiny/prompt_w_plus_1/ring/cpu/graph/r0
+       --run mistral-tiny/prompt_w_plus_1/ring+stale_scalar/cpu/graph/r0 --rerun
+       --out "${WORK}/bisect.h5")
+kv_expect_match("${out}" "first divergence: step [0-9]+, row 0, layer 0, probe layer0.cache"
+                "bisect locates stale_scalar at the cache")
+kv_expect_match("${out}" "A reproduces its recorded hash there, B reproduces" "rerun reproduces")
+kv_expect_match("${out}" "diverged +layer0.cache +row 0 element [0-9]+ \\(position [0-9]+ [KV]\\["
+                "rerun prints the first differing element")
+kv_expect_match("${out}" "input +layer0.k +identical" "the cache's inputs agree")
+execute_process(COMMAND h5dump -A -g /bisect "${WORK}/bisect.h5" RESULT_VARIABLE dump_rc
+                OUTPUT_VARIABLE dump_out ERROR_QUIET)
+if(NOT dump_rc EQUAL 0 OR NOT dump_out MATCHES "probe_name")
+  message(FATAL_ERROR "bisect.h5 has no readable /bisect group (rc ${dump_rc})")
+endif()
+kv_run(0 out err ${KVREPRO} show "${WORK}/bisect.h5")
+kv_run(1 out err ${KVREPRO} bisect "${WORK}/fault.h5")
+kv_expect_match("${out}" "first divergence: step" "bisect of the first failing comparison")
+kv_run(0 out err ${KVREPRO} bisect "${WORK}/t1.h5" --run 1 --run 1)
+kv_expect_match("${out}" "no divergence" "bisect of a run against itself")
+kv_run(2 out err ${KVREPRO} bisect "${WORK}/t1.h5" --run 1 --run 99999)
+kv_expect_match("${err}" "t1.h5: --run 99999: no such run" "bisect: unknown run")
+kv_run(2 out err ${KVREPRO} bisect "${WORK}/missing.h5")
+kv_expect_match("${err}" "missing.h5" "bisect: missing report")
+kv_run(2 out err ${KVREPRO} bisect "${WORK}/fault.h5" --rerun --out "${WORK}/afile/sub/b.h5")
+kv_expect_match("${err}" "afile/sub/b.h5" "bisect: unwritable --out")
+
+# Mutation score: a planted fault caught, clean runs silent; bad lists are 2.
+kv_run(0 out err ${KVREPRO} gate --quiet --fixture mistral-tiny --scenarios prompt_w_plus_1
+       --variants index_copy,ring --repeats 2 --faults window_off_by_one,prefill_first_w)
+kv_expect_match("${out}" "window_off_by_one +yes +reference" "mutation: caught, and by what")
+kv_expect_match("${out}" "mutation score: 2/2" "mutation score printed")
+kv_expect_match("${out}" "false alarms: 0 \\(of [1-9][0-9]* clean comparisons\\)" "false alarms")
+kv_run(1 out err ${KVREPRO} gate --quiet --fixture mistral-tiny --scenarios prompt_w
+       --variants ring --repeats 1 --modes eager --replay-every 0 --faults no_recapture)
+kv_expect_match("${out}" "no_recapture +NO" "an uncaught fault is reported and fails")
+kv_run(2 out err ${KVREPRO} gate --faults bogus)
+kv_expect_match("${err}" "--faults: expected a comma-separated list of stale_scalar,.*or all"
+                "unknown fault")
+kv_run(2 out err ${KVREPRO} gate --fault tf32 --faults all)
+kv_expect_match("${err}" "exclude each other" "--fault with --faults")
 kv_run(2 out err ${KVREPRO} diff "${WORK}/t1.h5" --run 0 --run 99999)
 kv_expect_match("${err}" "no run '99999'" "diff: unknown run")
 kv_run(2 out err ${KVREPRO} diff "${WORK}/t1.h5" --run 1 --run mistral-tiny/prompt_w_plus_1/ring/cuda/eager/r0)

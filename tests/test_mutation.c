@@ -1,0 +1,340 @@
+/* test_mutation.c: the planted faults (DESIGN §7) against the default gate,
+ * and bisect locating each one.
+ *
+ * gate_<fault>: the default gate matrix (both tiny families, every default
+ * scenario, every variant, eager and graph, 3 repeats, replay check every 5
+ * steps) with the fault planted must fail at least one comparison.
+ * gate_clean: the same matrix clean must fail none (no false alarm).
+ * bisect: for each fault, the faulty variant against the same variant clean
+ * is bisected from probe hashes to the probe the catalog says the fault acts
+ * on; the rerun reproduces both recordings, the located probe's full values
+ * differ and its inputs' do not.
+ *
+ * Usage: test_mutation [TCASE] runs one test case (ctest runs them as
+ * separate tests so they spread over cores); no argument runs all. */
+#include <check.h>
+#include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bisect.h"
+#include "cache.h"
+#include "compare.h"
+#include "decode.h"
+#include "fault.h"
+#include "fixture.h"
+#include "forward.h"
+#include "kvmath.h"
+#include "matrix.h"
+#include "mutation.h"
+#include "scenario.h"
+
+static const char *const k_families[] = {"gemma2-tiny", "mistral-tiny"};
+
+/* The options `kvrepro gate` runs with when given none (cmd_gate.c), CPU
+ * only: CUDA runs are skipped without a device and cannot catch anything. */
+static KvGateOptions default_gate(unsigned faults, const KvCacheOps *const *variants,
+                                  int n_variants) {
+    int n_scen = 0;
+    const char *const *scen = kv_scenario_names(&n_scen);
+    return (KvGateOptions){
+        .scenarios = scen, .n_scenarios = n_scen, .variants = variants,
+        .n_variants = n_variants, .cpu = true, .cuda = false, .eager = true, .graph = true,
+        .repeats = 3, .replay_every = 5, .faults = faults, .tol = kv_tolerances_default(),
+        .prompt_seed = KV_FIXTURE_DEFAULT_SEED, .shard_i = 1, .shard_n = 1,
+        .full_logits_max_vocab = KV_FULL_LOGITS_MAX_VOCAB,
+    };
+}
+
+/* Runs the default gate over both tiny families with `faults` planted. */
+static KvMutationPass gate_pass(unsigned faults) {
+    int n_var = 0;
+    const KvCacheOps *const *all = kv_cache_all(&n_var);
+    const KvGateOptions o = default_gate(faults, all, n_var);
+    KvReport rep;
+    memset(&rep, 0, sizeof rep);
+    KvMutationPass p = {.faults = faults, .first_fail = -1};
+    int unit = 0;
+    for (int f = 0; f < 2; f++) {
+        KvFixtureModel fx;
+        KvError err = {{0}};
+        ck_assert_msg(kv_fixture_load(k_families[f], KV_FIXTURE_DEFAULT_SEED, &fx, &err) == KV_OK,
+                      "%s", err.msg);
+        const int64_t from = rep.n_comparisons;
+        ck_assert_msg(kv_gate_run_model(&fx.model, k_families[f], &o, &unit, &rep, &err) == KV_OK,
+                      "%s", err.msg);
+        kv_mutation_account(&p, &rep, from, rep.n_comparisons);
+        kv_fixture_free(&fx);
+    }
+    if (p.failed > 0 && faults == 0) {
+        char line[512];
+        kv_report_run_divergence(&rep, rep.comparisons[p.first_fail].run_b, line, sizeof line);
+        fprintf(stderr, "false alarm: %s\n", line);
+    }
+    kv_report_free(&rep);
+    return p;
+}
+
+START_TEST(test_gate_clean_no_false_alarm) {
+    const KvMutationPass p = gate_pass(0);
+    ck_assert_int_gt(p.comparisons, 0);
+    ck_assert_msg(p.failed == 0, "%lld of %lld clean comparisons failed", (long long)p.failed,
+                  (long long)p.comparisons);
+}
+END_TEST
+
+/* _i: index into the fault catalog. */
+START_TEST(test_gate_catches_fault) {
+    int n = 0;
+    const KvFaultInfo *f = &kv_fault_all(&n)[_i];
+    const KvMutationPass p = gate_pass(f->bit);
+    ck_assert_msg(p.failed > 0, "fault %s: none of %lld comparisons failed: the default gate "
+                  "does not catch it", f->name, (long long)p.comparisons);
+}
+END_TEST
+
+/* ---- bisect ---- */
+
+/* Where each fault acts, so bisecting it is meaningful: the variant that
+ * carries it (every variant for forward faults), the mode that exposes it
+ * and a scenario in which it acts. */
+typedef struct {
+    const char *fault, *variant, *scenario;
+    KvExecMode mode;
+} FaultSite;
+
+static const FaultSite k_sites[KV_FAULT_COUNT] = {
+    {"stale_scalar", "ring", "short_prompt_crosses_window", KV_MODE_GRAPH},
+    {"atomic_reduction", "index_copy", "short_prompt_crosses_window", KV_MODE_EAGER},
+    {"inplace_shift", "cat_shift", "short_prompt_crosses_window", KV_MODE_EAGER},
+    {"window_off_by_one", "always_roll", "prompt_w_plus_1", KV_MODE_EAGER},
+    {"prefill_first_w", "index_copy", "prefill_longer_than_window", KV_MODE_EAGER},
+    {"unwritten_slot", "ring", "short_prompt_crosses_window", KV_MODE_EAGER},
+    {"no_recapture", "roll", "short_prompt_crosses_window", KV_MODE_GRAPH},
+    {"tf32", "dynamic", "prompt_w", KV_MODE_EAGER},
+};
+
+/* A decode recorded as a KvRun (the fields bisect reads). */
+static void record_run(const KvModel *m, const KvScenario *sc, const FaultSite *site,
+                       unsigned faults, KvRun *run) {
+    memset(run, 0, sizeof *run);
+    KvDecodeSpec spec = {
+        .batch = sc->batch, .prompt_len = sc->prompt_len, .prompt = sc->prompt,
+        .prompt_real = sc->real, .new_tokens = sc->new_tokens, .prefill_chunk = sc->prefill_chunk,
+        .variant = kv_cache_find(site->variant), .mode = site->mode, .faults = faults,
+        .record_probes = true,
+    };
+    KvDecodeResult r;
+    KvError err = {{0}};
+    ck_assert_msg(kv_decode_greedy(m, &spec, &r, &err) == KV_OK, "%s", err.msg);
+    snprintf(run->variant, sizeof run->variant, "%s", site->variant);
+    snprintf(run->backend, sizeof run->backend, "cpu");
+    snprintf(run->mode, sizeof run->mode, "%s", site->mode == KV_MODE_GRAPH ? "graph" : "eager");
+    kv_fault_names(faults, run->fault, sizeof run->fault);
+    run->steps = r.steps;
+    run->batch = r.batch;
+    run->vocab = r.vocab;
+    run->prompt_len = sc->prompt_len;
+    run->prefill_chunk = sc->prefill_chunk;
+    run->prompt = malloc((size_t)(sc->batch * sc->prompt_len) * sizeof *run->prompt);
+    run->prompt_real = malloc((size_t)(sc->batch * sc->prompt_len));
+    run->probe_names = calloc((size_t)r.n_probes, sizeof *run->probe_names);
+    ck_assert(run->prompt != NULL && run->prompt_real != NULL && run->probe_names != NULL);
+    memcpy(run->prompt, sc->prompt, (size_t)(sc->batch * sc->prompt_len) * sizeof *run->prompt);
+    memcpy(run->prompt_real, sc->real, (size_t)(sc->batch * sc->prompt_len));
+    for (int64_t p = 0; p < r.n_probes; p++) {
+        kv_probe_name(&m->config, p, run->probe_names[p], KV_NAME_LEN);
+    }
+    run->tokens = r.tokens;
+    run->logits = r.logits;
+    run->margins = r.margins;
+    run->n_probes = r.n_probes;
+    run->probe_hash = r.probe_hash;
+}
+
+/* _i: index into the fault catalog; both families. */
+START_TEST(test_bisect_locates_fault) {
+    int n = 0;
+    const KvFaultInfo *f = &kv_fault_all(&n)[_i];
+    const FaultSite *site = &k_sites[_i];
+    ck_assert_str_eq(site->fault, f->name);
+    for (int fam = 0; fam < 2; fam++) {
+        KvFixtureModel fx;
+        KvScenario sc;
+        KvError err = {{0}};
+        ck_assert_msg(kv_fixture_load(k_families[fam], KV_FIXTURE_DEFAULT_SEED, &fx, &err) == KV_OK,
+                      "%s", err.msg);
+        ck_assert_msg(kv_scenario_build(&fx.model.config, site->scenario, KV_FIXTURE_DEFAULT_SEED,
+                                        &sc, &err) == KV_OK, "%s", err.msg);
+        KvRun clean, faulty;
+        record_run(&fx.model, &sc, site, 0, &clean);
+        record_run(&fx.model, &sc, site, f->bit, &faulty);
+        KvBisectPoint pt;
+        ck_assert_msg(kv_bisect_find(&clean, &faulty, &pt, &err) == KV_OK, "%s", err.msg);
+        ck_assert_msg(pt.step >= 0 && !pt.by_tokens, "%s %s: no probe divergence found",
+                      k_families[fam], f->name);
+        const char *probe = clean.probe_names[pt.probe];
+        const char *dot = strchr(probe, '.');
+        ck_assert_msg(dot != NULL && strcmp(dot + 1, f->acts_on) == 0,
+                      "%s %s: bisect located %s at step %lld, expected a %s probe",
+                      k_families[fam], f->name, probe, (long long)pt.step, f->acts_on);
+        fprintf(stderr, "%s %s %s/%s: step %lld row %lld %s\n", k_families[fam], f->name,
+                site->variant, clean.mode, (long long)pt.step, (long long)pt.row, probe);
+
+        /* The rerun: the located probe's values differ, its inputs' agree.
+         * atomic_reduction is nondeterministic by design (its clock runs on
+         * across decodes), so its reruns need not reproduce the recording. */
+        KvDecodeResult ra, rb;
+        ck_assert_msg(kv_bisect_rerun(&fx.model, &clean, pt.step, &ra, &err) == KV_OK, "%s", err.msg);
+        ck_assert_msg(kv_bisect_rerun(&fx.model, &faulty, pt.step, &rb, &err) == KV_OK, "%s", err.msg);
+        const int64_t NP = clean.n_probes, B = clean.batch;
+        const int64_t rec = (pt.step * NP + pt.probe) * B + pt.row;
+        const int64_t now = ((ra.steps - 1) * NP + pt.probe) * B + pt.row;
+        ck_assert(ra.probe_hash[now] == clean.probe_hash[rec]);
+        if (f->bit != KV_FAULT_ATOMIC_REDUCTION) {
+            ck_assert_msg(rb.probe_hash[now] == faulty.probe_hash[rec],
+                          "%s: the faulty rerun does not reproduce its recording", f->name);
+            KvBisectDiff d;
+            kv_bisect_diff(ra.dump.data[pt.probe], ra.dump.len[pt.probe], rb.dump.data[pt.probe],
+                           rb.dump.len[pt.probe], B, pt.row, &d);
+            ck_assert_msg(d.differs && (d.shape_differs || d.first_index >= 0),
+                          "%s: the located probe's dumps do not differ in row %lld", f->name,
+                          (long long)pt.row);
+            int64_t in[2];
+            const int n_in = kv_bisect_inputs(NP, pt.probe, in);
+            for (int k = 0; k < n_in; k++) {
+                kv_bisect_diff(ra.dump.data[in[k]], ra.dump.len[in[k]], rb.dump.data[in[k]],
+                               rb.dump.len[in[k]], B, pt.row, &d);
+                ck_assert_msg(!d.differs, "%s: input %s of %s differs", f->name,
+                              clean.probe_names[in[k]], probe);
+            }
+        }
+        kv_decode_result_free(&ra);
+        kv_decode_result_free(&rb);
+        kv_run_free(&clean);
+        kv_run_free(&faulty);
+        kv_scenario_free(&sc);
+        kv_fixture_free(&fx);
+    }
+}
+END_TEST
+
+/* ---- building blocks ---- */
+
+START_TEST(test_bisect_diff_elements) {
+    /* (2 rows, 3) */
+    const float a[6] = {1.0f, 2.0f, 3.0f, 0.0f, 5.0f, 6.0f};
+    float b[6];
+    memcpy(b, a, sizeof b);
+    KvBisectDiff d;
+    kv_bisect_diff(a, 3, b, 3, 2, 1, &d);
+    ck_assert(!d.differs && d.first_index == -1 && d.max_abs_diff == 0.0);
+    b[1] = nextafterf(2.0f, 3.0f); /* row 0: one ulp */
+    b[3] = -0.0f;                  /* row 1: -0 vs +0 differ in bits, 0 ulp apart */
+    b[5] = 6.5f;
+    kv_bisect_diff(a, 3, b, 3, 2, 1, &d);
+    ck_assert(d.differs);
+    ck_assert_int_eq(d.first_index, 0);
+    ck_assert_int_eq(d.ulp, 0);
+    ck_assert(d.max_abs_diff == 0.5);
+    kv_bisect_diff(a, 3, b, 3, 2, 0, &d);
+    ck_assert_int_eq(d.first_index, 1);
+    ck_assert_int_eq(d.ulp, 1);
+    b[4] = NAN;
+    kv_bisect_diff(a, 3, b, 3, 2, 1, &d);
+    ck_assert(isinf(d.max_abs_diff));
+    kv_bisect_diff(a, 3, b, 2, 2, 1, &d);
+    ck_assert(d.shape_differs && d.differs);
+}
+END_TEST
+
+START_TEST(test_bisect_inputs_map) {
+    const int64_t NP = 3 + 7 * 2; /* two layers */
+    int64_t in[2];
+    ck_assert_int_eq(kv_bisect_inputs(NP, 0, in), 0);
+    ck_assert_int_eq(kv_bisect_inputs(NP, 1, in), 1); /* layer0.q <- embed */
+    ck_assert_int_eq(in[0], 0);
+    ck_assert_int_eq(kv_bisect_inputs(NP, 4, in), 2); /* layer0.cache <- k, v */
+    ck_assert(in[0] == 2 && in[1] == 3);
+    ck_assert_int_eq(kv_bisect_inputs(NP, 5, in), 2); /* layer0.attn <- q, cache */
+    ck_assert(in[0] == 1 && in[1] == 4);
+    ck_assert_int_eq(kv_bisect_inputs(NP, 8 + 2, in), 1); /* layer1.k <- layer0.residual */
+    ck_assert_int_eq(in[0], 7);
+    ck_assert_int_eq(kv_bisect_inputs(NP, 14, in), 2); /* layer1.residual <- layer0.residual, mlp */
+    ck_assert(in[0] == 7 && in[1] == 13);
+    ck_assert_int_eq(kv_bisect_inputs(NP, NP - 1, in), 1); /* logits <- final_norm */
+    ck_assert_int_eq(in[0], NP - 2);
+    ck_assert_int_eq(kv_bisect_probe_layer(NP, 10), 1);
+    ck_assert_int_eq(kv_bisect_probe_layer(NP, NP - 2), -1);
+}
+END_TEST
+
+START_TEST(test_round_tf32) {
+    /* 10 mantissa bits: 1 + 2^-10 is exact; 1 + 2^-11 is a tie, to even (1);
+     * 1 + 3 * 2^-11 is a tie, to even (1 + 2^-9); just above a tie rounds up. */
+    ck_assert(kv_round_tf32(1.0f + 0x1p-10f) == 1.0f + 0x1p-10f);
+    ck_assert(kv_round_tf32(1.0f + 0x1p-11f) == 1.0f);
+    ck_assert(kv_round_tf32(1.0f + 3 * 0x1p-11f) == 1.0f + 0x1p-9f);
+    ck_assert(kv_round_tf32(1.0f + 0x1p-11f + 0x1p-20f) == 1.0f + 0x1p-10f);
+    ck_assert(kv_round_tf32(-1.0f - 0x1p-11f - 0x1p-20f) == -1.0f - 0x1p-10f);
+    ck_assert(isnan(kv_round_tf32(NAN)));
+    ck_assert(isinf(kv_round_tf32(INFINITY)));
+}
+END_TEST
+
+START_TEST(test_fault_catalog) {
+    int n = 0;
+    const KvFaultInfo *all = kv_fault_all(&n);
+    ck_assert_int_eq(n, KV_FAULT_COUNT);
+    unsigned seen = 0;
+    for (int i = 0; i < n; i++) {
+        ck_assert(kv_fault_find(all[i].name) == &all[i]);
+        ck_assert((seen & all[i].bit) == 0);
+        seen |= all[i].bit;
+    }
+    ck_assert(kv_fault_find("nope") == NULL);
+    char names[256];
+    kv_fault_names(KV_FAULT_TF32 | KV_FAULT_STALE_SCALAR, names, sizeof names);
+    ck_assert_str_eq(names, "stale_scalar,tf32");
+    kv_fault_names(0, names, sizeof names);
+    ck_assert_str_eq(names, "");
+}
+END_TEST
+
+static Suite *mutation_suite(void) {
+    Suite *s = suite_create("mutation");
+    TCase *tc = tcase_create("gate_clean");
+    tcase_set_timeout(tc, 900);
+    tcase_add_test(tc, test_gate_clean_no_false_alarm);
+    suite_add_tcase(s, tc);
+    int n = 0;
+    const KvFaultInfo *all = kv_fault_all(&n);
+    for (int i = 0; i < n; i++) {
+        /* tcase names must outlive the suite */
+        static char names[KV_FAULT_COUNT][64];
+        snprintf(names[i], sizeof names[i], "gate_%s", all[i].name);
+        tc = tcase_create(names[i]);
+        tcase_set_timeout(tc, 900);
+        tcase_add_loop_test(tc, test_gate_catches_fault, i, i + 1);
+        suite_add_tcase(s, tc);
+    }
+    tc = tcase_create("bisect");
+    tcase_set_timeout(tc, 600);
+    tcase_add_loop_test(tc, test_bisect_locates_fault, 0, KV_FAULT_COUNT);
+    tcase_add_test(tc, test_bisect_diff_elements);
+    tcase_add_test(tc, test_bisect_inputs_map);
+    tcase_add_test(tc, test_round_tf32);
+    tcase_add_test(tc, test_fault_catalog);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(int argc, char **argv) {
+    SRunner *sr = srunner_create(mutation_suite());
+    srunner_run(sr, NULL, argc > 1 ? argv[1] : NULL, CK_NORMAL);
+    const int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}
