@@ -1,18 +1,23 @@
 # kvrepro: the two commands of the README's quick start.
 #   make gate   install missing packages, configure, build, run the default gate
 #   make test   the same set-up, then the whole test suite through ctest
+#               (all but the "long" label)
+#   make long-check  100 clean gates: false alarms and report bytes (~30 min)
 # Everything else is CMake (see CMakeLists.txt).
 BUILD ?= build
 JOBS ?= 2
 
-.PHONY: gate test _setup
+.PHONY: gate test long-check _setup
 
 gate: _setup
 	@mkdir -p reports/out
 	$(BUILD)/kvrepro gate --report reports/out/latest.h5 --junit reports/out/latest.xml
 
 test: _setup
-	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) -LE long
+
+long-check: _setup
+	cd $(BUILD) && ctest --output-on-failure -L long
 
 _setup:
 	@./scripts/ensure-deps.sh
