@@ -256,8 +256,11 @@ static KvStatus run_scenario(const KvModel *m, const char *model_name, const KvS
     }
 
     /* Every comparison of this scenario is done: large vocabularies now keep
-     * only their top-k logits (the report would otherwise be huge). */
-    for (int64_t i = ref; i < rep->n_runs && m->config.vocab_size > o->full_logits_max_vocab; i++) {
+     * only their top-k logits (the report would otherwise be huge), and so
+     * do planted-fault passes: their logits differ run to run, so nothing
+     * hard-links, and `--faults all` would store ~13x the clean logits. */
+    const bool keep_topk = m->config.vocab_size > o->full_logits_max_vocab || o->faults != 0;
+    for (int64_t i = ref; i < rep->n_runs && keep_topk; i++) {
         if (rep->runs[i].logits == NULL) continue;
         st = run_keep_topk(&rep->runs[i], err);
         if (st != KV_OK) goto exit;

@@ -789,9 +789,12 @@ static KvStatus h5w_logits(hid_t g, const char *objpath, const KvRun *r, int64_t
 static int64_t h5w_logits_twin(const KvReport *rep, int64_t i, const int64_t *stored_by) {
     const KvRun *r = &rep->runs[i];
     const size_t n = (size_t)(r->steps * r->batch * r->vocab) * sizeof(float);
+    if (r->topk > 0) return -1; /* no full logits to share */
     for (int64_t j = 0; j < i; j++) {
         const KvRun *q = &rep->runs[j];
-        if (r->topk > 0 || q->topk > 0) return -1; /* no full logits to share */
+        /* An earlier top-k run (a large vocabulary, a planted-fault pass)
+         * has nothing to share, but later full runs still may. */
+        if (q->topk > 0) continue;
         if (q->skipped || stored_by[j] != j || q->steps != r->steps || q->batch != r->batch ||
             q->vocab != r->vocab || strncmp(q->model, r->model, KV_NAME_LEN) != 0 ||
             strncmp(q->scenario, r->scenario, KV_NAME_LEN) != 0) {

@@ -251,6 +251,8 @@ static void assert_same_run(const KvRun *a, const KvRun *b, int64_t i) {
     ck_assert_str_eq(a->model, b->model);
     ck_assert_str_eq(a->scenario, b->scenario);
     ck_assert_str_eq(a->variant, b->variant);
+    ck_assert_str_eq(a->fault, b->fault);
+    ck_assert_int_eq(a->prefill_chunk, b->prefill_chunk);
     ck_assert_str_eq(a->backend, b->backend);
     ck_assert_str_eq(a->mode, b->mode);
     ck_assert_int_eq(a->repeat, b->repeat);
@@ -508,6 +510,50 @@ static int run_capture(const char *cmd, char *out, size_t n) {
     int status = pclose(p);
     return status;
 }
+
+/* Identical full logits share one dataset (a hard link) even when a top-k
+ * run (a planted-fault pass) comes before them; faults round-trip. */
+START_TEST(test_logits_linked_across_topk_run) {
+    KvReport rep;
+    memset(&rep, 0, sizeof rep);
+    snprintf(rep.shard, sizeof rep.shard, "1/1");
+    rep.n_runs = 3;
+    rep.runs = test_alloc(3 * sizeof *rep.runs);
+    memset(rep.runs, 0, 3 * sizeof *rep.runs);
+    fill_run(&rep.runs[0], "ring", "graph", 0, 1);
+    fill_run(&rep.runs[1], "reference", "eager", 0, 0);
+    fill_run(&rep.runs[2], "ring", "eager", 0, 0);
+    /* run 0: a planted-fault run keeping only its top 2 logits, before the
+     * two identical full runs */
+    KvRun *t = &rep.runs[0];
+    snprintf(t->fault, sizeof t->fault, "inplace_shift,tf32");
+    t->prefill_chunk = 3;
+    free(t->logits);
+    t->logits = NULL;
+    t->topk = 2;
+    t->topk_ids = test_alloc(T_STEPS * T_BATCH * 2 * sizeof *t->topk_ids);
+    t->topk_values = test_alloc(T_STEPS * T_BATCH * 2 * sizeof *t->topk_values);
+    for (int i = 0; i < T_STEPS * T_BATCH * 2; i++) {
+        t->topk_ids[i] = i % T_VOCAB;
+        t->topk_values[i] = (float)(T_STEPS * T_BATCH * 2 - i);
+    }
+    char path[PATH_MAX];
+    scratch_path(path, sizeof path, "linked.h5");
+    KvError err = {{0}};
+    ck_assert_msg(kv_report_write_h5(&rep, path, &err) == KV_OK, "%s", err.msg);
+    hid_t f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
+    ck_assert(f >= 0);
+    H5O_info_t info; /* HDF5 1.10: H5Oget_info_by_name2 */
+    ck_assert(H5Oget_info_by_name2(f, "/runs/0002/logits", &info, H5O_INFO_BASIC, H5P_DEFAULT) >= 0);
+    ck_assert_msg(info.rc == 2, "run 2's logits are not linked to run 1's (rc %u)", info.rc);
+    H5Fclose(f);
+    KvReport back;
+    ck_assert_msg(kv_report_read_h5(path, &back, &err) == KV_OK, "%s", err.msg);
+    for (int64_t i = 0; i < 3; i++) assert_same_run(&rep.runs[i], &back.runs[i], i);
+    kv_report_free(&back);
+    kv_report_free(&rep);
+}
+END_TEST
 
 START_TEST(test_h5dump_reads_report) {
     char tool[PATH_MAX];
@@ -1007,6 +1053,7 @@ static Suite *report_suite(void) {
     tcase_add_test(bytes, test_byte_identical);
     tcase_add_test(bytes, test_bytes_ignore_garbage_after_strings);
     tcase_add_test(bytes, test_h5dump_reads_report);
+    tcase_add_test(bytes, test_logits_linked_across_topk_run);
     suite_add_tcase(s, bytes);
 
     TCase *wr = tcase_create("write_errors");
