@@ -5,7 +5,7 @@
 # report is byte-identical to the first. Any false alarm or differing byte
 # fails the check.
 #   cmake -DKVREPRO=path/to/kvrepro -DWORK=dir -DN=100 -P clean_gates.cmake
-if(NOT N)
+if(NOT DEFINED N)
   set(N 100)
 endif()
 file(REMOVE_RECURSE "${WORK}")
