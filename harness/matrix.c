@@ -7,6 +7,7 @@
 #include <time.h>
 
 #include "cuda_device.h"
+#include "cuda_forward.h"
 #include "decode.h"
 #include "fault.h"
 #include "forward.h"
@@ -48,10 +49,11 @@ static void run_identify(KvRun *r, const char *model, const char *scenario, cons
     r->repeat = repeat;
 }
 
-/* Decodes sc and fills run (identity already set). forced: (steps, B) or NULL. */
+/* Decodes sc and fills run (identity already set), on the CPU or (cuda) the
+ * GPU. forced: (steps, B) or NULL. KV_SKIP from CUDA when it cannot run. */
 static KvStatus run_decode(const KvModel *m, const KvScenario *sc, const KvCacheOps *variant,
                            KvExecMode mode, const KvGateOptions *o, const int32_t *forced,
-                           KvRun *run, KvError *err) {
+                           bool cuda, KvRun *run, KvError *err) {
     KvDecodeSpec spec = {
         .batch = sc->batch,
         .prompt_len = sc->prompt_len,
@@ -68,7 +70,8 @@ static KvStatus run_decode(const KvModel *m, const KvScenario *sc, const KvCache
     };
     KvDecodeResult res;
     const double t0 = kv_gate_now();
-    KvStatus st = kv_decode_greedy(m, &spec, &res, err);
+    KvStatus st = cuda ? kv_cuda_decode_greedy(m, &spec, &res, NULL, err)
+                       : kv_decode_greedy(m, &spec, &res, err);
     if (st != KV_OK) return st;
     const double t1 = kv_gate_now();
     const int64_t B = res.batch, S = res.steps, V = res.vocab;
@@ -165,29 +168,30 @@ static KvStatus run_keep_topk(KvRun *r, KvError *err) {
     return KV_OK;
 }
 
-static KvStatus run_scenario(const KvModel *m, const char *model_name, const KvScenario *sc,
-                             const KvGateOptions *o, KvReport *rep, const char *cuda_skip,
-                             KvError *err) {
+/* Backends a candidate run can use. */
+typedef enum { KV_BACKEND_CPU = 0, KV_BACKEND_CUDA = 1 } KvBackend;
+static const char *const k_backend_name[2] = {"cpu", "cuda"};
+static const char *const k_mode_name[2] = {"eager", "graph"};
+
+/* Every selected variant x mode x repeat on one backend, each compared as
+ * DESIGN §6 says: repeat 0 against the CPU reference (tolerance, tie-aware,
+ * teacher-forced after a near-tie flip) and its replays; later repeats
+ * bitwise against repeat 0; graph bitwise against eager; each variant
+ * bitwise against the first one, in the same mode, on the same backend.
+ * *skip: on CUDA, set to the CUDA error text when a run returns KV_SKIP (no
+ * device): the run and every later CUDA run are then recorded as skipped. */
+static KvStatus run_candidates(const KvModel *m, const char *model_name, const KvScenario *sc,
+                               const KvGateOptions *o, KvBackend backend, int64_t ref,
+                               KvReport *rep, char *skip, size_t skip_len, KvError *err) {
     KvStatus st = KV_OK;
     const int modes[2] = {o->eager ? (int)KV_MODE_EAGER : -1, o->graph ? (int)KV_MODE_GRAPH : -1};
-    static const char *const mode_name[2] = {"eager", "graph"};
+    const char *bname = k_backend_name[backend];
     CandidateTable tab = {NULL, o->repeats};
     tab.index = malloc((size_t)(o->n_variants * 2 * o->repeats) * sizeof *tab.index);
     if (tab.index == NULL) return kv_error_set(err, KV_ERR_INTERNAL, "out of memory");
     for (int64_t i = 0; i < (int64_t)o->n_variants * 2 * o->repeats; i++) tab.index[i] = -1;
 
-    /* The reference. */
-    const int64_t ref = report_add_run(rep);
-    if (ref < 0) {
-        st = kv_error_set(err, KV_ERR_INTERNAL, "out of memory");
-        goto exit;
-    }
-    run_identify(&rep->runs[ref], model_name, sc->name, "reference", "cpu", "eager", 0, 0);
-    st = run_decode(m, sc, NULL, KV_MODE_EAGER, o, NULL, &rep->runs[ref], err);
-    if (st != KV_OK) goto exit;
-    progress_line(o, &rep->runs[ref]);
-
-    for (int v = 0; o->cpu && v < o->n_variants; v++) {
+    for (int v = 0; v < o->n_variants; v++) {
         for (int mi = 0; mi < 2; mi++) {
             if (modes[mi] < 0) continue;
             for (int k = 0; k < o->repeats; k++) {
@@ -197,9 +201,24 @@ static KvStatus run_scenario(const KvModel *m, const char *model_name, const KvS
                     goto exit;
                 }
                 KvRun *run = &rep->runs[idx];
-                run_identify(run, model_name, sc->name, o->variants[v]->name, "cpu",
-                             mode_name[mi], k, o->faults);
-                st = run_decode(m, sc, o->variants[v], (KvExecMode)modes[mi], o, NULL, run, err);
+                run_identify(run, model_name, sc->name, o->variants[v]->name, bname,
+                             k_mode_name[mi], k, o->faults);
+                if (skip[0] != '\0') {
+                    /* No device: recorded as skipped, with the reason, never
+                     * as passed (one entry per variant and mode). */
+                    run->skipped = true;
+                    snprintf(run->skip_reason, sizeof run->skip_reason, "%s", skip);
+                    break;
+                }
+                st = run_decode(m, sc, o->variants[v], (KvExecMode)modes[mi], o, NULL,
+                                backend == KV_BACKEND_CUDA, run, err);
+                if (st == KV_SKIP) {
+                    snprintf(skip, skip_len, "%.250s", err->msg);
+                    run->skipped = true;
+                    snprintf(run->skip_reason, sizeof run->skip_reason, "%s", skip);
+                    st = KV_OK;
+                    break;
+                }
                 if (st != KV_OK) goto exit;
                 *cand_slot(&tab, v, mi, k) = idx;
                 KvComparison c;
@@ -209,11 +228,12 @@ static KvStatus run_scenario(const KvModel *m, const char *model_name, const KvS
                         /* A flip at a near-tie: teacher-force the reference's
                          * tokens so the later steps are still compared. */
                         KvRun forced = {0};
-                        run_identify(&forced, model_name, sc->name, o->variants[v]->name, "cpu",
-                                     mode_name[mi], k, o->faults);
+                        run_identify(&forced, model_name, sc->name, o->variants[v]->name, bname,
+                                     k_mode_name[mi], k, o->faults);
                         forced.replay_mismatch_step = -1;
                         st = run_decode(m, sc, o->variants[v], (KvExecMode)modes[mi], o,
-                                        rep->runs[ref].tokens, &forced, err);
+                                        rep->runs[ref].tokens, backend == KV_BACKEND_CUDA,
+                                        &forced, err);
                         if (st != KV_OK) {
                             kv_run_free(&forced);
                             goto exit;
@@ -254,6 +274,35 @@ static KvStatus run_scenario(const KvModel *m, const char *model_name, const KvS
             }
         }
     }
+exit:
+    free(tab.index);
+    return st;
+}
+
+/* cuda_skip: "" while CUDA runs may run; else why they cannot (shared by
+ * every scenario of the gate, so a missing device is tried once). */
+static KvStatus run_scenario(const KvModel *m, const char *model_name, const KvScenario *sc,
+                             const KvGateOptions *o, KvReport *rep, char *cuda_skip,
+                             size_t cuda_skip_len, KvError *err) {
+    /* The reference. */
+    const int64_t ref = report_add_run(rep);
+    if (ref < 0) return kv_error_set(err, KV_ERR_INTERNAL, "out of memory");
+    run_identify(&rep->runs[ref], model_name, sc->name, "reference", "cpu", "eager", 0, 0);
+    KvStatus st = run_decode(m, sc, NULL, KV_MODE_EAGER, o, NULL, false, &rep->runs[ref], err);
+    if (st != KV_OK) return st;
+    progress_line(o, &rep->runs[ref]);
+
+    char no_skip[1] = "";
+    if (o->cpu) {
+        st = run_candidates(m, model_name, sc, o, KV_BACKEND_CPU, ref, rep, no_skip,
+                            sizeof no_skip, err);
+        if (st != KV_OK) return st;
+    }
+    if (o->cuda) {
+        st = run_candidates(m, model_name, sc, o, KV_BACKEND_CUDA, ref, rep, cuda_skip,
+                            cuda_skip_len, err);
+        if (st != KV_OK) return st;
+    }
 
     /* Every comparison of this scenario is done: large vocabularies now keep
      * only their top-k logits (the report would otherwise be huge), and so
@@ -263,45 +312,20 @@ static KvStatus run_scenario(const KvModel *m, const char *model_name, const KvS
     for (int64_t i = ref; i < rep->n_runs && keep_topk; i++) {
         if (rep->runs[i].logits == NULL) continue;
         st = run_keep_topk(&rep->runs[i], err);
-        if (st != KV_OK) goto exit;
+        if (st != KV_OK) return st;
     }
-
-    /* CUDA: recorded as skipped, with the reason, never as passed. */
-    for (int v = 0; o->cuda && v < o->n_variants; v++) {
-        for (int mi = 0; mi < 2; mi++) {
-            if (modes[mi] < 0) continue;
-            const int64_t idx = report_add_run(rep);
-            if (idx < 0) {
-                st = kv_error_set(err, KV_ERR_INTERNAL, "out of memory");
-                goto exit;
-            }
-            KvRun *run = &rep->runs[idx];
-            run_identify(run, model_name, sc->name, o->variants[v]->name, "cuda", mode_name[mi], 0,
-                         o->faults);
-            run->skipped = true;
-            snprintf(run->skip_reason, sizeof run->skip_reason, "%s", cuda_skip);
-        }
-    }
-exit:
-    free(tab.index);
-    return st;
+    return KV_OK;
 }
 
 KvStatus kv_gate_run_model(const KvModel *m, const char *model_name, const KvGateOptions *o,
                            int *unit, KvReport *rep, KvError *err) {
-    /* Why CUDA runs are skipped here: no device, or (with one) no CUDA
-     * backend yet. Either way they are reported as skipped, never passed. */
+    /* With no device the CUDA runs are reported as skipped with the CUDA
+     * error text, never passed; with one they run. */
     char cuda_skip[256] = "";
     if (o->cuda) {
         KvCudaInfo info;
         KvError cerr = {{0}};
-        if (kv_cuda_query(&info, &cerr) == KV_OK) {
-            snprintf(cuda_skip, sizeof cuda_skip,
-                     "device %.120s present, but the CUDA backend is not implemented yet",
-                     info.name);
-        } else {
-            snprintf(cuda_skip, sizeof cuda_skip, "%.250s", cerr.msg);
-        }
+        if (kv_cuda_query(&info, &cerr) != KV_OK) snprintf(cuda_skip, sizeof cuda_skip, "%.250s", cerr.msg);
     }
     const int n = o->custom != NULL ? 1 : o->n_scenarios;
     for (int i = 0; i < n; i++, (*unit)++) {
@@ -314,7 +338,7 @@ KvStatus kv_gate_run_model(const KvModel *m, const char *model_name, const KvGat
             if (st != KV_OK) return st;
             use = &sc;
         }
-        st = run_scenario(m, model_name, use, o, rep, cuda_skip, err);
+        st = run_scenario(m, model_name, use, o, rep, cuda_skip, sizeof cuda_skip, err);
         kv_scenario_free(&sc);
         if (st != KV_OK) return st;
     }

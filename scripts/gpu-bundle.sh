@@ -18,6 +18,8 @@ cmake --build "$BUILD" -j 2 >/dev/null
 rm -rf "$OUT"
 mkdir -p "$OUT/bin" "$OUT/lib"
 bins="$BUILD/kvrepro $BUILD/bench_decode"
+# The CUDA benchmark exists only in a build with nvcc.
+if [ -x "$BUILD/bench_cuda" ]; then bins="$bins $BUILD/bench_cuda"; fi
 for t in "$BUILD"/tests/test_*; do
     [ -x "$t" ] && bins="$bins $t"
 done
@@ -40,7 +42,9 @@ cat > "$OUT/run-gpu-suite.sh" <<'RUN'
 # Runs the CUDA tests, the test binaries and the gate from the bundle and
 # prints a summary (device, driver, commit, results). Run from the repo root.
 B=$(cd "$(dirname "$0")" && pwd)
-export LD_LIBRARY_PATH="$B/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# cuBLAS is not bundled (libcublasLt alone is ~500 MB): the GPU machine's
+# CUDA toolkit provides it; its usual directory is the fallback.
+export LD_LIBRARY_PATH="$B/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}:/usr/local/cuda/lib64"
 export KVREPRO_SOURCE_DIR="${KVREPRO_SOURCE_DIR:-$(pwd)}"
 echo "# kvrepro GPU run"
 echo "commit: $(cat "$B/COMMIT")"
@@ -59,6 +63,12 @@ for t in "$B"/bin/test_*; do
         *) echo "$name: FAILED (rc $rc)"; tail -20 "/tmp/$name.log"; fail=1 ;;
     esac
 done
+if [ -x "$B/bin/bench_cuda" ]; then
+    # Numbers only (77 = skipped, no device): never part of the pass/fail.
+    echo "--- bench_cuda --quick"
+    "$B/bin/bench_cuda" --quick
+    echo "bench_cuda exit code: $?"
+fi
 echo "--- kvrepro gate"
 "$B/bin/kvrepro" gate
 rc=$?

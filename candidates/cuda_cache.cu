@@ -1,0 +1,429 @@
+/* cuda_cache.cu: the six sliding-window cache variants (DESIGN §3) on the
+ * GPU, with the slot semantics of candidates/cache_*.c and real device data
+ * movement:
+ *   index_copy  - gather indices (i + shift) % W computed by a kernel from the
+ *                 device position, a gather into the temporary, index_copy of
+ *                 the new rows into it, a copy back (one graph: no host branch);
+ *   cat_shift   - filling: index_copy at clamp(p, 0, W-1) in place; full:
+ *                 cat(keys[1:], new) built in the temporary, copied back; the
+ *                 regime is a host branch (graphs re-capture when it flips);
+ *   roll        - filling as cat_shift; full: roll(-1) into a separate output
+ *                 buffer, copied back, then the last slot written; host branch;
+ *   always_roll - copy, roll left by min(n, W) from the copy, write the newest
+ *                 rows rightmost: the same kernels every step, no branch;
+ *   ring        - write slot p % W, nothing moves;
+ *   dynamic     - W - 1 slots; attention reads them plus the new keys before
+ *                 the update; the filled count (the attended length) is a host
+ *                 value, so graphs re-capture per length until full.
+ * Every position a kernel needs comes from *total in device memory; the
+ * host's count (host_total) only picks cat_shift's and roll's regime, as
+ * transformers' Python `is_full` does.
+ *
+ * Planted faults (fault.h) in their GPU form: KV_FAULT_INPLACE_SHIFT shifts
+ * cat_shift's and roll's rows in place across blocks (a real data race;
+ * positions stay right, as on the CPU); KV_FAULT_PREFILL_FIRST_W makes
+ * index_copy store the first W rows of a long prefill at the last W's slots. */
+#include "cuda_internal.cuh"
+
+#include <math.h>
+
+/* How a put kernel maps new row j (of n) to a slot. */
+typedef enum {
+    /* Slot p0 + j - first_new for the rows that stay in the window
+     * (first_new = max(p0 + n - W, 0)); for n = 1 this is clamp(p0, 0, W-1):
+     * index_copy, and cat_shift's and roll's filling regime. */
+    KV_PUT_WINDOW_TAIL = 0,
+    /* Row 0 into one given slot (n = 1): roll's and dynamic's fast paths. */
+    KV_PUT_FIXED = 1,
+    /* Slot (p0 + j) % W for the last min(n, W) rows: ring. */
+    KV_PUT_RING = 2,
+    /* The last m = min(n, W) rows into slots W - m ..: always_roll. */
+    KV_PUT_RIGHT = 3,
+} KvPutMode;
+
+/* How a roll kernel's shift is found. */
+typedef enum {
+    KV_ROLL_HOST = 0, /* the given shift (always_roll: min(n, W) % W; roll full: 1 % W) */
+    KV_ROLL_SPAN = 1, /* roll's n > 1 update: first_new - first_old from the device position,
+                       * 0 (no roll) unless 0 < shift < W */
+} KvRollMode;
+
+/* first_new - first_old of an update of n at p0 (cache_roll.c), or 0 when
+ * the roll is skipped there. */
+static __device__ __forceinline__ int64_t kv_dev_span_shift(int64_t p0, int64_t n, int64_t W) {
+    const int64_t end = p0 + n;
+    const int64_t first_old = p0 > W ? p0 - W : 0;
+    const int64_t first_new = end > W ? end - W : 0;
+    const int64_t shift = first_new - first_old;
+    return shift > 0 && shift < W ? shift : 0;
+}
+
+/* index_copy's gather indices from the device position: (i + shift) % W with
+ * shift = (p0 >= W) for one token (transformers' to_shift), and
+ * (first_new - first_old) % W for n > 1. */
+static __global__ void kv_cache_indices_kernel(int64_t *__restrict__ indices /* (W) */, int64_t W,
+                                        const int64_t *__restrict__ total, int64_t n) {
+    const int64_t p0 = *total;
+    int64_t shift;
+    if (n == 1) {
+        shift = p0 >= W ? 1 : 0;
+    } else {
+        const int64_t end = p0 + n;
+        const int64_t first_old = p0 > W ? p0 - W : 0;
+        const int64_t first_new = end > W ? end - W : 0;
+        shift = (first_new - first_old) % W;
+    }
+    for (int64_t i = threadIdx.x; i < W; i += blockDim.x) indices[i] = (i + shift) % W;
+}
+
+/* dst[:, i] = src[:, indices[i]] for K, V, real and pos: k_out = keys[:, :, indices].
+ * dst and src are distinct buffers (a gather through a permutation cannot
+ * run in place). */
+static __global__ void kv_cache_gather_kernel(KvCudaSlots dst, KvCudaSlots src,
+                                       const int64_t *__restrict__ indices /* (W) */, int64_t B,
+                                       int64_t W, int64_t D) {
+    const int64_t count = B * W * D;
+    for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < count;
+         e += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t d = e % D, i = (e / D) % W, b = e / (W * D);
+        const int64_t from = indices[i];
+        dst.k[e] = src.k[(b * W + from) * D + d];
+        dst.v[e] = src.v[(b * W + from) * D + d];
+        if (d == 0) dst.real[b * W + i] = src.real[b * W + from];
+        if (d == 0 && b == 0) dst.pos[i] = src.pos[from];
+    }
+}
+
+/* dst[:, i] = src[:, (i + shift) % W] (torch.roll(src, -shift)), dst != src. */
+static __global__ void kv_cache_roll_kernel(KvCudaSlots dst, KvCudaSlots src, int64_t B, int64_t W,
+                                     int64_t D, int mode, int64_t host_shift,
+                                     const int64_t *__restrict__ total, int64_t n) {
+    const int64_t shift = mode == KV_ROLL_SPAN ? kv_dev_span_shift(*total, n, W) : host_shift;
+    const int64_t count = B * W * D;
+    for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < count;
+         e += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t d = e % D, i = (e / D) % W, b = e / (W * D);
+        const int64_t from = (i + shift) % W;
+        dst.k[e] = src.k[(b * W + from) * D + d];
+        dst.v[e] = src.v[(b * W + from) * D + d];
+        if (d == 0) dst.real[b * W + i] = src.real[b * W + from];
+        if (d == 0 && b == 0) dst.pos[i] = src.pos[from];
+    }
+}
+
+/* Planted KV_FAULT_INPLACE_SHIFT: cur[:, i] = cur[:, (i + shift) % W] for K,
+ * V and real, in place. One block per (row, slot), highest slot first, so a
+ * block may read a slot another block has already overwritten: a real race
+ * whose outcome follows scheduling. Positions are bookkeeping and are rolled
+ * correctly elsewhere, so the cache looks plausible (as on the CPU). */
+static __global__ void kv_cache_shift_inplace_kernel(KvCudaSlots cur, int64_t B, int64_t W, int64_t D,
+                                              int mode, int64_t host_shift,
+                                              const int64_t *__restrict__ total, int64_t n) {
+    const int64_t shift = mode == KV_ROLL_SPAN ? kv_dev_span_shift(*total, n, W) : host_shift;
+    if (shift == 0) return;
+    const int64_t blk = blockIdx.x;
+    const int64_t b = blk / W;
+    const int64_t i = W - 1 - blk % W;
+    if (b >= B) return;
+    const int64_t from = (i + shift) % W;
+    for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
+        cur.k[(b * W + i) * D + d] = cur.k[(b * W + from) * D + d];
+        cur.v[(b * W + i) * D + d] = cur.v[(b * W + from) * D + d];
+    }
+    if (threadIdx.x == 0) cur.real[b * W + i] = cur.real[b * W + from];
+}
+
+/* dst[i] = src[(i + shift) % W] for the positions alone (the in-place fault's
+ * correct bookkeeping), dst != src. */
+static __global__ void kv_cache_pos_roll_kernel(int64_t *__restrict__ dst /* (W) */,
+                                         const int64_t *__restrict__ src /* (W) */, int64_t W,
+                                         int mode, int64_t host_shift,
+                                         const int64_t *__restrict__ total, int64_t n) {
+    const int64_t shift = mode == KV_ROLL_SPAN ? kv_dev_span_shift(*total, n, W) : host_shift;
+    for (int64_t i = threadIdx.x; i < W; i += blockDim.x) dst[i] = src[(i + shift) % W];
+}
+
+/* New rows into dst (S slots per row) by `mode`; positions p0 + j from the
+ * device. first_w (KV_FAULT_PREFILL_FIRST_W, window-tail mode): the row data
+ * comes from j - j0 instead of j, slots and positions stay right. A slot
+ * outside [0, S) is a device error, never a write. */
+static __global__ void kv_cache_put_kernel(KvCudaSlots dst, int64_t B, int64_t S, int64_t W, int64_t D,
+                                    const float *__restrict__ kn /* (B, n, D) */,
+                                    const float *__restrict__ vn /* (B, n, D) */,
+                                    const uint8_t *__restrict__ real_in /* (B, n) */, int64_t n,
+                                    const int64_t *__restrict__ total, int mode,
+                                    int64_t fixed_slot, int first_w,
+                                    int32_t *__restrict__ dev_err) {
+    const int64_t p0 = *total;
+    const int64_t end = p0 + n;
+    const int64_t first_new = end > W ? end - W : 0;
+    const int64_t j0 = first_new > p0 ? first_new - p0 : 0;
+    const int64_t m = n < W ? n : W;
+    const int64_t count = n * B * D;
+    for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < count;
+         e += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t d = e % D, b = (e / D) % B, j = e / (B * D);
+        int64_t slot, src = j;
+        if (mode == KV_PUT_WINDOW_TAIL) {
+            if (j < j0) continue;
+            slot = p0 + j - first_new;
+            if (first_w) src = j - j0;
+        } else if (mode == KV_PUT_FIXED) {
+            if (j != 0) continue;
+            slot = fixed_slot;
+        } else if (mode == KV_PUT_RING) {
+            if (j < n - m) continue;
+            slot = (p0 + j) % W;
+        } else { /* KV_PUT_RIGHT */
+            if (j < n - m) continue;
+            slot = W - n + j;
+        }
+        if (slot < 0 || slot >= S) {
+            if (d == 0 && b == 0) atomicOr(dev_err, KV_CUDA_DERR_SLOT);
+            continue;
+        }
+        dst.k[(b * S + slot) * D + d] = kn[(b * n + src) * D + d];
+        dst.v[(b * S + slot) * D + d] = vn[(b * n + src) * D + d];
+        if (d == 0) dst.real[b * S + slot] = real_in[b * n + src];
+        if (d == 0 && b == 0) dst.pos[slot] = p0 + j;
+    }
+}
+
+/* dst = the last keep = min(stored + n, S) entries of cat(src's first
+ * `stored` slots, the n new rows) in slots 0 .. keep-1 (cat_shift's full
+ * regime and n > 1, dynamic's full regime and n > 1). stored_host < 0:
+ * stored = min(p0, W) from the device position (cat_shift). clear_rest:
+ * slots keep .. S-1 become empty (NaN, real 0, pos -1), as cat_shift's CPU
+ * update leaves them. dst != src. */
+static __global__ void kv_cache_cat_kernel(KvCudaSlots dst, KvCudaSlots src, int64_t B, int64_t S,
+                                    int64_t W, int64_t D,
+                                    const float *__restrict__ kn /* (B, n, D) */,
+                                    const float *__restrict__ vn /* (B, n, D) */,
+                                    const uint8_t *__restrict__ real_in /* (B, n) */, int64_t n,
+                                    const int64_t *__restrict__ total, int64_t stored_host,
+                                    int clear_rest) {
+    const int64_t p0 = *total;
+    const int64_t stored = stored_host >= 0 ? stored_host : (p0 < W ? p0 : W);
+    const int64_t len = stored + n;
+    const int64_t keep = len < S ? len : S;
+    const int64_t start = len - keep;
+    const int64_t count = B * S * D;
+    for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < count;
+         e += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t d = e % D, i = (e / D) % S, b = e / (S * D);
+        if (i < keep) {
+            const int64_t s = start + i; /* index into cat(stored, new) */
+            if (s < stored) {
+                dst.k[e] = src.k[(b * S + s) * D + d];
+                dst.v[e] = src.v[(b * S + s) * D + d];
+                if (d == 0) dst.real[b * S + i] = src.real[b * S + s];
+                if (d == 0 && b == 0) dst.pos[i] = src.pos[s];
+            } else {
+                const int64_t j = s - stored; /* new row */
+                dst.k[e] = kn[(b * n + j) * D + d];
+                dst.v[e] = vn[(b * n + j) * D + d];
+                if (d == 0) dst.real[b * S + i] = real_in[b * n + j];
+                if (d == 0 && b == 0) dst.pos[i] = p0 + j;
+            }
+        } else if (clear_rest) {
+            dst.k[e] = nanf("");
+            dst.v[e] = nanf("");
+            if (d == 0) dst.real[b * S + i] = 0;
+            if (d == 0 && b == 0) dst.pos[i] = -1;
+        }
+    }
+}
+
+/* ---- launch helpers ---- */
+
+static KvStatus cache_put(KvCudaCtx *ctx, KvCudaSlots dst, int64_t S, int64_t W, int64_t n,
+                          KvPutMode mode, int64_t fixed_slot, bool first_w, KvError *err) {
+    KvStatus st = KV_OK;
+    const int64_t count = n * ctx->B * ctx->kv_dim;
+    KV_LAUNCH(ctx, kv_cache_put_kernel, kv_cuda_blocks(count, KV_CUDA_EW_THREADS),
+              KV_CUDA_EW_THREADS, 0, dst, ctx->B, S, W, ctx->kv_dim, ctx->kn, ctx->vn,
+              ctx->real_in, n, ctx->total, (int)mode, fixed_slot, first_w ? 1 : 0, ctx->dev_err);
+cleanup:
+    return st;
+}
+
+static KvStatus cache_roll(KvCudaCtx *ctx, KvCudaSlots dst, KvCudaSlots src, int64_t W, int64_t n,
+                           KvRollMode mode, int64_t host_shift, KvError *err) {
+    KvStatus st = KV_OK;
+    const int64_t count = ctx->B * W * ctx->kv_dim;
+    KV_LAUNCH(ctx, kv_cache_roll_kernel, kv_cuda_blocks(count, KV_CUDA_EW_THREADS),
+              KV_CUDA_EW_THREADS, 0, dst, src, ctx->B, W, ctx->kv_dim, (int)mode, host_shift,
+              ctx->total, n);
+cleanup:
+    return st;
+}
+
+static KvStatus cache_cat(KvCudaCtx *ctx, KvCudaCache *c, int64_t n, int64_t stored_host,
+                          bool clear_rest, KvError *err) {
+    KvStatus st = KV_OK;
+    const int64_t count = ctx->B * c->slots * ctx->kv_dim;
+    KV_LAUNCH(ctx, kv_cache_cat_kernel, kv_cuda_blocks(count, KV_CUDA_EW_THREADS),
+              KV_CUDA_EW_THREADS, 0, c->tmp, c->cur, ctx->B, c->slots, c->window, ctx->kv_dim,
+              ctx->kn, ctx->vn, ctx->real_in, n, ctx->total, stored_host, clear_rest ? 1 : 0);
+cleanup:
+    return st;
+}
+
+/* The in-place shift of KV_FAULT_INPLACE_SHIFT, with the positions rolled
+ * correctly through the temporary. */
+static KvStatus cache_shift_inplace(KvCudaCtx *ctx, KvCudaCache *c, int64_t n, KvRollMode mode,
+                                    int64_t host_shift, KvError *err) {
+    KvStatus st = KV_OK;
+    const int64_t W = c->window;
+    KV_LAUNCH(ctx, kv_cache_shift_inplace_kernel, (unsigned int)(ctx->B * W), 64, 0, c->cur,
+              ctx->B, W, ctx->kv_dim, (int)mode, host_shift, ctx->total, n);
+    KV_LAUNCH(ctx, kv_cache_pos_roll_kernel, 1, 256, 0, c->tmp.pos, c->cur.pos, W, (int)mode,
+              host_shift, ctx->total, n);
+    KV_COPY(ctx, c->cur.pos, c->tmp.pos, (size_t)W * sizeof(int64_t));
+cleanup:
+    return st;
+}
+
+/* cur <- tmp for the first `count` slots of every row (the whole buffers
+ * when count == S). A copy, not a pointer swap: a captured graph keeps the
+ * buffer addresses it was recorded with. */
+static KvStatus cache_commit(KvCudaCtx *ctx, KvCudaCache *c, int64_t count, KvError *err) {
+    KvStatus st = KV_OK;
+    const int64_t S = c->slots, D = ctx->kv_dim, B = ctx->B;
+    if (count <= 0) return KV_OK;
+    if (count == S) {
+        KV_COPY(ctx, c->cur.k, c->tmp.k, (size_t)(B * S * D) * sizeof(float));
+        KV_COPY(ctx, c->cur.v, c->tmp.v, (size_t)(B * S * D) * sizeof(float));
+        KV_COPY(ctx, c->cur.real, c->tmp.real, (size_t)(B * S));
+    } else {
+        /* Rows are S slots apart: a pitched copy of `count` slots per row. */
+        const size_t fpitch = (size_t)(S * D) * sizeof(float);
+        const size_t fwidth = (size_t)(count * D) * sizeof(float);
+        KV_CUDA_CHECK(kv_cuda_timer_begin(ctx));
+        KV_CUDA_CHECK(cudaMemcpy2DAsync(c->cur.k, fpitch, c->tmp.k, fpitch, fwidth, (size_t)B,
+                                        cudaMemcpyDeviceToDevice, ctx->stream));
+        KV_CUDA_CHECK(cudaMemcpy2DAsync(c->cur.v, fpitch, c->tmp.v, fpitch, fwidth, (size_t)B,
+                                        cudaMemcpyDeviceToDevice, ctx->stream));
+        KV_CUDA_CHECK(cudaMemcpy2DAsync(c->cur.real, (size_t)S, c->tmp.real, (size_t)S,
+                                        (size_t)count, (size_t)B, cudaMemcpyDeviceToDevice,
+                                        ctx->stream));
+        KV_CUDA_CHECK(kv_cuda_timer_end(ctx));
+    }
+    KV_COPY(ctx, c->cur.pos, c->tmp.pos, (size_t)count * sizeof(int64_t));
+cleanup:
+    return st;
+}
+
+/* ---- the variants ---- */
+
+int kv_cuda_cache_regime(const KvCudaCtx *ctx, int64_t layer, int64_t host_total) {
+    const KvCudaCache *c = &ctx->caches[layer];
+    if (c->window == 0) return 0; /* a full layer: no variant cache */
+    if (ctx->variant != KV_CUDA_CAT_SHIFT && ctx->variant != KV_CUDA_ROLL) return 0;
+    return host_total >= c->window ? 1 : 0;
+}
+
+int64_t kv_cuda_cache_n_slots(const KvCudaCtx *ctx, int64_t layer, int64_t n, bool after_update) {
+    const KvCudaCache *c = &ctx->caches[layer];
+    if (ctx->variant == KV_CUDA_REFERENCE || c->window == 0) return 0;
+    if (ctx->variant != KV_CUDA_DYNAMIC) return c->window;
+    if (!after_update) return c->filled;
+    return c->filled + n < c->slots ? c->filled + n : c->slots;
+}
+
+void kv_cuda_cache_advance(KvCudaCtx *ctx, int64_t n) {
+    if (ctx->variant != KV_CUDA_DYNAMIC) return;
+    for (int64_t l = 0; l < ctx->n_layers; l++) {
+        KvCudaCache *c = &ctx->caches[l];
+        if (c->window == 0) continue;
+        c->filled = c->filled + n < c->slots ? c->filled + n : c->slots;
+    }
+}
+
+KvStatus kv_cuda_cache_update(KvCudaCtx *ctx, int64_t layer, int64_t n, int64_t host_total,
+                              KvError *err) {
+    KvStatus st = KV_OK;
+    KvCudaCache *c = &ctx->caches[layer];
+    const int64_t W = c->window, S = c->slots;
+    const bool full = kv_cuda_cache_regime(ctx, layer, host_total) == 1;
+    const bool inplace = (ctx->faults & KV_FAULT_INPLACE_SHIFT) != 0;
+
+    switch (ctx->variant) {
+    case KV_CUDA_INDEX_COPY:
+        KV_LAUNCH(ctx, kv_cache_indices_kernel, 1, 256, 0, c->indices, W, ctx->total, n);
+        KV_LAUNCH(ctx, kv_cache_gather_kernel,
+                  kv_cuda_blocks(ctx->B * W * ctx->kv_dim, KV_CUDA_EW_THREADS), KV_CUDA_EW_THREADS,
+                  0, c->tmp, c->cur, c->indices, ctx->B, W, ctx->kv_dim);
+        KV_TRY(cache_put(ctx, c->tmp, S, W, n, KV_PUT_WINDOW_TAIL, 0,
+                         (ctx->faults & KV_FAULT_PREFILL_FIRST_W) != 0, err));
+        KV_TRY(cache_commit(ctx, c, S, err));
+        break;
+    case KV_CUDA_CAT_SHIFT:
+        if (n == 1 && !full) {
+            KV_TRY(cache_put(ctx, c->cur, S, W, 1, KV_PUT_WINDOW_TAIL, 0, false, err));
+        } else if (n == 1 && inplace) {
+            /* keys[:, :-1] = keys[:, 1:] with no temporary; slot W-1 then
+             * takes the new row. */
+            KV_TRY(cache_shift_inplace(ctx, c, 1, KV_ROLL_HOST, 1 % W, err));
+            KV_TRY(cache_put(ctx, c->cur, S, W, 1, KV_PUT_FIXED, W - 1, false, err));
+        } else if (n == 1) {
+            KV_TRY(cache_cat(ctx, c, 1, W, false, err));
+            KV_TRY(cache_commit(ctx, c, S, err));
+        } else {
+            KV_TRY(cache_cat(ctx, c, n, -1, true, err));
+            KV_TRY(cache_commit(ctx, c, S, err));
+        }
+        break;
+    case KV_CUDA_ROLL:
+        if (n == 1 && !full) {
+            KV_TRY(cache_put(ctx, c->cur, S, W, 1, KV_PUT_WINDOW_TAIL, 0, false, err));
+        } else {
+            const KvRollMode mode = n == 1 ? KV_ROLL_HOST : KV_ROLL_SPAN;
+            if (inplace) {
+                KV_TRY(cache_shift_inplace(ctx, c, n, mode, 1 % W, err));
+            } else {
+                KV_TRY(cache_roll(ctx, c->tmp, c->cur, W, n, mode, 1 % W, err));
+                KV_TRY(cache_commit(ctx, c, S, err));
+            }
+            if (n == 1) {
+                KV_TRY(cache_put(ctx, c->cur, S, W, 1, KV_PUT_FIXED, W - 1, false, err));
+            } else {
+                KV_TRY(cache_put(ctx, c->cur, S, W, n, KV_PUT_WINDOW_TAIL, 0, false, err));
+            }
+        }
+        break;
+    case KV_CUDA_ALWAYS_ROLL: {
+        const int64_t m = n < W ? n : W;
+        /* The pre-roll copy is the roll's source: no slot is read after it
+         * was written. */
+        KV_COPY(ctx, c->tmp.k, c->cur.k, (size_t)(ctx->B * W * ctx->kv_dim) * sizeof(float));
+        KV_COPY(ctx, c->tmp.v, c->cur.v, (size_t)(ctx->B * W * ctx->kv_dim) * sizeof(float));
+        KV_COPY(ctx, c->tmp.real, c->cur.real, (size_t)(ctx->B * W));
+        KV_COPY(ctx, c->tmp.pos, c->cur.pos, (size_t)W * sizeof(int64_t));
+        KV_TRY(cache_roll(ctx, c->cur, c->tmp, W, n, KV_ROLL_HOST, m % W, err));
+        KV_TRY(cache_put(ctx, c->cur, S, W, n, KV_PUT_RIGHT, 0, false, err));
+        break;
+    }
+    case KV_CUDA_RING:
+        KV_TRY(cache_put(ctx, c->cur, S, W, n, KV_PUT_RING, 0, false, err));
+        break;
+    case KV_CUDA_DYNAMIC:
+        if (S == 0) break; /* W = 1: the window is the new token alone */
+        if (n == 1 && c->filled < S) {
+            /* Growing: the cat appends one row; nothing stored moves. */
+            KV_TRY(cache_put(ctx, c->cur, S, W, 1, KV_PUT_FIXED, c->filled, false, err));
+        } else {
+            const int64_t keep = c->filled + n < S ? c->filled + n : S;
+            KV_TRY(cache_cat(ctx, c, n, c->filled, false, err));
+            KV_TRY(cache_commit(ctx, c, keep, err));
+        }
+        break;
+    case KV_CUDA_REFERENCE:
+    default:
+        st = kv_error_set(err, KV_ERR_INTERNAL, "cuda cache update: layer %lld has no variant cache",
+                          (long long)layer);
+        break;
+    }
+cleanup:
+    return st;
+}

@@ -1,0 +1,879 @@
+/* cuda_kernels.cu: the forward pass's kernels and their launchers
+ * (cuda_internal.cuh): embedding, RMSNorm, RoPE, static-cache store, key
+ * gather, attention, residual add, GeGLU/SwiGLU, softcap, argmax with the
+ * position advance, and the FNV-1a probe hashes; plus the cuBLAS matmul.
+ *
+ * Determinism (DESIGN §2, §4): every output element is written by one thread
+ * and every reduction runs in an order fixed by the block size constants and
+ * the data's shape (a per-thread strided loop in ascending index, then a
+ * fixed shared-memory tree). No floating-point atomics except in the planted
+ * KV_FAULT_ATOMIC_REDUCTION path. Integer atomics (error flags, the gather
+ * table's atomicMax/atomicMin) give the same value whatever their order.
+ * Built with --fmad=false and without fast math, so a * b + c rounds twice
+ * as written and expf/tanhf/sinf/cosf are the accurate library versions.
+ *
+ * Graph rule: everything that changes from one decode step to the next (the
+ * position, the tokens, the RoPE positions, the fault clock) is read by the
+ * kernels from device memory at execution; kernel arguments hold only
+ * pointers and values fixed for a captured step. */
+#include "cuda_internal.cuh"
+
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+
+extern "C" {
+#include "prng.h"
+}
+
+#define KV_FNV_PRIME 0x100000001b3ULL
+
+/* ---- small device helpers ---- */
+
+/* DESIGN §2 (kv_window_visible): k <= q and (window == 0 or q - window < k). */
+static __device__ __forceinline__ bool kv_dev_visible(int64_t q, int64_t k, int64_t window) {
+    if (k > q) return false;
+    return window == 0 || q - window < k;
+}
+
+/* Exclusive prefix sum of one int flag per thread over the block (blockDim.x
+ * threads, sh holds blockDim.x ints); *total receives the block's sum. Every
+ * thread must call it. Integer, so exact in any order. */
+static __device__ int kv_dev_block_scan(int flag, int *sh, int *total) {
+    const int tid = (int)threadIdx.x;
+    sh[tid] = flag;
+    __syncthreads();
+    for (int off = 1; off < (int)blockDim.x; off <<= 1) {
+        const int add = tid >= off ? sh[tid - off] : 0;
+        __syncthreads();
+        sh[tid] += add;
+        __syncthreads();
+    }
+    const int inclusive = sh[tid];
+    *total = sh[blockDim.x - 1];
+    __syncthreads(); /* sh is reused by the next call */
+    return inclusive - flag;
+}
+
+/* ---- errors and timing ---- */
+
+KvStatus kv_cuda_fail_rt(KvError *err, KvStatus st, cudaError_t e, const char *stmt,
+                         const char *file, int line) {
+    if (err != NULL) {
+        snprintf(err->msg, sizeof err->msg, "%s:%d: %s failed: %s: %s", file, line, stmt,
+                 cudaGetErrorName(e), cudaGetErrorString(e));
+    }
+    return st;
+}
+
+KvStatus kv_cuda_fail_blas(KvError *err, KvStatus st, cublasStatus_t s, const char *stmt,
+                           const char *file, int line) {
+    if (err != NULL) {
+        snprintf(err->msg, sizeof err->msg, "%s:%d: %s failed: %s: %s", file, line, stmt,
+                 cublasGetStatusName(s), cublasGetStatusString(s));
+    }
+    return st;
+}
+
+cudaError_t kv_cuda_timer_begin(KvCudaCtx *ctx) {
+    if (!ctx->timing || ctx->n_timed >= ctx->max_timed) return cudaSuccess;
+    return cudaEventRecord(ctx->events[2 * ctx->n_timed], ctx->stream);
+}
+
+cudaError_t kv_cuda_timer_end(KvCudaCtx *ctx) {
+    if (!ctx->timing || ctx->n_timed >= ctx->max_timed) return cudaSuccess;
+    cudaError_t e = cudaEventRecord(ctx->events[2 * ctx->n_timed + 1], ctx->stream);
+    ctx->n_timed++;
+    return e;
+}
+
+/* ---- matmul ---- */
+
+KvStatus kv_cuda_gemm(KvCudaCtx *ctx, const float *x, const float *w, float *y, int64_t rows,
+                      int64_t in, int64_t out, KvError *err) {
+    KvStatus st = KV_OK;
+    if (rows > INT_MAX || in > INT_MAX || out > INT_MAX) {
+        return kv_error_set(err, KV_ERR_INPUT,
+                            "cuda gemm: (%lld x %lld) x (%lld x %lld)^T exceeds cuBLAS's int sizes",
+                            (long long)rows, (long long)in, (long long)out, (long long)in);
+    }
+    /* Row-major y (rows, out) = x (rows, in) W^T is column-major
+     * y^T (out, rows) = W (out, in) x^T: W's row-major storage is W^T in
+     * column-major (in x out, ld in), hence op T on it; x's is x^T (in x
+     * rows, ld in), op N. alpha and beta live in device memory (pointer
+     * mode device), as a captured graph reads them. */
+    KV_CUDA_CHECK(kv_cuda_timer_begin(ctx));
+    KV_CUBLAS_CHECK(cublasSgemm(ctx->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)out, (int)rows, (int)in,
+                                ctx->one, w, (int)in, x, (int)in, ctx->zero, y, (int)out));
+    KV_CUDA_CHECK(kv_cuda_timer_end(ctx));
+cleanup:
+    return st;
+}
+
+KvStatus kv_cuda_fill(KvCudaCtx *ctx, void *p, int byte, size_t bytes, KvError *err) {
+    KvStatus st = KV_OK;
+    KV_CUDA_CHECK(kv_cuda_timer_begin(ctx));
+    KV_CUDA_CHECK(cudaMemsetAsync(p, byte, bytes, ctx->stream));
+    KV_CUDA_CHECK(kv_cuda_timer_end(ctx));
+cleanup:
+    return st;
+}
+
+/* ---- positions ---- */
+
+/* One block. Per new token: whether its slot is real, and its RoPE position
+ * (real tokens before it in the row; pads get 0), exactly as op_positions.
+ * stale_len >= 0 plants KV_FAULT_STALE_SCALAR: the position comes from this
+ * argument (frozen at capture) instead of memory. The fault clock ticks once
+ * per forward (integer, never snapshotted). */
+static __global__ void kv_positions_kernel(const uint8_t *__restrict__ real_in /* (B, n) */,
+                                    uint8_t *__restrict__ real /* (B, max_len) */,
+                                    int64_t *__restrict__ n_real /* (B) */,
+                                    int64_t *__restrict__ qpos /* (B, n) */,
+                                    int64_t *__restrict__ total /* (1) */, int64_t B, int64_t n,
+                                    int64_t max_len, int64_t stale_len,
+                                    uint64_t *__restrict__ fault_clock /* (1) */,
+                                    int32_t *__restrict__ dev_err /* (1) */) {
+    if (stale_len >= 0) { /* uniform across the block */
+        if (threadIdx.x == 0) *total = stale_len;
+        __syncthreads();
+    }
+    const int64_t len = *total;
+    if (threadIdx.x == 0) *fault_clock += 1;
+    for (int64_t b = threadIdx.x; b < B; b += blockDim.x) {
+        int64_t seen = n_real[b];
+        for (int64_t t = 0; t < n; t++) {
+            const int64_t r = b * n + t;
+            const uint8_t is_real = real_in[r] ? 1 : 0;
+            if (len + t < 0 || len + t >= max_len) {
+                atomicOr(dev_err, KV_CUDA_DERR_SLOT);
+                qpos[r] = 0;
+                continue;
+            }
+            real[b * max_len + len + t] = is_real;
+            qpos[r] = is_real ? seen++ : 0;
+        }
+        n_real[b] = seen;
+    }
+}
+
+KvStatus kv_cuda_positions(KvCudaCtx *ctx, int64_t n, KvError *err) {
+    KvStatus st = KV_OK;
+    const int64_t stale = (ctx->faults & KV_FAULT_STALE_SCALAR) ? ctx->len : -1;
+    KV_LAUNCH(ctx, kv_positions_kernel, 1, 64, 0, ctx->real_in, ctx->real, ctx->n_real, ctx->qpos,
+              ctx->total, ctx->B, n, ctx->max_len, stale, ctx->fault_clock, ctx->dev_err);
+cleanup:
+    return st;
+}
+
+/* ---- embedding ---- */
+
+/* x[r, :] = embed[tok[r], :] (gemma2: times sqrt(hidden) rounded to F32). A
+ * token outside the vocabulary gives NaN and a device error flag rather
+ * than an out-of-bounds read. */
+static __global__ void kv_embed_kernel(const int32_t *__restrict__ tok /* (rows) */,
+                                const float *__restrict__ embed /* (vocab, hidden) */,
+                                float *__restrict__ x /* (rows, hidden) */, int64_t rows,
+                                int64_t hidden, int64_t vocab, int gemma, float scale,
+                                int32_t *__restrict__ dev_err) {
+    const int64_t count = rows * hidden;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < count;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t r = i / hidden, d = i % hidden;
+        const int32_t t = tok[r];
+        if (t < 0 || t >= vocab) {
+            if (d == 0) atomicOr(dev_err, KV_CUDA_DERR_TOKEN);
+            x[i] = nanf("");
+            continue;
+        }
+        const float e = embed[(int64_t)t * hidden + d];
+        x[i] = gemma ? e * scale : e;
+    }
+}
+
+KvStatus kv_cuda_embed(KvCudaCtx *ctx, int64_t n, KvError *err) {
+    KvStatus st = KV_OK;
+    const int64_t rows = ctx->B * n;
+    KV_LAUNCH(ctx, kv_embed_kernel, kv_cuda_blocks(rows * ctx->hidden, KV_CUDA_EW_THREADS),
+              KV_CUDA_EW_THREADS, 0, ctx->tok_in, ctx->w_embed, ctx->x, rows, ctx->hidden,
+              ctx->vocab, ctx->gemma ? 1 : 0, ctx->embed_scale, ctx->dev_err);
+cleanup:
+    return st;
+}
+
+/* ---- RMSNorm ---- */
+
+/* One block of KV_CUDA_NORM_THREADS per row: thread t sums x[i]^2 for
+ * i = t, t + T, ... ascending, then a fixed tree; mean = sum / n in F32,
+ * r = 1 / sqrtf(mean + eps) (IEEE division and square root without fast
+ * math). gemma2: x * r * (1 + w); mistral: w * (x * r). out may equal in:
+ * each element is read and written by the same thread after the reduction. */
+static __global__ void kv_rmsnorm_kernel(const float *in /* (rows, in_stride) */, int64_t in_stride,
+                                  const float *__restrict__ w /* (n) */,
+                                  float *out /* (rows, out_stride) */, int64_t out_stride,
+                                  int64_t n, float eps, int offset) {
+    __shared__ float red[KV_CUDA_NORM_THREADS];
+    const float *x = in + blockIdx.x * in_stride;
+    float *y = out + blockIdx.x * out_stride;
+    float acc = 0.0f;
+    for (int64_t i = threadIdx.x; i < n; i += KV_CUDA_NORM_THREADS) acc = acc + x[i] * x[i];
+    red[threadIdx.x] = acc;
+    __syncthreads();
+    for (int off = KV_CUDA_NORM_THREADS / 2; off > 0; off >>= 1) {
+        if ((int)threadIdx.x < off) red[threadIdx.x] = red[threadIdx.x] + red[threadIdx.x + off];
+        __syncthreads();
+    }
+    const float mean = red[0] / (float)n;
+    const float r = 1.0f / sqrtf(mean + eps);
+    for (int64_t i = threadIdx.x; i < n; i += KV_CUDA_NORM_THREADS) {
+        const float xn = x[i] * r;
+        y[i] = offset ? xn * (1.0f + w[i]) : w[i] * xn;
+    }
+}
+
+KvStatus kv_cuda_rmsnorm(KvCudaCtx *ctx, const float *in, int64_t in_stride, const float *w,
+                         float *out, int64_t out_stride, int64_t rows, KvError *err) {
+    KvStatus st = KV_OK;
+    KV_LAUNCH(ctx, kv_rmsnorm_kernel, (unsigned int)rows, KV_CUDA_NORM_THREADS, 0, in, in_stride,
+              w, out, out_stride, ctx->hidden, ctx->eps, ctx->gemma ? 1 : 0);
+cleanup:
+    return st;
+}
+
+/* ---- RoPE ---- */
+
+/* kv_rope_apply on every head of q and of the new keys: non-interleaved
+ * (rotate_half), angle = (float)pos * inv_freq[i] in F32. */
+static __global__ void kv_rope_kernel(float *__restrict__ q /* (rows, n_heads * hd) */,
+                               float *__restrict__ k /* (rows, n_kv_heads * hd) */,
+                               const int64_t *__restrict__ qpos /* (rows) */,
+                               const float *__restrict__ inv_freq /* (hd / 2) */, int64_t rows,
+                               int64_t n_heads, int64_t n_kv_heads, int64_t hd) {
+    const int64_t half = hd / 2;
+    const int64_t heads = n_heads + n_kv_heads;
+    const int64_t count = rows * heads * half;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < count;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t r = i / (heads * half);
+        const int64_t h = (i / half) % heads;
+        const int64_t j = i % half;
+        float *x = h < n_heads ? q + (r * n_heads + h) * hd : k + (r * n_kv_heads + h - n_heads) * hd;
+        const float angle = (float)qpos[r] * inv_freq[j];
+        const float c = cosf(angle);
+        const float s = sinf(angle);
+        const float a = x[j];
+        const float b = x[j + half];
+        x[j] = a * c - b * s;
+        x[j + half] = b * c + a * s;
+    }
+}
+
+KvStatus kv_cuda_rope(KvCudaCtx *ctx, int64_t n, KvError *err) {
+    KvStatus st = KV_OK;
+    const int64_t rows = ctx->B * n;
+    const int64_t count = rows * (ctx->n_heads + ctx->n_kv_heads) * (ctx->hd / 2);
+    KV_LAUNCH(ctx, kv_rope_kernel, kv_cuda_blocks(count, KV_CUDA_EW_THREADS), KV_CUDA_EW_THREADS,
+              0, ctx->q, ctx->kn, ctx->qpos, ctx->inv_freq, rows, ctx->n_heads, ctx->n_kv_heads,
+              ctx->hd);
+cleanup:
+    return st;
+}
+
+/* ---- static cache ---- */
+
+/* Static cache: the new K/V rows at slot = position (*total + t), pads too
+ * (their slots are never visible: real = 0). */
+static __global__ void kv_store_static_kernel(float *__restrict__ kc /* (B, max_len, kv_dim) */,
+                                       float *__restrict__ vc /* (B, max_len, kv_dim) */,
+                                       const float *__restrict__ kn /* (B, n, kv_dim) */,
+                                       const float *__restrict__ vn /* (B, n, kv_dim) */,
+                                       const int64_t *__restrict__ total, int64_t B, int64_t n,
+                                       int64_t max_len, int64_t kv_dim,
+                                       int32_t *__restrict__ dev_err) {
+    const int64_t len = *total;
+    const int64_t count = B * n * kv_dim;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < count;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t e = i % kv_dim, bt = i / kv_dim;
+        const int64_t t = bt % n, b = bt / n;
+        const int64_t slot = len + t;
+        if (slot < 0 || slot >= max_len) {
+            if (e == 0) atomicOr(dev_err, KV_CUDA_DERR_SLOT);
+            continue;
+        }
+        kc[(b * max_len + slot) * kv_dim + e] = kn[i];
+        vc[(b * max_len + slot) * kv_dim + e] = vn[i];
+    }
+}
+
+KvStatus kv_cuda_store_static(KvCudaCtx *ctx, int64_t layer, int64_t n, KvError *err) {
+    KvStatus st = KV_OK;
+    const int64_t count = ctx->B * n * ctx->kv_dim;
+    KV_LAUNCH(ctx, kv_store_static_kernel, kv_cuda_blocks(count, KV_CUDA_EW_THREADS),
+              KV_CUDA_EW_THREADS, 0, ctx->kc[layer], ctx->vc[layer], ctx->kn, ctx->vn, ctx->total,
+              ctx->B, n, ctx->max_len, ctx->kv_dim, ctx->dev_err);
+cleanup:
+    return st;
+}
+
+/* ---- key gather: the canonical key order (DESIGN §2) ---- */
+
+/* The mask window: W, or W + 1 under KV_FAULT_WINDOW_OFF_BY_ONE (admits
+ * q - W <= k); full layers (0) stay full. */
+static int64_t kv_cuda_mask_window(const KvCudaCtx *ctx, int64_t layer) {
+    const int64_t w = kv_config_layer_window(ctx->c, layer);
+    return w > 0 && (ctx->faults & KV_FAULT_WINDOW_OFF_BY_ONE) ? w + 1 : w;
+}
+
+/* Static cache, one block per query row r = b * n + t at slot qs = *total + t:
+ * the real slots k in (qs - window, qs] in ascending slot order, which is
+ * ascending position; compacted with a block scan (integer, exact). A pad
+ * query gets no keys (its output is 0 and never used), as op_attn_static. */
+static __global__ void kv_gather_static_kernel(const uint8_t *__restrict__ real /* (B, max_len) */,
+                                        const int64_t *__restrict__ total, int64_t n,
+                                        int64_t max_len, int64_t window,
+                                        int32_t *__restrict__ gidx /* (rows, max_keys) */,
+                                        int32_t *__restrict__ nkeys /* (rows) */,
+                                        int64_t max_keys, int32_t *__restrict__ dev_err) {
+    __shared__ int sh[KV_CUDA_GATHER_THREADS];
+    const int64_t r = blockIdx.x;
+    const int64_t b = r / n, t = r % n;
+    const int64_t qs = *total + t;
+    if (qs < 0 || qs >= max_len) { /* uniform across the block */
+        if (threadIdx.x == 0) {
+            atomicOr(dev_err, KV_CUDA_DERR_SLOT);
+            nkeys[r] = 0;
+        }
+        return;
+    }
+    if (!real[b * max_len + qs]) {
+        if (threadIdx.x == 0) nkeys[r] = 0;
+        return;
+    }
+    int64_t lo = window > 0 ? qs - window + 1 : 0;
+    if (lo < 0) lo = 0;
+    int64_t count = 0;
+    for (int64_t base = lo; base <= qs; base += KV_CUDA_GATHER_THREADS) {
+        const int64_t k = base + threadIdx.x;
+        const int flag = k <= qs && real[b * max_len + k] ? 1 : 0;
+        int tot = 0;
+        const int excl = kv_dev_block_scan(flag, sh, &tot);
+        if (flag) {
+            const int64_t at = count + excl;
+            if (at < max_keys) {
+                gidx[r * max_keys + at] = (int32_t)k;
+            } else {
+                atomicOr(dev_err, KV_CUDA_DERR_KEYS);
+            }
+        }
+        count += tot;
+    }
+    if (threadIdx.x == 0) nkeys[r] = (int32_t)(count < max_keys ? count : max_keys);
+}
+
+KvStatus kv_cuda_gather_static(KvCudaCtx *ctx, int64_t layer, int64_t n, KvError *err) {
+    KvStatus st = KV_OK;
+    KV_LAUNCH(ctx, kv_gather_static_kernel, (unsigned int)(ctx->B * n), KV_CUDA_GATHER_THREADS, 0,
+              ctx->real, ctx->total, n, ctx->max_len, kv_cuda_mask_window(ctx, layer), ctx->gidx,
+              ctx->nkeys, ctx->max_keys, ctx->dev_err);
+cleanup:
+    return st;
+}
+
+/* A variant's view (n_slots slots whose positions may come in any order:
+ * ring, always_roll) plus, when include_new, the row's new keys u <= t.
+ * Visible positions lie in (qs - window, qs], so each has a unique entry
+ * p - (qs - window + 1) in a table of `window` entries: candidates are
+ * dropped into it (atomicMax: the same winner whatever the order, should a
+ * broken cache hold a position twice; a slot code >= 0 beats a new-key code
+ * < 0), then the table is compacted in ascending position. The order never
+ * depends on the slot that holds a key.
+ * unwritten (KV_FAULT_UNWRITTEN_SLOT): empty slots (position -1) are
+ * gathered too, first and in slot order, as op_attn_variant's sort puts
+ * them. */
+static __global__ void kv_gather_variant_kernel(const int64_t *__restrict__ pos /* (S) */,
+                                         const uint8_t *__restrict__ sreal /* (B, S) */,
+                                         int64_t S, int64_t n_slots,
+                                         const uint8_t *__restrict__ real_in /* (B, n) */,
+                                         const int64_t *__restrict__ total, int64_t n,
+                                         int64_t window, int include_new, int unwritten,
+                                         int32_t *__restrict__ gtab /* (rows, tab_w) */,
+                                         int64_t tab_w,
+                                         int32_t *__restrict__ gidx /* (rows, max_keys) */,
+                                         int32_t *__restrict__ nkeys /* (rows) */,
+                                         int64_t max_keys, int32_t *__restrict__ dev_err) {
+    __shared__ int sh[KV_CUDA_GATHER_THREADS];
+    const int64_t r = blockIdx.x;
+    const int64_t b = r / n, t = r % n;
+    const int64_t len = *total;
+    const int64_t qs = len + t;
+    if (!real_in[r] || window > tab_w) { /* uniform across the block */
+        if (threadIdx.x == 0) {
+            if (window > tab_w) atomicOr(dev_err, KV_CUDA_DERR_KEYS);
+            nkeys[r] = 0;
+        }
+        return;
+    }
+    int64_t count = 0;
+    if (unwritten) {
+        for (int64_t base = 0; base < n_slots; base += KV_CUDA_GATHER_THREADS) {
+            const int64_t i = base + threadIdx.x;
+            const int flag = i < n_slots && pos[i] < 0 ? 1 : 0;
+            int tot = 0;
+            const int excl = kv_dev_block_scan(flag, sh, &tot);
+            if (flag) {
+                const int64_t at = count + excl;
+                if (at < max_keys) {
+                    gidx[r * max_keys + at] = (int32_t)i;
+                } else {
+                    atomicOr(dev_err, KV_CUDA_DERR_KEYS);
+                }
+            }
+            count += tot;
+        }
+    }
+    int32_t *tab = gtab + r * tab_w; /* (window) used of (tab_w) */
+    const int64_t lo = qs - window + 1;
+    for (int64_t i = threadIdx.x; i < window; i += blockDim.x) tab[i] = INT_MIN;
+    __syncthreads();
+    for (int64_t i = threadIdx.x; i < n_slots; i += blockDim.x) {
+        const int64_t p = pos[i];
+        if (p < 0 || !sreal[b * S + i] || !kv_dev_visible(qs, p, window)) continue;
+        atomicMax(&tab[p - lo], (int)i);
+    }
+    if (include_new) {
+        for (int64_t u = threadIdx.x; u <= t; u += blockDim.x) {
+            const int64_t p = len + u;
+            if (!real_in[b * n + u] || !kv_dev_visible(qs, p, window)) continue;
+            atomicMax(&tab[p - lo], -(int)(u + 1));
+        }
+    }
+    __syncthreads(); /* the table's global writes are visible block-wide after this */
+    for (int64_t base = 0; base < window; base += KV_CUDA_GATHER_THREADS) {
+        const int64_t i = base + threadIdx.x;
+        const int code = i < window ? tab[i] : INT_MIN;
+        const int flag = code != INT_MIN ? 1 : 0;
+        int tot = 0;
+        const int excl = kv_dev_block_scan(flag, sh, &tot);
+        if (flag) {
+            const int64_t at = count + excl;
+            if (at < max_keys) {
+                gidx[r * max_keys + at] = code;
+            } else {
+                atomicOr(dev_err, KV_CUDA_DERR_KEYS);
+            }
+        }
+        count += tot;
+    }
+    if (threadIdx.x == 0) nkeys[r] = (int32_t)(count < max_keys ? count : max_keys);
+}
+
+KvStatus kv_cuda_gather_variant(KvCudaCtx *ctx, int64_t layer, int64_t n, int64_t n_slots,
+                                bool include_new, KvError *err) {
+    KvStatus st = KV_OK;
+    const KvCudaCache *c = &ctx->caches[layer];
+    KV_LAUNCH(ctx, kv_gather_variant_kernel, (unsigned int)(ctx->B * n), KV_CUDA_GATHER_THREADS, 0,
+              c->cur.pos, c->cur.real, c->slots, n_slots, ctx->real_in, ctx->total, n,
+              kv_cuda_mask_window(ctx, layer), include_new ? 1 : 0,
+              (ctx->faults & KV_FAULT_UNWRITTEN_SLOT) ? 1 : 0, ctx->gtab, ctx->window + 1,
+              ctx->gidx, ctx->nkeys, ctx->max_keys, ctx->dev_err);
+cleanup:
+    return st;
+}
+
+/* ---- attention ---- */
+
+/* Key row of gathered code `code` for row b: a cache slot (>= 0) or a new
+ * token -(code + 1) of this forward. */
+static __device__ __forceinline__ const float *kv_dev_key_row(int32_t code, const float *cache,
+                                                       const float *fresh, int64_t b,
+                                                       int64_t row_stride, int64_t n,
+                                                       int64_t kv_dim) {
+    if (code >= 0) return cache + (b * row_stride + code) * kv_dim;
+    return fresh + (b * n + (-(int64_t)code - 1)) * kv_dim;
+}
+
+/* s_j = softcap(dot(q, k_j) * scale, cap), the dot in ascending d. The same
+ * instructions every time it is called, so recomputing a score gives the
+ * same bits. */
+static __device__ __forceinline__ float kv_dev_score(const float *qh /* (hd) shared */,
+                                              const float *k /* (hd) */, int64_t hd, float scale,
+                                              float cap) {
+    float dot = 0.0f;
+    for (int64_t d = 0; d < hd; d++) dot = dot + qh[d] * k[d];
+    float s = dot * scale;
+    if (cap > 0.0f) s = tanhf(s / cap) * cap;
+    return s;
+}
+
+/* One block of KV_CUDA_ATTN_THREADS per (query row r, head h), over the
+ * row's gathered keys j = 0 .. nk-1 (ascending position):
+ *   pass 1: mx = max_j s_j (exact in any order);
+ *   pass 2: sum = sum_j expf(s_j - mx): thread-strided partials in ascending
+ *           j, then a fixed tree;
+ *   pass 3: in tiles of T keys, p_j = expf(s_j - mx) / sum into shared
+ *           memory, then out[d] += p_j * v_j[d] in ascending j, one thread
+ *           per d, as kv_attend accumulates.
+ * Scores are recomputed per pass instead of stored, so no scratch grows with
+ * the context. nk == 0 (a pad query) gives 0.
+ * clock (KV_FAULT_ATOMIC_REDUCTION, else NULL): pass 3 adds the tile's terms
+ * with shared-memory float atomics from a thread order rotated by the fault
+ * clock, so the summation order follows execution, never the data. */
+static __global__ void kv_attend_kernel(const float *__restrict__ q /* (rows, n_heads * hd) */,
+                                 const float *__restrict__ kbase /* (B, row_stride, kv_dim) */,
+                                 const float *__restrict__ vbase /* (B, row_stride, kv_dim) */,
+                                 int64_t row_stride,
+                                 const float *__restrict__ kn /* (rows, kv_dim) */,
+                                 const float *__restrict__ vn /* (rows, kv_dim) */,
+                                 const int32_t *__restrict__ gidx /* (rows, max_keys) */,
+                                 const int32_t *__restrict__ nkeys /* (rows) */,
+                                 int64_t max_keys, float *__restrict__ out /* (rows, n_heads*hd) */,
+                                 int64_t n, int64_t n_heads, int64_t n_kv_heads, int64_t hd,
+                                 float scale, float cap,
+                                 const uint64_t *__restrict__ clock /* (1) or NULL */,
+                                 int64_t layer) {
+    extern __shared__ float smem[]; /* qh (hd), acc (hd), red (T), pt (T) */
+    __shared__ const float *vrow[KV_CUDA_ATTN_THREADS];
+    float *qh = smem;
+    float *acc = qh + hd;
+    float *red = acc + hd;
+    float *pt = red + KV_CUDA_ATTN_THREADS;
+    const int tid = (int)threadIdx.x;
+    const int64_t r = blockIdx.x / n_heads, h = blockIdx.x % n_heads;
+    const int64_t b = r / n;
+    const int64_t kv_dim = n_kv_heads * hd;
+    const int64_t kvh = h / (n_heads / n_kv_heads); /* transformers' repeat_kv */
+    const int32_t *codes = gidx + r * max_keys;
+    const int64_t nk = nkeys[r];
+
+    for (int64_t d = tid; d < hd; d += KV_CUDA_ATTN_THREADS) {
+        qh[d] = q[(r * n_heads + h) * hd + d];
+        acc[d] = 0.0f;
+    }
+    __syncthreads();
+
+    float mx = -INFINITY;
+    for (int64_t j = tid; j < nk; j += KV_CUDA_ATTN_THREADS) {
+        const float *k = kv_dev_key_row(codes[j], kbase, kn, b, row_stride, n, kv_dim) + kvh * hd;
+        const float s = kv_dev_score(qh, k, hd, scale, cap);
+        mx = s > mx ? s : mx;
+    }
+    red[tid] = mx;
+    __syncthreads();
+    for (int off = KV_CUDA_ATTN_THREADS / 2; off > 0; off >>= 1) {
+        if (tid < off) red[tid] = red[tid + off] > red[tid] ? red[tid + off] : red[tid];
+        __syncthreads();
+    }
+    mx = red[0];
+    __syncthreads();
+
+    float sum = 0.0f;
+    for (int64_t j = tid; j < nk; j += KV_CUDA_ATTN_THREADS) {
+        const float *k = kv_dev_key_row(codes[j], kbase, kn, b, row_stride, n, kv_dim) + kvh * hd;
+        sum = sum + expf(kv_dev_score(qh, k, hd, scale, cap) - mx);
+    }
+    red[tid] = sum;
+    __syncthreads();
+    for (int off = KV_CUDA_ATTN_THREADS / 2; off > 0; off >>= 1) {
+        if (tid < off) red[tid] = red[tid] + red[tid + off];
+        __syncthreads();
+    }
+    sum = red[0];
+    __syncthreads();
+
+    for (int64_t j0 = 0; j0 < nk; j0 += KV_CUDA_ATTN_THREADS) {
+        const int64_t j = j0 + tid;
+        if (j < nk) {
+            const int32_t code = codes[j];
+            const float *k = kv_dev_key_row(code, kbase, kn, b, row_stride, n, kv_dim) + kvh * hd;
+            pt[tid] = expf(kv_dev_score(qh, k, hd, scale, cap) - mx) / sum;
+            vrow[tid] = kv_dev_key_row(code, vbase, vn, b, row_stride, n, kv_dim) + kvh * hd;
+        }
+        __syncthreads();
+        const int64_t cnt = nk - j0 < KV_CUDA_ATTN_THREADS ? nk - j0 : KV_CUDA_ATTN_THREADS;
+        if (clock == NULL) {
+            for (int64_t d = tid; d < hd; d += KV_CUDA_ATTN_THREADS) {
+                float a = acc[d];
+                for (int64_t jj = 0; jj < cnt; jj++) a = a + pt[jj] * vrow[jj][d];
+                acc[d] = a;
+            }
+        } else if (tid < cnt) {
+            /* Planted KV_FAULT_ATOMIC_REDUCTION: float atomics, order by timing. */
+            const int64_t jj = (tid + (int64_t)((*clock + (uint64_t)layer) % (uint64_t)cnt)) % cnt;
+            for (int64_t d = 0; d < hd; d++) atomicAdd(&acc[d], pt[jj] * vrow[jj][d]);
+        }
+        __syncthreads();
+    }
+    for (int64_t d = tid; d < hd; d += KV_CUDA_ATTN_THREADS) out[(r * n_heads + h) * hd + d] = acc[d];
+}
+
+KvStatus kv_cuda_attend(KvCudaCtx *ctx, int64_t layer, int64_t n, const float *kbase,
+                        const float *vbase, int64_t row_stride, KvError *err) {
+    KvStatus st = KV_OK;
+    const size_t smem = (size_t)(2 * ctx->hd + 2 * KV_CUDA_ATTN_THREADS) * sizeof(float);
+    const uint64_t *clock = (ctx->faults & KV_FAULT_ATOMIC_REDUCTION) ? ctx->fault_clock : NULL;
+    KV_LAUNCH(ctx, kv_attend_kernel, (unsigned int)(ctx->B * n * ctx->n_heads),
+              KV_CUDA_ATTN_THREADS, smem, ctx->q, kbase, vbase, row_stride, ctx->kn, ctx->vn,
+              ctx->gidx, ctx->nkeys, ctx->max_keys, ctx->att, n, ctx->n_heads, ctx->n_kv_heads,
+              ctx->hd, ctx->scale, ctx->attn_cap, clock, layer);
+cleanup:
+    return st;
+}
+
+/* ---- elementwise ---- */
+
+static __global__ void kv_add_kernel(float *__restrict__ x /* (count) */,
+                              const float *__restrict__ y /* (count) */, int64_t count) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < count;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        x[i] = x[i] + y[i];
+    }
+}
+
+KvStatus kv_cuda_add(KvCudaCtx *ctx, float *x, const float *y, int64_t count, KvError *err) {
+    KvStatus st = KV_OK;
+    KV_LAUNCH(ctx, kv_add_kernel, kv_cuda_blocks(count, KV_CUDA_EW_THREADS), KV_CUDA_EW_THREADS, 0,
+              x, y, count);
+cleanup:
+    return st;
+}
+
+/* gate = act(gate) * up: gemma2 GeGLU with the tanh gelu
+ * (0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))), mistral SwiGLU
+ * (x / (1 + exp(-x))), the constants and operation order of kvmath.c. */
+static __global__ void kv_glu_kernel(float *__restrict__ gate /* (count) */,
+                              const float *__restrict__ up /* (count) */, int64_t count,
+                              int gelu) {
+    const float k_beta = 0.7978845608028654f; /* sqrt(2 / pi) */
+    const float k_kappa = 0.044715f;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < count;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const float x = gate[i];
+        float act;
+        if (gelu) {
+            const float inner = k_beta * (x + k_kappa * x * x * x);
+            act = 0.5f * x * (1.0f + tanhf(inner));
+        } else {
+            act = x / (1.0f + expf(-x));
+        }
+        gate[i] = act * up[i];
+    }
+}
+
+KvStatus kv_cuda_glu(KvCudaCtx *ctx, int64_t count, KvError *err) {
+    KvStatus st = KV_OK;
+    KV_LAUNCH(ctx, kv_glu_kernel, kv_cuda_blocks(count, KV_CUDA_EW_THREADS), KV_CUDA_EW_THREADS, 0,
+              ctx->gate, ctx->up, count, ctx->gemma ? 1 : 0);
+cleanup:
+    return st;
+}
+
+/* x = cap * tanh(x / cap), kv_softcap's order. */
+static __global__ void kv_softcap_kernel(float *__restrict__ x /* (count) */, int64_t count, float cap) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < count;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        x[i] = tanhf(x[i] / cap) * cap;
+    }
+}
+
+KvStatus kv_cuda_softcap(KvCudaCtx *ctx, float *x, int64_t count, float cap, KvError *err) {
+    KvStatus st = KV_OK;
+    KV_LAUNCH(ctx, kv_softcap_kernel, kv_cuda_blocks(count, KV_CUDA_EW_THREADS),
+              KV_CUDA_EW_THREADS, 0, x, count, cap);
+cleanup:
+    return st;
+}
+
+/* ---- argmax and the position advance ---- */
+
+/* (vb, ib) is a better argmax candidate than (va, ia): a larger value, or
+ * the same value at a lower id (ties to the lowest id); -1 is no candidate. */
+static __device__ __forceinline__ bool kv_dev_better(float vb, int64_t ib, float va, int64_t ia) {
+    if (ib < 0) return false;
+    if (ia < 0) return true;
+    return vb > va || (vb == va && ib < ia);
+}
+
+/* One block per batch row: the greedy token (lowest id on ties) and its
+ * margin (top-1 minus the best other logit; +inf for a one-token
+ * vocabulary), written as the next step's (B, 1) input; then block 0 moves
+ * the position on by n. Last kernel of a step, so nothing after it in the
+ * step reads *total. */
+static __global__ void kv_argmax_kernel(const float *__restrict__ logits /* (B, vocab) */, int64_t vocab,
+                                 int32_t *__restrict__ next_tok /* (B) */,
+                                 float *__restrict__ margin /* (B) */,
+                                 int32_t *__restrict__ tok_in /* (B, 1) */,
+                                 uint8_t *__restrict__ real_in /* (B, 1) */,
+                                 int64_t *__restrict__ total /* (1) */, int64_t n) {
+    __shared__ float rv[KV_CUDA_ARGMAX_THREADS];
+    __shared__ int64_t ri[KV_CUDA_ARGMAX_THREADS];
+    const int tid = (int)threadIdx.x;
+    const int64_t b = blockIdx.x;
+    const float *x = logits + b * vocab;
+    float bv = 0.0f;
+    int64_t bi = -1;
+    for (int64_t i = tid; i < vocab; i += KV_CUDA_ARGMAX_THREADS) {
+        if (kv_dev_better(x[i], i, bv, bi)) {
+            bv = x[i];
+            bi = i;
+        }
+    }
+    rv[tid] = bv;
+    ri[tid] = bi;
+    __syncthreads();
+    for (int off = KV_CUDA_ARGMAX_THREADS / 2; off > 0; off >>= 1) {
+        if (tid < off && kv_dev_better(rv[tid + off], ri[tid + off], rv[tid], ri[tid])) {
+            rv[tid] = rv[tid + off];
+            ri[tid] = ri[tid + off];
+        }
+        __syncthreads();
+    }
+    const int64_t best = ri[0] < 0 ? 0 : ri[0];
+    __syncthreads();
+    float second = -INFINITY;
+    for (int64_t i = tid; i < vocab; i += KV_CUDA_ARGMAX_THREADS) {
+        if (i != best && x[i] > second) second = x[i];
+    }
+    rv[tid] = second;
+    __syncthreads();
+    for (int off = KV_CUDA_ARGMAX_THREADS / 2; off > 0; off >>= 1) {
+        if (tid < off && rv[tid + off] > rv[tid]) rv[tid] = rv[tid + off];
+        __syncthreads();
+    }
+    if (tid == 0) {
+        next_tok[b] = (int32_t)best;
+        margin[b] = vocab > 1 ? x[best] - rv[0] : INFINITY;
+        tok_in[b] = (int32_t)best;
+        real_in[b] = 1;
+        if (b == 0) *total += n;
+    }
+}
+
+KvStatus kv_cuda_argmax_advance(KvCudaCtx *ctx, int64_t n, KvError *err) {
+    KvStatus st = KV_OK;
+    KV_LAUNCH(ctx, kv_argmax_kernel, (unsigned int)ctx->B, KV_CUDA_ARGMAX_THREADS, 0, ctx->logits,
+              ctx->vocab, ctx->next_tok, ctx->margin, ctx->tok_in, ctx->real_in, ctx->total, n);
+cleanup:
+    return st;
+}
+
+/* ---- probes (DESIGN §6), computed inside the step ---- */
+
+/* FNV-1a 64 over n bytes, continuing from h: kv_fnv1a's byte order. Reads
+ * 32-bit words (bytes in little-endian order, as memory holds them) when
+ * aligned. */
+static __device__ uint64_t kv_dev_fnv1a(uint64_t h, const unsigned char *p, int64_t n) {
+    int64_t i = 0;
+    if (((uintptr_t)p & 3u) == 0) {
+        const uint32_t *w = (const uint32_t *)p;
+        for (; i + 4 <= n; i += 4) {
+            const uint32_t u = w[i / 4];
+            h ^= (uint64_t)(u & 0xffu);
+            h *= KV_FNV_PRIME;
+            h ^= (uint64_t)((u >> 8) & 0xffu);
+            h *= KV_FNV_PRIME;
+            h ^= (uint64_t)((u >> 16) & 0xffu);
+            h *= KV_FNV_PRIME;
+            h ^= (uint64_t)(u >> 24);
+            h *= KV_FNV_PRIME;
+        }
+    }
+    for (; i < n; i++) {
+        h ^= (uint64_t)p[i];
+        h *= KV_FNV_PRIME;
+    }
+    return h;
+}
+
+/* out[b] = fnv1a(base + b * per_row, per_row): op_probe. FNV-1a is a chain,
+ * so each row is one thread's sequential loop. */
+static __global__ void kv_probe_kernel(const unsigned char *__restrict__ base /* (B, per_row) */,
+                                int64_t per_row, int64_t B, uint64_t *__restrict__ out /* (B) */) {
+    for (int64_t b = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; b < B;
+         b += (int64_t)gridDim.x * blockDim.x) {
+        out[b] = kv_dev_fnv1a(KV_FNV_OFFSET, base + b * per_row, per_row);
+    }
+}
+
+KvStatus kv_cuda_probe(KvCudaCtx *ctx, int64_t idx, const void *base, int64_t per_row,
+                       KvError *err) {
+    KvStatus st = KV_OK;
+    if (!ctx->probes) return KV_OK;
+    KV_LAUNCH(ctx, kv_probe_kernel, 1, 32, 0, (const unsigned char *)base, per_row, ctx->B,
+              ctx->probe_hash + idx * ctx->B);
+cleanup:
+    return st;
+}
+
+/* op_probe_cache, one block per row b: for each position p the next query
+ * (at *total + n) will see, ascending (next - W < p < next on a sliding
+ * layer, p < next on a full one), the first slot holding p as a real token:
+ * fnv1a over p as int64, then its K row bytes, then its V row bytes.
+ * pos == NULL: the static layout (slot = position, realness in sreal with
+ * row stride row_stride = max_len). Otherwise a variant's view: a
+ * position -> lowest slot map is built first (atomicMin: order-free), then
+ * thread 0 hashes in position order. */
+static __global__ void kv_probe_cache_kernel(const float *__restrict__ kc /* (B, row_stride, kv_dim) */,
+                                      const float *__restrict__ vc /* (B, row_stride, kv_dim) */,
+                                      const uint8_t *__restrict__ sreal /* (B, row_stride) */,
+                                      const int64_t *__restrict__ pos /* (n_slots) or NULL */,
+                                      int64_t row_stride, int64_t n_slots,
+                                      const int64_t *__restrict__ total, int64_t n,
+                                      int64_t window, int64_t kv_dim,
+                                      int32_t *__restrict__ map /* (B, map_w) */, int64_t map_w,
+                                      uint64_t *__restrict__ out /* (B) */) {
+    const int64_t b = blockIdx.x;
+    const int64_t next = *total + n;
+    int64_t lo = window > 0 ? next - window + 1 : 0;
+    if (lo < 0) lo = 0;
+    const size_t row_bytes = (size_t)kv_dim * sizeof(float);
+    int32_t *m = map + b * map_w;
+    if (pos != NULL) {
+        for (int64_t i = threadIdx.x; i < map_w; i += blockDim.x) m[i] = INT_MAX;
+        __syncthreads();
+        for (int64_t i = threadIdx.x; i < n_slots; i += blockDim.x) {
+            const int64_t p = pos[i];
+            if (p < lo || p >= next || p - lo >= map_w || !sreal[b * row_stride + i]) continue;
+            atomicMin(&m[p - lo], (int)i);
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x != 0) return;
+    uint64_t h = KV_FNV_OFFSET;
+    for (int64_t p = lo; p < next; p++) {
+        int64_t slot;
+        if (pos == NULL) {
+            if (p >= row_stride || !sreal[b * row_stride + p]) continue;
+            slot = p;
+        } else {
+            if (p - lo >= map_w || m[p - lo] == INT_MAX) continue;
+            slot = m[p - lo];
+        }
+        const unsigned char *k = (const unsigned char *)(kc + (b * row_stride + slot) * kv_dim);
+        const unsigned char *v = (const unsigned char *)(vc + (b * row_stride + slot) * kv_dim);
+        h = kv_dev_fnv1a(h, (const unsigned char *)&p, (int64_t)sizeof p);
+        h = kv_dev_fnv1a(h, k, (int64_t)row_bytes);
+        h = kv_dev_fnv1a(h, v, (int64_t)row_bytes);
+    }
+    out[b] = h;
+}
+
+KvStatus kv_cuda_probe_cache(KvCudaCtx *ctx, int64_t layer, int64_t n, int64_t n_slots,
+                             KvError *err) {
+    KvStatus st = KV_OK;
+    if (!ctx->probes) return KV_OK;
+    const int64_t window = kv_config_layer_window(ctx->c, layer);
+    uint64_t *out = ctx->probe_hash + (1 + 7 * layer + 3) * ctx->B; /* probe "layer<l>.cache" */
+    const KvCudaCache *c = &ctx->caches[layer];
+    if (c->slots > 0) {
+        KV_LAUNCH(ctx, kv_probe_cache_kernel, (unsigned int)ctx->B, 64, 0, c->cur.k, c->cur.v,
+                  c->cur.real, c->cur.pos, c->slots, n_slots, ctx->total, n, window, ctx->kv_dim,
+                  ctx->probe_map, ctx->window + 1, out);
+    } else {
+        KV_LAUNCH(ctx, kv_probe_cache_kernel, (unsigned int)ctx->B, 64, 0, ctx->kc[layer],
+                  ctx->vc[layer], ctx->real, (const int64_t *)NULL, ctx->max_len, (int64_t)0,
+                  ctx->total, n, window, ctx->kv_dim, ctx->probe_map, ctx->window + 1, out);
+    }
+cleanup:
+    return st;
+}
