@@ -74,6 +74,27 @@ echo "--- kvrepro gate"
 rc=$?
 echo "gate exit code: $rc"
 [ $rc -eq 0 ] || fail=1
+# compute-sanitizer over a small CUDA-only gate: every variant, eager and
+# graph, one scenario that crosses the window (racecheck is slow).
+SMALL="gate --quiet --backends cuda --fixture mistral-tiny --scenarios prompt_w_plus_1 --repeats 1"
+if command -v compute-sanitizer >/dev/null 2>&1; then
+    for tool in memcheck racecheck; do
+        echo "--- compute-sanitizer --tool $tool kvrepro $SMALL"
+        # shellcheck disable=SC2086
+        compute-sanitizer --tool "$tool" --error-exitcode 99 "$B/bin/kvrepro" $SMALL \
+            > "/tmp/sanitizer-$tool.log" 2>&1
+        src=$?
+        tail -3 "/tmp/sanitizer-$tool.log"
+        echo "compute-sanitizer $tool exit code: $src"
+        [ $src -eq 0 ] || fail=1
+    done
+else
+    echo "compute-sanitizer: not found on PATH (not run)"
+    fail=1
+fi
+# The planted faults in their GPU form (information: which the gate catches).
+echo "--- kvrepro gate --backends cuda --faults all (mistral-tiny)"
+"$B/bin/kvrepro" gate --quiet --backends cuda --fixture mistral-tiny --faults all | tail -12
 exit $fail
 RUN
 chmod +x "$OUT/run-gpu-suite.sh"
