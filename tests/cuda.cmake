@@ -1,5 +1,5 @@
 # cuda.cmake: CUDA tests (included from tests/CMakeLists.txt).
-kv_add_check(test_cuda_device kvcore test_cuda_device.c)
+kv_add_check(test_cuda_device kvcore test_cuda_device.c no_device.c)
 target_link_libraries(test_cuda_device PRIVATE kvcuda)
 set_target_properties(test_cuda_device PROPERTIES LINKER_LANGUAGE C)
 # The no-device path always runs (the child hides devices with
@@ -14,7 +14,7 @@ set_tests_properties(cuda_device PROPERTIES LABELS cuda SKIP_RETURN_CODE 77)
 # (candidates/cuda_forward.h). kvcuda links first and kvcore after it, as the
 # products do: kvcuda's references to kvcore resolve at this final link.
 # compare.h (header only) gives the gate's tolerances for GPU vs CPU.
-kv_add_check(test_cuda_forward kvcuda test_cuda_forward.c)
+kv_add_check(test_cuda_forward kvcuda test_cuda_forward.c no_device.c)
 target_link_libraries(test_cuda_forward PRIVATE kvcore)
 target_include_directories(test_cuda_forward PRIVATE ${CMAKE_SOURCE_DIR}/harness
   ${CMAKE_SOURCE_DIR}/reports)

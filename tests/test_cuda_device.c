@@ -23,9 +23,10 @@
 #include <unistd.h>
 
 #include "cuda_device.h"
+#include "no_device.h"
 
 #define EXIT_SKIP 77
-#define CHILD_FLAG "--no-device-child"
+#define CHILD_FLAG KV_NO_DEVICE_CHILD_FLAG
 
 #ifndef KV_HAVE_CUDA
 #define KV_HAVE_CUDA 0
@@ -74,42 +75,6 @@ static int no_device_child(void) {
     expect(st == KV_SKIP, "kv_cuda_selftest with no visible device must return KV_SKIP", err2.msg);
     expect(err2.msg[0] != '\0', "kv_cuda_selftest must give a skip reason", NULL);
     return g_failures == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
-}
-
-/* Re-executes this program as the no-device child; 1 when it passed. */
-static int no_device_check(const char *argv0) {
-    fflush(stdout);
-    fflush(stderr);
-    pid_t pid = fork();
-    if (pid < 0) {
-        fprintf(stderr, "cuda_device: FAIL: fork: %s\n", strerror(errno));
-        return 0;
-    }
-    if (pid == 0) {
-        if (setenv("CUDA_VISIBLE_DEVICES", "", 1) != 0) _exit(126);
-        char *args[] = {(char *)argv0, (char *)CHILD_FLAG, NULL};
-        execv("/proc/self/exe", args);
-        execv(argv0, args); /* no /proc: fall back to the path we were run as */
-        fprintf(stderr, "cuda_device: execv %s: %s\n", argv0, strerror(errno));
-        _exit(127);
-    }
-    int status = 0;
-    while (waitpid(pid, &status, 0) < 0) {
-        if (errno != EINTR) {
-            fprintf(stderr, "cuda_device: FAIL: waitpid: %s\n", strerror(errno));
-            return 0;
-        }
-    }
-    if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
-        printf("cuda_device: no-device path: PASSED (reported as skipped with a reason)\n");
-        return 1;
-    }
-    if (WIFEXITED(status))
-        fprintf(stderr, "cuda_device: FAIL: no-device child exited with %d\n", WEXITSTATUS(status));
-    else
-        fprintf(stderr, "cuda_device: FAIL: no-device child died (signal %d)\n",
-                WIFSIGNALED(status) ? WTERMSIG(status) : -1);
-    return 0;
 }
 
 /* The real device, if any. Returns the exit code of this part. */
@@ -173,7 +138,10 @@ int main(int argc, char **argv) {
     printf("cuda_device: build: %s\n", kv_cuda_build_info());
 
     /* No-device first, before this process initialises CUDA. */
-    if (want_no_device && !no_device_check(argv[0])) return EXIT_FAILURE;
+    if (want_no_device &&
+        !kv_test_no_device_child(argv[0], "cuda_device", "(reported as skipped with a reason)")) {
+        return EXIT_FAILURE;
+    }
     if (!want_device) return EXIT_SUCCESS;
     return device_check();
 }

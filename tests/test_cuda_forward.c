@@ -40,6 +40,7 @@
 #include "cache.h"
 #include "compare.h"
 #include "cuda_device.h"
+#include "no_device.h"
 #include "cuda_forward.h"
 #include "decode.h"
 #include "fault.h"
@@ -48,7 +49,7 @@
 #include "prng.h"
 
 #define EXIT_SKIP 77
-#define CHILD_FLAG "--no-device-child"
+#define CHILD_FLAG KV_NO_DEVICE_CHILD_FLAG
 #define TEST_SEED KV_FIXTURE_DEFAULT_SEED
 #define TEST_PROMPT_SEED 7ULL
 
@@ -643,44 +644,6 @@ static int run_suite(Suite *s) {
     return failed;
 }
 
-/* Re-executes this program as the no-device child; 1 when it passed. */
-static int no_device_check(const char *argv0) {
-    fflush(stdout);
-    fflush(stderr);
-    pid_t pid = fork();
-    if (pid < 0) {
-        fprintf(stderr, "cuda_forward: FAIL: fork: %s\n", strerror(errno));
-        return 0;
-    }
-    if (pid == 0) {
-        if (setenv("CUDA_VISIBLE_DEVICES", "", 1) != 0) _exit(126);
-        char *args[] = {(char *)argv0, (char *)CHILD_FLAG, NULL};
-        execv("/proc/self/exe", args);
-        execv(argv0, args); /* no /proc: fall back to the path we were run as */
-        fprintf(stderr, "cuda_forward: execv %s: %s\n", argv0, strerror(errno));
-        _exit(127);
-    }
-    int status = 0;
-    while (waitpid(pid, &status, 0) < 0) {
-        if (errno != EINTR) {
-            fprintf(stderr, "cuda_forward: FAIL: waitpid: %s\n", strerror(errno));
-            return 0;
-        }
-    }
-    if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
-        printf("cuda_forward: no-device path: PASSED (every run reported as skipped with a "
-               "reason)\n");
-        return 1;
-    }
-    if (WIFEXITED(status)) {
-        fprintf(stderr, "cuda_forward: FAIL: no-device child exited with %d\n", WEXITSTATUS(status));
-    } else {
-        fprintf(stderr, "cuda_forward: FAIL: no-device child died (signal %d)\n",
-                WIFSIGNALED(status) ? WTERMSIG(status) : -1);
-    }
-    return 0;
-}
-
 static void free_models(void) {
     for (int f = 0; f < N_FAMILIES; f++) {
         if (g_loaded[f]) kv_fixture_free(&g_models[f]);
@@ -706,7 +669,10 @@ int main(int argc, char **argv) {
     printf("cuda_forward: build: %s\n", kv_cuda_build_info());
 
     /* No-device first, before this process initialises CUDA. */
-    if (want_no_device && !no_device_check(argv[0])) return EXIT_FAILURE;
+    if (want_no_device &&
+        !kv_test_no_device_child(argv[0], "cuda_forward", "(every run reported as skipped with a reason)")) {
+        return EXIT_FAILURE;
+    }
     if (!want_device) return EXIT_SUCCESS;
 
     KvCudaInfo info;
