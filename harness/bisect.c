@@ -42,7 +42,7 @@ KvStatus kv_bisect_find(const KvRun *a, const KvRun *b, KvBisectPoint *out, KvEr
                 for (int64_t r = 0; r < B; r++) {
                     const int64_t i = (s * NP + p) * B + r;
                     if (a->probe_hash[i] == b->probe_hash[i]) continue;
-                    *out = (KvBisectPoint){s, r, p, kv_bisect_probe_layer(NP, p), false};
+                    *out = (KvBisectPoint){s, r, p, kv_probe_layer(NP, p), false};
                     return KV_OK;
                 }
             }
@@ -61,11 +61,6 @@ KvStatus kv_bisect_find(const KvRun *a, const KvRun *b, KvBisectPoint *out, KvEr
     return KV_OK;
 }
 
-int64_t kv_bisect_probe_layer(int64_t n_probes, int64_t p) {
-    if (p <= 0 || p >= n_probes - 2) return -1;
-    return (p - 1) / 7;
-}
-
 int kv_bisect_inputs(int64_t n_probes, int64_t p, int64_t inputs[2]) {
     if (p <= 0 || p >= n_probes) return 0;
     if (p == n_probes - 1) {
@@ -76,26 +71,27 @@ int kv_bisect_inputs(int64_t n_probes, int64_t p, int64_t inputs[2]) {
         inputs[0] = n_probes - 3; /* final_norm <- last residual */
         return 1;
     }
-    const int64_t l = (p - 1) / 7, k = (p - 1) % 7, base = 1 + 7 * l;
-    const int64_t layer_in = l == 0 ? 0 : base - 1; /* embed or previous residual */
-    switch (k) {
-    case 0: case 1: case 2:
+    const int64_t l = kv_probe_layer(n_probes, p);
+    const int64_t base = p - kv_probe_item(n_probes, p); /* layer l's q */
+    const int64_t layer_in = l == 0 ? 0 : base - 1;       /* embed or previous residual */
+    switch (kv_probe_item(n_probes, p)) {
+    case KV_PROBE_Q: case KV_PROBE_K: case KV_PROBE_V:
         inputs[0] = layer_in;
         return 1;
-    case 3: /* cache <- k, v */
-        inputs[0] = base + 1;
-        inputs[1] = base + 2;
+    case KV_PROBE_CACHE: /* <- k, v */
+        inputs[0] = base + KV_PROBE_K;
+        inputs[1] = base + KV_PROBE_V;
         return 2;
-    case 4: /* attn <- q, cache */
-        inputs[0] = base;
-        inputs[1] = base + 3;
+    case KV_PROBE_ATTN: /* <- q, cache */
+        inputs[0] = base + KV_PROBE_Q;
+        inputs[1] = base + KV_PROBE_CACHE;
         return 2;
-    case 5: /* mlp <- attn */
-        inputs[0] = base + 4;
+    case KV_PROBE_MLP: /* <- attn */
+        inputs[0] = base + KV_PROBE_ATTN;
         return 1;
     default: /* residual <- layer input, mlp */
         inputs[0] = layer_in;
-        inputs[1] = base + 5;
+        inputs[1] = base + KV_PROBE_MLP;
         return 2;
     }
 }

@@ -32,9 +32,6 @@ KvStatus kv_bisect_find(const KvRun *a, const KvRun *b, KvBisectPoint *out, KvEr
  * <- last residual; logits <- final_norm; embed <- none. Returns the count. */
 int kv_bisect_inputs(int64_t n_probes, int64_t p, int64_t inputs[2]);
 
-/* Layer of probe p (-1 for embed, final_norm, logits). */
-int64_t kv_bisect_probe_layer(int64_t n_probes, int64_t p);
-
 /* Re-executes a recorded run (its prompt, prefill chunk, variant, mode and
  * planted faults) on model m for steps 0..step, recording probes and the
  * full probe values of the last step (out->dump). KV_ERR_INPUT when the run

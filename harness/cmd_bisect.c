@@ -167,7 +167,7 @@ static KvStatus bisect_rerun(const BisectJob *j, const KvBisectPoint *pt, KvErro
     KvBisectTensorOut tensors[3];
     for (int k = 0; k < 1 + n_in; k++) {
         const int64_t p = probes[k];
-        const bool cache = p > 0 && p < NP - 2 && (p - 1) % 7 == 3;
+        const bool cache = kv_probe_item(NP, p) == KV_PROBE_CACHE;
         bisect_print_diff(k == 0 ? "diverged" : "input", j->a->probe_names[p], &ra.dump, &rb.dump,
                           p, pt->row, cache, kv_dim, next);
         tensors[k] = (KvBisectTensorOut){j->a->probe_names[p], k == 0 ? "diverged" : "input", B,
@@ -302,6 +302,17 @@ int kv_cmd_bisect(int argc, char **argv) {
     }
     bisect_print_tokens(a, b, pt.step);
     if (rerun) {
+        /* One model re-runs both: a fixture is rebuilt from the first
+         * report's weight seed, so the runs must share model and seed. */
+        if (strncmp(a->model, b->model, KV_NAME_LEN) != 0 ||
+            (n_paths == 2 && rep[0].weight_seed != rep[1].weight_seed)) {
+            st = kv_error_set(&err, KV_ERR_INPUT,
+                              "--rerun: the runs use different models (%.64s, weight seed %llu "
+                              "vs %.64s, weight seed %llu)", a->model,
+                              (unsigned long long)rep[0].weight_seed, b->model,
+                              (unsigned long long)rb_rep->weight_seed);
+            goto done;
+        }
         if (pt.by_tokens) {
             st = kv_error_set(&err, KV_ERR_INPUT, "--rerun needs recorded probe hashes");
             goto done;

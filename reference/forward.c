@@ -223,7 +223,7 @@ KvStatus kv_ref_dump_enable(KvRefState *s, KvError *err) {
          * vocabulary; a cache probe up to every slot, K and V. */
         int64_t cap = s->max_chunk * widest;
         if (p == s->n_probes - 1) cap = c->vocab_size;
-        if (p > 0 && p < s->n_probes - 2 && (p - 1) % 7 == 3) cap = s->max_len * 2 * kv_dim;
+        if (kv_probe_item(s->n_probes, p) == KV_PROBE_CACHE) cap = s->max_len * 2 * kv_dim;
         d->cap[p] = cap;
         d->data[p] = calloc((size_t)(s->batch * cap), sizeof(float));
         ok = d->data[p] != NULL;
@@ -255,28 +255,38 @@ typedef struct {
 } ArgsLayerN;
 
 int64_t kv_probe_count(const KvConfig *c) {
-    return 3 + 7 * c->num_layers;
+    return 3 + KV_PROBE_PER_LAYER * c->num_layers;
 }
 
 void kv_probe_name(const KvConfig *c, int64_t index, char *out, size_t out_len) {
-    static const char *const k_layer[7] = {"q", "k", "v", "cache", "attn", "mlp", "residual"};
+    static const char *const k_layer[KV_PROBE_PER_LAYER] = {"q",    "k",   "v",       "cache",
+                                                             "attn", "mlp", "residual"};
     const int64_t n = kv_probe_count(c);
+    const int item = kv_probe_item(n, index);
     if (index == 0) {
         snprintf(out, out_len, "embed");
     } else if (index == n - 2) {
         snprintf(out, out_len, "final_norm");
     } else if (index == n - 1) {
         snprintf(out, out_len, "logits");
+    } else if (item < 0) {
+        snprintf(out, out_len, "probe%lld", (long long)index); /* out of range */
     } else {
-        snprintf(out, out_len, "layer%lld.%s", (long long)((index - 1) / 7),
-                 k_layer[(index - 1) % 7]);
+        snprintf(out, out_len, "layer%lld.%s", (long long)kv_probe_layer(n, index), k_layer[item]);
     }
 }
 
-/* Probe index of layer l's item k (0 q, 1 k, 2 v, 3 cache, 4 attn, 5 mlp,
- * 6 residual). */
+/* Probe index of layer l's item k (KV_PROBE_*). */
 static int64_t probe_layer(int64_t l, int64_t k) {
-    return 1 + 7 * l + k;
+    return 1 + KV_PROBE_PER_LAYER * l + k;
+}
+
+int64_t kv_probe_layer(int64_t n_probes, int64_t idx) {
+    return idx > 0 && idx < n_probes - 2 ? (idx - 1) / KV_PROBE_PER_LAYER : -1;
+}
+
+int kv_probe_item(int64_t n_probes, int64_t idx) {
+    return idx > 0 && idx < n_probes - 2 ? (int)((idx - 1) % KV_PROBE_PER_LAYER) : -1;
 }
 
 /* Hash of a buffer holding `per_row` bytes for each batch row, rows

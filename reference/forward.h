@@ -117,6 +117,16 @@ KvStatus kv_ref_forward(const KvModel *m, KvRefState *s, const int32_t *tokens,
  * ascending position: comparable across cache layouts), ".attn" (attention
  * output), ".mlp" (MLP output), ".residual"; then "final_norm", "logits". */
 int64_t kv_probe_count(const KvConfig *c);
+
+/* The per-layer probes, in probe order. */
+enum {
+    KV_PROBE_Q = 0, KV_PROBE_K, KV_PROBE_V, KV_PROBE_CACHE, KV_PROBE_ATTN, KV_PROBE_MLP,
+    KV_PROBE_RESIDUAL, KV_PROBE_PER_LAYER
+};
+/* Layer and per-layer item (KV_PROBE_*) of probe idx among n_probes; -1 for
+ * embed, final_norm and logits (and out-of-range indices). */
+int64_t kv_probe_layer(int64_t n_probes, int64_t idx);
+int kv_probe_item(int64_t n_probes, int64_t idx);
 void kv_probe_name(const KvConfig *c, int64_t index, char *out, size_t out_len);
 
 /* Checks n new tokens (B, n) against the vocabulary, left padding and the

@@ -260,14 +260,16 @@ START_TEST(test_bisect_inputs_map) {
     ck_assert(in[0] == 2 && in[1] == 3);
     ck_assert_int_eq(kv_bisect_inputs(NP, 5, in), 2); /* layer0.attn <- q, cache */
     ck_assert(in[0] == 1 && in[1] == 4);
-    ck_assert_int_eq(kv_bisect_inputs(NP, 8 + 2, in), 1); /* layer1.k <- layer0.residual */
+    ck_assert_int_eq(kv_bisect_inputs(NP, 8 + 2, in), 1); /* layer1.v <- layer0.residual */
     ck_assert_int_eq(in[0], 7);
     ck_assert_int_eq(kv_bisect_inputs(NP, 14, in), 2); /* layer1.residual <- layer0.residual, mlp */
     ck_assert(in[0] == 7 && in[1] == 13);
     ck_assert_int_eq(kv_bisect_inputs(NP, NP - 1, in), 1); /* logits <- final_norm */
     ck_assert_int_eq(in[0], NP - 2);
-    ck_assert_int_eq(kv_bisect_probe_layer(NP, 10), 1);
-    ck_assert_int_eq(kv_bisect_probe_layer(NP, NP - 2), -1);
+    ck_assert_int_eq(kv_probe_layer(NP, 10), 1);
+    ck_assert_int_eq(kv_probe_item(NP, 10), KV_PROBE_V);
+    ck_assert_int_eq(kv_probe_layer(NP, NP - 2), -1);
+    ck_assert_int_eq(kv_probe_item(NP, 0), -1);
 }
 END_TEST
 
