@@ -55,52 +55,92 @@ float kv_dot(const float *a, const float *b, int64_t n) {
     return s;
 }
 
-/* Rows per block: KV_MM_ROWS dot products share each x load. Measured on
- * the decode matvec (768 x 131072, one thread, SSE2): 1 row 64%, 2 rows 78%,
- * 4 rows 85% of a plain read stream. Results do not depend on it. */
+/* Rows per block: the unit of work an OpenMP thread takes. Results do not
+ * depend on it. */
 #define KV_MM_ROWS 4
 
-/* Software prefetch distance for the weight streams. The hardware prefetcher
- * alone left a two-thread read stream at 18.5 GB/s on this project's machine
- * kind (memcpy reaches 42 GB/s read+write). Measured two-thread matvec with
- * huge pages: 2 KiB ahead 23, 4 KiB 27, 8 KiB 29-30 GB/s. Timing only:
- * results do not depend on it. */
+/* Software prefetch distance for the weight streams, into L2 (locality 2:
+ * prefetcht1 on x86). Measured on this project's machine kind, the
+ * gemma2-medium decode's matmuls alone at two threads with huge pages: no
+ * prefetch 24 GB/s; 4, 8 and 16 KiB ahead all 32-34 GB/s (memcpy reaches
+ * 42-46 GB/s read+write); the whole decode at 8 KiB: into L1 13.6-14.1
+ * ms/token, into L2 13.3-13.7. Timing only: results do not depend on it. */
 #define KV_PREFETCH_BYTES 8192
 
-/* KV_MM_ROWS dot products x . w[r] at once. Each row runs exactly kv_dot's
- * pattern (same lanes, same tree, same tail), so out[r] is bitwise equal to
- * kv_dot(x, wr, n); sharing the x loads across several weight streams is what
- * brings the memory-bound decode matvec close to the read bandwidth. */
-static void kv_dot_rows(const float *x, const float *w0, int64_t n, float out[KV_MM_ROWS]) {
-    const float *w[KV_MM_ROWS];
-    for (int r = 0; r < KV_MM_ROWS; r++) w[r] = w0 + r * n;
-    KvF4 acc[KV_MM_ROWS][4]; /* [row][lane group] */
-    for (int r = 0; r < KV_MM_ROWS; r++) {
-        for (int g = 0; g < 4; g++) acc[r][g] = (KvF4){0.0f, 0.0f, 0.0f, 0.0f};
-    }
-    int64_t n16 = n - n % KV_DOT_LANES;
-    for (int64_t i = 0; i < n16; i += KV_DOT_LANES) {
-        /* One 64-byte line per row per iteration: ask for the line
-         * KV_PREFETCH_BYTES ahead. Address arithmetic on integers, so no
-         * out-of-bounds pointer is formed; a prefetch never faults. */
-        for (int r = 0; r < KV_MM_ROWS; r++) {
-            __builtin_prefetch((const void *)((uintptr_t)(w[r] + i) + KV_PREFETCH_BYTES));
+/* The contract's tree over the 16 lane sums: lane j += lane j+8, then j+4,
+ * j+2, j+1. Scalar float adds, each the same IEEE operation as kv_dot's
+ * vector lane adds, so a row ends bitwise like kv_dot. */
+static float kv_lanes_sum(const float l[KV_DOT_LANES]) {
+    float t[8];
+    for (int j = 0; j < 8; j++) t[j] = l[j] + l[j + 8];
+    float u[4];
+    for (int j = 0; j < 4; j++) u[j] = t[j] + t[j + 4];
+    const float s0 = u[0] + u[2];
+    const float s1 = u[1] + u[3];
+    return s0 + s1;
+}
+
+/* Tail of one row: elements n16 <= i < n, one by one, ascending. */
+static float kv_dot_tail(const float *x, const float *w, int64_t n16, int64_t n, float s) {
+    for (int64_t i = n16; i < n; i++) s += x[i] * w[i];
+    return s;
+}
+
+/* Prefetch for a weight row being read at element i. Address arithmetic on
+ * integers, so no out-of-bounds pointer is formed; a prefetch never faults. */
+static inline void kv_prefetch_row(const float *w, int64_t i) {
+    __builtin_prefetch((const void *)((uintptr_t)(w + i) + KV_PREFETCH_BYTES), 0, 2);
+}
+
+/* The 16 lane sums of KV_MM_ROWS dot products x . w[r] over the first n16
+ * elements, two rows at a time sharing each x load (what brings the
+ * memory-bound decode matvec close to the read bandwidth). Four 4-wide
+ * vectors per row hold the 16 lanes, vector v element e being lane 4v + e,
+ * each lane getting a separate multiply and add per element in ascending i:
+ * kv_dot's pattern, so with the tree and tail of kv_matmul_block every output
+ * is bitwise kv_dot(x, w[r], n).
+ *
+ * Every accumulator is a named variable, and two rows (8 accumulators, 4 x
+ * vectors) fit the 16 SSE registers, so nothing spills. The earlier form
+ * (arrays of accumulators, four rows) was kept on the stack at -O2, and those
+ * stores aliased (4 KiB) with the weight loads: the gemma2-medium matmuls ran
+ * at 27 GB/s instead of 33, and at 25-31 depending on where the weights sat
+ * in their pages. AVX2 and AVX-512 forms of this loop measured no faster
+ * (memory-bound), so there is one portable kernel.
+ *
+ * noinline, measured: inlined into kv_matmul_block, the same loop (the same
+ * instructions, reordered and in other registers) made the gemma2-medium
+ * decode at two threads 15.4-16.6 ms/token instead of 13.2-14.1, and one
+ * thread 15% slower. The cause was not pinned down; bench_decode shows it. */
+__attribute__((noinline)) static void kv_dot_rows(const float *x, const float *w0, int64_t n, int64_t n16,
+                        float lanes[KV_MM_ROWS][KV_DOT_LANES]) {
+    for (int r = 0; r < KV_MM_ROWS; r += 2) {
+        const float *wa = w0 + r * n;
+        const float *wb = wa + n;
+        KvF4 a0 = {0.0f, 0.0f, 0.0f, 0.0f}, a1 = a0, a2 = a0, a3 = a0;
+        KvF4 b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+        for (int64_t i = 0; i < n16; i += KV_DOT_LANES) {
+            kv_prefetch_row(wa, i);
+            kv_prefetch_row(wb, i);
+            const KvF4 x0 = kv_load4(x + i), x1 = kv_load4(x + i + 4);
+            const KvF4 x2 = kv_load4(x + i + 8), x3 = kv_load4(x + i + 12);
+            a0 += kv_load4(wa + i) * x0;
+            a1 += kv_load4(wa + i + 4) * x1;
+            a2 += kv_load4(wa + i + 8) * x2;
+            a3 += kv_load4(wa + i + 12) * x3;
+            b0 += kv_load4(wb + i) * x0;
+            b1 += kv_load4(wb + i + 4) * x1;
+            b2 += kv_load4(wb + i + 8) * x2;
+            b3 += kv_load4(wb + i + 12) * x3;
         }
-        KvF4 xv[4] = {kv_load4(x + i), kv_load4(x + i + 4), kv_load4(x + i + 8),
-                      kv_load4(x + i + 12)};
-        for (int r = 0; r < KV_MM_ROWS; r++) {
-            for (int g = 0; g < 4; g++) acc[r][g] += kv_load4(w[r] + i + 4 * g) * xv[g];
-        }
-    }
-    for (int r = 0; r < KV_MM_ROWS; r++) {
-        KvF4 l0 = acc[r][0] + acc[r][2];
-        KvF4 l1 = acc[r][1] + acc[r][3];
-        l0 += l1;
-        float s0 = l0[0] + l0[2];
-        float s1 = l0[1] + l0[3];
-        float s = s0 + s1;
-        for (int64_t i = n16; i < n; i++) s += x[i] * w[r][i];
-        out[r] = s;
+        memcpy(lanes[r], &a0, 16);
+        memcpy(lanes[r] + 4, &a1, 16);
+        memcpy(lanes[r] + 8, &a2, 16);
+        memcpy(lanes[r] + 12, &a3, 16);
+        memcpy(lanes[r + 1], &b0, 16);
+        memcpy(lanes[r + 1] + 4, &b1, 16);
+        memcpy(lanes[r + 1] + 8, &b2, 16);
+        memcpy(lanes[r + 1] + 12, &b3, 16);
     }
 }
 
@@ -108,10 +148,15 @@ static void kv_dot_rows(const float *x, const float *w0, int64_t n, float out[KV
 static void kv_matmul_block(const float *x, const float *w, int64_t rows, int64_t in,
                             int64_t out, int64_t blk, float *y) {
     const int64_t o = blk * KV_MM_ROWS;
+    const int64_t n16 = in - in % KV_DOT_LANES;
+    const float *wb = w + o * in; /* (KV_MM_ROWS, in) */
     for (int64_t r = 0; r < rows; r++) {
-        float v[KV_MM_ROWS];
-        kv_dot_rows(x + r * in, w + o * in, in, v);
-        for (int k = 0; k < KV_MM_ROWS; k++) y[r * out + o + k] = v[k];
+        const float *xr = x + r * in; /* (in) */
+        float lanes[KV_MM_ROWS][KV_DOT_LANES];
+        kv_dot_rows(xr, wb, in, n16, lanes);
+        for (int k = 0; k < KV_MM_ROWS; k++) {
+            y[r * out + o + k] = kv_dot_tail(xr, wb + k * in, n16, in, kv_lanes_sum(lanes[k]));
+        }
     }
 }
 
