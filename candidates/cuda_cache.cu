@@ -20,8 +20,8 @@
  * transformers' Python `is_full` does.
  *
  * Planted faults (fault.h) in their GPU form: KV_FAULT_INPLACE_SHIFT shifts
- * cat_shift's and roll's rows in place across blocks (a real data race;
- * positions stay right, as on the CPU); KV_FAULT_PREFILL_FIRST_W makes
+ * cat_shift's and roll's rows in place, the overlapping copy walked in the
+ * wrong direction (positions stay right, as on the CPU); KV_FAULT_PREFILL_FIRST_W makes
  * index_copy store the first W rows of a long prefill at the last W's slots. */
 #include "cuda_internal.cuh"
 
@@ -112,25 +112,30 @@ static __global__ void kv_cache_roll_kernel(KvCudaSlots dst, KvCudaSlots src, in
 }
 
 /* Planted KV_FAULT_INPLACE_SHIFT: cur[:, i] = cur[:, (i + shift) % W] for K,
- * V and real, in place. One block per (row, slot), highest slot first, so a
- * block may read a slot another block has already overwritten: a real race
- * whose outcome follows scheduling. Positions are bookkeeping and are rolled
- * correctly elsewhere, so the cache looks plausible (as on the CPU). */
+ * V and real, in place, the overlapping copy run in the wrong direction: one
+ * block per row walks the slots from the highest down, so slot i reads a slot
+ * this pass has already overwritten (the CPU analog, cache_roll.c). The first
+ * form, one block per (row, slot) racing each other, would rarely show on a
+ * real GPU: with W blocks resident at once, every block reads before any
+ * writes, and the gate could not be sure to catch it. Positions are
+ * bookkeeping and are rolled correctly elsewhere, so the cache looks
+ * plausible (as on the CPU). */
 static __global__ void kv_cache_shift_inplace_kernel(KvCudaSlots cur, int64_t B, int64_t W, int64_t D,
                                               int mode, int64_t host_shift,
                                               const int64_t *__restrict__ total, int64_t n) {
     const int64_t shift = mode == KV_ROLL_SPAN ? kv_dev_span_shift(*total, n, W) : host_shift;
-    if (shift == 0) return;
-    const int64_t blk = blockIdx.x;
-    const int64_t b = blk / W;
-    const int64_t i = W - 1 - blk % W;
-    if (b >= B) return;
-    const int64_t from = (i + shift) % W;
-    for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
-        cur.k[(b * W + i) * D + d] = cur.k[(b * W + from) * D + d];
-        cur.v[(b * W + i) * D + d] = cur.v[(b * W + from) * D + d];
+    const int64_t b = blockIdx.x;
+    if (shift == 0 || b >= B) return; /* uniform across the block */
+    for (int64_t i = W - 1; i >= 0; i--) {
+        const int64_t from = (i + shift) % W;
+        for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
+            cur.k[(b * W + i) * D + d] = cur.k[(b * W + from) * D + d];
+            cur.v[(b * W + i) * D + d] = cur.v[(b * W + from) * D + d];
+        }
+        if (threadIdx.x == 0) cur.real[b * W + i] = cur.real[b * W + from];
+        /* Slot i is written before any thread reads it as a source. */
+        __syncthreads();
     }
-    if (threadIdx.x == 0) cur.real[b * W + i] = cur.real[b * W + from];
 }
 
 /* dst[i] = src[(i + shift) % W] for the positions alone (the in-place fault's
@@ -275,7 +280,7 @@ static KvStatus cache_shift_inplace(KvCudaCtx *ctx, KvCudaCache *c, int64_t n, K
                                     int64_t host_shift, KvError *err) {
     KvStatus st = KV_OK;
     const int64_t W = c->window;
-    KV_LAUNCH(ctx, kv_cache_shift_inplace_kernel, (unsigned int)(ctx->B * W), 64, 0, c->cur,
+    KV_LAUNCH(ctx, kv_cache_shift_inplace_kernel, (unsigned int)ctx->B, 64, 0, c->cur,
               ctx->B, W, ctx->kv_dim, (int)mode, host_shift, ctx->total, n);
     KV_LAUNCH(ctx, kv_cache_pos_roll_kernel, 1, 256, 0, c->tmp.pos, c->cur.pos, W, (int)mode,
               host_shift, ctx->total, n);

@@ -4,8 +4,9 @@
  * Every runtime call goes through KV_CUDA_CHECK, which records the file, the
  * line, the statement and CUDA's error name and text, and leaves through the
  * function's one cleanup label. "No device / no driver" is KV_SKIP (DESIGN §4:
- * a GPU run with no GPU is skipped with the reason, never passed); anything
- * else that fails is KV_ERR_INTERNAL. Built with --fmad=false, the device
+ * a GPU run with no GPU is skipped with the reason, never passed); a machine
+ * with an NVIDIA driver and device whose runtime cannot start, and anything
+ * else that fails, is KV_ERR_INTERNAL. Built with --fmad=false, the device
  * side of -ffp-contract=off; no floating-point atomics. */
 #include "cuda_device.h"
 
@@ -42,8 +43,9 @@ static KvStatus kv_cuda_error_set(KvError *err, KvStatus st, const char *fmt, ..
     return st;
 }
 
-/* Errors that mean "no usable GPU here" rather than "this code is broken":
- * no device, no or stub driver library, a driver older than this runtime. */
+/* Errors that can mean "no usable GPU here" rather than "this code is
+ * broken": no device, no or stub driver library, a driver older than this
+ * runtime, devices busy. */
 static bool kv_cuda_is_absent(cudaError_t e) {
     switch (e) {
     case cudaErrorNoDevice:
@@ -57,6 +59,25 @@ static bool kv_cuda_is_absent(cudaError_t e) {
     default:
         return false;
     }
+}
+
+/* Whether this machine gives us an NVIDIA GPU: the kernel driver is loaded
+ * (/proc/driver/nvidia/version, whose first line goes to `line`) and its
+ * control device is present (/dev/nvidiactl; a container without GPU access
+ * sees the host's module but not the device). Then a runtime that cannot
+ * start (a driver too old for this CUDA, devices busy) is a broken GPU
+ * setup, and calling it "skipped" would let a gate pass with no GPU run. */
+static bool kv_cuda_gpu_expected(char *line, size_t len) {
+    line[0] = '\0';
+    FILE *dev = fopen("/dev/nvidiactl", "r");
+    if (dev == NULL) return false;
+    fclose(dev);
+    FILE *f = fopen("/proc/driver/nvidia/version", "r");
+    if (f == NULL) return false;
+    if (fgets(line, (int)len, f) == NULL) line[0] = '\0';
+    fclose(f);
+    line[strcspn(line, "\n")] = '\0';
+    return true;
 }
 
 static KvStatus kv_cuda_fail(KvError *err, KvStatus st, cudaError_t e, const char *call,
@@ -111,11 +132,22 @@ extern "C" KvStatus kv_cuda_query(KvCudaInfo *out, KvError *err) {
     if (e != cudaSuccess) {
         /* Clears the (non-sticky) error so a later query starts clean. */
         (void)cudaGetLastError();
-        return kv_cuda_error_set(err, kv_cuda_is_absent(e) ? KV_SKIP : KV_ERR_INTERNAL,
+        /* No device (CUDA_VISIBLE_DEVICES="" included) and a stub library
+         * are always an absent GPU; the others only where the machine has
+         * no NVIDIA driver and device at all. */
+        char drv[160];
+        const bool expected = e != cudaErrorNoDevice && e != cudaErrorStubLibrary &&
+                              kv_cuda_gpu_expected(drv, sizeof drv);
+        const bool absent = kv_cuda_is_absent(e) && !expected;
+        return kv_cuda_error_set(err, absent ? KV_SKIP : KV_ERR_INTERNAL,
                                  "%s:%d: cudaGetDeviceCount(&count) failed: %s: %s (driver version "
-                                 "%d, runtime version %d)",
+                                 "%d, runtime version %d)%s%s",
                                  __FILE__, __LINE__, cudaGetErrorName(e), cudaGetErrorString(e),
-                                 driver, runtime);
+                                 driver, runtime,
+                                 expected ? "; an NVIDIA driver and /dev/nvidiactl are present, so "
+                                            "this GPU setup is broken, not absent: "
+                                          : "",
+                                 expected ? drv : "");
     }
     if (count <= 0) {
         return kv_cuda_error_set(err, KV_SKIP,

@@ -391,14 +391,21 @@ static KvStatus cuda_ctx_create(KvCudaCtx *ctx, const KvModel *m, int64_t B, int
 
     st = kv_cuda_query(&info, &qerr);
     if (st != KV_OK) {
-        /* Discovery failing for any reason means no CUDA run here. */
-        st = kv_error_set(err, KV_SKIP, "CUDA backend unavailable: %s", qerr.msg);
+        /* KV_SKIP: no GPU here (kv_cuda_query decides); anything else is a
+         * GPU this build cannot use, an error. */
+        st = kv_error_set(err, st == KV_SKIP ? KV_SKIP : KV_ERR_INTERNAL, "CUDA backend %s: %s",
+                          st == KV_SKIP ? "unavailable" : "failed", qerr.msg);
         goto cleanup;
     }
     st = cuda_ctx_setup(ctx, err);
     if (st != KV_OK) {
-        kv_error_prefix(err, "CUDA backend unavailable (setup failed)");
-        st = KV_SKIP;
+        /* A device was found, so this is a broken setup (no memory for the
+         * workspace, cuBLAS unable to start), never a skip: a gate that
+         * reported it as skipped would pass with no GPU evidence. */
+        char prefix[200];
+        snprintf(prefix, sizeof prefix, "CUDA setup failed on %.160s", info.name);
+        kv_error_prefix(err, prefix);
+        st = KV_ERR_INTERNAL;
         goto cleanup;
     }
     if (cublasGetVersion(ctx->blas, &blas_version) != CUBLAS_STATUS_SUCCESS) blas_version = 0;
@@ -569,12 +576,18 @@ static KvStatus cuda_runner_capture(CudaGraphRunner *r, KvCudaCtx *ctx, int64_t 
         e = cudaGraphExecUpdate(r->exec, g, &info);
         if (e == cudaSuccess) {
             r->exec_updates++;
-        } else {
+        } else if (e == cudaErrorGraphExecUpdateFailure) {
             /* Not updatable (the topology changed, e.g. a regime flip):
              * clear the non-sticky error and instantiate anew. */
             (void)cudaGetLastError();
             (void)cudaGraphExecDestroy(r->exec);
             r->exec = NULL;
+        } else {
+            /* Any other error is real: report it here, under its own call
+             * (the executable stays owned by r and is freed with it). */
+            st = kv_cuda_fail_rt(err, KV_ERR_INTERNAL, e, "cudaGraphExecUpdate(r->exec, g, &info)",
+                                 __FILE__, __LINE__);
+            goto cleanup;
         }
     }
     if (r->exec == NULL) {
@@ -760,6 +773,33 @@ cleanup:
     return st;
 }
 
+/* The error for device error flags raised by `when` (e.g. "step" 12). */
+static KvStatus cuda_dev_err_status(const KvCudaCtx *ctx, int32_t flags, const char *when,
+                                    int64_t at, KvError *err) {
+    return kv_error_set(err, KV_ERR_INTERNAL,
+                        "cuda %s: a device invariant broke by %s %lld (flags 0x%x:%s%s%s)",
+                        ctx->variant_name, when, (long long)at, (unsigned)flags,
+                        (flags & KV_CUDA_DERR_TOKEN) ? " token id outside the vocabulary" : "",
+                        (flags & KV_CUDA_DERR_SLOT) ? " position outside the state" : "",
+                        (flags & KV_CUDA_DERR_KEYS) ? " more visible keys than gathered" : "");
+}
+
+/* Synchronises and checks the device error flags: the benchmark's phases
+ * must not time a run that broke a device invariant. */
+static KvStatus cuda_check_dev_err(KvCudaCtx *ctx, const char *phase, int64_t steps,
+                                   KvError *err) {
+    KvStatus st = KV_OK;
+    int32_t flags = 0;
+    KV_CUDA_CHECK(cudaMemcpyAsync(&flags, ctx->dev_err, sizeof flags, cudaMemcpyDeviceToHost,
+                                  ctx->stream));
+    KV_CUDA_CHECK(cudaStreamSynchronize(ctx->stream));
+    if (flags != 0) {
+        st = cuda_dev_err_status(ctx, flags, phase, steps, err);
+    }
+cleanup:
+    return st;
+}
+
 /* Reads the last forward's outputs for `step` into out and checks the device
  * error flags. */
 static KvStatus cuda_read_step(KvCudaCtx *ctx, KvDecodeResult *out, int64_t step, KvError *err) {
@@ -781,14 +821,7 @@ static KvStatus cuda_read_step(KvCudaCtx *ctx, KvDecodeResult *out, int64_t step
     KV_CUDA_CHECK(cudaMemcpyAsync(&flags, ctx->dev_err, sizeof flags, cudaMemcpyDeviceToHost,
                                   ctx->stream));
     KV_CUDA_CHECK(cudaStreamSynchronize(ctx->stream));
-    if (flags != 0) {
-        st = kv_error_set(err, KV_ERR_INTERNAL,
-                          "cuda %s: a device invariant broke by step %lld (flags 0x%x:%s%s%s)",
-                          ctx->variant_name, (long long)step, (unsigned)flags,
-                          (flags & KV_CUDA_DERR_TOKEN) ? " token id outside the vocabulary" : "",
-                          (flags & KV_CUDA_DERR_SLOT) ? " position outside the state" : "",
-                          (flags & KV_CUDA_DERR_KEYS) ? " more visible keys than gathered" : "");
-    }
+    if (flags != 0) st = cuda_dev_err_status(ctx, flags, "step", step, err);
 cleanup:
     return st;
 }
@@ -984,6 +1017,7 @@ extern "C" KvStatus kv_cuda_bench_decode(const KvModel *m, const KvDecodeSpec *s
         if (dt < out->eager_ms_best) out->eager_ms_best = dt;
     }
     out->eager_ms_per_step = eager_sum / (double)steps;
+    KV_TRY(cuda_check_dev_err(&ctx, "eager bench step", steps, err));
 
     /* Graph: the same decode from a fresh state; capture steps are timed
      * apart from replays. */
@@ -1008,6 +1042,7 @@ extern "C" KvStatus kv_cuda_bench_decode(const KvModel *m, const KvDecodeSpec *s
         if (dt < out->graph_ms_best) out->graph_ms_best = dt;
     }
     out->graph_ms_per_step = graph_steps > 0 ? graph_sum / (double)graph_steps : 0.0;
+    KV_TRY(cuda_check_dev_err(&ctx, "graph bench step", steps, err));
     if (graph_steps == 0) out->graph_ms_best = 0.0;
     out->graphs_captured = runner.captures;
     out->graph_instantiations = runner.instantiations;
@@ -1035,6 +1070,7 @@ extern "C" KvStatus kv_cuda_bench_decode(const KvModel *m, const KvDecodeSpec *s
         out->kernel_sum_ms += (double)ms;
     }
     out->ops_per_step = ctx.n_timed;
+    KV_TRY(cuda_check_dev_err(&ctx, "timed bench step", 1, err));
 
 cleanup:
     cuda_runner_free(&runner);

@@ -320,12 +320,18 @@ static KvStatus run_scenario(const KvModel *m, const char *model_name, const KvS
 KvStatus kv_gate_run_model(const KvModel *m, const char *model_name, const KvGateOptions *o,
                            int *unit, KvReport *rep, KvError *err) {
     /* With no device the CUDA runs are reported as skipped with the CUDA
-     * error text, never passed; with one they run. */
+     * error text, never passed; with one they run. A GPU this build cannot
+     * use (kv_cuda_query's KV_ERR_INTERNAL) stops the gate with the error. */
     char cuda_skip[256] = "";
     if (o->cuda) {
         KvCudaInfo info;
         KvError cerr = {{0}};
-        if (kv_cuda_query(&info, &cerr) != KV_OK) snprintf(cuda_skip, sizeof cuda_skip, "%.250s", cerr.msg);
+        const KvStatus cst = kv_cuda_query(&info, &cerr);
+        if (cst == KV_SKIP) {
+            snprintf(cuda_skip, sizeof cuda_skip, "%.250s", cerr.msg);
+        } else if (cst != KV_OK) {
+            return kv_error_set(err, cst, "CUDA backend: %s", cerr.msg);
+        }
     }
     const int n = o->custom != NULL ? 1 : o->n_scenarios;
     for (int i = 0; i < n; i++, (*unit)++) {

@@ -482,15 +482,26 @@ START_TEST(test_planted_faults) {
     kv_decode_result_free(&a);
     kv_decode_result_free(&b);
 
-    /* Faults whose effect depends on scheduling (inplace_shift's race,
-     * atomic_reduction's float atomics) or on the kernels cuBLAS picks
-     * (tf32): they must run; whether they showed is printed, not asserted. */
+    /* inplace_shift: roll's and cat_shift's shift walked in the wrong
+     * direction overwrites rows it still has to read, once the window is full. */
+    static const KvCacheOps *const k_shifting[] = {&kv_cache_roll, &kv_cache_cat_shift};
+    for (size_t v = 0; v < sizeof k_shifting / sizeof k_shifting[0]; v++) {
+        snprintf(what, sizeof what, "%s inplace_shift %s", k_families[_i], k_shifting[v]->name);
+        spec = make_spec(&shrt, k_shifting[v], KV_MODE_EAGER);
+        fault_pair(m, &spec, KV_FAULT_INPLACE_SHIFT, &a, &b, NULL, what);
+        ck_assert_msg(results_differ(&a, &b), "%s: no effect", what);
+        kv_decode_result_free(&a);
+        kv_decode_result_free(&b);
+    }
+
+    /* Faults whose effect depends on scheduling (atomic_reduction's float
+     * atomics) or on the kernels cuBLAS picks (tf32): they must run; whether
+     * they showed is printed, not asserted. */
     static const struct {
         unsigned bit;
         const char *name;
         const KvCacheOps *variant;
-    } k_soft[] = {{KV_FAULT_INPLACE_SHIFT, "inplace_shift", &kv_cache_roll},
-                  {KV_FAULT_ATOMIC_REDUCTION, "atomic_reduction", &kv_cache_ring},
+    } k_soft[] = {{KV_FAULT_ATOMIC_REDUCTION, "atomic_reduction", &kv_cache_ring},
                   {KV_FAULT_TF32, "tf32", NULL}};
     for (size_t k = 0; k < sizeof k_soft / sizeof k_soft[0]; k++) {
         snprintf(what, sizeof what, "%s %s", k_families[_i], k_soft[k].name);
