@@ -32,44 +32,9 @@ static inline KvF4 kv_load4(const float *p) {
     return v;
 }
 
-float kv_dot(const float *a, const float *b, int64_t n) {
-    KvF4 l0 = {0.0f, 0.0f, 0.0f, 0.0f}; /* lanes 0..3 */
-    KvF4 l1 = l0;                       /* lanes 4..7 */
-    KvF4 l2 = l0;                       /* lanes 8..11 */
-    KvF4 l3 = l0;                       /* lanes 12..15 */
-    int64_t n16 = n - n % KV_DOT_LANES;
-    for (int64_t i = 0; i < n16; i += KV_DOT_LANES) {
-        l0 += kv_load4(a + i) * kv_load4(b + i);
-        l1 += kv_load4(a + i + 4) * kv_load4(b + i + 4);
-        l2 += kv_load4(a + i + 8) * kv_load4(b + i + 8);
-        l3 += kv_load4(a + i + 12) * kv_load4(b + i + 12);
-    }
-    /* Tree: lane j += lane j+8, then j+4, then j+2, then j+1. */
-    l0 += l2;
-    l1 += l3;
-    l0 += l1;
-    float s0 = l0[0] + l0[2];
-    float s1 = l0[1] + l0[3];
-    float s = s0 + s1;
-    for (int64_t i = n16; i < n; i++) s += a[i] * b[i];
-    return s;
-}
-
-/* Rows per block: the unit of work an OpenMP thread takes. Results do not
- * depend on it. */
-#define KV_MM_ROWS 4
-
-/* Software prefetch distance for the weight streams, into L2 (locality 2:
- * prefetcht1 on x86). Measured on this project's machine kind, the
- * gemma2-medium decode's matmuls alone at two threads with huge pages: no
- * prefetch 24 GB/s; 4, 8 and 16 KiB ahead all 32-34 GB/s (memcpy reaches
- * 42-46 GB/s read+write); the whole decode at 8 KiB: into L1 13.6-14.1
- * ms/token, into L2 13.3-13.7. Timing only: results do not depend on it. */
-#define KV_PREFETCH_BYTES 8192
-
 /* The contract's tree over the 16 lane sums: lane j += lane j+8, then j+4,
- * j+2, j+1. Scalar float adds, each the same IEEE operation as kv_dot's
- * vector lane adds, so a row ends bitwise like kv_dot. */
+ * j+2, j+1, in scalar float adds. The one place the tree is written: kv_dot
+ * and the matmul's row kernel both end here, so they agree bitwise. */
 static float kv_lanes_sum(const float l[KV_DOT_LANES]) {
     float t[8];
     for (int j = 0; j < 8; j++) t[j] = l[j] + l[j + 8];
@@ -85,6 +50,38 @@ static float kv_dot_tail(const float *x, const float *w, int64_t n16, int64_t n,
     for (int64_t i = n16; i < n; i++) s += x[i] * w[i];
     return s;
 }
+
+float kv_dot(const float *a, const float *b, int64_t n) {
+    KvF4 l0 = {0.0f, 0.0f, 0.0f, 0.0f}; /* lanes 0..3 */
+    KvF4 l1 = l0;                       /* lanes 4..7 */
+    KvF4 l2 = l0;                       /* lanes 8..11 */
+    KvF4 l3 = l0;                       /* lanes 12..15 */
+    int64_t n16 = n - n % KV_DOT_LANES;
+    for (int64_t i = 0; i < n16; i += KV_DOT_LANES) {
+        l0 += kv_load4(a + i) * kv_load4(b + i);
+        l1 += kv_load4(a + i + 4) * kv_load4(b + i + 4);
+        l2 += kv_load4(a + i + 8) * kv_load4(b + i + 8);
+        l3 += kv_load4(a + i + 12) * kv_load4(b + i + 12);
+    }
+    float lanes[KV_DOT_LANES];
+    memcpy(lanes, &l0, 16);
+    memcpy(lanes + 4, &l1, 16);
+    memcpy(lanes + 8, &l2, 16);
+    memcpy(lanes + 12, &l3, 16);
+    return kv_dot_tail(a, b, n16, n, kv_lanes_sum(lanes));
+}
+
+/* Rows per block: the unit of work an OpenMP thread takes. Results do not
+ * depend on it. */
+#define KV_MM_ROWS 4
+
+/* Software prefetch distance for the weight streams, into L2 (locality 2:
+ * prefetcht1 on x86). Measured on this project's machine kind, the
+ * gemma2-medium decode's matmuls alone at two threads with huge pages: no
+ * prefetch 24 GB/s; 4, 8 and 16 KiB ahead all 32-34 GB/s (memcpy reaches
+ * 42-46 GB/s read+write); the whole decode at 8 KiB: into L1 13.6-14.1
+ * ms/token, into L2 13.3-13.7. Timing only: results do not depend on it. */
+#define KV_PREFETCH_BYTES 8192
 
 /* Prefetch for a weight row being read at element i. Address arithmetic on
  * integers, so no out-of-bounds pointer is formed; a prefetch never faults. */
@@ -112,8 +109,9 @@ static inline void kv_prefetch_row(const float *w, int64_t i) {
  * instructions, reordered and in other registers) made the gemma2-medium
  * decode at two threads 15.4-16.6 ms/token instead of 13.2-14.1, and one
  * thread 15% slower. The cause was not pinned down; bench_decode shows it. */
-__attribute__((noinline)) static void kv_dot_rows(const float *x, const float *w0, int64_t n, int64_t n16,
-                        float lanes[KV_MM_ROWS][KV_DOT_LANES]) {
+__attribute__((noinline)) static void kv_dot_rows(const float *x, const float *w0, int64_t n,
+                                                  int64_t n16,
+                                                  float lanes[KV_MM_ROWS][KV_DOT_LANES]) {
     for (int r = 0; r < KV_MM_ROWS; r += 2) {
         const float *wa = w0 + r * n;
         const float *wb = wa + n;
