@@ -569,13 +569,16 @@ int kv_cmd_gate(int argc, char **argv) {
         const bool planted = mutation && rep.runs[rep.comparisons[c].run_b].fault[0] != '\0';
         failed = failed || rep.comparisons[c].verdict == KV_VERDICT_FAIL;
         if (verbose || (!quiet && !planted && rep.comparisons[c].verdict == KV_VERDICT_FAIL)) {
-            char la[96], lb[96];
-            kv_run_label(&rep.runs[rep.comparisons[c].run_a], la, sizeof la);
-            kv_run_label(&rep.runs[rep.comparisons[c].run_b], lb, sizeof lb);
-            printf("%s %s %s: %s vs %s: %s\n",
-                   rep.comparisons[c].verdict == KV_VERDICT_FAIL ? "FAIL" : "ok  ",
-                   rep.runs[rep.comparisons[c].run_b].model, rep.runs[rep.comparisons[c].run_b].scenario,
-                   la, lb, rep.comparisons[c].message);
+            const KvComparison *cmp = &rep.comparisons[c];
+            char la[96], lb[96], pair[200];
+            kv_run_label(&rep.runs[cmp->run_a], la, sizeof la);
+            kv_run_label(&rep.runs[cmp->run_b], lb, sizeof lb);
+            /* a per-run check (finite, replay) names its one run */
+            if (cmp->run_a == cmp->run_b) snprintf(pair, sizeof pair, "%s", lb);
+            else snprintf(pair, sizeof pair, "%s vs %s", la, lb);
+            printf("%s %s %s: %s %s: %s\n", cmp->verdict == KV_VERDICT_FAIL ? "FAIL" : "ok  ",
+                   rep.runs[cmp->run_b].model, rep.runs[cmp->run_b].scenario, pair,
+                   kv_compare_kind_name(cmp->kind), cmp->message);
         }
     }
     if (mutation) {

@@ -198,6 +198,71 @@ void kv_compare_replay(const KvRun *run, int64_t index, KvComparison *out) {
     }
 }
 
+/* The first non-finite logit of a run in (step, row, index) order: full
+ * logits, or the kept top-k values. False when all are finite. */
+static bool first_nonfinite_logit(const KvRun *r, int64_t *step, int64_t *row, int64_t *index,
+                                  float *value) {
+    const float *vals = r->logits != NULL ? r->logits : r->topk_values;
+    const int64_t per = r->logits != NULL ? r->vocab : r->topk;
+    if (vals == NULL || per <= 0) return false;
+    for (int64_t i = 0; i < r->steps * r->batch * per; i++) {
+        if (isfinite(vals[i])) continue;
+        *step = i / (r->batch * per);
+        *row = (i / per) % r->batch;
+        /* a top-k position names the token id it holds */
+        *index = r->logits != NULL ? i % per : (int64_t)r->topk_ids[i];
+        *value = vals[i];
+        return true;
+    }
+    return false;
+}
+
+void kv_compare_finite(const KvRun *run, int64_t index, KvComparison *out) {
+    compare_init(out, KV_CMP_FINITE, index, index);
+    if (run->skipped) {
+        out->verdict = KV_VERDICT_SKIP;
+        snprintf(out->message, sizeof out->message, "skipped: %s", run->skip_reason);
+        return;
+    }
+    int64_t ls = -1, lr = -1, li = -1;
+    float lv = 0.0f;
+    const bool bad_logit = first_nonfinite_logit(run, &ls, &lr, &li, &lv);
+    /* A probe value comes before the logits of its step (probe order ends
+     * with the logits), so the probe record wins at an equal step. */
+    const bool bad_probe = run->nonfinite_checked && run->nonfinite_step >= 0 &&
+                           (!bad_logit || run->nonfinite_step <= ls);
+    if (!bad_logit && !bad_probe) {
+        snprintf(out->message, sizeof out->message, "finite: %s hold no NaN or Inf",
+                 run->nonfinite_checked ? "logits and every probe" :
+                                          "logits (this backend does not check its probes)");
+        return;
+    }
+    out->verdict = KV_VERDICT_FAIL;
+    const bool is_ref = strcmp(run->variant, "reference") == 0;
+    const char *who = is_ref ? "the reference itself is not finite" : "non-finite value";
+    if (bad_probe) {
+        out->first_step = run->nonfinite_step;
+        out->first_row = run->nonfinite_row;
+        out->first_probe = run->nonfinite_probe;
+        char pname[KV_NAME_LEN] = "?";
+        if (run->probe_names != NULL && run->nonfinite_probe < run->n_probes) {
+            snprintf(pname, sizeof pname, "%s", run->probe_names[run->nonfinite_probe]);
+        }
+        snprintf(out->message, sizeof out->message,
+                 "%s: %g first at step %lld row %lld, probe %s element %lld (the first "
+                 "non-finite probe value in step, probe, row order)",
+                 who, (double)run->nonfinite_value, (long long)run->nonfinite_step,
+                 (long long)run->nonfinite_row, pname, (long long)run->nonfinite_index);
+    } else {
+        out->first_step = ls;
+        out->first_row = lr;
+        snprintf(out->message, sizeof out->message,
+                 "%s: logit %g first at step %lld row %lld, token id %lld%s", who, (double)lv,
+                 (long long)ls, (long long)lr, (long long)li,
+                 run->nonfinite_checked ? "" : " (this backend does not check its probes)");
+    }
+}
+
 void kv_compare_reference(const KvRun *ref, const KvRun *cand, const KvTolerances *t,
                           int64_t ref_index, int64_t cand_index, KvComparison *out) {
     compare_init(out, KV_CMP_REFERENCE, ref_index, cand_index);
@@ -214,10 +279,28 @@ void kv_compare_reference(const KvRun *ref, const KvRun *cand, const KvTolerance
     double se = 0.0, ss = 0.0;
     int64_t agree = 0, fail_step = -1, fail_row = -1;
     const char *fail_what = NULL;
+    char nonfinite_what[160];
     for (int64_t s = 0; s < ref->steps; s++) {
         for (int64_t b = 0; b < B; b++) {
             const float *r = ref->logits + (s * B + b) * V;
             const float *c = cand->logits + (s * B + b) * V;
+            /* NaN compares false with every tolerance: a non-finite logit on
+             * either side fails by itself and is kept out of the metrics. */
+            int64_t bad = -1;
+            for (int64_t v = 0; v < V && bad < 0; v++) {
+                if (!isfinite(r[v]) || !isfinite(c[v])) bad = v;
+            }
+            if (bad >= 0) {
+                if (fail_step < 0) {
+                    fail_step = s;
+                    fail_row = b;
+                    snprintf(nonfinite_what, sizeof nonfinite_what,
+                             "non-finite logit at token id %lld (reference %g, candidate %g)",
+                             (long long)bad, (double)r[bad], (double)c[bad]);
+                    fail_what = nonfinite_what;
+                }
+                continue;
+            }
             double max_abs = 0.0, max_ref = 0.0, mr = -INFINITY, mc = -INFINITY;
             for (int64_t v = 0; v < V; v++) {
                 const double d = (double)c[v] - (double)r[v];
@@ -276,7 +359,7 @@ void kv_compare_reference(const KvRun *ref, const KvRun *cand, const KvTolerance
             out->first_step = fail_step;
             out->first_row = fail_row;
         }
-        char what[160];
+        char what[256];
         snprintf(what, sizeof what, "%s at step %lld row %lld (max rel err %.3g)", fail_what,
                  (long long)fail_step, (long long)fail_row, out->max_rel_err);
         describe_divergence(ref, cand, out, what);

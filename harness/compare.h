@@ -39,12 +39,20 @@ KvStatus kv_tolerances_set(KvTolerances *t, const char *assignment, KvError *err
 /* Fills rep->tolerances with t's values and reasons. */
 KvStatus kv_tolerances_record(const KvTolerances *t, KvReport *rep, KvError *err);
 
-/* Candidate vs reference (kind KV_CMP_REFERENCE). Fails on a logit error
- * above max_rel_err or a token flip where the reference's margin exceeds
+/* Candidate vs reference (kind KV_CMP_REFERENCE). Fails on a NaN or Inf
+ * logit on either side (the row is then left out of the error metrics), a
+ * logit error above max_rel_err or a token flip where the reference's margin exceeds
  * tie_margin; flips at or under it are counted as near-ties. The first
  * differing probe (if any) is named as the first divergence. */
 void kv_compare_reference(const KvRun *ref, const KvRun *cand, const KvTolerances *t,
                           int64_t ref_index, int64_t cand_index, KvComparison *out);
+
+/* One run's own check (kind KV_CMP_FINITE, a = b = index): fails when its
+ * logits (full or kept top-k) or, where the decode checked them
+ * (run->nonfinite_checked), its probes hold a NaN or Inf, naming the first
+ * (step, row, probe, element) and the value; the reference run's message
+ * says that the reference itself is not finite. */
+void kv_compare_finite(const KvRun *run, int64_t index, KvComparison *out);
 
 /* a vs b, bitwise (repeat, graph vs eager, variant vs variant): the first
  * (step, row, probe) whose hash differs, else logits/tokens bytes. */

@@ -106,6 +106,12 @@ static KvStatus run_decode(const KvModel *m, const KvScenario *sc, const KvCache
     run->replays_checked = res.replays_checked;
     run->replay_mismatch_step = res.replay_mismatch_step;
     run->seconds = o->timings ? t1 - t0 : 0.0;
+    run->nonfinite_checked = res.nonfinite_checked;
+    run->nonfinite_step = res.nonfinite_step;
+    run->nonfinite_probe = res.nonfinite_probe;
+    run->nonfinite_row = res.nonfinite_row;
+    run->nonfinite_index = res.nonfinite_index;
+    run->nonfinite_value = res.nonfinite_value;
     return KV_OK;
 }
 
@@ -247,6 +253,9 @@ static KvStatus run_candidates(const KvModel *m, const char *model_name, const K
                     }
                     st = report_add_comparison(rep, &c, err);
                     if (st != KV_OK) goto exit;
+                    kv_compare_finite(run, idx, &c);
+                    st = report_add_comparison(rep, &c, err);
+                    if (st != KV_OK) goto exit;
                     if (o->replay_every > 0) {
                         kv_compare_replay(run, idx, &c);
                         st = report_add_comparison(rep, &c, err);
@@ -255,6 +264,9 @@ static KvStatus run_candidates(const KvModel *m, const char *model_name, const K
                 } else {
                     const int64_t first = *cand_slot(&tab, v, mi, 0);
                     kv_compare_bitwise(&rep->runs[first], run, KV_CMP_REPEAT, first, idx, &c);
+                    st = report_add_comparison(rep, &c, err);
+                    if (st != KV_OK) goto exit;
+                    kv_compare_finite(run, idx, &c);
                     st = report_add_comparison(rep, &c, err);
                     if (st != KV_OK) goto exit;
                 }
@@ -290,17 +302,40 @@ static KvStatus run_scenario(const KvModel *m, const char *model_name, const KvS
     run_identify(&rep->runs[ref], model_name, sc->name, "reference", "cpu", "eager", 0, 0);
     KvStatus st = run_decode(m, sc, NULL, KV_MODE_EAGER, o, NULL, false, &rep->runs[ref], err);
     if (st != KV_OK) return st;
+    KvComparison fin;
+    kv_compare_finite(&rep->runs[ref], ref, &fin);
+    st = report_add_comparison(rep, &fin, err);
+    if (st != KV_OK) return st;
     progress_line(o, &rep->runs[ref]);
 
-    char no_skip[1] = "";
+    /* A reference that is not finite has nothing to judge candidates by:
+     * its own check fails the gate, and the candidates of this scenario are
+     * recorded as skipped with that reason instead of failing by the
+     * hundred on the same NaN. */
+    char cpu_skip[256] = "";
+    char ref_skip[256] = "";
+    if (fin.verdict == KV_VERDICT_FAIL) {
+        snprintf(ref_skip, sizeof ref_skip, "not run: the reference is not finite (step %lld, "
+                 "probe %s)", (long long)fin.first_step,
+                 fin.first_probe >= 0 ? rep->runs[ref].probe_names[fin.first_probe] : "logits");
+    }
     if (o->cpu) {
-        st = run_candidates(m, model_name, sc, o, KV_BACKEND_CPU, ref, rep, no_skip,
-                            sizeof no_skip, err);
+        snprintf(cpu_skip, sizeof cpu_skip, "%s", ref_skip);
+        st = run_candidates(m, model_name, sc, o, KV_BACKEND_CPU, ref, rep, cpu_skip,
+                            sizeof cpu_skip, err);
         if (st != KV_OK) return st;
     }
     if (o->cuda) {
-        st = run_candidates(m, model_name, sc, o, KV_BACKEND_CUDA, ref, rep, cuda_skip,
-                            cuda_skip_len, err);
+        char *skip = cuda_skip;
+        size_t skip_len = cuda_skip_len;
+        char local[256];
+        if (ref_skip[0] != '\0' && cuda_skip[0] == '\0') {
+            /* Only this scenario's CUDA runs are skipped, not the gate's. */
+            snprintf(local, sizeof local, "%s", ref_skip);
+            skip = local;
+            skip_len = sizeof local;
+        }
+        st = run_candidates(m, model_name, sc, o, KV_BACKEND_CUDA, ref, rep, skip, skip_len, err);
         if (st != KV_OK) return st;
     }
 

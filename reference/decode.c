@@ -53,6 +53,19 @@ void kv_decode_result_free(KvDecodeResult *r) {
     memset(r, 0, sizeof *r);
 }
 
+/* Moves the state's non-finite probe record (the forward just run) into
+ * the result when it is the first one, and clears it for the next. */
+static void decode_note_nonfinite(KvRefState *s, int64_t step, KvDecodeResult *out) {
+    if (s->nonfinite_probe >= 0 && out->nonfinite_step < 0) {
+        out->nonfinite_step = step;
+        out->nonfinite_probe = s->nonfinite_probe;
+        out->nonfinite_row = s->nonfinite_row;
+        out->nonfinite_index = s->nonfinite_index;
+        out->nonfinite_value = s->nonfinite_value;
+    }
+    kv_ref_nonfinite_reset(s);
+}
+
 static KvStatus decode_check_spec(const KvModel *m, const KvDecodeSpec *sp, KvError *err) {
     if (sp->batch < 1 || sp->prompt_len < 1 || sp->new_tokens < 1 || sp->prefill_chunk < 0) {
         return kv_error_set(err, KV_ERR_INPUT,
@@ -85,6 +98,7 @@ KvStatus kv_decode_greedy(const KvModel *m, const KvDecodeSpec *sp, KvDecodeResu
     KvRefSnapshot snap = {0};
     float *first_logits = NULL; /* (B, V) the first run of a replay-checked step */
     memset(out, 0, sizeof *out);
+    out->nonfinite_step = out->nonfinite_probe = out->nonfinite_row = out->nonfinite_index = -1;
 
     st = decode_check_spec(m, sp, err);
     if (st != KV_OK) goto exit;
@@ -139,7 +153,9 @@ KvStatus kv_decode_greedy(const KvModel *m, const KvDecodeSpec *sp, KvDecodeResu
         }
         st = kv_ref_forward(m, &s, chunk_tok, chunk_real, n, NULL, err);
         if (st != KV_OK) goto exit;
+        decode_note_nonfinite(&s, 0, out);
     }
+    out->nonfinite_checked = sp->record_probes;
 
     /* Step 0 comes from the prefill; each later step feeds one token per
      * row: the greedy token the last forward wrote into tok_in, or the
@@ -176,6 +192,7 @@ KvStatus kv_decode_greedy(const KvModel *m, const KvDecodeSpec *sp, KvDecodeResu
                 } else {
                     kv_ref_launch_forward(&s, 1);
                 }
+                decode_note_nonfinite(&s, step, out);
                 if (!check) continue;
                 if (run == 0) {
                     memcpy(first_logits, s.logits, (size_t)(B * V) * sizeof(float));

@@ -53,6 +53,13 @@ typedef struct {
     int64_t n_probes;         /* kv_probe_count (forward.h) when probes were recorded, else 0 */
     uint64_t *probe_hash;     /* (steps, n_probes, B) or NULL */
     KvProbeDump dump;         /* dump_probes: every probe's values at the last step */
+    /* The first non-finite probe value (record_probes only; the prefill
+     * counts as step 0): step, probe index, batch row, element within the
+     * probe row (as in the dump) and the value. All -1 when every probe
+     * value was finite or probes were not recorded (nonfinite_checked). */
+    bool nonfinite_checked;
+    int64_t nonfinite_step, nonfinite_probe, nonfinite_row, nonfinite_index;
+    float nonfinite_value;
 } KvDecodeResult;
 
 /* Builds a left-padded batch from `batch` prompts of the given lengths.

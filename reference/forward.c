@@ -113,6 +113,7 @@ KvStatus kv_ref_state_init(KvRefState *s, const KvModel *m, int64_t batch, int64
     s->next_tok = calloc((size_t)batch, sizeof *s->next_tok);
     s->margin = kv_alloc_floats(batch);
     s->n_probes = kv_probe_count(c);
+    kv_ref_nonfinite_reset(s);
     s->probe_hash = calloc((size_t)(s->n_probes * batch), sizeof *s->probe_hash);
     if (!s->k || !s->v || !s->real || !s->n_real || !s->inv_freq || !s->x || !s->xn || !s->q ||
         !s->kn || !s->vn || !s->att || !s->tmp || !s->gate || !s->up || !s->qpos || !s->last ||
@@ -289,6 +290,33 @@ int kv_probe_item(int64_t n_probes, int64_t idx) {
     return idx > 0 && idx < n_probes - 2 ? (int)((idx - 1) % KV_PROBE_PER_LAYER) : -1;
 }
 
+void kv_ref_nonfinite_reset(KvRefState *s) {
+    s->nonfinite_probe = s->nonfinite_row = s->nonfinite_index = -1;
+    s->nonfinite_value = 0.0f;
+}
+
+/* Records the first non-finite value among `count` floats of probe idx, row
+ * b, at element offset `first`, unless an earlier (probe, row, element) is
+ * already recorded. A NaN or Inf anywhere in the forward is a failure in its
+ * own right (a NaN compares false with every tolerance), so every probe is
+ * scanned, not only the logits. */
+static void probe_check_finite(KvRefState *s, int64_t idx, int64_t b, const float *v,
+                               int64_t count, int64_t first) {
+    if (s->nonfinite_probe >= 0 && (s->nonfinite_probe < idx ||
+                                    (s->nonfinite_probe == idx && s->nonfinite_row <= b))) {
+        return;
+    }
+    for (int64_t i = 0; i < count; i++) {
+        if (!isfinite(v[i])) {
+            s->nonfinite_probe = idx;
+            s->nonfinite_row = b;
+            s->nonfinite_index = first + i;
+            s->nonfinite_value = v[i];
+            return;
+        }
+    }
+}
+
 /* Hash of a buffer holding `per_row` bytes for each batch row, rows
  * consecutive: probe_hash[idx, b] = fnv1a(base + b * per_row, per_row). */
 typedef struct {
@@ -303,9 +331,10 @@ static void op_probe(const void *ap) {
     KvRefState *s = a->s;
     dump_probe(s, a->idx, a->base, a->per_row);
     for (int64_t b = 0; b < s->batch; b++) {
-        s->probe_hash[a->idx * s->batch + b] =
-            kv_fnv1a(KV_FNV_OFFSET, (const unsigned char *)a->base + b * a->per_row,
-                     (size_t)a->per_row);
+        const unsigned char *row = (const unsigned char *)a->base + b * a->per_row;
+        s->probe_hash[a->idx * s->batch + b] = kv_fnv1a(KV_FNV_OFFSET, row, (size_t)a->per_row);
+        probe_check_finite(s, a->idx, b, (const float *)(const void *)row,
+                           a->per_row / (int64_t)sizeof(float), 0);
     }
 }
 
@@ -359,6 +388,9 @@ static void op_probe_cache(const void *ap) {
             h = kv_fnv1a(h, &p, sizeof p);
             h = kv_fnv1a(h, k, row_bytes);
             h = kv_fnv1a(h, v, row_bytes);
+            /* Elements counted as in the dump: (p - lo, {K, V}, kv_dim). */
+            probe_check_finite(s, idx, b, k, kv_dim, (p - lo) * 2 * kv_dim);
+            probe_check_finite(s, idx, b, v, kv_dim, (p - lo) * 2 * kv_dim + kv_dim);
             if (dense != NULL) {
                 float *row = dense + b * s->dump.len[idx] + (p - lo) * 2 * kv_dim;
                 memcpy(row, k, row_bytes);

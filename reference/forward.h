@@ -81,6 +81,12 @@ typedef struct {
     int64_t n_probes;   /* 3 + 7 * num_layers */
     uint64_t *probe_hash; /* (n_probes, B) hashes of the last forward */
     KvProbeDump dump;   /* full probe values of the last forward when dump.data != NULL */
+    /* The first non-finite (NaN or Inf) probe value of the forwards since the
+     * caller last set nonfinite_probe to -1 (kv_ref_nonfinite_reset): the
+     * lowest probe index, then row, then element. Written by the probe ops,
+     * so graph replays record it too. -1 when every probe value was finite. */
+    int64_t nonfinite_probe, nonfinite_row, nonfinite_index;
+    float nonfinite_value;
     const KvCacheOps *variant;  /* NULL: the reference (every layer in the static cache) */
     KvSlidingCache **caches;    /* (num_layers) the variant's cache per sliding layer, else NULL */
     int64_t n_layers;   /* entries in caches */
@@ -98,6 +104,9 @@ void kv_ref_state_free(KvRefState *s);
 /* Plants faults (fault.h bits) in the state and in every variant cache
  * that implements one of them; 0 makes the state clean again. */
 void kv_ref_state_plant(KvRefState *s, unsigned faults);
+
+/* Forgets the recorded non-finite probe value (KvRefState.nonfinite_*). */
+void kv_ref_nonfinite_reset(KvRefState *s);
 
 /* Makes every later probe op also keep its full values in s->dump (probes
  * must be on). Call before a graph is captured. */

@@ -22,6 +22,7 @@ static const char *const kv_compare_kind_names[] = {
     [KV_CMP_GRAPH] = "graph_vs_eager",
     [KV_CMP_VARIANT] = "variant_vs_variant",
     [KV_CMP_REPLAY] = "replay",
+    [KV_CMP_FINITE] = "finite",
 };
 
 #define JUNIT_N_KINDS ((int)(sizeof kv_compare_kind_names / sizeof kv_compare_kind_names[0]))

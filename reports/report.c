@@ -60,7 +60,9 @@ double kv_report_run_max_rel_err(const KvReport *rep, int64_t i) {
     double worst = NAN;
     if (rep == NULL) return worst;
     for (int64_t c = 0; c < rep->n_comparisons; c++) {
-        if (!comparison_is_for(rep, c, i)) continue;
+        /* only reference comparisons measure an error; the others are
+         * bitwise or per-run checks whose max_rel_err is always 0 */
+        if (!comparison_is_for(rep, c, i) || rep->comparisons[c].kind != KV_CMP_REFERENCE) continue;
         const double e = rep->comparisons[c].max_rel_err;
         /* a NaN error is the worst possible and must not be hidden by max() */
         if (isnan(worst) || isnan(e) || e > worst) worst = e;

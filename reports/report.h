@@ -48,6 +48,12 @@ typedef struct {
     int64_t replays_checked;
     int64_t replay_mismatch_step; /* -1 when none */
     double seconds;              /* wall time of the decode (not part of any comparison) */
+    /* In memory only (the "finite" comparison records the finding): the
+     * first non-finite probe value the decode saw, when the backend checks
+     * its probes (nonfinite_checked); step/probe/row/index -1 when none. */
+    bool nonfinite_checked;
+    int64_t nonfinite_step, nonfinite_probe, nonfinite_row, nonfinite_index;
+    float nonfinite_value;
 } KvRun;
 
 typedef enum { KV_VERDICT_PASS = 0, KV_VERDICT_FAIL = 1, KV_VERDICT_SKIP = 2 } KvVerdict;
@@ -59,7 +65,9 @@ typedef enum {
     KV_CMP_GRAPH = 2,     /* graph vs eager: bitwise */
     KV_CMP_VARIANT = 3,   /* variant vs variant on one backend: bitwise */
     KV_CMP_REPLAY = 4,    /* replays of one step from one snapshot: bitwise */
+    KV_CMP_FINITE = 5,    /* one run's logits and probes hold no NaN or Inf (a = b) */
 } KvCompareKind;
+#define KV_CMP_LAST KV_CMP_FINITE
 
 typedef struct {
     KvCompareKind kind;
@@ -116,8 +124,8 @@ void kv_report_free(KvReport *rep);
  * a run_b, passes when it ran). i out of range gives SKIP. */
 KvVerdict kv_report_run_verdict(const KvReport *rep, int64_t i);
 
-/* The largest max_rel_err over comparisons with run_b == i; NaN when there is
- * none (e.g. the reference run). */
+/* The largest max_rel_err over reference comparisons with run_b == i; NaN
+ * when there is none (e.g. the reference run). */
 double kv_report_run_max_rel_err(const KvReport *rep, int64_t i);
 
 /* One line saying where run i first diverged, written to buf (always

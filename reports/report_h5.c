@@ -457,7 +457,7 @@ static KvStatus report_validate(const KvReport *rep, ReportCtx *c) {
     for (int64_t k = 0; k < rep->n_comparisons; k++) {
         const KvComparison *cmp = &rep->comparisons[k];
         CHECK_FIELD(cmp, message, "comparisons", k);
-        if ((int)cmp->kind < KV_CMP_REFERENCE || (int)cmp->kind > KV_CMP_REPLAY ||
+        if ((int)cmp->kind < KV_CMP_REFERENCE || (int)cmp->kind > KV_CMP_LAST ||
             (int)cmp->verdict < KV_VERDICT_PASS || (int)cmp->verdict > KV_VERDICT_SKIP ||
             cmp->run_a < 0 || cmp->run_a >= rep->n_runs || cmp->run_b < 0 ||
             cmp->run_b >= rep->n_runs) {
@@ -1531,7 +1531,7 @@ static KvStatus h5r_comparisons(hid_t file, KvReport *rep, ReportCtx *c) {
             const char *name;
             int64_t v, lo, hi;
         } checks[] = {
-            {"kind", s->kind, KV_CMP_REFERENCE, KV_CMP_REPLAY},
+            {"kind", s->kind, KV_CMP_REFERENCE, KV_CMP_LAST},
             {"verdict", s->verdict, KV_VERDICT_PASS, KV_VERDICT_SKIP},
             {"run_a", s->run_a, 0, rep->n_runs - 1},
             {"run_b", s->run_b, 0, rep->n_runs - 1},

@@ -49,6 +49,126 @@ static KvRun make_run(void) {
     return r;
 }
 
+static KvRun copy_run(const KvRun *a);
+
+/* NaN compares false with every tolerance: a NaN or Inf logit on either
+ * side must fail the reference comparison, whatever else agrees. */
+START_TEST(test_nonfinite_logits_fail_reference) {
+    const float bad[3] = {NAN, INFINITY, -INFINITY};
+    for (int k = 0; k < 3; k++) {
+        for (int side = 0; side < 2; side++) {
+            KvRun a = make_run(), b = copy_run(&a);
+            KvRun *victim = side == 0 ? &a : &b;
+            /* step 2, row 1, id 5: not the top-1, so tokens still agree */
+            victim->logits[(2 * B + 1) * V + 5] = bad[k];
+            KvComparison c;
+            const KvTolerances t = kv_tolerances_default();
+            kv_compare_reference(&a, &b, &t, 0, 1, &c);
+            ck_assert_msg(c.verdict == KV_VERDICT_FAIL, "value %g on side %d passed: %s",
+                          (double)bad[k], side, c.message);
+            ck_assert_ptr_nonnull(strstr(c.message, "non-finite logit at token id 5"));
+            ck_assert_int_eq(c.first_step, 2);
+            ck_assert_int_eq(c.first_row, 1);
+            /* the row is kept out of the metrics, which stay finite */
+            ck_assert(isfinite(c.max_rel_err) && c.max_rel_err == 0.0);
+            kv_run_free(&a);
+            kv_run_free(&b);
+        }
+    }
+}
+END_TEST
+
+/* Half the candidate's logits NaN: still a failure (the old code said
+ * "agrees: max rel err 0"). */
+START_TEST(test_half_nan_candidate_fails) {
+    KvRun a = make_run(), b = copy_run(&a);
+    for (int i = 0; i < S * B * V; i += 2) b.logits[i] = NAN;
+    KvComparison c;
+    const KvTolerances t = kv_tolerances_default();
+    kv_compare_reference(&a, &b, &t, 0, 1, &c);
+    ck_assert_int_eq(c.verdict, KV_VERDICT_FAIL);
+    ck_assert_int_eq(c.first_step, 0);
+    ck_assert_int_eq(c.first_row, 0);
+    kv_compare_finite(&b, 1, &c);
+    ck_assert_int_eq(c.kind, KV_CMP_FINITE);
+    ck_assert_int_eq(c.verdict, KV_VERDICT_FAIL);
+    ck_assert_int_eq(c.run_a, 1);
+    ck_assert_int_eq(c.run_b, 1);
+    ck_assert_ptr_nonnull(strstr(c.message, "logit nan first at step 0 row 0, token id 0"));
+    kv_run_free(&a);
+    kv_run_free(&b);
+}
+END_TEST
+
+/* The finite check: a clean run passes and says what it checked; a probe
+ * record names the probe and element; an earlier-step logit or a later-step
+ * probe decide which is reported first; a top-k run's values are checked by
+ * token id; the reference's message says it is the reference. */
+START_TEST(test_finite_check) {
+    KvComparison c;
+    KvRun a = make_run();
+    a.nonfinite_checked = true;
+    a.nonfinite_step = a.nonfinite_probe = a.nonfinite_row = a.nonfinite_index = -1;
+    kv_compare_finite(&a, 3, &c);
+    ck_assert_int_eq(c.verdict, KV_VERDICT_PASS);
+    ck_assert_ptr_nonnull(strstr(c.message, "logits and every probe"));
+
+    a.nonfinite_step = 1;
+    a.nonfinite_probe = 1;
+    a.nonfinite_row = 1;
+    a.nonfinite_index = 7;
+    a.nonfinite_value = INFINITY;
+    kv_compare_finite(&a, 3, &c);
+    ck_assert_int_eq(c.verdict, KV_VERDICT_FAIL);
+    ck_assert_int_eq(c.first_step, 1);
+    ck_assert_int_eq(c.first_row, 1);
+    ck_assert_int_eq(c.first_probe, 1);
+    ck_assert_ptr_nonnull(strstr(c.message, "inf first at step 1 row 1, probe layer0.cache element 7"));
+
+    /* a NaN logit at step 2 comes after the probe record at step 1 */
+    a.logits[(2 * B + 0) * V + 3] = NAN;
+    kv_compare_finite(&a, 3, &c);
+    ck_assert_int_eq(c.first_probe, 1);
+    /* ... and before a probe record at step 3 */
+    a.nonfinite_step = 3;
+    kv_compare_finite(&a, 3, &c);
+    ck_assert_int_eq(c.verdict, KV_VERDICT_FAIL);
+    ck_assert_int_eq(c.first_step, 2);
+    ck_assert_int_eq(c.first_probe, -1);
+    ck_assert_ptr_nonnull(strstr(c.message, "logit nan first at step 2 row 0, token id 3"));
+
+    snprintf(a.variant, sizeof a.variant, "reference");
+    kv_compare_finite(&a, 3, &c);
+    ck_assert_ptr_nonnull(strstr(c.message, "the reference itself is not finite"));
+
+    /* a backend that does not check probes says so */
+    a.nonfinite_checked = false;
+    a.logits[(2 * B + 0) * V + 3] = 1.0f;
+    kv_compare_finite(&a, 3, &c);
+    ck_assert_int_eq(c.verdict, KV_VERDICT_PASS);
+    ck_assert_ptr_nonnull(strstr(c.message, "does not check its probes"));
+
+    /* top-k only: the kept values are checked, named by token id */
+    a.topk = 2;
+    a.topk_ids = calloc(S * B * 2, sizeof *a.topk_ids);
+    a.topk_values = calloc(S * B * 2, sizeof *a.topk_values);
+    ck_assert(a.topk_ids && a.topk_values);
+    free(a.logits);
+    a.logits = NULL;
+    a.topk_ids[(1 * B + 1) * 2 + 1] = 6;
+    a.topk_values[(1 * B + 1) * 2 + 1] = -INFINITY;
+    kv_compare_finite(&a, 3, &c);
+    ck_assert_int_eq(c.verdict, KV_VERDICT_FAIL);
+    ck_assert_ptr_nonnull(strstr(c.message, "logit -inf first at step 1 row 1, token id 6"));
+
+    a.skipped = true;
+    snprintf(a.skip_reason, sizeof a.skip_reason, "no device");
+    kv_compare_finite(&a, 3, &c);
+    ck_assert_int_eq(c.verdict, KV_VERDICT_SKIP);
+    kv_run_free(&a);
+}
+END_TEST
+
 static KvRun copy_run(const KvRun *a) {
     KvRun r = make_run();
     memcpy(r.logits, a->logits, S * B * V * sizeof(float));
@@ -171,6 +291,9 @@ int main(void) {
     Suite *s = suite_create("compare");
     TCase *tc = tcase_create("comparator");
     tcase_add_test(tc, test_identical_runs_pass);
+    tcase_add_test(tc, test_nonfinite_logits_fail_reference);
+    tcase_add_test(tc, test_half_nan_candidate_fails);
+    tcase_add_test(tc, test_finite_check);
     tcase_add_test(tc, test_bitwise_names_first_probe);
     tcase_add_test(tc, test_near_tie_flip_is_reported_not_failed);
     tcase_add_test(tc, test_real_flip_fails);

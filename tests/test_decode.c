@@ -275,6 +275,95 @@ START_TEST(test_bad_tokens_rejected) {
 }
 END_TEST
 
+/* Decodes one prompt with probes on; variant NULL: the reference. */
+static KvDecodeResult probe_decode(const KvModel *m, const int32_t *prompt, int64_t len,
+                                   const KvCacheOps *variant, KvExecMode mode) {
+    uint8_t *real = malloc((size_t)len);
+    ck_assert_ptr_nonnull(real);
+    memset(real, 1, (size_t)len);
+    KvDecodeSpec spec = {.batch = 1, .prompt_len = len, .prompt = prompt, .prompt_real = real,
+                         .new_tokens = 24, .variant = variant, .mode = mode,
+                         .record_probes = true};
+    KvDecodeResult r = {0};
+    KvError err = {{0}};
+    ck_assert_msg(kv_decode_greedy(m, &spec, &r, &err) == KV_OK, "decode: %s", err.msg);
+    free(real);
+    return r;
+}
+
+/* A NaN weight is located where it first shows (DESIGN §6: a NaN compares
+ * false with every tolerance, so the decode itself records it). A NaN in
+ * the embedding row of a token first generated at step s shows at step s+1
+ * in "embed" (element 0 of the row); with a tied lm_head (gemma2) that row
+ * is also a logit, so it already shows at step 0 in "logits" as element t.
+ * A NaN in layer 1's down projection (row 0) shows at step 0 in
+ * "layer1.mlp", element 0. The same holds for a variant in graph mode (the
+ * probe ops are replayed). A clean decode records nothing. */
+START_TEST(test_nonfinite_located) {
+    KvFixtureModel f;
+    KvError err = {{0}};
+    ck_assert_msg(kv_fixture_load(k_families[_i], TEST_SEED, &f, &err) == KV_OK, "%s", err.msg);
+    const KvModel *m = &f.model;
+    const int64_t V = m->config.vocab_size, H = m->config.hidden_size;
+    const int64_t len = 5;
+    int32_t *p = make_prompt(len, TEST_PROMPT_SEED, V);
+    KvDecodeResult clean = probe_decode(m, p, len, NULL, KV_MODE_EAGER);
+    ck_assert(clean.nonfinite_checked);
+    ck_assert_int_eq(clean.nonfinite_step, -1);
+    ck_assert_int_eq(clean.nonfinite_probe, -1);
+
+    /* the first generated token that is neither in the prompt nor earlier */
+    int64_t s_new = -1;
+    for (int64_t st = 0; st + 1 < clean.steps && s_new < 0; st++) {
+        bool seen = false;
+        for (int64_t i = 0; i < len; i++) seen = seen || p[i] == clean.tokens[st];
+        for (int64_t j = 0; j < st; j++) seen = seen || clean.tokens[j] == clean.tokens[st];
+        if (!seen) s_new = st;
+    }
+    ck_assert_msg(s_new >= 0, "no fresh token in %lld steps", (long long)clean.steps);
+    const int32_t t = clean.tokens[s_new];
+    const bool tied = m->lm_head == m->embed;
+    char name[64];
+
+    float *emb = (float *)(uintptr_t)m->embed; /* the test owns the fixture */
+    const float saved = emb[(int64_t)t * H];
+    emb[(int64_t)t * H] = NAN;
+    const KvCacheOps *ring = kv_cache_find("ring");
+    ck_assert_ptr_nonnull(ring);
+    for (int g = 0; g < 2; g++) {
+        KvDecodeResult r = g == 0 ? probe_decode(m, p, len, NULL, KV_MODE_EAGER)
+                                  : probe_decode(m, p, len, ring, KV_MODE_GRAPH);
+        kv_probe_name(&m->config, r.nonfinite_probe, name, sizeof name);
+        ck_assert_msg(r.nonfinite_step == (tied ? 0 : s_new + 1), "%s: step %lld, token %d first "
+                      "generated at %lld", k_families[_i], (long long)r.nonfinite_step, t,
+                      (long long)s_new);
+        ck_assert_str_eq(name, tied ? "logits" : "embed");
+        ck_assert_int_eq(r.nonfinite_row, 0);
+        ck_assert_int_eq(r.nonfinite_index, tied ? t : 0);
+        ck_assert(isnan(r.nonfinite_value));
+        kv_decode_result_free(&r);
+    }
+    emb[(int64_t)t * H] = saved;
+
+    float *down = (float *)(uintptr_t)m->layers[1].w_down; /* (hidden, intermediate) */
+    down[5] = INFINITY;
+    for (int g = 0; g < 2; g++) {
+        KvDecodeResult r = g == 0 ? probe_decode(m, p, len, NULL, KV_MODE_EAGER)
+                                  : probe_decode(m, p, len, ring, KV_MODE_GRAPH);
+        kv_probe_name(&m->config, r.nonfinite_probe, name, sizeof name);
+        ck_assert_int_eq(r.nonfinite_step, 0);
+        ck_assert_str_eq(name, "layer1.mlp");
+        ck_assert_int_eq(r.nonfinite_row, 0);
+        ck_assert_int_eq(r.nonfinite_index, 0);
+        ck_assert(!isfinite(r.nonfinite_value));
+        kv_decode_result_free(&r);
+    }
+    free(p);
+    kv_decode_result_free(&clean);
+    kv_fixture_free(&f);
+}
+END_TEST
+
 static Suite *decode_suite(void) {
     Suite *s = suite_create("decode");
     TCase *tc = tcase_create("determinism");
@@ -288,6 +377,7 @@ static Suite *decode_suite(void) {
     tcase_add_loop_test(sem, test_window_boundary, 0, 2);
     tcase_add_loop_test(sem, test_margins_clear_of_ties, 0, 2);
     tcase_add_test(sem, test_bad_tokens_rejected);
+    tcase_add_loop_test(sem, test_nonfinite_located, 0, 2);
     suite_add_tcase(s, sem);
     return s;
 }
