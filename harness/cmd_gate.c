@@ -10,6 +10,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "cli.h"
@@ -17,6 +19,7 @@
 #include "cuda_device.h"
 #include "decode.h"
 #include "fault.h"
+#include "file_open.h"
 #include "fixture.h"
 #include "forward.h"
 #include "junit.h"
@@ -35,6 +38,16 @@
 #define KV_GATE_MAX_MODELS 8
 #define KV_GATE_MAX_LIST 16
 
+/* A decode longer than this is beyond every model's context (gpt-oss and
+ * Qwen2 reach 131072): a larger --max-new-tokens is a typo or a wrap. */
+#define KV_GATE_MAX_NEW_TOKENS (1ull << 20)
+/* The CPU work the gate runs without --allow-large-work. The reference runs
+ * at ~2-20 GFLOP/s on 2 cores (decode is memory-bound; measured: the default
+ * gate on the tiny fixtures is ~12 GFLOP in ~50 s); 20 TFLOP is then an
+ * hour or more, which deserves a conscious choice, not a config.json whose
+ * window (the scenarios are sized in multiples of it) happens to be 4096. */
+#define KV_GATE_MAX_WORK_FLOP 2e13
+
 static void gate_usage(FILE *f) {
     fprintf(f,
             "usage: kvrepro gate [--model DIR | --fixture NAME]... [--scenarios LIST]\n"
@@ -43,7 +56,7 @@ static void gate_usage(FILE *f) {
             "                    [--shard I/N] [--tol NAME=VALUE]... [--prompts FILE\n"
             "                    --max-new-tokens N] [--seed N] [--prompt-seed N]\n"
             "                    [--replay-every N] [--fault LIST | --faults LIST|all]\n"
-            "                    [--timings]\n"
+            "                    [--timings] [--allow-large-work]\n"
             "                    [--quiet | --verbose]\n\n"
             "Runs the reference and every selected cache variant on every scenario, compares\n"
             "them (reference agreement within tolerances; repeats, graph vs eager, variant vs\n"
@@ -67,6 +80,11 @@ static void gate_usage(FILE *f) {
             "  --tol NAME=VALUE  max_rel_err (default %g), tie_margin (default %g)\n"
             "  --prompts FILE    a JSON array of token-id arrays, run as one left-padded batch\n"
             "                    instead of the scenarios; needs --max-new-tokens N\n"
+            "  --max-new-tokens N  tokens each --prompts row decodes; with the scenarios, the\n"
+            "                    most each decodes (they decode 3 x W past the window)\n"
+            "  --allow-large-work  run a matrix above %.0f TFLOP of CPU work (the gate states\n"
+            "                    the work before it starts and refuses more without this)\n"
+            "  --quiet           print only the failures and the final count line\n"
             "  --seed N          fixture weight seed (default %llu)\n"
             "  --prompt-seed N   scenario prompt seed (default %llu)\n"
             "  --replay-every N  replay-check every N-th decode step (default 5, 0 = off)\n"
@@ -84,7 +102,8 @@ static void gate_usage(FILE *f) {
             "                    and the hash of the full row (default %d); comparisons always\n"
             "                    use the full logits\n"
             "Exit codes: 0 pass, 1 gate failure, 2 bad input or usage, 3 internal error.\n",
-            KV_TOL_MAX_REL_ERR, KV_TOL_TIE_MARGIN, (unsigned long long)KV_FIXTURE_DEFAULT_SEED,
+            KV_TOL_MAX_REL_ERR, KV_TOL_TIE_MARGIN, KV_GATE_MAX_WORK_FLOP / 1e12,
+            (unsigned long long)KV_FIXTURE_DEFAULT_SEED,
             (unsigned long long)KV_FIXTURE_DEFAULT_SEED, KV_TOPK, KV_FULL_LOGITS_MAX_VOCAB);
 }
 
@@ -92,14 +111,58 @@ int kv_gate_exit_code(KvStatus st) {
     return st == KV_ERR_INPUT ? KV_EXIT_USAGE : KV_EXIT_INTERNAL;
 }
 
-/* Splits a comma-separated list in place into items (at most max). */
-static int gate_split(char *list, char **items, int max) {
-    int n = 0;
-    for (char *tok = strtok(list, ","); tok != NULL && n < max; tok = strtok(NULL, ",")) {
-        items[n++] = tok;
+/* Parses a comma-separated list of names, each exactly one of known[0..n_known)
+ * and none twice, into picked[] (indices into known, in the order given;
+ * *n_picked of them). An empty list, an empty item, an unknown name or a
+ * repeat prints "kvrepro gate: OPT: ..." with the known names and returns
+ * false: a selection that runs nothing, or something other than what was
+ * asked, must never pass the gate. */
+static bool gate_parse_names(const char *opt, const char *text, const char *const *known,
+                             int n_known, int *picked, int *n_picked) {
+    *n_picked = 0;
+    const char *p = text;
+    char why[160] = "";
+    for (;;) {
+        const char *end = strchr(p, ',');
+        const size_t len = end != NULL ? (size_t)(end - p) : strlen(p);
+        int k = 0;
+        while (k < n_known && !(strlen(known[k]) == len && strncmp(known[k], p, len) == 0)) k++;
+        if (len == 0) {
+            snprintf(why, sizeof why, "an empty name");
+        } else if (k == n_known) {
+            snprintf(why, sizeof why, "unknown name '%.*s'", (int)(len < 64 ? len : 64), p);
+        } else {
+            for (int j = 0; j < *n_picked && why[0] == '\0'; j++) {
+                if (picked[j] == k) snprintf(why, sizeof why, "'%s' given twice", known[k]);
+            }
+        }
+        if (why[0] != '\0') break;
+        picked[(*n_picked)++] = k;
+        if (end == NULL) return true;
+        p = end + 1;
     }
-    return n;
+    fprintf(stderr, "kvrepro gate: %s '%s': %s; expected a comma-separated list of:", opt, text,
+            why);
+    for (int k = 0; k < n_known; k++) fprintf(stderr, "%s %s", k > 0 ? "," : "", known[k]);
+    fprintf(stderr, "\n");
+    return false;
 }
+
+/* Parses an integer option in [lo, hi]; prints the bound when outside. */
+static bool gate_parse_bounded(const char *opt, const char *text, uint64_t lo, uint64_t hi,
+                               const char *why, uint64_t *out) {
+    if (!kv_cli_parse_u64(opt, text, out)) return false;
+    if (*out < lo || *out > hi) {
+        fprintf(stderr, "kvrepro gate: %s: expected %llu..%llu (%s), found %s\n", opt,
+                (unsigned long long)lo, (unsigned long long)hi, why, text);
+        return false;
+    }
+    return true;
+}
+
+/* A prompts file is token ids as JSON text (~6 bytes an id): 64 MiB is ~10M
+ * tokens, more than a CPU reference decodes in a day. */
+#define KV_GATE_MAX_PROMPTS_BYTES (64 << 20)
 
 /* Parses --prompts FILE: a JSON array of non-empty arrays of token ids. */
 static KvStatus gate_load_prompts(const char *path, int64_t new_tokens, KvScenario *out,
@@ -110,17 +173,34 @@ static KvStatus gate_load_prompts(const char *path, int64_t new_tokens, KvScenar
     int32_t **rows = NULL;
     int64_t *lens = NULL;
     int64_t batch = 0;
-    FILE *f = fopen(path, "rb");
-    if (f == NULL) return kv_error_set(err, KV_ERR_INPUT, "%s: cannot open: %s", path, strerror(errno));
-    if (fseek(f, 0, SEEK_END) != 0) goto read_fail;
-    long size = ftell(f);
-    if (size < 0 || fseek(f, 0, SEEK_SET) != 0) goto read_fail;
-    text = malloc((size_t)size + 1);
-    if (text == NULL || fread(text, 1, (size_t)size, f) != (size_t)size) goto read_fail;
+    int fd = -1;
+    struct stat sb;
+    /* a FIFO or device is refused before any read can block */
+    st = kv_file_open_regular(path, &fd, &sb, err);
+    if (st != KV_OK) return st;
+    if (sb.st_size > KV_GATE_MAX_PROMPTS_BYTES) {
+        close(fd);
+        return kv_error_set(err, KV_ERR_INPUT, "%s: %lld bytes, above the %d MiB a prompts file "
+                            "may have", path, (long long)sb.st_size,
+                            KV_GATE_MAX_PROMPTS_BYTES >> 20);
+    }
+    const size_t size = (size_t)sb.st_size;
+    text = malloc(size + 1);
+    size_t got = 0;
+    while (text != NULL && got < size) {
+        const ssize_t r = read(fd, text + got, size - got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) break;
+        got += (size_t)r;
+    }
+    close(fd);
+    if (text == NULL || got != size) {
+        st = kv_error_set(err, KV_ERR_INPUT, "%s: cannot read: %s", path,
+                          text == NULL ? "out of memory" : "short read");
+        goto exit;
+    }
     text[size] = '\0';
-    fclose(f);
-    f = NULL;
-    root = cJSON_ParseWithLength(text, (size_t)size);
+    root = cJSON_ParseWithLength(text, size);
     if (root == NULL || !cJSON_IsArray(root) || cJSON_GetArraySize(root) < 1) {
         st = kv_error_set(err, KV_ERR_INPUT, "%s: expected a non-empty JSON array of token-id "
                           "arrays", path);
@@ -159,11 +239,7 @@ static KvStatus gate_load_prompts(const char *path, int64_t new_tokens, KvScenar
     }
     st = kv_scenario_custom("prompts", (const int32_t *const *)rows, lens, batch, new_tokens, out,
                             err);
-    goto exit;
-read_fail:
-    st = kv_error_set(err, KV_ERR_INPUT, "%s: cannot read: %s", path, strerror(errno));
 exit:
-    if (f != NULL) fclose(f);
     for (int64_t b = 0; rows != NULL && b < batch; b++) free(rows[b]);
     free(rows);
     free(lens);
@@ -283,41 +359,53 @@ static void gate_report_root(KvReport *rep, const KvGateOptions *o, uint64_t see
     snprintf(rep->shard, sizeof rep->shard, "%d/%d", o->shard_i, o->shard_n);
 }
 
-int kv_cmd_gate(int argc, char **argv) {
+/* Everything the command line says, checked before anything runs. */
+typedef struct {
     const char *models[KV_GATE_MAX_MODELS];
     bool model_is_dir[KV_GATE_MAX_MODELS];
-    int n_models = 0;
-    char *scen_items[KV_GATE_MAX_LIST], *var_items[KV_GATE_MAX_LIST];
-    char *list_buf[4] = {NULL, NULL, NULL, NULL};
-    int n_scen_items = -1, n_var_items = -1;
-    const char *report_path = NULL, *junit_path = NULL, *prompts_path = NULL;
-    uint64_t seed = KV_FIXTURE_DEFAULT_SEED, max_new = 0, u = 0;
-    bool quiet = false, verbose = false, bad = false, mutation = false;
+    int n_models;
+    const char *report_path, *junit_path, *prompts_path;
+    uint64_t seed, max_new;
+    bool quiet, verbose, mutation, allow_large;
     KvMutationPass passes[1 + KV_FAULT_COUNT];
-    int n_passes = 1;
-    memset(passes, 0, sizeof passes);
-    KvError err = {{0}};
-    KvGateOptions o = {
-        .cpu = true, .cuda = true, .eager = true, .graph = true, .repeats = 3,
-        .replay_every = 5, .tol = kv_tolerances_default(),
-        .prompt_seed = KV_FIXTURE_DEFAULT_SEED, .shard_i = 1, .shard_n = 1,
-        .full_logits_max_vocab = KV_FULL_LOGITS_MAX_VOCAB,
-    };
+    int n_passes;
+    const char *scen_names[KV_GATE_MAX_LIST];
+    const KvCacheOps *variants[KV_GATE_MAX_LIST];
+} GateArgs;
+
+/* Parses argv into a and o; prints the problem and returns false on bad
+ * usage; *help is set for --help. */
+static bool gate_parse_args(int argc, char **argv, GateArgs *a, KvGateOptions *o, bool *help) {
+    static const char *const k_backends[] = {"cpu", "cuda"};
+    static const char *const k_modes[] = {"eager", "graph"};
+    int n_known = 0, n_all = 0, picked[KV_GATE_MAX_LIST], n_picked = 0;
+    const char *const *known = kv_scenario_names(&n_known);
+    const KvCacheOps *const *all = kv_cache_all(&n_all);
+    const char *variant_names[KV_GATE_MAX_LIST];
+    for (int k = 0; k < n_all && k < KV_GATE_MAX_LIST; k++) variant_names[k] = all[k]->name;
+    for (int k = 0; k < n_known && k < KV_GATE_MAX_LIST; k++) a->scen_names[k] = known[k];
+    o->n_scenarios = n_known;
+    for (int k = 0; k < n_all && k < KV_GATE_MAX_LIST; k++) a->variants[k] = all[k];
+    o->n_variants = n_all;
+    uint64_t u = 0;
+    bool bad = false;
     for (int i = 1; i < argc && !bad; i++) {
         const char *v = NULL;
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
-            gate_usage(stdout);
-            return KV_EXIT_PASS;
+            *help = true;
+            return true;
         } else if (strcmp(argv[i], "--quiet") == 0) {
-            quiet = true;
+            a->quiet = true;
         } else if (strcmp(argv[i], "--verbose") == 0) {
-            verbose = true;
+            a->verbose = true;
         } else if (strcmp(argv[i], "--timings") == 0) {
-            o.timings = true;
+            o->timings = true;
+        } else if (strcmp(argv[i], "--allow-large-work") == 0) {
+            a->allow_large = true;
         } else if (kv_cli_take(argc, argv, &i, "--model", &v, &bad) ||
                    kv_cli_take(argc, argv, &i, "--fixture", &v, &bad)) {
             if (bad) break;
-            if (n_models == KV_GATE_MAX_MODELS) {
+            if (a->n_models == KV_GATE_MAX_MODELS) {
                 fprintf(stderr, "kvrepro gate: at most %d models\n", KV_GATE_MAX_MODELS);
                 bad = true;
                 break;
@@ -325,61 +413,51 @@ int kv_cmd_gate(int argc, char **argv) {
             /* kv_cli_take consumed "--model DIR" or "--model=DIR": look at
              * the option word it matched, not at the value. */
             const char *opt = argv[i] == v ? argv[i - 1] : argv[i];
-            model_is_dir[n_models] = strncmp(opt, "--model", 7) == 0;
-            models[n_models++] = v;
+            a->model_is_dir[a->n_models] = strncmp(opt, "--model", 7) == 0;
+            a->models[a->n_models++] = v;
         } else if (kv_cli_take(argc, argv, &i, "--scenarios", &v, &bad)) {
-            if (bad) break;
-            free(list_buf[0]);
-            list_buf[0] = strdup(v);
-            n_scen_items = list_buf[0] ? gate_split(list_buf[0], scen_items, KV_GATE_MAX_LIST) : 0;
+            bad = bad || !gate_parse_names("--scenarios", v, known, n_known, picked, &n_picked);
+            for (int k = 0; k < n_picked && !bad; k++) a->scen_names[k] = known[picked[k]];
+            if (!bad) o->n_scenarios = n_picked;
         } else if (kv_cli_take(argc, argv, &i, "--variants", &v, &bad)) {
-            if (bad) break;
-            free(list_buf[1]);
-            list_buf[1] = strdup(v);
-            n_var_items = list_buf[1] ? gate_split(list_buf[1], var_items, KV_GATE_MAX_LIST) : 0;
+            bad = bad || !gate_parse_names("--variants", v, variant_names, n_all, picked, &n_picked);
+            for (int k = 0; k < n_picked && !bad; k++) a->variants[k] = all[picked[k]];
+            if (!bad) o->n_variants = n_picked;
         } else if (kv_cli_take(argc, argv, &i, "--backends", &v, &bad)) {
-            if (bad) break;
-            o.cpu = strstr(v, "cpu") != NULL;
-            o.cuda = strstr(v, "cuda") != NULL;
-            if (!o.cpu && !o.cuda) {
-                fprintf(stderr, "kvrepro gate: --backends: expected cpu and/or cuda, found '%s'\n", v);
-                bad = true;
-            }
+            bad = bad || !gate_parse_names("--backends", v, k_backends, 2, picked, &n_picked);
+            o->cpu = o->cuda = false;
+            for (int k = 0; k < n_picked && !bad; k++) *(picked[k] == 0 ? &o->cpu : &o->cuda) = true;
         } else if (kv_cli_take(argc, argv, &i, "--modes", &v, &bad)) {
-            if (bad) break;
-            o.eager = strstr(v, "eager") != NULL;
-            o.graph = strstr(v, "graph") != NULL;
-            if (!o.eager && !o.graph) {
-                fprintf(stderr, "kvrepro gate: --modes: expected eager and/or graph, found '%s'\n", v);
-                bad = true;
-            }
+            bad = bad || !gate_parse_names("--modes", v, k_modes, 2, picked, &n_picked);
+            o->eager = o->graph = false;
+            for (int k = 0; k < n_picked && !bad; k++) *(picked[k] == 0 ? &o->eager : &o->graph) = true;
         } else if (kv_cli_take(argc, argv, &i, "--repeats", &v, &bad)) {
-            bad = bad || !kv_cli_parse_u64("--repeats", v, &u);
-            if (!bad && (u < 1 || u > 100)) {
-                fprintf(stderr, "kvrepro gate: --repeats: expected 1..100, found %s\n", v);
-                bad = true;
-            }
-            o.repeats = (int)u;
+            bad = bad || !gate_parse_bounded("--repeats", v, 1, 100, "runs per variant and mode", &u);
+            o->repeats = (int)u;
         } else if (kv_cli_take(argc, argv, &i, "--replay-every", &v, &bad)) {
-            bad = bad || !kv_cli_parse_u64("--replay-every", v, &u);
-            o.replay_every = (int64_t)u;
+            bad = bad || !gate_parse_bounded("--replay-every", v, 0, KV_GATE_MAX_NEW_TOKENS,
+                                             "decode steps; 0 = off", &u);
+            o->replay_every = (int64_t)u;
         } else if (kv_cli_take(argc, argv, &i, "--full-logits-max-vocab", &v, &bad)) {
-            bad = bad || !kv_cli_parse_u64("--full-logits-max-vocab", v, &u);
-            o.full_logits_max_vocab = (int64_t)u;
+            bad = bad || !gate_parse_bounded("--full-logits-max-vocab", v, 0, INT64_MAX,
+                                             "a vocabulary size", &u);
+            o->full_logits_max_vocab = (int64_t)u;
         } else if (kv_cli_take(argc, argv, &i, "--report", &v, &bad)) {
-            report_path = v;
+            a->report_path = v;
         } else if (kv_cli_take(argc, argv, &i, "--junit", &v, &bad)) {
-            junit_path = v;
+            a->junit_path = v;
         } else if (kv_cli_take(argc, argv, &i, "--prompts", &v, &bad)) {
-            prompts_path = v;
+            a->prompts_path = v;
         } else if (kv_cli_take(argc, argv, &i, "--max-new-tokens", &v, &bad)) {
-            bad = bad || !kv_cli_parse_u64("--max-new-tokens", v, &max_new);
+            bad = bad || !gate_parse_bounded("--max-new-tokens", v, 1, KV_GATE_MAX_NEW_TOKENS,
+                                             "longer than any model's context", &a->max_new);
         } else if (kv_cli_take(argc, argv, &i, "--seed", &v, &bad)) {
-            bad = bad || !kv_cli_parse_u64("--seed", v, &seed);
+            bad = bad || !kv_cli_parse_u64("--seed", v, &a->seed);
         } else if (kv_cli_take(argc, argv, &i, "--prompt-seed", &v, &bad)) {
-            bad = bad || !kv_cli_parse_u64("--prompt-seed", v, &o.prompt_seed);
+            bad = bad || !kv_cli_parse_u64("--prompt-seed", v, &o->prompt_seed);
         } else if (kv_cli_take(argc, argv, &i, "--tol", &v, &bad)) {
-            if (!bad && kv_tolerances_set(&o.tol, v, &err) != KV_OK) {
+            KvError err = {{0}};
+            if (!bad && kv_tolerances_set(&o->tol, v, &err) != KV_OK) {
                 fprintf(stderr, "kvrepro gate: %s\n", err.msg);
                 bad = true;
             }
@@ -390,103 +468,251 @@ int kv_cmd_gate(int argc, char **argv) {
                 fprintf(stderr, "kvrepro gate: --shard: expected I/N with 1 <= I <= N, found '%s'\n", v);
                 bad = true;
             }
-            o.shard_i = si;
-            o.shard_n = sn;
+            o->shard_i = si;
+            o->shard_n = sn;
         } else if (kv_cli_take(argc, argv, &i, "--fault", &v, &bad)) {
             if (bad) break;
-            bad = !gate_parse_faults("--fault", v, false, &o.faults, NULL, NULL);
+            bad = !gate_parse_faults("--fault", v, false, &o->faults, NULL, NULL);
         } else if (kv_cli_take(argc, argv, &i, "--faults", &v, &bad)) {
             if (bad) break;
-            mutation = true;
+            a->mutation = true;
             unsigned list[KV_FAULT_COUNT];
             int n_list = 0;
             bad = !gate_parse_faults("--faults", v, true, NULL, list, &n_list);
-            n_passes = 1 + n_list; /* passes[0] is the clean pass */
-            for (int k = 0; k < n_list; k++) passes[1 + k].faults = list[k];
+            a->n_passes = 1 + n_list; /* passes[0] is the clean pass */
+            for (int k = 0; k < n_list; k++) a->passes[1 + k].faults = list[k];
         } else {
             fprintf(stderr, "kvrepro gate: unknown option '%s'\n", argv[i]);
             bad = true;
         }
     }
-    if (!bad && mutation && o.faults != 0) {
+    if (!bad && a->mutation && o->faults != 0) {
         fprintf(stderr, "kvrepro gate: --fault and --faults exclude each other\n");
         bad = true;
     }
-    if (!bad && mutation && junit_path != NULL) {
+    if (!bad && a->mutation && a->junit_path != NULL) {
         fprintf(stderr, "kvrepro gate: --junit describes one gate, not a mutation score; drop it "
                 "or run the gate without --faults\n");
         bad = true;
     }
-    if (!bad && prompts_path != NULL && max_new == 0) {
+    if (!bad && a->prompts_path != NULL && a->max_new == 0) {
         fprintf(stderr, "kvrepro gate: --prompts needs --max-new-tokens N (N >= 1)\n");
         bad = true;
     }
+    o->scenarios = a->scen_names;
+    o->variants = a->variants;
+    o->max_new_tokens = (int64_t)a->max_new;
+    return !bad;
+}
 
-    /* Scenario and variant names are checked before anything runs. */
-    const char *scen_names[KV_GATE_MAX_LIST];
-    const KvCacheOps *variants[KV_GATE_MAX_LIST];
-    int n_known = 0;
-    const char *const *known = kv_scenario_names(&n_known);
-    if (!bad) {
-        if (n_scen_items < 0) {
-            for (int i = 0; i < n_known; i++) scen_names[i] = known[i];
-            o.n_scenarios = n_known;
-        } else {
-            for (int i = 0; i < n_scen_items && !bad; i++) {
-                bool ok = false;
-                for (int k = 0; k < n_known; k++) ok = ok || strcmp(known[k], scen_items[i]) == 0;
-                if (!ok) {
-                    fprintf(stderr, "kvrepro gate: --scenarios: unknown scenario '%s'\n", scen_items[i]);
-                    bad = true;
-                }
-                scen_names[i] = scen_items[i];
-            }
-            o.n_scenarios = n_scen_items;
-        }
-        o.scenarios = scen_names;
-        int n_all = 0;
-        const KvCacheOps *const *all = kv_cache_all(&n_all);
-        if (n_var_items < 0) {
-            for (int i = 0; i < n_all; i++) variants[i] = all[i];
-            o.n_variants = n_all;
-        } else {
-            for (int i = 0; i < n_var_items && !bad; i++) {
-                variants[i] = kv_cache_find(var_items[i]);
-                if (variants[i] == NULL) {
-                    fprintf(stderr, "kvrepro gate: --variants: unknown variant '%s'; expected "
-                            "index_copy, cat_shift, roll, always_roll, ring or dynamic\n", var_items[i]);
-                    bad = true;
-                }
-            }
-            o.n_variants = n_var_items;
-        }
-        o.variants = variants;
+/* The configuration of model i (a fixture, or DIR/config.json), for the
+ * work estimate before any weights are loaded. */
+static KvStatus gate_model_config(const GateArgs *a, int i, KvConfig *cfg, KvError *err) {
+    if (!a->model_is_dir[i]) {
+        KvFamily fam;
+        KvFixtureSize size;
+        KvStatus st = kv_fixture_lookup(a->models[i], &fam, &size, err);
+        return st != KV_OK ? st : kv_fixture_config(fam, size, cfg, err);
     }
-    if (bad) {
-        free(list_buf[0]);
-        free(list_buf[1]);
+    char path[4096];
+    if ((size_t)snprintf(path, sizeof path, "%s/config.json", a->models[i]) >= sizeof path) {
+        return kv_error_set(err, KV_ERR_INPUT, "%.200s...: model directory path too long",
+                            a->models[i]);
+    }
+    return kv_config_load(path, cfg, err);
+}
+
+/* States the CPU work up front, and refuses (KV_ERR_INPUT) work beyond
+ * KV_GATE_MAX_WORK_FLOP unless --allow-large-work was given. */
+static KvStatus gate_check_work(const GateArgs *a, const KvGateOptions *o, KvError *err) {
+    KvGateWork w = {0, 0, 0.0};
+    int unit = 0;
+    char windows[256] = "";
+    for (int i = 0; i < a->n_models; i++) {
+        KvConfig cfg;
+        KvStatus st = gate_model_config(a, i, &cfg, err);
+        if (st != KV_OK) return st;
+        st = kv_gate_work_add(&cfg, o, &unit, &w, err);
+        if (st != KV_OK) return st;
+        const size_t used = strlen(windows);
+        snprintf(windows + used, sizeof windows - used, "%s%.40s window %lld", i > 0 ? ", " : "",
+                 a->models[i], (long long)cfg.sliding_window);
+    }
+    const int passes = a->mutation ? a->n_passes : 1;
+    w.decodes *= passes;
+    w.tokens *= passes;
+    w.flop *= passes;
+    if (!a->quiet) {
+        printf("work: %lld cpu decodes, %lld token positions, ~%.3g GFLOP (%s)\n",
+               (long long)w.decodes, (long long)w.tokens, w.flop / 1e9, windows);
+    }
+    if (w.flop > KV_GATE_MAX_WORK_FLOP && !a->allow_large) {
+        return kv_error_set(err, KV_ERR_INPUT,
+                            "the selected matrix is ~%.3g TFLOP of CPU work (%lld decodes, %lld "
+                            "token positions; %s), above the %.3g TFLOP that runs without "
+                            "asking (hours on a CI machine; the scenarios are sized in multiples "
+                            "of the window). Narrow it with --scenarios, --variants, --modes, "
+                            "--repeats or --max-new-tokens N, or pass --allow-large-work",
+                            w.flop / 1e12, (long long)w.decodes, (long long)w.tokens, windows,
+                            KV_GATE_MAX_WORK_FLOP / 1e12);
+    }
+    return KV_OK;
+}
+
+/* path can be written: not a directory, and a file can be created beside
+ * it (created and removed again). */
+static KvStatus kv_output_check_writable(const char *path, KvError *err) {
+    struct stat sb;
+    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) {
+        return kv_error_set(err, KV_ERR_INPUT, "%s: cannot write the output: it is a directory",
+                            path);
+    }
+    char probe[4200];
+    if ((size_t)snprintf(probe, sizeof probe, "%s.check-%ld", path, (long)getpid()) >=
+        sizeof probe) {
+        return kv_error_set(err, KV_ERR_INPUT, "%.200s...: output path too long", path);
+    }
+    const int fd = open(probe, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        return kv_error_set(err, KV_ERR_INPUT, "%s: cannot write the output: %s", path,
+                            strerror(errno));
+    }
+    close(fd);
+    unlink(probe);
+    return KV_OK;
+}
+
+/* Before the matrix runs: an output path that cannot be written fails now
+ * (exit 2), not after an hour of decoding. */
+static KvStatus gate_check_outputs(const GateArgs *a, KvError *err) {
+    KvStatus st = KV_OK;
+    if (a->report_path != NULL) st = kv_output_check_writable(a->report_path, err);
+    if (st == KV_OK && a->junit_path != NULL) st = kv_output_check_writable(a->junit_path, err);
+    return st;
+}
+
+/* The failing comparisons (all of them with --verbose), one line each. In a
+ * mutation run the faulty passes are meant to fail: only the clean runs'
+ * failures (false alarms) are listed unless --verbose. */
+static bool gate_print_failures(const KvReport *rep, const GateArgs *a) {
+    bool failed = false;
+    for (int64_t c = 0; c < rep->n_comparisons; c++) {
+        const KvComparison *cmp = &rep->comparisons[c];
+        const bool planted = a->mutation && rep->runs[cmp->run_b].fault[0] != '\0';
+        failed = failed || cmp->verdict == KV_VERDICT_FAIL;
+        if (!a->verbose && (planted || cmp->verdict != KV_VERDICT_FAIL)) continue;
+        char la[96], lb[96], pair[200];
+        kv_run_label(&rep->runs[cmp->run_a], la, sizeof la);
+        kv_run_label(&rep->runs[cmp->run_b], lb, sizeof lb);
+        /* a per-run check (finite, replay) names its one run */
+        if (cmp->run_a == cmp->run_b) snprintf(pair, sizeof pair, "%s", lb);
+        else snprintf(pair, sizeof pair, "%s vs %s", la, lb);
+        printf("%s %s %s: %s %s: %s\n", cmp->verdict == KV_VERDICT_FAIL ? "FAIL" : "ok  ",
+               rep->runs[cmp->run_b].model, rep->runs[cmp->run_b].scenario, pair,
+               kv_compare_kind_name(cmp->kind), cmp->message);
+    }
+    return failed;
+}
+
+/* Loads model i (weights) and runs every pass of the matrix on it. */
+static KvStatus gate_run_one_model(GateArgs *a, int i, KvGateOptions *o, int *unit, KvReport *rep,
+                                   KvError *err) {
+    KvModel dir_model = {0};
+    KvFixtureModel fx = {0};
+    const KvModel *m = NULL;
+    const char *name = a->models[i];
+    KvStatus st;
+    if (a->model_is_dir[i]) {
+        st = kv_model_load_dir(a->models[i], &dir_model, err);
+        m = &dir_model;
+        const char *slash = strrchr(a->models[i], '/');
+        if (slash != NULL && slash[1] != '\0') name = slash + 1;
+    } else {
+        st = kv_fixture_load(a->models[i], a->seed, &fx, err);
+        m = &fx.model;
+    }
+    if (st != KV_OK) goto exit;
+    const uint64_t mh = kv_model_hash(m);
+    if (i == 0) rep->model_hash = mh;
+    if (!a->quiet) {
+        printf("model %s: %s, %lld layers, window %lld, weights fnv1a64 0x%016" PRIx64 "\n", name,
+               m->config.model_type, (long long)m->config.num_layers,
+               (long long)m->config.sliding_window, mh);
+    }
+    const KvScenario *custom = o->custom;
+    for (int64_t k = 0; custom != NULL && k < custom->batch * custom->prompt_len; k++) {
+        if (custom->prompt[k] >= m->config.vocab_size) {
+            st = kv_error_set(err, KV_ERR_INPUT, "%s: token id %d is outside the vocabulary of "
+                              "%s (%lld)", a->prompts_path, custom->prompt[k], a->models[i],
+                              (long long)m->config.vocab_size);
+            goto exit;
+        }
+    }
+    /* Every pass runs the same (model, scenario) units, so a shard holds the
+     * same units clean and faulty. */
+    const int unit_base = *unit;
+    for (int p = 0; p < a->n_passes && st == KV_OK; p++) {
+        *unit = unit_base;
+        o->faults = a->passes[p].faults;
+        const int64_t from = rep->n_comparisons;
+        st = kv_gate_run_model(m, name, o, unit, rep, err);
+        kv_mutation_account(&a->passes[p], rep, from, rep->n_comparisons);
+    }
+exit:
+    kv_model_free(&dir_model);
+    kv_fixture_free(&fx);
+    return st;
+}
+
+int kv_cmd_gate(int argc, char **argv) {
+    GateArgs a;
+    memset(&a, 0, sizeof a);
+    a.seed = KV_FIXTURE_DEFAULT_SEED;
+    a.n_passes = 1;
+    KvError err = {{0}};
+    KvGateOptions o = {
+        .cpu = true, .cuda = true, .eager = true, .graph = true, .repeats = 3,
+        .replay_every = 5, .tol = kv_tolerances_default(),
+        .prompt_seed = KV_FIXTURE_DEFAULT_SEED, .shard_i = 1, .shard_n = 1,
+        .full_logits_max_vocab = KV_FULL_LOGITS_MAX_VOCAB,
+    };
+    bool help = false;
+    if (!gate_parse_args(argc, argv, &a, &o, &help)) {
         gate_usage(stderr);
         return KV_EXIT_USAGE;
     }
-    o.progress = !quiet && isatty(STDERR_FILENO);
+    if (help) {
+        gate_usage(stdout);
+        return KV_EXIT_PASS;
+    }
+    static const char *const k_default_models[] = {"gemma2-tiny", "mistral-tiny"};
+    if (a.n_models == 0) {
+        a.models[0] = k_default_models[0];
+        a.models[1] = k_default_models[1];
+        a.model_is_dir[0] = a.model_is_dir[1] = false;
+        a.n_models = 2;
+    }
     int64_t runs_done = 0;
+    double progress_last = 0.0;
+    o.progress = a.quiet ? KV_PROGRESS_OFF
+                         : isatty(STDERR_FILENO) ? KV_PROGRESS_TTY : KV_PROGRESS_LINES;
     o.runs_done = &runs_done;
-    o.started = kv_gate_now();
+    o.progress_last = &progress_last;
 
     KvReport rep;
     memset(&rep, 0, sizeof rep);
     KvScenario custom = {0};
     KvStatus st = KV_OK;
     int rc = KV_EXIT_PASS;
-    if (prompts_path != NULL) {
-        st = gate_load_prompts(prompts_path, (int64_t)max_new, &custom, &err);
+    if (a.prompts_path != NULL) {
+        st = gate_load_prompts(a.prompts_path, (int64_t)a.max_new, &custom, &err);
         if (st != KV_OK) goto done;
         o.custom = &custom;
     }
-    gate_report_root(&rep, &o, seed);
+    gate_report_root(&rep, &o, a.seed);
     st = kv_tolerances_record(&o.tol, &rep, &err);
     if (st != KV_OK) goto done;
-    if (!quiet) {
+    if (!a.quiet) {
         printf("%s gate\n", kv_cli_version());
 #ifdef _OPENMP
         printf("cpu: reference, %d OpenMP threads; device: %s\n", omp_get_max_threads(), rep.device);
@@ -495,98 +721,40 @@ int kv_cmd_gate(int argc, char **argv) {
 #endif
         printf("seeds: weights %llu, prompts %llu; tolerances: max_rel_err %g, tie_margin %g; "
                "shard %s\n",
-               (unsigned long long)seed, (unsigned long long)o.prompt_seed, o.tol.max_rel_err,
+               (unsigned long long)a.seed, (unsigned long long)o.prompt_seed, o.tol.max_rel_err,
                o.tol.tie_margin, rep.shard);
     }
-    static const char *const k_default_models[] = {"gemma2-tiny", "mistral-tiny"};
-    if (n_models == 0) {
-        models[0] = k_default_models[0];
-        models[1] = k_default_models[1];
-        model_is_dir[0] = model_is_dir[1] = false;
-        n_models = 2;
-    }
+    /* Everything that can be refused is refused before the first decode. */
+    st = gate_check_outputs(&a, &err);
+    if (st == KV_OK) st = gate_check_work(&a, &o, &err);
+    if (st != KV_OK) goto done;
     {
         /* Units (model, scenario) in this shard, for the progress total. */
         const int per_model = o.custom != NULL ? 1 : o.n_scenarios;
         int64_t units = 0;
-        for (int u = 0; u < n_models * per_model; u++) units += u % o.shard_n == o.shard_i - 1;
-        o.runs_total = units * kv_gate_runs_per_unit(&o) * n_passes;
+        for (int u = 0; u < a.n_models * per_model; u++) units += u % o.shard_n == o.shard_i - 1;
+        o.runs_total = units * kv_gate_runs_per_unit(&o) * a.n_passes;
     }
-    if (!mutation) passes[0].faults = o.faults;
-    for (int p = 0; p < n_passes; p++) passes[p].first_fail = -1;
+    o.started = kv_gate_now();
+    progress_last = o.started;
+    if (!a.mutation) a.passes[0].faults = o.faults;
+    for (int p = 0; p < a.n_passes; p++) a.passes[p].first_fail = -1;
     int unit = 0;
-    for (int i = 0; i < n_models && st == KV_OK; i++) {
-        KvModel dir_model = {0};
-        KvFixtureModel fx = {0};
-        const KvModel *m = NULL;
-        const char *name = models[i];
-        if (model_is_dir[i]) {
-            st = kv_model_load_dir(models[i], &dir_model, &err);
-            m = &dir_model;
-            const char *slash = strrchr(models[i], '/');
-            if (slash != NULL && slash[1] != '\0') name = slash + 1;
-        } else {
-            st = kv_fixture_load(models[i], seed, &fx, &err);
-            m = &fx.model;
-        }
-        if (st == KV_OK) {
-            const uint64_t mh = kv_model_hash(m);
-            if (i == 0) rep.model_hash = mh;
-            if (!quiet) {
-                printf("model %s: %s, %lld layers, window %lld, weights fnv1a64 0x%016" PRIx64 "\n",
-                       name, m->config.model_type, (long long)m->config.num_layers,
-                       (long long)m->config.sliding_window, mh);
-            }
-            if (o.custom != NULL) {
-                for (int64_t k = 0; k < custom.batch * custom.prompt_len && st == KV_OK; k++) {
-                    if (custom.prompt[k] >= m->config.vocab_size) {
-                        st = kv_error_set(&err, KV_ERR_INPUT, "%s: token id %d is outside the "
-                                          "vocabulary of %s (%lld)", prompts_path, custom.prompt[k],
-                                          models[i], (long long)m->config.vocab_size);
-                    }
-                }
-            }
-            /* Every pass runs the same (model, scenario) units, so a shard
-             * holds the same units clean and faulty. */
-            const int unit_base = unit;
-            for (int p = 0; p < n_passes && st == KV_OK; p++) {
-                unit = unit_base;
-                o.faults = passes[p].faults;
-                const int64_t from = rep.n_comparisons;
-                st = kv_gate_run_model(m, name, &o, &unit, &rep, &err);
-                kv_mutation_account(&passes[p], &rep, from, rep.n_comparisons);
-            }
-        }
-        kv_model_free(&dir_model);
-        kv_fixture_free(&fx);
+    for (int i = 0; i < a.n_models && st == KV_OK; i++) {
+        st = gate_run_one_model(&a, i, &o, &unit, &rep, &err);
     }
+    kv_gate_progress_print(&o, "", true);
     if (st != KV_OK) goto done;
 
-    bool failed = false;
-    for (int64_t c = 0; c < rep.n_comparisons; c++) {
-        /* In a mutation run the faulty passes are meant to fail: only the
-         * clean runs' failures (false alarms) are listed unless --verbose. */
-        const bool planted = mutation && rep.runs[rep.comparisons[c].run_b].fault[0] != '\0';
-        failed = failed || rep.comparisons[c].verdict == KV_VERDICT_FAIL;
-        if (verbose || (!quiet && !planted && rep.comparisons[c].verdict == KV_VERDICT_FAIL)) {
-            const KvComparison *cmp = &rep.comparisons[c];
-            char la[96], lb[96], pair[200];
-            kv_run_label(&rep.runs[cmp->run_a], la, sizeof la);
-            kv_run_label(&rep.runs[cmp->run_b], lb, sizeof lb);
-            /* a per-run check (finite, replay) names its one run */
-            if (cmp->run_a == cmp->run_b) snprintf(pair, sizeof pair, "%s", lb);
-            else snprintf(pair, sizeof pair, "%s vs %s", la, lb);
-            printf("%s %s %s: %s %s: %s\n", cmp->verdict == KV_VERDICT_FAIL ? "FAIL" : "ok  ",
-                   rep.runs[cmp->run_b].model, rep.runs[cmp->run_b].scenario, pair,
-                   kv_compare_kind_name(cmp->kind), cmp->message);
-        }
-    }
-    if (mutation) {
+    bool failed = gate_print_failures(&rep, &a);
+    if (a.mutation) {
         /* The per-run table of a mutation run is thousands of lines: the
          * report and `kvrepro show` have it; --verbose prints it. */
-        st = verbose ? kv_report_print_summary(&rep, stdout) : KV_OK;
-        if (st == KV_OK) st = kv_mutation_print(passes, n_passes, &rep, stdout);
-        failed = kv_mutation_caught(passes, n_passes) < n_passes - 1 || passes[0].failed > 0;
+        st = a.verbose ? kv_report_print_summary(&rep, stdout) : KV_OK;
+        if (st == KV_OK) st = kv_mutation_print(a.passes, a.n_passes, &rep, stdout);
+        failed = kv_mutation_caught(a.passes, a.n_passes) < a.n_passes - 1 || a.passes[0].failed > 0;
+    } else if (a.quiet) {
+        st = kv_report_print_counts(&rep, stdout);
     } else {
         st = kv_report_print_summary(&rep, stdout);
     }
@@ -594,15 +762,15 @@ int kv_cmd_gate(int argc, char **argv) {
         kv_error_set(&err, st, "cannot print the summary table");
         goto done;
     }
-    if (report_path != NULL) {
-        st = kv_report_write_h5(&rep, report_path, &err);
+    if (a.report_path != NULL) {
+        st = kv_report_write_h5(&rep, a.report_path, &err);
         if (st != KV_OK) goto done;
-        if (!quiet) printf("report: %s\n", report_path);
+        if (!a.quiet) printf("report: %s\n", a.report_path);
     }
-    if (junit_path != NULL) {
-        st = kv_junit_write(&rep, junit_path, &err);
+    if (a.junit_path != NULL) {
+        st = kv_junit_write(&rep, a.junit_path, &err);
         if (st != KV_OK) goto done;
-        if (!quiet) printf("junit: %s\n", junit_path);
+        if (!a.quiet) printf("junit: %s\n", a.junit_path);
     }
     rc = failed ? KV_EXIT_GATE_FAIL : KV_EXIT_PASS;
 done:
@@ -612,7 +780,5 @@ done:
     }
     kv_scenario_free(&custom);
     kv_report_free(&rep);
-    free(list_buf[0]);
-    free(list_buf[1]);
     return rc;
 }

@@ -131,14 +131,37 @@ int64_t kv_gate_runs_per_unit(const KvGateOptions *o) {
     return 1 + (o->cpu ? (int64_t)o->n_variants * modes * o->repeats : 0);
 }
 
-/* "[done/total] current run  elapsed" on stderr, rewritten in place. */
-static void progress_line(const KvGateOptions *o, const KvRun *r) {
-    if (!o->progress || o->runs_done == NULL) return;
-    ++*o->runs_done;
-    fprintf(stderr, "\r[%lld/%lld] %s %s %s/%s/%s/r%d  %.1fs   ", (long long)*o->runs_done,
-            (long long)o->runs_total, r->model, r->scenario, r->variant, r->backend, r->mode,
-            (int)r->repeat, kv_gate_now() - o->started);
+void kv_gate_progress_print(const KvGateOptions *o, const char *current, bool final) {
+    if (o->progress == KV_PROGRESS_OFF || o->runs_done == NULL) return;
+    const double now = kv_gate_now(), elapsed = now - o->started;
+    const int64_t done = *o->runs_done, total = o->runs_total;
+    if (o->progress == KV_PROGRESS_TTY) {
+        fprintf(stderr, "\r[%lld/%lld] %s  %.1fs   %s", (long long)done, (long long)total,
+                current, elapsed, final ? "\n" : "");
+        fflush(stderr);
+        return;
+    }
+    if (!final && o->progress_last != NULL && now - *o->progress_last < KV_PROGRESS_EVERY_S) {
+        return;
+    }
+    if (o->progress_last != NULL) *o->progress_last = now;
+    char eta[48] = "";
+    if (!final && done > 0 && total > done) {
+        snprintf(eta, sizeof eta, ", ETA %.0fs", elapsed / (double)done * (double)(total - done));
+    }
+    fprintf(stderr, "kvrepro gate: %s%lld/%lld runs, %.0fs elapsed%s%s%s\n", final ? "done: " : "",
+            (long long)done, (long long)total, elapsed, eta, final ? "" : "; now ", current);
     fflush(stderr);
+}
+
+/* Counts a finished run and shows progress. */
+static void progress_line(const KvGateOptions *o, const KvRun *r) {
+    if (o->progress == KV_PROGRESS_OFF || o->runs_done == NULL) return;
+    ++*o->runs_done;
+    char cur[320];
+    snprintf(cur, sizeof cur, "%s %s %s/%s/%s/r%d", r->model, r->scenario, r->variant, r->backend,
+             r->mode, (int)r->repeat);
+    kv_gate_progress_print(o, cur, false);
 }
 
 /* Replaces a run's full logits by each row's KV_TOPK largest (descending,
@@ -352,6 +375,59 @@ static KvStatus run_scenario(const KvModel *m, const char *model_name, const KvS
     return KV_OK;
 }
 
+/* sum over t = 1..T of min(t, W) (W <= 0: no window): the keys the queries
+ * of a T-token decode attend to on one layer. */
+static double keys_attended(int64_t T, int64_t W) {
+    const double t = (double)T;
+    if (W <= 0 || T <= W) return t * (t + 1.0) / 2.0;
+    const double w = (double)W;
+    return w * (w + 1.0) / 2.0 + (t - w) * w;
+}
+
+KvStatus kv_gate_work_add(const KvConfig *cfg, const KvGateOptions *o, int *unit, KvGateWork *w,
+                          KvError *err) {
+    const double H = (double)cfg->hidden_size, I = (double)cfg->intermediate_size;
+    const double qd = (double)(cfg->num_heads * cfg->head_dim);
+    const double kvd = (double)(cfg->num_kv_heads * cfg->head_dim);
+    /* multiply-adds per token per layer: q, k, v, o projections and the MLP */
+    const double layer_mac = H * (qd + 2.0 * kvd) + qd * H + 3.0 * H * I;
+    const int64_t per_unit = kv_gate_runs_per_unit(o);
+    const int n = o->custom != NULL ? 1 : o->n_scenarios;
+    for (int i = 0; i < n; i++, (*unit)++) {
+        if (*unit % o->shard_n != o->shard_i - 1) continue;
+        KvScenario sc = {0};
+        const KvScenario *use = o->custom;
+        if (use == NULL) {
+            KvStatus st = kv_scenario_build(cfg, o->scenarios[i], o->prompt_seed, &sc, err);
+            if (st != KV_OK) return st;
+            if (o->max_new_tokens > 0 && sc.new_tokens > o->max_new_tokens) {
+                sc.new_tokens = o->max_new_tokens;
+            }
+            use = &sc;
+        }
+        const int64_t T = use->prompt_len + use->new_tokens - 1; /* positions fed */
+        const int64_t replays =
+            o->replay_every > 0 ? 2 * ((use->new_tokens - 1) / o->replay_every) : 0;
+        double keys = 0.0;
+        for (int64_t l = 0; l < cfg->num_layers; l++) {
+            keys += keys_attended(T, kv_config_layer_window(cfg, l));
+        }
+        /* per row: matmuls over every position, QK and PV over the keys each
+         * query sees, the lm_head once per forward (decode steps + prefill) */
+        const double row_flop = 2.0 * layer_mac * (double)cfg->num_layers * (double)T +
+                                4.0 * qd * keys +
+                                2.0 * H * (double)cfg->vocab_size * (double)use->new_tokens;
+        const double run_flop = (double)use->batch * row_flop;
+        /* the reference once, each candidate with its replayed steps */
+        w->decodes += per_unit;
+        w->tokens += use->batch * (T + (per_unit - 1) * (T + replays)) ;
+        w->flop += run_flop + (double)(per_unit - 1) * run_flop *
+                                  (1.0 + (double)replays / (double)(T > 0 ? T : 1));
+        kv_scenario_free(&sc);
+    }
+    return KV_OK;
+}
+
 KvStatus kv_gate_run_model(const KvModel *m, const char *model_name, const KvGateOptions *o,
                            int *unit, KvReport *rep, KvError *err) {
     /* With no device the CUDA runs are reported as skipped with the CUDA
@@ -377,12 +453,14 @@ KvStatus kv_gate_run_model(const KvModel *m, const char *model_name, const KvGat
         if (use == NULL) {
             st = kv_scenario_build(&m->config, o->scenarios[i], o->prompt_seed, &sc, err);
             if (st != KV_OK) return st;
+            if (o->max_new_tokens > 0 && sc.new_tokens > o->max_new_tokens) {
+                sc.new_tokens = o->max_new_tokens;
+            }
             use = &sc;
         }
         st = run_scenario(m, model_name, use, o, rep, cuda_skip, sizeof cuda_skip, err);
         kv_scenario_free(&sc);
         if (st != KV_OK) return st;
     }
-    if (o->progress) fprintf(stderr, "\n");
     return KV_OK;
 }

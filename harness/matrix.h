@@ -21,6 +21,14 @@
  * real checkpoints (128K-256K vocabularies) keep the top KV_TOPK + a hash. */
 #define KV_FULL_LOGITS_MAX_VOCAB 65536
 
+/* How the gate shows progress on stderr: not at all (--quiet), one line
+ * rewritten in place (a terminal), or a full line every
+ * KV_PROGRESS_EVERY_S seconds (a CI log: not a terminal). */
+typedef enum { KV_PROGRESS_OFF = 0, KV_PROGRESS_TTY = 1, KV_PROGRESS_LINES = 2 } KvProgress;
+/* A CI log shows the gate is alive without flooding: ~100 lines an hour
+ * rather than one per run (a default gate makes ~1000 runs). */
+#define KV_PROGRESS_EVERY_S 5.0
+
 typedef struct {
     const char *const *scenarios;     /* (n_scenarios) names of the default set */
     int n_scenarios;
@@ -37,20 +45,40 @@ typedef struct {
     int shard_i, shard_n;             /* run the (model, scenario) units u with
                                        * u % shard_n == shard_i - 1 */
     bool timings;                     /* record wall time (breaks byte-identical reports) */
-    bool progress;                    /* progress line on stderr */
+    KvProgress progress;              /* progress on stderr */
     int64_t *runs_done;               /* progress: runs finished so far (all models) */
+    double *progress_last;            /* progress: when the last KV_PROGRESS_LINES line was
+                                       * printed (CLOCK_MONOTONIC seconds) */
     int64_t runs_total;               /* progress: runs the whole gate will make */
     double started;                   /* progress: CLOCK_MONOTONIC seconds at gate start */
     int64_t full_logits_max_vocab;    /* above this vocabulary, runs keep only their top
                                        * KV_TOPK logits per row (after all comparisons) */
+    int64_t max_new_tokens;           /* > 0: the scenarios decode at most this many tokens */
 } KvGateOptions;
 
 /* Candidate + reference runs one (model, scenario) unit makes (CPU runs;
  * skipped CUDA entries are not runs that take time). */
 int64_t kv_gate_runs_per_unit(const KvGateOptions *o);
 
+/* Prints the progress line for the runs done so far (at the end of the
+ * gate: the final count), as o->progress says. */
+void kv_gate_progress_print(const KvGateOptions *o, const char *current, bool final);
+
 /* CLOCK_MONOTONIC in seconds (progress and --timings). */
 double kv_gate_now(void);
+
+/* The CPU work a gate will do for one model, stated before it runs. */
+typedef struct {
+    int64_t decodes; /* CPU decodes (reference + candidates) */
+    int64_t tokens;  /* token positions those decodes run through the model */
+    double flop;     /* ~floating-point operations (matmuls and attention) */
+} KvGateWork;
+
+/* Adds to *w the CPU work of the units of one model with config cfg that
+ * this shard runs (the same units, scenario sizes, --max-new-tokens cap and
+ * replay checks as kv_gate_run_model; *unit advances the same way). */
+KvStatus kv_gate_work_add(const KvConfig *cfg, const KvGateOptions *o, int *unit, KvGateWork *w,
+                          KvError *err);
 
 /* Runs the matrix for one model and appends runs and comparisons to rep.
  * *unit is the running (model, scenario) counter used for sharding. */

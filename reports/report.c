@@ -39,10 +39,28 @@ static bool comparison_is_for(const KvReport *rep, int64_t c, int64_t i) {
     return rep->comparisons != NULL && rep->comparisons[c].run_b == i;
 }
 
-static int64_t comparisons_for(const KvReport *rep, int64_t i) {
+/* Reference comparisons of run i: the ones that measure a logit error. */
+static int64_t reference_comparisons_for(const KvReport *rep, int64_t i) {
     int64_t n = 0;
-    for (int64_t c = 0; c < rep->n_comparisons; c++) n += comparison_is_for(rep, c, i);
+    for (int64_t c = 0; c < rep->n_comparisons; c++) {
+        n += comparison_is_for(rep, c, i) && rep->comparisons[c].kind == KV_CMP_REFERENCE;
+    }
     return n;
+}
+
+KvStatus kv_report_print_counts(const KvReport *rep, FILE *f) {
+    if (rep == NULL || f == NULL) return KV_ERR_INTERNAL;
+    int64_t passed = 0, failed = 0, skipped = 0;
+    for (int64_t i = 0; i < rep->n_runs; i++) {
+        const KvVerdict v = kv_report_run_verdict(rep, i);
+        passed += v == KV_VERDICT_PASS;
+        failed += v == KV_VERDICT_FAIL;
+        skipped += v == KV_VERDICT_SKIP;
+    }
+    fprintf(f, "%" PRId64 " passed, %" PRId64 " failed, %" PRId64 " skipped\n", passed, failed,
+            skipped);
+    if (fflush(f) != 0 || ferror(f)) return KV_ERR_INTERNAL;
+    return KV_OK;
 }
 
 KvVerdict kv_report_run_verdict(const KvReport *rep, int64_t i) {
@@ -147,7 +165,7 @@ static void summary_divergence(const KvReport *rep, int64_t i, char *div, size_t
 
 /* Column widths of the summary table: the widest entry or header. */
 typedef struct {
-    int model, scenario, variant, backend, mode, divergence;
+    int index, model, scenario, variant, backend, mode, divergence;
 } SummaryWidths;
 
 static int max_int(int a, int b) { return a > b ? a : b; }
@@ -155,7 +173,9 @@ static int max_int(int a, int b) { return a > b ? a : b; }
 KvStatus kv_report_print_summary(const KvReport *rep, FILE *f) {
     if (rep == NULL || f == NULL) return KV_ERR_INTERNAL;
     char div[512];
-    SummaryWidths w = {5, 8, 7, 7, 4, 16}; /* the header words */
+    SummaryWidths w = {1, 5, 8, 7, 7, 4, 16}; /* the header words */
+    char num[24];
+    w.index = max_int(w.index, snprintf(num, sizeof num, "%" PRId64, rep->n_runs - 1));
     for (int64_t i = 0; i < rep->n_runs; i++) {
         const KvRun *r = &rep->runs[i];
         w.model = max_int(w.model, field_len(r->model, sizeof r->model));
@@ -168,35 +188,30 @@ KvStatus kv_report_print_summary(const KvReport *rep, FILE *f) {
         summary_divergence(rep, i, div, sizeof div);
         w.divergence = max_int(w.divergence, (int)strlen(div));
     }
-    fprintf(f, "%-*s  %-*s  %-*s  %-*s  %-*s  %6s  %-7s  %-*s  %11s  %6s\n", w.model, "model",
-            w.scenario, "scenario", w.variant, "variant", w.backend, "backend", w.mode, "mode",
+    /* "#" is the run index that diff and bisect take as --run (as does the
+     * label MODEL/SCENARIO/VARIANT/BACKEND/MODE/rN from these columns) */
+    fprintf(f, "%*s  %-*s  %-*s  %-*s  %-*s  %-*s  %6s  %-7s  %-*s  %11s  %6s\n", w.index, "#",
+            w.model, "model", w.scenario, "scenario", w.variant, "variant", w.backend, "backend", w.mode, "mode",
             "repeat", "verdict", w.divergence, "first divergence", "max rel err", "graphs");
-    int64_t passed = 0, failed = 0, skipped = 0;
     for (int64_t i = 0; i < rep->n_runs; i++) {
         const KvRun *r = &rep->runs[i];
         const KvVerdict v = kv_report_run_verdict(rep, i);
-        passed += v == KV_VERDICT_PASS;
-        failed += v == KV_VERDICT_FAIL;
-        skipped += v == KV_VERDICT_SKIP;
         summary_divergence(rep, i, div, sizeof div);
         char vl[2 * KV_NAME_LEN + 2];
         kv_run_variant_label(r, vl, sizeof vl);
-        /* "-" when nothing was compared; a NaN error prints as "nan" */
+        /* "-" when nothing measured an error; a NaN error prints as "nan" */
         char rel_text[32] = "-";
-        if (comparisons_for(rep, i) > 0) {
+        if (reference_comparisons_for(rep, i) > 0) {
             snprintf(rel_text, sizeof rel_text, "%.3e", kv_report_run_max_rel_err(rep, i));
         }
         fprintf(f,
-                "%-*.*s  %-*.*s  %-*s  %-*.*s  %-*.*s  %6" PRId32 "  %-7s  %-*s  %11s  %6" PRId64
-                "\n",
-                w.model, field_len(r->model, sizeof r->model), r->model, w.scenario,
+                "%*" PRId64 "  %-*.*s  %-*.*s  %-*s  %-*.*s  %-*.*s  %6" PRId32
+                "  %-7s  %-*s  %11s  %6" PRId64 "\n",
+                w.index, i, w.model, field_len(r->model, sizeof r->model), r->model, w.scenario,
                 field_len(r->scenario, sizeof r->scenario), r->scenario, w.variant, vl, w.backend,
                 field_len(r->backend, sizeof r->backend), r->backend, w.mode,
                 field_len(r->mode, sizeof r->mode), r->mode, r->repeat, verdict_text(v),
                 w.divergence, div, rel_text, r->graphs_captured);
     }
-    fprintf(f, "%" PRId64 " passed, %" PRId64 " failed, %" PRId64 " skipped\n", passed, failed,
-            skipped);
-    if (fflush(f) != 0 || ferror(f)) return KV_ERR_INTERNAL;
-    return KV_OK;
+    return kv_report_print_counts(rep, f);
 }

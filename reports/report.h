@@ -136,7 +136,11 @@ double kv_report_run_max_rel_err(const KvReport *rep, int64_t i);
  * comparison's message when one was skipped, else "-". */
 void kv_report_run_divergence(const KvReport *rep, int64_t i, char *buf, size_t n);
 
-/* Prints the summary table: a header line, one line per run (model,
+/* Prints exactly "N passed, N failed, N skipped" counting runs by
+ * kv_report_run_verdict. KV_ERR_INTERNAL when writing to f fails. */
+KvStatus kv_report_print_counts(const KvReport *rep, FILE *f);
+
+/* Prints the summary table: a header line, one line per run (index, model,
  * scenario, variant, backend, mode, repeat, verdict, first divergence, max
  * rel err, graphs) with columns as wide as their widest entry, then exactly
  * "N passed, N failed, N skipped" counting runs by kv_report_run_verdict.
