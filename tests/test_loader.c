@@ -12,12 +12,21 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "corpus.h"
 #include "fixture.h"
 #include "prng.h"
+
+/* A regression that blocks (a FIFO opened for reading) must fail, not hang
+ * the suite: such a test sets an alarm (SIGALRM ends the forked test, which
+ * Check reports as an error). A generous upper bound, not a timing: the test
+ * takes milliseconds. */
+#define TEST_HANG_GUARD_S 3
 
 /* Check records a mark per passing ck_assert (a pipe write); in the
  * element-by-element sweeps only a failing condition reaches Check. */
@@ -44,6 +53,12 @@ static bool model_is_zero(const KvModel *m) {
 static bool config_is_zero(const KvConfig *c) {
     static const KvConfig zero;
     return memcmp(c, &zero, sizeof zero) == 0;
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 /* ---- independent reference decoders ------------------------------------ */
@@ -846,7 +861,7 @@ static void temp_write(const TempDir *t, const char *name, const void *data, siz
 }
 
 static void temp_remove(const TempDir *t) {
-    static const char *names[] = {"config.json", "model.safetensors", "sub"};
+    static const char *names[] = {"config.json", "model.safetensors", "sub", "sock"};
     char p[512];
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         temp_path(t, names[i], p, sizeof p);
@@ -979,6 +994,88 @@ START_TEST(test_dir_errors) {
 }
 END_TEST
 
+/* Loads dir expecting a refusal of `path` as a non-regular file of `kind`,
+ * quickly: opening a FIFO must not wait for a writer. */
+static void dir_refuses_kind(const char *dir, const char *path, const char *kind) {
+    char want[640];
+    snprintf(want, sizeof want, "%s: expected a regular file, found %s", path, kind);
+    double t0 = now_s();
+    dir_bad(dir, path, want);
+    double dt = now_s() - t0;
+    ck_assert_msg(dt < 1.0, "%s: refusing %s took %.3f s", path, kind, dt);
+}
+
+START_TEST(test_nonregular_inputs) {
+    alarm(TEST_HANG_GUARD_S); /* a FIFO opened without O_NONBLOCK blocks for ever */
+    TempDir t;
+    temp_make(&t);
+    size_t len;
+    uint8_t *img = temp_base(&t, &len);
+    char cfg[512], st[512];
+    temp_path(&t, "config.json", cfg, sizeof cfg);
+    temp_path(&t, "model.safetensors", st, sizeof st);
+
+    /* config.json a FIFO with no writer */
+    ck_assert_int_eq(unlink(cfg), 0);
+    ck_assert_msg(mkfifo(cfg, 0600) == 0, "mkfifo %s: %s", cfg, strerror(errno));
+    dir_refuses_kind(t.dir, cfg, "a FIFO");
+    KvConfig c;
+    KvError err = {{0}};
+    memset(&c, 0x33, sizeof c);
+    ck_assert_int_eq(kv_config_load(cfg, &c, &err), KV_ERR_INPUT);
+    ck_assert(config_is_zero(&c));
+    /* ... a directory */
+    ck_assert_int_eq(unlink(cfg), 0);
+    ck_assert_int_eq(mkdir(cfg, 0700), 0);
+    dir_refuses_kind(t.dir, cfg, "a directory");
+    ck_assert_int_eq(rmdir(cfg), 0);
+    /* ... a socket */
+    struct sockaddr_un addr;
+    memset(&addr, 0, sizeof addr);
+    addr.sun_family = AF_UNIX;
+    int n = snprintf(addr.sun_path, sizeof addr.sun_path, "%s/sock", t.dir);
+    if (n > 0 && (size_t)n < sizeof addr.sun_path) { /* TMPDIR may be too long for one */
+        int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+        ck_assert_int_ge(fd, 0);
+        ck_assert_int_eq(bind(fd, (const struct sockaddr *)&addr, sizeof addr), 0);
+        ck_assert_int_eq(kv_config_load(addr.sun_path, &c, &err), KV_ERR_INPUT);
+        ck_assert_msg(strstr(err.msg, "expected a regular file, found a socket"), "%s", err.msg);
+        close(fd);
+    }
+    /* ... a device (character devices stream for ever) */
+    ck_assert_int_eq(kv_config_load("/dev/zero", &c, &err), KV_ERR_INPUT);
+    ck_assert_str_eq(err.msg, "/dev/zero: expected a regular file, found a device");
+
+    /* model.safetensors a FIFO, config.json fine again */
+    KvConfig base;
+    corpus_config(KV_FAMILY_MISTRAL, &base);
+    char *json = kv_config_to_json(&base);
+    ck_assert_ptr_nonnull(json);
+    temp_write(&t, "config.json", json, strlen(json));
+    free(json);
+    ck_assert_int_eq(unlink(st), 0);
+    ck_assert_msg(mkfifo(st, 0600) == 0, "mkfifo %s: %s", st, strerror(errno));
+    dir_refuses_kind(t.dir, st, "a FIFO");
+    KvSafetensors tab;
+    memset(&tab, 0x33, sizeof tab);
+    ck_assert_int_eq(kv_st_open(st, &tab, &err), KV_ERR_INPUT);
+    ck_assert_ptr_null(tab.tensors);
+    ck_assert_ptr_null(tab.map);
+    ck_assert_int_eq(kv_st_open("/dev/zero", &tab, &err), KV_ERR_INPUT);
+    ck_assert_str_eq(err.msg, "/dev/zero: expected a regular file, found a device");
+
+    /* and a regular file still loads after all that */
+    ck_assert_int_eq(unlink(st), 0);
+    temp_write(&t, "model.safetensors", img, len);
+    KvModel m;
+    ck_assert_int_eq(kv_model_load_dir(t.dir, &m, &err), KV_OK);
+    kv_model_free(&m);
+    free(img);
+    temp_remove(&t);
+    alarm(0);
+}
+END_TEST
+
 static Suite *loader_suite(void) {
     Suite *s = suite_create("loader");
     TCase *tc = tcase_create("corpus");
@@ -1011,6 +1108,7 @@ static Suite *loader_suite(void) {
     tc = tcase_create("files");
     tcase_add_test(tc, test_dir_loads);
     tcase_add_test(tc, test_dir_errors);
+    tcase_add_test(tc, test_nonregular_inputs);
     suite_add_tcase(s, tc);
     return s;
 }
