@@ -219,21 +219,6 @@ static KvStatus parse_layer_types(const ConfigCtx *c, KvConfig *cfg) {
     return KV_OK;
 }
 
-/* Python's json keeps the last of repeated keys and cJSON the first: refuse
- * them rather than read a different model than transformers would. */
-static KvStatus check_duplicate_keys(const ConfigCtx *c) {
-    for (const cJSON *a = c->root->child; a != NULL; a = a->next) {
-        for (const cJSON *b = a->next; b != NULL; b = b->next) {
-            if (strcmp(a->string, b->string) == 0) {
-                return kv_error_set(c->err, KV_ERR_INPUT,
-                                    "%s: field '%s': expected once, found repeated", c->label,
-                                    a->string);
-            }
-        }
-    }
-    return KV_OK;
-}
-
 /* Every weight count and byte count derived from the config must fit, so
  * later code can multiply sizes without checking. */
 static KvStatus check_sizes(const ConfigCtx *c, const KvConfig *cfg) {
@@ -407,6 +392,10 @@ KvStatus kv_config_parse(const char *text, size_t len, const char *label, KvConf
                           lab, (const char *)nul - text);
         goto exit;
     }
+    /* What cJSON lets through and Python's json would not read the same:
+     * non-UTF-8 bytes, raw control characters, \u0000 cutting a key short. */
+    st = kv_file_check_json_text(text, len, lab, err);
+    if (st != KV_OK) goto exit;
     /* A terminated copy: the parser then cannot read past the caller's
      * bytes whatever they hold (they need not be terminated). */
     copy = malloc(len + 1);
@@ -440,9 +429,12 @@ KvStatus kv_config_parse(const char *text, size_t len, const char *label, KvConf
         st = kv_error_set(err, KV_ERR_INPUT, "%s: expected a JSON object, found %s", lab, found);
         goto exit;
     }
-    ConfigCtx c = {.root = root, .label = lab, .err = err};
-    st = check_duplicate_keys(&c);
+    /* Python's json keeps the last of repeated keys and cJSON the first:
+     * refuse them (at any depth) rather than read a different model than
+     * transformers would. */
+    st = kv_file_check_json_keys(root, lab, "field", err);
     if (st != KV_OK) goto exit;
+    ConfigCtx c = {.root = root, .label = lab, .err = err};
     st = parse_root(&c, &cfg);
     if (st != KV_OK) goto exit;
     *out = cfg;

@@ -2,10 +2,11 @@
  *
  * Every check happens before a tensor is handed out, so the model loader and
  * everything after it can trust the table: header length inside the file,
- * header a JSON object, each tensor's dtype known, shape non-negative, byte
- * range inside the data section, consistent with the shape, and not
- * overlapping another tensor. A malformed file is KV_ERR_INPUT with a message
- * naming the file, the tensor and the field; nothing is allocated on failure. */
+ * header UTF-8 JSON text with no key twice in any object (names are unique),
+ * each tensor's dtype known, shape non-negative, byte range inside the data
+ * section, consistent with the shape, and not overlapping another tensor. A
+ * malformed file is KV_ERR_INPUT with a message naming the file, the tensor
+ * and the field; nothing is allocated on failure. */
 #include "safetensors.h"
 #include "file_open.h"
 #include "json_describe.h"
@@ -359,6 +360,10 @@ KvStatus kv_st_parse(const uint8_t *bytes, size_t len, const char *label, KvSafe
                           (const uint8_t *)nul - hdr);
         goto exit;
     }
+    char where[320];
+    snprintf(where, sizeof where, "%s: header", lab);
+    st = kv_file_check_json_text((const char *)hdr, (size_t)hlen, where, err);
+    if (st != KV_OK) goto exit;
     /* cJSON wants a terminated string; the copy also keeps the parser from
      * ever reading past the header, whatever the input. */
     text = malloc((size_t)hlen + 1);
@@ -396,7 +401,16 @@ KvStatus kv_st_parse(const uint8_t *bytes, size_t len, const char *label, KvSafe
         goto exit;
     }
 
+    /* No key twice at any level: the tensor names (one name, one tensor),
+     * "__metadata__", and each entry's fields (serde refuses a repeated
+     * "dtype"; cJSON would read the first). */
+    st = kv_file_check_json_keys(root, where, "key", err);
+    if (st != KV_OK) goto exit;
+
     uint64_t data_len = avail - hlen;
+    /* n is bounded by the header: an entry takes at least ~40 bytes of
+     * KV_ST_MAX_HEADER, so the table is at most a few hundred MB, less than
+     * cJSON's own tree of the same header. */
     size_t n = 0;
     for (const cJSON *it = root->child; it != NULL; it = it->next) {
         if (strcmp(it->string, "__metadata__") == 0) {
@@ -420,16 +434,8 @@ KvStatus kv_st_parse(const uint8_t *bytes, size_t len, const char *label, KvSafe
         i++;
     }
 
-    /* cJSON keeps repeated keys; a name must still mean one tensor. */
+    /* Names are unique (checked above); sorted for kv_st_find. */
     qsort(tab, n, sizeof *tab, cmp_info_name);
-    for (i = 1; i < n; i++) {
-        if (strcmp(tab[i - 1].name, tab[i].name) == 0) {
-            st = kv_error_set(err, KV_ERR_INPUT,
-                              "%s: tensor '%s': expected a unique name, found a duplicate", lab,
-                              tab[i].name);
-            goto exit;
-        }
-    }
 
     for (i = 0; i < n; i++) by_begin[i] = &tab[i];
     qsort(by_begin, n, sizeof *by_begin, cmp_info_begin);

@@ -281,6 +281,29 @@ static void tensor_add_new(CorpusInput *in, const char *name, const char *dtype,
     cJSON_AddItemToObject(in->header, name, cJSON_CreateRaw(json));
 }
 
+/* A malloc'd copy of s with the first `from` replaced by `to`. */
+static char *text_replace(const char *s, const char *from, const char *to) {
+    const char *at = strstr(s, from);
+    if (at == NULL) corpus_fail("no such text", from);
+    size_t head = (size_t)(at - s), fl = strlen(from), tl = strlen(to);
+    char *out = corpus_alloc(strlen(s) - fl + tl + 1);
+    memcpy(out, s, head);
+    memcpy(out + head, to, tl);
+    strcpy(out + head + tl, at + fl);
+    return out;
+}
+
+/* The header as printed with one edit a cJSON tree cannot hold (a \u0000
+ * escape, a raw control character, a leading space). */
+static void header_replace(CorpusInput *in, const char *from, const char *to) {
+    char *h = cJSON_PrintUnformatted(in->header);
+    if (h == NULL) corpus_fail("print", "header");
+    char *t = text_replace(h, from, to);
+    raw_header_text(in, t);
+    free(t);
+    free(h);
+}
+
 static void config_set(CorpusInput *in, const char *key, const char *json) {
     obj_set_raw(in->config, key, json);
 }
@@ -289,6 +312,15 @@ static void config_text(CorpusInput *in, const char *text) {
     free(in->raw_config);
     in->raw_config = corpus_alloc(strlen(text) + 1);
     memcpy(in->raw_config, text, strlen(text) + 1);
+}
+
+/* The config as printed with one edit a cJSON tree cannot hold. */
+static void config_replace(CorpusInput *in, const char *from, const char *to) {
+    char *c = cJSON_Print(in->config);
+    if (c == NULL) corpus_fail("print", "config");
+    free(in->raw_config);
+    in->raw_config = text_replace(c, from, to);
+    free(c);
 }
 
 #define NORM "model.norm.weight"
@@ -421,6 +453,49 @@ static void m_st_name_too_long(CorpusInput *in) {
 }
 static void m_st_empty_header(CorpusInput *in) { raw_header_text(in, "{}"); }
 
+/* ---- safetensors: header text -------------------------------------------- */
+
+static void m_st_utf8_invalid(CorpusInput *in) { tensor_add_new(in, "extra.\xff", "U8", "[1]", 1); }
+static void m_st_utf8_overlong(CorpusInput *in) {
+    tensor_add_new(in, "extra.\xc0\xae", "U8", "[1]", 1); /* '.' in two bytes */
+}
+static void m_st_utf8_surrogate(CorpusInput *in) {
+    obj_set_raw(in->header, "__metadata__", "{\"format\": \"pt\xed\xa0\x80\"}"); /* U+D800 */
+}
+static void m_st_utf8_truncated(CorpusInput *in) {
+    tensor_add_new(in, "extra.\xe2\x82", "U8", "[1]", 1); /* first two bytes of U+20AC */
+}
+static void m_st_utf8_name_ok(CorpusInput *in) {
+    /* u-umlaut, euro sign, an emoji: 2, 3 and 4-byte sequences. */
+    tensor_add_new(in, "extra.\xc3\xbc\xe2\x82\xac\xf0\x9f\x98\x80", "U8", "[1]", 1);
+}
+static void m_st_name_nul_escape(CorpusInput *in) {
+    /* cJSON would read "model.norm.weight\u0000" as model.norm.weight. */
+    tensor_add_new(in, NORM "NULMARK", "F32", "[16]", 64);
+    header_replace(in, "NULMARK", "\\u0000");
+}
+static void m_st_dtype_nul_escape(CorpusInput *in) {
+    tensor_set(in, NORM, "dtype", "\"F32\\u0000x\"");
+}
+static void m_st_name_escaped_backslash_ok(CorpusInput *in) {
+    /* The name is extra.\u0000 with a real backslash: written "\\u0000". */
+    tensor_add_new(in, "extra.\\u0000", "U8", "[1]", 1);
+}
+static void m_st_name_control_char(CorpusInput *in) {
+    tensor_add_new(in, "extra.CTLMARK", "U8", "[1]", 1);
+    header_replace(in, "CTLMARK", "\t");
+}
+static void m_st_duplicate_metadata(CorpusInput *in) {
+    cJSON_AddItemToObject(in->header, "__metadata__", cJSON_CreateRaw("{\"format\":\"np\"}"));
+}
+static void m_st_duplicate_field(CorpusInput *in) {
+    /* serde refuses a repeated field; cJSON would read the first dtype. */
+    cJSON_AddItemToObject(tensor(in, NORM), "dtype", cJSON_CreateRaw("\"F16\""));
+}
+static void m_st_duplicate_metadata_key(CorpusInput *in) {
+    obj_set_raw(in->header, "__metadata__", "{\"format\":\"pt\",\"format\":\"np\"}");
+}
+
 /* ---- config.json ------------------------------------------------------- */
 
 static void m_cfg_not_json(CorpusInput *in) { config_text(in, "{\"model_type\": \"gemma2\","); }
@@ -494,6 +569,19 @@ static void m_cfg_softcap_negative(CorpusInput *in) {
 }
 static void m_cfg_qpas_zero(CorpusInput *in) { config_set(in, "query_pre_attn_scalar", "0"); }
 static void m_cfg_too_many_layers(CorpusInput *in) { config_set(in, "num_hidden_layers", "513"); }
+static void m_cfg_duplicate_nested(CorpusInput *in) {
+    config_set(in, "rope_parameters",
+               "{\"rope_type\": \"default\", \"rope_theta\": 10000, \"rope_theta\": 500000}");
+}
+static void m_cfg_key_nul_escape(CorpusInput *in) {
+    /* cJSON would read this key as sliding_window = 2; transformers sees no
+     * sliding_window key and takes 4096. */
+    obj_remove(in->config, "sliding_window");
+    config_set(in, "sliding_windowNULMARK", "2");
+    config_replace(in, "NULMARK", "\\u0000");
+}
+static void m_cfg_utf8_invalid(CorpusInput *in) { config_set(in, "torch_dtype", "\"float32\xff\""); }
+static void m_cfg_control_char(CorpusInput *in) { config_replace(in, "float32", "float\t32"); }
 static void m_cfg_overflow(CorpusInput *in) {
     config_set(in, "vocab_size", "2147483647");
     config_set(in, "hidden_size", "2147483647");
@@ -539,6 +627,19 @@ const CorpusCase corpus_cases[] = {
     {"st_header_trailing_data", G, m_st_trailing, BAD, ST, {"header", "trailing"}},
     {"st_header_nul_byte", M, m_st_nul, BAD, ST, {"header", "NUL"}},
     {"st_header_empty_object", G, m_st_empty_header, BAD, ST, {"model.embed_tokens.weight", "missing"}},
+    /* safetensors header text: what cJSON lets through */
+    {"st_header_utf8_invalid", G, m_st_utf8_invalid, BAD, ST, {"header", "UTF-8", "0xff"}},
+    {"st_header_utf8_overlong", M, m_st_utf8_overlong, BAD, ST, {"header", "UTF-8", "0xc0"}},
+    {"st_header_utf8_surrogate", G, m_st_utf8_surrogate, BAD, ST, {"header", "UTF-8", "0xed"}},
+    {"st_header_utf8_truncated", M, m_st_utf8_truncated, BAD, ST, {"header", "UTF-8", "0xe2"}},
+    {"st_header_utf8_name_ok", M, m_st_utf8_name_ok, KV_OK, NULL, {NULL}},
+    {"st_name_nul_escape", G, m_st_name_nul_escape, BAD, ST, {"key \"model.norm.weight\\u0000\"", "no NUL character", "cut"}},
+    {"st_dtype_nul_escape", M, m_st_dtype_nul_escape, BAD, ST, {"string \"F32\\u0000x\"", "no NUL character"}},
+    {"st_name_escaped_backslash_ok", G, m_st_name_escaped_backslash_ok, KV_OK, NULL, {NULL}},
+    {"st_name_control_char", M, m_st_name_control_char, BAD, ST, {"key \"extra.?\"", "control character 0x09"}},
+    {"st_duplicate_metadata", G, m_st_duplicate_metadata, BAD, ST, {"key '__metadata__'", "once", "repeated"}},
+    {"st_duplicate_field_in_entry", M, m_st_duplicate_field, BAD, ST, {"key 'model.norm.weight.dtype'", "repeated"}},
+    {"st_duplicate_metadata_key", G, m_st_duplicate_metadata_key, BAD, ST, {"key '__metadata__.format'", "repeated"}},
     /* safetensors entries */
     {"st_entry_not_object", G, m_st_entry_not_object, BAD, ST, {"'model.norm.weight'", "expected an object", "array"}},
     {"st_missing_dtype", G, m_st_missing_dtype, BAD, ST, {"'model.norm.weight'", "'dtype'", "missing"}},
@@ -559,7 +660,7 @@ const CorpusCase corpus_cases[] = {
     {"st_bytes_not_matching_shape", G, m_st_size_mismatch, BAD, ST, {"'model.norm.weight'", "expected 60 bytes", "64 bytes"}},
     {"st_f16_bytes_not_matching", M, m_st_f16_size_mismatch, BAD, ST, {"'model.norm.weight'", "expected 32 bytes", "F16"}},
     {"st_offsets_overlap", G, m_st_overlap, BAD, ST, {"'" V0 "'", "overlap", "'" K0 "'"}},
-    {"st_duplicate_name", G, m_st_duplicate, BAD, ST, {"'model.norm.weight'", "duplicate"}},
+    {"st_duplicate_name", G, m_st_duplicate, BAD, ST, {"key 'model.norm.weight'", "once", "repeated"}},
     {"st_offsets_fraction", G, m_st_offsets_fraction, BAD, ST, {"'model.norm.weight'", "data_offsets[0]", "0.5"}},
     {"st_offsets_above_2p53", M, m_st_offsets_huge, BAD, ST, {"'model.norm.weight'", "data_offsets[0]", "2^53"}},
     {"st_offsets_one_entry", G, m_st_offsets_one, BAD, ST, {"'model.norm.weight'", "[begin, end]", "array of 1"}},
@@ -612,6 +713,13 @@ const CorpusCase corpus_cases[] = {
     {"cfg_too_many_layers", M, m_cfg_too_many_layers, BAD, CF, {"'num_hidden_layers'", "at most 512", "513"}},
     {"cfg_size_overflow", G, m_cfg_overflow, BAD, CF, {"sizes", "overflow"}},
     {"cfg_duplicate_key", G, m_cfg_duplicate_key, BAD, CF, {"'hidden_size'", "once", "repeated"}},
+    {"cfg_duplicate_nested_key", G, m_cfg_duplicate_nested, BAD, CF, {"'rope_parameters.rope_theta'", "once", "repeated"}},
+    {"cfg_key_nul_escape", M, m_cfg_key_nul_escape, BAD, CF, {"key \"sliding_window\\u0000\"", "no NUL character", "cut"}},
+    {"cfg_utf8_invalid", G, m_cfg_utf8_invalid, BAD, CF, {"UTF-8", "0xff"}},
+    {"cfg_control_char", M, m_cfg_control_char, BAD, CF, {"string \"float?32\"", "control character 0x09"}},
+    {"cfg_tie_not_bool", M, m_cfg_tie_string, BAD, CF, {"'tie_word_embeddings'", "true or false", "\"yes\""}},
+    {"cfg_llama_ok", M, m_cfg_llama_ok, KV_OK, NULL, {NULL}},
+    {"cfg_nulls_take_defaults_ok", G, m_cfg_nulls_ok, KV_OK, NULL, {NULL}},
     {"cfg_tie_not_bool", M, m_cfg_tie_string, BAD, CF, {"'tie_word_embeddings'", "true or false", "\"yes\""}},
     {"cfg_llama_ok", M, m_cfg_llama_ok, KV_OK, NULL, {NULL}},
     {"cfg_nulls_take_defaults_ok", G, m_cfg_nulls_ok, KV_OK, NULL, {NULL}},

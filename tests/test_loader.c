@@ -8,6 +8,7 @@
  * under test (F16/BF16 decoding, shapes, byte counts). */
 #include <check.h>
 #include <errno.h>
+#include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,14 +20,29 @@
 #include <unistd.h>
 
 #include "corpus.h"
+#include "file_open.h"
 #include "fixture.h"
 #include "prng.h"
 
-/* A regression that blocks (a FIFO opened for reading) must fail, not hang
- * the suite: such a test sets an alarm (SIGALRM ends the forked test, which
- * Check reports as an error). A generous upper bound, not a timing: the test
- * takes milliseconds. */
+/* A regression that blocks (a FIFO opened for reading) or goes quadratic
+ * must fail, not hang the suite: tests that could do either set an alarm
+ * (SIGALRM kills the forked test, which Check reports as a failure; without
+ * fork it ends the run). These are generous upper bounds, not timings: the
+ * FIFO test takes milliseconds, the 100k-key tests well under a second
+ * (2-3 s under ASan on a loaded 2-core machine), and the quadratic
+ * repeated-key scan they replace took 17 s on 1 MB. */
 #define TEST_HANG_GUARD_S 3
+#define TEST_SCALE_GUARD_S 10
+/* Check's own per-test timeout for the scale tests, above the alarm. */
+#define TEST_SCALE_TIMEOUT_S 30
+
+/* Check records a mark per passing ck_assert (a pipe write); in the
+ * element-by-element sweeps only a failing condition reaches Check. */
+#define EXPECT(cond, ...)                                                                          \
+    do {                                                                                           \
+        if (!(cond)) ck_abort_msg(__VA_ARGS__);                                                    \
+    } while (0)
+
 
 /* Check records a mark per passing ck_assert (a pipe write); in the
  * element-by-element sweeps only a failing condition reaches Check. */
@@ -559,6 +575,45 @@ START_TEST(test_config_errors) {
 }
 END_TEST
 
+/* config.json text with `n` extra keys k000000.. before the real fields;
+ * with dup >= 0, key number n-1 is named like key `dup`. */
+static char *many_keys_json(size_t n, long dup) {
+    size_t size = 64 + n * 24 + 512;
+    char *buf = test_alloc(size);
+    size_t used = (size_t)snprintf(buf, size, "{");
+    for (size_t i = 0; i < n; i++) {
+        long name = (dup >= 0 && i == n - 1) ? dup : (long)i;
+        used += (size_t)snprintf(buf + used, size - used, "\"k%06ld\": %zu, ", name, i);
+    }
+    snprintf(buf + used, size - used, "\"model_type\": \"mistral\", " REQ_FIELDS "}");
+    return buf;
+}
+
+/* 100k keys (a 1.9 MB config.json): the repeated-key check sorts, so this
+ * takes milliseconds; the quadratic scan it replaced took 17 s at 1 MB. */
+START_TEST(test_config_many_keys) {
+    alarm(TEST_SCALE_GUARD_S);
+    const size_t n = 100000;
+    char *json = many_keys_json(n, -1);
+    KvConfig c;
+    KvError err = {{0}};
+    KvStatus s = kv_config_parse(json, strlen(json), "many.json", &c, &err);
+    ck_assert_msg(s == KV_OK, "%s", err.msg);
+    ck_assert_int_eq(c.vocab_size, 100);
+    ck_assert_int_eq(c.num_layers, 3);
+    free(json);
+
+    json = many_keys_json(n, 54321);
+    s = kv_config_parse(json, strlen(json), "many.json", &c, &err);
+    ck_assert_int_eq(s, KV_ERR_INPUT);
+    ck_assert_msg(strstr(err.msg, "many.json: field 'k054321': expected once, found repeated"),
+                  "%s", err.msg);
+    free(json);
+    alarm(0);
+}
+END_TEST
+
+
 static void config_assert_equal(const KvConfig *a, const KvConfig *b) {
     ck_assert_int_eq(a->family, b->family);
     ck_assert_str_eq(a->model_type, b->model_type);
@@ -835,6 +890,138 @@ START_TEST(test_st_header_cap) {
 }
 END_TEST
 
+/* A safetensors image of n one-byte U8 tensors t000000.. at offsets 0..n-1;
+ * with dup >= 0 the last is named like tensor `dup`. */
+static uint8_t *many_tensors_image(size_t n, long dup, size_t *len) {
+    size_t cap = 64 + n * 80;
+    char *h = test_alloc(cap);
+    size_t used = (size_t)snprintf(h, cap, "{\"__metadata__\":{\"format\":\"pt\"}");
+    for (size_t i = 0; i < n; i++) {
+        long name = (dup >= 0 && i == n - 1) ? dup : (long)i;
+        used += (size_t)snprintf(h + used, cap - used,
+                                 ",\"t%06ld\":{\"dtype\":\"U8\",\"shape\":[1],"
+                                 "\"data_offsets\":[%zu,%zu]}",
+                                 name, i, i + 1);
+    }
+    used += (size_t)snprintf(h + used, cap - used, "}");
+    *len = 8 + used + n;
+    uint8_t *img = test_alloc(*len);
+    for (int b = 0; b < 8; b++) img[b] = (uint8_t)((uint64_t)used >> (8 * b));
+    memcpy(img + 8, h, used);
+    for (size_t i = 0; i < n; i++) img[8 + used + i] = (uint8_t)i;
+    free(h);
+    return img;
+}
+
+/* 100k tensor names (a 5 MB header): names are checked for repeats by
+ * sorting, in well under a second. */
+START_TEST(test_st_many_tensors) {
+    alarm(TEST_SCALE_GUARD_S);
+    const size_t n = 100000;
+    size_t len;
+    uint8_t *img = many_tensors_image(n, -1, &len);
+    KvSafetensors st;
+    KvError err = {{0}};
+    ck_assert_msg(kv_st_parse(img, len, "many.safetensors", &st, &err) == KV_OK, "%s", err.msg);
+    ck_assert_uint_eq(st.n_tensors, n);
+    const KvTensorInfo *t = kv_st_find(&st, "t054321");
+    ck_assert_ptr_nonnull(t);
+    ck_assert_uint_eq(t->begin, 54321);
+    ck_assert_uint_eq(st.data[t->begin], (uint8_t)54321);
+    kv_st_close(&st);
+    free(img);
+
+    img = many_tensors_image(n, 54321, &len);
+    ck_assert_int_eq(kv_st_parse(img, len, "many.safetensors", &st, &err), KV_ERR_INPUT);
+    ck_assert_msg(strstr(err.msg, "many.safetensors: header: key 't054321': expected once, "
+                                  "found repeated"),
+                  "%s", err.msg);
+    ck_assert_ptr_null(st.tensors);
+    free(img);
+    alarm(0);
+}
+END_TEST
+
+/* The JSON text checks directly: every class of ill-formed UTF-8, and \u0000
+ * told apart from an escaped backslash followed by "u0000". */
+START_TEST(test_json_text_checks) {
+    static const struct {
+        const char *text;
+        const char *want; /* NULL: accepted */
+    } cases[] = {
+        {"{\"a\": \"plain\"}", NULL},
+        {"{\"\xc3\xbc\": \"\xe2\x82\xac \xf0\x9f\x98\x80 \xf4\x8f\xbf\xbf \xed\x9f\xbf\"}", NULL},
+        {"{\"a\": \"\\\\u0000\"}", NULL},     /* \\u0000: a backslash, then text */
+        {"{\"a\": \"\\u0001\\n\\\"\"}", NULL}, /* other escapes are fine */
+        {"{\"a\": \"\x80\"}", "0x80 at byte 7"},     /* a lone continuation byte */
+        {"{\"a\": \"\xc1\xbf\"}", "0xc1"},           /* overlong 2-byte */
+        {"{\"a\": \"\xe0\x9f\xbf\"}", "0xe0"},       /* overlong 3-byte */
+        {"{\"a\": \"\xf0\x8f\xbf\xbf\"}", "0xf0"},   /* overlong 4-byte */
+        {"{\"a\": \"\xed\xbf\xbf\"}", "0xed"},       /* surrogate U+DFFF */
+        {"{\"a\": \"\xf4\x90\x80\x80\"}", "0xf4"},   /* U+110000 */
+        {"{\"a\": \"\xf5\x80\x80\x80\"}", "0xf5"},
+        {"{\"a\": \"\xe2\x82\"}", "0xe2"},           /* truncated */
+        {"{\"a\": \"x\xc3", "0xc3"},                  /* truncated at the end of the text */
+        {"{\"a\\u0000b\": 1}", "key \"a\\u0000b\" at byte 1: expected no NUL character, found "
+                                "the escape \\u0000 at byte 3"},
+        {"{\"a\": \"\\u00000\"}", "string \"\\u00000\""},
+        {"{\"a\"  :\"\\u0000\"}", "string"},
+        {"{\"a\\u0000\"\n :1}", "key"},
+        {"{\"a\": \"x\\u0000", "string \"x\\u0000\""}, /* unterminated, at the end */
+        {"{\"a\": \"tab\there\"}", "string \"tab?here\" at byte 6: expected control characters escaped (JSON), found a raw control character 0x09 at byte 10"},
+        {"{\"a\nb\": 1}", "key \"a?b\""},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        KvError err = {{0}};
+        const char *t = cases[i].text;
+        KvStatus s = kv_file_check_json_text(t, strlen(t), "w", &err);
+        if (cases[i].want == NULL) {
+            ck_assert_msg(s == KV_OK, "case %zu should pass: %s", i, err.msg);
+        } else {
+            ck_assert_msg(s == KV_ERR_INPUT, "case %zu should fail", i);
+            ck_assert_msg(strncmp(err.msg, "w: ", 3) == 0, "case %zu: %s", i, err.msg);
+            ck_assert_msg(strstr(err.msg, cases[i].want) != NULL, "case %zu: lacks \"%s\": %s", i,
+                          cases[i].want, err.msg);
+        }
+    }
+    /* The scan stops at len: a \u0000 cut off by len is not there. */
+    KvError err = {{0}};
+    const char *cut = "{\"a\": \"\\u0000\"}";
+    ck_assert_int_eq(kv_file_check_json_text(cut, 9, "w", &err), KV_OK);
+}
+END_TEST
+
+/* Repeated keys at any depth, with their path; the same key in two sibling
+ * objects is fine. */
+START_TEST(test_json_keys) {
+    static const struct {
+        const char *text;
+        const char *want;
+    } cases[] = {
+        {"{\"a\": {\"x\": 1}, \"b\": {\"x\": 2}, \"c\": [{\"x\": 1}, {\"x\": 2}]}", NULL},
+        {"{\"b\": 1, \"a\": 2, \"b\": 3}", "f 'b': expected once"},
+        {"{\"a\": {\"y\": 1, \"x\": 1, \"y\": 2}}", "f 'a.y'"},
+        {"{\"a\": [1, {\"x\": 1}, [{\"z\": 1, \"z\": 1}]]}", "f 'a[2][0].z'"},
+        {"[{\"q\": 1, \"q\": 2}]", "f '[0].q'"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        cJSON *root = cJSON_Parse(cases[i].text);
+        ck_assert_ptr_nonnull(root);
+        KvError err = {{0}};
+        KvStatus s = kv_file_check_json_keys(root, "w", "f", &err);
+        if (cases[i].want == NULL) {
+            ck_assert_msg(s == KV_OK, "case %zu: %s", i, err.msg);
+        } else {
+            ck_assert_msg(s == KV_ERR_INPUT, "case %zu should fail", i);
+            ck_assert_msg(strstr(err.msg, cases[i].want) != NULL, "case %zu: lacks \"%s\": %s", i,
+                          cases[i].want, err.msg);
+        }
+        cJSON_Delete(root);
+    }
+}
+END_TEST
+
+
 /* ---- files on disk ----------------------------------------------------- */
 
 typedef struct {
@@ -1094,6 +1281,8 @@ static Suite *loader_suite(void) {
     tcase_add_test(tc, test_config_defaults_gemma2);
     tcase_add_test(tc, test_config_defaults_mistral_llama);
     tcase_add_test(tc, test_config_errors);
+    tcase_add_test(tc, test_json_text_checks);
+    tcase_add_test(tc, test_json_keys);
     tcase_add_test(tc, test_config_roundtrip);
     tcase_add_test(tc, test_config_json_fields);
     suite_add_tcase(s, tc);
@@ -1103,6 +1292,12 @@ static Suite *loader_suite(void) {
     tcase_add_test(tc, test_dtype_table);
     tcase_add_test(tc, test_st_roundtrip);
     tcase_add_test(tc, test_st_header_cap);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("scale");
+    tcase_set_timeout(tc, TEST_SCALE_TIMEOUT_S);
+    tcase_add_test(tc, test_config_many_keys);
+    tcase_add_test(tc, test_st_many_tensors);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("files");
