@@ -569,6 +569,21 @@ static void m_cfg_softcap_negative(CorpusInput *in) {
 }
 static void m_cfg_qpas_zero(CorpusInput *in) { config_set(in, "query_pre_attn_scalar", "0"); }
 static void m_cfg_too_many_layers(CorpusInput *in) { config_set(in, "num_hidden_layers", "513"); }
+static void m_cfg_vocab_one(CorpusInput *in) { config_set(in, "vocab_size", "1"); }
+static void m_cfg_vocab_big(CorpusInput *in) { config_set(in, "vocab_size", "1048577"); }
+static void m_cfg_hidden_big(CorpusInput *in) { config_set(in, "hidden_size", "65537"); }
+static void m_cfg_inter_big(CorpusInput *in) { config_set(in, "intermediate_size", "262145"); }
+static void m_cfg_heads_big(CorpusInput *in) { config_set(in, "num_attention_heads", "1025"); }
+static void m_cfg_kv_heads_big(CorpusInput *in) { config_set(in, "num_key_value_heads", "1025"); }
+static void m_cfg_head_dim_big(CorpusInput *in) { config_set(in, "head_dim", "4098"); }
+static void m_cfg_window_big(CorpusInput *in) { config_set(in, "sliding_window", "10000000"); }
+static void m_cfg_window_at_bound_ok(CorpusInput *in) {
+    config_set(in, "sliding_window", "1048576");
+}
+static void m_cfg_positions_big(CorpusInput *in) {
+    config_set(in, "max_position_embeddings", "16777217");
+}
+static void m_cfg_window_missing_ok(CorpusInput *in) { obj_remove(in->config, "sliding_window"); }
 static void m_cfg_duplicate_nested(CorpusInput *in) {
     config_set(in, "rope_parameters",
                "{\"rope_type\": \"default\", \"rope_theta\": 10000, \"rope_theta\": 500000}");
@@ -683,11 +698,11 @@ const CorpusCase corpus_cases[] = {
     {"cfg_unknown_model_type", M, m_cfg_unknown_model_type, BAD, CF, {"'model_type'", "\"gemma2\", \"mistral\" or \"llama\"", "\"bert\""}},
     {"cfg_string_field", G, m_cfg_string_field, BAD, CF, {"'hidden_size'", "integer", "the string \"128\""}},
     {"cfg_fractional_field", G, m_cfg_fraction, BAD, CF, {"'intermediate_size'", "integer", "32.5"}},
-    {"cfg_negative_size", M, m_cfg_negative, BAD, CF, {"'vocab_size'", "integer in [1,", "-64"}},
+    {"cfg_negative_size", M, m_cfg_negative, BAD, CF, {"'vocab_size'", "integer in [2,", "-64"}},
     {"cfg_zero_size", G, m_cfg_zero, BAD, CF, {"'num_hidden_layers'", "integer in [1,", "the number 0"}},
     {"cfg_bool_as_int", G, m_cfg_bool_field, BAD, CF, {"'num_attention_heads'", "integer", "true"}},
     {"cfg_missing_required", M, m_cfg_missing_vocab, BAD, CF, {"'vocab_size'", "integer", "missing"}},
-    {"cfg_int_above_2p31", G, m_cfg_too_big, BAD, CF, {"'hidden_size'", "2147483647", "2147483648"}},
+    {"cfg_int_above_2p31", G, m_cfg_too_big, BAD, CF, {"'hidden_size'", "[1, 65536]", "2147483648"}},
     {"cfg_window_zero", G, m_cfg_window_zero, BAD, CF, {"'sliding_window'", "integer in [1,", "the number 0"}},
     {"cfg_window_negative", M, m_cfg_window_negative, BAD, CF, {"'sliding_window'", "integer in [1,", "-4"}},
     {"cfg_gemma2_window_null_sliding", G, m_cfg_window_null_sliding, BAD, CF, {"'sliding_window'", "layer 0 is sliding", "null"}},
@@ -710,8 +725,19 @@ const CorpusCase corpus_cases[] = {
     {"cfg_eps_zero", G, m_cfg_eps_zero, BAD, CF, {"'rms_norm_eps'", "> 0", "the number 0"}},
     {"cfg_softcap_negative", G, m_cfg_softcap_negative, BAD, CF, {"'attn_logit_softcapping'", ">= 0", "-1"}},
     {"cfg_query_scalar_zero", G, m_cfg_qpas_zero, BAD, CF, {"'query_pre_attn_scalar'", "> 0", "the number 0"}},
-    {"cfg_too_many_layers", M, m_cfg_too_many_layers, BAD, CF, {"'num_hidden_layers'", "at most 512", "513"}},
-    {"cfg_size_overflow", G, m_cfg_overflow, BAD, CF, {"sizes", "overflow"}},
+    {"cfg_too_many_layers", M, m_cfg_too_many_layers, BAD, CF, {"'num_hidden_layers'", "[1, 512]", "513"}},
+    {"cfg_vocab_one", M, m_cfg_vocab_one, BAD, CF, {"'vocab_size'", "[2, 1048576]", "the number 1"}},
+    {"cfg_vocab_above_bound", G, m_cfg_vocab_big, BAD, CF, {"'vocab_size'", "[2, 1048576]", "1048577"}},
+    {"cfg_hidden_above_bound", M, m_cfg_hidden_big, BAD, CF, {"'hidden_size'", "[1, 65536]", "65537"}},
+    {"cfg_intermediate_above_bound", G, m_cfg_inter_big, BAD, CF, {"'intermediate_size'", "[1, 262144]", "262145"}},
+    {"cfg_heads_above_bound", M, m_cfg_heads_big, BAD, CF, {"'num_attention_heads'", "[1, 1024]", "1025"}},
+    {"cfg_kv_heads_above_bound", G, m_cfg_kv_heads_big, BAD, CF, {"'num_key_value_heads'", "[1, 1024]", "1025"}},
+    {"cfg_head_dim_above_bound", M, m_cfg_head_dim_big, BAD, CF, {"'head_dim'", "[1, 4096]", "4098"}},
+    {"cfg_window_above_bound", M, m_cfg_window_big, BAD, CF, {"'sliding_window'", "[1, 1048576] or null", "10000000"}},
+    {"cfg_window_at_bound_ok", M, m_cfg_window_at_bound_ok, KV_OK, NULL, {NULL}},
+    {"cfg_window_missing_ok", M, m_cfg_window_missing_ok, KV_OK, NULL, {NULL}},
+    {"cfg_positions_above_bound", G, m_cfg_positions_big, BAD, CF, {"'max_position_embeddings'", "[1, 16777216]", "16777217"}},
+    {"cfg_all_sizes_huge", G, m_cfg_overflow, BAD, CF, {"'vocab_size'", "[2, 1048576]", "2147483647"}},
     {"cfg_duplicate_key", G, m_cfg_duplicate_key, BAD, CF, {"'hidden_size'", "once", "repeated"}},
     {"cfg_duplicate_nested_key", G, m_cfg_duplicate_nested, BAD, CF, {"'rope_parameters.rope_theta'", "once", "repeated"}},
     {"cfg_key_nul_escape", M, m_cfg_key_nul_escape, BAD, CF, {"key \"sliding_window\\u0000\"", "no NUL character", "cut"}},

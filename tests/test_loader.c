@@ -572,8 +572,150 @@ START_TEST(test_config_errors) {
     ck_assert_int_eq(kv_config_parse(nul_text, sizeof nul_text - 1, "n.json", &c, &err),
                      KV_ERR_INPUT);
     ck_assert_ptr_nonnull(strstr(err.msg, "NUL"));
+
+    /* Past the 16 MiB a config.json may have: refused before any copy. */
+    size_t big = 16u * 1024u * 1024u + 1u;
+    char *huge = calloc(big, 1); /* untouched zero pages: cheap */
+    ck_assert_ptr_nonnull(huge);
+    ck_assert_int_eq(kv_config_parse(huge, big, "big.json", &c, &err), KV_ERR_INPUT);
+    ck_assert_msg(strstr(err.msg, "big.json: expected at most 16777216 bytes, found 16777217"),
+                  "%s", err.msg);
+    free(huge);
+
+    /* mistral's default head_dim (hidden_size / num_attention_heads) is
+     * bounded like a given one */
+    parse_bad("{\"model_type\": \"mistral\", \"vocab_size\": 100, \"hidden_size\": 8192, "
+              "\"intermediate_size\": 128, \"num_hidden_layers\": 3, "
+              "\"num_attention_heads\": 1}",
+              "'head_dim': expected at most 4096", "found 8192 = 8192 / 1");
 }
 END_TEST
+
+/* Each size field at and just outside its bound (config.h): the bound is
+ * inclusive, and a refusal names the field, the bound and the value. */
+typedef struct {
+    const char *field;
+    int64_t lo, hi;
+    int64_t lo_ok; /* the smallest accepted value (head_dim must also be even) */
+} FieldBound;
+
+static const FieldBound field_bounds[] = {
+    {"vocab_size", KV_CONFIG_MIN_VOCAB, KV_CONFIG_MAX_VOCAB, KV_CONFIG_MIN_VOCAB},
+    {"hidden_size", 1, KV_CONFIG_MAX_HIDDEN, 1},
+    {"intermediate_size", 1, KV_CONFIG_MAX_INTERMEDIATE, 1},
+    {"num_hidden_layers", 1, KV_MAX_LAYERS, 1},
+    {"num_attention_heads", 1, KV_CONFIG_MAX_HEADS, 1},
+    {"num_key_value_heads", 1, KV_CONFIG_MAX_HEADS, 1},
+    {"head_dim", 1, KV_CONFIG_MAX_HEAD_DIM, 2},
+    {"sliding_window", 1, KV_CONFIG_MAX_WINDOW, 1},
+    {"max_position_embeddings", 1, KV_CONFIG_MAX_POSITIONS, 1},
+};
+
+static int64_t config_field(const KvConfig *c, const char *field) {
+    const struct {
+        const char *name;
+        int64_t value;
+    } f[] = {
+        {"vocab_size", c->vocab_size},
+        {"hidden_size", c->hidden_size},
+        {"intermediate_size", c->intermediate_size},
+        {"num_hidden_layers", c->num_layers},
+        {"num_attention_heads", c->num_heads},
+        {"num_key_value_heads", c->num_kv_heads},
+        {"head_dim", c->head_dim},
+        {"sliding_window", c->sliding_window},
+        {"max_position_embeddings", c->max_position_embeddings},
+    };
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
+        if (strcmp(f[i].name, field) == 0) return f[i].value;
+    }
+    ck_abort_msg("no field %s", field);
+    return -1;
+}
+
+/* A gemma2 config with every size given, `field` set to v. The head counts
+ * move together (kv heads must divide heads) unless v is out of range. */
+static void bounds_json(const char *field, int64_t v, char *buf, size_t size) {
+    static const char *names[] = {"vocab_size", "hidden_size", "intermediate_size",
+                                  "num_hidden_layers", "num_attention_heads",
+                                  "num_key_value_heads", "head_dim", "sliding_window",
+                                  "max_position_embeddings"};
+    int64_t vals[] = {100, 64, 128, 3, 4, 4, 16, 8, 256};
+    bool heads = strcmp(field, "num_attention_heads") == 0 ||
+                 strcmp(field, "num_key_value_heads") == 0;
+    if (heads && v >= 1 && v <= KV_CONFIG_MAX_HEADS) vals[4] = vals[5] = v;
+    size_t used = (size_t)snprintf(buf, size, "{\"model_type\": \"gemma2\"");
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        int64_t x = strcmp(names[i], field) == 0 ? v : vals[i];
+        used += (size_t)snprintf(buf + used, size - used, ", \"%s\": %" PRId64, names[i], x);
+    }
+    snprintf(buf + used, size - used, "}");
+}
+
+START_TEST(test_config_bounds) {
+    const FieldBound *b = &field_bounds[_i];
+    char json[512];
+    KvConfig c;
+    KvError err = {{0}};
+    int64_t ok_vals[2] = {b->lo_ok, b->hi};
+    for (int k = 0; k < 2; k++) {
+        bounds_json(b->field, ok_vals[k], json, sizeof json);
+        KvStatus s = kv_config_parse(json, strlen(json), "b.json", &c, &err);
+        ck_assert_msg(s == KV_OK, "%s = %" PRId64 " should be accepted: %s", b->field,
+                      ok_vals[k], err.msg);
+    }
+    ck_assert_int_eq(config_field(&c, b->field), b->hi);
+    int64_t bad_vals[2] = {b->lo - 1, b->hi + 1};
+    for (int k = 0; k < 2; k++) {
+        bounds_json(b->field, bad_vals[k], json, sizeof json);
+        memset(&c, 0x5A, sizeof c);
+        KvStatus s = kv_config_parse(json, strlen(json), "b.json", &c, &err);
+        ck_assert_msg(s == KV_ERR_INPUT, "%s = %" PRId64 " should be refused, found %d",
+                      b->field, bad_vals[k], (int)s);
+        ck_assert(config_is_zero(&c));
+        char want[160];
+        snprintf(want, sizeof want,
+                 "b.json: field '%s': expected an integer in [%" PRId64 ", %" PRId64 "]",
+                 b->field, b->lo, b->hi);
+        ck_assert_msg(strstr(err.msg, want) != NULL, "message lacks \"%s\": %s", want, err.msg);
+        snprintf(want, sizeof want, "found the number %" PRId64, bad_vals[k]);
+        ck_assert_msg(strstr(err.msg, want) != NULL, "message lacks \"%s\": %s", want, err.msg);
+    }
+}
+END_TEST
+
+/* A missing sliding_window takes transformers' default, 4096, and says so. */
+START_TEST(test_config_window_defaulted) {
+    KvConfig c = parse_ok("{\"model_type\": \"mistral\", " REQ_FIELDS "}");
+    ck_assert_int_eq(c.sliding_window, 4096);
+    ck_assert(c.sliding_window_defaulted);
+    c = parse_ok("{\"model_type\": \"mistral\", " REQ_FIELDS ", \"sliding_window\": 4096}");
+    ck_assert_int_eq(c.sliding_window, 4096);
+    ck_assert(!c.sliding_window_defaulted);
+    c = parse_ok("{\"model_type\": \"mistral\", " REQ_FIELDS ", \"sliding_window\": null}");
+    ck_assert(c.sliding_window == 0 && !c.sliding_window_defaulted);
+    c = parse_ok("{\"model_type\": \"llama\", " REQ_FIELDS "}");
+    ck_assert(c.sliding_window == 0 && !c.sliding_window_defaulted);
+    /* gemma2: the default layer_types has sliding layers */
+    c = parse_ok("{\"model_type\": \"gemma2\", " REQ_FIELDS "}");
+    ck_assert(c.sliding_window == 4096 && c.sliding_window_defaulted);
+    c = parse_ok("{\"model_type\": \"gemma2\", " REQ_FIELDS ", \"sliding_window\": 8}");
+    ck_assert(c.sliding_window == 8 && !c.sliding_window_defaulted);
+    /* no layer slides: the default is never used, nothing to say */
+    c = parse_ok("{\"model_type\": \"gemma2\", " REQ_FIELDS
+                 ", \"layer_types\": [\"full_attention\", \"full_attention\", "
+                 "\"full_attention\"]}");
+    ck_assert(!c.sliding_window_defaulted);
+    /* kv_config_to_json writes the window, so it is no longer a default */
+    c = parse_ok("{\"model_type\": \"mistral\", " REQ_FIELDS "}");
+    char *json = kv_config_to_json(&c);
+    ck_assert_ptr_nonnull(json);
+    KvConfig back = parse_ok(json);
+    ck_assert(back.sliding_window == 4096 && !back.sliding_window_defaulted);
+    free(json);
+}
+END_TEST
+
 
 /* config.json text with `n` extra keys k000000.. before the real fields;
  * with dup >= 0, key number n-1 is named like key `dup`. */
@@ -1281,6 +1423,9 @@ static Suite *loader_suite(void) {
     tcase_add_test(tc, test_config_defaults_gemma2);
     tcase_add_test(tc, test_config_defaults_mistral_llama);
     tcase_add_test(tc, test_config_errors);
+    tcase_add_loop_test(tc, test_config_bounds, 0,
+                        (int)(sizeof field_bounds / sizeof field_bounds[0]));
+    tcase_add_test(tc, test_config_window_defaulted);
     tcase_add_test(tc, test_json_text_checks);
     tcase_add_test(tc, test_json_keys);
     tcase_add_test(tc, test_config_roundtrip);
