@@ -26,7 +26,7 @@
 
 /* A regression that blocks (a FIFO opened for reading) or goes quadratic
  * must fail, not hang the suite: tests that could do either set an alarm
- * (SIGALRM kills the forked test, which Check reports as a failure; without
+ * (SIGALRM ends the forked test, which Check reports as an error; without
  * fork it ends the run). These are generous upper bounds, not timings: the
  * FIFO test takes milliseconds, the 100k-key tests well under a second
  * (2-3 s under ASan on a loaded 2-core machine), and the quadratic
@@ -35,14 +35,6 @@
 #define TEST_SCALE_GUARD_S 10
 /* Check's own per-test timeout for the scale tests, above the alarm. */
 #define TEST_SCALE_TIMEOUT_S 30
-
-/* Check records a mark per passing ck_assert (a pipe write); in the
- * element-by-element sweeps only a failing condition reaches Check. */
-#define EXPECT(cond, ...)                                                                          \
-    do {                                                                                           \
-        if (!(cond)) ck_abort_msg(__VA_ARGS__);                                                    \
-    } while (0)
-
 
 /* Check records a mark per passing ck_assert (a pipe write); in the
  * element-by-element sweeps only a failing condition reaches Check. */
@@ -716,7 +708,6 @@ START_TEST(test_config_window_defaulted) {
 }
 END_TEST
 
-
 /* config.json text with `n` extra keys k000000.. before the real fields;
  * with dup >= 0, key number n-1 is named like key `dup`. */
 static char *many_keys_json(size_t n, long dup) {
@@ -754,7 +745,6 @@ START_TEST(test_config_many_keys) {
     alarm(0);
 }
 END_TEST
-
 
 static void config_assert_equal(const KvConfig *a, const KvConfig *b) {
     ck_assert_int_eq(a->family, b->family);
@@ -1162,7 +1152,6 @@ START_TEST(test_json_keys) {
     }
 }
 END_TEST
-
 
 /* ---- files on disk ----------------------------------------------------- */
 
