@@ -281,6 +281,46 @@ static void tensor_add_new(CorpusInput *in, const char *name, const char *dtype,
     cJSON_AddItemToObject(in->header, name, cJSON_CreateRaw(json));
 }
 
+/* Adds an entry with explicit offsets (no data added): for overlaps. */
+static void tensor_add_at(CorpusInput *in, const char *name, const char *dtype, const char *shape,
+                          uint64_t begin, uint64_t end) {
+    char json[512];
+    snprintf(json, sizeof json, "{\"dtype\":\"%s\",\"shape\":%s,\"data_offsets\":[%llu,%llu]}",
+             dtype, shape, (unsigned long long)begin, (unsigned long long)end);
+    cJSON_AddItemToObject(in->header, name, cJSON_CreateRaw(json));
+}
+
+/* Moves every tensor entry that begins at or after `from` by delta bytes. */
+static void entries_shift(CorpusInput *in, uint64_t from, int64_t delta) {
+    for (cJSON *t = in->header->child; t != NULL; t = t->next) {
+        if (strcmp(t->string, "__metadata__") == 0) continue;
+        if (!cJSON_IsObject(t)) corpus_fail("cannot shift a raw entry", t->string);
+        uint64_t b, e;
+        tensor_offsets(in, t->string, &b, &e);
+        if (b >= from) tensor_set_offsets(in, t->string, b + (uint64_t)delta, e + (uint64_t)delta);
+    }
+}
+
+/* Inserts n zero bytes into the data section at `at`; the entries from there
+ * on move up, leaving a gap of n bytes before them. */
+static void data_insert(CorpusInput *in, uint64_t at, size_t n) {
+    data_append(in, n);
+    memmove(in->data + at + n, in->data + at, in->data_len - n - (size_t)at);
+    memset(in->data + at, 0, n);
+    entries_shift(in, at, (int64_t)n);
+}
+
+/* Removes tensor `name` and its bytes; later entries move down, so the
+ * tensors still tile the data section (a missing tensor, not a gap). */
+static void tensor_drop(CorpusInput *in, const char *name) {
+    uint64_t b, e;
+    tensor_offsets(in, name, &b, &e);
+    obj_remove(in->header, name);
+    memmove(in->data + b, in->data + e, in->data_len - (size_t)e);
+    in->data_len -= (size_t)(e - b);
+    entries_shift(in, e, -(int64_t)(e - b));
+}
+
 /* A malloc'd copy of s with the first `from` replaced by `to`. */
 static char *text_replace(const char *s, const char *from, const char *to) {
     const char *at = strstr(s, from);
@@ -299,6 +339,18 @@ static void header_replace(CorpusInput *in, const char *from, const char *to) {
     char *h = cJSON_PrintUnformatted(in->header);
     if (h == NULL) corpus_fail("print", "header");
     char *t = text_replace(h, from, to);
+    raw_header_text(in, t);
+    free(t);
+    free(h);
+}
+
+/* The header as printed followed by `pad` (before the 8-byte alignment). */
+static void header_pad(CorpusInput *in, const char *pad) {
+    char *h = cJSON_PrintUnformatted(in->header);
+    if (h == NULL) corpus_fail("print", "header");
+    char *t = corpus_alloc(strlen(h) + strlen(pad) + 1);
+    strcpy(t, h);
+    strcat(t, pad);
     raw_header_text(in, t);
     free(t);
     free(h);
@@ -432,15 +484,13 @@ static void m_st_metadata_array(CorpusInput *in) {
     obj_set_raw(in->header, "__metadata__", "[\"pt\"]");
 }
 static void m_st_missing_required(CorpusInput *in) {
-    obj_remove(in->header, "model.layers.1.mlp.down_proj.weight");
+    tensor_drop(in, "model.layers.1.mlp.down_proj.weight");
 }
-static void m_st_missing_lm_head(CorpusInput *in) { obj_remove(in->header, "lm_head.weight"); }
+static void m_st_missing_lm_head(CorpusInput *in) { tensor_drop(in, "lm_head.weight"); }
 static void m_st_missing_pre_ffw(CorpusInput *in) {
-    obj_remove(in->header, "model.layers.0.pre_feedforward_layernorm.weight");
+    tensor_drop(in, "model.layers.0.pre_feedforward_layernorm.weight");
 }
-static void m_st_missing_embed(CorpusInput *in) {
-    obj_remove(in->header, "model.embed_tokens.weight");
-}
+static void m_st_missing_embed(CorpusInput *in) { tensor_drop(in, "model.embed_tokens.weight"); }
 static void m_st_tied_lm_head_ignored(CorpusInput *in) {
     /* Tied: an lm_head.weight in the file is ignored, even a wrong one. */
     tensor_add_new(in, "lm_head.weight", "F32", "[3]", 12);
@@ -451,7 +501,43 @@ static void m_st_name_too_long(CorpusInput *in) {
     name[300] = '\0';
     tensor_add_new(in, name, "F32", "[1]", 4);
 }
-static void m_st_empty_header(CorpusInput *in) { raw_header_text(in, "{}"); }
+static void m_st_empty_header(CorpusInput *in) {
+    in->data_len = 0; /* no tensors, no bytes: a valid, empty file */
+    raw_header_text(in, "{}");
+}
+
+/* ---- safetensors: tiling of the data section ---------------------------- */
+
+static void m_st_trailing_bytes(CorpusInput *in) { data_append(in, 4); }
+static void m_st_no_tensors_trailing(CorpusInput *in) { raw_header_text(in, "{}"); }
+static void m_st_gap_between(CorpusInput *in) {
+    uint64_t b, e;
+    tensor_offsets(in, NORM, &b, &e);
+    data_insert(in, b, 4);
+}
+static void m_st_gap_at_start(CorpusInput *in) { data_insert(in, 0, 8); }
+static void m_st_overlap_alias(CorpusInput *in) {
+    /* A second name for model.norm.weight's bytes. */
+    uint64_t b, e;
+    tensor_offsets(in, NORM, &b, &e);
+    tensor_add_at(in, "alias.norm", "F32", "[16]", b, e);
+}
+static void m_st_overlap_inside(CorpusInput *in) {
+    uint64_t b, e;
+    tensor_offsets(in, "model.embed_tokens.weight", &b, &e);
+    tensor_add_at(in, "inner", "F32", "[4]", b + 8, b + 24);
+}
+static void m_st_empty_inside(CorpusInput *in) {
+    uint64_t b, e;
+    tensor_offsets(in, "model.embed_tokens.weight", &b, &e);
+    tensor_add_at(in, "empty.inside", "F32", "[0]", b + 8, b + 8);
+}
+static void m_st_empty_at_end_ok(CorpusInput *in) {
+    tensor_add_new(in, "extra.empty", "F32", "[0, 4]", 0);
+}
+static void m_st_empty_at_start_ok(CorpusInput *in) {
+    tensor_add_at(in, "extra.empty", "BF16", "[4, 0]", 0, 0);
+}
 
 /* ---- safetensors: header text -------------------------------------------- */
 
@@ -494,6 +580,12 @@ static void m_st_duplicate_field(CorpusInput *in) {
 }
 static void m_st_duplicate_metadata_key(CorpusInput *in) {
     obj_set_raw(in->header, "__metadata__", "{\"format\":\"pt\",\"format\":\"np\"}");
+}
+static void m_st_leading_space(CorpusInput *in) { header_replace(in, "{", " {"); }
+static void m_st_trailing_spaces_ok(CorpusInput *in) { header_pad(in, "                "); }
+static void m_st_trailing_whitespace_ok(CorpusInput *in) {
+    /* The reference reader (serde_json) accepts any JSON whitespace here. */
+    header_pad(in, "\r\n\t ");
 }
 
 /* ---- config.json ------------------------------------------------------- */
@@ -636,9 +728,12 @@ const CorpusCase corpus_cases[] = {
     {"st_header_len_past_eof", G, m_st_hlen_past_eof, BAD, ST, {"header length", "past the end"}},
     {"st_header_len_2p63", G, m_st_hlen_2p63, BAD, ST, {"header length 9223372036854775808", "expected at most"}},
     {"st_header_len_u64_max", M, m_st_hlen_max, BAD, ST, {"header length 18446744073709551615", "expected at most"}},
-    {"st_header_len_zero", G, m_st_hlen_zero, BAD, ST, {"header", "valid JSON"}},
+    {"st_header_len_zero", G, m_st_hlen_zero, BAD, ST, {"header", "starting with '{'", "an empty header"}},
     {"st_header_not_json", G, m_st_not_json, BAD, ST, {"header", "valid JSON", "syntax error"}},
-    {"st_header_not_object", G, m_st_not_object, BAD, ST, {"header", "JSON object", "array"}},
+    {"st_header_not_object", G, m_st_not_object, BAD, ST, {"header", "starting with '{'", "found '['"}},
+    {"st_header_leading_space", G, m_st_leading_space, BAD, ST, {"header", "starting with '{'", "found ' '"}},
+    {"st_header_trailing_spaces_ok", M, m_st_trailing_spaces_ok, KV_OK, NULL, {NULL}},
+    {"st_header_trailing_whitespace_ok", G, m_st_trailing_whitespace_ok, KV_OK, NULL, {NULL}},
     {"st_header_trailing_data", G, m_st_trailing, BAD, ST, {"header", "trailing"}},
     {"st_header_nul_byte", M, m_st_nul, BAD, ST, {"header", "NUL"}},
     {"st_header_empty_object", G, m_st_empty_header, BAD, ST, {"model.embed_tokens.weight", "missing"}},
@@ -655,6 +750,16 @@ const CorpusCase corpus_cases[] = {
     {"st_duplicate_metadata", G, m_st_duplicate_metadata, BAD, ST, {"key '__metadata__'", "once", "repeated"}},
     {"st_duplicate_field_in_entry", M, m_st_duplicate_field, BAD, ST, {"key 'model.norm.weight.dtype'", "repeated"}},
     {"st_duplicate_metadata_key", G, m_st_duplicate_metadata_key, BAD, ST, {"key '__metadata__.format'", "repeated"}},
+    /* safetensors data section: the tensors must tile it exactly */
+    {"st_trailing_bytes", G, m_st_trailing_bytes, BAD, ST, {"data section", "4 trailing bytes", "'model.norm.weight'"}},
+    {"st_no_tensors_trailing_bytes", M, m_st_no_tensors_trailing, BAD, ST, {"data section", "expected 0 bytes", "trailing bytes"}},
+    {"st_gap_between_tensors", M, m_st_gap_between, BAD, ST, {"'model.norm.weight'", "gap of 4 bytes", "'model.layers.1.mlp.down_proj.weight'"}},
+    {"st_gap_at_start", G, m_st_gap_at_start, BAD, ST, {"'model.embed_tokens.weight'", "start of the data section", "gap of 8 bytes"}},
+    {"st_overlap_alias", G, m_st_overlap_alias, BAD, ST, {"'model.norm.weight'", "overlap", "'alias.norm'"}},
+    {"st_overlap_inside", M, m_st_overlap_inside, BAD, ST, {"'inner'", "overlap", "'model.embed_tokens.weight'"}},
+    {"st_empty_tensor_inside_another", G, m_st_empty_inside, BAD, ST, {"'empty.inside'", "overlap", "'model.embed_tokens.weight'"}},
+    {"st_empty_tensor_at_end_ok", M, m_st_empty_at_end_ok, KV_OK, NULL, {NULL}},
+    {"st_empty_tensor_at_start_ok", G, m_st_empty_at_start_ok, KV_OK, NULL, {NULL}},
     /* safetensors entries */
     {"st_entry_not_object", G, m_st_entry_not_object, BAD, ST, {"'model.norm.weight'", "expected an object", "array"}},
     {"st_missing_dtype", G, m_st_missing_dtype, BAD, ST, {"'model.norm.weight'", "'dtype'", "missing"}},
@@ -743,9 +848,6 @@ const CorpusCase corpus_cases[] = {
     {"cfg_key_nul_escape", M, m_cfg_key_nul_escape, BAD, CF, {"key \"sliding_window\\u0000\"", "no NUL character", "cut"}},
     {"cfg_utf8_invalid", G, m_cfg_utf8_invalid, BAD, CF, {"UTF-8", "0xff"}},
     {"cfg_control_char", M, m_cfg_control_char, BAD, CF, {"string \"float?32\"", "control character 0x09"}},
-    {"cfg_tie_not_bool", M, m_cfg_tie_string, BAD, CF, {"'tie_word_embeddings'", "true or false", "\"yes\""}},
-    {"cfg_llama_ok", M, m_cfg_llama_ok, KV_OK, NULL, {NULL}},
-    {"cfg_nulls_take_defaults_ok", G, m_cfg_nulls_ok, KV_OK, NULL, {NULL}},
     {"cfg_tie_not_bool", M, m_cfg_tie_string, BAD, CF, {"'tie_word_embeddings'", "true or false", "\"yes\""}},
     {"cfg_llama_ok", M, m_cfg_llama_ok, KV_OK, NULL, {NULL}},
     {"cfg_nulls_take_defaults_ok", G, m_cfg_nulls_ok, KV_OK, NULL, {NULL}},
