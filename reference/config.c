@@ -20,9 +20,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-/* A config.json is a few kilobytes; anything this large is not one. */
+/* A config.json is a few kilobytes; anything this large is not one. The
+ * bound also caps what parsing allocates (the text copy, cJSON's tree). */
 #define KV_CONFIG_MAX_BYTES (16u * 1024u * 1024u)
-#define KV_CONFIG_INT_MAX 2147483647.0
+
+/* transformers' default window (Gemma2Config, MistralConfig) when the key is
+ * absent. */
+#define KV_CONFIG_DEFAULT_WINDOW 4096
 
 typedef struct {
     const cJSON *root;
@@ -52,17 +56,19 @@ static bool json_is_int_in(const cJSON *it, double lo, double hi) {
     return isfinite(d) && d == floor(d) && d >= lo && d <= hi;
 }
 
-/* An integer field in [1, 2^31 - 1]; def < 0 means required. */
-static KvStatus field_int(const ConfigCtx *c, const char *name, int64_t def, int64_t *out) {
+/* An integer field in [lo, hi] (the bound is part of the message); missing or
+ * null takes def, and def < 0 means required. */
+static KvStatus field_int(const ConfigCtx *c, const char *name, int64_t lo, int64_t hi,
+                          int64_t def, int64_t *out) {
     const cJSON *it = cJSON_GetObjectItemCaseSensitive(c->root, name);
+    char expected[64];
+    snprintf(expected, sizeof expected, "an integer in [%" PRId64 ", %" PRId64 "]", lo, hi);
     if (it == NULL || cJSON_IsNull(it)) {
-        if (def < 0) return field_error(c, name, "an integer >= 1", it);
+        if (def < 0) return field_error(c, name, expected, it);
         *out = def;
         return KV_OK;
     }
-    if (!json_is_int_in(it, 1.0, KV_CONFIG_INT_MAX)) {
-        return field_error(c, name, "an integer in [1, 2147483647]", it);
-    }
+    if (!json_is_int_in(it, (double)lo, (double)hi)) return field_error(c, name, expected, it);
     *out = (int64_t)it->valuedouble;
     return KV_OK;
 }
@@ -173,19 +179,24 @@ static KvStatus parse_rope(const ConfigCtx *c, double *theta) {
     return KV_OK;
 }
 
-/* sliding_window: missing = def, null = no window (0), else an integer >= 1. */
-static KvStatus parse_window(const ConfigCtx *c, int64_t def, int64_t *out) {
+/* sliding_window: missing = transformers' default (*missing set), null = no
+ * window (0), else an integer in [1, KV_CONFIG_MAX_WINDOW]. */
+static KvStatus parse_window(const ConfigCtx *c, int64_t *out, bool *missing) {
     const cJSON *it = cJSON_GetObjectItemCaseSensitive(c->root, "sliding_window");
+    *missing = it == NULL;
     if (it == NULL) {
-        *out = def;
+        *out = KV_CONFIG_DEFAULT_WINDOW;
         return KV_OK;
     }
     if (cJSON_IsNull(it)) {
         *out = 0;
         return KV_OK;
     }
-    if (!json_is_int_in(it, 1.0, KV_CONFIG_INT_MAX)) {
-        return field_error(c, "sliding_window", "an integer in [1, 2147483647] or null", it);
+    if (!json_is_int_in(it, 1.0, (double)KV_CONFIG_MAX_WINDOW)) {
+        char expected[64];
+        snprintf(expected, sizeof expected, "an integer in [1, %d] or null",
+                 KV_CONFIG_MAX_WINDOW);
+        return field_error(c, "sliding_window", expected, it);
     }
     *out = (int64_t)it->valuedouble;
     return KV_OK;
@@ -219,23 +230,10 @@ static KvStatus parse_layer_types(const ConfigCtx *c, KvConfig *cfg) {
     return KV_OK;
 }
 
-/* Python's json keeps the last of repeated keys and cJSON the first: refuse
- * them rather than read a different model than transformers would. */
-static KvStatus check_duplicate_keys(const ConfigCtx *c) {
-    for (const cJSON *a = c->root->child; a != NULL; a = a->next) {
-        for (const cJSON *b = a->next; b != NULL; b = b->next) {
-            if (strcmp(a->string, b->string) == 0) {
-                return kv_error_set(c->err, KV_ERR_INPUT,
-                                    "%s: field '%s': expected once, found repeated", c->label,
-                                    a->string);
-            }
-        }
-    }
-    return KV_OK;
-}
-
 /* Every weight count and byte count derived from the config must fit, so
- * later code can multiply sizes without checking. */
+ * later code can multiply sizes without checking. Within the KV_CONFIG_MAX_*
+ * bounds the total is below 2^52 bytes, so this can only fail where size_t
+ * is 32 bits; it stays as the statement of what later code relies on. */
 static KvStatus check_sizes(const ConfigCtx *c, const KvConfig *cfg) {
     int64_t q_dim, kv_dim, embed, attn_q, attn_kv, mlp, layer, all, bytes;
     bool bad = __builtin_mul_overflow(cfg->num_heads, cfg->head_dim, &q_dim) ||
@@ -302,19 +300,19 @@ static KvStatus parse_root(const ConfigCtx *c, KvConfig *cfg) {
     st = check_activation(c, cfg->family);
     if (st != KV_OK) return st;
 
-    if ((st = field_int(c, "vocab_size", -1, &cfg->vocab_size)) != KV_OK ||
-        (st = field_int(c, "hidden_size", -1, &cfg->hidden_size)) != KV_OK ||
-        (st = field_int(c, "intermediate_size", -1, &cfg->intermediate_size)) != KV_OK ||
-        (st = field_int(c, "num_hidden_layers", -1, &cfg->num_layers)) != KV_OK ||
-        (st = field_int(c, "num_attention_heads", -1, &cfg->num_heads)) != KV_OK ||
-        (st = field_int(c, "num_key_value_heads", cfg->num_heads, &cfg->num_kv_heads)) != KV_OK) {
+    if ((st = field_int(c, "vocab_size", KV_CONFIG_MIN_VOCAB, KV_CONFIG_MAX_VOCAB, -1,
+                        &cfg->vocab_size)) != KV_OK ||
+        (st = field_int(c, "hidden_size", 1, KV_CONFIG_MAX_HIDDEN, -1, &cfg->hidden_size)) !=
+            KV_OK ||
+        (st = field_int(c, "intermediate_size", 1, KV_CONFIG_MAX_INTERMEDIATE, -1,
+                        &cfg->intermediate_size)) != KV_OK ||
+        (st = field_int(c, "num_hidden_layers", 1, KV_MAX_LAYERS, -1, &cfg->num_layers)) !=
+            KV_OK ||
+        (st = field_int(c, "num_attention_heads", 1, KV_CONFIG_MAX_HEADS, -1, &cfg->num_heads)) !=
+            KV_OK ||
+        (st = field_int(c, "num_key_value_heads", 1, KV_CONFIG_MAX_HEADS, cfg->num_heads,
+                        &cfg->num_kv_heads)) != KV_OK) {
         return st;
-    }
-    if (cfg->num_layers > KV_MAX_LAYERS) {
-        char expected[64];
-        snprintf(expected, sizeof expected, "at most %d layers", KV_MAX_LAYERS);
-        return field_error(c, "num_hidden_layers", expected,
-                           cJSON_GetObjectItemCaseSensitive(c->root, "num_hidden_layers"));
     }
     if (cfg->num_heads % cfg->num_kv_heads != 0) {
         char expected[96];
@@ -335,8 +333,16 @@ static KvStatus parse_root(const ConfigCtx *c, KvConfig *cfg) {
                                 c->label, cfg->hidden_size, cfg->num_heads);
         }
         cfg->head_dim = cfg->hidden_size / cfg->num_heads;
+        if (cfg->head_dim > KV_CONFIG_MAX_HEAD_DIM) {
+            return kv_error_set(c->err, KV_ERR_INPUT,
+                                "%s: field 'head_dim': expected at most %d (given, or hidden_size "
+                                "/ num_attention_heads), found %" PRId64 " = %" PRId64
+                                " / %" PRId64,
+                                c->label, KV_CONFIG_MAX_HEAD_DIM, cfg->head_dim,
+                                cfg->hidden_size, cfg->num_heads);
+        }
     } else {
-        st = field_int(c, "head_dim", 256, &cfg->head_dim);
+        st = field_int(c, "head_dim", 1, KV_CONFIG_MAX_HEAD_DIM, 256, &cfg->head_dim);
         if (st != KV_OK) return st;
     }
     if (cfg->head_dim % 2 != 0) {
@@ -349,7 +355,8 @@ static KvStatus parse_root(const ConfigCtx *c, KvConfig *cfg) {
     }
 
     int64_t def_pos = gemma ? 8192 : (llama ? 2048 : 131072);
-    st = field_int(c, "max_position_embeddings", def_pos, &cfg->max_position_embeddings);
+    st = field_int(c, "max_position_embeddings", 1, KV_CONFIG_MAX_POSITIONS, def_pos,
+                   &cfg->max_position_embeddings);
     if (st != KV_OK) return st;
     st = field_double(c, "rms_norm_eps", 1e-6, true, &cfg->rms_norm_eps);
     if (st != KV_OK) return st;
@@ -363,11 +370,13 @@ static KvStatus parse_root(const ConfigCtx *c, KvConfig *cfg) {
         if (st != KV_OK) return st;
         st = field_softcap(c, "final_logit_softcapping", 30.0, &cfg->final_logit_softcapping);
         if (st != KV_OK) return st;
-        st = parse_window(c, 4096, &cfg->sliding_window);
+        bool missing = false;
+        st = parse_window(c, &cfg->sliding_window, &missing);
         if (st != KV_OK) return st;
         st = parse_layer_types(c, cfg);
         if (st != KV_OK) return st;
         for (int64_t i = 0; i < cfg->num_layers; i++) {
+            if (cfg->layer_sliding[i]) cfg->sliding_window_defaulted = missing;
             if (cfg->layer_sliding[i] && cfg->sliding_window == 0) {
                 char expected[96];
                 snprintf(expected, sizeof expected,
@@ -380,8 +389,10 @@ static KvStatus parse_root(const ConfigCtx *c, KvConfig *cfg) {
         if (llama) {
             cfg->sliding_window = 0; /* LlamaConfig has no window */
         } else {
-            st = parse_window(c, 4096, &cfg->sliding_window);
+            bool missing = false;
+            st = parse_window(c, &cfg->sliding_window, &missing);
             if (st != KV_OK) return st;
+            cfg->sliding_window_defaulted = missing; /* every layer slides */
         }
         for (int64_t i = 0; i < cfg->num_layers; i++) {
             cfg->layer_sliding[i] = cfg->sliding_window > 0;
@@ -401,12 +412,21 @@ KvStatus kv_config_parse(const char *text, size_t len, const char *label, KvConf
     memset(out, 0, sizeof *out);
 
     if (text == NULL) len = 0;
+    if (len > KV_CONFIG_MAX_BYTES) {
+        st = kv_error_set(err, KV_ERR_INPUT, "%s: expected at most %u bytes, found %zu", lab,
+                          KV_CONFIG_MAX_BYTES, len);
+        goto exit;
+    }
     const void *nul = len > 0 ? memchr(text, 0, len) : NULL;
     if (nul != NULL) {
         st = kv_error_set(err, KV_ERR_INPUT, "%s: expected JSON text, found a NUL byte at %td",
                           lab, (const char *)nul - text);
         goto exit;
     }
+    /* What cJSON lets through and Python's json would not read the same:
+     * non-UTF-8 bytes, raw control characters, \u0000 cutting a key short. */
+    st = kv_file_check_json_text(text, len, lab, err);
+    if (st != KV_OK) goto exit;
     /* A terminated copy: the parser then cannot read past the caller's
      * bytes whatever they hold (they need not be terminated). */
     copy = malloc(len + 1);
@@ -440,9 +460,12 @@ KvStatus kv_config_parse(const char *text, size_t len, const char *label, KvConf
         st = kv_error_set(err, KV_ERR_INPUT, "%s: expected a JSON object, found %s", lab, found);
         goto exit;
     }
-    ConfigCtx c = {.root = root, .label = lab, .err = err};
-    st = check_duplicate_keys(&c);
+    /* Python's json keeps the last of repeated keys and cJSON the first:
+     * refuse them (at any depth) rather than read a different model than
+     * transformers would. */
+    st = kv_file_check_json_keys(root, lab, "field", err);
     if (st != KV_OK) goto exit;
+    ConfigCtx c = {.root = root, .label = lab, .err = err};
     st = parse_root(&c, &cfg);
     if (st != KV_OK) goto exit;
     *out = cfg;

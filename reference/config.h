@@ -2,7 +2,9 @@
  *
  * Two families (DESIGN §1): gemma2 and mistral (llama is accepted as mistral
  * without a sliding window). Every field is validated on load; a bad field
- * gives KV_ERR_INPUT with a message naming the file and the field. */
+ * gives KV_ERR_INPUT with a message naming the file and the field. Every size
+ * has a stated bound (below) that admits every real checkpoint, so nothing is
+ * sized from an absurd value. */
 #ifndef KV_CONFIG_H
 #define KV_CONFIG_H
 
@@ -12,7 +14,39 @@
 
 #include "status.h"
 
+/* Bounds on the sizes read from config.json, checked where each field is read
+ * (the message names the file, the field, the bound and the value). Each
+ * admits every real checkpoint of the families kvrepro reads or plans to
+ * (DESIGN §1) with a margin, and refuses what only a corrupt or hostile file
+ * holds, before anything is sized from it. Within them all the weights
+ * together are below 2^52 bytes, so every size product fits in int64. */
+
+/* Layers (the size of layer_sliding): real models have up to ~128
+ * (llama-3.1-405B: 126). */
 #define KV_MAX_LAYERS 512
+/* Token ids: gemma-3 has 262144, gpt-oss 201088, llama-3 128256; 4x the
+ * largest. At least 2: a greedy decode over one id is meaningless, and the
+ * harness draws prompt ids from [1, vocab_size). */
+#define KV_CONFIG_MIN_VOCAB 2
+#define KV_CONFIG_MAX_VOCAB 1048576
+/* Residual width: 16384 in the widest public decoders (llama-3.1-405B); 4x. */
+#define KV_CONFIG_MAX_HIDDEN 65536
+/* MLP width: 53248 (llama-3.1-405B), ~100k in the widest; 2.5x that. */
+#define KV_CONFIG_MAX_INTERMEDIATE 262144
+/* Attention heads: 128 in the largest models (llama-3.1-405B, deepseek-v3);
+ * 8x. num_key_value_heads divides num_attention_heads, so it is bounded too. */
+#define KV_CONFIG_MAX_HEADS 1024
+/* Per-head width: 64-256 in practice, 512 in the widest; 8x. Also applies to
+ * the mistral default, hidden_size / num_attention_heads. */
+#define KV_CONFIG_MAX_HEAD_DIM 4096
+/* Sliding window in positions: 4096 (gemma2, mistral), 131072 in qwen2
+ * configs; 8x. A sliding layer caches W rows per sequence, and the harness's
+ * scenarios decode about 3W steps past prompts of up to 3W, so a larger
+ * window could not be run anyway. */
+#define KV_CONFIG_MAX_WINDOW 1048576
+/* Context length: 131072 (gpt-oss, llama-3.1), 1010000 (qwen2.5-1M),
+ * 10485760 (llama-4-scout); 1.6x the largest. Nothing is sized from it. */
+#define KV_CONFIG_MAX_POSITIONS 16777216
 
 typedef enum { KV_FAMILY_GEMMA2 = 0, KV_FAMILY_MISTRAL = 1 } KvFamily;
 
@@ -27,6 +61,10 @@ typedef struct {
     int64_t num_kv_heads;         /* num_key_value_heads; defaults to num_heads */
     int64_t head_dim;             /* defaults to hidden_size / num_heads; even (RoPE) */
     int64_t sliding_window;       /* W; 0 when no layer slides */
+    bool sliding_window_defaulted; /* true when config.json has no sliding_window key and a
+                                    * sliding layer uses transformers' class default (4096,
+                                    * Gemma2Config and MistralConfig): the window was not
+                                    * written down, so callers should say which one was used */
     int64_t max_position_embeddings;
     double rms_norm_eps;
     double rope_theta;            /* rope_theta or rope_parameters.rope_theta */

@@ -1,10 +1,13 @@
 /* safetensors.c: parsing, validating and writing the safetensors container.
  *
  * Every check happens before a tensor is handed out, so the model loader and
- * everything after it can trust the table: header length inside the file,
- * header a JSON object, each tensor's dtype known, shape non-negative, byte
- * range inside the data section, consistent with the shape, and not
- * overlapping another tensor. A malformed file is KV_ERR_INPUT with a message
+ * everything after it can trust the table. The rules are the format's own
+ * (the safetensors README and its reference reader): header length inside the
+ * file and at most 100 MB; the header UTF-8 JSON text starting with '{',
+ * possibly padded with whitespace, no key twice in any object; each tensor's
+ * dtype known, shape non-negative, byte range consistent with the shape; and
+ * the tensors, sorted by offset, tile the data section exactly: no gap, no
+ * overlap, no trailing byte. A malformed file is KV_ERR_INPUT with a message
  * naming the file, the tensor and the field; nothing is allocated on failure. */
 #include "safetensors.h"
 #include "file_open.h"
@@ -359,6 +362,28 @@ KvStatus kv_st_parse(const uint8_t *bytes, size_t len, const char *label, KvSafe
                           (const uint8_t *)nul - hdr);
         goto exit;
     }
+    /* The format's README: the header MUST begin with '{'; whitespace is
+     * allowed only after the object, as padding. (The reference reader does
+     * not enforce this yet: its check waits for format version 0.4.) */
+    if (hlen == 0 || hdr[0] != '{') {
+        char first[32];
+        if (hlen == 0) {
+            snprintf(first, sizeof first, "an empty header");
+        } else if (hdr[0] >= 0x20 && hdr[0] < 0x7f) {
+            snprintf(first, sizeof first, "'%c'", hdr[0]);
+        } else {
+            snprintf(first, sizeof first, "the byte 0x%02x", hdr[0]);
+        }
+        st = kv_error_set(err, KV_ERR_INPUT,
+                          "%s: header: expected a JSON object starting with '{' at its first "
+                          "byte, found %s",
+                          lab, first);
+        goto exit;
+    }
+    char where[320];
+    snprintf(where, sizeof where, "%s: header", lab);
+    st = kv_file_check_json_text((const char *)hdr, (size_t)hlen, where, err);
+    if (st != KV_OK) goto exit;
     /* cJSON wants a terminated string; the copy also keeps the parser from
      * ever reading past the header, whatever the input. */
     text = malloc((size_t)hlen + 1);
@@ -380,7 +405,9 @@ KvStatus kv_st_parse(const uint8_t *bytes, size_t len, const char *label, KvSafe
         goto exit;
     }
     for (const char *p = end; *p; p++) {
-        /* Only whitespace may follow (writers pad the header with spaces). */
+        /* Only whitespace may follow: writers pad the header with spaces to
+         * align the data section, and the reference reader (serde_json)
+         * accepts any JSON whitespace there. */
         if (*p != ' ' && *p != '\t' && *p != '\n' && *p != '\r') {
             st = kv_error_set(err, KV_ERR_INPUT,
                               "%s: header: expected only whitespace after the JSON object, "
@@ -396,7 +423,16 @@ KvStatus kv_st_parse(const uint8_t *bytes, size_t len, const char *label, KvSafe
         goto exit;
     }
 
+    /* No key twice at any level: the tensor names (one name, one tensor),
+     * "__metadata__", and each entry's fields (serde refuses a repeated
+     * "dtype"; cJSON would read the first). */
+    st = kv_file_check_json_keys(root, where, "key", err);
+    if (st != KV_OK) goto exit;
+
     uint64_t data_len = avail - hlen;
+    /* n is bounded by the header: an entry takes at least ~40 bytes of
+     * KV_ST_MAX_HEADER, so the table is at most a few hundred MB, less than
+     * cJSON's own tree of the same header. */
     size_t n = 0;
     for (const cJSON *it = root->child; it != NULL; it = it->next) {
         if (strcmp(it->string, "__metadata__") == 0) {
@@ -420,33 +456,57 @@ KvStatus kv_st_parse(const uint8_t *bytes, size_t len, const char *label, KvSafe
         i++;
     }
 
-    /* cJSON keeps repeated keys; a name must still mean one tensor. */
+    /* Names are unique (checked above); sorted for kv_st_find. */
     qsort(tab, n, sizeof *tab, cmp_info_name);
-    for (i = 1; i < n; i++) {
-        if (strcmp(tab[i - 1].name, tab[i].name) == 0) {
-            st = kv_error_set(err, KV_ERR_INPUT,
-                              "%s: tensor '%s': expected a unique name, found a duplicate", lab,
-                              tab[i].name);
-            goto exit;
-        }
-    }
 
+    /* The format's rule (the reference reader's Metadata::validate): sorted
+     * by (begin, end), each tensor begins where the previous one ended, and
+     * the last ends at the end of the file. So no overlap (two names for the
+     * same bytes), no hole and no trailing bytes (room for a second file
+     * inside this one, a polyglot), and an empty tensor sits at a boundary. */
     for (i = 0; i < n; i++) by_begin[i] = &tab[i];
     qsort(by_begin, n, sizeof *by_begin, cmp_info_begin);
-    /* Empty tensors occupy no bytes and cannot overlap anything. */
-    const KvTensorInfo *last = NULL;
+    const KvTensorInfo *prev = NULL;
+    uint64_t covered = 0; /* the data section is tiled up to here */
     for (i = 0; i < n; i++) {
         const KvTensorInfo *t = by_begin[i];
-        if (t->begin == t->end) continue;
-        if (last != NULL && t->begin < last->end) {
+        if (t->begin < covered) {
             st = kv_error_set(err, KV_ERR_INPUT,
                               "%s: tensor '%s': field 'data_offsets': expected no overlap with "
                               "other tensors, found [%" PRIu64 ", %" PRIu64
                               "] overlapping tensor '%s' [%" PRIu64 ", %" PRIu64 "]",
-                              lab, t->name, t->begin, t->end, last->name, last->begin, last->end);
+                              lab, t->name, t->begin, t->end, prev->name, prev->begin, prev->end);
             goto exit;
         }
-        if (last == NULL || t->end > last->end) last = t;
+        if (t->begin > covered) {
+            char after[KV_ST_MAX_NAME + 32];
+            if (prev == NULL) {
+                snprintf(after, sizeof after, "the start of the data section");
+            } else {
+                snprintf(after, sizeof after, "the end of tensor '%s'", prev->name);
+            }
+            st = kv_error_set(err, KV_ERR_INPUT,
+                              "%s: tensor '%s': field 'data_offsets': expected to begin at %" PRIu64
+                              " (%s: the tensors must cover the data section without gaps), "
+                              "found [%" PRIu64 ", %" PRIu64 "], a gap of %" PRIu64 " bytes",
+                              lab, t->name, covered, after, t->begin, t->end, t->begin - covered);
+            goto exit;
+        }
+        covered = t->end;
+        prev = t;
+    }
+    if (covered != data_len) {
+        char last[KV_ST_MAX_NAME + 48];
+        if (prev == NULL) {
+            snprintf(last, sizeof last, "there are no tensors");
+        } else {
+            snprintf(last, sizeof last, "the end of the last tensor, '%s'", prev->name);
+        }
+        st = kv_error_set(err, KV_ERR_INPUT,
+                          "%s: data section: expected %" PRIu64 " bytes (%s), found %" PRIu64
+                          ": %" PRIu64 " trailing bytes that no tensor covers",
+                          lab, covered, last, data_len, data_len - covered);
+        goto exit;
     }
 
     out->data = bytes + 8 + hlen;

@@ -3,9 +3,12 @@
  * Layout: 8-byte little-endian header length N, N bytes of JSON header
  * {name: {dtype, shape, data_offsets: [begin, end]}, "__metadata__": {...}},
  * then the data section; offsets are relative to the data section. The parser
- * validates everything before any tensor is used: header length within the
- * file, JSON well formed, dtype known, shape non-negative and consistent with
- * the byte range, ranges inside the data section and non-overlapping. */
+ * validates everything before any tensor is used, by the format's own rules:
+ * header length within the file and at most 100 MB, the header UTF-8 JSON
+ * starting with '{' (trailing whitespace allowed) with no key twice, dtype
+ * known, shape non-negative and consistent with the byte range, and the
+ * tensors covering the data section exactly: no gap, no overlap, no trailing
+ * bytes. */
 #ifndef KV_SAFETENSORS_H
 #define KV_SAFETENSORS_H
 

@@ -281,6 +281,81 @@ static void tensor_add_new(CorpusInput *in, const char *name, const char *dtype,
     cJSON_AddItemToObject(in->header, name, cJSON_CreateRaw(json));
 }
 
+/* Adds an entry with explicit offsets (no data added): for overlaps. */
+static void tensor_add_at(CorpusInput *in, const char *name, const char *dtype, const char *shape,
+                          uint64_t begin, uint64_t end) {
+    char json[512];
+    snprintf(json, sizeof json, "{\"dtype\":\"%s\",\"shape\":%s,\"data_offsets\":[%llu,%llu]}",
+             dtype, shape, (unsigned long long)begin, (unsigned long long)end);
+    cJSON_AddItemToObject(in->header, name, cJSON_CreateRaw(json));
+}
+
+/* Moves every tensor entry that begins at or after `from` by delta bytes. */
+static void entries_shift(CorpusInput *in, uint64_t from, int64_t delta) {
+    for (cJSON *t = in->header->child; t != NULL; t = t->next) {
+        if (strcmp(t->string, "__metadata__") == 0) continue;
+        if (!cJSON_IsObject(t)) corpus_fail("cannot shift a raw entry", t->string);
+        uint64_t b, e;
+        tensor_offsets(in, t->string, &b, &e);
+        if (b >= from) tensor_set_offsets(in, t->string, b + (uint64_t)delta, e + (uint64_t)delta);
+    }
+}
+
+/* Inserts n zero bytes into the data section at `at`; the entries from there
+ * on move up, leaving a gap of n bytes before them. */
+static void data_insert(CorpusInput *in, uint64_t at, size_t n) {
+    data_append(in, n);
+    memmove(in->data + at + n, in->data + at, in->data_len - n - (size_t)at);
+    memset(in->data + at, 0, n);
+    entries_shift(in, at, (int64_t)n);
+}
+
+/* Removes tensor `name` and its bytes; later entries move down, so the
+ * tensors still tile the data section (a missing tensor, not a gap). */
+static void tensor_drop(CorpusInput *in, const char *name) {
+    uint64_t b, e;
+    tensor_offsets(in, name, &b, &e);
+    obj_remove(in->header, name);
+    memmove(in->data + b, in->data + e, in->data_len - (size_t)e);
+    in->data_len -= (size_t)(e - b);
+    entries_shift(in, e, -(int64_t)(e - b));
+}
+
+/* A malloc'd copy of s with the first `from` replaced by `to`. */
+static char *text_replace(const char *s, const char *from, const char *to) {
+    const char *at = strstr(s, from);
+    if (at == NULL) corpus_fail("no such text", from);
+    size_t head = (size_t)(at - s), fl = strlen(from), tl = strlen(to);
+    char *out = corpus_alloc(strlen(s) - fl + tl + 1);
+    memcpy(out, s, head);
+    memcpy(out + head, to, tl);
+    strcpy(out + head + tl, at + fl);
+    return out;
+}
+
+/* The header as printed with one edit a cJSON tree cannot hold (a \u0000
+ * escape, a raw control character, a leading space). */
+static void header_replace(CorpusInput *in, const char *from, const char *to) {
+    char *h = cJSON_PrintUnformatted(in->header);
+    if (h == NULL) corpus_fail("print", "header");
+    char *t = text_replace(h, from, to);
+    raw_header_text(in, t);
+    free(t);
+    free(h);
+}
+
+/* The header as printed followed by `pad` (before the 8-byte alignment). */
+static void header_pad(CorpusInput *in, const char *pad) {
+    char *h = cJSON_PrintUnformatted(in->header);
+    if (h == NULL) corpus_fail("print", "header");
+    char *t = corpus_alloc(strlen(h) + strlen(pad) + 1);
+    strcpy(t, h);
+    strcat(t, pad);
+    raw_header_text(in, t);
+    free(t);
+    free(h);
+}
+
 static void config_set(CorpusInput *in, const char *key, const char *json) {
     obj_set_raw(in->config, key, json);
 }
@@ -289,6 +364,15 @@ static void config_text(CorpusInput *in, const char *text) {
     free(in->raw_config);
     in->raw_config = corpus_alloc(strlen(text) + 1);
     memcpy(in->raw_config, text, strlen(text) + 1);
+}
+
+/* The config as printed with one edit a cJSON tree cannot hold. */
+static void config_replace(CorpusInput *in, const char *from, const char *to) {
+    char *c = cJSON_Print(in->config);
+    if (c == NULL) corpus_fail("print", "config");
+    free(in->raw_config);
+    in->raw_config = text_replace(c, from, to);
+    free(c);
 }
 
 #define NORM "model.norm.weight"
@@ -400,15 +484,13 @@ static void m_st_metadata_array(CorpusInput *in) {
     obj_set_raw(in->header, "__metadata__", "[\"pt\"]");
 }
 static void m_st_missing_required(CorpusInput *in) {
-    obj_remove(in->header, "model.layers.1.mlp.down_proj.weight");
+    tensor_drop(in, "model.layers.1.mlp.down_proj.weight");
 }
-static void m_st_missing_lm_head(CorpusInput *in) { obj_remove(in->header, "lm_head.weight"); }
+static void m_st_missing_lm_head(CorpusInput *in) { tensor_drop(in, "lm_head.weight"); }
 static void m_st_missing_pre_ffw(CorpusInput *in) {
-    obj_remove(in->header, "model.layers.0.pre_feedforward_layernorm.weight");
+    tensor_drop(in, "model.layers.0.pre_feedforward_layernorm.weight");
 }
-static void m_st_missing_embed(CorpusInput *in) {
-    obj_remove(in->header, "model.embed_tokens.weight");
-}
+static void m_st_missing_embed(CorpusInput *in) { tensor_drop(in, "model.embed_tokens.weight"); }
 static void m_st_tied_lm_head_ignored(CorpusInput *in) {
     /* Tied: an lm_head.weight in the file is ignored, even a wrong one. */
     tensor_add_new(in, "lm_head.weight", "F32", "[3]", 12);
@@ -419,7 +501,92 @@ static void m_st_name_too_long(CorpusInput *in) {
     name[300] = '\0';
     tensor_add_new(in, name, "F32", "[1]", 4);
 }
-static void m_st_empty_header(CorpusInput *in) { raw_header_text(in, "{}"); }
+static void m_st_empty_header(CorpusInput *in) {
+    in->data_len = 0; /* no tensors, no bytes: a valid, empty file */
+    raw_header_text(in, "{}");
+}
+
+/* ---- safetensors: tiling of the data section ---------------------------- */
+
+static void m_st_trailing_bytes(CorpusInput *in) { data_append(in, 4); }
+static void m_st_no_tensors_trailing(CorpusInput *in) { raw_header_text(in, "{}"); }
+static void m_st_gap_between(CorpusInput *in) {
+    uint64_t b, e;
+    tensor_offsets(in, NORM, &b, &e);
+    data_insert(in, b, 4);
+}
+static void m_st_gap_at_start(CorpusInput *in) { data_insert(in, 0, 8); }
+static void m_st_overlap_alias(CorpusInput *in) {
+    /* A second name for model.norm.weight's bytes. */
+    uint64_t b, e;
+    tensor_offsets(in, NORM, &b, &e);
+    tensor_add_at(in, "alias.norm", "F32", "[16]", b, e);
+}
+static void m_st_overlap_inside(CorpusInput *in) {
+    uint64_t b, e;
+    tensor_offsets(in, "model.embed_tokens.weight", &b, &e);
+    tensor_add_at(in, "inner", "F32", "[4]", b + 8, b + 24);
+}
+static void m_st_empty_inside(CorpusInput *in) {
+    uint64_t b, e;
+    tensor_offsets(in, "model.embed_tokens.weight", &b, &e);
+    tensor_add_at(in, "empty.inside", "F32", "[0]", b + 8, b + 8);
+}
+static void m_st_empty_at_end_ok(CorpusInput *in) {
+    tensor_add_new(in, "extra.empty", "F32", "[0, 4]", 0);
+}
+static void m_st_empty_at_start_ok(CorpusInput *in) {
+    tensor_add_at(in, "extra.empty", "BF16", "[4, 0]", 0, 0);
+}
+
+/* ---- safetensors: header text -------------------------------------------- */
+
+static void m_st_utf8_invalid(CorpusInput *in) { tensor_add_new(in, "extra.\xff", "U8", "[1]", 1); }
+static void m_st_utf8_overlong(CorpusInput *in) {
+    tensor_add_new(in, "extra.\xc0\xae", "U8", "[1]", 1); /* '.' in two bytes */
+}
+static void m_st_utf8_surrogate(CorpusInput *in) {
+    obj_set_raw(in->header, "__metadata__", "{\"format\": \"pt\xed\xa0\x80\"}"); /* U+D800 */
+}
+static void m_st_utf8_truncated(CorpusInput *in) {
+    tensor_add_new(in, "extra.\xe2\x82", "U8", "[1]", 1); /* first two bytes of U+20AC */
+}
+static void m_st_utf8_name_ok(CorpusInput *in) {
+    /* u-umlaut, euro sign, an emoji: 2, 3 and 4-byte sequences. */
+    tensor_add_new(in, "extra.\xc3\xbc\xe2\x82\xac\xf0\x9f\x98\x80", "U8", "[1]", 1);
+}
+static void m_st_name_nul_escape(CorpusInput *in) {
+    /* cJSON would read "model.norm.weight\u0000" as model.norm.weight. */
+    tensor_add_new(in, NORM "NULMARK", "F32", "[16]", 64);
+    header_replace(in, "NULMARK", "\\u0000");
+}
+static void m_st_dtype_nul_escape(CorpusInput *in) {
+    tensor_set(in, NORM, "dtype", "\"F32\\u0000x\"");
+}
+static void m_st_name_escaped_backslash_ok(CorpusInput *in) {
+    /* The name is extra.\u0000 with a real backslash: written "\\u0000". */
+    tensor_add_new(in, "extra.\\u0000", "U8", "[1]", 1);
+}
+static void m_st_name_control_char(CorpusInput *in) {
+    tensor_add_new(in, "extra.CTLMARK", "U8", "[1]", 1);
+    header_replace(in, "CTLMARK", "\t");
+}
+static void m_st_duplicate_metadata(CorpusInput *in) {
+    cJSON_AddItemToObject(in->header, "__metadata__", cJSON_CreateRaw("{\"format\":\"np\"}"));
+}
+static void m_st_duplicate_field(CorpusInput *in) {
+    /* serde refuses a repeated field; cJSON would read the first dtype. */
+    cJSON_AddItemToObject(tensor(in, NORM), "dtype", cJSON_CreateRaw("\"F16\""));
+}
+static void m_st_duplicate_metadata_key(CorpusInput *in) {
+    obj_set_raw(in->header, "__metadata__", "{\"format\":\"pt\",\"format\":\"np\"}");
+}
+static void m_st_leading_space(CorpusInput *in) { header_replace(in, "{", " {"); }
+static void m_st_trailing_spaces_ok(CorpusInput *in) { header_pad(in, "                "); }
+static void m_st_trailing_whitespace_ok(CorpusInput *in) {
+    /* The reference reader (serde_json) accepts any JSON whitespace here. */
+    header_pad(in, "\r\n\t ");
+}
 
 /* ---- config.json ------------------------------------------------------- */
 
@@ -494,6 +661,34 @@ static void m_cfg_softcap_negative(CorpusInput *in) {
 }
 static void m_cfg_qpas_zero(CorpusInput *in) { config_set(in, "query_pre_attn_scalar", "0"); }
 static void m_cfg_too_many_layers(CorpusInput *in) { config_set(in, "num_hidden_layers", "513"); }
+static void m_cfg_vocab_one(CorpusInput *in) { config_set(in, "vocab_size", "1"); }
+static void m_cfg_vocab_big(CorpusInput *in) { config_set(in, "vocab_size", "1048577"); }
+static void m_cfg_hidden_big(CorpusInput *in) { config_set(in, "hidden_size", "65537"); }
+static void m_cfg_inter_big(CorpusInput *in) { config_set(in, "intermediate_size", "262145"); }
+static void m_cfg_heads_big(CorpusInput *in) { config_set(in, "num_attention_heads", "1025"); }
+static void m_cfg_kv_heads_big(CorpusInput *in) { config_set(in, "num_key_value_heads", "1025"); }
+static void m_cfg_head_dim_big(CorpusInput *in) { config_set(in, "head_dim", "4098"); }
+static void m_cfg_window_big(CorpusInput *in) { config_set(in, "sliding_window", "10000000"); }
+static void m_cfg_window_at_bound_ok(CorpusInput *in) {
+    config_set(in, "sliding_window", "1048576");
+}
+static void m_cfg_positions_big(CorpusInput *in) {
+    config_set(in, "max_position_embeddings", "16777217");
+}
+static void m_cfg_window_missing_ok(CorpusInput *in) { obj_remove(in->config, "sliding_window"); }
+static void m_cfg_duplicate_nested(CorpusInput *in) {
+    config_set(in, "rope_parameters",
+               "{\"rope_type\": \"default\", \"rope_theta\": 10000, \"rope_theta\": 500000}");
+}
+static void m_cfg_key_nul_escape(CorpusInput *in) {
+    /* cJSON would read this key as sliding_window = 2; transformers sees no
+     * sliding_window key and takes 4096. */
+    obj_remove(in->config, "sliding_window");
+    config_set(in, "sliding_windowNULMARK", "2");
+    config_replace(in, "NULMARK", "\\u0000");
+}
+static void m_cfg_utf8_invalid(CorpusInput *in) { config_set(in, "torch_dtype", "\"float32\xff\""); }
+static void m_cfg_control_char(CorpusInput *in) { config_replace(in, "float32", "float\t32"); }
 static void m_cfg_overflow(CorpusInput *in) {
     config_set(in, "vocab_size", "2147483647");
     config_set(in, "hidden_size", "2147483647");
@@ -533,12 +728,38 @@ const CorpusCase corpus_cases[] = {
     {"st_header_len_past_eof", G, m_st_hlen_past_eof, BAD, ST, {"header length", "past the end"}},
     {"st_header_len_2p63", G, m_st_hlen_2p63, BAD, ST, {"header length 9223372036854775808", "expected at most"}},
     {"st_header_len_u64_max", M, m_st_hlen_max, BAD, ST, {"header length 18446744073709551615", "expected at most"}},
-    {"st_header_len_zero", G, m_st_hlen_zero, BAD, ST, {"header", "valid JSON"}},
+    {"st_header_len_zero", G, m_st_hlen_zero, BAD, ST, {"header", "starting with '{'", "an empty header"}},
     {"st_header_not_json", G, m_st_not_json, BAD, ST, {"header", "valid JSON", "syntax error"}},
-    {"st_header_not_object", G, m_st_not_object, BAD, ST, {"header", "JSON object", "array"}},
+    {"st_header_not_object", G, m_st_not_object, BAD, ST, {"header", "starting with '{'", "found '['"}},
+    {"st_header_leading_space", G, m_st_leading_space, BAD, ST, {"header", "starting with '{'", "found ' '"}},
+    {"st_header_trailing_spaces_ok", M, m_st_trailing_spaces_ok, KV_OK, NULL, {NULL}},
+    {"st_header_trailing_whitespace_ok", G, m_st_trailing_whitespace_ok, KV_OK, NULL, {NULL}},
     {"st_header_trailing_data", G, m_st_trailing, BAD, ST, {"header", "trailing"}},
     {"st_header_nul_byte", M, m_st_nul, BAD, ST, {"header", "NUL"}},
     {"st_header_empty_object", G, m_st_empty_header, BAD, ST, {"model.embed_tokens.weight", "missing"}},
+    /* safetensors header text: what cJSON lets through */
+    {"st_header_utf8_invalid", G, m_st_utf8_invalid, BAD, ST, {"header", "UTF-8", "0xff"}},
+    {"st_header_utf8_overlong", M, m_st_utf8_overlong, BAD, ST, {"header", "UTF-8", "0xc0"}},
+    {"st_header_utf8_surrogate", G, m_st_utf8_surrogate, BAD, ST, {"header", "UTF-8", "0xed"}},
+    {"st_header_utf8_truncated", M, m_st_utf8_truncated, BAD, ST, {"header", "UTF-8", "0xe2"}},
+    {"st_header_utf8_name_ok", M, m_st_utf8_name_ok, KV_OK, NULL, {NULL}},
+    {"st_name_nul_escape", G, m_st_name_nul_escape, BAD, ST, {"key \"model.norm.weight\\u0000\"", "no NUL character", "cut"}},
+    {"st_dtype_nul_escape", M, m_st_dtype_nul_escape, BAD, ST, {"string \"F32\\u0000x\"", "no NUL character"}},
+    {"st_name_escaped_backslash_ok", G, m_st_name_escaped_backslash_ok, KV_OK, NULL, {NULL}},
+    {"st_name_control_char", M, m_st_name_control_char, BAD, ST, {"key \"extra.?\"", "control character 0x09"}},
+    {"st_duplicate_metadata", G, m_st_duplicate_metadata, BAD, ST, {"key '__metadata__'", "once", "repeated"}},
+    {"st_duplicate_field_in_entry", M, m_st_duplicate_field, BAD, ST, {"key 'model.norm.weight.dtype'", "repeated"}},
+    {"st_duplicate_metadata_key", G, m_st_duplicate_metadata_key, BAD, ST, {"key '__metadata__.format'", "repeated"}},
+    /* safetensors data section: the tensors must tile it exactly */
+    {"st_trailing_bytes", G, m_st_trailing_bytes, BAD, ST, {"data section", "4 trailing bytes", "'model.norm.weight'"}},
+    {"st_no_tensors_trailing_bytes", M, m_st_no_tensors_trailing, BAD, ST, {"data section", "expected 0 bytes", "trailing bytes"}},
+    {"st_gap_between_tensors", M, m_st_gap_between, BAD, ST, {"'model.norm.weight'", "gap of 4 bytes", "'model.layers.1.mlp.down_proj.weight'"}},
+    {"st_gap_at_start", G, m_st_gap_at_start, BAD, ST, {"'model.embed_tokens.weight'", "start of the data section", "gap of 8 bytes"}},
+    {"st_overlap_alias", G, m_st_overlap_alias, BAD, ST, {"'model.norm.weight'", "overlap", "'alias.norm'"}},
+    {"st_overlap_inside", M, m_st_overlap_inside, BAD, ST, {"'inner'", "overlap", "'model.embed_tokens.weight'"}},
+    {"st_empty_tensor_inside_another", G, m_st_empty_inside, BAD, ST, {"'empty.inside'", "overlap", "'model.embed_tokens.weight'"}},
+    {"st_empty_tensor_at_end_ok", M, m_st_empty_at_end_ok, KV_OK, NULL, {NULL}},
+    {"st_empty_tensor_at_start_ok", G, m_st_empty_at_start_ok, KV_OK, NULL, {NULL}},
     /* safetensors entries */
     {"st_entry_not_object", G, m_st_entry_not_object, BAD, ST, {"'model.norm.weight'", "expected an object", "array"}},
     {"st_missing_dtype", G, m_st_missing_dtype, BAD, ST, {"'model.norm.weight'", "'dtype'", "missing"}},
@@ -559,7 +780,7 @@ const CorpusCase corpus_cases[] = {
     {"st_bytes_not_matching_shape", G, m_st_size_mismatch, BAD, ST, {"'model.norm.weight'", "expected 60 bytes", "64 bytes"}},
     {"st_f16_bytes_not_matching", M, m_st_f16_size_mismatch, BAD, ST, {"'model.norm.weight'", "expected 32 bytes", "F16"}},
     {"st_offsets_overlap", G, m_st_overlap, BAD, ST, {"'" V0 "'", "overlap", "'" K0 "'"}},
-    {"st_duplicate_name", G, m_st_duplicate, BAD, ST, {"'model.norm.weight'", "duplicate"}},
+    {"st_duplicate_name", G, m_st_duplicate, BAD, ST, {"key 'model.norm.weight'", "once", "repeated"}},
     {"st_offsets_fraction", G, m_st_offsets_fraction, BAD, ST, {"'model.norm.weight'", "data_offsets[0]", "0.5"}},
     {"st_offsets_above_2p53", M, m_st_offsets_huge, BAD, ST, {"'model.norm.weight'", "data_offsets[0]", "2^53"}},
     {"st_offsets_one_entry", G, m_st_offsets_one, BAD, ST, {"'model.norm.weight'", "[begin, end]", "array of 1"}},
@@ -582,11 +803,11 @@ const CorpusCase corpus_cases[] = {
     {"cfg_unknown_model_type", M, m_cfg_unknown_model_type, BAD, CF, {"'model_type'", "\"gemma2\", \"mistral\" or \"llama\"", "\"bert\""}},
     {"cfg_string_field", G, m_cfg_string_field, BAD, CF, {"'hidden_size'", "integer", "the string \"128\""}},
     {"cfg_fractional_field", G, m_cfg_fraction, BAD, CF, {"'intermediate_size'", "integer", "32.5"}},
-    {"cfg_negative_size", M, m_cfg_negative, BAD, CF, {"'vocab_size'", "integer in [1,", "-64"}},
+    {"cfg_negative_size", M, m_cfg_negative, BAD, CF, {"'vocab_size'", "integer in [2,", "-64"}},
     {"cfg_zero_size", G, m_cfg_zero, BAD, CF, {"'num_hidden_layers'", "integer in [1,", "the number 0"}},
     {"cfg_bool_as_int", G, m_cfg_bool_field, BAD, CF, {"'num_attention_heads'", "integer", "true"}},
     {"cfg_missing_required", M, m_cfg_missing_vocab, BAD, CF, {"'vocab_size'", "integer", "missing"}},
-    {"cfg_int_above_2p31", G, m_cfg_too_big, BAD, CF, {"'hidden_size'", "2147483647", "2147483648"}},
+    {"cfg_int_above_2p31", G, m_cfg_too_big, BAD, CF, {"'hidden_size'", "[1, 65536]", "2147483648"}},
     {"cfg_window_zero", G, m_cfg_window_zero, BAD, CF, {"'sliding_window'", "integer in [1,", "the number 0"}},
     {"cfg_window_negative", M, m_cfg_window_negative, BAD, CF, {"'sliding_window'", "integer in [1,", "-4"}},
     {"cfg_gemma2_window_null_sliding", G, m_cfg_window_null_sliding, BAD, CF, {"'sliding_window'", "layer 0 is sliding", "null"}},
@@ -609,9 +830,24 @@ const CorpusCase corpus_cases[] = {
     {"cfg_eps_zero", G, m_cfg_eps_zero, BAD, CF, {"'rms_norm_eps'", "> 0", "the number 0"}},
     {"cfg_softcap_negative", G, m_cfg_softcap_negative, BAD, CF, {"'attn_logit_softcapping'", ">= 0", "-1"}},
     {"cfg_query_scalar_zero", G, m_cfg_qpas_zero, BAD, CF, {"'query_pre_attn_scalar'", "> 0", "the number 0"}},
-    {"cfg_too_many_layers", M, m_cfg_too_many_layers, BAD, CF, {"'num_hidden_layers'", "at most 512", "513"}},
-    {"cfg_size_overflow", G, m_cfg_overflow, BAD, CF, {"sizes", "overflow"}},
+    {"cfg_too_many_layers", M, m_cfg_too_many_layers, BAD, CF, {"'num_hidden_layers'", "[1, 512]", "513"}},
+    {"cfg_vocab_one", M, m_cfg_vocab_one, BAD, CF, {"'vocab_size'", "[2, 1048576]", "the number 1"}},
+    {"cfg_vocab_above_bound", G, m_cfg_vocab_big, BAD, CF, {"'vocab_size'", "[2, 1048576]", "1048577"}},
+    {"cfg_hidden_above_bound", M, m_cfg_hidden_big, BAD, CF, {"'hidden_size'", "[1, 65536]", "65537"}},
+    {"cfg_intermediate_above_bound", G, m_cfg_inter_big, BAD, CF, {"'intermediate_size'", "[1, 262144]", "262145"}},
+    {"cfg_heads_above_bound", M, m_cfg_heads_big, BAD, CF, {"'num_attention_heads'", "[1, 1024]", "1025"}},
+    {"cfg_kv_heads_above_bound", G, m_cfg_kv_heads_big, BAD, CF, {"'num_key_value_heads'", "[1, 1024]", "1025"}},
+    {"cfg_head_dim_above_bound", M, m_cfg_head_dim_big, BAD, CF, {"'head_dim'", "[1, 4096]", "4098"}},
+    {"cfg_window_above_bound", M, m_cfg_window_big, BAD, CF, {"'sliding_window'", "[1, 1048576] or null", "10000000"}},
+    {"cfg_window_at_bound_ok", M, m_cfg_window_at_bound_ok, KV_OK, NULL, {NULL}},
+    {"cfg_window_missing_ok", M, m_cfg_window_missing_ok, KV_OK, NULL, {NULL}},
+    {"cfg_positions_above_bound", G, m_cfg_positions_big, BAD, CF, {"'max_position_embeddings'", "[1, 16777216]", "16777217"}},
+    {"cfg_all_sizes_huge", G, m_cfg_overflow, BAD, CF, {"'vocab_size'", "[2, 1048576]", "2147483647"}},
     {"cfg_duplicate_key", G, m_cfg_duplicate_key, BAD, CF, {"'hidden_size'", "once", "repeated"}},
+    {"cfg_duplicate_nested_key", G, m_cfg_duplicate_nested, BAD, CF, {"'rope_parameters.rope_theta'", "once", "repeated"}},
+    {"cfg_key_nul_escape", M, m_cfg_key_nul_escape, BAD, CF, {"key \"sliding_window\\u0000\"", "no NUL character", "cut"}},
+    {"cfg_utf8_invalid", G, m_cfg_utf8_invalid, BAD, CF, {"UTF-8", "0xff"}},
+    {"cfg_control_char", M, m_cfg_control_char, BAD, CF, {"string \"float?32\"", "control character 0x09"}},
     {"cfg_tie_not_bool", M, m_cfg_tie_string, BAD, CF, {"'tie_word_embeddings'", "true or false", "\"yes\""}},
     {"cfg_llama_ok", M, m_cfg_llama_ok, KV_OK, NULL, {NULL}},
     {"cfg_nulls_take_defaults_ok", G, m_cfg_nulls_ok, KV_OK, NULL, {NULL}},

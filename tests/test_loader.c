@@ -8,16 +8,33 @@
  * under test (F16/BF16 decoding, shapes, byte counts). */
 #include <check.h>
 #include <errno.h>
+#include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "corpus.h"
+#include "file_open.h"
 #include "fixture.h"
 #include "prng.h"
+
+/* A regression that blocks (a FIFO opened for reading) or goes quadratic
+ * must fail, not hang the suite: tests that could do either set an alarm
+ * (SIGALRM ends the forked test, which Check reports as an error; without
+ * fork it ends the run). These are generous upper bounds, not timings: the
+ * FIFO test takes milliseconds, the 100k-key tests well under a second
+ * (2-3 s under ASan on a loaded 2-core machine), and the quadratic
+ * repeated-key scan they replace took 17 s on 1 MB. */
+#define TEST_HANG_GUARD_S 3
+#define TEST_SCALE_GUARD_S 10
+/* Check's own per-test timeout for the scale tests, above the alarm. */
+#define TEST_SCALE_TIMEOUT_S 30
 
 /* Check records a mark per passing ck_assert (a pipe write); in the
  * element-by-element sweeps only a failing condition reaches Check. */
@@ -44,6 +61,12 @@ static bool model_is_zero(const KvModel *m) {
 static bool config_is_zero(const KvConfig *c) {
     static const KvConfig zero;
     return memcmp(c, &zero, sizeof zero) == 0;
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 /* ---- independent reference decoders ------------------------------------ */
@@ -541,6 +564,185 @@ START_TEST(test_config_errors) {
     ck_assert_int_eq(kv_config_parse(nul_text, sizeof nul_text - 1, "n.json", &c, &err),
                      KV_ERR_INPUT);
     ck_assert_ptr_nonnull(strstr(err.msg, "NUL"));
+
+    /* Past the 16 MiB a config.json may have: refused before any copy. */
+    size_t big = 16u * 1024u * 1024u + 1u;
+    char *huge = calloc(big, 1); /* untouched zero pages: cheap */
+    ck_assert_ptr_nonnull(huge);
+    ck_assert_int_eq(kv_config_parse(huge, big, "big.json", &c, &err), KV_ERR_INPUT);
+    ck_assert_msg(strstr(err.msg, "big.json: expected at most 16777216 bytes, found 16777217"),
+                  "%s", err.msg);
+    free(huge);
+
+    /* mistral's default head_dim (hidden_size / num_attention_heads) is
+     * bounded like a given one */
+    parse_bad("{\"model_type\": \"mistral\", \"vocab_size\": 100, \"hidden_size\": 8192, "
+              "\"intermediate_size\": 128, \"num_hidden_layers\": 3, "
+              "\"num_attention_heads\": 1}",
+              "'head_dim': expected at most 4096", "found 8192 = 8192 / 1");
+}
+END_TEST
+
+/* Each size field at and just outside its bound (config.h): the bound is
+ * inclusive, and a refusal names the field, the bound and the value. */
+typedef struct {
+    const char *field;
+    int64_t lo, hi;
+    int64_t lo_ok; /* the smallest accepted value (head_dim must also be even) */
+} FieldBound;
+
+static const FieldBound field_bounds[] = {
+    {"vocab_size", KV_CONFIG_MIN_VOCAB, KV_CONFIG_MAX_VOCAB, KV_CONFIG_MIN_VOCAB},
+    {"hidden_size", 1, KV_CONFIG_MAX_HIDDEN, 1},
+    {"intermediate_size", 1, KV_CONFIG_MAX_INTERMEDIATE, 1},
+    {"num_hidden_layers", 1, KV_MAX_LAYERS, 1},
+    {"num_attention_heads", 1, KV_CONFIG_MAX_HEADS, 1},
+    {"num_key_value_heads", 1, KV_CONFIG_MAX_HEADS, 1},
+    {"head_dim", 1, KV_CONFIG_MAX_HEAD_DIM, 2},
+    {"sliding_window", 1, KV_CONFIG_MAX_WINDOW, 1},
+    {"max_position_embeddings", 1, KV_CONFIG_MAX_POSITIONS, 1},
+};
+
+static int64_t config_field(const KvConfig *c, const char *field) {
+    const struct {
+        const char *name;
+        int64_t value;
+    } f[] = {
+        {"vocab_size", c->vocab_size},
+        {"hidden_size", c->hidden_size},
+        {"intermediate_size", c->intermediate_size},
+        {"num_hidden_layers", c->num_layers},
+        {"num_attention_heads", c->num_heads},
+        {"num_key_value_heads", c->num_kv_heads},
+        {"head_dim", c->head_dim},
+        {"sliding_window", c->sliding_window},
+        {"max_position_embeddings", c->max_position_embeddings},
+    };
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
+        if (strcmp(f[i].name, field) == 0) return f[i].value;
+    }
+    ck_abort_msg("no field %s", field);
+    return -1;
+}
+
+/* A gemma2 config with every size given, `field` set to v. The head counts
+ * move together (kv heads must divide heads) unless v is out of range. */
+static void bounds_json(const char *field, int64_t v, char *buf, size_t size) {
+    static const char *names[] = {"vocab_size", "hidden_size", "intermediate_size",
+                                  "num_hidden_layers", "num_attention_heads",
+                                  "num_key_value_heads", "head_dim", "sliding_window",
+                                  "max_position_embeddings"};
+    int64_t vals[] = {100, 64, 128, 3, 4, 4, 16, 8, 256};
+    bool heads = strcmp(field, "num_attention_heads") == 0 ||
+                 strcmp(field, "num_key_value_heads") == 0;
+    if (heads && v >= 1 && v <= KV_CONFIG_MAX_HEADS) vals[4] = vals[5] = v;
+    size_t used = (size_t)snprintf(buf, size, "{\"model_type\": \"gemma2\"");
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        int64_t x = strcmp(names[i], field) == 0 ? v : vals[i];
+        used += (size_t)snprintf(buf + used, size - used, ", \"%s\": %" PRId64, names[i], x);
+    }
+    snprintf(buf + used, size - used, "}");
+}
+
+START_TEST(test_config_bounds) {
+    const FieldBound *b = &field_bounds[_i];
+    char json[512];
+    KvConfig c;
+    KvError err = {{0}};
+    int64_t ok_vals[2] = {b->lo_ok, b->hi};
+    for (int k = 0; k < 2; k++) {
+        bounds_json(b->field, ok_vals[k], json, sizeof json);
+        KvStatus s = kv_config_parse(json, strlen(json), "b.json", &c, &err);
+        ck_assert_msg(s == KV_OK, "%s = %" PRId64 " should be accepted: %s", b->field,
+                      ok_vals[k], err.msg);
+    }
+    ck_assert_int_eq(config_field(&c, b->field), b->hi);
+    int64_t bad_vals[2] = {b->lo - 1, b->hi + 1};
+    for (int k = 0; k < 2; k++) {
+        bounds_json(b->field, bad_vals[k], json, sizeof json);
+        memset(&c, 0x5A, sizeof c);
+        KvStatus s = kv_config_parse(json, strlen(json), "b.json", &c, &err);
+        ck_assert_msg(s == KV_ERR_INPUT, "%s = %" PRId64 " should be refused, found %d",
+                      b->field, bad_vals[k], (int)s);
+        ck_assert(config_is_zero(&c));
+        char want[160];
+        snprintf(want, sizeof want,
+                 "b.json: field '%s': expected an integer in [%" PRId64 ", %" PRId64 "]",
+                 b->field, b->lo, b->hi);
+        ck_assert_msg(strstr(err.msg, want) != NULL, "message lacks \"%s\": %s", want, err.msg);
+        snprintf(want, sizeof want, "found the number %" PRId64, bad_vals[k]);
+        ck_assert_msg(strstr(err.msg, want) != NULL, "message lacks \"%s\": %s", want, err.msg);
+    }
+}
+END_TEST
+
+/* A missing sliding_window takes transformers' default, 4096, and says so. */
+START_TEST(test_config_window_defaulted) {
+    KvConfig c = parse_ok("{\"model_type\": \"mistral\", " REQ_FIELDS "}");
+    ck_assert_int_eq(c.sliding_window, 4096);
+    ck_assert(c.sliding_window_defaulted);
+    c = parse_ok("{\"model_type\": \"mistral\", " REQ_FIELDS ", \"sliding_window\": 4096}");
+    ck_assert_int_eq(c.sliding_window, 4096);
+    ck_assert(!c.sliding_window_defaulted);
+    c = parse_ok("{\"model_type\": \"mistral\", " REQ_FIELDS ", \"sliding_window\": null}");
+    ck_assert(c.sliding_window == 0 && !c.sliding_window_defaulted);
+    c = parse_ok("{\"model_type\": \"llama\", " REQ_FIELDS "}");
+    ck_assert(c.sliding_window == 0 && !c.sliding_window_defaulted);
+    /* gemma2: the default layer_types has sliding layers */
+    c = parse_ok("{\"model_type\": \"gemma2\", " REQ_FIELDS "}");
+    ck_assert(c.sliding_window == 4096 && c.sliding_window_defaulted);
+    c = parse_ok("{\"model_type\": \"gemma2\", " REQ_FIELDS ", \"sliding_window\": 8}");
+    ck_assert(c.sliding_window == 8 && !c.sliding_window_defaulted);
+    /* no layer slides: the default is never used, nothing to say */
+    c = parse_ok("{\"model_type\": \"gemma2\", " REQ_FIELDS
+                 ", \"layer_types\": [\"full_attention\", \"full_attention\", "
+                 "\"full_attention\"]}");
+    ck_assert(!c.sliding_window_defaulted);
+    /* kv_config_to_json writes the window, so it is no longer a default */
+    c = parse_ok("{\"model_type\": \"mistral\", " REQ_FIELDS "}");
+    char *json = kv_config_to_json(&c);
+    ck_assert_ptr_nonnull(json);
+    KvConfig back = parse_ok(json);
+    ck_assert(back.sliding_window == 4096 && !back.sliding_window_defaulted);
+    free(json);
+}
+END_TEST
+
+/* config.json text with `n` extra keys k000000.. before the real fields;
+ * with dup >= 0, key number n-1 is named like key `dup`. */
+static char *many_keys_json(size_t n, long dup) {
+    size_t size = 64 + n * 24 + 512;
+    char *buf = test_alloc(size);
+    size_t used = (size_t)snprintf(buf, size, "{");
+    for (size_t i = 0; i < n; i++) {
+        long name = (dup >= 0 && i == n - 1) ? dup : (long)i;
+        used += (size_t)snprintf(buf + used, size - used, "\"k%06ld\": %zu, ", name, i);
+    }
+    snprintf(buf + used, size - used, "\"model_type\": \"mistral\", " REQ_FIELDS "}");
+    return buf;
+}
+
+/* 100k keys (a 1.9 MB config.json): the repeated-key check sorts, so this
+ * takes milliseconds; the quadratic scan it replaced took 17 s at 1 MB. */
+START_TEST(test_config_many_keys) {
+    alarm(TEST_SCALE_GUARD_S);
+    const size_t n = 100000;
+    char *json = many_keys_json(n, -1);
+    KvConfig c;
+    KvError err = {{0}};
+    KvStatus s = kv_config_parse(json, strlen(json), "many.json", &c, &err);
+    ck_assert_msg(s == KV_OK, "%s", err.msg);
+    ck_assert_int_eq(c.vocab_size, 100);
+    ck_assert_int_eq(c.num_layers, 3);
+    free(json);
+
+    json = many_keys_json(n, 54321);
+    s = kv_config_parse(json, strlen(json), "many.json", &c, &err);
+    ck_assert_int_eq(s, KV_ERR_INPUT);
+    ck_assert_msg(strstr(err.msg, "many.json: field 'k054321': expected once, found repeated"),
+                  "%s", err.msg);
+    free(json);
+    alarm(0);
 }
 END_TEST
 
@@ -820,6 +1022,137 @@ START_TEST(test_st_header_cap) {
 }
 END_TEST
 
+/* A safetensors image of n one-byte U8 tensors t000000.. at offsets 0..n-1;
+ * with dup >= 0 the last is named like tensor `dup`. */
+static uint8_t *many_tensors_image(size_t n, long dup, size_t *len) {
+    size_t cap = 64 + n * 80;
+    char *h = test_alloc(cap);
+    size_t used = (size_t)snprintf(h, cap, "{\"__metadata__\":{\"format\":\"pt\"}");
+    for (size_t i = 0; i < n; i++) {
+        long name = (dup >= 0 && i == n - 1) ? dup : (long)i;
+        used += (size_t)snprintf(h + used, cap - used,
+                                 ",\"t%06ld\":{\"dtype\":\"U8\",\"shape\":[1],"
+                                 "\"data_offsets\":[%zu,%zu]}",
+                                 name, i, i + 1);
+    }
+    used += (size_t)snprintf(h + used, cap - used, "}");
+    *len = 8 + used + n;
+    uint8_t *img = test_alloc(*len);
+    for (int b = 0; b < 8; b++) img[b] = (uint8_t)((uint64_t)used >> (8 * b));
+    memcpy(img + 8, h, used);
+    for (size_t i = 0; i < n; i++) img[8 + used + i] = (uint8_t)i;
+    free(h);
+    return img;
+}
+
+/* 100k tensor names (a 5 MB header): names are checked for repeats by
+ * sorting, in well under a second. */
+START_TEST(test_st_many_tensors) {
+    alarm(TEST_SCALE_GUARD_S);
+    const size_t n = 100000;
+    size_t len;
+    uint8_t *img = many_tensors_image(n, -1, &len);
+    KvSafetensors st;
+    KvError err = {{0}};
+    ck_assert_msg(kv_st_parse(img, len, "many.safetensors", &st, &err) == KV_OK, "%s", err.msg);
+    ck_assert_uint_eq(st.n_tensors, n);
+    const KvTensorInfo *t = kv_st_find(&st, "t054321");
+    ck_assert_ptr_nonnull(t);
+    ck_assert_uint_eq(t->begin, 54321);
+    ck_assert_uint_eq(st.data[t->begin], (uint8_t)54321);
+    kv_st_close(&st);
+    free(img);
+
+    img = many_tensors_image(n, 54321, &len);
+    ck_assert_int_eq(kv_st_parse(img, len, "many.safetensors", &st, &err), KV_ERR_INPUT);
+    ck_assert_msg(strstr(err.msg, "many.safetensors: header: key 't054321': expected once, "
+                                  "found repeated"),
+                  "%s", err.msg);
+    ck_assert_ptr_null(st.tensors);
+    free(img);
+    alarm(0);
+}
+END_TEST
+
+/* The JSON text checks directly: every class of ill-formed UTF-8, and \u0000
+ * told apart from an escaped backslash followed by "u0000". */
+START_TEST(test_json_text_checks) {
+    static const struct {
+        const char *text;
+        const char *want; /* NULL: accepted */
+    } cases[] = {
+        {"{\"a\": \"plain\"}", NULL},
+        {"{\"\xc3\xbc\": \"\xe2\x82\xac \xf0\x9f\x98\x80 \xf4\x8f\xbf\xbf \xed\x9f\xbf\"}", NULL},
+        {"{\"a\": \"\\\\u0000\"}", NULL},     /* \\u0000: a backslash, then text */
+        {"{\"a\": \"\\u0001\\n\\\"\"}", NULL}, /* other escapes are fine */
+        {"{\"a\": \"\x80\"}", "0x80 at byte 7"},     /* a lone continuation byte */
+        {"{\"a\": \"\xc1\xbf\"}", "0xc1"},           /* overlong 2-byte */
+        {"{\"a\": \"\xe0\x9f\xbf\"}", "0xe0"},       /* overlong 3-byte */
+        {"{\"a\": \"\xf0\x8f\xbf\xbf\"}", "0xf0"},   /* overlong 4-byte */
+        {"{\"a\": \"\xed\xbf\xbf\"}", "0xed"},       /* surrogate U+DFFF */
+        {"{\"a\": \"\xf4\x90\x80\x80\"}", "0xf4"},   /* U+110000 */
+        {"{\"a\": \"\xf5\x80\x80\x80\"}", "0xf5"},
+        {"{\"a\": \"\xe2\x82\"}", "0xe2"},           /* truncated */
+        {"{\"a\": \"x\xc3", "0xc3"},                  /* truncated at the end of the text */
+        {"{\"a\\u0000b\": 1}", "key \"a\\u0000b\" at byte 1: expected no NUL character, found "
+                                "the escape \\u0000 at byte 3"},
+        {"{\"a\": \"\\u00000\"}", "string \"\\u00000\""},
+        {"{\"a\"  :\"\\u0000\"}", "string"},
+        {"{\"a\\u0000\"\n :1}", "key"},
+        {"{\"a\": \"x\\u0000", "string \"x\\u0000\""}, /* unterminated, at the end */
+        {"{\"a\": \"tab\there\"}", "string \"tab?here\" at byte 6: expected control characters escaped (JSON), found a raw control character 0x09 at byte 10"},
+        {"{\"a\nb\": 1}", "key \"a?b\""},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        KvError err = {{0}};
+        const char *t = cases[i].text;
+        KvStatus s = kv_file_check_json_text(t, strlen(t), "w", &err);
+        if (cases[i].want == NULL) {
+            ck_assert_msg(s == KV_OK, "case %zu should pass: %s", i, err.msg);
+        } else {
+            ck_assert_msg(s == KV_ERR_INPUT, "case %zu should fail", i);
+            ck_assert_msg(strncmp(err.msg, "w: ", 3) == 0, "case %zu: %s", i, err.msg);
+            ck_assert_msg(strstr(err.msg, cases[i].want) != NULL, "case %zu: lacks \"%s\": %s", i,
+                          cases[i].want, err.msg);
+        }
+    }
+    /* The scan stops at len: a \u0000 cut off by len is not there. */
+    KvError err = {{0}};
+    const char *cut = "{\"a\": \"\\u0000\"}";
+    ck_assert_int_eq(kv_file_check_json_text(cut, 9, "w", &err), KV_OK);
+}
+END_TEST
+
+/* Repeated keys at any depth, with their path; the same key in two sibling
+ * objects is fine. */
+START_TEST(test_json_keys) {
+    static const struct {
+        const char *text;
+        const char *want;
+    } cases[] = {
+        {"{\"a\": {\"x\": 1}, \"b\": {\"x\": 2}, \"c\": [{\"x\": 1}, {\"x\": 2}]}", NULL},
+        {"{\"b\": 1, \"a\": 2, \"b\": 3}", "f 'b': expected once"},
+        {"{\"a\": {\"y\": 1, \"x\": 1, \"y\": 2}}", "f 'a.y'"},
+        {"{\"a\": [1, {\"x\": 1}, [{\"z\": 1, \"z\": 1}]]}", "f 'a[2][0].z'"},
+        {"[{\"q\": 1, \"q\": 2}]", "f '[0].q'"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        cJSON *root = cJSON_Parse(cases[i].text);
+        ck_assert_ptr_nonnull(root);
+        KvError err = {{0}};
+        KvStatus s = kv_file_check_json_keys(root, "w", "f", &err);
+        if (cases[i].want == NULL) {
+            ck_assert_msg(s == KV_OK, "case %zu: %s", i, err.msg);
+        } else {
+            ck_assert_msg(s == KV_ERR_INPUT, "case %zu should fail", i);
+            ck_assert_msg(strstr(err.msg, cases[i].want) != NULL, "case %zu: lacks \"%s\": %s", i,
+                          cases[i].want, err.msg);
+        }
+        cJSON_Delete(root);
+    }
+}
+END_TEST
+
 /* ---- files on disk ----------------------------------------------------- */
 
 typedef struct {
@@ -846,7 +1179,7 @@ static void temp_write(const TempDir *t, const char *name, const void *data, siz
 }
 
 static void temp_remove(const TempDir *t) {
-    static const char *names[] = {"config.json", "model.safetensors", "sub"};
+    static const char *names[] = {"config.json", "model.safetensors", "sub", "sock"};
     char p[512];
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         temp_path(t, names[i], p, sizeof p);
@@ -979,6 +1312,88 @@ START_TEST(test_dir_errors) {
 }
 END_TEST
 
+/* Loads dir expecting a refusal of `path` as a non-regular file of `kind`,
+ * quickly: opening a FIFO must not wait for a writer. */
+static void dir_refuses_kind(const char *dir, const char *path, const char *kind) {
+    char want[640];
+    snprintf(want, sizeof want, "%s: expected a regular file, found %s", path, kind);
+    double t0 = now_s();
+    dir_bad(dir, path, want);
+    double dt = now_s() - t0;
+    ck_assert_msg(dt < 1.0, "%s: refusing %s took %.3f s", path, kind, dt);
+}
+
+START_TEST(test_nonregular_inputs) {
+    alarm(TEST_HANG_GUARD_S); /* a FIFO opened without O_NONBLOCK blocks for ever */
+    TempDir t;
+    temp_make(&t);
+    size_t len;
+    uint8_t *img = temp_base(&t, &len);
+    char cfg[512], st[512];
+    temp_path(&t, "config.json", cfg, sizeof cfg);
+    temp_path(&t, "model.safetensors", st, sizeof st);
+
+    /* config.json a FIFO with no writer */
+    ck_assert_int_eq(unlink(cfg), 0);
+    ck_assert_msg(mkfifo(cfg, 0600) == 0, "mkfifo %s: %s", cfg, strerror(errno));
+    dir_refuses_kind(t.dir, cfg, "a FIFO");
+    KvConfig c;
+    KvError err = {{0}};
+    memset(&c, 0x33, sizeof c);
+    ck_assert_int_eq(kv_config_load(cfg, &c, &err), KV_ERR_INPUT);
+    ck_assert(config_is_zero(&c));
+    /* ... a directory */
+    ck_assert_int_eq(unlink(cfg), 0);
+    ck_assert_int_eq(mkdir(cfg, 0700), 0);
+    dir_refuses_kind(t.dir, cfg, "a directory");
+    ck_assert_int_eq(rmdir(cfg), 0);
+    /* ... a socket */
+    struct sockaddr_un addr;
+    memset(&addr, 0, sizeof addr);
+    addr.sun_family = AF_UNIX;
+    int n = snprintf(addr.sun_path, sizeof addr.sun_path, "%s/sock", t.dir);
+    if (n > 0 && (size_t)n < sizeof addr.sun_path) { /* TMPDIR may be too long for one */
+        int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+        ck_assert_int_ge(fd, 0);
+        ck_assert_int_eq(bind(fd, (const struct sockaddr *)&addr, sizeof addr), 0);
+        ck_assert_int_eq(kv_config_load(addr.sun_path, &c, &err), KV_ERR_INPUT);
+        ck_assert_msg(strstr(err.msg, "expected a regular file, found a socket"), "%s", err.msg);
+        close(fd);
+    }
+    /* ... a device (character devices stream for ever) */
+    ck_assert_int_eq(kv_config_load("/dev/zero", &c, &err), KV_ERR_INPUT);
+    ck_assert_str_eq(err.msg, "/dev/zero: expected a regular file, found a device");
+
+    /* model.safetensors a FIFO, config.json fine again */
+    KvConfig base;
+    corpus_config(KV_FAMILY_MISTRAL, &base);
+    char *json = kv_config_to_json(&base);
+    ck_assert_ptr_nonnull(json);
+    temp_write(&t, "config.json", json, strlen(json));
+    free(json);
+    ck_assert_int_eq(unlink(st), 0);
+    ck_assert_msg(mkfifo(st, 0600) == 0, "mkfifo %s: %s", st, strerror(errno));
+    dir_refuses_kind(t.dir, st, "a FIFO");
+    KvSafetensors tab;
+    memset(&tab, 0x33, sizeof tab);
+    ck_assert_int_eq(kv_st_open(st, &tab, &err), KV_ERR_INPUT);
+    ck_assert_ptr_null(tab.tensors);
+    ck_assert_ptr_null(tab.map);
+    ck_assert_int_eq(kv_st_open("/dev/zero", &tab, &err), KV_ERR_INPUT);
+    ck_assert_str_eq(err.msg, "/dev/zero: expected a regular file, found a device");
+
+    /* and a regular file still loads after all that */
+    ck_assert_int_eq(unlink(st), 0);
+    temp_write(&t, "model.safetensors", img, len);
+    KvModel m;
+    ck_assert_int_eq(kv_model_load_dir(t.dir, &m, &err), KV_OK);
+    kv_model_free(&m);
+    free(img);
+    temp_remove(&t);
+    alarm(0);
+}
+END_TEST
+
 static Suite *loader_suite(void) {
     Suite *s = suite_create("loader");
     TCase *tc = tcase_create("corpus");
@@ -997,6 +1412,11 @@ static Suite *loader_suite(void) {
     tcase_add_test(tc, test_config_defaults_gemma2);
     tcase_add_test(tc, test_config_defaults_mistral_llama);
     tcase_add_test(tc, test_config_errors);
+    tcase_add_loop_test(tc, test_config_bounds, 0,
+                        (int)(sizeof field_bounds / sizeof field_bounds[0]));
+    tcase_add_test(tc, test_config_window_defaulted);
+    tcase_add_test(tc, test_json_text_checks);
+    tcase_add_test(tc, test_json_keys);
     tcase_add_test(tc, test_config_roundtrip);
     tcase_add_test(tc, test_config_json_fields);
     suite_add_tcase(s, tc);
@@ -1008,9 +1428,16 @@ static Suite *loader_suite(void) {
     tcase_add_test(tc, test_st_header_cap);
     suite_add_tcase(s, tc);
 
+    tc = tcase_create("scale");
+    tcase_set_timeout(tc, TEST_SCALE_TIMEOUT_S);
+    tcase_add_test(tc, test_config_many_keys);
+    tcase_add_test(tc, test_st_many_tensors);
+    suite_add_tcase(s, tc);
+
     tc = tcase_create("files");
     tcase_add_test(tc, test_dir_loads);
     tcase_add_test(tc, test_dir_errors);
+    tcase_add_test(tc, test_nonregular_inputs);
     suite_add_tcase(s, tc);
     return s;
 }
