@@ -170,8 +170,8 @@ static KvStatus bisect_rerun(const BisectJob *j, const KvBisectPoint *pt, KvErro
         const bool cache = kv_probe_item(NP, p) == KV_PROBE_CACHE;
         bisect_print_diff(k == 0 ? "diverged" : "input", j->a->probe_names[p], &ra.dump, &rb.dump,
                           p, pt->row, cache, kv_dim, next);
-        tensors[k] = (KvBisectTensorOut){j->a->probe_names[p], k == 0 ? "diverged" : "input", B,
-                                         ra.dump.len[p], rb.dump.len[p], ra.dump.data[p],
+        tensors[k] = (KvBisectTensorOut){p, j->a->probe_names[p], k == 0 ? "diverged" : "input",
+                                         B, ra.dump.len[p], rb.dump.len[p], ra.dump.data[p],
                                          rb.dump.data[p]};
     }
     char la[512], lb[512], ra_label[320], rb_label[320];
