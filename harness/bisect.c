@@ -3,6 +3,7 @@
 #include "bisect.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -10,31 +11,148 @@
 #include "fault.h"
 #include "forward.h"
 
+/* "'name'" for probe p of run r, or "(none)" past its last probe. */
+static const char *bisect_probe_quoted(const KvRun *r, int64_t p, char *buf, size_t n) {
+    if (p >= r->n_probes) return "(none)";
+    snprintf(buf, n, "'%.*s'", KV_NAME_LEN, r->probe_names[p]);
+    return buf;
+}
+
+/* The first index at which run r's probe names differ from the forward's
+ * for config c (the count included: an index one past the shorter list),
+ * with the expected name (or "") in expected; -1 when they are the same. */
+static int64_t bisect_layout_mismatch(const KvRun *r, const KvConfig *c,
+                                      char expected[KV_NAME_LEN]) {
+    const int64_t n = kv_probe_count(c);
+    const int64_t common = r->n_probes < n ? r->n_probes : n;
+    expected[0] = '\0';
+    for (int64_t p = 0; p < common; p++) {
+        kv_probe_name(c, p, expected, KV_NAME_LEN);
+        if (strncmp(expected, r->probe_names[p], KV_NAME_LEN) != 0) return p;
+    }
+    if (r->n_probes == n) return -1;
+    expected[0] = '\0';
+    if (common < n) kv_probe_name(c, common, expected, KV_NAME_LEN);
+    return common;
+}
+
+/* True when r's probes are the forward's layout for some layer count, so
+ * kv_probe_layer and kv_probe_item describe them. */
+static bool bisect_forward_layout(const KvRun *r) {
+    const int64_t NP = r->n_probes;
+    if (NP < 3 || (NP - 3) % KV_PROBE_PER_LAYER != 0) return false;
+    KvConfig c;
+    memset(&c, 0, sizeof c);
+    c.num_layers = (NP - 3) / KV_PROBE_PER_LAYER; /* the layout depends on nothing else */
+    char expected[KV_NAME_LEN];
+    return bisect_layout_mismatch(r, &c, expected) < 0;
+}
+
+/* Every recorded token of r in [0, vocab); whose: the vocabulary's owner,
+ * for messages. */
+static KvStatus bisect_check_tokens(const KvRun *r, const char *name, int64_t vocab,
+                                    const char *whose, KvError *err) {
+    if (r->steps * r->batch > 0 && r->tokens == NULL) {
+        return kv_error_set(err, KV_ERR_INPUT, "%s: tokens: expected (%lld, %lld), found none",
+                            name, (long long)r->steps, (long long)r->batch);
+    }
+    for (int64_t i = 0; i < r->steps * r->batch; i++) {
+        if (r->tokens[i] >= 0 && r->tokens[i] < vocab) continue;
+        return kv_error_set(err, KV_ERR_INPUT, "%s: tokens[step %lld, row %lld]: expected a token "
+                            "id in [0, %lld), the vocabulary of %s, found %d", name,
+                            (long long)(i / r->batch), (long long)(i % r->batch), (long long)vocab,
+                            whose, r->tokens[i]);
+    }
+    return KV_OK;
+}
+
+KvStatus kv_bisect_check_pair(const KvRun *a, const char *name_a, const KvRun *b,
+                              const char *name_b, KvError *err) {
+    if (a->skipped || b->skipped) {
+        return kv_error_set(err, KV_ERR_INPUT, "%s was skipped: nothing recorded to bisect",
+                            a->skipped ? name_a : name_b);
+    }
+    if (strncmp(a->model, b->model, KV_NAME_LEN) != 0) {
+        return kv_error_set(err, KV_ERR_INPUT, "%s and %s cannot be compared: model '%.64s' vs "
+                            "'%.64s'", name_a, name_b, a->model, b->model);
+    }
+    const struct {
+        const char *field;
+        int64_t a, b;
+    } sizes[] = {
+        {"steps", a->steps, b->steps},
+        {"batch", a->batch, b->batch},
+        {"vocab", a->vocab, b->vocab},
+        {"prompt_len", a->prompt_len, b->prompt_len},
+    };
+    for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
+        if (sizes[k].a == sizes[k].b) continue;
+        return kv_error_set(err, KV_ERR_INPUT, "%s and %s cannot be compared: %s %lld vs %lld",
+                            name_a, name_b, sizes[k].field, (long long)sizes[k].a,
+                            (long long)sizes[k].b);
+    }
+    /* A probe index is only meaningful if it names the same probe in both. */
+    const int64_t common = a->n_probes < b->n_probes ? a->n_probes : b->n_probes;
+    int64_t p = 0;
+    while (p < common && strncmp(a->probe_names[p], b->probe_names[p], KV_NAME_LEN) == 0) p++;
+    if (p < common || a->n_probes != b->n_probes) {
+        char qa[KV_NAME_LEN + 3], qb[KV_NAME_LEN + 3];
+        return kv_error_set(err, KV_ERR_INPUT, "%s and %s cannot be compared: the probe layouts "
+                            "differ (%lld vs %lld probes; probe %lld: %s vs %s)", name_a, name_b,
+                            (long long)a->n_probes, (long long)b->n_probes, (long long)p,
+                            bisect_probe_quoted(a, p, qa, sizeof qa),
+                            bisect_probe_quoted(b, p, qb, sizeof qb));
+    }
+    KvStatus st = bisect_check_tokens(a, name_a, a->vocab, "the run", err);
+    if (st == KV_OK) st = bisect_check_tokens(b, name_b, b->vocab, "the run", err);
+    return st;
+}
+
+KvStatus kv_bisect_check_model(const KvRun *run, const char *name, const KvModel *m,
+                               const char *model_name, KvError *err) {
+    const int64_t V = m->config.vocab_size;
+    if (run->skipped) {
+        return kv_error_set(err, KV_ERR_INPUT, "%s was skipped: nothing recorded to re-run", name);
+    }
+    if (run->vocab != V) {
+        return kv_error_set(err, KV_ERR_INPUT, "%s: vocab %lld, %s has %lld; the report does not "
+                            "match this model", name, (long long)run->vocab, model_name,
+                            (long long)V);
+    }
+    for (int64_t i = 0; i < run->batch * run->prompt_len; i++) {
+        if (run->prompt[i] >= 0 && run->prompt[i] < V) continue;
+        return kv_error_set(err, KV_ERR_INPUT, "%s: prompt[row %lld, position %lld]: expected a "
+                            "token id in [0, %lld), the vocabulary of %s, found %d; the report "
+                            "does not match this model", name, (long long)(i / run->prompt_len),
+                            (long long)(i % run->prompt_len), (long long)V, model_name,
+                            run->prompt[i]);
+    }
+    KvStatus st = bisect_check_tokens(run, name, V, model_name, err);
+    if (st != KV_OK) return st;
+    /* The rerun's probes are indexed with the recording's indices: the
+     * layouts must be the same, name for name. */
+    char expected[KV_NAME_LEN], quoted[KV_NAME_LEN + 3];
+    const int64_t p = bisect_layout_mismatch(run, &m->config, expected);
+    if (p >= 0) {
+        char model_q[KV_NAME_LEN + 3] = "(none)";
+        if (expected[0] != '\0') snprintf(model_q, sizeof model_q, "'%s'", expected);
+        return kv_error_set(err, KV_ERR_INPUT, "%s records %lld probes, %s has %lld (probe %lld: "
+                            "recorded %s, model %s); the report does not match this model",
+                            name, (long long)run->n_probes, model_name,
+                            (long long)kv_probe_count(&m->config), (long long)p,
+                            bisect_probe_quoted(run, p, quoted, sizeof quoted), model_q);
+    }
+    return KV_OK;
+}
+
 KvStatus kv_bisect_find(const KvRun *a, const KvRun *b, KvBisectPoint *out, KvError *err) {
     *out = (KvBisectPoint){-1, -1, -1, -1, false};
-    if (a->skipped || b->skipped) {
-        return kv_error_set(err, KV_ERR_INPUT, "run %s was skipped: nothing recorded to bisect",
-                            a->skipped ? "A" : "B");
-    }
-    if (a->steps != b->steps || a->batch != b->batch) {
-        return kv_error_set(err, KV_ERR_INPUT,
-                            "the runs cannot be compared: steps %lld vs %lld, batch %lld vs %lld",
-                            (long long)a->steps, (long long)b->steps, (long long)a->batch,
-                            (long long)b->batch);
-    }
-    const bool probes = a->n_probes > 0 && b->n_probes > 0 && a->probe_hash != NULL &&
-                        b->probe_hash != NULL;
-    if (probes && a->n_probes != b->n_probes) {
-        return kv_error_set(err, KV_ERR_INPUT, "the runs cannot be compared: n_probes %lld vs %lld",
-                            (long long)a->n_probes, (long long)b->n_probes);
-    }
-    for (int64_t p = 0; probes && p < a->n_probes; p++) {
-        if (strncmp(a->probe_names[p], b->probe_names[p], KV_NAME_LEN) != 0) {
-            return kv_error_set(err, KV_ERR_INPUT,
-                                "the runs cannot be compared: probe %lld is '%.64s' vs '%.64s'",
-                                (long long)p, a->probe_names[p], b->probe_names[p]);
-        }
-    }
+    KvStatus st = kv_bisect_check_pair(a, "run A", b, "run B", err);
+    if (st != KV_OK) return st;
+    const bool probes = a->n_probes > 0 && a->probe_hash != NULL && b->probe_hash != NULL;
+    /* Layers are named only for the forward's layout: another engine's
+     * probes say nothing about kvrepro's layer numbering. */
+    const bool layers = probes && bisect_forward_layout(a);
     const int64_t B = a->batch, NP = a->n_probes;
     for (int64_t s = 0; s < a->steps; s++) {
         if (probes) {
@@ -42,7 +160,7 @@ KvStatus kv_bisect_find(const KvRun *a, const KvRun *b, KvBisectPoint *out, KvEr
                 for (int64_t r = 0; r < B; r++) {
                     const int64_t i = (s * NP + p) * B + r;
                     if (a->probe_hash[i] == b->probe_hash[i]) continue;
-                    *out = (KvBisectPoint){s, r, p, kv_probe_layer(NP, p), false};
+                    *out = (KvBisectPoint){s, r, p, layers ? kv_probe_layer(NP, p) : -1, false};
                     return KV_OK;
                 }
             }
@@ -117,6 +235,8 @@ static KvStatus bisect_parse_faults(const KvRun *run, unsigned *bits, KvError *e
 KvStatus kv_bisect_rerun(const KvModel *m, const KvRun *run, int64_t step, KvDecodeResult *out,
                          KvError *err) {
     memset(out, 0, sizeof *out);
+    KvStatus st = kv_bisect_check_model(run, "the run", m, "the model", err);
+    if (st != KV_OK) return st;
     const KvCacheOps *variant = NULL;
     if (strncmp(run->variant, "reference", KV_NAME_LEN) != 0) {
         char name[KV_NAME_LEN + 1];
@@ -133,12 +253,8 @@ KvStatus kv_bisect_rerun(const KvModel *m, const KvRun *run, int64_t step, KvDec
                             "(only cpu runs)", run->backend);
     }
     unsigned faults = 0;
-    KvStatus st = bisect_parse_faults(run, &faults, err);
+    st = bisect_parse_faults(run, &faults, err);
     if (st != KV_OK) return st;
-    if (run->vocab != m->config.vocab_size) {
-        return kv_error_set(err, KV_ERR_INPUT, "run attribute 'vocab': %lld, but the model has %lld",
-                            (long long)run->vocab, (long long)m->config.vocab_size);
-    }
     if (step < 0 || step >= run->steps) {
         return kv_error_set(err, KV_ERR_INPUT, "step %lld outside the run's %lld steps",
                             (long long)step, (long long)run->steps);
@@ -156,7 +272,19 @@ KvStatus kv_bisect_rerun(const KvModel *m, const KvRun *run, int64_t step, KvDec
         .record_probes = true,
         .dump_probes = true,
     };
-    return kv_decode_greedy(m, &spec, out, err);
+    st = kv_decode_greedy(m, &spec, out, err);
+    if (st != KV_OK) return st;
+    /* Callers index the rerun with the recording's indices. */
+    if (out->steps != step + 1 || out->batch != run->batch || out->n_probes != run->n_probes ||
+        out->probe_hash == NULL || out->dump.data == NULL || out->dump.n_probes != run->n_probes) {
+        st = kv_error_set(err, KV_ERR_INTERNAL, "rerun: expected %lld steps x %lld rows x %lld "
+                          "probes with dumps, found %lld x %lld x %lld%s", (long long)(step + 1),
+                          (long long)run->batch, (long long)run->n_probes, (long long)out->steps,
+                          (long long)out->batch, (long long)out->n_probes,
+                          out->dump.data == NULL ? " without dumps" : "");
+        kv_decode_result_free(out);
+    }
+    return st;
 }
 
 /* Float bits as integers ordered like the floats (-0 and +0 both 0). */

@@ -21,9 +21,33 @@ typedef struct {
     bool by_tokens;           /* no probes recorded: found from tokens / logits hashes */
 } KvBisectPoint;
 
-/* Compares the recorded probe hashes (or, when a run has none, tokens and
- * logits hashes). KV_ERR_INPUT naming the field when the runs cannot be
- * compared (skipped, different steps, batch or probe lists). */
+/* Checks, before anything is indexed, that runs a and b can be compared
+ * point by point: neither skipped; the same model name, steps, batch, vocab
+ * and prompt length; the same n_probes and identical probe names (a probe
+ * index must mean the same probe in both); every recorded token in
+ * [0, vocab). name_a and name_b say where the runs are in messages, e.g.
+ * "R.h5: runs/0012". KV_ERR_INPUT naming both runs and the field with both
+ * values; for the probes, the first differing index and both names. */
+KvStatus kv_bisect_check_pair(const KvRun *a, const char *name_a, const KvRun *b,
+                              const char *name_b, KvError *err);
+
+/* Checks that a recorded run (named `name` in messages) fits model m
+ * (named model_name) so that a rerun on m reproduces its layout and can be
+ * indexed with the recording's indices: not skipped; its vocab is the
+ * model's; every prompt id (the forward embeds pads too) and recorded token
+ * is in [0, vocab); and its probe layout is exactly the one the forward
+ * produces for m (kv_probe_count, kv_probe_name): same count, same name at
+ * every index. KV_ERR_INPUT, e.g. "R.h5: runs/0012 records 30 probes,
+ * gemma2-tiny has 31 (probe 1: recorded 'layer0.k', model 'layer0.q'); the
+ * report does not match this model". */
+KvStatus kv_bisect_check_model(const KvRun *run, const char *name, const KvModel *m,
+                               const char *model_name, KvError *err);
+
+/* Compares the recorded probe hashes (or, when the runs have none, tokens
+ * and logits hashes). The runs are checked first (kv_bisect_check_pair,
+ * named "run A" and "run B"). out->layer is set only when the runs' probes
+ * are the forward's layout (kv_probe_name for some layer count); for a
+ * report from another engine with other probes it stays -1. */
 KvStatus kv_bisect_find(const KvRun *a, const KvRun *b, KvBisectPoint *out, KvError *err);
 
 /* The probes whose values feed probe p, in probe-index order (at most 2):
@@ -35,7 +59,9 @@ int kv_bisect_inputs(int64_t n_probes, int64_t p, int64_t inputs[2]);
 /* Re-executes a recorded run (its prompt, prefill chunk, variant, mode and
  * planted faults) on model m for steps 0..step, recording probes and the
  * full probe values of the last step (out->dump). KV_ERR_INPUT when the run
- * names an unknown variant or fault or does not fit the model. */
+ * names an unknown variant or fault or does not fit the model
+ * (kv_bisect_check_model). On success out has step + 1 steps, the run's
+ * batch and the run's n_probes, so recorded indices are valid in it. */
 KvStatus kv_bisect_rerun(const KvModel *m, const KvRun *run, int64_t step, KvDecodeResult *out,
                          KvError *err);
 

@@ -5,8 +5,13 @@
  * With --rerun it re-executes both runs up to that step with full probe
  * dumps and prints the first differing element of the located probe and of
  * its inputs (index, both values, ULP distance, max |A - B|), and stores
- * the dumps in the report's /bisect group. Exit codes: 0 the runs agree, 1
- * a divergence was found, 2 bad input or usage, 3 internal error. */
+ * the dumps in the report's /bisect group. Before any recorded index is
+ * used, the two runs are checked against each other (model, shape, probe
+ * layout, token ids) and, for --rerun, against the model the rerun will use
+ * (model hash, vocabulary, the forward's probe layout, name for name): a
+ * report that does not match is bad input, never a "does not reproduce".
+ * Exit codes: 0 the runs agree, 1 a divergence was found, 2 bad input or
+ * usage, 3 internal error. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,6 +22,7 @@
 #include "cli.h"
 #include "compare.h"
 #include "fixture.h"
+#include "model.h"
 #include "report.h"
 #include "report_h5.h"
 
@@ -111,45 +117,130 @@ static void bisect_print_diff(const char *role, const char *name, const KvProbeD
            d.first_index, where, (double)d.value_a, (double)d.value_b, ulp, d.max_abs_diff);
 }
 
+/* "R.h5: runs/0012": where a run is, for messages. */
+static void bisect_run_where(const char *path, int64_t i, char *out, size_t n) {
+    snprintf(out, n, "%s: runs/%04" PRId64, path, i);
+}
+
+/* A report's model_hash is kv_model_hash of the gate's first model
+ * (cmd_gate.c). It can be attributed to a run only in an unsharded gate
+ * report whose first run is of that run's model: a shard may hold no run of
+ * the first model, and a merged report ("merged N") holds its shards' runs
+ * in shard order. */
+static bool bisect_recorded_hash(const KvReport *rep, const KvRun *run, uint64_t *hash) {
+    if (strcmp(rep->shard, "1/1") != 0 || rep->n_runs < 1 ||
+        strncmp(rep->runs[0].model, run->model, KV_NAME_LEN) != 0) {
+        return false;
+    }
+    *hash = rep->model_hash;
+    return true;
+}
+
+/* Runs from two reports (the model names already agree): a fixture is
+ * rebuilt from its report's weight seed, so the seeds must agree for a
+ * fixture run; and the model hashes where both reports record the run's. */
+static KvStatus bisect_check_same_model(const KvReport *rep_a, const char *path_a, const KvRun *a,
+                                        const KvReport *rep_b, const char *path_b,
+                                        const KvRun *b, KvError *err) {
+    char name[KV_NAME_LEN + 1];
+    memcpy(name, a->model, KV_NAME_LEN);
+    name[KV_NAME_LEN] = '\0';
+    KvFamily fam;
+    KvFixtureSize size;
+    const bool fixture = kv_fixture_lookup(name, &fam, &size, NULL) == KV_OK;
+    if (fixture && rep_a->weight_seed != rep_b->weight_seed) {
+        return kv_error_set(err, KV_ERR_INPUT, "%s and %s record fixture %s with different "
+                            "weights (weight seed %llu vs %llu): the runs are of different models",
+                            path_a, path_b, name, (unsigned long long)rep_a->weight_seed,
+                            (unsigned long long)rep_b->weight_seed);
+    }
+    uint64_t ha = 0, hb = 0;
+    if (bisect_recorded_hash(rep_a, a, &ha) && bisect_recorded_hash(rep_b, b, &hb) && ha != hb) {
+        return kv_error_set(err, KV_ERR_INPUT, "%s and %s record %s with different model hashes "
+                            "(0x%016" PRIx64 " vs 0x%016" PRIx64 "): the runs are of different "
+                            "models", path_a, path_b, name, ha, hb);
+    }
+    return KV_OK;
+}
+
+/* The model both runs are re-run on: DIR of --model, or the fixture the
+ * runs name, rebuilt from the first report's weight seed. */
+typedef struct {
+    KvFixtureModel fx;
+    KvModel dir_model;
+    const KvModel *m;
+    bool fixture;
+    char name[512];             /* in messages: the fixture name or DIR */
+} BisectModel;
+
+static KvStatus bisect_model_load(const char *model_dir, const KvReport *rep, const KvRun *run,
+                                  BisectModel *bm, KvError *err) {
+    KvStatus st;
+    if (model_dir != NULL) {
+        st = kv_model_load_dir(model_dir, &bm->dir_model, err);
+        bm->m = &bm->dir_model;
+        snprintf(bm->name, sizeof bm->name, "%s", model_dir);
+    } else {
+        snprintf(bm->name, sizeof bm->name, "%.*s", KV_NAME_LEN, run->model);
+        bm->fixture = true;
+        st = kv_fixture_load(bm->name, rep->weight_seed, &bm->fx, err);
+        if (st != KV_OK) kv_error_prefix(err, "--rerun needs --model DIR for a checkpoint run");
+        bm->m = &bm->fx.model;
+    }
+    return st;
+}
+
+static void bisect_model_free(BisectModel *bm) {
+    kv_fixture_free(&bm->fx);
+    kv_model_free(&bm->dir_model);
+}
+
+/* The rerun model is the one the report recorded, where it recorded its hash. */
+static KvStatus bisect_check_model_hash(const BisectModel *bm, const KvReport *rep,
+                                        const char *path, const KvRun *run, KvError *err) {
+    uint64_t recorded = 0;
+    if (!bisect_recorded_hash(rep, run, &recorded)) return KV_OK;
+    const uint64_t have = kv_model_hash(bm->m);
+    if (have == recorded) return KV_OK;
+    char seed[48] = "";
+    if (bm->fixture) {
+        snprintf(seed, sizeof seed, " (weight seed %llu)", (unsigned long long)rep->weight_seed);
+    }
+    return kv_error_set(err, KV_ERR_INPUT, "%s: model_hash 0x%016" PRIx64 " recorded for %.64s, "
+                        "%s%s has 0x%016" PRIx64 "; the report does not match this model", path,
+                        recorded, run->model, bm->name, seed, have);
+}
+
 typedef struct {
     const char *path_a, *path_b;   /* report files (path_b may equal path_a) */
-    const KvReport *rep_a;
+    const char *where_a, *where_b; /* "R.h5: runs/0012" */
+    const KvReport *rep_a, *rep_b;
     const KvRun *a, *b;
     int64_t ia, ib;
-    const char *out, *model_dir;
+    const char *out;
+    const KvModel *m;              /* checked against both runs (kv_bisect_check_model) */
 } BisectJob;
 
 /* Re-runs both runs to pt->step, prints the element-wise differences of the
- * located probe and its inputs, and writes /bisect. */
+ * located probe and its inputs, and writes /bisect. The runs' probe layouts
+ * are the model's (checked before), so recorded indices are rerun indices. */
 static KvStatus bisect_rerun(const BisectJob *j, const KvBisectPoint *pt, KvError *err) {
     KvStatus st = KV_OK;
-    KvFixtureModel fx = {0};
-    KvModel dir_model = {0};
-    const KvModel *m = NULL;
     KvDecodeResult ra = {0}, rb = {0};
-    if (j->model_dir != NULL) {
-        st = kv_model_load_dir(j->model_dir, &dir_model, err);
-        m = &dir_model;
-    } else {
-        char name[KV_NAME_LEN + 1];
-        memcpy(name, j->a->model, KV_NAME_LEN);
-        name[KV_NAME_LEN] = '\0';
-        st = kv_fixture_load(name, j->rep_a->weight_seed, &fx, err);
-        if (st != KV_OK) kv_error_prefix(err, "--rerun needs --model DIR for a checkpoint run");
-        m = &fx.model;
-    }
-    if (st != KV_OK) goto exit;
-    st = kv_bisect_rerun(m, j->a, pt->step, &ra, err);
+    char prefix[1200];
+    st = kv_bisect_rerun(j->m, j->a, pt->step, &ra, err);
     if (st != KV_OK) {
-        kv_error_prefix(err, "rerun of A");
+        snprintf(prefix, sizeof prefix, "rerun of A (%s)", j->where_a);
+        kv_error_prefix(err, prefix);
         goto exit;
     }
-    st = kv_bisect_rerun(m, j->b, pt->step, &rb, err);
+    st = kv_bisect_rerun(j->m, j->b, pt->step, &rb, err);
     if (st != KV_OK) {
-        kv_error_prefix(err, "rerun of B");
+        snprintf(prefix, sizeof prefix, "rerun of B (%s)", j->where_b);
+        kv_error_prefix(err, prefix);
         goto exit;
     }
-    const int64_t NP = ra.n_probes, B = ra.batch;
+    const int64_t NP = j->a->n_probes, B = j->a->batch;
     const int64_t last = (pt->step * NP + pt->probe) * B + pt->row;     /* in the recording */
     const int64_t here = ((ra.steps - 1) * NP + pt->probe) * B + pt->row; /* in the rerun */
     const bool same_a = ra.probe_hash[here] == j->a->probe_hash[last];
@@ -157,9 +248,21 @@ static KvStatus bisect_rerun(const BisectJob *j, const KvBisectPoint *pt, KvErro
     printf("rerun to step %" PRId64 ": A %s its recorded hash there, B %s\n", pt->step,
            same_a ? "reproduces" : "does NOT reproduce", same_b ? "reproduces" : "does NOT reproduce");
     if (!same_a || !same_b) {
-        printf("  (a run that does not reproduce is itself nondeterministic: repeat the rerun)\n");
+        /* Layouts, model and inputs were checked: what is left is the run
+         * itself, or a build that computes it differently. */
+        const KvReport *other = strcmp(j->rep_a->git_commit, KV_GIT_COMMIT) != 0 ? j->rep_a
+                                                                                  : j->rep_b;
+        if (strcmp(other->git_commit, KV_GIT_COMMIT) != 0 ||
+            strcmp(KV_GIT_COMMIT, "unknown") == 0) {
+            printf("  (recorded by commit %.64s, re-run by commit %s: a changed build may compute "
+                   "it differently; if not, the run is nondeterministic: repeat the rerun)\n",
+                   other->git_commit, KV_GIT_COMMIT);
+        } else {
+            printf("  (a run that does not reproduce is itself nondeterministic: repeat the "
+                   "rerun)\n");
+        }
     }
-    const KvConfig *c = &m->config;
+    const KvConfig *c = &j->m->config;
     const int64_t kv_dim = c->num_kv_heads * c->head_dim;
     const int64_t next = j->a->prompt_len + pt->step; /* positions stored after the step */
     int64_t probes[3] = {pt->probe, -1, -1};
@@ -170,8 +273,8 @@ static KvStatus bisect_rerun(const BisectJob *j, const KvBisectPoint *pt, KvErro
         const bool cache = kv_probe_item(NP, p) == KV_PROBE_CACHE;
         bisect_print_diff(k == 0 ? "diverged" : "input", j->a->probe_names[p], &ra.dump, &rb.dump,
                           p, pt->row, cache, kv_dim, next);
-        tensors[k] = (KvBisectTensorOut){j->a->probe_names[p], k == 0 ? "diverged" : "input", B,
-                                         ra.dump.len[p], rb.dump.len[p], ra.dump.data[p],
+        tensors[k] = (KvBisectTensorOut){p, j->a->probe_names[p], k == 0 ? "diverged" : "input",
+                                         B, ra.dump.len[p], rb.dump.len[p], ra.dump.data[p],
                                          rb.dump.data[p]};
     }
     char la[512], lb[512], ra_label[320], rb_label[320];
@@ -187,8 +290,6 @@ static KvStatus bisect_rerun(const BisectJob *j, const KvBisectPoint *pt, KvErro
 exit:
     kv_decode_result_free(&ra);
     kv_decode_result_free(&rb);
-    kv_fixture_free(&fx);
-    kv_model_free(&dir_model);
     return st;
 }
 
@@ -245,6 +346,8 @@ int kv_cmd_bisect(int argc, char **argv) {
     KvError err = {{0}};
     KvReport rep[2];
     memset(rep, 0, sizeof rep);
+    BisectModel bm;
+    memset(&bm, 0, sizeof bm);
     int rc = KV_EXIT_PASS;
     KvStatus st = kv_report_read_h5(paths[0], &rep[0], &err);
     if (st == KV_OK && n_paths == 2) st = kv_report_read_h5(paths[1], &rep[1], &err);
@@ -275,11 +378,30 @@ int kv_cmd_bisect(int argc, char **argv) {
         }
     }
     const KvRun *a = &rep[0].runs[ia], *b = &rb_rep->runs[ib];
+    const char *path_b = n_paths == 2 ? paths[1] : paths[0];
     char la[320], lb[320];
     bisect_run_label(a, la, sizeof la);
     bisect_run_label(b, lb, sizeof lb);
     printf("A: %s runs/%04" PRId64 " %s\n", paths[0], ia, la);
-    printf("B: %s runs/%04" PRId64 " %s\n", n_paths == 2 ? paths[1] : paths[0], ib, lb);
+    printf("B: %s runs/%04" PRId64 " %s\n", path_b, ib, lb);
+    /* Everything an index will rely on is checked before the first one is
+     * taken: the runs against each other, and for --rerun against the model
+     * the rerun will produce probes for. */
+    char where_a[600], where_b[600];
+    bisect_run_where(paths[0], ia, where_a, sizeof where_a);
+    bisect_run_where(path_b, ib, where_b, sizeof where_b);
+    st = kv_bisect_check_pair(a, where_a, b, where_b, &err);
+    if (st == KV_OK && n_paths == 2) {
+        st = bisect_check_same_model(&rep[0], paths[0], a, rb_rep, path_b, b, &err);
+    }
+    if (st == KV_OK && rerun) {
+        st = bisect_model_load(model_dir, &rep[0], a, &bm, &err);
+        if (st == KV_OK) st = bisect_check_model_hash(&bm, &rep[0], paths[0], a, &err);
+        if (st == KV_OK && n_paths == 2) st = bisect_check_model_hash(&bm, rb_rep, path_b, b, &err);
+        if (st == KV_OK) st = kv_bisect_check_model(a, where_a, bm.m, bm.name, &err);
+        if (st == KV_OK) st = kv_bisect_check_model(b, where_b, bm.m, bm.name, &err);
+    }
+    if (st != KV_OK) goto done;
     KvBisectPoint pt;
     st = kv_bisect_find(a, b, &pt, &err);
     if (st != KV_OK) goto done;
@@ -302,23 +424,17 @@ int kv_cmd_bisect(int argc, char **argv) {
     }
     bisect_print_tokens(a, b, pt.step);
     if (rerun) {
-        /* One model re-runs both: a fixture is rebuilt from the first
-         * report's weight seed, so the runs must share model and seed. */
-        if (strncmp(a->model, b->model, KV_NAME_LEN) != 0 ||
-            (n_paths == 2 && rep[0].weight_seed != rep[1].weight_seed)) {
-            st = kv_error_set(&err, KV_ERR_INPUT,
-                              "--rerun: the runs use different models (%.64s, weight seed %llu "
-                              "vs %.64s, weight seed %llu)", a->model,
-                              (unsigned long long)rep[0].weight_seed, b->model,
-                              (unsigned long long)rb_rep->weight_seed);
-            goto done;
-        }
         if (pt.by_tokens) {
-            st = kv_error_set(&err, KV_ERR_INPUT, "--rerun needs recorded probe hashes");
+            /* The layouts are the model's, so probes were recorded: they
+             * agree, and only tokens or logits hashes differ. */
+            st = kv_error_set(&err, KV_ERR_INPUT, "--rerun: %s and %s agree in every probe hash; "
+                              "they differ only in tokens or logits hashes (step %" PRId64
+                              ", row %" PRId64 "), which no probe dump can locate", where_a,
+                              where_b, pt.step, pt.row);
             goto done;
         }
-        BisectJob job = {paths[0], n_paths == 2 ? paths[1] : paths[0], &rep[0], a, b, ia, ib,
-                         out, model_dir};
+        const BisectJob job = {paths[0], path_b, where_a, where_b, &rep[0], rb_rep, a, b, ia, ib,
+                               out, bm.m};
         st = bisect_rerun(&job, &pt, &err);
     }
 done:
@@ -326,6 +442,7 @@ done:
         fprintf(stderr, "kvrepro bisect: %s\n", err.msg);
         rc = kv_gate_exit_code(st);
     }
+    bisect_model_free(&bm);
     kv_report_free(&rep[0]);
     kv_report_free(&rep[1]);
     return rc;

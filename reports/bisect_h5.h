@@ -1,6 +1,8 @@
 /* bisect_h5.h: the /bisect group of a report (reports/SCHEMA.md): the full
  * values of the probe at which two runs first differ, and of its inputs,
- * from both reruns of `kvrepro bisect --rerun`. */
+ * from both reruns of `kvrepro bisect --rerun`. Each probe's group is named
+ * by its index (/bisect/probe_NNNN), never by its name: a recorded name may
+ * hold '/' or '.', or repeat, and must still give a valid, unique path. */
 #ifndef KV_BISECT_H5_H
 #define KV_BISECT_H5_H
 
@@ -9,7 +11,8 @@
 #include "status.h"
 
 typedef struct {
-    const char *name;     /* probe name, e.g. "layer0.cache" */
+    int64_t index;        /* probe index into the runs' probe_names: the group name */
+    const char *name;     /* probe name, e.g. "layer0.cache": an attribute, any text */
     const char *role;     /* "diverged" (the located probe) or "input" */
     int64_t batch;
     int64_t len_a, len_b; /* floats per row in each run */
@@ -28,8 +31,11 @@ typedef struct {
 /* Copies the report at src to dst with a /bisect group (replacing any
  * earlier one) holding rec. src may equal dst: the copy is built as
  * "<dst>.tmp-<pid>", flushed and renamed, so dst is either untouched or
- * complete. KV_ERR_INPUT when src cannot be read or dst created, naming the
- * file; KV_ERR_INTERNAL when HDF5 fails. */
+ * complete. Like the report writer, no object records a time, so the same
+ * record on the same report gives the same bytes. KV_ERR_INPUT when a
+ * tensor's index is negative or repeated (checked before anything is
+ * written), or when src cannot be read or dst created, naming the file;
+ * KV_ERR_INTERNAL when HDF5 fails. */
 KvStatus kv_bisect_write_h5(const char *src, const char *dst, const KvBisectRecord *rec,
                             KvError *err);
 
