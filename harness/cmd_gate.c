@@ -41,11 +41,13 @@
 /* A decode longer than this is beyond every model's context (gpt-oss and
  * Qwen2 reach 131072): a larger --max-new-tokens is a typo or a wrap. */
 #define KV_GATE_MAX_NEW_TOKENS (1ull << 20)
-/* The CPU work the gate runs without --allow-large-work. The reference runs
- * at ~2-20 GFLOP/s on 2 cores (decode is memory-bound; measured: the default
- * gate on the tiny fixtures is ~12 GFLOP in ~50 s); 20 TFLOP is then an
- * hour or more, which deserves a conscious choice, not a config.json whose
- * window (the scenarios are sized in multiples of it) happens to be 4096. */
+/* The CPU work the gate runs without --allow-large-work. Measured on 2
+ * cores: the default gate on the tiny fixtures is ~76 GFLOP in 50-80 s
+ * (overhead-bound, ~1.5 GFLOP/s); the ~100M-parameter medium fixtures decode
+ * at ~20 GFLOP/s, and their default gate is ~18 TFLOP (~15 min). Above 20
+ * TFLOP a gate runs for hours, which deserves a conscious choice, not a
+ * config.json whose window (the scenarios are sized in multiples of it)
+ * happens to be 4096 (a tiny model with that window: ~66 TFLOP). */
 #define KV_GATE_MAX_WORK_FLOP 2e13
 
 static void gate_usage(FILE *f) {
@@ -213,8 +215,10 @@ static KvStatus gate_load_prompts(const char *path, int64_t new_tokens, KvScenar
         st = kv_error_set(err, KV_ERR_INTERNAL, "out of memory");
         goto exit;
     }
-    for (int64_t b = 0; b < batch; b++) {
-        const cJSON *row = cJSON_GetArrayItem(root, (int)b);
+    /* children walked in order: cJSON_GetArrayItem(i) is a list walk, so
+     * indexing would be quadratic in a long prompt */
+    const cJSON *row = root->child;
+    for (int64_t b = 0; b < batch; b++, row = row->next) {
         if (!cJSON_IsArray(row) || cJSON_GetArraySize(row) < 1) {
             st = kv_error_set(err, KV_ERR_INPUT, "%s: prompt %lld: expected a non-empty array of "
                               "token ids", path, (long long)b);
@@ -226,8 +230,8 @@ static KvStatus gate_load_prompts(const char *path, int64_t new_tokens, KvScenar
             st = kv_error_set(err, KV_ERR_INTERNAL, "out of memory");
             goto exit;
         }
-        for (int64_t i = 0; i < lens[b]; i++) {
-            const cJSON *t = cJSON_GetArrayItem(row, (int)i);
+        const cJSON *t = row->child;
+        for (int64_t i = 0; i < lens[b]; i++, t = t->next) {
             const double v = cJSON_IsNumber(t) ? t->valuedouble : -1.0;
             if (!cJSON_IsNumber(t) || v < 0.0 || v > 2147483647.0 || v != floor(v)) {
                 st = kv_error_set(err, KV_ERR_INPUT, "%s: prompt %lld token %lld: expected a "
@@ -527,7 +531,7 @@ static KvStatus gate_model_config(const GateArgs *a, int i, KvConfig *cfg, KvErr
 static KvStatus gate_check_work(const GateArgs *a, const KvGateOptions *o, KvError *err) {
     KvGateWork w = {0, 0, 0.0};
     int unit = 0;
-    char windows[256] = "";
+    char windows[512] = "";
     for (int i = 0; i < a->n_models; i++) {
         KvConfig cfg;
         KvStatus st = gate_model_config(a, i, &cfg, err);
@@ -535,8 +539,10 @@ static KvStatus gate_check_work(const GateArgs *a, const KvGateOptions *o, KvErr
         st = kv_gate_work_add(&cfg, o, &unit, &w, err);
         if (st != KV_OK) return st;
         const size_t used = strlen(windows);
-        snprintf(windows + used, sizeof windows - used, "%s%.40s window %lld", i > 0 ? ", " : "",
-                 a->models[i], (long long)cfg.sliding_window);
+        snprintf(windows + used, sizeof windows - used, "%s%.40s window %lld%s", i > 0 ? ", " : "",
+                 a->models[i], (long long)cfg.sliding_window,
+                 cfg.sliding_window_defaulted ? " (no sliding_window in config.json: "
+                                                "transformers' default)" : "");
     }
     const int passes = a->mutation ? a->n_passes : 1;
     w.decodes *= passes;
@@ -545,6 +551,7 @@ static KvStatus gate_check_work(const GateArgs *a, const KvGateOptions *o, KvErr
     if (!a->quiet) {
         printf("work: %lld cpu decodes, %lld token positions, ~%.3g GFLOP (%s)\n",
                (long long)w.decodes, (long long)w.tokens, w.flop / 1e9, windows);
+        fflush(stdout); /* a CI log shows it before the matrix starts */
     }
     if (w.flop > KV_GATE_MAX_WORK_FLOP && !a->allow_large) {
         return kv_error_set(err, KV_ERR_INPUT,
