@@ -162,18 +162,46 @@ static bool merge_compatible(const KvReport *a, const KvReport *b, char *why, si
     return true;
 }
 
+/* The first run of in that out already holds (same model, scenario,
+ * variant and fault, backend, mode and repeat): -1 when none. Merging the
+ * same shard twice, or two gates over the same units, would count one run
+ * twice and pass or fail it twice. */
+static int64_t merge_duplicate_run(const KvReport *out, const KvReport *in) {
+    for (int64_t j = 0; j < in->n_runs; j++) {
+        const KvRun *b = &in->runs[j];
+        for (int64_t i = 0; i < out->n_runs; i++) {
+            const KvRun *a = &out->runs[i];
+            if (a->repeat == b->repeat && strcmp(a->model, b->model) == 0 &&
+                strcmp(a->scenario, b->scenario) == 0 && strcmp(a->variant, b->variant) == 0 &&
+                strcmp(a->fault, b->fault) == 0 && strcmp(a->backend, b->backend) == 0 &&
+                strcmp(a->mode, b->mode) == 0) {
+                return j;
+            }
+        }
+    }
+    return -1;
+}
+
+/* "I/N" of a shard report; false for anything else (e.g. "merged 3"). */
+static bool merge_shard_of(const KvReport *r, int *i, int *n) {
+    char tail = 0;
+    return sscanf(r->shard, "%d/%d%c", i, n, &tail) == 2 && *n >= 1 && *i >= 1 && *i <= *n;
+}
+
 int kv_cmd_merge(int argc, char **argv) {
     if (argc < 3 || strcmp(argv[1], "--help") == 0) {
         fprintf(argc >= 2 && strcmp(argv[1], "--help") == 0 ? stdout : stderr,
                 "usage: kvrepro merge OUT.h5 IN.h5...\n\nJoins shard reports of one gate "
                 "(`kvrepro gate --shard I/N`) into one report; the inputs must share the tool\n"
-                "version, commit, seeds, model and tolerances.\n");
+                "version, commit, seeds, model and tolerances, be shards of one split, and\n"
+                "hold no run twice.\n");
         return argc >= 2 && strcmp(argv[1], "--help") == 0 ? KV_EXIT_PASS : KV_EXIT_USAGE;
     }
     const char *out_path = argv[1];
-    KvReport out, in;
+    KvReport out, in, first_shard;
     memset(&out, 0, sizeof out);
     memset(&in, 0, sizeof in);
+    memset(&first_shard, 0, sizeof first_shard); /* only .shard: the first input's */
     KvError err = {{0}};
     KvStatus st = KV_OK;
     int rc = KV_EXIT_PASS;
@@ -181,6 +209,7 @@ int kv_cmd_merge(int argc, char **argv) {
         st = kv_report_read_h5(argv[k], &in, &err);
         if (st != KV_OK) goto fail;
         if (k == 2) {
+            snprintf(first_shard.shard, sizeof first_shard.shard, "%s", in.shard);
             out = in; /* take the first report whole */
             memset(&in, 0, sizeof in);
             continue;
@@ -189,6 +218,23 @@ int kv_cmd_merge(int argc, char **argv) {
         if (!merge_compatible(&out, &in, why, sizeof why)) {
             st = kv_error_set(&err, KV_ERR_INPUT, "%s: not a shard of the same gate as %s: %s",
                               argv[k], argv[2], why);
+            goto fail;
+        }
+        int si = 0, sn = 0, fi = 0, fn = 0;
+        if (merge_shard_of(&in, &si, &sn) && merge_shard_of(&first_shard, &fi, &fn) && sn != fn) {
+            st = kv_error_set(&err, KV_ERR_INPUT, "%s: shard %s of a gate split %d ways, but %s "
+                              "is shard %s of %d", argv[k], in.shard, sn, argv[2],
+                              first_shard.shard, fn);
+            goto fail;
+        }
+        const int64_t dup = merge_duplicate_run(&out, &in);
+        if (dup >= 0) {
+            char label[192];
+            kv_run_label(&in.runs[dup], label, sizeof label);
+            st = kv_error_set(&err, KV_ERR_INPUT, "%s: run %lld (%.64s/%.64s/%s) is already in an "
+                              "earlier input: the same shard given twice, or overlapping gates",
+                              argv[k], (long long)dup, in.runs[dup].model, in.runs[dup].scenario,
+                              label);
             goto fail;
         }
         const int64_t base = out.n_runs;

@@ -40,9 +40,45 @@ kv_expect_match("${err}" "--seed: expected a non-negative integer, found 'abc'" 
 kv_run(2 out err ${KVREPRO} gate --fixture nope)
 kv_expect_match("${err}" "fixture 'nope': unknown" "unknown fixture")
 kv_run(2 out err ${KVREPRO} gate --variants ring,nope)
-kv_expect_match("${err}" "unknown variant 'nope'" "unknown variant")
+kv_expect_match("${err}" "--variants 'ring,nope': unknown name 'nope'" "unknown variant")
 kv_run(2 out err ${KVREPRO} gate --scenarios prompt_w,nope)
-kv_expect_match("${err}" "unknown scenario 'nope'" "unknown scenario")
+kv_expect_match("${err}" "--scenarios 'prompt_w,nope': unknown name 'nope'" "unknown scenario")
+
+# A selection that runs nothing, or something other than what was asked, is
+# a usage error, never a vacuous pass (issue 18).
+kv_run(2 out err ${KVREPRO} gate --scenarios=)
+kv_expect_match("${err}" "--scenarios '': an empty name" "empty scenario list")
+kv_run(2 out err ${KVREPRO} gate --variants ,)
+kv_expect_match("${err}" "--variants ',': an empty name" "empty variant list")
+kv_run(2 out err ${KVREPRO} gate --backends cpux)
+kv_expect_match("${err}" "unknown name 'cpux'; expected a comma-separated list of: cpu, cuda" "backend substring")
+kv_run(2 out err ${KVREPRO} gate --modes eagerly)
+kv_expect_match("${err}" "unknown name 'eagerly'" "mode substring")
+kv_run(2 out err ${KVREPRO} gate --variants ring,ring)
+kv_expect_match("${err}" "'ring' given twice" "repeated variant")
+kv_run(2 out err ${KVREPRO} gate --max-new-tokens 18446744073709551615)
+kv_expect_match("${err}" "--max-new-tokens: expected 1..1048576" "max-new-tokens wrap")
+# Outputs are checked before the matrix runs (fast, and nothing left behind).
+kv_run(2 out err ${KVREPRO} gate --report "${WORK}/no/such/dir/r.h5")
+kv_expect_match("${err}" "no/such/dir/r.h5: cannot write the output" "unwritable report path")
+kv_run(2 out err ${KVREPRO} gate --junit "${WORK}")
+kv_expect_match("${err}" "cannot write the output: it is a directory" "junit path is a directory")
+if(out MATCHES "passed")
+  message(FATAL_ERROR "the gate ran before refusing its output path:\n${out}")
+endif()
+# A FIFO as an input is refused without blocking (the test's timeout would
+# otherwise fire).
+file(MAKE_DIRECTORY "${WORK}/fifo_model")
+execute_process(COMMAND mkfifo "${WORK}/fifo.json" "${WORK}/fifo_model/config.json"
+                RESULT_VARIABLE mkfifo_rc)
+if(mkfifo_rc EQUAL 0)
+  kv_run(2 out err ${KVREPRO} gate --prompts "${WORK}/fifo.json" --max-new-tokens 4)
+  kv_expect_match("${err}" "fifo.json: expected a regular file, found a FIFO" "FIFO prompts")
+  kv_run(2 out err ${KVREPRO} gate --model "${WORK}/fifo_model")
+  kv_expect_match("${err}" "config.json: expected a regular file, found a FIFO" "FIFO config")
+else()
+  message(STATUS "SKIPPED: FIFO inputs: mkfifo failed (${mkfifo_rc})")
+endif()
 kv_run(2 out err ${KVREPRO} gate --tol max_rel_err=abc)
 kv_expect_match("${err}" "max_rel_err=abc" "bad tolerance")
 kv_run(2 out err ${KVREPRO} gate --shard 3/2)
@@ -64,6 +100,42 @@ if(h_disk STREQUAL "" OR NOT h_disk STREQUAL h_mem OR NOT h_disk MATCHES "${h_fi
 endif()
 kv_expect_match("${mem}" "[0-9]+ passed, 0 failed, [0-9]+ skipped" "gate summary line")
 kv_expect_match("${mem}" "cuda +eager +0 +SKIP" "cuda runs are reported as skipped")
+
+# NaN passes nothing (issue 18). One NaN weight: the reference is not finite,
+# the gate exits 1 naming the step and probe where it first appears, and the
+# candidates of each scenario are skipped with that reason. An Inf in the
+# lm_head shows first in the logits probe.
+kv_run(0 out err ${KVREPRO} fixture --family mistral --seed 3 --out "${WORK}/nan")
+kv_run(0 out err ${POISON} "${WORK}/nan/model.safetensors" model.layers.1.mlp.down_proj.weight 5 nan)
+kv_run(1 out err ${KVREPRO} gate --model "${WORK}/nan" --scenarios prompt_w --variants ring
+       --repeats 1 --report "${WORK}/nan.h5")
+kv_expect_match("${out}" "FAIL nan prompt_w: reference/cpu/eager/r0 finite: the reference itself is not finite: nan first at step 0 row 0, probe layer1.mlp element 0"
+                "NaN weight names the first non-finite probe")
+kv_expect_match("${out}" "ring +cpu +eager +0 +SKIP +skipped: not run: the reference is not finite"
+                "candidates skipped behind a non-finite reference")
+kv_run(0 out err ${KVREPRO} fixture --family mistral --seed 3 --out "${WORK}/inf")
+kv_run(0 out err ${POISON} "${WORK}/inf/model.safetensors" lm_head.weight 300 inf)
+kv_run(1 out err ${KVREPRO} gate --model "${WORK}/inf" --scenarios prompt_w --variants ring
+       --repeats 1 --quiet)
+kv_expect_match("${out}" "probe logits element [0-9]+" "Inf in lm_head shows in the logits probe")
+# --quiet prints the failures and the count line only, no table.
+kv_expect_match("${out}" "^FAIL [^\n]*\n0 passed, 1 failed, [0-9]+ skipped\n$" "--quiet output")
+
+# Work beyond the bound is stated and refused before it starts: a config
+# without sliding_window gets transformers' default 4096, and the scenarios
+# (sized in multiples of W) would run for hours.
+kv_run(0 out err ${KVREPRO} fixture --family mistral --seed 3 --out "${WORK}/nowin")
+file(READ "${WORK}/nowin/config.json" cfg)
+string(REGEX REPLACE "\"sliding_window\"[ \t]*:[ \t]*[0-9]+[ \t]*,?" "" cfg "${cfg}")
+file(WRITE "${WORK}/nowin/config.json" "${cfg}")
+kv_run(2 out err ${KVREPRO} gate --model "${WORK}/nowin")
+kv_expect_match("${out}" "window 4096 \\(no sliding_window in config.json" "defaulted window noted")
+kv_expect_match("${err}" "TFLOP of CPU work .* --allow-large-work" "large work refused")
+# ... and runs when narrowed.
+kv_run(0 out err ${KVREPRO} gate --model "${WORK}/nowin" --scenarios short_prompt_crosses_window
+       --variants ring --modes eager --repeats 1 --max-new-tokens 8 --replay-every 0)
+# Not a terminal: progress is printed as whole lines (a CI log shows them).
+kv_expect_match("${err}" "kvrepro gate: done: [0-9]+/[0-9]+ runs" "progress lines when not a terminal")
 
 # The same gate gives byte-identical reports for any thread count.
 foreach(t 1 2 4)
@@ -92,7 +164,7 @@ kv_expect_match("${out}" "replays of step [0-9]+ from one snapshot were not bitw
 
 # Bad input: exit 2 and a message naming the file and field.
 kv_run(2 out err ${KVREPRO} gate --model "${WORK}/missing")
-kv_expect_match("${err}" "/missing: cannot open" "missing model dir")
+kv_expect_match("${err}" "/missing/config.json: cannot open" "missing model dir")
 file(MAKE_DIRECTORY "${WORK}/bad")
 file(READ "${WORK}/g/config.json" cfg)
 string(REGEX REPLACE "\"hidden_size\":[ \t]*[0-9]+" "\"hidden_size\": \"128\"" cfg "${cfg}")
@@ -223,6 +295,8 @@ kv_run(0 merged err ${KVREPRO} show "${WORK}/merged.h5")
 foreach(which all merged)
   string(REPLACE "\n" ";" lines "${${which}}")
   list(FILTER lines INCLUDE REGEX "(PASS|FAIL|SKIP)")
+  # the run index follows each input's order; the rest must match
+  list(TRANSFORM lines REPLACE "^ *[0-9]+  " "")
   list(SORT lines)
   list(LENGTH lines n_${which})
   set(rows_${which} "${lines}")
@@ -233,6 +307,15 @@ endif()
 kv_run(0 out err ${KVREPRO} gate ${SHARDED} --shard 1/3 --seed 7 --report "${WORK}/s_other.h5")
 kv_run(2 out err ${KVREPRO} merge "${WORK}/m2.h5" "${WORK}/s1.h5" "${WORK}/s_other.h5")
 kv_expect_match("${err}" "not a shard of the same gate" "merge of different gates")
+kv_run(2 out err ${KVREPRO} merge "${WORK}/m3.h5" "${WORK}/s1.h5" "${WORK}/s2.h5" "${WORK}/s1.h5")
+kv_expect_match("${err}" "s1.h5: run 0 .* is already in an earlier input" "merge of a shard twice")
+kv_run(2 out err ${KVREPRO} merge "${WORK}/m4.h5" "${WORK}/all.h5" "${WORK}/s2.h5")
+kv_expect_match("${err}" "shard 2/3 of a gate split 3 ways, but .*all.h5 is shard 1/1" "merge of unrelated splits")
+if(EXISTS "${WORK}/m3.h5" OR EXISTS "${WORK}/m4.h5")
+  message(FATAL_ERROR "a refused merge left an output behind")
+endif()
+# show lists each run's index, which diff and bisect take as --run.
+kv_expect_match("${merged}" "\n *# +model +scenario" "show has the run index column")
 
 # Above --full-logits-max-vocab a report keeps each row's top-16 logits and
 # the row hashes; show and diff still work on it.

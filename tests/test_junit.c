@@ -429,7 +429,8 @@ START_TEST(test_kind_names) {
     ck_assert_str_eq(kv_compare_kind_name(KV_CMP_GRAPH), "graph_vs_eager");
     ck_assert_str_eq(kv_compare_kind_name(KV_CMP_VARIANT), "variant_vs_variant");
     ck_assert_str_eq(kv_compare_kind_name(KV_CMP_REPLAY), "replay");
-    ck_assert_str_eq(kv_compare_kind_name((KvCompareKind)5), "unknown");
+    ck_assert_str_eq(kv_compare_kind_name(KV_CMP_FINITE), "finite");
+    ck_assert_str_eq(kv_compare_kind_name((KvCompareKind)(KV_CMP_LAST + 1)), "unknown");
     ck_assert_str_eq(kv_compare_kind_name((KvCompareKind)-1), "unknown");
 }
 END_TEST
