@@ -35,6 +35,13 @@
  * limit is 65535); dense storage would bring in fractal heaps and B-trees,
  * which buy nothing at our sizes and are more bytes to keep deterministic. */
 #define KV_H5_MAX_COMPACT 65535
+/* The writer's in-memory file grows by this much at a time (the core
+ * driver's increment): large enough that a gate report needs few
+ * reallocations, small enough to waste little on a tiny one. */
+#define KV_H5_CORE_INCREMENT ((size_t)1 << 20)
+/* Appended to the path to name the writer's in-memory file (see
+ * kv_report_write_h5). */
+#define KV_H5_MEMORY_LABEL "/(kvrepro in-memory file)"
 
 /* Who a message is about: the path the caller gave (never the temporary). */
 typedef struct {
@@ -693,12 +700,18 @@ static const char *verdict_name(KvVerdict v) {
 }
 
 static KvStatus h5w_summary(hid_t file, const KvReport *rep, ReportCtx *c) {
+    KvRunSummary *sum = NULL;
     SummaryRow *rows = calloc(rep->n_runs > 0 ? (size_t)rep->n_runs : 1, sizeof *rows);
-    if (rows == NULL) return report_fail(c, KV_ERR_INTERNAL, "out of memory");
+    /* one pass over the comparisons for all runs: a pass per run is
+     * quadratic, minutes for a large merge */
+    if (rows == NULL || kv_report_summarize_runs(rep, &sum) != KV_OK) {
+        free(rows);
+        return report_fail(c, KV_ERR_INTERNAL, "out of memory");
+    }
     for (int64_t i = 0; i < rep->n_runs; i++) {
         const KvRun *r = &rep->runs[i];
         SummaryRow *d = &rows[i];
-        const KvVerdict v = kv_report_run_verdict(rep, i);
+        const KvVerdict v = sum[i].verdict;
         d->index = i;
         field_copy(d->model, r->model, sizeof d->model);
         field_copy(d->scenario, r->scenario, sizeof d->scenario);
@@ -710,14 +723,16 @@ static KvStatus h5w_summary(hid_t file, const KvReport *rep, ReportCtx *c) {
         d->repeat = r->repeat;
         d->verdict = (int32_t)v;
         field_copy(d->verdict_name, verdict_name(v), sizeof d->verdict_name);
-        kv_report_run_divergence(rep, i, d->first_divergence, sizeof d->first_divergence);
-        d->max_rel_err = kv_report_run_max_rel_err(rep, i);
+        kv_report_run_divergence_of(rep, i, &sum[i], d->first_divergence,
+                                    sizeof d->first_divergence);
+        d->max_rel_err = sum[i].max_rel_err;
         /* one NaN bit pattern for "no comparison", whatever the helper returned */
         if (isnan(d->max_rel_err)) d->max_rel_err = NAN;
         d->graphs_captured = r->graphs_captured;
     }
     KvStatus st = h5w_table(file, "summary", SUMMARY_MEMBERS, N_MEMBERS(SUMMARY_MEMBERS),
                             sizeof *rows, rows, rep->n_runs, c);
+    free(sum);
     free(rows);
     return st;
 }
@@ -781,12 +796,29 @@ static KvStatus h5w_logits(hid_t g, const char *objpath, const KvRun *r, int64_t
     return KV_OK;
 }
 
+/* FNV-1a 64 of a run's logits bytes: twins are looked for among runs with
+ * the same fingerprint only, so finding them is linear in the logits bytes
+ * (comparing every pair with memcmp is quadratic in runs and, for logits
+ * that differ only at the end, in bytes: minutes for a large merge). */
+static uint64_t logits_fingerprint(const KvRun *r) {
+    uint64_t h = 0xcbf29ce484222325ULL;
+    const unsigned char *p = (const unsigned char *)r->logits;
+    const size_t n = (size_t)(r->steps * r->batch * r->vocab) * sizeof(float);
+    for (size_t k = 0; k < n; k++) {
+        h ^= p[k];
+        h *= 0x100000001b3ULL;
+    }
+    return h;
+}
+
 /* An earlier run of the same model and scenario, with the same shape, whose
  * logits are bitwise the same as run i's, and which stores them itself; -1
  * when none. Clean variants reproduce the reference exactly, so most runs
  * share one logits dataset (a hard link): the report stays small while every
- * run still has a "logits" dataset for any reader. */
-static int64_t h5w_logits_twin(const KvReport *rep, int64_t i, const int64_t *stored_by) {
+ * run still has a "logits" dataset for any reader. fp: each run's
+ * logits_fingerprint (full, unskipped runs). */
+static int64_t h5w_logits_twin(const KvReport *rep, int64_t i, const int64_t *stored_by,
+                               const uint64_t *fp) {
     const KvRun *r = &rep->runs[i];
     const size_t n = (size_t)(r->steps * r->batch * r->vocab) * sizeof(float);
     if (r->topk > 0) return -1; /* no full logits to share */
@@ -795,8 +827,9 @@ static int64_t h5w_logits_twin(const KvReport *rep, int64_t i, const int64_t *st
         /* An earlier top-k run (a large vocabulary, a planted-fault pass)
          * has nothing to share, but later full runs still may. */
         if (q->topk > 0) continue;
-        if (q->skipped || stored_by[j] != j || q->steps != r->steps || q->batch != r->batch ||
-            q->vocab != r->vocab || strncmp(q->model, r->model, KV_NAME_LEN) != 0 ||
+        if (q->skipped || stored_by[j] != j || fp[j] != fp[i] || q->steps != r->steps ||
+            q->batch != r->batch || q->vocab != r->vocab ||
+            strncmp(q->model, r->model, KV_NAME_LEN) != 0 ||
             strncmp(q->scenario, r->scenario, KV_NAME_LEN) != 0) {
             continue;
         }
@@ -855,7 +888,16 @@ static KvStatus h5w_runs(hid_t file, hid_t gcpl, const KvReport *rep, ReportCtx 
     KvStatus st = KV_OK;
     hid_t runs = H5I_INVALID_HID, g = H5I_INVALID_HID;
     int64_t *stored_by = calloc(rep->n_runs > 0 ? (size_t)rep->n_runs : 1, sizeof *stored_by);
-    if (stored_by == NULL) return report_fail(c, KV_ERR_INTERNAL, "out of memory");
+    uint64_t *fp = calloc(rep->n_runs > 0 ? (size_t)rep->n_runs : 1, sizeof *fp);
+    if (stored_by == NULL || fp == NULL) {
+        free(stored_by);
+        free(fp);
+        return report_fail(c, KV_ERR_INTERNAL, "out of memory");
+    }
+    for (int64_t i = 0; i < rep->n_runs; i++) {
+        const KvRun *r = &rep->runs[i];
+        if (!r->skipped && r->topk == 0) fp[i] = logits_fingerprint(r);
+    }
     runs = H5Gcreate2(file, "runs", H5P_DEFAULT, gcpl, H5P_DEFAULT);
     if (runs < 0) {
         st = h5_fail(c, KV_ERR_INTERNAL, "/runs: cannot create");
@@ -873,7 +915,7 @@ static KvStatus h5w_runs(hid_t file, hid_t gcpl, const KvReport *rep, ReportCtx 
         st = h5w_run_attrs(g, objpath, &rep->runs[i], c);
         stored_by[i] = i;
         if (st == KV_OK && !rep->runs[i].skipped) {
-            const int64_t twin = h5w_logits_twin(rep, i, stored_by);
+            const int64_t twin = h5w_logits_twin(rep, i, stored_by, fp);
             if (twin >= 0) stored_by[i] = twin;
             st = h5w_run_datasets(g, objpath, &rep->runs[i], twin, c);
         }
@@ -884,6 +926,7 @@ static KvStatus h5w_runs(hid_t file, hid_t gcpl, const KvReport *rep, ReportCtx 
 exit:
     h5_close(H5Gclose, g, "run group", &st, c);
     h5_close(H5Gclose, runs, "/runs", &st, c);
+    free(fp);
     free(stored_by);
     return st;
 }
@@ -897,15 +940,96 @@ static herr_t h5_group_props(hid_t plist) {
     return 0;
 }
 
-/* fsync of a file by name (the data must be on disk before the rename). */
-static int fsync_path(const char *p) {
-    int fd = open(p, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return -1;
-    int rc = fsync(fd);
-    int saved = errno;
-    if (close(fd) != 0 && rc == 0) return -1;
-    errno = saved;
-    return rc;
+/* The writer's file in memory: the core driver's buffer, grown through
+ * these callbacks so that bytes HDF5 never writes are zero (as in a sparse
+ * file on disk; the driver leaves grown memory uninitialised), and kept when
+ * the driver lets go of it at close. */
+typedef struct {
+    unsigned char *buf;
+    size_t size;
+    bool closed; /* the driver handed buf back at close: it is ours */
+} CoreImage;
+
+/* Only used to load an existing image, which the writer never asks for. */
+static void *core_image_malloc(size_t size, H5FD_file_image_op_t op, void *udata) {
+    (void)op;
+    (void)udata;
+    return calloc(1, size > 0 ? size : 1);
+}
+
+static void *core_image_memcpy(void *dest, const void *src, size_t size, H5FD_file_image_op_t op,
+                               void *udata) {
+    (void)op;
+    (void)udata;
+    return memcpy(dest, src, size);
+}
+
+static void *core_image_realloc(void *ptr, size_t size, H5FD_file_image_op_t op, void *udata) {
+    (void)op;
+    CoreImage *ci = udata;
+    if (ptr != ci->buf) return realloc(ptr, size > 0 ? size : 1); /* not the file's buffer */
+    unsigned char *p = realloc(ptr, size > 0 ? size : 1);
+    if (p == NULL) return NULL;
+    if (size > ci->size) memset(p + ci->size, 0, size - ci->size);
+    ci->buf = p;
+    ci->size = size;
+    return p;
+}
+
+static herr_t core_image_free(void *ptr, H5FD_file_image_op_t op, void *udata) {
+    CoreImage *ci = udata;
+    if (ptr != NULL && ptr == ci->buf) {
+        ci->closed = op == H5FD_FILE_IMAGE_OP_FILE_CLOSE;
+        if (!ci->closed) {
+            free(ci->buf);
+            ci->buf = NULL;
+            ci->size = 0;
+        }
+        return 0;
+    }
+    free(ptr);
+    return 0;
+}
+
+/* The CoreImage is the writer's own (a stack object outliving the file);
+ * every copy of the access list refers to it. */
+static void *core_image_udata_copy(void *udata) { return udata; }
+static herr_t core_image_udata_free(void *udata) {
+    (void)udata;
+    return 0;
+}
+
+/* The file's length: the end-of-file address in its superblock. The core
+ * driver's buffer grows in whole increments; the sec2 driver truncates the
+ * file to this address at close. The layout of a version 2 superblock
+ * (pinned by the V18 bounds): signature (8 bytes), version (1), sizes of
+ * offsets and lengths (1 + 1), flags (1), base address, extension address,
+ * end-of-file address, root object header address (8 each with 8-byte
+ * offsets), checksum (4). */
+static KvStatus core_image_length(const CoreImage *ci, size_t *len, ReportCtx *c) {
+    static const unsigned char signature[8] = {0x89, 'H', 'D', 'F', '\r', '\n', 0x1a, '\n'};
+    enum { SB_VERSION = 8, SB_OFFSET_SIZE = 9, SB_BASE = 12, SB_EOF = 28, SB_LEN = 48 };
+    if (!ci->closed || ci->buf == NULL || ci->size < SB_LEN ||
+        memcmp(ci->buf, signature, sizeof signature) != 0 || ci->buf[SB_VERSION] != 2 ||
+        ci->buf[SB_OFFSET_SIZE] != 8) {
+        return report_fail(c, KV_ERR_INTERNAL,
+                           "expected a finished file with a version 2 superblock in memory, "
+                           "found %zu bytes%s",
+                           ci->size, ci->closed ? "" : " not handed back at close");
+    }
+    uint64_t base = 0, eof = 0;
+    for (int k = 7; k >= 0; k--) {
+        base = base << 8 | ci->buf[SB_BASE + k];
+        eof = eof << 8 | ci->buf[SB_EOF + k];
+    }
+    if (base != 0 || eof < SB_LEN || eof > ci->size) {
+        return report_fail(c, KV_ERR_INTERNAL,
+                           "expected an end-of-file address within the %zu bytes in memory, found "
+                           "%" PRIu64 " (base %" PRIu64 ")",
+                           ci->size, eof, base);
+    }
+    *len = (size_t)eof;
+    return KV_OK;
 }
 
 KvStatus kv_report_write_h5(const KvReport *rep, const char *path, KvError *err) {
@@ -913,21 +1037,28 @@ KvStatus kv_report_write_h5(const KvReport *rep, const char *path, KvError *err)
         return kv_error_set(err, KV_ERR_INPUT, "kv_report_write_h5: NULL %s",
                             rep == NULL ? "report" : "path");
     }
-    ReportCtx c = {path, err};
+    ReportCtx c = {.path = path, .err = err};
     KvStatus st = report_validate(rep, &c);
+    if (st != KV_OK) return st;
+    /* an unusable destination is found before the file is built */
+    st = kv_report_check_writable(path, err);
     if (st != KV_OK) return st;
 
     hid_t fcpl = H5I_INVALID_HID, fapl = H5I_INVALID_HID, gcpl = H5I_INVALID_HID,
           file = H5I_INVALID_HID;
     QuietErrors quiet = {.saved = false};
-    bool created = false, renamed = false;
-    const size_t tmp_len = strlen(path) + 32;
-    char *tmp = malloc(tmp_len);
-    if (tmp == NULL) {
-        st = report_fail(&c, KV_ERR_INTERNAL, "out of memory");
-        goto exit;
-    }
-    snprintf(tmp, tmp_len, "%s.tmp-%ld", path, (long)getpid());
+    CoreImage img = {.buf = NULL, .size = 0, .closed = false};
+    size_t image_len = 0;
+    char *label = NULL;
+    const H5FD_file_image_callbacks_t callbacks = {
+        .image_malloc = core_image_malloc,
+        .image_memcpy = core_image_memcpy,
+        .image_realloc = core_image_realloc,
+        .image_free = core_image_free,
+        .udata_copy = core_image_udata_copy,
+        .udata_free = core_image_udata_free,
+        .udata = &img,
+    };
 
     st = h5_quiet_begin(&quiet, &c);
     if (st != KV_OK) goto exit;
@@ -937,31 +1068,37 @@ KvStatus kv_report_write_h5(const KvReport *rep, const char *path, KvError *err)
                      "without");
         goto exit;
     }
-    /* Creating the temporary ourselves gives the errno of an unwritable
-     * directory; HDF5 then truncates and reuses it. */
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
-    if (fd < 0) {
-        st = report_fail(&c, KV_ERR_INPUT, "cannot create: %s", strerror(errno));
-        goto exit;
-    }
-    created = true;
-    if (close(fd) != 0) {
-        st = report_fail(&c, KV_ERR_INPUT, "cannot create: %s", strerror(errno));
-        goto exit;
-    }
-
+    /* The file is built in memory (the core driver, no backing store) and
+     * only its finished image reaches the disk, through
+     * kv_report_file_publish: a killed writer leaves no temporary, and
+     * every disk failure (a full disk included) is a failed write of path,
+     * not an HDF5 error. The library lays the file out the same way for
+     * any driver, so the image holds the bytes the sec2 driver wrote
+     * before (checked against reports written that way). */
     fcpl = H5Pcreate(H5P_FILE_CREATE);
     fapl = H5Pcreate(H5P_FILE_ACCESS);
     gcpl = H5Pcreate(H5P_GROUP_CREATE);
     if (fcpl < 0 || fapl < 0 || gcpl < 0 || h5_group_props(fcpl) < 0 || h5_group_props(gcpl) < 0 ||
+        H5Pset_fapl_core(fapl, KV_H5_CORE_INCREMENT, 0) < 0 ||
+        H5Pset_file_image_callbacks(fapl, (H5FD_file_image_callbacks_t *)&callbacks) < 0 ||
         H5Pset_libver_bounds(fapl, H5F_LIBVER_V18, H5F_LIBVER_V18) < 0 ||
         H5Pset_fclose_degree(fapl, H5F_CLOSE_STRONG) < 0) {
         st = h5_fail(&c, KV_ERR_INTERNAL, "cannot set up the file properties");
         goto exit;
     }
-    file = H5Fcreate(tmp, H5F_ACC_TRUNC, fcpl, fapl);
+    /* With no backing store the name is a label, but the library first
+     * tries to open it as an existing file, which the core driver would
+     * read into memory: "<path>/" + a name cannot exist while path is a
+     * regular file or absent (kv_report_check_writable above). */
+    label = malloc(strlen(path) + sizeof KV_H5_MEMORY_LABEL);
+    if (label == NULL) {
+        st = report_fail(&c, KV_ERR_INTERNAL, "out of memory");
+        goto exit;
+    }
+    snprintf(label, strlen(path) + sizeof KV_H5_MEMORY_LABEL, "%s" KV_H5_MEMORY_LABEL, path);
+    file = H5Fcreate(label, H5F_ACC_TRUNC, fcpl, fapl);
     if (file < 0) {
-        st = h5_fail(&c, KV_ERR_INTERNAL, "cannot create %s", tmp);
+        st = h5_fail(&c, KV_ERR_INTERNAL, "cannot create the file in memory");
         goto exit;
     }
     if ((st = h5w_root_attrs(file, rep, &c)) != KV_OK ||
@@ -971,31 +1108,29 @@ KvStatus kv_report_write_h5(const KvReport *rep, const char *path, KvError *err)
         (st = h5w_summary(file, rep, &c)) != KV_OK) {
         goto exit;
     }
+    /* Closing finishes the file (the superblock's final end-of-file address,
+     * flags and checksum are written last); the core driver then hands its
+     * buffer to core_image_free, which keeps it. H5Fget_file_image before
+     * the close is no substitute: 1.10 clears the superblock's write flag in
+     * its copy without updating the checksum, so that image cannot be
+     * opened. */
     herr_t closed = H5Fclose(file);
     file = H5I_INVALID_HID;
     if (closed < 0) {
-        st = h5_fail(&c, KV_ERR_INTERNAL, "cannot finish writing %s", tmp);
+        st = h5_fail(&c, KV_ERR_INTERNAL, "cannot finish the file in memory");
         goto exit;
     }
-    if (fsync_path(tmp) != 0) {
-        st = report_fail(&c, KV_ERR_INTERNAL, "cannot flush %s: %s", tmp, strerror(errno));
-        goto exit;
-    }
-    if (rename(tmp, path) != 0) {
-        st = report_fail(&c, KV_ERR_INPUT, "cannot create: %s", strerror(errno));
-        goto exit;
-    }
-    renamed = true;
+    st = core_image_length(&img, &image_len, &c);
+    if (st != KV_OK) goto exit;
+    st = kv_report_file_publish(path, img.buf, image_len, err);
 exit:
     h5_close(H5Fclose, file, "file", &st, &c);
     h5_close(H5Pclose, gcpl, "group properties", &st, &c);
     h5_close(H5Pclose, fapl, "file access properties", &st, &c);
     h5_close(H5Pclose, fcpl, "file creation properties", &st, &c);
     h5_quiet_end(&quiet, &st, &c);
-    if (created && !renamed && unlink(tmp) != 0 && errno != ENOENT && st == KV_OK) {
-        st = report_fail(&c, KV_ERR_INTERNAL, "cannot remove %s: %s", tmp, strerror(errno));
-    }
-    free(tmp);
+    free(img.buf);
+    free(label);
     return st;
 }
 
