@@ -1431,6 +1431,7 @@ static KvStatus h5r_check_object(hid_t parent, const char *objpath, const char *
 typedef struct {
     const char *const *names; /* NULL-terminated; NULL: run group names below n_runs */
     int64_t n_runs;
+    const char *expect; /* what each link should lead to, for the message */
     char found[KV_NAME_LEN]; /* the first name not allowed, or not a hard link */
     bool bad_link;
 } LinkScan;
@@ -1482,7 +1483,7 @@ static KvStatus h5r_scan_group(hid_t g, const char *objpath, LinkScan *scan, con
         if (H5Lget_info(g, scan->found, &li, H5P_DEFAULT) < 0) {
             return h5_fail(c, KV_ERR_INPUT, "%s: cannot look up the link", child);
         }
-        return h5r_refuse_link(g, child, scan->found, &li, "an object", c);
+        return h5r_refuse_link(g, child, scan->found, &li, scan->expect, c);
     }
     return report_fail(c, KV_ERR_INPUT, "%s: expected only %s, found '%s'", objpath, what,
                        scan->found);
@@ -2185,6 +2186,7 @@ static KvStatus h5r_run(hid_t runs, int64_t i, int64_t n_runs, KvRun *r, ReportC
                               : r->topk > 0 ? RUN_NAMES_TOPK
                                             : RUN_NAMES_FULL,
                      .n_runs = 0,
+                     .expect = "a dataset",
                      .found = "",
                      .bad_link = false};
     st = h5r_scan_group(g, objpath, &scan,
@@ -2223,7 +2225,11 @@ static KvStatus h5r_runs(hid_t file, KvReport *rep, ReportCtx *c) {
     const int64_t n = (int64_t)info.nlinks;
     /* every name a run group's; h5r_run then finds each of 0000..n-1, so
      * a gap is named as the run that is missing */
-    LinkScan scan = {.names = NULL, .n_runs = KV_REPORT_MAX_RUNS, .found = "", .bad_link = false};
+    LinkScan scan = {.names = NULL,
+                     .n_runs = KV_REPORT_MAX_RUNS,
+                     .expect = "a run group",
+                     .found = "",
+                     .bad_link = false};
     st = h5r_scan_group(runs, "/runs", &scan, "run groups named by their index (0000, 0001, ...)",
                         c);
     if (st != KV_OK) goto exit;
@@ -2318,7 +2324,8 @@ KvStatus kv_report_read_h5(const char *path, KvReport *out, KvError *err) {
                      (long long)sb.st_size);
         goto exit;
     }
-    LinkScan scan = {.names = ROOT_NAMES, .n_runs = 0, .found = "", .bad_link = false};
+    LinkScan scan = {
+        .names = ROOT_NAMES, .n_runs = 0, .expect = "an object", .found = "", .bad_link = false};
     if ((st = h5r_root_attrs(file, &rep, &c)) != KV_OK ||
         (st = h5r_scan_group(file, "/", &scan, "tolerances, runs, comparisons, summary and bisect",
                              &c)) != KV_OK ||
