@@ -355,8 +355,17 @@ static void remove_stale_temps(const char *dir, const char *base) {
 /* What stands at path must be replaceable by a rename: nothing, a regular
  * file or a symbolic link (replaced itself, not its target). A directory, a
  * device or a FIFO is refused before anything is written (renaming over
- * /dev/null as root would replace the device). */
+ * /dev/null as root would replace the device), as is a name of the form of
+ * a writer's temporary. */
 static KvStatus check_target(const char *path, KvError *err) {
+    /* readers refuse such names (kv_report_is_temp_name), and the stale
+     * temporaries a writer removes are named so */
+    if (kv_report_is_temp_name(path)) {
+        return kv_error_set(err, KV_ERR_INPUT,
+                            "%s: cannot create: a name ending in " KV_TMP_SUFFIX
+                            "DIGITS is a writer's temporary",
+                            path);
+    }
     struct stat sb;
     if (lstat(path, &sb) != 0) {
         if (errno == ENOENT) return KV_OK;

@@ -166,7 +166,8 @@ KvStatus kv_report_print_summary(const KvReport *rep, FILE *f);
 
 /* Checks, before a long run, that path can be written later: path is not a
  * directory or another file that is not a regular file (a device, a FIFO;
- * a symbolic link is replaced, as rename replaces it), its directory exists,
+ * a symbolic link is replaced, as rename replaces it) nor named like a
+ * writer's temporary (kv_report_is_temp_name), its directory exists,
  * and a file can be created there (an unnamed temporary, or where the file
  * system has none a "<path>.tmp-<pid>" that is removed at once). Nothing is
  * left behind. KV_OK, or KV_ERR_INPUT "<path>: cannot create: <reason>". A

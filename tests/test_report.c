@@ -1493,6 +1493,10 @@ START_TEST(test_check_writable) {
     kv_report_free(&rep);
     struct stat sb;
     ck_assert(lstat(fifo, &sb) == 0 && S_ISFIFO(sb.st_mode));
+    /* a name the reader would refuse is not written */
+    scratch_path(path, sizeof path, "r.h5.tmp-42");
+    assert_check_fails(path, ": cannot create: a name ending in .tmp-DIGITS is a writer's "
+                             "temporary");
     ck_assert_int_eq(kv_report_check_writable(NULL, &err), KV_ERR_INPUT);
     ck_assert_int_eq(kv_report_check_writable("", &err), KV_ERR_INPUT);
 }
