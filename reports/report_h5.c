@@ -11,7 +11,13 @@
  * every group and on every dataset), links and attributes kept compact in the
  * object headers (no fractal heaps), explicit zero fill values, fixed-length
  * strings copied into zeroed buffers, compound rows staged in calloc'd
- * memory, and a fixed creation order. */
+ * memory, and a fixed creation order. The file is built in memory and
+ * reaches the disk through kv_report_file_publish (report.h).
+ *
+ * The reader treats the file as hostile input: no size is used before it is
+ * checked against the caps (report_h5.h), the other sizes and the file's
+ * stored bytes, no link but a hard link is taken, and every object it walks
+ * must be one the schema names. */
 #include "report_h5.h"
 
 #include <errno.h>
@@ -799,10 +805,7 @@ static KvStatus h5w_logits(hid_t g, const char *objpath, const KvRun *r, int64_t
     return KV_OK;
 }
 
-/* FNV-1a 64 of a run's logits bytes: twins are looked for among runs with
- * the same fingerprint only, so finding them is linear in the logits bytes
- * (comparing every pair with memcmp is quadratic in runs and, for logits
- * that differ only at the end, in bytes: minutes for a large merge). */
+/* FNV-1a 64 of a run's logits bytes. */
 static uint64_t logits_fingerprint(const KvRun *r) {
     uint64_t h = 0xcbf29ce484222325ULL;
     const unsigned char *p = (const unsigned char *)r->logits;
@@ -814,31 +817,60 @@ static uint64_t logits_fingerprint(const KvRun *r) {
     return h;
 }
 
-/* An earlier run of the same model and scenario, with the same shape, whose
- * logits are bitwise the same as run i's, and which stores them itself; -1
- * when none. Clean variants reproduce the reference exactly, so most runs
- * share one logits dataset (a hard link): the report stays small while every
- * run still has a "logits" dataset for any reader. fp: each run's
- * logits_fingerprint (full, unskipped runs). */
-static int64_t h5w_logits_twin(const KvReport *rep, int64_t i, const int64_t *stored_by,
-                               const uint64_t *fp) {
-    const KvRun *r = &rep->runs[i];
-    const size_t n = (size_t)(r->steps * r->batch * r->vocab) * sizeof(float);
-    if (r->topk > 0) return -1; /* no full logits to share */
-    for (int64_t j = 0; j < i; j++) {
-        const KvRun *q = &rep->runs[j];
-        /* An earlier top-k run (a large vocabulary, a planted-fault pass)
-         * has nothing to share, but later full runs still may. */
-        if (q->topk > 0) continue;
-        if (q->skipped || stored_by[j] != j || fp[j] != fp[i] || q->steps != r->steps ||
-            q->batch != r->batch || q->vocab != r->vocab ||
-            strncmp(q->model, r->model, KV_NAME_LEN) != 0 ||
-            strncmp(q->scenario, r->scenario, KV_NAME_LEN) != 0) {
-            continue;
-        }
-        if (memcmp(q->logits, r->logits, n) == 0) return j;
+typedef struct {
+    uint64_t fp;
+    int64_t run;
+} TwinKey;
+
+/* By fingerprint, then by run index: a total order, so the result does not
+ * depend on how qsort orders equal keys. */
+static int twin_key_cmp(const void *x, const void *y) {
+    const TwinKey *a = x, *b = y;
+    if (a->fp != b->fp) return a->fp < b->fp ? -1 : 1;
+    return (a->run > b->run) - (a->run < b->run);
+}
+
+/* twin[i]: the earlier run of the same model and scenario, with the same
+ * shape, whose logits are bitwise the same as run i's and which stores them
+ * itself; -1 when none (and for skipped and top-k runs, which have no full
+ * logits to share). Clean variants reproduce the reference exactly, so most
+ * runs share one logits dataset (a hard link): the report stays small while
+ * every run still has a "logits" dataset for any reader. Candidates are
+ * only compared within a group of equal fingerprints, in run order, so
+ * finding the twins is linear in the logits bytes (comparing every pair is
+ * quadratic in runs, and for logits that differ only at the end in bytes:
+ * minutes for a large merge); the twin found is the same as by comparing
+ * every earlier run, since equal logits have equal fingerprints. */
+static KvStatus h5w_logits_twins(const KvReport *rep, int64_t *twin, ReportCtx *c) {
+    TwinKey *keys = calloc(rep->n_runs > 0 ? (size_t)rep->n_runs : 1, sizeof *keys);
+    if (keys == NULL) return report_fail(c, KV_ERR_INTERNAL, "out of memory");
+    size_t m = 0;
+    for (int64_t i = 0; i < rep->n_runs; i++) {
+        const KvRun *r = &rep->runs[i];
+        twin[i] = -1;
+        if (!r->skipped && r->topk == 0) keys[m++] = (TwinKey){logits_fingerprint(r), i};
     }
-    return -1;
+    qsort(keys, m, sizeof *keys, twin_key_cmp);
+    for (size_t g0 = 0, g1 = 0; g0 < m; g0 = g1) {
+        for (g1 = g0 + 1; g1 < m && keys[g1].fp == keys[g0].fp;) g1++;
+        for (size_t a = g0 + 1; a < g1; a++) {
+            const KvRun *r = &rep->runs[keys[a].run];
+            const size_t n = (size_t)(r->steps * r->batch * r->vocab) * sizeof(float);
+            for (size_t b = g0; b < a; b++) {
+                const KvRun *q = &rep->runs[keys[b].run];
+                if (twin[keys[b].run] >= 0 || q->steps != r->steps || q->batch != r->batch ||
+                    q->vocab != r->vocab || strncmp(q->model, r->model, KV_NAME_LEN) != 0 ||
+                    strncmp(q->scenario, r->scenario, KV_NAME_LEN) != 0 ||
+                    (n > 0 && memcmp(q->logits, r->logits, n) != 0)) {
+                    continue;
+                }
+                twin[keys[a].run] = keys[b].run;
+                break;
+            }
+        }
+    }
+    free(keys);
+    return KV_OK;
 }
 
 static KvStatus h5w_run_datasets(hid_t g, const char *objpath, const KvRun *r, int64_t twin,
@@ -890,17 +922,10 @@ exit:
 static KvStatus h5w_runs(hid_t file, hid_t gcpl, const KvReport *rep, ReportCtx *c) {
     KvStatus st = KV_OK;
     hid_t runs = H5I_INVALID_HID, g = H5I_INVALID_HID;
-    int64_t *stored_by = calloc(rep->n_runs > 0 ? (size_t)rep->n_runs : 1, sizeof *stored_by);
-    uint64_t *fp = calloc(rep->n_runs > 0 ? (size_t)rep->n_runs : 1, sizeof *fp);
-    if (stored_by == NULL || fp == NULL) {
-        free(stored_by);
-        free(fp);
-        return report_fail(c, KV_ERR_INTERNAL, "out of memory");
-    }
-    for (int64_t i = 0; i < rep->n_runs; i++) {
-        const KvRun *r = &rep->runs[i];
-        if (!r->skipped && r->topk == 0) fp[i] = logits_fingerprint(r);
-    }
+    int64_t *twin = calloc(rep->n_runs > 0 ? (size_t)rep->n_runs : 1, sizeof *twin);
+    if (twin == NULL) return report_fail(c, KV_ERR_INTERNAL, "out of memory");
+    st = h5w_logits_twins(rep, twin, c);
+    if (st != KV_OK) goto exit;
     runs = H5Gcreate2(file, "runs", H5P_DEFAULT, gcpl, H5P_DEFAULT);
     if (runs < 0) {
         st = h5_fail(c, KV_ERR_INTERNAL, "/runs: cannot create");
@@ -916,11 +941,8 @@ static KvStatus h5w_runs(hid_t file, hid_t gcpl, const KvReport *rep, ReportCtx 
             goto exit;
         }
         st = h5w_run_attrs(g, objpath, &rep->runs[i], c);
-        stored_by[i] = i;
         if (st == KV_OK && !rep->runs[i].skipped) {
-            const int64_t twin = h5w_logits_twin(rep, i, stored_by, fp);
-            if (twin >= 0) stored_by[i] = twin;
-            st = h5w_run_datasets(g, objpath, &rep->runs[i], twin, c);
+            st = h5w_run_datasets(g, objpath, &rep->runs[i], twin[i], c);
         }
         h5_close(H5Gclose, g, objpath, &st, c);
         g = H5I_INVALID_HID;
@@ -929,8 +951,7 @@ static KvStatus h5w_runs(hid_t file, hid_t gcpl, const KvReport *rep, ReportCtx 
 exit:
     h5_close(H5Gclose, g, "run group", &st, c);
     h5_close(H5Gclose, runs, "/runs", &st, c);
-    free(fp);
-    free(stored_by);
+    free(twin);
     return st;
 }
 
@@ -1432,7 +1453,7 @@ typedef struct {
     const char *const *names; /* NULL-terminated; NULL: run group names below n_runs */
     int64_t n_runs;
     const char *expect; /* what each link should lead to, for the message */
-    char found[KV_NAME_LEN]; /* the first name not allowed, or not a hard link */
+    char found[256]; /* the first name not allowed, or not a hard link */
     bool bad_link;
 } LinkScan;
 
@@ -1475,7 +1496,7 @@ static KvStatus h5r_scan_group(hid_t g, const char *objpath, LinkScan *scan, con
     const herr_t rc = H5Literate(g, H5_INDEX_NAME, H5_ITER_INC, &idx, h5r_scan_link, scan);
     if (rc < 0) return h5_fail(c, KV_ERR_INPUT, "%s: cannot list", objpath);
     if (rc == 0) return KV_OK;
-    char child[160];
+    char child[512];
     snprintf(child, sizeof child, "%s%s%s", objpath, strcmp(objpath, "/") == 0 ? "" : "/",
              scan->found);
     if (scan->bad_link) {
