@@ -442,7 +442,8 @@ static int link_unnamed(int fd, const char *tmp) {
 
 KvStatus kv_report_check_writable(const char *path, KvError *err) {
     if (path == NULL || path[0] == '\0') {
-        return kv_error_set(err, KV_ERR_INPUT, "kv_report_check_writable: a non-empty path is required");
+        return kv_error_set(err, KV_ERR_INPUT,
+                            "kv_report_check_writable: a non-empty path is required");
     }
     KvStatus st = check_target(path, err);
     if (st != KV_OK) return st;

@@ -1581,8 +1581,9 @@ static KvStatus h5r_check_storage(hid_t dset, const char *objpath, hid_t ftype, 
     }
     uint64_t raw = 0;
     if ((uint64_t)count > UINT64_MAX / tsize) {
-        st = report_fail(c, KV_ERR_INPUT, "%s: expected a size that fits in 64 bits, found %zu x %zu",
-                         objpath, count, tsize);
+        st = report_fail(c, KV_ERR_INPUT,
+                         "%s: expected a size that fits in 64 bits, found %zu x %zu", objpath,
+                         count, tsize);
         goto exit;
     }
     raw = (uint64_t)count * tsize;
@@ -2239,7 +2240,8 @@ static KvStatus h5r_runs(hid_t file, KvReport *rep, ReportCtx *c) {
     }
     if (info.nlinks > (hsize_t)KV_REPORT_MAX_RUNS) {
         st = report_fail(c, KV_ERR_INPUT,
-                         "/runs: expected at most %" PRId64 " runs (KV_REPORT_MAX_RUNS), found %llu",
+                         "/runs: expected at most %" PRId64
+                         " runs (KV_REPORT_MAX_RUNS), found %llu",
                          KV_REPORT_MAX_RUNS, (unsigned long long)info.nlinks);
         goto exit;
     }
