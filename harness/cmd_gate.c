@@ -10,7 +10,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -566,35 +565,12 @@ static KvStatus gate_check_work(const GateArgs *a, const KvGateOptions *o, KvErr
     return KV_OK;
 }
 
-/* path can be written: not a directory, and a file can be created beside
- * it (created and removed again). */
-static KvStatus kv_output_check_writable(const char *path, KvError *err) {
-    struct stat sb;
-    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) {
-        return kv_error_set(err, KV_ERR_INPUT, "%s: cannot write the output: it is a directory",
-                            path);
-    }
-    char probe[4200];
-    if ((size_t)snprintf(probe, sizeof probe, "%s.check-%ld", path, (long)getpid()) >=
-        sizeof probe) {
-        return kv_error_set(err, KV_ERR_INPUT, "%.200s...: output path too long", path);
-    }
-    const int fd = open(probe, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-    if (fd < 0) {
-        return kv_error_set(err, KV_ERR_INPUT, "%s: cannot write the output: %s", path,
-                            strerror(errno));
-    }
-    close(fd);
-    unlink(probe);
-    return KV_OK;
-}
-
 /* Before the matrix runs: an output path that cannot be written fails now
  * (exit 2), not after an hour of decoding. */
 static KvStatus gate_check_outputs(const GateArgs *a, KvError *err) {
     KvStatus st = KV_OK;
-    if (a->report_path != NULL) st = kv_output_check_writable(a->report_path, err);
-    if (st == KV_OK && a->junit_path != NULL) st = kv_output_check_writable(a->junit_path, err);
+    if (a->report_path != NULL) st = kv_report_check_writable(a->report_path, err);
+    if (st == KV_OK && a->junit_path != NULL) st = kv_report_check_writable(a->junit_path, err);
     return st;
 }
 

@@ -1,20 +1,19 @@
 /* junit.c: JUnit XML for CI test reporters (junit.h has the mapping).
  *
- * The whole document is built in memory first and written in one go to a
- * temporary beside the target, then renamed: a reader (a CI job collecting
- * artifacts) never sees half a file, and a failed write leaves nothing. The
+ * The whole document is built in memory first and written in one go through
+ * kv_report_file_publish (report.h): an unnamed temporary beside the target,
+ * linked and renamed into place, so a reader (a CI job collecting artifacts)
+ * never sees half a file, and a failed or killed write leaves nothing. The
  * output depends only on the report, in report order, so that two writes of
  * one report compare equal byte for byte. */
 #include "junit.h"
 
-#include <errno.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 static const char *const kv_compare_kind_names[] = {
     [KV_CMP_REFERENCE] = "reference",
@@ -409,12 +408,7 @@ KvStatus kv_junit_write(const KvReport *rep, const char *path, KvError *err) {
     int64_t *leader = NULL, *first_fail = NULL;
     JunitCounts *counts = NULL;
     JunitBuf buf = {0};
-    char *tmp = NULL;
-    FILE *f = NULL;
-    int created = 0;
     JunitCounts total = {0};
-    size_t tmp_size = 0;
-    int rc = 0;
 
     if (rep == NULL || path == NULL || path[0] == '\0') {
         return kv_error_set(err, KV_ERR_INPUT, "kv_junit_write: report and a non-empty path are required");
@@ -484,51 +478,12 @@ KvStatus kv_junit_write(const KvReport *rep, const char *path, KvError *err) {
         goto exit;
     }
 
-    tmp_size = strlen(path) + 32;
-    tmp = malloc(tmp_size);
-    if (tmp == NULL) {
-        st = kv_error_set(err, KV_ERR_INTERNAL, "%s: out of memory", path);
-        goto exit;
-    }
-    snprintf(tmp, tmp_size, "%s.tmp-%ld", path, (long)getpid());
-
-    f = fopen(tmp, "wb");
-    if (f == NULL) {
-        st = kv_error_set(err, KV_ERR_INPUT, "%s: cannot create: %s", path, strerror(errno));
-        goto exit;
-    }
-    created = 1;
-    if (buf.len > 0 && fwrite(buf.data, 1, buf.len, f) != buf.len) {
-        st = kv_error_set(err, KV_ERR_INTERNAL, "%s: write failed: %s", tmp, strerror(errno));
-        goto exit;
-    }
-    if (fflush(f) != 0) {
-        st = kv_error_set(err, KV_ERR_INTERNAL, "%s: write failed: %s", tmp, strerror(errno));
-        goto exit;
-    }
-    /* On disk before the rename, so a crash leaves the old file or the new
-     * one, never an empty file under the final name. */
-    if (fsync(fileno(f)) != 0 && errno != EINVAL && errno != ENOTSUP) {
-        st = kv_error_set(err, KV_ERR_INTERNAL, "%s: fsync failed: %s", tmp, strerror(errno));
-        goto exit;
-    }
-    rc = fclose(f);
-    f = NULL;
-    if (rc != 0) {
-        st = kv_error_set(err, KV_ERR_INTERNAL, "%s: write failed: %s", tmp, strerror(errno));
-        goto exit;
-    }
-    if (rename(tmp, path) != 0) {
-        /* e.g. path is a directory: still "cannot create" from the caller's view */
-        st = kv_error_set(err, KV_ERR_INPUT, "%s: cannot create: %s", path, strerror(errno));
-        goto exit;
-    }
-    created = 0;
+    /* the shared writer: an unnamed temporary linked and renamed into
+     * place, so a killed gate leaves no partial file and no temporary; a
+     * full disk is bad input naming path, like an unwritable directory */
+    st = kv_report_file_publish(path, buf.data != NULL ? buf.data : "", buf.len, err);
 
 exit:
-    if (f != NULL) fclose(f);
-    if (created) remove(tmp);
-    free(tmp);
     free(buf.data);
     free(counts);
     free(first_fail);

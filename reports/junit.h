@@ -38,14 +38,18 @@ const char *kv_compare_kind_name(KvCompareKind kind);
  * when not NUL-terminated. The same report always gives the same bytes
  * (nothing from the clock, host or environment is added).
  *
- * The file is written to "<path>.tmp-<pid>", flushed to disk and renamed over
- * path, so path is either untouched or complete.
+ * The file is written by kv_report_file_publish (report.h): an unnamed
+ * temporary in path's directory, flushed to disk, then linked and renamed
+ * over path, so path is either untouched or complete and a killed gate
+ * leaves no temporary. kv_report_check_writable (report.h) checks path
+ * before a long run.
  *
  * Returns KV_OK; KV_ERR_INPUT for a NULL argument, an inconsistent report (a
  * comparison's run index out of range, an unknown kind or verdict; checked
- * before anything is created) or a path that cannot be created
- * ("<path>: cannot create: <strerror>"); KV_ERR_INTERNAL when out of memory
- * or a write fails. On any failure no file and no temporary is left. */
+ * before anything is created), a path that cannot be created
+ * ("<path>: cannot create: <strerror>") or written ("<path>: cannot write:
+ * <strerror>", a full disk included); KV_ERR_INTERNAL only when out of
+ * memory. On any failure no file and no temporary is left. */
 KvStatus kv_junit_write(const KvReport *rep, const char *path, KvError *err);
 
 #endif

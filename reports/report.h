@@ -93,7 +93,9 @@ typedef struct {
     char host[128];
     char device[256];            /* "cpu only" or the CUDA device, driver, CUDA, cuBLAS */
     char math_mode[64];          /* e.g. "fp32, no TF32, -ffp-contract=off" */
-    uint64_t weight_seed;        /* fixture seed (0 for a model directory) */
+    uint64_t weight_seed;        /* the gate's fixture weight seed (--seed), stored as given;
+                                  * it determines fixture models only, a model directory's
+                                  * weights are its own (model_hash identifies them) */
     uint64_t prompt_seed;
     uint64_t model_hash;         /* kv_model_hash of the (first) model */
     char shard[32];              /* "1/1" or "I/N" */
@@ -140,11 +142,69 @@ void kv_report_run_divergence(const KvReport *rep, int64_t i, char *buf, size_t 
  * kv_report_run_verdict. KV_ERR_INTERNAL when writing to f fails. */
 KvStatus kv_report_print_counts(const KvReport *rep, FILE *f);
 
+/* What the three calls above say about one run, for every run at once:
+ * kv_report_summarize_runs makes one pass over the comparisons, where
+ * calling kv_report_run_verdict etc. for every run is a pass per run
+ * (quadratic in the report's size, minutes for a large or crafted one). */
+typedef struct {
+    KvVerdict verdict;     /* kv_report_run_verdict */
+    double max_rel_err;    /* kv_report_run_max_rel_err (NaN when none) */
+    int64_t n_comparisons; /* comparisons with run_b == this run */
+    int64_t n_reference;   /* of them, reference comparisons (the ones with an error) */
+    int64_t first_fail;    /* index of the first such failing comparison, -1 when none */
+    int64_t first_skip;    /* index of the first such skipped comparison, -1 when none */
+} KvRunSummary;
+
+/* Sets *out to a malloc'd array of rep->n_runs summaries (free() it; NULL
+ * when there are no runs). Comparisons whose run_b is out of range are
+ * ignored, as the per-run calls ignore them. KV_OK, KV_ERR_INPUT for NULL
+ * arguments, KV_ERR_INTERNAL when out of memory. */
+KvStatus kv_report_summarize_runs(const KvReport *rep, KvRunSummary **out);
+
+/* kv_report_run_divergence from run i's summary s (from
+ * kv_report_summarize_runs), without a pass over the comparisons. */
+void kv_report_run_divergence_of(const KvReport *rep, int64_t i, const KvRunSummary *s, char *buf,
+                                 size_t n);
+
 /* Prints the summary table: a header line, one line per run (index, model,
  * scenario, variant, backend, mode, repeat, verdict, first divergence, max
  * rel err, graphs) with columns as wide as their widest entry, then exactly
  * "N passed, N failed, N skipped" counting runs by kv_report_run_verdict.
- * Returns KV_OK, or KV_ERR_INTERNAL when writing to f fails. */
+ * Linear in runs + comparisons. Returns KV_OK, or KV_ERR_INTERNAL when out
+ * of memory or writing to f fails. */
 KvStatus kv_report_print_summary(const KvReport *rep, FILE *f);
+
+/* ---- report files ----------------------------------------------------------
+ * Shared by the HDF5 writer (report_h5.c) and the JUnit writer (junit.c). */
+
+/* Checks, before a long run, that path can be written later: path is not a
+ * directory or another file that is not a regular file (a device, a FIFO;
+ * a symbolic link is replaced, as rename replaces it) nor named like a
+ * writer's temporary (kv_report_is_temp_name), its directory exists,
+ * and a file can be created there (an unnamed temporary, or where the file
+ * system has none a "<path>.tmp-<pid>" that is removed at once). Nothing is
+ * left behind. KV_OK, or KV_ERR_INPUT "<path>: cannot create: <reason>". A
+ * full disk is not foreseen here: it is reported by the write itself. */
+KvStatus kv_report_check_writable(const char *path, KvError *err);
+
+/* Writes len bytes to path so that path is either untouched or complete,
+ * and no temporary outlives the call, even when the process is killed:
+ *   - the bytes go to an unnamed file in path's directory (O_TMPFILE), are
+ *     fsync'ed, then linked as "<path>.tmp-<pid>" and renamed over path
+ *     (the name exists only between the link and the rename);
+ *   - where the file system has no unnamed files, to "<path>.tmp-<pid>"
+ *     directly, then fsync and rename; a failure removes it;
+ *   - first, "<path>.tmp-<pid>" files of processes that no longer exist
+ *     (left by a killed writer, this one's older versions included) are
+ *     removed.
+ * Returns KV_OK; KV_ERR_INPUT for a NULL or empty path, a path that cannot
+ * be created ("<path>: cannot create: <reason>") or written ("<path>: cannot
+ * write: <reason>", a full disk or a quota included): every failure of the
+ * destination is bad input, never an internal error. */
+KvStatus kv_report_file_publish(const char *path, const void *data, size_t len, KvError *err);
+
+/* True when path's last component looks like a writer's temporary,
+ * "NAME.tmp-DIGITS": readers refuse such files. */
+bool kv_report_is_temp_name(const char *path);
 
 #endif

@@ -11,7 +11,13 @@
  * every group and on every dataset), links and attributes kept compact in the
  * object headers (no fractal heaps), explicit zero fill values, fixed-length
  * strings copied into zeroed buffers, compound rows staged in calloc'd
- * memory, and a fixed creation order. */
+ * memory, and a fixed creation order. The file is built in memory and
+ * reaches the disk through kv_report_file_publish (report.h).
+ *
+ * The reader treats the file as hostile input: no size is used before it is
+ * checked against the caps (report_h5.h), the other sizes and the file's
+ * stored bytes, no link but a hard link is taken, and every object it walks
+ * must be one the schema names. */
 #include "report_h5.h"
 
 #include <errno.h>
@@ -35,11 +41,21 @@
  * limit is 65535); dense storage would bring in fractal heaps and B-trees,
  * which buy nothing at our sizes and are more bytes to keep deterministic. */
 #define KV_H5_MAX_COMPACT 65535
+/* The writer's in-memory file grows by this much at a time (the core
+ * driver's increment): large enough that a gate report needs few
+ * reallocations, small enough to waste little on a tiny one. */
+#define KV_H5_CORE_INCREMENT ((size_t)1 << 20)
+/* Appended to the path to name the writer's in-memory file (see
+ * kv_report_write_h5). */
+#define KV_H5_MEMORY_LABEL "/(kvrepro in-memory file)"
 
-/* Who a message is about: the path the caller gave (never the temporary). */
+/* Who a message is about: the path the caller gave (never the temporary);
+ * when reading, what the file may still make the reader allocate. */
 typedef struct {
     const char *path;
     KvError *err;
+    uint64_t file_size; /* reading: the file's size in bytes */
+    uint64_t budget;    /* reading: bytes still allowed (KV_REPORT_MAX_READ_BYTES) */
 } ReportCtx;
 
 /* ---- errors --------------------------------------------------------------- */
@@ -693,12 +709,18 @@ static const char *verdict_name(KvVerdict v) {
 }
 
 static KvStatus h5w_summary(hid_t file, const KvReport *rep, ReportCtx *c) {
+    KvRunSummary *sum = NULL;
     SummaryRow *rows = calloc(rep->n_runs > 0 ? (size_t)rep->n_runs : 1, sizeof *rows);
-    if (rows == NULL) return report_fail(c, KV_ERR_INTERNAL, "out of memory");
+    /* one pass over the comparisons for all runs: a pass per run is
+     * quadratic, minutes for a large merge */
+    if (rows == NULL || kv_report_summarize_runs(rep, &sum) != KV_OK) {
+        free(rows);
+        return report_fail(c, KV_ERR_INTERNAL, "out of memory");
+    }
     for (int64_t i = 0; i < rep->n_runs; i++) {
         const KvRun *r = &rep->runs[i];
         SummaryRow *d = &rows[i];
-        const KvVerdict v = kv_report_run_verdict(rep, i);
+        const KvVerdict v = sum[i].verdict;
         d->index = i;
         field_copy(d->model, r->model, sizeof d->model);
         field_copy(d->scenario, r->scenario, sizeof d->scenario);
@@ -710,14 +732,16 @@ static KvStatus h5w_summary(hid_t file, const KvReport *rep, ReportCtx *c) {
         d->repeat = r->repeat;
         d->verdict = (int32_t)v;
         field_copy(d->verdict_name, verdict_name(v), sizeof d->verdict_name);
-        kv_report_run_divergence(rep, i, d->first_divergence, sizeof d->first_divergence);
-        d->max_rel_err = kv_report_run_max_rel_err(rep, i);
+        kv_report_run_divergence_of(rep, i, &sum[i], d->first_divergence,
+                                    sizeof d->first_divergence);
+        d->max_rel_err = sum[i].max_rel_err;
         /* one NaN bit pattern for "no comparison", whatever the helper returned */
         if (isnan(d->max_rel_err)) d->max_rel_err = NAN;
         d->graphs_captured = r->graphs_captured;
     }
     KvStatus st = h5w_table(file, "summary", SUMMARY_MEMBERS, N_MEMBERS(SUMMARY_MEMBERS),
                             sizeof *rows, rows, rep->n_runs, c);
+    free(sum);
     free(rows);
     return st;
 }
@@ -781,28 +805,72 @@ static KvStatus h5w_logits(hid_t g, const char *objpath, const KvRun *r, int64_t
     return KV_OK;
 }
 
-/* An earlier run of the same model and scenario, with the same shape, whose
- * logits are bitwise the same as run i's, and which stores them itself; -1
- * when none. Clean variants reproduce the reference exactly, so most runs
- * share one logits dataset (a hard link): the report stays small while every
- * run still has a "logits" dataset for any reader. */
-static int64_t h5w_logits_twin(const KvReport *rep, int64_t i, const int64_t *stored_by) {
-    const KvRun *r = &rep->runs[i];
+/* FNV-1a 64 of a run's logits bytes. */
+static uint64_t logits_fingerprint(const KvRun *r) {
+    uint64_t h = 0xcbf29ce484222325ULL;
+    const unsigned char *p = (const unsigned char *)r->logits;
     const size_t n = (size_t)(r->steps * r->batch * r->vocab) * sizeof(float);
-    if (r->topk > 0) return -1; /* no full logits to share */
-    for (int64_t j = 0; j < i; j++) {
-        const KvRun *q = &rep->runs[j];
-        /* An earlier top-k run (a large vocabulary, a planted-fault pass)
-         * has nothing to share, but later full runs still may. */
-        if (q->topk > 0) continue;
-        if (q->skipped || stored_by[j] != j || q->steps != r->steps || q->batch != r->batch ||
-            q->vocab != r->vocab || strncmp(q->model, r->model, KV_NAME_LEN) != 0 ||
-            strncmp(q->scenario, r->scenario, KV_NAME_LEN) != 0) {
-            continue;
-        }
-        if (memcmp(q->logits, r->logits, n) == 0) return j;
+    for (size_t k = 0; k < n; k++) {
+        h ^= p[k];
+        h *= 0x100000001b3ULL;
     }
-    return -1;
+    return h;
+}
+
+typedef struct {
+    uint64_t fp;
+    int64_t run;
+} TwinKey;
+
+/* By fingerprint, then by run index: a total order, so the result does not
+ * depend on how qsort orders equal keys. */
+static int twin_key_cmp(const void *x, const void *y) {
+    const TwinKey *a = x, *b = y;
+    if (a->fp != b->fp) return a->fp < b->fp ? -1 : 1;
+    return (a->run > b->run) - (a->run < b->run);
+}
+
+/* twin[i]: the earlier run of the same model and scenario, with the same
+ * shape, whose logits are bitwise the same as run i's and which stores them
+ * itself; -1 when none (and for skipped and top-k runs, which have no full
+ * logits to share). Clean variants reproduce the reference exactly, so most
+ * runs share one logits dataset (a hard link): the report stays small while
+ * every run still has a "logits" dataset for any reader. Candidates are
+ * only compared within a group of equal fingerprints, in run order, so
+ * finding the twins is linear in the logits bytes (comparing every pair is
+ * quadratic in runs, and for logits that differ only at the end in bytes:
+ * minutes for a large merge); the twin found is the same as by comparing
+ * every earlier run, since equal logits have equal fingerprints. */
+static KvStatus h5w_logits_twins(const KvReport *rep, int64_t *twin, ReportCtx *c) {
+    TwinKey *keys = calloc(rep->n_runs > 0 ? (size_t)rep->n_runs : 1, sizeof *keys);
+    if (keys == NULL) return report_fail(c, KV_ERR_INTERNAL, "out of memory");
+    size_t m = 0;
+    for (int64_t i = 0; i < rep->n_runs; i++) {
+        const KvRun *r = &rep->runs[i];
+        twin[i] = -1;
+        if (!r->skipped && r->topk == 0) keys[m++] = (TwinKey){logits_fingerprint(r), i};
+    }
+    qsort(keys, m, sizeof *keys, twin_key_cmp);
+    for (size_t g0 = 0, g1 = 0; g0 < m; g0 = g1) {
+        for (g1 = g0 + 1; g1 < m && keys[g1].fp == keys[g0].fp;) g1++;
+        for (size_t a = g0 + 1; a < g1; a++) {
+            const KvRun *r = &rep->runs[keys[a].run];
+            const size_t n = (size_t)(r->steps * r->batch * r->vocab) * sizeof(float);
+            for (size_t b = g0; b < a; b++) {
+                const KvRun *q = &rep->runs[keys[b].run];
+                if (twin[keys[b].run] >= 0 || q->steps != r->steps || q->batch != r->batch ||
+                    q->vocab != r->vocab || strncmp(q->model, r->model, KV_NAME_LEN) != 0 ||
+                    strncmp(q->scenario, r->scenario, KV_NAME_LEN) != 0 ||
+                    (n > 0 && memcmp(q->logits, r->logits, n) != 0)) {
+                    continue;
+                }
+                twin[keys[a].run] = keys[b].run;
+                break;
+            }
+        }
+    }
+    free(keys);
+    return KV_OK;
 }
 
 static KvStatus h5w_run_datasets(hid_t g, const char *objpath, const KvRun *r, int64_t twin,
@@ -854,8 +922,10 @@ exit:
 static KvStatus h5w_runs(hid_t file, hid_t gcpl, const KvReport *rep, ReportCtx *c) {
     KvStatus st = KV_OK;
     hid_t runs = H5I_INVALID_HID, g = H5I_INVALID_HID;
-    int64_t *stored_by = calloc(rep->n_runs > 0 ? (size_t)rep->n_runs : 1, sizeof *stored_by);
-    if (stored_by == NULL) return report_fail(c, KV_ERR_INTERNAL, "out of memory");
+    int64_t *twin = calloc(rep->n_runs > 0 ? (size_t)rep->n_runs : 1, sizeof *twin);
+    if (twin == NULL) return report_fail(c, KV_ERR_INTERNAL, "out of memory");
+    st = h5w_logits_twins(rep, twin, c);
+    if (st != KV_OK) goto exit;
     runs = H5Gcreate2(file, "runs", H5P_DEFAULT, gcpl, H5P_DEFAULT);
     if (runs < 0) {
         st = h5_fail(c, KV_ERR_INTERNAL, "/runs: cannot create");
@@ -871,11 +941,8 @@ static KvStatus h5w_runs(hid_t file, hid_t gcpl, const KvReport *rep, ReportCtx 
             goto exit;
         }
         st = h5w_run_attrs(g, objpath, &rep->runs[i], c);
-        stored_by[i] = i;
         if (st == KV_OK && !rep->runs[i].skipped) {
-            const int64_t twin = h5w_logits_twin(rep, i, stored_by);
-            if (twin >= 0) stored_by[i] = twin;
-            st = h5w_run_datasets(g, objpath, &rep->runs[i], twin, c);
+            st = h5w_run_datasets(g, objpath, &rep->runs[i], twin[i], c);
         }
         h5_close(H5Gclose, g, objpath, &st, c);
         g = H5I_INVALID_HID;
@@ -884,7 +951,7 @@ static KvStatus h5w_runs(hid_t file, hid_t gcpl, const KvReport *rep, ReportCtx 
 exit:
     h5_close(H5Gclose, g, "run group", &st, c);
     h5_close(H5Gclose, runs, "/runs", &st, c);
-    free(stored_by);
+    free(twin);
     return st;
 }
 
@@ -897,15 +964,96 @@ static herr_t h5_group_props(hid_t plist) {
     return 0;
 }
 
-/* fsync of a file by name (the data must be on disk before the rename). */
-static int fsync_path(const char *p) {
-    int fd = open(p, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return -1;
-    int rc = fsync(fd);
-    int saved = errno;
-    if (close(fd) != 0 && rc == 0) return -1;
-    errno = saved;
-    return rc;
+/* The writer's file in memory: the core driver's buffer, grown through
+ * these callbacks so that bytes HDF5 never writes are zero (as in a sparse
+ * file on disk; the driver leaves grown memory uninitialised), and kept when
+ * the driver lets go of it at close. */
+typedef struct {
+    unsigned char *buf;
+    size_t size;
+    bool closed; /* the driver handed buf back at close: it is ours */
+} CoreImage;
+
+/* Only used to load an existing image, which the writer never asks for. */
+static void *core_image_malloc(size_t size, H5FD_file_image_op_t op, void *udata) {
+    (void)op;
+    (void)udata;
+    return calloc(1, size > 0 ? size : 1);
+}
+
+static void *core_image_memcpy(void *dest, const void *src, size_t size, H5FD_file_image_op_t op,
+                               void *udata) {
+    (void)op;
+    (void)udata;
+    return memcpy(dest, src, size);
+}
+
+static void *core_image_realloc(void *ptr, size_t size, H5FD_file_image_op_t op, void *udata) {
+    (void)op;
+    CoreImage *ci = udata;
+    if (ptr != ci->buf) return realloc(ptr, size > 0 ? size : 1); /* not the file's buffer */
+    unsigned char *p = realloc(ptr, size > 0 ? size : 1);
+    if (p == NULL) return NULL;
+    if (size > ci->size) memset(p + ci->size, 0, size - ci->size);
+    ci->buf = p;
+    ci->size = size;
+    return p;
+}
+
+static herr_t core_image_free(void *ptr, H5FD_file_image_op_t op, void *udata) {
+    CoreImage *ci = udata;
+    if (ptr != NULL && ptr == ci->buf) {
+        ci->closed = op == H5FD_FILE_IMAGE_OP_FILE_CLOSE;
+        if (!ci->closed) {
+            free(ci->buf);
+            ci->buf = NULL;
+            ci->size = 0;
+        }
+        return 0;
+    }
+    free(ptr);
+    return 0;
+}
+
+/* The CoreImage is the writer's own (a stack object outliving the file);
+ * every copy of the access list refers to it. */
+static void *core_image_udata_copy(void *udata) { return udata; }
+static herr_t core_image_udata_free(void *udata) {
+    (void)udata;
+    return 0;
+}
+
+/* The file's length: the end-of-file address in its superblock. The core
+ * driver's buffer grows in whole increments; the sec2 driver truncates the
+ * file to this address at close. The layout of a version 2 superblock
+ * (pinned by the V18 bounds): signature (8 bytes), version (1), sizes of
+ * offsets and lengths (1 + 1), flags (1), base address, extension address,
+ * end-of-file address, root object header address (8 each with 8-byte
+ * offsets), checksum (4). */
+static KvStatus core_image_length(const CoreImage *ci, size_t *len, ReportCtx *c) {
+    static const unsigned char signature[8] = {0x89, 'H', 'D', 'F', '\r', '\n', 0x1a, '\n'};
+    enum { SB_VERSION = 8, SB_OFFSET_SIZE = 9, SB_BASE = 12, SB_EOF = 28, SB_LEN = 48 };
+    if (!ci->closed || ci->buf == NULL || ci->size < SB_LEN ||
+        memcmp(ci->buf, signature, sizeof signature) != 0 || ci->buf[SB_VERSION] != 2 ||
+        ci->buf[SB_OFFSET_SIZE] != 8) {
+        return report_fail(c, KV_ERR_INTERNAL,
+                           "expected a finished file with a version 2 superblock in memory, "
+                           "found %zu bytes%s",
+                           ci->size, ci->closed ? "" : " not handed back at close");
+    }
+    uint64_t base = 0, eof = 0;
+    for (int k = 7; k >= 0; k--) {
+        base = base << 8 | ci->buf[SB_BASE + k];
+        eof = eof << 8 | ci->buf[SB_EOF + k];
+    }
+    if (base != 0 || eof < SB_LEN || eof > ci->size) {
+        return report_fail(c, KV_ERR_INTERNAL,
+                           "expected an end-of-file address within the %zu bytes in memory, found "
+                           "%" PRIu64 " (base %" PRIu64 ")",
+                           ci->size, eof, base);
+    }
+    *len = (size_t)eof;
+    return KV_OK;
 }
 
 KvStatus kv_report_write_h5(const KvReport *rep, const char *path, KvError *err) {
@@ -913,21 +1061,28 @@ KvStatus kv_report_write_h5(const KvReport *rep, const char *path, KvError *err)
         return kv_error_set(err, KV_ERR_INPUT, "kv_report_write_h5: NULL %s",
                             rep == NULL ? "report" : "path");
     }
-    ReportCtx c = {path, err};
+    ReportCtx c = {.path = path, .err = err};
     KvStatus st = report_validate(rep, &c);
+    if (st != KV_OK) return st;
+    /* an unusable destination is found before the file is built */
+    st = kv_report_check_writable(path, err);
     if (st != KV_OK) return st;
 
     hid_t fcpl = H5I_INVALID_HID, fapl = H5I_INVALID_HID, gcpl = H5I_INVALID_HID,
           file = H5I_INVALID_HID;
     QuietErrors quiet = {.saved = false};
-    bool created = false, renamed = false;
-    const size_t tmp_len = strlen(path) + 32;
-    char *tmp = malloc(tmp_len);
-    if (tmp == NULL) {
-        st = report_fail(&c, KV_ERR_INTERNAL, "out of memory");
-        goto exit;
-    }
-    snprintf(tmp, tmp_len, "%s.tmp-%ld", path, (long)getpid());
+    CoreImage img = {.buf = NULL, .size = 0, .closed = false};
+    size_t image_len = 0;
+    char *label = NULL;
+    const H5FD_file_image_callbacks_t callbacks = {
+        .image_malloc = core_image_malloc,
+        .image_memcpy = core_image_memcpy,
+        .image_realloc = core_image_realloc,
+        .image_free = core_image_free,
+        .udata_copy = core_image_udata_copy,
+        .udata_free = core_image_udata_free,
+        .udata = &img,
+    };
 
     st = h5_quiet_begin(&quiet, &c);
     if (st != KV_OK) goto exit;
@@ -937,31 +1092,37 @@ KvStatus kv_report_write_h5(const KvReport *rep, const char *path, KvError *err)
                      "without");
         goto exit;
     }
-    /* Creating the temporary ourselves gives the errno of an unwritable
-     * directory; HDF5 then truncates and reuses it. */
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
-    if (fd < 0) {
-        st = report_fail(&c, KV_ERR_INPUT, "cannot create: %s", strerror(errno));
-        goto exit;
-    }
-    created = true;
-    if (close(fd) != 0) {
-        st = report_fail(&c, KV_ERR_INPUT, "cannot create: %s", strerror(errno));
-        goto exit;
-    }
-
+    /* The file is built in memory (the core driver, no backing store) and
+     * only its finished image reaches the disk, through
+     * kv_report_file_publish: a killed writer leaves no temporary, and
+     * every disk failure (a full disk included) is a failed write of path,
+     * not an HDF5 error. The library lays the file out the same way for
+     * any driver, so the image holds the bytes the sec2 driver wrote
+     * before (checked against reports written that way). */
     fcpl = H5Pcreate(H5P_FILE_CREATE);
     fapl = H5Pcreate(H5P_FILE_ACCESS);
     gcpl = H5Pcreate(H5P_GROUP_CREATE);
     if (fcpl < 0 || fapl < 0 || gcpl < 0 || h5_group_props(fcpl) < 0 || h5_group_props(gcpl) < 0 ||
+        H5Pset_fapl_core(fapl, KV_H5_CORE_INCREMENT, 0) < 0 ||
+        H5Pset_file_image_callbacks(fapl, (H5FD_file_image_callbacks_t *)&callbacks) < 0 ||
         H5Pset_libver_bounds(fapl, H5F_LIBVER_V18, H5F_LIBVER_V18) < 0 ||
         H5Pset_fclose_degree(fapl, H5F_CLOSE_STRONG) < 0) {
         st = h5_fail(&c, KV_ERR_INTERNAL, "cannot set up the file properties");
         goto exit;
     }
-    file = H5Fcreate(tmp, H5F_ACC_TRUNC, fcpl, fapl);
+    /* With no backing store the name is a label, but the library first
+     * tries to open it as an existing file, which the core driver would
+     * read into memory: "<path>/" + a name cannot exist while path is a
+     * regular file or absent (kv_report_check_writable above). */
+    label = malloc(strlen(path) + sizeof KV_H5_MEMORY_LABEL);
+    if (label == NULL) {
+        st = report_fail(&c, KV_ERR_INTERNAL, "out of memory");
+        goto exit;
+    }
+    snprintf(label, strlen(path) + sizeof KV_H5_MEMORY_LABEL, "%s" KV_H5_MEMORY_LABEL, path);
+    file = H5Fcreate(label, H5F_ACC_TRUNC, fcpl, fapl);
     if (file < 0) {
-        st = h5_fail(&c, KV_ERR_INTERNAL, "cannot create %s", tmp);
+        st = h5_fail(&c, KV_ERR_INTERNAL, "cannot create the file in memory");
         goto exit;
     }
     if ((st = h5w_root_attrs(file, rep, &c)) != KV_OK ||
@@ -971,31 +1132,29 @@ KvStatus kv_report_write_h5(const KvReport *rep, const char *path, KvError *err)
         (st = h5w_summary(file, rep, &c)) != KV_OK) {
         goto exit;
     }
+    /* Closing finishes the file (the superblock's final end-of-file address,
+     * flags and checksum are written last); the core driver then hands its
+     * buffer to core_image_free, which keeps it. H5Fget_file_image before
+     * the close is no substitute: 1.10 clears the superblock's write flag in
+     * its copy without updating the checksum, so that image cannot be
+     * opened. */
     herr_t closed = H5Fclose(file);
     file = H5I_INVALID_HID;
     if (closed < 0) {
-        st = h5_fail(&c, KV_ERR_INTERNAL, "cannot finish writing %s", tmp);
+        st = h5_fail(&c, KV_ERR_INTERNAL, "cannot finish the file in memory");
         goto exit;
     }
-    if (fsync_path(tmp) != 0) {
-        st = report_fail(&c, KV_ERR_INTERNAL, "cannot flush %s: %s", tmp, strerror(errno));
-        goto exit;
-    }
-    if (rename(tmp, path) != 0) {
-        st = report_fail(&c, KV_ERR_INPUT, "cannot create: %s", strerror(errno));
-        goto exit;
-    }
-    renamed = true;
+    st = core_image_length(&img, &image_len, &c);
+    if (st != KV_OK) goto exit;
+    st = kv_report_file_publish(path, img.buf, image_len, err);
 exit:
     h5_close(H5Fclose, file, "file", &st, &c);
     h5_close(H5Pclose, gcpl, "group properties", &st, &c);
     h5_close(H5Pclose, fapl, "file access properties", &st, &c);
     h5_close(H5Pclose, fcpl, "file creation properties", &st, &c);
     h5_quiet_end(&quiet, &st, &c);
-    if (created && !renamed && unlink(tmp) != 0 && errno != ENOENT && st == KV_OK) {
-        st = report_fail(&c, KV_ERR_INTERNAL, "cannot remove %s: %s", tmp, strerror(errno));
-    }
-    free(tmp);
+    free(img.buf);
+    free(label);
     return st;
 }
 
@@ -1059,9 +1218,13 @@ static KvStatus h5r_strings(hid_t id, bool is_attr, hid_t ftype, hid_t space, si
     } else {
         fsize = H5Tget_size(ftype);
         size_t bytes;
-        if (fsize == 0 || !size_mul(n > 0 ? n : 1, fsize + 1, &bytes)) {
-            st = report_fail(c, KV_ERR_INPUT, "%s: expected a string type, found size %zu", what,
-                             fsize);
+        /* the widest field is 512 bytes: a wider type is not ours, and its
+         * size would size the buffer below */
+        if (fsize == 0 || fsize > KV_REPORT_MAX_STRING_BYTES ||
+            !size_mul(n > 0 ? n : 1, fsize + 1, &bytes)) {
+            st = report_fail(c, KV_ERR_INPUT,
+                             "%s: expected a string type of 1..%zu bytes, found size %zu", what,
+                             KV_REPORT_MAX_STRING_BYTES, fsize);
             goto exit;
         }
         fixed = calloc(1, bytes);
@@ -1189,23 +1352,313 @@ exit:
     return st;
 }
 
-/* Opens group or dataset `name` under parent, with "found nothing" when
- * absent. */
-static KvStatus h5r_link_exists(hid_t parent, const char *objpath, const char *name,
-                                const char *expect, ReportCtx *c) {
+/* ---- what the reader trusts ---------------------------------------------- */
+
+/* Charges bytes about to be allocated for objpath to the report's budget
+ * (KV_REPORT_MAX_READ_BYTES for all arrays together). */
+static KvStatus h5r_charge(ReportCtx *c, const char *objpath, uint64_t bytes) {
+    if (bytes > c->budget) {
+        return report_fail(c, KV_ERR_INPUT,
+                           "%s: expected a report that fits in %" PRIu64
+                           " bytes of memory (KV_REPORT_MAX_READ_BYTES), found %" PRIu64
+                           " more bytes needed here with %" PRIu64 " left",
+                           objpath, (uint64_t)KV_REPORT_MAX_READ_BYTES, bytes, c->budget);
+    }
+    c->budget -= bytes;
+    return KV_OK;
+}
+
+static const char *object_type_text(H5O_type_t t) {
+    switch (t) {
+    case H5O_TYPE_GROUP: return "a group";
+    case H5O_TYPE_DATASET: return "a dataset";
+    case H5O_TYPE_NAMED_DATATYPE: return "a named datatype";
+    default: return "an object of unknown type";
+    }
+}
+
+/* The refusal of a link that is not a hard link, saying where it points:
+ * "<objpath>: expected <expect> stored in this file, found a soft link to
+ * '/x'". Links are never followed: an external link would pull data from
+ * another file, a soft link another object of this one. */
+static KvStatus h5r_refuse_link(hid_t parent, const char *objpath, const char *name,
+                                const H5L_info_t *li, const char *expect, ReportCtx *c) {
+    char where[320] = "";
+    if (li->type == H5L_TYPE_SOFT || li->type == H5L_TYPE_EXTERNAL) {
+        /* the value is stored in the link message, so its size is bounded
+         * by the file; anything larger than the message needs is cut */
+        const size_t n = li->u.val_size < 4096 ? li->u.val_size : 4096;
+        char *val = n > 0 ? calloc(1, n + 1) : NULL;
+        if (val != NULL && H5Lget_val(parent, name, val, n, H5P_DEFAULT) >= 0) {
+            const char *file = NULL, *obj = NULL;
+            unsigned flags = 0;
+            if (li->type == H5L_TYPE_SOFT) {
+                snprintf(where, sizeof where, " to '%.250s'", val);
+            } else if (n == li->u.val_size &&
+                       H5Lunpack_elink_val(val, n, &flags, &file, &obj) >= 0 && file != NULL &&
+                       obj != NULL) {
+                snprintf(where, sizeof where, " to '%.150s:%.150s'", file, obj);
+            }
+        }
+        free(val);
+        if (H5Eclear2(H5E_DEFAULT) < 0) {
+            /* only the details of the message are lost */
+        }
+    }
+    const char *kind = li->type == H5L_TYPE_SOFT       ? "a soft link"
+                       : li->type == H5L_TYPE_EXTERNAL ? "an external link"
+                                                       : "a user-defined link";
+    return report_fail(c, KV_ERR_INPUT,
+                       "%s: expected %s stored in this file, found %s%s (a report is one "
+                       "self-contained file: links are refused, not followed)",
+                       objpath, expect, kind, where);
+}
+
+/* Checks that `name` under parent is a hard link to an object of type want
+ * (a group or a dataset), without following any other kind of link: "found
+ * nothing" when absent. shared: more than one hard link may lead to it (a
+ * run's logits, which the writer links from every run with the same
+ * values); anything else the schema has once. */
+static KvStatus h5r_check_object(hid_t parent, const char *objpath, const char *name,
+                                 H5O_type_t want, bool shared, const char *expect, ReportCtx *c) {
     const htri_t exists = H5Lexists(parent, name, H5P_DEFAULT);
     if (exists < 0) return h5_fail(c, KV_ERR_INPUT, "%s: cannot look up", objpath);
     if (exists == 0) {
         return report_fail(c, KV_ERR_INPUT, "%s: expected %s, found nothing", objpath, expect);
     }
+    H5L_info_t li;
+    if (H5Lget_info(parent, name, &li, H5P_DEFAULT) < 0) {
+        return h5_fail(c, KV_ERR_INPUT, "%s: cannot look up the link", objpath);
+    }
+    if (li.type != H5L_TYPE_HARD) return h5r_refuse_link(parent, objpath, name, &li, expect, c);
+    H5O_info_t oi;
+    if (H5Oget_info_by_name2(parent, name, &oi, H5O_INFO_BASIC, H5P_DEFAULT) < 0) {
+        return h5_fail(c, KV_ERR_INPUT, "%s: cannot inspect", objpath);
+    }
+    if (oi.type != want) {
+        return report_fail(c, KV_ERR_INPUT, "%s: expected %s, found %s", objpath, expect,
+                           object_type_text(oi.type));
+    }
+    if (!shared && oi.rc != 1) {
+        return report_fail(c, KV_ERR_INPUT,
+                           "%s: expected %s of its own, found one that %u links share (only a "
+                           "run's logits may be shared)",
+                           objpath, expect, oi.rc);
+    }
     return KV_OK;
 }
 
+/* The names a group may hold, for h5r_scan_group. */
+typedef struct {
+    const char *const *names; /* NULL-terminated; NULL: run group names below n_runs */
+    int64_t n_runs;
+    const char *expect; /* what each link should lead to, for the message */
+    char found[256]; /* the first name not allowed, or not a hard link */
+    bool bad_link;
+} LinkScan;
+
+/* A canonical run group name ("0007", "12345") of an index below n. */
+static bool is_run_name(const char *name, int64_t n) {
+    const size_t len = strlen(name);
+    if (len < 4 || len > 18 || strspn(name, "0123456789") != len) return false;
+    int64_t v = 0;
+    for (size_t k = 0; k < len; k++) v = v * 10 + (name[k] - '0');
+    char canon[32];
+    run_group_name(v, canon, sizeof canon);
+    return v < n && strcmp(canon, name) == 0;
+}
+
+static herr_t h5r_scan_link(hid_t g, const char *name, const H5L_info_t *info, void *data) {
+    (void)g;
+    LinkScan *s = data;
+    bool allowed = false;
+    if (s->names == NULL) {
+        allowed = is_run_name(name, s->n_runs);
+    } else {
+        for (const char *const *n = s->names; *n != NULL && !allowed; n++) {
+            allowed = strcmp(*n, name) == 0;
+        }
+    }
+    if (allowed && info->type == H5L_TYPE_HARD) return 0;
+    snprintf(s->found, sizeof s->found, "%s", name);
+    s->bad_link = allowed;
+    return 1; /* stop: the first offender is reported */
+}
+
+/* Every link in group g (objpath) must be a hard link with a name the
+ * schema gives there (scan->names, or run group names): an unexpected
+ * object would otherwise go unnoticed (a run marked skipped that still has
+ * datasets is a damaged report, not a skipped run), and a soft or external
+ * link is refused wherever it is. what: the names, for the message. */
+static KvStatus h5r_scan_group(hid_t g, const char *objpath, LinkScan *scan, const char *what,
+                               ReportCtx *c) {
+    hsize_t idx = 0;
+    const herr_t rc = H5Literate(g, H5_INDEX_NAME, H5_ITER_INC, &idx, h5r_scan_link, scan);
+    if (rc < 0) return h5_fail(c, KV_ERR_INPUT, "%s: cannot list", objpath);
+    if (rc == 0) return KV_OK;
+    char child[512];
+    snprintf(child, sizeof child, "%s%s%s", objpath, strcmp(objpath, "/") == 0 ? "" : "/",
+             scan->found);
+    if (scan->bad_link) {
+        H5L_info_t li;
+        if (H5Lget_info(g, scan->found, &li, H5P_DEFAULT) < 0) {
+            return h5_fail(c, KV_ERR_INPUT, "%s: cannot look up the link", child);
+        }
+        return h5r_refuse_link(g, child, scan->found, &li, scan->expect, c);
+    }
+    return report_fail(c, KV_ERR_INPUT, "%s: expected only %s, found '%s'", objpath, what,
+                       scan->found);
+}
+
+/* Where a dataset's data is and how much of it the file holds, before
+ * anything is allocated for it: stored in this file (no external raw data
+ * files, no virtual dataset mapping other files), with no filter but
+ * shuffle, deflate and fletcher32, every chunk allocated (a missing chunk
+ * reads as fill values: a size the file does not back), and no more data
+ * than the stored bytes can hold (equal without deflate, at most
+ * KV_REPORT_MAX_DEFLATE_RATIO times with it). count: elements, > 0. */
+static KvStatus h5r_check_storage(hid_t dset, const char *objpath, hid_t ftype, hid_t space,
+                                  int rank, const hsize_t *dims, size_t count, ReportCtx *c) {
+    KvStatus st = KV_OK;
+    hid_t dcpl = H5Dget_create_plist(dset);
+    if (dcpl < 0) {
+        st = h5_fail(c, KV_ERR_INPUT, "%s: cannot inspect the storage", objpath);
+        goto exit;
+    }
+    const H5D_layout_t layout = H5Pget_layout(dcpl);
+    const int n_external = H5Pget_external_count(dcpl);
+    const int n_filters = H5Pget_nfilters(dcpl);
+    if (layout < 0 || n_external < 0 || n_filters < 0) {
+        st = h5_fail(c, KV_ERR_INPUT, "%s: cannot inspect the storage", objpath);
+        goto exit;
+    }
+    if (layout == H5D_VIRTUAL) {
+        st = report_fail(c, KV_ERR_INPUT,
+                         "%s: expected data stored in this file, found a virtual dataset (data "
+                         "mapped from other datasets or files)",
+                         objpath);
+        goto exit;
+    }
+    if (layout != H5D_COMPACT && layout != H5D_CONTIGUOUS && layout != H5D_CHUNKED) {
+        st = report_fail(c, KV_ERR_INPUT,
+                         "%s: expected compact, contiguous or chunked storage, found layout %d",
+                         objpath, (int)layout);
+        goto exit;
+    }
+    if (n_external > 0) {
+        st = report_fail(c, KV_ERR_INPUT,
+                         "%s: expected data stored in this file, found it in %d external file%s",
+                         objpath, n_external, n_external == 1 ? "" : "s");
+        goto exit;
+    }
+    bool deflate = false;
+    for (int f = 0; f < n_filters; f++) {
+        unsigned flags = 0, config = 0;
+        size_t n_values = 0;
+        char name[64] = "";
+        const H5Z_filter_t id =
+            H5Pget_filter2(dcpl, (unsigned)f, &flags, &n_values, NULL, sizeof name, name, &config);
+        if (id < 0) {
+            st = h5_fail(c, KV_ERR_INPUT, "%s: cannot inspect filter %d", objpath, f);
+            goto exit;
+        }
+        if (id == H5Z_FILTER_DEFLATE) {
+            deflate = true;
+        } else if (id != H5Z_FILTER_SHUFFLE && id != H5Z_FILTER_FLETCHER32) {
+            /* the ratio bound below holds for deflate; another filter
+             * (scale-offset, n-bit, szip, plugins) could claim any size */
+            st = report_fail(c, KV_ERR_INPUT,
+                             "%s: expected no filters but shuffle, deflate and fletcher32, found "
+                             "filter %d (%.60s)",
+                             objpath, (int)id, name);
+            goto exit;
+        }
+    }
+    const size_t tsize = H5Tget_size(ftype);
+    if (tsize == 0) {
+        st = h5_fail(c, KV_ERR_INPUT, "%s: cannot size the type", objpath);
+        goto exit;
+    }
+    uint64_t raw = 0;
+    if ((uint64_t)count > UINT64_MAX / tsize) {
+        st = report_fail(c, KV_ERR_INPUT,
+                         "%s: expected a size that fits in 64 bits, found %zu x %zu", objpath,
+                         count, tsize);
+        goto exit;
+    }
+    raw = (uint64_t)count * tsize;
+    /* 0 both when nothing is allocated and on failure: either way no data */
+    const uint64_t stored = H5Dget_storage_size(dset);
+    if (stored > c->file_size) {
+        st = report_fail(c, KV_ERR_INPUT,
+                         "%s: expected at most the file's %" PRIu64 " bytes stored, found %" PRIu64,
+                         objpath, c->file_size, stored);
+        goto exit;
+    }
+    if (!deflate && stored < raw) {
+        st = report_fail(c, KV_ERR_INPUT,
+                         "%s: expected %" PRIu64 " bytes of data stored in the file, found %" PRIu64
+                         " (unallocated or cut short)",
+                         objpath, raw, stored);
+        goto exit;
+    }
+    if (deflate && (raw - 1) / KV_REPORT_MAX_DEFLATE_RATIO >= stored) {
+        st = report_fail(c, KV_ERR_INPUT,
+                         "%s: expected at most %d bytes of data per stored byte (deflate's limit), "
+                         "found %" PRIu64 " bytes declared in %" PRIu64 " stored",
+                         objpath, KV_REPORT_MAX_DEFLATE_RATIO, raw, stored);
+        goto exit;
+    }
+    if (layout == H5D_CHUNKED) {
+        hsize_t chunk[H5S_MAX_RANK];
+        const int crank = H5Pget_chunk(dcpl, H5S_MAX_RANK, chunk);
+        if (crank < 0) {
+            st = h5_fail(c, KV_ERR_INPUT, "%s: cannot read the chunk shape", objpath);
+            goto exit;
+        }
+        if (crank != rank) {
+            st = report_fail(c, KV_ERR_INPUT, "%s: expected chunks of rank %d, found rank %d",
+                             objpath, rank, crank);
+            goto exit;
+        }
+        uint64_t expected = 1;
+        for (int k = 0; k < rank; k++) {
+            if (chunk[k] == 0 || chunk[k] > dims[k]) {
+                char want[96], got[96];
+                shape_text(rank, dims, want, sizeof want);
+                shape_text(rank, chunk, got, sizeof got);
+                st = report_fail(c, KV_ERR_INPUT,
+                                 "%s: expected chunks within the shape %s, found chunk shape %s",
+                                 objpath, want, got);
+                goto exit;
+            }
+            /* at most count chunks, so no overflow */
+            expected *= (dims[k] + chunk[k] - 1) / chunk[k];
+        }
+        hsize_t n_chunks = 0;
+        if (H5Dget_num_chunks(dset, space, &n_chunks) < 0) {
+            st = h5_fail(c, KV_ERR_INPUT, "%s: cannot count the chunks", objpath);
+            goto exit;
+        }
+        if (n_chunks != expected) {
+            st = report_fail(c, KV_ERR_INPUT,
+                             "%s: expected all %" PRIu64 " chunks stored, found %llu (the others "
+                             "would read as fill values)",
+                             objpath, expected, (unsigned long long)n_chunks);
+            goto exit;
+        }
+    }
+exit:
+    h5_close(H5Pclose, dcpl, objpath, &st, c);
+    return st;
+}
+
 /* Reads dataset name of class cls and exactly shape dims into a new array
- * (NULL when it has no elements). */
+ * (NULL when it has no elements), after h5r_check_object (shared: see
+ * there) and h5r_check_storage, and charged to the read budget. */
 static KvStatus h5r_dataset(hid_t g, const char *gpath, const char *name, H5T_class_t cls,
-                            hid_t mem_type, size_t elem, int rank, const hsize_t *dims, void **out,
-                            ReportCtx *c) {
+                            hid_t mem_type, size_t elem, int rank, const hsize_t *dims, bool shared,
+                            void **out, ReportCtx *c) {
     KvStatus st = KV_OK;
     hid_t dset = H5I_INVALID_HID, type = H5I_INVALID_HID, space = H5I_INVALID_HID;
     void *buf = NULL;
@@ -1214,12 +1667,12 @@ static KvStatus h5r_dataset(hid_t g, const char *gpath, const char *name, H5T_cl
     shape_text(rank, dims, want, sizeof want);
     snprintf(expect, sizeof expect, "%s dataset of shape %s", class_text(cls), want);
     *out = NULL;
-    st = h5r_link_exists(g, objpath, name, expect, c);
+    st = h5r_check_object(g, objpath, name, H5O_TYPE_DATASET, shared, expect, c);
     if (st != KV_OK) goto exit;
     dset = H5Dopen2(g, name, H5P_DEFAULT);
     if (dset < 0) {
-        st = h5_fail(c, KV_ERR_INPUT, "%s: expected %s, found something that is not a dataset",
-                     objpath, expect);
+        st = h5_fail(c, KV_ERR_INPUT, "%s: expected %s, found one HDF5 cannot open", objpath,
+                     expect);
         goto exit;
     }
     type = H5Dget_type(dset);
@@ -1258,6 +1711,10 @@ static KvStatus h5r_dataset(hid_t g, const char *gpath, const char *name, H5T_cl
         goto exit;
     }
     if (count == 0) goto exit;
+    if ((st = h5r_check_storage(dset, objpath, type, space, rank, dims, count, c)) != KV_OK ||
+        (st = h5r_charge(c, objpath, bytes)) != KV_OK) {
+        goto exit;
+    }
     buf = malloc(bytes);
     if (buf == NULL) {
         st = report_fail(c, KV_ERR_INTERNAL, "%s: out of memory (%zu bytes)", objpath, bytes);
@@ -1372,9 +1829,12 @@ exit:
     return st;
 }
 
-/* Reads the 1-D compound table /name into calloc'd staging rows. */
+/* Reads the 1-D compound table /name into calloc'd staging rows: at most
+ * max_rows, or exactly want_rows when that is >= 0, checked before any row
+ * is read. */
 static KvStatus h5r_table(hid_t file, const char *name, const Column *m, size_t nm, size_t row_size,
-                          void **rows, int64_t *n_rows, ReportCtx *c) {
+                          int64_t max_rows, int64_t want_rows, const char *rows_why, void **rows,
+                          int64_t *n_rows, ReportCtx *c) {
     KvStatus st = KV_OK;
     hid_t dset = H5I_INVALID_HID, ftype = H5I_INVALID_HID, space = H5I_INVALID_HID,
           mem = H5I_INVALID_HID;
@@ -1383,13 +1843,13 @@ static KvStatus h5r_table(hid_t file, const char *name, const Column *m, size_t 
     snprintf(objpath, sizeof objpath, "/%s", name);
     *rows = NULL;
     *n_rows = 0;
-    st = h5r_link_exists(file, objpath, name, "a 1-D compound dataset", c);
+    st = h5r_check_object(file, objpath, name, H5O_TYPE_DATASET, false, "a 1-D compound dataset",
+                          c);
     if (st != KV_OK) goto exit;
     dset = H5Dopen2(file, name, H5P_DEFAULT);
     if (dset < 0) {
         st = h5_fail(c, KV_ERR_INPUT,
-                     "%s: expected a 1-D compound dataset, found something that is not a dataset",
-                     objpath);
+                     "%s: expected a 1-D compound dataset, found one HDF5 cannot open", objpath);
         goto exit;
     }
     ftype = H5Dget_type(dset);
@@ -1417,40 +1877,55 @@ static KvStatus h5r_table(hid_t file, const char *name, const Column *m, size_t 
         st = h5_fail(c, KV_ERR_INPUT, "%s: cannot read the shape", objpath);
         goto exit;
     }
-    size_t bytes;
-    if (dims[0] > (hsize_t)INT64_MAX || dims[0] > (hsize_t)SIZE_MAX ||
-        !size_mul((size_t)dims[0] > 0 ? (size_t)dims[0] : 1, row_size, &bytes)) {
-        st =
-            report_fail(c, KV_ERR_INPUT, "%s: expected a row count that fits in memory, found %llu",
-                        objpath, (unsigned long long)dims[0]);
+    if (want_rows >= 0 && dims[0] != (hsize_t)want_rows) {
+        st = report_fail(c, KV_ERR_INPUT, "%s: expected %" PRId64 " rows (%s), found %llu",
+                         objpath, want_rows, rows_why, (unsigned long long)dims[0]);
         goto exit;
+    }
+    if (dims[0] > (hsize_t)max_rows) {
+        st = report_fail(c, KV_ERR_INPUT, "%s: expected at most %" PRId64 " rows (%s), found %llu",
+                         objpath, max_rows, rows_why, (unsigned long long)dims[0]);
+        goto exit;
+    }
+    const size_t n = (size_t)dims[0];
+    size_t bytes;
+    if (!size_mul(n > 0 ? n : 1, row_size, &bytes)) {
+        st = report_fail(c, KV_ERR_INPUT, "%s: expected a row count that fits in memory, found %zu",
+                         objpath, n);
+        goto exit;
+    }
+    if (n > 0) {
+        const hsize_t shape[1] = {dims[0]};
+        if ((st = h5r_check_storage(dset, objpath, ftype, space, 1, shape, n, c)) != KV_OK ||
+            (st = h5r_charge(c, objpath, bytes)) != KV_OK) {
+            goto exit;
+        }
     }
     buf = calloc(1, bytes);
     if (buf == NULL) {
         st = report_fail(c, KV_ERR_INTERNAL, "%s: out of memory", objpath);
         goto exit;
     }
-    if (dims[0] > 0 && H5Dread(dset, mem, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf) < 0) {
+    if (n > 0 && H5Dread(dset, mem, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf) < 0) {
         st = h5_fail(c, KV_ERR_INPUT, "%s: cannot read", objpath);
         goto exit;
     }
     /* NULLPAD reading: a string without a terminator did not fit */
-    for (hsize_t r = 0; r < dims[0]; r++) {
+    for (size_t r = 0; r < n; r++) {
         for (size_t i = 0; i < nm; i++) {
             if (m[i].kind != COL_STR) continue;
-            const char *s = (const char *)buf + (size_t)r * row_size + m[i].offset;
-            if (strnlen(s, m[i].width) == m[i].width) {
+            const char *str = (const char *)buf + r * row_size + m[i].offset;
+            if (strnlen(str, m[i].width) == m[i].width) {
                 st = report_fail(c, KV_ERR_INPUT,
-                                 "%s[%llu]: member %s: expected a string of at most %zu bytes, "
+                                 "%s[%zu]: member %s: expected a string of at most %zu bytes, "
                                  "found %zu or more",
-                                 objpath, (unsigned long long)r, m[i].name, m[i].width - 1,
-                                 m[i].width);
+                                 objpath, r, m[i].name, m[i].width - 1, m[i].width);
                 goto exit;
             }
         }
     }
     *rows = buf;
-    *n_rows = (int64_t)dims[0];
+    *n_rows = (int64_t)n;
     buf = NULL;
 exit:
     free(buf);
@@ -1499,9 +1974,12 @@ static KvStatus h5r_tolerances(hid_t file, KvReport *rep, ReportCtx *c) {
     TolRow *rows = NULL;
     int64_t n = 0;
     KvStatus st = h5r_table(file, "tolerances", TOL_MEMBERS, N_MEMBERS(TOL_MEMBERS), sizeof *rows,
+                            KV_REPORT_MAX_TOLERANCES, -1, "KV_REPORT_MAX_TOLERANCES",
                             (void **)&rows, &n, c);
     if (st != KV_OK) goto exit;
     if (n > 0) {
+        st = h5r_charge(c, "/tolerances", (uint64_t)n * sizeof *rep->tolerances);
+        if (st != KV_OK) goto exit;
         rep->tolerances = calloc((size_t)n, sizeof *rep->tolerances);
         if (rep->tolerances == NULL) {
             st = report_fail(c, KV_ERR_INTERNAL, "/tolerances: out of memory");
@@ -1522,7 +2000,13 @@ exit:
 static KvStatus h5r_comparisons(hid_t file, KvReport *rep, ReportCtx *c) {
     CmpRow *rows = NULL;
     int64_t n = 0;
+    /* a run is the candidate of a few comparisons, so their count follows
+     * the run count (checked before any row is read) */
+    char why[96];
+    snprintf(why, sizeof why, "%d per run, %" PRId64 " runs", KV_REPORT_MAX_COMPARISONS_PER_RUN,
+             rep->n_runs);
     KvStatus st = h5r_table(file, "comparisons", CMP_MEMBERS, N_MEMBERS(CMP_MEMBERS), sizeof *rows,
+                            KV_REPORT_MAX_COMPARISONS_PER_RUN * rep->n_runs, -1, why,
                             (void **)&rows, &n, c);
     if (st != KV_OK) goto exit;
     for (int64_t k = 0; k < n; k++) {
@@ -1547,6 +2031,8 @@ static KvStatus h5r_comparisons(hid_t file, KvReport *rep, ReportCtx *c) {
         }
     }
     if (n > 0) {
+        st = h5r_charge(c, "/comparisons", (uint64_t)n * sizeof *rep->comparisons);
+        if (st != KV_OK) goto exit;
         rep->comparisons = calloc((size_t)n, sizeof *rep->comparisons);
         if (rep->comparisons == NULL) {
             st = report_fail(c, KV_ERR_INTERNAL, "/comparisons: out of memory");
@@ -1583,29 +2069,26 @@ static KvStatus h5r_summary(hid_t file, const KvReport *rep, ReportCtx *c) {
     SummaryRow *rows = NULL;
     int64_t n = 0;
     KvStatus st = h5r_table(file, "summary", SUMMARY_MEMBERS, N_MEMBERS(SUMMARY_MEMBERS),
-                            sizeof *rows, (void **)&rows, &n, c);
-    if (st == KV_OK && n != rep->n_runs) {
-        st = report_fail(c, KV_ERR_INPUT,
-                         "/summary: expected %" PRId64 " rows (one per run), found %" PRId64,
-                         rep->n_runs, n);
-    }
+                            sizeof *rows, rep->n_runs, rep->n_runs, "one per run", (void **)&rows,
+                            &n, c);
     free(rows);
     return st;
 }
 
-/* Full logits, or (topk > 0) the top-k ids and values. */
+/* Full logits, or (topk > 0) the top-k ids and values. Only the full logits
+ * may be shared with other runs (the writer's hard links). */
 static KvStatus h5r_logits(hid_t g, const char *objpath, KvRun *r, const hsize_t *d_logits,
                            ReportCtx *c) {
     if (r->topk == 0) {
         return h5r_dataset(g, objpath, "logits", H5T_FLOAT, H5T_NATIVE_FLOAT, sizeof(float), 3,
-                           d_logits, (void **)&r->logits, c);
+                           d_logits, true, (void **)&r->logits, c);
     }
     const hsize_t d_topk[3] = {d_logits[0], d_logits[1], (hsize_t)r->topk};
     KvStatus st = h5r_dataset(g, objpath, "topk_ids", H5T_INTEGER, H5T_NATIVE_INT32,
-                              sizeof(int32_t), 3, d_topk, (void **)&r->topk_ids, c);
+                              sizeof(int32_t), 3, d_topk, false, (void **)&r->topk_ids, c);
     if (st != KV_OK) return st;
     return h5r_dataset(g, objpath, "topk_values", H5T_FLOAT, H5T_NATIVE_FLOAT, sizeof(float), 3,
-                       d_topk, (void **)&r->topk_values, c);
+                       d_topk, false, (void **)&r->topk_values, c);
 }
 
 static KvStatus h5r_run_datasets(hid_t g, const char *objpath, KvRun *r, ReportCtx *c) {
@@ -1618,24 +2101,35 @@ static KvStatus h5r_run_datasets(hid_t g, const char *objpath, KvRun *r, ReportC
     const hsize_t d_names[1] = {NP};
     const hsize_t d_probes[3] = {S, NP, B};
     if ((st = h5r_dataset(g, objpath, "prompt", H5T_INTEGER, H5T_NATIVE_INT32, sizeof(int32_t), 2,
-                          d_prompt, (void **)&r->prompt, c)) != KV_OK ||
+                          d_prompt, false, (void **)&r->prompt, c)) != KV_OK ||
         (st = h5r_dataset(g, objpath, "prompt_real", H5T_INTEGER, H5T_NATIVE_UINT8, sizeof(uint8_t),
-                          2, d_prompt, (void **)&r->prompt_real, c)) != KV_OK ||
+                          2, d_prompt, false, (void **)&r->prompt_real, c)) != KV_OK ||
         (st = h5r_dataset(g, objpath, "tokens", H5T_INTEGER, H5T_NATIVE_INT32, sizeof(int32_t), 2,
-                          d_rows, (void **)&r->tokens, c)) != KV_OK ||
+                          d_rows, false, (void **)&r->tokens, c)) != KV_OK ||
         (st = h5r_logits(g, objpath, r, d_logits, c)) != KV_OK ||
         (st = h5r_dataset(g, objpath, "logits_hash", H5T_INTEGER, H5T_NATIVE_UINT64,
-                          sizeof(uint64_t), 2, d_rows, (void **)&r->logits_hash, c)) != KV_OK ||
+                          sizeof(uint64_t), 2, d_rows, false, (void **)&r->logits_hash, c)) !=
+            KV_OK ||
         (st = h5r_dataset(g, objpath, "margins", H5T_FLOAT, H5T_NATIVE_FLOAT, sizeof(float), 2,
-                          d_rows, (void **)&r->margins, c)) != KV_OK ||
+                          d_rows, false, (void **)&r->margins, c)) != KV_OK ||
         (st = h5r_dataset(g, objpath, "probe_names", H5T_STRING, H5I_INVALID_HID, KV_NAME_LEN, 1,
-                          d_names, (void **)&r->probe_names, c)) != KV_OK ||
+                          d_names, false, (void **)&r->probe_names, c)) != KV_OK ||
         (st = h5r_dataset(g, objpath, "probe_hash", H5T_INTEGER, H5T_NATIVE_UINT64,
-                          sizeof(uint64_t), 3, d_probes, (void **)&r->probe_hash, c)) != KV_OK) {
+                          sizeof(uint64_t), 3, d_probes, false, (void **)&r->probe_hash, c)) !=
+            KV_OK) {
         return st;
     }
     return KV_OK;
 }
+
+/* The datasets a run group holds (SCHEMA.md): none when skipped. */
+static const char *const RUN_NAMES_FULL[] = {"prompt",      "prompt_real", "tokens",
+                                             "logits",      "logits_hash", "margins",
+                                             "probe_names", "probe_hash",  NULL};
+static const char *const RUN_NAMES_TOPK[] = {
+    "prompt",      "prompt_real", "tokens",      "topk_ids",   "topk_values",
+    "logits_hash", "margins",     "probe_names", "probe_hash", NULL};
+static const char *const RUN_NAMES_SKIPPED[] = {NULL};
 
 static KvStatus h5r_run(hid_t runs, int64_t i, int64_t n_runs, KvRun *r, ReportCtx *c) {
     KvStatus st = KV_OK;
@@ -1644,13 +2138,15 @@ static KvStatus h5r_run(hid_t runs, int64_t i, int64_t n_runs, KvRun *r, ReportC
     run_group_name(i, name, sizeof name);
     snprintf(objpath, sizeof objpath, "/runs/%s", name);
     snprintf(expect, sizeof expect, "a group (runs are numbered 0000..%04" PRId64 ")", n_runs - 1);
-    st = h5r_link_exists(runs, objpath, name, expect, c);
+    st = h5r_check_object(runs, objpath, name, H5O_TYPE_GROUP, false, expect, c);
     if (st != KV_OK) goto exit;
     g = H5Gopen2(runs, name, H5P_DEFAULT);
     if (g < 0) {
-        st = h5_fail(c, KV_ERR_INPUT, "%s: expected a group, found something else", objpath);
+        st = h5_fail(c, KV_ERR_INPUT, "%s: expected a group, found one HDF5 cannot open", objpath);
         goto exit;
     }
+    /* The sizes are capped here, before their products are formed and
+     * before any dataset is looked at (report_h5.h says why each cap). */
     int64_t repeat = 0, skipped = 0;
     if ((st = h5r_attr_string(g, objpath, "model", r->model, sizeof r->model, c)) != KV_OK ||
         (st = h5r_attr_string(g, objpath, "scenario", r->scenario, sizeof r->scenario, c)) !=
@@ -1662,11 +2158,13 @@ static KvStatus h5r_run(hid_t runs, int64_t i, int64_t n_runs, KvRun *r, ReportC
         (st = h5r_attr_range(g, objpath, "skipped", 0, 1, &skipped, c)) != KV_OK ||
         (st = h5r_attr_string(g, objpath, "skip_reason", r->skip_reason, sizeof r->skip_reason,
                               c)) != KV_OK ||
-        (st = h5r_attr_range(g, objpath, "steps", 0, INT64_MAX, &r->steps, c)) != KV_OK ||
-        (st = h5r_attr_range(g, objpath, "batch", 0, INT64_MAX, &r->batch, c)) != KV_OK ||
-        (st = h5r_attr_range(g, objpath, "vocab", 0, INT64_MAX, &r->vocab, c)) != KV_OK ||
-        (st = h5r_attr_range(g, objpath, "prompt_len", 0, INT64_MAX, &r->prompt_len, c)) != KV_OK ||
-        (st = h5r_attr_range(g, objpath, "n_probes", 0, INT64_MAX, &r->n_probes, c)) != KV_OK ||
+        (st = h5r_attr_range(g, objpath, "steps", 0, KV_REPORT_MAX_STEPS, &r->steps, c)) != KV_OK ||
+        (st = h5r_attr_range(g, objpath, "batch", 0, KV_REPORT_MAX_BATCH, &r->batch, c)) != KV_OK ||
+        (st = h5r_attr_range(g, objpath, "vocab", 0, KV_REPORT_MAX_VOCAB, &r->vocab, c)) != KV_OK ||
+        (st = h5r_attr_range(g, objpath, "prompt_len", 0, KV_REPORT_MAX_PROMPT_LEN, &r->prompt_len,
+                             c)) != KV_OK ||
+        (st = h5r_attr_range(g, objpath, "n_probes", 0, KV_REPORT_MAX_PROBES, &r->n_probes, c)) !=
+            KV_OK ||
         (st = h5r_attr_i64(g, objpath, "graphs_captured", &r->graphs_captured, c)) != KV_OK ||
         (st = h5r_attr_i64(g, objpath, "replays_checked", &r->replays_checked, c)) != KV_OK ||
         (st = h5r_attr_i64(g, objpath, "replay_mismatch_step", &r->replay_mismatch_step, c)) !=
@@ -1680,7 +2178,8 @@ static KvStatus h5r_run(hid_t runs, int64_t i, int64_t n_runs, KvRun *r, ReportC
     /* topk: absent in reports that always stored full logits. */
     if (H5Aexists(g, "topk") > 0) {
         int64_t topk = 0;
-        st = h5r_attr_range(g, objpath, "topk", 0, r->vocab, &topk, c);
+        const int64_t hi = r->vocab < KV_REPORT_MAX_TOPK ? r->vocab : KV_REPORT_MAX_TOPK;
+        st = h5r_attr_range(g, objpath, "topk", 0, hi, &topk, c);
         if (st != KV_OK) goto exit;
         r->topk = (int32_t)topk;
     }
@@ -1703,6 +2202,21 @@ static KvStatus h5r_run(hid_t runs, int64_t i, int64_t n_runs, KvRun *r, ReportC
                          objpath, r->steps, r->batch, r->vocab, r->prompt_len, r->n_probes);
         goto exit;
     }
+    /* A skipped run with datasets is a damaged report (its skipped flag
+     * would hide a result), as is any object the schema does not name. */
+    LinkScan scan = {.names = r->skipped   ? RUN_NAMES_SKIPPED
+                              : r->topk > 0 ? RUN_NAMES_TOPK
+                                            : RUN_NAMES_FULL,
+                     .n_runs = 0,
+                     .expect = "a dataset",
+                     .found = "",
+                     .bad_link = false};
+    st = h5r_scan_group(g, objpath, &scan,
+                        r->skipped    ? "attributes (the run is skipped)"
+                        : r->topk > 0 ? "the datasets of a top-k run (SCHEMA.md)"
+                                      : "the datasets of a run (SCHEMA.md)",
+                        c);
+    if (st != KV_OK) goto exit;
     if (!r->skipped) st = h5r_run_datasets(g, objpath, r, c);
 exit:
     h5_close(H5Gclose, g, objpath, &st, c);
@@ -1712,11 +2226,11 @@ exit:
 static KvStatus h5r_runs(hid_t file, KvReport *rep, ReportCtx *c) {
     KvStatus st = KV_OK;
     hid_t runs = H5I_INVALID_HID;
-    st = h5r_link_exists(file, "/runs", "runs", "a group", c);
+    st = h5r_check_object(file, "/runs", "runs", H5O_TYPE_GROUP, false, "a group", c);
     if (st != KV_OK) goto exit;
     runs = H5Gopen2(file, "runs", H5P_DEFAULT);
     if (runs < 0) {
-        st = h5_fail(c, KV_ERR_INPUT, "/runs: expected a group, found something else");
+        st = h5_fail(c, KV_ERR_INPUT, "/runs: expected a group, found one HDF5 cannot open");
         goto exit;
     }
     H5G_info_t info;
@@ -1724,14 +2238,27 @@ static KvStatus h5r_runs(hid_t file, KvReport *rep, ReportCtx *c) {
         st = h5_fail(c, KV_ERR_INPUT, "/runs: cannot list");
         goto exit;
     }
-    if (info.nlinks > (hsize_t)(SIZE_MAX / sizeof(KvRun)) || info.nlinks > (hsize_t)INT64_MAX) {
+    if (info.nlinks > (hsize_t)KV_REPORT_MAX_RUNS) {
         st = report_fail(c, KV_ERR_INPUT,
-                         "/runs: expected a run count that fits in memory, found %llu",
-                         (unsigned long long)info.nlinks);
+                         "/runs: expected at most %" PRId64
+                         " runs (KV_REPORT_MAX_RUNS), found %llu",
+                         KV_REPORT_MAX_RUNS, (unsigned long long)info.nlinks);
         goto exit;
     }
     const int64_t n = (int64_t)info.nlinks;
+    /* every name a run group's; h5r_run then finds each of 0000..n-1, so
+     * a gap is named as the run that is missing */
+    LinkScan scan = {.names = NULL,
+                     .n_runs = KV_REPORT_MAX_RUNS,
+                     .expect = "a run group",
+                     .found = "",
+                     .bad_link = false};
+    st = h5r_scan_group(runs, "/runs", &scan, "run groups named by their index (0000, 0001, ...)",
+                        c);
+    if (st != KV_OK) goto exit;
     if (n > 0) {
+        st = h5r_charge(c, "/runs", (uint64_t)n * sizeof *rep->runs);
+        if (st != KV_OK) goto exit;
         rep->runs = calloc((size_t)n, sizeof *rep->runs);
         if (rep->runs == NULL) {
             st = report_fail(c, KV_ERR_INTERNAL, "/runs: out of memory");
@@ -1748,18 +2275,30 @@ exit:
     return st;
 }
 
+/* What the root group may hold (SCHEMA.md, Layout). */
+static const char *const ROOT_NAMES[] = {"tolerances", "runs", "comparisons", "summary", "bisect",
+                                         NULL};
+
 KvStatus kv_report_read_h5(const char *path, KvReport *out, KvError *err) {
     if (path == NULL || out == NULL) {
         return kv_error_set(err, KV_ERR_INPUT, "kv_report_read_h5: NULL %s",
                             path == NULL ? "path" : "output");
     }
-    ReportCtx c = {path, err};
+    ReportCtx c = {.path = path, .err = err, .file_size = 0, .budget = KV_REPORT_MAX_READ_BYTES};
     KvReport rep;
     memset(&rep, 0, sizeof rep);
     KvStatus st = KV_OK;
     hid_t fapl = H5I_INVALID_HID, file = H5I_INVALID_HID;
     QuietErrors quiet = {.saved = false};
 
+    /* A writer's temporary is never a report: the writer removes it, and
+     * one left by a killed writer of an older version may be incomplete. */
+    if (kv_report_is_temp_name(path)) {
+        st = report_fail(&c, KV_ERR_INPUT,
+                         "expected a report, found a writer's temporary (NAME.tmp-PID, left by "
+                         "an interrupted write; the report is NAME)");
+        goto exit;
+    }
     /* The OS says why a file cannot be opened better than HDF5 does. */
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
@@ -1779,6 +2318,7 @@ KvStatus kv_report_read_h5(const char *path, KvReport *out, KvError *err) {
                          S_ISDIR(sb.st_mode) ? "a directory" : "something that is not a file");
         goto exit;
     }
+    c.file_size = sb.st_size > 0 ? (uint64_t)sb.st_size : 0;
     st = h5_quiet_begin(&quiet, &c);
     if (st != KV_OK) goto exit;
     /* H5Fis_hdf5 is the 1.10 call (H5Fis_accessible from 1.12 on): it finds
@@ -1807,7 +2347,11 @@ KvStatus kv_report_read_h5(const char *path, KvReport *out, KvError *err) {
                      (long long)sb.st_size);
         goto exit;
     }
+    LinkScan scan = {
+        .names = ROOT_NAMES, .n_runs = 0, .expect = "an object", .found = "", .bad_link = false};
     if ((st = h5r_root_attrs(file, &rep, &c)) != KV_OK ||
+        (st = h5r_scan_group(file, "/", &scan, "tolerances, runs, comparisons, summary and bisect",
+                             &c)) != KV_OK ||
         (st = h5r_tolerances(file, &rep, &c)) != KV_OK ||
         (st = h5r_runs(file, &rep, &c)) != KV_OK ||
         (st = h5r_comparisons(file, &rep, &c)) != KV_OK ||

@@ -7,16 +7,71 @@
 #include "report.h"
 #include "status.h"
 
+/* ---- what the reader accepts ---------------------------------------------
+ * A report is input. Every size it declares is checked against these caps,
+ * against the other sizes it must agree with, and against the file's own
+ * size before anything is allocated, so a damaged or crafted file is refused
+ * (KV_ERR_INPUT) instead of exhausting memory or time. Each cap is far above
+ * what a gate writes; the comments say how far. */
+
+/* Runs in /runs. The default gate writes 1022 (2 fixtures x 7 scenarios x
+ * (1 reference + 6 variants x 2 backends x 2 modes x 3 repeats)), with
+ * --faults all 9 times that (9198). A KvRun costs about 1 KB before its
+ * arrays, so the cap is about 270 MB of run records. */
+#define KV_REPORT_MAX_RUNS ((int64_t)1 << 18)
+/* Decode steps per run: the scenarios run a few windows (hundreds of
+ * steps), --max-new-tokens a few thousand; a million is a long-context run. */
+#define KV_REPORT_MAX_STEPS ((int64_t)1 << 20)
+/* Batch rows per run: the scenarios use 1 or 2, --prompts files a few dozen. */
+#define KV_REPORT_MAX_BATCH ((int64_t)1 << 12)
+/* Prompt length (padded): a million tokens of context. */
+#define KV_REPORT_MAX_PROMPT_LEN ((int64_t)1 << 20)
+/* Vocabulary: the largest current tokenizers have about 256k entries (Gemma
+ * 2: 256000); 4M leaves room without letting (S, B, V) run away. */
+#define KV_REPORT_MAX_VOCAB ((int64_t)1 << 22)
+/* Named probes per step: the forward pass records a handful per layer
+ * (about 10 x 128 layers for the deepest models) plus embed and logits. */
+#define KV_REPORT_MAX_PROBES ((int64_t)1 << 16)
+/* Top-k logits kept per row when full logits are not stored: the gate keeps
+ * 16. */
+#define KV_REPORT_MAX_TOPK ((int64_t)1 << 10)
+/* Named tolerances in /tolerances: the comparator has two (DESIGN §6). */
+#define KV_REPORT_MAX_TOLERANCES ((int64_t)1 << 10)
+/* Comparisons per run: the matrix compares a candidate run with at most 4
+ * others (reference, replay, graph_vs_eager, variant_vs_variant; or repeat),
+ * so /comparisons has at most 4 rows per run; the cap allows 16. */
+#define KV_REPORT_MAX_COMPARISONS_PER_RUN 16
+/* Bytes of data per stored byte in a deflated dataset: deflate's own limit
+ * (a 258-byte match in 2 bits is 1032:1; zlib's headers only lower it). A
+ * dataset claiming more is not deflate output but fill values or a crafted
+ * size. A real bound rather than a guess: logits that compress extremely
+ * well (all NaN from a broken candidate) must still be readable. */
+#define KV_REPORT_MAX_DEFLATE_RATIO 1032
+/* Bytes of fixed-length string per element (attribute or dataset): the
+ * widest field the schema has is 512 bytes. */
+#define KV_REPORT_MAX_STRING_BYTES ((size_t)1 << 16)
+/* Memory the reader may allocate for one report, all arrays together:
+ * runs that share one logits dataset (a hard link) each get a copy, so this
+ * is not bounded by the file's size. The default gate's report needs a few
+ * MB; a report needing more than 16 GiB could not be shown on the machines
+ * that run the gate, and is refused rather than left to swap or to the OOM
+ * killer. */
+#define KV_REPORT_MAX_READ_BYTES ((uint64_t)1 << 34)
+
 /* Writes rep to path in schema KV_REPORT_SCHEMA_VERSION.
  *
- * The file is built as "<path>.tmp-<pid>" in the same directory, flushed to
- * disk and renamed over path, so path is either untouched or complete; on
- * any failure the temporary is removed. The same report always gives the
- * same bytes: no timestamps (object time tracking is off on every group and
- * dataset), fixed format version bounds (v1.8 objects only), fixed creation
- * order, fixed fill values, and strings copied into zeroed fixed-length
- * buffers so bytes after a terminator never reach the file. Run.seconds is
- * stored as given; the harness zeroes it unless timings were asked for.
+ * The file is built in memory (HDF5's core driver) and written by
+ * kv_report_file_publish (report.h): an unnamed temporary in path's
+ * directory, flushed to disk, linked and renamed over path, so path is
+ * either untouched or complete, and a killed writer leaves no temporary
+ * behind ("<path>.tmp-<pid>" files of dead writers are removed). The same
+ * report always gives the same bytes: no timestamps (object time tracking is
+ * off on every group and dataset), fixed format version bounds (v1.8 objects
+ * only), fixed creation order, fixed fill values, and strings copied into
+ * zeroed fixed-length buffers so bytes after a terminator never reach the
+ * file. Run.seconds is stored as given; the harness zeroes it unless timings
+ * were asked for. kv_report_check_writable (report.h) checks path before a
+ * long run.
  *
  * Skipped runs are stored as attributes only (no datasets). A run that is not
  * skipped must have every array its shape calls for (NULL is fine only for a
@@ -25,9 +80,11 @@
  * Returns KV_OK; KV_ERR_INPUT for a NULL argument, an inconsistent report
  * (a string field without a terminator, a negative size, a missing array, a
  * comparison naming a run out of range, an unknown kind or verdict; all
- * checked before anything is created) or a path that cannot be created
- * ("<path>: cannot create: <strerror>"); KV_ERR_INTERNAL when out of memory or
- * HDF5 fails while writing (the message ends with the innermost HDF5 error). */
+ * checked before anything is created), a path that cannot be created
+ * ("<path>: cannot create: <strerror>") or written ("<path>: cannot write:
+ * <strerror>": a full disk, a quota, an I/O error); KV_ERR_INTERNAL when out
+ * of memory or HDF5 fails while building the file in memory (the message
+ * ends with the innermost HDF5 error). */
 KvStatus kv_report_write_h5(const KvReport *rep, const char *path, KvError *err);
 
 /* Reads a report written by kv_report_write_h5 (or by another tool in the
@@ -36,12 +93,28 @@ KvStatus kv_report_write_h5(const KvReport *rep, const char *path, KvError *err)
  * variable-length (h5py writes str attributes variable-length); numbers are
  * converted from any integer or float type of the right class.
  *
+ * Nothing the file declares is trusted before it is checked: sizes against
+ * the caps above and against each other (every dataset's shape is exactly
+ * the one its run's attributes give; /summary has one row per run,
+ * /comparisons at most KV_REPORT_MAX_COMPARISONS_PER_RUN per run and names
+ * existing runs), and every dataset's data against what the file stores
+ * (all of it allocated in this file: no external raw data, no virtual
+ * dataset, no filter but shuffle, deflate and fletcher32, no more than
+ * KV_REPORT_MAX_DEFLATE_RATIO bytes per stored byte), all before the
+ * allocation; the total stays under KV_REPORT_MAX_READ_BYTES. Every link
+ * the reader walks (the root group, /runs, each run group) must be a hard
+ * link to an object of the type the schema gives, with no names the schema
+ * does not have; a soft or external link is refused, never followed. Only a
+ * run's logits may be shared with other runs (the writer's hard links).
+ *
  * Returns KV_OK, or KV_ERR_INPUT for a missing or unreadable file, a file
- * that is not HDF5, a truncated file, another schema_version, a missing
- * group, dataset or attribute, a wrong type class, a string too long for its
- * field, or shapes that disagree with the run's size attributes; the message
- * reads "<path>: <object>: expected ..., found ...". KV_ERR_INTERNAL when out
- * of memory. On failure *out is all zero and nothing is left allocated. */
+ * that is not HDF5, a truncated file, a writer's temporary
+ * ("NAME.tmp-DIGITS"), another schema_version, a missing group, dataset or
+ * attribute, a wrong type class, a string too long for its field, shapes
+ * that disagree with the run's size attributes, and everything refused
+ * above; the message reads "<path>: <object>: expected ..., found ...".
+ * KV_ERR_INTERNAL only when memory runs out for a report within the caps.
+ * On failure *out is all zero and nothing is left allocated. */
 KvStatus kv_report_read_h5(const char *path, KvReport *out, KvError *err);
 
 #endif

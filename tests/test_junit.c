@@ -7,15 +7,23 @@
  * in the file, so a writer whose attributes disagree with its own testcases
  * fails even when the hand count happens to match. Well-formedness is checked
  * by xmllint when it is installed (and said to be SKIPPED when not) and always
- * by the small checker below, which is itself shown to reject bad input. */
+ * by the small checker below, which is itself shown to reject bad input.
+ * Writing shares kv_report_file_publish with the HDF5 report: a "full disk"
+ * (RLIMIT_FSIZE in a child: write() fails the way ENOSPC makes it fail), a
+ * FIFO in the way, and temporaries left by dead writers are checked here
+ * too. */
 #include <check.h>
 #include <dirent.h>
 #include <errno.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "junit.h"
@@ -729,6 +737,90 @@ START_TEST(test_unwritable) {
 }
 END_TEST
 
+/* A full disk is bad input naming the path (never an internal error); the
+ * old file stays and no temporary is left. RLIMIT_FSIZE with SIGXFSZ
+ * ignored makes write() fail with EFBIG: the path a full disk's ENOSPC
+ * takes. */
+START_TEST(test_disk_full) {
+    KvReport *rep = make_report();
+    char path[160];
+    char *before = write_and_read(rep, "full.xml", path, sizeof path);
+    int fds[2];
+    ck_assert(pipe(fds) == 0);
+    const pid_t pid = fork();
+    ck_assert(pid >= 0);
+    if (pid == 0) {
+        close(fds[0]);
+        alarm(20);
+        signal(SIGXFSZ, SIG_IGN);
+        const struct rlimit lim = {512, 512};
+        if (setrlimit(RLIMIT_FSIZE, &lim) != 0) _exit(3);
+        KvError err = {{0}};
+        KvStatus st = kv_junit_write(rep, path, &err);
+        if (write(fds[1], &st, sizeof st) != (ssize_t)sizeof st ||
+            write(fds[1], err.msg, sizeof err.msg) != (ssize_t)sizeof err.msg) {
+            _exit(4);
+        }
+        _exit(0);
+    }
+    close(fds[1]);
+    KvStatus st = KV_OK;
+    KvError err = {{0}};
+    ck_assert(read(fds[0], &st, sizeof st) == (ssize_t)sizeof st);
+    size_t got = 0;
+    while (got < sizeof err.msg) {
+        const ssize_t n = read(fds[0], err.msg + got, sizeof err.msg - got);
+        if (n <= 0) break;
+        got += (size_t)n;
+    }
+    close(fds[0]);
+    int status = 0;
+    ck_assert(waitpid(pid, &status, 0) == pid);
+    ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child status 0x%x",
+                  (unsigned)status);
+    ck_assert_int_eq(st, KV_ERR_INPUT);
+    char want[400];
+    snprintf(want, sizeof want, "%s: cannot write: %s", path, strerror(EFBIG));
+    ck_assert_str_eq(err.msg, want);
+    size_t len;
+    char *after = read_text(path, &len);
+    ck_assert_msg(strcmp(before, after) == 0, "the old file changed");
+    ck_assert_int_eq(dir_entry_count(g_dir), 1);
+    free(before);
+    free(after);
+    free_report(rep);
+}
+END_TEST
+
+/* A FIFO (like a device) is refused, not replaced; a temporary of a dead
+ * writer is removed by the next write of the same path. */
+START_TEST(test_fifo_and_stale_temporary) {
+    KvReport *rep = make_report();
+    char path[160], stale[200];
+    KvError err = {{0}};
+    path_in_dir(path, sizeof path, "pipe.xml");
+    ck_assert(mkfifo(path, 0644) == 0);
+    ck_assert_int_eq(kv_junit_write(rep, path, &err), KV_ERR_INPUT);
+    ck_assert_msg(strstr(err.msg, "found a FIFO") != NULL && strstr(err.msg, path) == err.msg, "%s",
+                  err.msg);
+    struct stat sb;
+    ck_assert(lstat(path, &sb) == 0 && S_ISFIFO(sb.st_mode));
+
+    path_in_dir(path, sizeof path, "out.xml");
+    const pid_t dead = fork();
+    ck_assert(dead >= 0);
+    if (dead == 0) _exit(0);
+    ck_assert(waitpid(dead, NULL, 0) == dead);
+    snprintf(stale, sizeof stale, "%s.tmp-%ld", path, (long)dead);
+    FILE *f = fopen(stale, "w");
+    ck_assert(f != NULL && fputs("<testsuites", f) >= 0 && fclose(f) == 0);
+    ck_assert_msg(kv_junit_write(rep, path, &err) == KV_OK, "%s", err.msg);
+    ck_assert_msg(!path_exists(stale), "stale temporary %s left", stale);
+    ck_assert_int_eq(dir_entry_count(g_dir), 2); /* pipe.xml and out.xml */
+    free_report(rep);
+}
+END_TEST
+
 START_TEST(test_bad_report) {
     KvReport *rep = make_report();
     char path[128];
@@ -784,6 +876,8 @@ static Suite *junit_suite(void) {
     tcase_add_test(tc, test_escaping);
     tcase_add_test(tc, test_deterministic);
     tcase_add_test(tc, test_unwritable);
+    tcase_add_test(tc, test_disk_full);
+    tcase_add_test(tc, test_fifo_and_stale_temporary);
     tcase_add_test(tc, test_bad_report);
     tcase_add_test(tc, test_empty_report);
     suite_add_tcase(s, tc);

@@ -7,18 +7,33 @@
  * read back and compared field by field; written twice across a clock
  * second and under malloc perturbation, and the bytes compared; opened with
  * h5dump; and damaged in the ways a reader meets (missing, not HDF5,
- * truncated, other schema version, missing objects, inconsistent shapes). */
+ * truncated, other schema version, missing objects, inconsistent shapes).
+ *
+ * Hostile reports are crafted with the HDF5 API (sizes the file does not
+ * back, tables of ten million declared rows, links to other files and
+ * objects, objects of the wrong kind): each must be refused as bad input, in
+ * a child process with a time limit and (outside ASan) an address-space
+ * limit, so that a reader that allocated what the file declares, or worked
+ * for minutes, fails the test instead of the machine. Writes meet a "full
+ * disk" (RLIMIT_FSIZE: the same failed write() a full disk gives, with
+ * EFBIG for ENOSPC), a writer killed mid-write, and temporaries left by dead
+ * writers. */
 #include <check.h>
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <hdf5.h>
 #include <limits.h>
 #include <math.h>
+#include <signal.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 #ifdef __GLIBC__
@@ -914,6 +929,702 @@ START_TEST(test_read_table_string_too_long) {
 }
 END_TEST
 
+/* ---- hostile reports ---------------------------------------------------- */
+
+#if defined(__SANITIZE_ADDRESS__)
+#define T_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define T_ASAN 1
+#endif
+#endif
+
+/* What a refused read may take: seconds of wall time, and (outside ASan)
+ * bytes of address space beyond what the process has when it starts
+ * reading. Every hostile file here declares far more than the headroom. */
+#define T_READ_SECONDS 20
+#define T_READ_HEADROOM ((rlim_t)512 << 20)
+
+/* The process's address-space size now (/proc/self/statm), 0 if unknown. */
+static rlim_t address_space_now(void) {
+    FILE *f = fopen("/proc/self/statm", "r");
+    if (f == NULL) return 0;
+    unsigned long pages = 0;
+    const int got = fscanf(f, "%lu", &pages);
+    fclose(f);
+    return got == 1 ? (rlim_t)pages * (rlim_t)sysconf(_SC_PAGESIZE) : 0;
+}
+
+/* The result of a read in a child process. */
+typedef struct {
+    KvStatus st;
+    bool zeroed;
+    char msg[sizeof(((KvError *)0)->msg)];
+} ChildRead;
+
+/* Reads path in a child under T_READ_SECONDS and the address-space limit,
+ * and checks that it was refused like assert_read_fails: KV_ERR_INPUT, the
+ * path first, part in the message, *out zeroed. A reader that tried to
+ * allocate what the file declares gets NULL from malloc under the limit and
+ * says KV_ERR_INTERNAL, which fails here; one that works for minutes is
+ * killed by SIGALRM, which fails here too. */
+static void assert_read_refused_bounded(const char *path, const char *part) {
+    int fds[2];
+    ck_assert_msg(pipe(fds) == 0, "pipe: %s", strerror(errno));
+    const rlim_t base = address_space_now();
+    const pid_t pid = fork();
+    ck_assert_msg(pid >= 0, "fork: %s", strerror(errno));
+    if (pid == 0) {
+        close(fds[0]);
+        alarm(T_READ_SECONDS);
+#ifndef T_ASAN
+        if (base > 0) {
+            const struct rlimit lim = {base + T_READ_HEADROOM, base + T_READ_HEADROOM};
+            if (setrlimit(RLIMIT_AS, &lim) != 0) _exit(3);
+        }
+#else
+        /* ASan reserves terabytes of shadow memory: no limit under it, the
+         * status check and the alarm still apply */
+        (void)base;
+#endif
+        ChildRead r;
+        memset(&r, 0, sizeof r);
+        KvReport out;
+        report_poison(&out);
+        KvError err = {{0}};
+        r.st = kv_report_read_h5(path, &out, &err);
+        r.zeroed = report_is_zero(&out);
+        snprintf(r.msg, sizeof r.msg, "%s", err.msg);
+        if (r.st == KV_OK) kv_report_free(&out);
+        const ssize_t w = write(fds[1], &r, sizeof r);
+        _exit(w == (ssize_t)sizeof r ? 0 : 4);
+    }
+    close(fds[1]);
+    ChildRead r;
+    memset(&r, 0, sizeof r);
+    size_t got = 0;
+    while (got < sizeof r) {
+        const ssize_t n = read(fds[0], (char *)&r + got, sizeof r - got);
+        if (n <= 0) break;
+        got += (size_t)n;
+    }
+    close(fds[0]);
+    int status = 0;
+    ck_assert(waitpid(pid, &status, 0) == pid);
+    ck_assert_msg(!(WIFSIGNALED(status) && WTERMSIG(status) == SIGALRM),
+                  "read %s: still working after %d s", path, T_READ_SECONDS);
+    ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0 && got == sizeof r,
+                  "read %s: the child died (status 0x%x)", path, (unsigned)status);
+    ck_assert_msg(r.st == KV_ERR_INPUT, "read %s: expected KV_ERR_INPUT, found %d (%s)", path, r.st,
+                  r.msg);
+    ck_assert_msg(strncmp(r.msg, path, strlen(path)) == 0 && r.msg[strlen(path)] == ':',
+                  "message does not start with the path: %s", r.msg);
+    ck_assert_msg(strstr(r.msg, part) != NULL, "message lacks \"%s\": %s", part, r.msg);
+    ck_assert_msg(r.zeroed, "output not zeroed after a failed read");
+}
+
+static long file_size(const char *path) {
+    struct stat sb;
+    ck_assert_msg(stat(path, &sb) == 0, "stat %s: %s", path, strerror(errno));
+    return (long)sb.st_size;
+}
+
+static void set_attr_i64(hid_t obj, const char *name, int64_t v) {
+    hid_t a = H5Aopen(obj, name, H5P_DEFAULT);
+    ck_assert_msg(a >= 0, "attribute %s", name);
+    ck_assert(H5Awrite(a, H5T_NATIVE_INT64, &v) >= 0);
+    ck_assert(H5Aclose(a) >= 0);
+}
+
+/* Replaces dataset name in g (when present) by one of type and shape dims
+ * with creation list dcpl; filled with zeros when fill. */
+static void replace_dataset(hid_t g, const char *name, hid_t type, int rank, const hsize_t *dims,
+                            hid_t dcpl, bool fill) {
+    if (H5Lexists(g, name, H5P_DEFAULT) > 0) ck_assert(H5Ldelete(g, name, H5P_DEFAULT) >= 0);
+    hid_t sp = H5Screate_simple(rank, dims, NULL);
+    ck_assert(sp >= 0);
+    hid_t d = H5Dcreate2(g, name, type, sp, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+    ck_assert_msg(d >= 0, "create %s", name);
+    if (fill) {
+        size_t count = 1;
+        for (int k = 0; k < rank; k++) count *= (size_t)dims[k];
+        void *zeros = test_alloc(count * H5Tget_size(type));
+        ck_assert(H5Dwrite(d, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, zeros) >= 0);
+        free(zeros);
+    }
+    ck_assert(H5Dclose(d) >= 0 && H5Sclose(sp) >= 0);
+}
+
+/* Run 1 of the synthetic report made consistent with 64 steps and the
+ * largest vocabulary the reader accepts (KV_REPORT_MAX_VOCAB), every
+ * dataset but logits written (a few KB); logits is left to the caller: its
+ * (64, 2, 2^22) floats are 2 GiB. The file is opened read-write and run 1's
+ * group returned in *g. */
+#define T_HUGE_STEPS 64
+static hid_t craft_huge_run(const char *name, char *path, size_t n, hid_t *g) {
+    write_synthetic(name, path, n);
+    hid_t f = open_rw(path);
+    *g = H5Gopen2(f, "/runs/0001", H5P_DEFAULT);
+    ck_assert(*g >= 0);
+    set_attr_i64(*g, "steps", T_HUGE_STEPS);
+    set_attr_i64(*g, "vocab", KV_REPORT_MAX_VOCAB);
+    const hsize_t rows[2] = {T_HUGE_STEPS, T_BATCH};
+    const hsize_t probes[3] = {T_HUGE_STEPS, T_PROBES, T_BATCH};
+    replace_dataset(*g, "tokens", H5T_NATIVE_INT32, 2, rows, H5P_DEFAULT, true);
+    replace_dataset(*g, "logits_hash", H5T_NATIVE_UINT64, 2, rows, H5P_DEFAULT, true);
+    replace_dataset(*g, "margins", H5T_NATIVE_FLOAT, 2, rows, H5P_DEFAULT, true);
+    replace_dataset(*g, "probe_hash", H5T_NATIVE_UINT64, 3, probes, H5P_DEFAULT, true);
+    ck_assert(H5Ldelete(*g, "logits", H5P_DEFAULT) >= 0);
+    return f;
+}
+
+static const hsize_t T_HUGE_LOGITS[3] = {T_HUGE_STEPS, T_BATCH, KV_REPORT_MAX_VOCAB};
+
+/* 2 GiB of logits declared contiguous and never written: nothing stored. */
+START_TEST(test_refuse_huge_logits_unallocated) {
+    char path[PATH_MAX];
+    hid_t g;
+    hid_t f = craft_huge_run("huge_contiguous.h5", path, sizeof path, &g);
+    replace_dataset(g, "logits", H5T_NATIVE_FLOAT, 3, T_HUGE_LOGITS, H5P_DEFAULT, false);
+    ck_assert(H5Gclose(g) >= 0 && H5Fclose(f) >= 0);
+    ck_assert_msg(file_size(path) < 1 << 20, "the crafted file is not tiny: %ld", file_size(path));
+    assert_read_refused_bounded(path, "/runs/0001/logits: expected 2147483648 bytes of data "
+                                      "stored in the file, found 0");
+}
+END_TEST
+
+/* The same, chunked and deflated as the writer stores logits, no chunk
+ * written: no deflate stream expands 0 bytes into 2 GiB. */
+START_TEST(test_refuse_huge_logits_chunked) {
+    char path[PATH_MAX];
+    hid_t g;
+    hid_t f = craft_huge_run("huge_chunked.h5", path, sizeof path, &g);
+    hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
+    const hsize_t chunk[3] = {1, T_BATCH, KV_REPORT_MAX_VOCAB};
+    ck_assert(dcpl >= 0 && H5Pset_chunk(dcpl, 3, chunk) >= 0 && H5Pset_shuffle(dcpl) >= 0 &&
+              H5Pset_deflate(dcpl, 4) >= 0);
+    replace_dataset(g, "logits", H5T_NATIVE_FLOAT, 3, T_HUGE_LOGITS, dcpl, false);
+    ck_assert(H5Pclose(dcpl) >= 0 && H5Gclose(g) >= 0 && H5Fclose(f) >= 0);
+    ck_assert_msg(file_size(path) < 1 << 20, "the crafted file is not tiny: %ld", file_size(path));
+    assert_read_refused_bounded(path, "/runs/0001/logits: expected at most 1032 bytes of data per "
+                                      "stored byte (deflate's limit), found 2147483648 bytes "
+                                      "declared in 0 stored");
+}
+END_TEST
+
+/* Logits of the synthetic shape (3, 2, 5) in chunks (1, 2, 5) of which only
+ * the first is written: the other two would read as fill values. Deflated,
+ * the ratio is plausible, so the chunk count is what refuses it; without a
+ * filter, the stored size already does. */
+static void write_first_chunk_only(const char *name, bool deflate, char *path, size_t n) {
+    write_synthetic(name, path, n);
+    hid_t f = open_rw(path);
+    hid_t g = H5Gopen2(f, "/runs/0001", H5P_DEFAULT);
+    ck_assert(g >= 0);
+    hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
+    const hsize_t dims[3] = {T_STEPS, T_BATCH, T_VOCAB}, chunk[3] = {1, T_BATCH, T_VOCAB};
+    ck_assert(dcpl >= 0 && H5Pset_chunk(dcpl, 3, chunk) >= 0);
+    if (deflate) ck_assert(H5Pset_deflate(dcpl, 4) >= 0);
+    replace_dataset(g, "logits", H5T_NATIVE_FLOAT, 3, dims, dcpl, false);
+    hid_t d = H5Dopen2(g, "logits", H5P_DEFAULT);
+    hid_t fs = H5Dget_space(d);
+    const hsize_t start[3] = {0, 0, 0};
+    hid_t ms = H5Screate_simple(3, chunk, NULL);
+    ck_assert(d >= 0 && fs >= 0 && ms >= 0 &&
+              H5Sselect_hyperslab(fs, H5S_SELECT_SET, start, NULL, chunk, NULL) >= 0);
+    float values[T_BATCH * T_VOCAB];
+    for (int k = 0; k < T_BATCH * T_VOCAB; k++) values[k] = 1.0f / (float)(k + 3);
+    ck_assert(H5Dwrite(d, H5T_NATIVE_FLOAT, ms, fs, H5P_DEFAULT, values) >= 0);
+    ck_assert(H5Sclose(ms) >= 0 && H5Sclose(fs) >= 0 && H5Dclose(d) >= 0);
+    ck_assert(H5Pclose(dcpl) >= 0 && H5Gclose(g) >= 0 && H5Fclose(f) >= 0);
+}
+
+START_TEST(test_refuse_missing_chunks) {
+    char path[PATH_MAX];
+    write_first_chunk_only("chunks_deflate.h5", true, path, sizeof path);
+    assert_read_refused_bounded(path, "/runs/0001/logits: expected all 3 chunks stored, found 1");
+    write_first_chunk_only("chunks_plain.h5", false, path, sizeof path);
+    assert_read_refused_bounded(path, "/runs/0001/logits: expected 120 bytes of data stored in "
+                                      "the file, found 40");
+}
+END_TEST
+
+/* Data the ratio bound does not cover, or that is not in this file at all:
+ * a scale-offset filter (constant data in 0 bits per value), raw data in an
+ * external file, a virtual dataset mapping another file. */
+START_TEST(test_refuse_foreign_storage) {
+    const hsize_t dims[3] = {T_STEPS, T_BATCH, T_VOCAB};
+    char path[PATH_MAX], raw[PATH_MAX], other[PATH_MAX];
+
+    write_synthetic("scaleoffset.h5", path, sizeof path);
+    hid_t f = open_rw(path);
+    hid_t g = H5Gopen2(f, "/runs/0001", H5P_DEFAULT);
+    hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
+    const hsize_t chunk[3] = {1, T_BATCH, T_VOCAB};
+    ck_assert(g >= 0 && dcpl >= 0 && H5Pset_chunk(dcpl, 3, chunk) >= 0 &&
+              H5Pset_scaleoffset(dcpl, H5Z_SO_FLOAT_DSCALE, 2) >= 0);
+    replace_dataset(g, "logits", H5T_NATIVE_FLOAT, 3, dims, dcpl, true);
+    ck_assert(H5Pclose(dcpl) >= 0 && H5Gclose(g) >= 0 && H5Fclose(f) >= 0);
+    assert_read_refused_bounded(path, "/runs/0001/logits: expected no filters but shuffle, "
+                                      "deflate and fletcher32, found filter 6");
+
+    /* the raw file exists and holds the right number of bytes: only where
+     * it is matters */
+    scratch_path(raw, sizeof raw, "raw.bin");
+    FILE *rf = fopen(raw, "wb");
+    ck_assert(rf != NULL);
+    for (int k = 0; k < T_STEPS * T_BATCH * T_VOCAB; k++) {
+        const float v = 0.5f;
+        ck_assert(fwrite(&v, sizeof v, 1, rf) == 1);
+    }
+    ck_assert(fclose(rf) == 0);
+    write_synthetic("external_raw.h5", path, sizeof path);
+    f = open_rw(path);
+    g = H5Gopen2(f, "/runs/0001", H5P_DEFAULT);
+    dcpl = H5Pcreate(H5P_DATASET_CREATE);
+    ck_assert(g >= 0 && dcpl >= 0 &&
+              H5Pset_external(dcpl, raw, 0, T_STEPS * T_BATCH * T_VOCAB * sizeof(float)) >= 0);
+    replace_dataset(g, "logits", H5T_NATIVE_FLOAT, 3, dims, dcpl, false);
+    ck_assert(H5Pclose(dcpl) >= 0 && H5Gclose(g) >= 0 && H5Fclose(f) >= 0);
+    assert_read_refused_bounded(path, "/runs/0001/logits: expected data stored in this file, "
+                                      "found it in 1 external file");
+
+    write_synthetic("other.h5", other, sizeof other);
+    write_synthetic("virtual.h5", path, sizeof path);
+    f = open_rw(path);
+    g = H5Gopen2(f, "/runs/0001", H5P_DEFAULT);
+    dcpl = H5Pcreate(H5P_DATASET_CREATE);
+    hid_t vs = H5Screate_simple(3, dims, NULL), ss = H5Screate_simple(3, dims, NULL);
+    ck_assert(g >= 0 && dcpl >= 0 && vs >= 0 && ss >= 0 &&
+              H5Pset_virtual(dcpl, vs, other, "/runs/0000/logits", ss) >= 0);
+    replace_dataset(g, "logits", H5T_NATIVE_FLOAT, 3, dims, dcpl, false);
+    ck_assert(H5Sclose(vs) >= 0 && H5Sclose(ss) >= 0);
+    ck_assert(H5Pclose(dcpl) >= 0 && H5Gclose(g) >= 0 && H5Fclose(f) >= 0);
+    assert_read_refused_bounded(path, "/runs/0001/logits: expected data stored in this file, "
+                                      "found a virtual dataset");
+}
+END_TEST
+
+/* Replaces table /name with one of the same row type and rows rows,
+ * contiguous and never written (the file stays small). */
+static void replace_table_rows(const char *path, const char *name, hsize_t rows) {
+    hid_t f = open_rw(path);
+    hid_t old = H5Dopen2(f, name, H5P_DEFAULT);
+    ck_assert(old >= 0);
+    hid_t t = H5Dget_type(old);
+    ck_assert(t >= 0 && H5Dclose(old) >= 0);
+    const hsize_t dims[1] = {rows};
+    replace_dataset(f, name, t, 1, dims, H5P_DEFAULT, false);
+    ck_assert(H5Tclose(t) >= 0 && H5Fclose(f) >= 0);
+}
+
+/* Ten million declared rows in a file of a few KB: each table's row count
+ * is checked against the run count (or its cap) before a row is read. */
+START_TEST(test_refuse_table_10m_rows) {
+    char path[PATH_MAX];
+    write_synthetic("summary10m.h5", path, sizeof path);
+    replace_table_rows(path, "summary", 10000000);
+    ck_assert_msg(file_size(path) < 1 << 20, "the crafted file is not tiny: %ld", file_size(path));
+    assert_read_refused_bounded(path, "/summary: expected 3 rows (one per run), found 10000000");
+
+    write_synthetic("comparisons10m.h5", path, sizeof path);
+    replace_table_rows(path, "comparisons", 10000000);
+    assert_read_refused_bounded(path, "/comparisons: expected at most 48 rows (16 per run, 3 runs), "
+                                      "found 10000000");
+
+    write_synthetic("tolerances10m.h5", path, sizeof path);
+    replace_table_rows(path, "tolerances", 10000000);
+    assert_read_refused_bounded(path, "/tolerances: expected at most 1024 rows");
+
+    /* the right row count, but nothing stored */
+    write_synthetic("summary_unwritten.h5", path, sizeof path);
+    replace_table_rows(path, "summary", 3);
+    assert_read_refused_bounded(path, "/summary: expected ");
+    assert_read_refused_bounded(path, " bytes of data stored in the file, found 0");
+}
+END_TEST
+
+/* Sizes above the caps are refused from the attributes, before any
+ * product is formed or any dataset opened. */
+START_TEST(test_refuse_sizes_over_caps) {
+    char path[PATH_MAX], want[160];
+    const struct {
+        const char *attr;
+        int64_t value, cap;
+    } cases[] = {
+        {"steps", (int64_t)1 << 40, KV_REPORT_MAX_STEPS},
+        {"batch", KV_REPORT_MAX_BATCH + 1, KV_REPORT_MAX_BATCH},
+        {"vocab", KV_REPORT_MAX_VOCAB + 1, KV_REPORT_MAX_VOCAB},
+        {"prompt_len", INT64_MAX, KV_REPORT_MAX_PROMPT_LEN},
+        {"n_probes", KV_REPORT_MAX_PROBES + 1, KV_REPORT_MAX_PROBES},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        char name[64];
+        snprintf(name, sizeof name, "cap_%s.h5", cases[k].attr);
+        write_synthetic(name, path, sizeof path);
+        hid_t f = open_rw(path);
+        hid_t g = H5Gopen2(f, "/runs/0001", H5P_DEFAULT);
+        ck_assert(g >= 0);
+        set_attr_i64(g, cases[k].attr, cases[k].value);
+        ck_assert(H5Gclose(g) >= 0 && H5Fclose(f) >= 0);
+        snprintf(want, sizeof want, "/runs/0001: attribute %s: expected 0..%lld, found %lld",
+                 cases[k].attr, (long long)cases[k].cap, (long long)cases[k].value);
+        assert_read_refused_bounded(path, want);
+    }
+}
+END_TEST
+
+/* Steps in the attributes and in the datasets disagree. */
+START_TEST(test_refuse_inconsistent_steps) {
+    char path[PATH_MAX];
+    write_synthetic("steps.h5", path, sizeof path);
+    hid_t f = open_rw(path);
+    hid_t g = H5Gopen2(f, "/runs/0001", H5P_DEFAULT);
+    ck_assert(g >= 0);
+    set_attr_i64(g, "steps", T_STEPS + 1);
+    ck_assert(H5Gclose(g) >= 0 && H5Fclose(f) >= 0);
+    assert_read_refused_bounded(path, "/runs/0001/tokens: expected shape (4, 2), found (3, 2)");
+}
+END_TEST
+
+/* An external link would pull runs from another file; it is refused where
+ * it stands, for a dataset and for a group, even though following it would
+ * find a perfectly good object. */
+START_TEST(test_refuse_external_link) {
+    char path[PATH_MAX], other[PATH_MAX];
+    write_synthetic("elink_target.h5", other, sizeof other);
+    write_synthetic("elink.h5", path, sizeof path);
+    hid_t f = open_rw(path);
+    hid_t g = H5Gopen2(f, "/runs/0001", H5P_DEFAULT);
+    ck_assert(g >= 0 && H5Ldelete(g, "logits", H5P_DEFAULT) >= 0);
+    ck_assert(H5Lcreate_external(other, "/runs/0001/logits", g, "logits", H5P_DEFAULT,
+                                 H5P_DEFAULT) >= 0);
+    ck_assert(H5Gclose(g) >= 0 && H5Fclose(f) >= 0);
+    char want[2 * PATH_MAX];
+    snprintf(want, sizeof want,
+             "/runs/0001/logits: expected a dataset stored in this file, found an external link to "
+             "'%.150s:/runs/0001/logits'",
+             other);
+    assert_read_refused_bounded(path, want);
+
+    write_synthetic("elink_group.h5", path, sizeof path);
+    f = open_rw(path);
+    ck_assert(H5Ldelete(f, "/runs/0002", H5P_DEFAULT) >= 0);
+    hid_t runs = H5Gopen2(f, "/runs", H5P_DEFAULT);
+    ck_assert(runs >= 0 && H5Lcreate_external(other, "/runs/0002", runs, "0002", H5P_DEFAULT,
+                                              H5P_DEFAULT) >= 0);
+    ck_assert(H5Gclose(runs) >= 0 && H5Fclose(f) >= 0);
+    assert_read_refused_bounded(path, "/runs/0002: expected a run group stored in this file, found "
+                                      "an external link to");
+}
+END_TEST
+
+/* A soft link, even to the very object the writer would hard-link, and a
+ * dangling one in a place the reader never opens. */
+START_TEST(test_refuse_soft_link) {
+    char path[PATH_MAX];
+    write_synthetic("slink.h5", path, sizeof path);
+    hid_t f = open_rw(path);
+    ck_assert(H5Ldelete(f, "/runs/0001/logits", H5P_DEFAULT) >= 0);
+    ck_assert(H5Lcreate_soft("/runs/0000/logits", f, "/runs/0001/logits", H5P_DEFAULT,
+                             H5P_DEFAULT) >= 0);
+    ck_assert(H5Fclose(f) >= 0);
+    assert_read_refused_bounded(path, "/runs/0001/logits: expected a dataset stored in this file, "
+                                      "found a soft link to '/runs/0000/logits'");
+
+    write_synthetic("slink_root.h5", path, sizeof path);
+    f = open_rw(path);
+    ck_assert(H5Lcreate_soft("/nowhere", f, "/bisect", H5P_DEFAULT, H5P_DEFAULT) >= 0);
+    ck_assert(H5Fclose(f) >= 0);
+    assert_read_refused_bounded(path, "/bisect: expected an object stored in this file, found a "
+                                      "soft link to '/nowhere'");
+}
+END_TEST
+
+/* A dataset where the schema has a group, and a group where it has a
+ * dataset. */
+START_TEST(test_refuse_wrong_object_type) {
+    char path[PATH_MAX];
+    write_synthetic("dataset_run.h5", path, sizeof path);
+    hid_t f = open_rw(path);
+    hid_t runs = H5Gopen2(f, "/runs", H5P_DEFAULT);
+    ck_assert(runs >= 0 && H5Ldelete(runs, "0001", H5P_DEFAULT) >= 0);
+    const hsize_t one[1] = {1};
+    replace_dataset(runs, "0001", H5T_NATIVE_INT32, 1, one, H5P_DEFAULT, true);
+    ck_assert(H5Gclose(runs) >= 0 && H5Fclose(f) >= 0);
+    assert_read_refused_bounded(path, "/runs/0001: expected a group (runs are numbered "
+                                      "0000..0002), found a dataset");
+
+    write_synthetic("group_tokens.h5", path, sizeof path);
+    f = open_rw(path);
+    ck_assert(H5Ldelete(f, "/runs/0001/tokens", H5P_DEFAULT) >= 0);
+    hid_t g = H5Gcreate2(f, "/runs/0001/tokens", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    ck_assert(g >= 0 && H5Gclose(g) >= 0 && H5Fclose(f) >= 0);
+    assert_read_refused_bounded(path, "/runs/0001/tokens: expected an integer dataset of shape (3, "
+                                      "2), found a group");
+
+    write_synthetic("group_summary.h5", path, sizeof path);
+    f = open_rw(path);
+    ck_assert(H5Ldelete(f, "/summary", H5P_DEFAULT) >= 0);
+    g = H5Gcreate2(f, "/summary", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    ck_assert(g >= 0 && H5Gclose(g) >= 0 && H5Fclose(f) >= 0);
+    assert_read_refused_bounded(path, "/summary: expected a 1-D compound dataset, found a group");
+}
+END_TEST
+
+/* Objects the schema does not name: datasets in a skipped run (its flag
+ * would hide a result), a stray object among the runs or at the root. */
+START_TEST(test_refuse_extra_objects) {
+    char path[PATH_MAX];
+    const hsize_t rows[2] = {T_STEPS, T_BATCH};
+    write_synthetic("skipped_data.h5", path, sizeof path);
+    hid_t f = open_rw(path);
+    hid_t g = H5Gopen2(f, "/runs/0002", H5P_DEFAULT);
+    ck_assert(g >= 0);
+    replace_dataset(g, "tokens", H5T_NATIVE_INT32, 2, rows, H5P_DEFAULT, true);
+    ck_assert(H5Gclose(g) >= 0 && H5Fclose(f) >= 0);
+    assert_read_refused_bounded(path, "/runs/0002: expected only attributes (the run is skipped), "
+                                      "found 'tokens'");
+
+    write_synthetic("runs_extra.h5", path, sizeof path);
+    f = open_rw(path);
+    g = H5Gopen2(f, "/runs", H5P_DEFAULT);
+    ck_assert(g >= 0);
+    replace_dataset(g, "notes", H5T_NATIVE_INT32, 2, rows, H5P_DEFAULT, true);
+    ck_assert(H5Gclose(g) >= 0 && H5Fclose(f) >= 0);
+    assert_read_refused_bounded(path, "/runs: expected only run groups named by their index "
+                                      "(0000, 0001, ...), found 'notes'");
+
+    write_synthetic("run_extra.h5", path, sizeof path);
+    f = open_rw(path);
+    g = H5Gopen2(f, "/runs/0001", H5P_DEFAULT);
+    ck_assert(g >= 0);
+    replace_dataset(g, "hidden_states", H5T_NATIVE_INT32, 2, rows, H5P_DEFAULT, true);
+    ck_assert(H5Gclose(g) >= 0 && H5Fclose(f) >= 0);
+    assert_read_refused_bounded(path, "/runs/0001: expected only the datasets of a run "
+                                      "(SCHEMA.md), found 'hidden_states'");
+
+    write_synthetic("root_extra.h5", path, sizeof path);
+    f = open_rw(path);
+    replace_dataset(f, "extra", H5T_NATIVE_INT32, 2, rows, H5P_DEFAULT, true);
+    ck_assert(H5Fclose(f) >= 0);
+    assert_read_refused_bounded(path, "/: expected only tolerances, runs, comparisons, summary and "
+                                      "bisect, found 'extra'");
+}
+END_TEST
+
+/* Only logits may be shared between runs (the writer's hard links): any
+ * other object reached by two links, a run group above all (one group
+ * under many names would multiply its arrays), is refused. */
+START_TEST(test_refuse_shared_objects) {
+    char path[PATH_MAX];
+    write_synthetic("shared_tokens.h5", path, sizeof path);
+    hid_t f = open_rw(path);
+    ck_assert(H5Ldelete(f, "/runs/0001/tokens", H5P_DEFAULT) >= 0);
+    ck_assert(H5Lcreate_hard(f, "/runs/0000/tokens", f, "/runs/0001/tokens", H5P_DEFAULT,
+                             H5P_DEFAULT) >= 0);
+    ck_assert(H5Fclose(f) >= 0);
+    assert_read_refused_bounded(path, "/runs/0000/tokens: expected an integer dataset of shape (3, "
+                                      "2) of its own, found one that 2 links share");
+
+    write_synthetic("shared_run.h5", path, sizeof path);
+    f = open_rw(path);
+    ck_assert(H5Lcreate_hard(f, "/runs/0000", f, "/runs/0003", H5P_DEFAULT, H5P_DEFAULT) >= 0);
+    ck_assert(H5Fclose(f) >= 0);
+    assert_read_refused_bounded(path, "/runs/0000: expected a group (runs are numbered "
+                                      "0000..0003) of its own, found one that 2 links share");
+}
+END_TEST
+
+/* A writer's temporary is not a report, whatever it holds. */
+START_TEST(test_refuse_writer_temporary) {
+    char path[PATH_MAX], tmp[PATH_MAX + 32];
+    write_synthetic("r.h5", path, sizeof path);
+    snprintf(tmp, sizeof tmp, "%s.tmp-12345", path);
+    ck_assert(link(path, tmp) == 0);
+    assert_read_refused_bounded(tmp, "expected a report, found a writer's temporary");
+    ck_assert(kv_report_is_temp_name("a/b/r.h5.tmp-7"));
+    ck_assert(kv_report_is_temp_name("r.h5.tmp-1.tmp-22"));
+    ck_assert(!kv_report_is_temp_name("r.h5"));
+    ck_assert(!kv_report_is_temp_name("r.h5.tmp-"));
+    ck_assert(!kv_report_is_temp_name("r.h5.tmp-12x"));
+    ck_assert(!kv_report_is_temp_name(".tmp-12"));
+    ck_assert(!kv_report_is_temp_name("dir.tmp-3/r.h5"));
+}
+END_TEST
+
+/* ---- report files: check, full disk, killed writers, stale temporaries -- */
+
+static void assert_check_fails(const char *path, const char *part) {
+    KvError err = {{0}};
+    const KvStatus st = kv_report_check_writable(path, &err);
+    ck_assert_msg(st == KV_ERR_INPUT, "check %s: expected KV_ERR_INPUT, found %d (%s)", path, st,
+                  err.msg);
+    ck_assert_msg(strncmp(err.msg, path, strlen(path)) == 0, "message lacks the path: %s", err.msg);
+    ck_assert_msg(strstr(err.msg, part) != NULL, "message lacks \"%s\": %s", part, err.msg);
+}
+
+START_TEST(test_check_writable) {
+    char path[PATH_MAX], file[PATH_MAX], fifo[PATH_MAX];
+    KvError err = {{0}};
+    scratch_path(path, sizeof path, "new.h5");
+    ck_assert_msg(kv_report_check_writable(path, &err) == KV_OK, "%s", err.msg);
+    ck_assert_int_eq(count_entries(NULL), 0); /* nothing left behind */
+    write_synthetic("old.h5", path, sizeof path);
+    ck_assert_msg(kv_report_check_writable(path, &err) == KV_OK, "%s", err.msg);
+    ck_assert_int_eq(count_entries(NULL), 1);
+
+    scratch_path(path, sizeof path, "no-such-dir/r.h5");
+    assert_check_fails(path, ": cannot create: No such file or directory");
+    assert_check_fails(g_dir, ": cannot create: Is a directory");
+    scratch_path(file, sizeof file, "plain.txt");
+    FILE *f = fopen(file, "w");
+    ck_assert(f != NULL && fclose(f) == 0);
+    scratch_path(path, sizeof path, "plain.txt/r.h5");
+    assert_check_fails(path, ": cannot create: Not a directory");
+    /* a FIFO (or a device: renaming over /dev/null as root would replace
+     * it) is refused, and the writers refuse it too, leaving it alone */
+    scratch_path(fifo, sizeof fifo, "fifo.h5");
+    ck_assert(mkfifo(fifo, 0644) == 0);
+    assert_check_fails(fifo, ": cannot create: expected a regular file or a new name, found a FIFO");
+    KvReport rep;
+    build_report(&rep);
+    assert_write_fails(&rep, fifo, KV_ERR_INPUT, "found a FIFO");
+    kv_report_free(&rep);
+    struct stat sb;
+    ck_assert(lstat(fifo, &sb) == 0 && S_ISFIFO(sb.st_mode));
+    /* a name the reader would refuse is not written */
+    scratch_path(path, sizeof path, "r.h5.tmp-42");
+    assert_check_fails(path, ": cannot create: a name ending in .tmp-DIGITS is a writer's "
+                             "temporary");
+    ck_assert_int_eq(kv_report_check_writable(NULL, &err), KV_ERR_INPUT);
+    ck_assert_int_eq(kv_report_check_writable("", &err), KV_ERR_INPUT);
+}
+END_TEST
+
+/* The result of a write in a child process. */
+typedef struct {
+    KvStatus st;
+    char msg[sizeof(((KvError *)0)->msg)];
+} ChildWrite;
+
+/* Writes the synthetic report to path in a child whose files may not grow
+ * past limit bytes (RLIMIT_FSIZE). With SIGXFSZ ignored, write() fails with
+ * EFBIG: the failure a full disk gives (ENOSPC) by the same path. With it
+ * left at its default, the child is killed inside write(): a writer killed
+ * mid-write. Returns the wait status; *out has the result when it exited. */
+static int write_in_child(const char *path, rlim_t limit, bool kill_on_limit, ChildWrite *out) {
+    int fds[2];
+    ck_assert_msg(pipe(fds) == 0, "pipe: %s", strerror(errno));
+    KvReport rep;
+    build_report(&rep);
+    const pid_t pid = fork();
+    ck_assert_msg(pid >= 0, "fork: %s", strerror(errno));
+    if (pid == 0) {
+        close(fds[0]);
+        alarm(T_READ_SECONDS);
+        if (!kill_on_limit) signal(SIGXFSZ, SIG_IGN);
+        const struct rlimit lim = {limit, limit};
+        if (setrlimit(RLIMIT_FSIZE, &lim) != 0) _exit(3);
+        ChildWrite w;
+        memset(&w, 0, sizeof w);
+        KvError err = {{0}};
+        w.st = kv_report_write_h5(&rep, path, &err);
+        snprintf(w.msg, sizeof w.msg, "%s", err.msg);
+        _exit(write(fds[1], &w, sizeof w) == (ssize_t)sizeof w ? 0 : 4);
+    }
+    close(fds[1]);
+    kv_report_free(&rep);
+    memset(out, 0, sizeof *out);
+    size_t got = 0;
+    while (got < sizeof *out) {
+        const ssize_t n = read(fds[0], (char *)out + got, sizeof *out - got);
+        if (n <= 0) break;
+        got += (size_t)n;
+    }
+    close(fds[0]);
+    int status = 0;
+    ck_assert(waitpid(pid, &status, 0) == pid);
+    return status;
+}
+
+/* A full disk is bad input naming the path, like every other failure of the
+ * destination; the old report and the directory are as they were. */
+START_TEST(test_write_disk_full) {
+    char path[PATH_MAX], before[PATH_MAX];
+    write_synthetic("full.h5", path, sizeof path);
+    write_synthetic("before.h5", before, sizeof before); /* the same bytes, to compare with */
+    const long old_size = file_size(path);
+    ChildWrite w;
+    const int status = write_in_child(path, 1024, false, &w);
+    ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child status 0x%x",
+                  (unsigned)status);
+    ck_assert_msg(w.st == KV_ERR_INPUT, "expected KV_ERR_INPUT, found %d (%s)", w.st, w.msg);
+    char want[PATH_MAX + 64];
+    snprintf(want, sizeof want, "%s: cannot write: %s", path, strerror(EFBIG));
+    ck_assert_str_eq(w.msg, want);
+    ck_assert_int_eq(file_size(path), old_size);
+    assert_same_file(path, before);
+    ck_assert_int_eq(count_entries(".tmp-"), 0);
+    ck_assert_int_eq(count_entries(NULL), 2);
+}
+END_TEST
+
+/* A writer killed in the middle of writing leaves no temporary and no
+ * partial report: the bytes were going to a file without a name. */
+START_TEST(test_killed_writer_leaves_nothing) {
+    char path[PATH_MAX];
+    scratch_path(path, sizeof path, "killed.h5");
+    ChildWrite w;
+    const int status = write_in_child(path, 1024, true, &w);
+    ck_assert_msg(WIFSIGNALED(status) && WTERMSIG(status) == SIGXFSZ,
+                  "expected the writer killed by SIGXFSZ, found status 0x%x", (unsigned)status);
+    ck_assert(!path_exists(path));
+    ck_assert_int_eq(count_entries(NULL), 0);
+}
+END_TEST
+
+/* A pid that no longer exists: a child that has exited and been reaped. */
+static pid_t dead_pid(void) {
+    const pid_t pid = fork();
+    ck_assert(pid >= 0);
+    if (pid == 0) _exit(0);
+    ck_assert(waitpid(pid, NULL, 0) == pid);
+    return pid;
+}
+
+static void touch(const char *path) {
+    FILE *f = fopen(path, "w");
+    ck_assert_msg(f != NULL && fputs("half a report", f) >= 0 && fclose(f) == 0, "%s", path);
+}
+
+/* Temporaries a killed writer of an older version left (named files) are
+ * removed by the next write of the same report when their process is gone;
+ * a live process's, and other reports', are left alone. */
+START_TEST(test_stale_temporaries_removed) {
+    char path[PATH_MAX], stale[PATH_MAX + 32], live[PATH_MAX + 32], other[PATH_MAX + 32];
+    scratch_path(path, sizeof path, "r.h5");
+    snprintf(stale, sizeof stale, "%s.tmp-%ld", path, (long)dead_pid());
+    snprintf(live, sizeof live, "%s.tmp-%ld", path, (long)getppid());
+    scratch_path(other, sizeof other, "other.h5");
+    snprintf(other + strlen(other), sizeof other - strlen(other), ".tmp-%ld", (long)dead_pid());
+    touch(stale);
+    touch(live);
+    touch(other);
+    KvReport rep, back;
+    build_report(&rep);
+    KvError err = {{0}};
+    ck_assert_msg(kv_report_write_h5(&rep, path, &err) == KV_OK, "write: %s", err.msg);
+    kv_report_free(&rep);
+    ck_assert_msg(!path_exists(stale), "stale temporary %s left", stale);
+    ck_assert_msg(path_exists(live), "a live writer's temporary %s removed", live);
+    ck_assert_msg(path_exists(other), "another report's temporary %s removed", other);
+    ck_assert_msg(kv_report_read_h5(path, &back, &err) == KV_OK, "read: %s", err.msg);
+    kv_report_free(&back);
+    assert_read_fails(live, "expected a report, found a writer's temporary");
+}
+END_TEST
+
 /* ---- summary ------------------------------------------------------------ */
 
 START_TEST(test_run_verdicts) {
@@ -942,6 +1653,36 @@ START_TEST(test_run_verdicts) {
     ck_assert_str_eq(div, "step 1 row 0 probe layer0.k vs reference/cpu/eager/r0");
     kv_report_run_divergence(&rep, 1, div, 8); /* truncated, terminated */
     ck_assert_str_eq(div, "step 1 ");
+    kv_report_free(&rep);
+}
+END_TEST
+
+/* kv_report_summarize_runs says what the per-run calls say, in one pass. */
+START_TEST(test_summaries_match_per_run_calls) {
+    KvReport rep;
+    build_report(&rep);
+    for (int pass = 0; pass < 3; pass++) {
+        if (pass == 1) rep.comparisons[1].verdict = KV_VERDICT_FAIL;
+        if (pass == 2) {
+            rep.comparisons[0].verdict = KV_VERDICT_SKIP;
+            rep.comparisons[1].run_b = 1;
+            rep.comparisons[1].max_rel_err = NAN;
+        }
+        KvRunSummary *sum = NULL;
+        ck_assert_int_eq(kv_report_summarize_runs(&rep, &sum), KV_OK);
+        for (int64_t i = 0; i < rep.n_runs; i++) {
+            ck_assert_int_eq(sum[i].verdict, kv_report_run_verdict(&rep, i));
+            const double a = sum[i].max_rel_err, b = kv_report_run_max_rel_err(&rep, i);
+            ck_assert_msg(memcmp(&a, &b, sizeof a) == 0, "run %lld: max_rel_err %g vs %g",
+                          (long long)i, a, b);
+            char d1[256], d2[256];
+            kv_report_run_divergence_of(&rep, i, &sum[i], d1, sizeof d1);
+            kv_report_run_divergence(&rep, i, d2, sizeof d2);
+            ck_assert_str_eq(d1, d2);
+        }
+        free(sum);
+    }
+    ck_assert_int_eq(kv_report_summarize_runs(NULL, NULL), KV_ERR_INPUT);
     kv_report_free(&rep);
 }
 END_TEST
@@ -1084,8 +1825,36 @@ static Suite *report_suite(void) {
     tcase_add_test(rd, test_read_table_string_too_long);
     suite_add_tcase(s, rd);
 
+    TCase *hostile = tcase_create("hostile_reports");
+    tcase_add_checked_fixture(hostile, setup, teardown);
+    tcase_set_timeout(hostile, 120);
+    tcase_add_test(hostile, test_refuse_huge_logits_unallocated);
+    tcase_add_test(hostile, test_refuse_huge_logits_chunked);
+    tcase_add_test(hostile, test_refuse_missing_chunks);
+    tcase_add_test(hostile, test_refuse_foreign_storage);
+    tcase_add_test(hostile, test_refuse_table_10m_rows);
+    tcase_add_test(hostile, test_refuse_sizes_over_caps);
+    tcase_add_test(hostile, test_refuse_inconsistent_steps);
+    tcase_add_test(hostile, test_refuse_external_link);
+    tcase_add_test(hostile, test_refuse_soft_link);
+    tcase_add_test(hostile, test_refuse_wrong_object_type);
+    tcase_add_test(hostile, test_refuse_extra_objects);
+    tcase_add_test(hostile, test_refuse_shared_objects);
+    tcase_add_test(hostile, test_refuse_writer_temporary);
+    suite_add_tcase(s, hostile);
+
+    TCase *files = tcase_create("report_files");
+    tcase_add_checked_fixture(files, setup, teardown);
+    tcase_set_timeout(files, 60);
+    tcase_add_test(files, test_check_writable);
+    tcase_add_test(files, test_write_disk_full);
+    tcase_add_test(files, test_killed_writer_leaves_nothing);
+    tcase_add_test(files, test_stale_temporaries_removed);
+    suite_add_tcase(s, files);
+
     TCase *sum = tcase_create("summary");
     tcase_add_test(sum, test_run_verdicts);
+    tcase_add_test(sum, test_summaries_match_per_run_calls);
     tcase_add_test(sum, test_print_summary);
     tcase_add_test(sum, test_print_summary_empty);
     tcase_add_test(sum, test_free_is_safe);
