@@ -1,0 +1,29 @@
+/* fuzz_reports.h: small in-memory reports for the report target's warm-up
+ * and the seed corpus, and a field-by-field report comparison. */
+#ifndef KV_FUZZ_REPORTS_H
+#define KV_FUZZ_REPORTS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "report.h"
+
+/* The kinds of tiny report kv_fuzz_tiny_report builds. */
+typedef enum {
+    KV_FUZZ_REPORT_PASS = 0,   /* reference + one variant, full logits, all passing */
+    KV_FUZZ_REPORT_FAIL,       /* a failing comparison with a probe, a skipped cuda run */
+    KV_FUZZ_REPORT_TOPK,       /* a planted-fault pass: topk runs, a fault, prefill_chunk */
+    KV_FUZZ_REPORT_EMPTY,      /* no runs, no comparisons, no tolerances */
+    KV_FUZZ_REPORT_COUNT
+} KvFuzzReportKind;
+
+/* Fills *rep (owned arrays; kv_report_free releases them) with a report of
+ * the given kind: steps 2, batch 1, vocab 4, prompt 3, 2 probes. Aborts on
+ * out-of-memory (harness code). */
+void kv_fuzz_tiny_report(KvFuzzReportKind kind, KvReport *rep);
+
+/* True when a and b hold the same report (strings, numbers bitwise, every
+ * array); otherwise false with the first difference in why. */
+bool kv_fuzz_report_equal(const KvReport *a, const KvReport *b, char *why, size_t n);
+
+#endif
