@@ -2,7 +2,7 @@
  * (tests/fuzz/corpus/<target>/gen-*). Run by tests/fuzz/regenerate-seeds.sh;
  * the output is committed, so this runs only when the seeds should change.
  *
- *   fuzz_make_seeds OUT_DIR   writes OUT_DIR/{config,safetensors,report}/gen-*
+ *   fuzz_make_seeds OUT_DIR   writes OUT_DIR/{config,safetensors,report,report_edit}/gen-*
  *
  * Valid inputs come from the project's own writers (kv_config_to_json,
  * kv_st_serialize, kv_report_write_h5) on the tiny model and tiny reports;
@@ -229,14 +229,27 @@ static void report_seeds(void) {
     }
 }
 
+/* ---- report edit scripts ----------------------------------------------- */
+
+/* fuzz_report_edit's inputs: the first byte picks the base report, the rest
+ * are edits. The bare bases; the fuzzer finds the edits. */
+static void report_edit_seeds(void) {
+    static const char *names[KV_FUZZ_REPORT_COUNT] = {"base-pass", "base-fail-skip",
+                                                      "base-topk-fault", "base-empty"};
+    for (int k = 0; k < KV_FUZZ_REPORT_COUNT; k++) {
+        uint8_t b = (uint8_t)k;
+        put("report_edit", names[k], &b, 1);
+    }
+}
+
 int main(int argc, char **argv) {
     if (argc != 2) {
         fprintf(stderr, "usage: fuzz_make_seeds OUT_DIR\n");
         return 2;
     }
     g_out = argv[1];
-    const char *dirs[] = {"config", "safetensors", "report"};
-    for (int i = 0; i < 3; i++) {
+    const char *dirs[] = {"config", "safetensors", "report", "report_edit"};
+    for (int i = 0; i < 4; i++) {
         char path[4096];
         snprintf(path, sizeof path, "%s/%s", g_out, dirs[i]);
         (void)mkdir(g_out, 0755);
@@ -245,5 +258,6 @@ int main(int argc, char **argv) {
     config_seeds();
     safetensors_seeds();
     report_seeds();
+    report_edit_seeds();
     return 0;
 }

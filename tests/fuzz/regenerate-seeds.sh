@@ -10,7 +10,7 @@ build=${1:-$root/build}
 cmake -S "$root/tests/fuzz" -B "$build/fuzz" -DCMAKE_C_COMPILER="$(command -v clang-14 || command -v clang)" >/dev/null
 cmake --build "$build/fuzz" --target fuzz_make_seeds >/dev/null
 corpus=$root/tests/fuzz/corpus
-for t in config safetensors report; do
+for t in config safetensors report report_edit; do
     mkdir -p "$corpus/$t"
     rm -f "$corpus/$t"/gen-* "$corpus/$t"/fixture-*
 done
