@@ -5,7 +5,11 @@
 # `make gate` / `make test` never fail later with an obscure CMake error.
 set -eu
 
-PKGS="cmake pkg-config libcjson-dev check libhdf5-dev hdf5-tools libxml2-utils"
+# The fuzz tests (tests/fuzz) need clang with libFuzzer, which Debian
+# bookworm ships in libclang-rt-14-dev (libclang_rt.fuzzer-x86_64.a), and
+# llvm-symbolizer (llvm-14) for readable sanitizer stack traces.
+PKGS="cmake pkg-config libcjson-dev check libhdf5-dev hdf5-tools libxml2-utils
+      clang-14 libclang-rt-14-dev llvm-14"
 
 if ! command -v dpkg-query >/dev/null 2>&1; then
     echo "kvrepro: no dpkg-query: this is not a Debian-like system." >&2
