@@ -1198,6 +1198,13 @@ static KvStatus h5r_strings(hid_t id, bool is_attr, hid_t ftype, hid_t space, si
         st = h5_fail(c, KV_ERR_INPUT, "%s: cannot inspect the string type", what);
         goto exit;
     }
+    /* values 2-15 are reserved: HDF5 refuses them when asked to read in
+     * them, which is the file's fault, not ours (fuzzing found it) */
+    if (cset != H5T_CSET_ASCII && cset != H5T_CSET_UTF8) {
+        st = report_fail(c, KV_ERR_INPUT, "%s: expected an ASCII or UTF-8 string, found "
+                         "character set %d", what, (int)cset);
+        goto exit;
+    }
     /* HDF5 does not convert between character sets: read in the file's */
     mem = H5Tcopy(H5T_C_S1);
     if (mem < 0 || H5Tset_cset(mem, cset) < 0 || H5Tset_strpad(mem, H5T_STR_NULLTERM) < 0) {
@@ -1787,6 +1794,11 @@ static KvStatus h5r_table_mem_type(hid_t ftype, const char *objpath, const Colum
             const H5T_cset_t cset = mt < 0 ? H5T_CSET_ERROR : H5Tget_cset(mt);
             if (vlen < 0 || cset < 0) {
                 st = h5_fail(c, KV_ERR_INPUT, "%s: member %s: cannot inspect", objpath, m[i].name);
+                goto exit;
+            }
+            if (cset != H5T_CSET_ASCII && cset != H5T_CSET_UTF8) {
+                st = report_fail(c, KV_ERR_INPUT, "%s: member %s: expected an ASCII or UTF-8 "
+                                 "string, found character set %d", objpath, m[i].name, (int)cset);
                 goto exit;
             }
             /* HDF5 converts fixed-length strings of any size (lengths are
