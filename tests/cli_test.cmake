@@ -5,21 +5,7 @@
 file(REMOVE_RECURSE "${WORK}")
 file(MAKE_DIRECTORY "${WORK}")
 
-# kv_run(EXPECT_RC OUT_VAR ERR_VAR args...)
-function(kv_run expect out_var err_var)
-  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
-  if(NOT rc STREQUAL "${expect}")
-    message(FATAL_ERROR "expected exit ${expect}, got ${rc}: ${ARGN}\nstdout:\n${out}\nstderr:\n${err}")
-  endif()
-  set(${out_var} "${out}" PARENT_SCOPE)
-  set(${err_var} "${err}" PARENT_SCOPE)
-endfunction()
-
-function(kv_expect_match text regex what)
-  if(NOT text MATCHES "${regex}")
-    message(FATAL_ERROR "${what}: expected to match '${regex}', got:\n${text}")
-  endif()
-endfunction()
+include(${CMAKE_CURRENT_LIST_DIR}/cli_helpers.cmake)
 
 # A small gate: one scenario, two variants, one repeat (the full matrix runs
 # in the variants suite and in `make gate`).
