@@ -7,7 +7,7 @@
  * are never visible as keys, and a row's RoPE position is the number of real
  * tokens before it.
  *
- * With a cache variant (candidates/cache.h), sliding layers keep their K/V in
+ * With a cache variant (cache.h), sliding layers keep their K/V in
  * the variant's W slots instead and attention reads the variant's view; full
  * layers keep the static max_len cache. Attention always reduces the visible
  * keys in ascending position through kv_attend, so every correct variant is

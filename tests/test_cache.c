@@ -1,5 +1,5 @@
 /* test_cache.c: unit tests of the sliding-window cache variants
- * (candidates/cache.h, DESIGN §3), built with ASan + UBSan.
+ * (reference/cache.h, DESIGN §3), built with ASan + UBSan.
  *
  * The truth is a model kept here, independent of the variants: after the
  * cache has seen T positions it must hold exactly the last min(W, T) of them

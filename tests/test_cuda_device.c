@@ -1,5 +1,5 @@
 /* test_cuda_device.c: checks CUDA device discovery and the self-test kernel
- * (candidates/cuda_device.h), and that a machine without a usable GPU is
+ * (candidates/cuda/cuda_device.h), and that a machine without a usable GPU is
  * reported as skipped with a reason, never as passed (DESIGN §4).
  *
  * Two parts:

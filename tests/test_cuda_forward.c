@@ -1,4 +1,4 @@
-/* test_cuda_forward.c: the CUDA backend (candidates/cuda_forward.h).
+/* test_cuda_forward.c: the CUDA backend (candidates/cuda/cuda_forward.h).
  *
  * Two parts:
  *   no-device: always runs. The program re-executes itself with

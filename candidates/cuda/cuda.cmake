@@ -9,14 +9,14 @@
 # kv_rope_inv_freq, kv_decode_result_free) resolve at the final link.
 if(KV_HAVE_CUDA)
   find_package(CUDAToolkit REQUIRED)
-  add_library(kvcuda STATIC candidates/cuda_device.cu candidates/cuda_forward.cu
-    candidates/cuda_kernels.cu candidates/cuda_cache.cu)
-  target_include_directories(kvcuda PUBLIC candidates reference)
+  add_library(kvcuda STATIC candidates/cuda/cuda_device.cu candidates/cuda/cuda_forward.cu
+    candidates/cuda/cuda_kernels.cu candidates/cuda/cuda_cache.cu)
+  target_include_directories(kvcuda PUBLIC candidates/cuda candidates reference)
   # --fmad=false is nvcc's -ffp-contract=off; fast math is never enabled
   # (so -prec-div, -prec-sqrt and -ftz=false keep their IEEE defaults).
   # -Xcompiler=-Wall,-Wextra: the host half of the .cu files gets the same
   # warnings as the C code (the build is expected to print none).
-  target_compile_options(kvcuda PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:--fmad=false -Werror=all-warnings -Xcompiler=-Wall,-Wextra>)
+  target_compile_options(kvcuda PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:--fmad=false -Werror=all-warnings -Xcompiler=-Wall,-Wextra,${KV_PREFIX_MAP}>)
   # cuBLAS: the static library when the toolkit has one (the GPU bundle then
   # needs only the driver), else the shared one. Static cuBLAS is C++ inside
   # and the products link with the C linker, hence libstdc++ (that branch is
@@ -31,8 +31,8 @@ if(KV_HAVE_CUDA)
   string(REPLACE ";" "," KV_CUDA_ARCHS_TEXT "${CMAKE_CUDA_ARCHITECTURES}")
   target_compile_definitions(kvcuda PRIVATE KV_CUDA_ARCHS="${KV_CUDA_ARCHS_TEXT}")
 else()
-  add_library(kvcuda STATIC candidates/cuda_device_none.c candidates/cuda_forward_none.c)
-  target_include_directories(kvcuda PUBLIC candidates reference)
+  add_library(kvcuda STATIC candidates/cuda/cuda_device_none.c candidates/cuda/cuda_forward_none.c)
+  target_include_directories(kvcuda PUBLIC candidates/cuda candidates reference)
   target_compile_options(kvcuda PRIVATE ${KV_C_FLAGS})
 endif()
 target_compile_definitions(kvcuda PUBLIC KV_HAVE_CUDA=${KV_HAVE_CUDA})

@@ -1,6 +1,6 @@
 /* cuda_internal.cuh: the run context, checked-call macros and kernel
  * launchers shared by cuda_forward.cu, cuda_kernels.cu and cuda_cache.cu.
- * Private to candidates/cuda_*.cu; nothing in C includes it.
+ * Private to the .cu files of candidates/cuda; nothing in C includes it.
  *
  * Every CUDA runtime and cuBLAS call goes through KV_CUDA_CHECK /
  * KV_CUBLAS_CHECK, and every kernel launch through KV_LAUNCH (which checks
