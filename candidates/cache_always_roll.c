@@ -142,6 +142,7 @@ const KvCacheOps kv_cache_always_roll = {
     .name = "always_roll",
     .one_token_order = KV_ATTEND_AFTER_UPDATE,
     .host_branch = false,
+    .host_shape = false,
     .create = always_roll_create,
     .destroy = always_roll_destroy,
     .reset = always_roll_reset,

@@ -187,6 +187,7 @@ const KvCacheOps kv_cache_dynamic = {
     .name = "dynamic",
     .one_token_order = KV_ATTEND_BEFORE_UPDATE,
     .host_branch = false,
+    .host_shape = true,
     .create = dynamic_create,
     .destroy = dynamic_destroy,
     .reset = dynamic_reset,

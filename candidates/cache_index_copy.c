@@ -194,6 +194,7 @@ const KvCacheOps kv_cache_index_copy = {
     .name = "index_copy",
     .one_token_order = KV_ATTEND_AFTER_UPDATE,
     .host_branch = false,
+    .host_shape = false,
     .create = index_copy_create,
     .destroy = index_copy_destroy,
     .reset = index_copy_reset,

@@ -112,6 +112,7 @@ const KvCacheOps kv_cache_ring = {
     .name = "ring",
     .one_token_order = KV_ATTEND_AFTER_UPDATE,
     .host_branch = false,
+    .host_shape = false,
     .create = ring_create,
     .destroy = ring_destroy,
     .reset = ring_reset,

@@ -218,6 +218,7 @@ const KvCacheOps kv_cache_roll = {
     .name = "roll",
     .one_token_order = KV_ATTEND_AFTER_UPDATE,
     .host_branch = true,
+    .host_shape = false,
     .create = roll_create,
     .destroy = roll_destroy,
     .reset = roll_reset,

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backends.h"
 #include "cache.h"
 #include "fault.h"
 #include "forward.h"
@@ -248,9 +249,13 @@ KvStatus kv_bisect_rerun(const KvModel *m, const KvRun *run, int64_t step, KvDec
                                 name);
         }
     }
-    if (strncmp(run->backend, "cpu", sizeof run->backend) != 0) {
-        return kv_error_set(err, KV_ERR_INPUT, "--rerun: backend '%.16s' cannot be re-run here "
-                            "(only cpu runs)", run->backend);
+    char backend[sizeof run->backend + 1];
+    memcpy(backend, run->backend, sizeof run->backend);
+    backend[sizeof run->backend] = '\0';
+    const KvBackendOps *ops = kv_backend_find(backend);
+    if (ops == NULL) {
+        return kv_error_set(err, KV_ERR_INPUT, "run attribute 'backend': unknown backend '%s'",
+                            backend);
     }
     unsigned faults = 0;
     st = bisect_parse_faults(run, &faults, err);
@@ -272,11 +277,18 @@ KvStatus kv_bisect_rerun(const KvModel *m, const KvRun *run, int64_t step, KvDec
         .record_probes = true,
         .dump_probes = true,
     };
-    st = kv_decode_greedy(m, &spec, out, err);
+    st = kv_decode_run(ops, m, &spec, out, NULL, err);
+    if (st == KV_SKIP) {
+        return kv_error_set(err, KV_ERR_INPUT, "--rerun: the %s backend cannot run here: %s",
+                            ops->name, err->msg);
+    }
     if (st != KV_OK) return st;
-    /* Callers index the rerun with the recording's indices. */
+    /* Callers index the rerun with the recording's indices. A backend that
+     * keeps no dumps (take_dump NULL) gives the hashes alone. */
+    const bool dumps = ops->take_dump != NULL;
     if (out->steps != step + 1 || out->batch != run->batch || out->n_probes != run->n_probes ||
-        out->probe_hash == NULL || out->dump.data == NULL || out->dump.n_probes != run->n_probes) {
+        out->probe_hash == NULL ||
+        (dumps && (out->dump.data == NULL || out->dump.n_probes != run->n_probes))) {
         st = kv_error_set(err, KV_ERR_INTERNAL, "rerun: expected %lld steps x %lld rows x %lld "
                           "probes with dumps, found %lld x %lld x %lld%s", (long long)(step + 1),
                           (long long)run->batch, (long long)run->n_probes, (long long)out->steps,

@@ -56,11 +56,12 @@ KvStatus kv_bisect_find(const KvRun *a, const KvRun *b, KvBisectPoint *out, KvEr
  * <- last residual; logits <- final_norm; embed <- none. Returns the count. */
 int kv_bisect_inputs(int64_t n_probes, int64_t p, int64_t inputs[2]);
 
-/* Re-executes a recorded run (its prompt, prefill chunk, variant, mode and
- * planted faults) on model m for steps 0..step, recording probes and the
- * full probe values of the last step (out->dump). KV_ERR_INPUT when the run
- * names an unknown variant or fault or does not fit the model
- * (kv_bisect_check_model). On success out has step + 1 steps, the run's
+/* Re-executes a recorded run (its prompt, prefill chunk, variant, backend,
+ * mode and planted faults) on model m for steps 0..step, recording probes
+ * and, on a backend that keeps them (the CPU), the full probe values of the
+ * last step (out->dump; left empty by the others). KV_ERR_INPUT when the run
+ * names an unknown variant, backend or fault, its backend cannot run here,
+ * or it does not fit the model (kv_bisect_check_model). On success out has step + 1 steps, the run's
  * batch and the run's n_probes, so recorded indices are valid in it. */
 KvStatus kv_bisect_rerun(const KvModel *m, const KvRun *run, int64_t step, KvDecodeResult *out,
                          KvError *err);

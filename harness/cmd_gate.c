@@ -14,8 +14,8 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "backends.h"
 #include "compare.h"
-#include "cuda_device.h"
 #include "decode.h"
 #include "fault.h"
 #include "file_open.h"
@@ -348,18 +348,45 @@ static void gate_report_root(KvReport *rep, const KvGateOptions *o, uint64_t see
     snprintf(rep->git_commit, sizeof rep->git_commit, "%s", KV_GIT_COMMIT);
     if (gethostname(rep->host, sizeof rep->host) != 0) snprintf(rep->host, sizeof rep->host, "unknown");
     rep->host[sizeof rep->host - 1] = '\0';
-    KvCudaInfo info;
-    KvError cerr = {{0}};
-    if (kv_cuda_query(&info, &cerr) == KV_OK) {
-        snprintf(rep->device, sizeof rep->device, "%.200s (sm_%d%d), driver %d, runtime %d",
-                 info.name, info.cc_major, info.cc_minor, info.driver_version, info.runtime_version);
-    } else {
-        snprintf(rep->device, sizeof rep->device, "cpu only (%.200s)", cerr.msg);
-    }
     snprintf(rep->math_mode, sizeof rep->math_mode, "fp32, -ffp-contract=off, no fast-math");
     rep->weight_seed = seed;
     rep->prompt_seed = o->prompt_seed;
     snprintf(rep->shard, sizeof rep->shard, "%d/%d", o->shard_i, o->shard_n);
+}
+
+/* Asks every registered backend once whether it can run here. The report's
+ * device is the first device backend that can ("cpu only (why not)" when
+ * none can); a selected backend that cannot run gets its skip reason, so
+ * its runs are recorded as skipped; one that is there but unusable (a GPU
+ * this build cannot use) is an error. */
+static KvStatus gate_query_backends(KvGateOptions *o, KvReport *rep, KvError *err) {
+    int n_all = 0;
+    const KvBackendOps *const *all = kv_backend_all(&n_all);
+    char why_not[256] = "";
+    rep->device[0] = '\0';
+    for (int k = 0; k < n_all; k++) {
+        char device[256] = "";
+        KvError qerr = {{0}};
+        const KvStatus st = all[k]->query(device, sizeof device, &qerr);
+        KvGateBackend *gb = NULL;
+        for (int i = 0; i < o->n_backends; i++) {
+            if (o->backends[i].ops == all[k]) gb = &o->backends[i];
+        }
+        if (st != KV_OK && st != KV_SKIP && gb != NULL) {
+            return kv_error_set(err, st, "%s backend: %s", all[k]->name, qerr.msg);
+        }
+        if (st != KV_OK && gb != NULL) snprintf(gb->skip, sizeof gb->skip, "%.250s", qerr.msg);
+        if (all[k]->host) continue;
+        if (st == KV_OK && rep->device[0] == '\0') {
+            snprintf(rep->device, sizeof rep->device, "%s", device);
+        } else if (st != KV_OK && why_not[0] == '\0') {
+            snprintf(why_not, sizeof why_not, "%.250s", qerr.msg);
+        }
+    }
+    if (rep->device[0] == '\0') {
+        snprintf(rep->device, sizeof rep->device, "cpu only (%.200s)", why_not);
+    }
+    return KV_OK;
 }
 
 /* Everything the command line says, checked before anything runs. */
@@ -374,12 +401,12 @@ typedef struct {
     int n_passes;
     const char *scen_names[KV_GATE_MAX_LIST];
     const KvCacheOps *variants[KV_GATE_MAX_LIST];
+    KvGateBackend backends[KV_GATE_MAX_LIST]; /* o->backends points here */
 } GateArgs;
 
 /* Parses argv into a and o; prints the problem and returns false on bad
  * usage; *help is set for --help. */
 static bool gate_parse_args(int argc, char **argv, GateArgs *a, KvGateOptions *o, bool *help) {
-    static const char *const k_backends[] = {"cpu", "cuda"};
     static const char *const k_modes[] = {"eager", "graph"};
     int n_known = 0, n_all = 0, picked[KV_GATE_MAX_LIST], n_picked = 0;
     const char *const *known = kv_scenario_names(&n_known);
@@ -390,6 +417,15 @@ static bool gate_parse_args(int argc, char **argv, GateArgs *a, KvGateOptions *o
     o->n_scenarios = n_known;
     for (int k = 0; k < n_all && k < KV_GATE_MAX_LIST; k++) a->variants[k] = all[k];
     o->n_variants = n_all;
+    int n_be = 0;
+    const KvBackendOps *const *be = kv_backend_all(&n_be);
+    const char *backend_names[KV_GATE_MAX_LIST];
+    for (int k = 0; k < n_be && k < KV_GATE_MAX_LIST; k++) {
+        backend_names[k] = be[k]->name;
+        a->backends[k] = (KvGateBackend){be[k], ""};
+    }
+    o->backends = a->backends;
+    o->n_backends = n_be; /* default: every backend built */
     uint64_t u = 0;
     bool bad = false;
     for (int i = 1; i < argc && !bad; i++) {
@@ -427,9 +463,9 @@ static bool gate_parse_args(int argc, char **argv, GateArgs *a, KvGateOptions *o
             for (int k = 0; k < n_picked && !bad; k++) a->variants[k] = all[picked[k]];
             if (!bad) o->n_variants = n_picked;
         } else if (kv_cli_take(argc, argv, &i, "--backends", &v, &bad)) {
-            bad = bad || !gate_parse_names("--backends", v, k_backends, 2, picked, &n_picked);
-            o->cpu = o->cuda = false;
-            for (int k = 0; k < n_picked && !bad; k++) *(picked[k] == 0 ? &o->cpu : &o->cuda) = true;
+            bad = bad || !gate_parse_names("--backends", v, backend_names, n_be, picked, &n_picked);
+            for (int k = 0; k < n_picked && !bad; k++) a->backends[k] = (KvGateBackend){be[picked[k]], ""};
+            if (!bad) o->n_backends = n_picked;
         } else if (kv_cli_take(argc, argv, &i, "--modes", &v, &bad)) {
             bad = bad || !gate_parse_names("--modes", v, k_modes, 2, picked, &n_picked);
             o->eager = o->graph = false;
@@ -654,7 +690,7 @@ int kv_cmd_gate(int argc, char **argv) {
     a.n_passes = 1;
     KvError err = {{0}};
     KvGateOptions o = {
-        .cpu = true, .cuda = true, .eager = true, .graph = true, .repeats = 3,
+        .eager = true, .graph = true, .repeats = 3,
         .replay_every = 5, .tol = kv_tolerances_default(),
         .prompt_seed = KV_FIXTURE_DEFAULT_SEED, .shard_i = 1, .shard_n = 1,
         .full_logits_max_vocab = KV_FULL_LOGITS_MAX_VOCAB,
@@ -693,7 +729,8 @@ int kv_cmd_gate(int argc, char **argv) {
         o.custom = &custom;
     }
     gate_report_root(&rep, &o, a.seed);
-    st = kv_tolerances_record(&o.tol, &rep, &err);
+    st = gate_query_backends(&o, &rep, &err);
+    if (st == KV_OK) st = kv_tolerances_record(&o.tol, &rep, &err);
     if (st != KV_OK) goto done;
     if (!a.quiet) {
         printf("%s gate\n", kv_cli_version());
@@ -702,6 +739,12 @@ int kv_cmd_gate(int argc, char **argv) {
 #else
         printf("cpu: reference, single-threaded; device: %s\n", rep.device);
 #endif
+        for (int i = 0; i < o.n_backends; i++) {
+            /* One line, not one SKIP row per run (the report lists them). */
+            if (o.backends[i].skip[0] != '\0') {
+                printf("%s: skipped, no device: %s\n", o.backends[i].ops->name, o.backends[i].skip);
+            }
+        }
         printf("seeds: weights %llu, prompts %llu; tolerances: max_rel_err %g, tie_margin %g; "
                "shard %s\n",
                (unsigned long long)a.seed, (unsigned long long)o.prompt_seed, o.tol.max_rel_err,
@@ -739,7 +782,13 @@ int kv_cmd_gate(int argc, char **argv) {
     } else if (a.quiet) {
         st = kv_report_print_counts(&rep, stdout);
     } else {
-        st = kv_report_print_summary(&rep, stdout);
+        /* Backends that could not run were named in one line up front. */
+        const char *fold[KV_GATE_MAX_LIST];
+        int n_fold = 0;
+        for (int i = 0; i < o.n_backends; i++) {
+            if (o.backends[i].skip[0] != '\0') fold[n_fold++] = o.backends[i].ops->name;
+        }
+        st = kv_report_print_summary_folded(&rep, fold, n_fold, stdout);
     }
     if (st != KV_OK) {
         kv_error_set(&err, st, "cannot print the summary table");

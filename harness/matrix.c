@@ -6,8 +6,6 @@
 #include <string.h>
 #include <time.h>
 
-#include "cuda_device.h"
-#include "cuda_forward.h"
 #include "decode.h"
 #include "fault.h"
 #include "forward.h"
@@ -49,11 +47,11 @@ static void run_identify(KvRun *r, const char *model, const char *scenario, cons
     r->repeat = repeat;
 }
 
-/* Decodes sc and fills run (identity already set), on the CPU or (cuda) the
- * GPU. forced: (steps, B) or NULL. KV_SKIP from CUDA when it cannot run. */
+/* Decodes sc on backend ops and fills run (identity already set). forced:
+ * (steps, B) or NULL. KV_SKIP when the backend cannot run here. */
 static KvStatus run_decode(const KvModel *m, const KvScenario *sc, const KvCacheOps *variant,
                            KvExecMode mode, const KvGateOptions *o, const int32_t *forced,
-                           bool cuda, KvRun *run, KvError *err) {
+                           const KvBackendOps *ops, KvRun *run, KvError *err) {
     KvDecodeSpec spec = {
         .batch = sc->batch,
         .prompt_len = sc->prompt_len,
@@ -70,8 +68,7 @@ static KvStatus run_decode(const KvModel *m, const KvScenario *sc, const KvCache
     };
     KvDecodeResult res;
     const double t0 = kv_gate_now();
-    KvStatus st = cuda ? kv_cuda_decode_greedy(m, &spec, &res, NULL, err)
-                       : kv_decode_greedy(m, &spec, &res, err);
+    KvStatus st = kv_decode_run(ops, m, &spec, &res, NULL, err);
     if (st != KV_OK) return st;
     const double t1 = kv_gate_now();
     const int64_t B = res.batch, S = res.steps, V = res.vocab;
@@ -126,9 +123,21 @@ static int64_t *cand_slot(CandidateTable *t, int v, int mode, int rep) {
     return &t->index[((int64_t)v * 2 + mode) * t->repeats + rep];
 }
 
-int64_t kv_gate_runs_per_unit(const KvGateOptions *o) {
+/* Candidate runs per unit on the backends that can run (host_only: those
+ * that run on this machine's CPU). */
+static int64_t gate_candidate_runs(const KvGateOptions *o, bool host_only) {
     const int64_t modes = (o->eager ? 1 : 0) + (o->graph ? 1 : 0);
-    return 1 + (o->cpu ? (int64_t)o->n_variants * modes * o->repeats : 0);
+    int64_t runs = 0;
+    for (int i = 0; i < o->n_backends; i++) {
+        const KvGateBackend *gb = &o->backends[i];
+        if (gb->skip[0] != '\0' || (host_only && !gb->ops->host)) continue;
+        runs += (int64_t)o->n_variants * modes * o->repeats;
+    }
+    return runs;
+}
+
+int64_t kv_gate_runs_per_unit(const KvGateOptions *o) {
+    return 1 + gate_candidate_runs(o, false);
 }
 
 void kv_gate_progress_print(const KvGateOptions *o, const char *current, bool final) {
@@ -197,9 +206,6 @@ static KvStatus run_keep_topk(KvRun *r, KvError *err) {
     return KV_OK;
 }
 
-/* Backends a candidate run can use. */
-typedef enum { KV_BACKEND_CPU = 0, KV_BACKEND_CUDA = 1 } KvBackend;
-static const char *const k_backend_name[2] = {"cpu", "cuda"};
 static const char *const k_mode_name[2] = {"eager", "graph"};
 
 /* Every selected variant x mode x repeat on one backend, each compared as
@@ -207,14 +213,14 @@ static const char *const k_mode_name[2] = {"eager", "graph"};
  * teacher-forced after a near-tie flip) and its replays; later repeats
  * bitwise against repeat 0; graph bitwise against eager; each variant
  * bitwise against the first one, in the same mode, on the same backend.
- * *skip: on CUDA, set to the CUDA error text when a run returns KV_SKIP (no
- * device): the run and every later CUDA run are then recorded as skipped. */
+ * skip: set to the backend's text when a run returns KV_SKIP (no device):
+ * the run and every later run of it are then recorded as skipped. */
 static KvStatus run_candidates(const KvModel *m, const char *model_name, const KvScenario *sc,
-                               const KvGateOptions *o, KvBackend backend, int64_t ref,
+                               const KvGateOptions *o, const KvBackendOps *ops, int64_t ref,
                                KvReport *rep, char *skip, size_t skip_len, KvError *err) {
     KvStatus st = KV_OK;
     const int modes[2] = {o->eager ? (int)KV_MODE_EAGER : -1, o->graph ? (int)KV_MODE_GRAPH : -1};
-    const char *bname = k_backend_name[backend];
+    const char *bname = ops->name;
     CandidateTable tab = {NULL, o->repeats};
     tab.index = malloc((size_t)(o->n_variants * 2 * o->repeats) * sizeof *tab.index);
     if (tab.index == NULL) return kv_error_set(err, KV_ERR_INTERNAL, "out of memory");
@@ -239,8 +245,8 @@ static KvStatus run_candidates(const KvModel *m, const char *model_name, const K
                     snprintf(run->skip_reason, sizeof run->skip_reason, "%s", skip);
                     break;
                 }
-                st = run_decode(m, sc, o->variants[v], (KvExecMode)modes[mi], o, NULL,
-                                backend == KV_BACKEND_CUDA, run, err);
+                st = run_decode(m, sc, o->variants[v], (KvExecMode)modes[mi], o, NULL, ops, run,
+                                err);
                 if (st == KV_SKIP) {
                     snprintf(skip, skip_len, "%.250s", err->msg);
                     run->skipped = true;
@@ -261,8 +267,7 @@ static KvStatus run_candidates(const KvModel *m, const char *model_name, const K
                                      k_mode_name[mi], k, o->faults);
                         forced.replay_mismatch_step = -1;
                         st = run_decode(m, sc, o->variants[v], (KvExecMode)modes[mi], o,
-                                        rep->runs[ref].tokens, backend == KV_BACKEND_CUDA,
-                                        &forced, err);
+                                        rep->runs[ref].tokens, ops, &forced, err);
                         if (st != KV_OK) {
                             kv_run_free(&forced);
                             goto exit;
@@ -314,16 +319,14 @@ exit:
     return st;
 }
 
-/* cuda_skip: "" while CUDA runs may run; else why they cannot (shared by
- * every scenario of the gate, so a missing device is tried once). */
 static KvStatus run_scenario(const KvModel *m, const char *model_name, const KvScenario *sc,
-                             const KvGateOptions *o, KvReport *rep, char *cuda_skip,
-                             size_t cuda_skip_len, KvError *err) {
+                             const KvGateOptions *o, KvReport *rep, KvError *err) {
     /* The reference. */
     const int64_t ref = report_add_run(rep);
     if (ref < 0) return kv_error_set(err, KV_ERR_INTERNAL, "out of memory");
     run_identify(&rep->runs[ref], model_name, sc->name, "reference", "cpu", "eager", 0, 0);
-    KvStatus st = run_decode(m, sc, NULL, KV_MODE_EAGER, o, NULL, false, &rep->runs[ref], err);
+    KvStatus st =
+        run_decode(m, sc, NULL, KV_MODE_EAGER, o, NULL, &kv_backend_cpu, &rep->runs[ref], err);
     if (st != KV_OK) return st;
     KvComparison fin;
     kv_compare_finite(&rep->runs[ref], ref, &fin);
@@ -335,30 +338,24 @@ static KvStatus run_scenario(const KvModel *m, const char *model_name, const KvS
      * its own check fails the gate, and the candidates of this scenario are
      * recorded as skipped with that reason instead of failing by the
      * hundred on the same NaN. */
-    char cpu_skip[256] = "";
     char ref_skip[256] = "";
     if (fin.verdict == KV_VERDICT_FAIL) {
         snprintf(ref_skip, sizeof ref_skip, "not run: the reference is not finite (step %lld, "
                  "probe %s)", (long long)fin.first_step,
                  fin.first_probe >= 0 ? rep->runs[ref].probe_names[fin.first_probe] : "logits");
     }
-    if (o->cpu) {
-        snprintf(cpu_skip, sizeof cpu_skip, "%s", ref_skip);
-        st = run_candidates(m, model_name, sc, o, KV_BACKEND_CPU, ref, rep, cpu_skip,
-                            sizeof cpu_skip, err);
-        if (st != KV_OK) return st;
-    }
-    if (o->cuda) {
-        char *skip = cuda_skip;
-        size_t skip_len = cuda_skip_len;
+    for (int i = 0; i < o->n_backends; i++) {
+        KvGateBackend *gb = &o->backends[i];
         char local[256];
-        if (ref_skip[0] != '\0' && cuda_skip[0] == '\0') {
-            /* Only this scenario's CUDA runs are skipped, not the gate's. */
+        char *skip = gb->skip;
+        size_t skip_len = sizeof gb->skip;
+        if (ref_skip[0] != '\0' && gb->skip[0] == '\0') {
+            /* Only this scenario's runs are skipped, not the backend's. */
             snprintf(local, sizeof local, "%s", ref_skip);
             skip = local;
             skip_len = sizeof local;
         }
-        st = run_candidates(m, model_name, sc, o, KV_BACKEND_CUDA, ref, rep, skip, skip_len, err);
+        st = run_candidates(m, model_name, sc, o, gb->ops, ref, rep, skip, skip_len, err);
         if (st != KV_OK) return st;
     }
 
@@ -391,7 +388,7 @@ KvStatus kv_gate_work_add(const KvConfig *cfg, const KvGateOptions *o, int *unit
     const double kvd = (double)(cfg->num_kv_heads * cfg->head_dim);
     /* multiply-adds per token per layer: q, k, v, o projections and the MLP */
     const double layer_mac = H * (qd + 2.0 * kvd) + qd * H + 3.0 * H * I;
-    const int64_t per_unit = kv_gate_runs_per_unit(o);
+    const int64_t per_unit = 1 + gate_candidate_runs(o, true); /* the reference runs on the CPU */
     const int n = o->custom != NULL ? 1 : o->n_scenarios;
     for (int i = 0; i < n; i++, (*unit)++) {
         if (*unit % o->shard_n != o->shard_i - 1) continue;
@@ -430,20 +427,6 @@ KvStatus kv_gate_work_add(const KvConfig *cfg, const KvGateOptions *o, int *unit
 
 KvStatus kv_gate_run_model(const KvModel *m, const char *model_name, const KvGateOptions *o,
                            int *unit, KvReport *rep, KvError *err) {
-    /* With no device the CUDA runs are reported as skipped with the CUDA
-     * error text, never passed; with one they run. A GPU this build cannot
-     * use (kv_cuda_query's KV_ERR_INTERNAL) stops the gate with the error. */
-    char cuda_skip[256] = "";
-    if (o->cuda) {
-        KvCudaInfo info;
-        KvError cerr = {{0}};
-        const KvStatus cst = kv_cuda_query(&info, &cerr);
-        if (cst == KV_SKIP) {
-            snprintf(cuda_skip, sizeof cuda_skip, "%.250s", cerr.msg);
-        } else if (cst != KV_OK) {
-            return kv_error_set(err, cst, "CUDA backend: %s", cerr.msg);
-        }
-    }
     const int n = o->custom != NULL ? 1 : o->n_scenarios;
     for (int i = 0; i < n; i++, (*unit)++) {
         if (*unit % o->shard_n != o->shard_i - 1) continue;
@@ -458,7 +441,7 @@ KvStatus kv_gate_run_model(const KvModel *m, const char *model_name, const KvGat
             }
             use = &sc;
         }
-        st = run_scenario(m, model_name, use, o, rep, cuda_skip, sizeof cuda_skip, err);
+        st = run_scenario(m, model_name, use, o, rep, err);
         kv_scenario_free(&sc);
         if (st != KV_OK) return st;
     }

@@ -8,6 +8,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "backend.h"
 #include "cache.h"
 #include "compare.h"
 #include "model.h"
@@ -29,13 +30,23 @@ typedef enum { KV_PROGRESS_OFF = 0, KV_PROGRESS_TTY = 1, KV_PROGRESS_LINES = 2 }
  * rather than one per run (a default gate makes ~1000 runs). */
 #define KV_PROGRESS_EVERY_S 5.0
 
+/* A backend the gate runs candidates on. */
+typedef struct {
+    const KvBackendOps *ops;
+    char skip[256]; /* "" while its runs may run; else why they cannot (the gate's one
+                     * query, or the first run that returned KV_SKIP): every later run
+                     * on it is recorded as skipped with this reason */
+} KvGateBackend;
+
 typedef struct {
     const char *const *scenarios;     /* (n_scenarios) names of the default set */
     int n_scenarios;
     const KvScenario *custom;         /* --prompts: replaces the scenarios when non-NULL */
     const KvCacheOps *const *variants; /* (n_variants) */
     int n_variants;
-    bool cpu, cuda;                   /* backends */
+    KvGateBackend *backends;          /* (n_backends) in report order; skip reasons are
+                                       * written as runs meet them */
+    int n_backends;
     bool eager, graph;                /* modes */
     int repeats;                      /* >= 1 */
     int64_t replay_every;             /* replay check stride in decode steps (0 = off) */
@@ -56,8 +67,8 @@ typedef struct {
     int64_t max_new_tokens;           /* > 0: the scenarios decode at most this many tokens */
 } KvGateOptions;
 
-/* Candidate + reference runs one (model, scenario) unit makes (CPU runs;
- * skipped CUDA entries are not runs that take time). */
+/* Candidate + reference runs one (model, scenario) unit makes (runs on
+ * skipped backends are entries, not runs that take time). */
 int64_t kv_gate_runs_per_unit(const KvGateOptions *o);
 
 /* Prints the progress line for the runs done so far (at the end of the

@@ -65,6 +65,8 @@ typedef struct {
     const char *name;
     KvAttendOrder one_token_order; /* order used for n == 1 */
     bool host_branch;              /* regime chosen on the host (cat_shift, roll) */
+    bool host_shape;               /* keeps W - 1 slots and attends over the filled ones: a
+                                    * length the host knows and a graph bakes in (dynamic) */
 
     /* Allocates a cache for `batch` rows of `window` slots of `dim` floats,
      * every buffer wrapped in sentinel regions (kv_guard_alloc). */

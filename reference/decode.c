@@ -1,13 +1,13 @@
-/* decode.c: greedy decoding of a left-padded batch with the reference
- * forward pass: prefill (whole or in chunks), then one token per step. */
+/* decode.c: the one decode driver: greedy decoding of a left-padded batch
+ * on any backend (backend.h): prefill (whole or in chunks), then one token
+ * per step, eager or through the graph runner, with teacher forcing, the
+ * replay check and the recording of every step. */
 #include "decode.h"
 
 #include <stdlib.h>
 #include <string.h>
 
 #include "forward.h"
-#include "kvmath.h"
-#include "stream.h"
 
 KvStatus kv_batch_left_pad(const int32_t *const *prompts, const int64_t *lens, int64_t batch,
                            int32_t pad_id, int32_t **prompt, uint8_t **real, int64_t *prompt_len,
@@ -53,26 +53,43 @@ void kv_decode_result_free(KvDecodeResult *r) {
     memset(r, 0, sizeof *r);
 }
 
-/* Moves the state's non-finite probe record (the forward just run) into
- * the result when it is the first one, and clears it for the next. */
-static void decode_note_nonfinite(KvRefState *s, int64_t step, KvDecodeResult *out) {
-    if (s->nonfinite_probe >= 0 && out->nonfinite_step < 0) {
-        out->nonfinite_step = step;
-        out->nonfinite_probe = s->nonfinite_probe;
-        out->nonfinite_row = s->nonfinite_row;
-        out->nonfinite_index = s->nonfinite_index;
-        out->nonfinite_value = s->nonfinite_value;
+/* Checks n tokens per row, tokens (B, n) and real (B, n), starting at
+ * cache position pos0: ids inside the vocabulary, and left padding (no pad
+ * after a real token within the call). */
+static KvStatus decode_check_tokens(int64_t vocab, const int32_t *tokens, const uint8_t *real,
+                                    int64_t batch, int64_t n, int64_t pos0, KvError *err) {
+    for (int64_t b = 0; b < batch; b++) {
+        bool seen_real = false;
+        for (int64_t t = 0; t < n; t++) {
+            const int32_t tok = tokens[b * n + t];
+            if (tok < 0 || tok >= vocab) {
+                return kv_error_set(err, KV_ERR_INPUT,
+                                    "tokens: row %lld position %lld: expected a token id in "
+                                    "[0, %lld), found %d",
+                                    (long long)b, (long long)(pos0 + t), (long long)vocab, tok);
+            }
+            if (real[b * n + t]) {
+                seen_real = true;
+            } else if (seen_real) {
+                return kv_error_set(err, KV_ERR_INPUT,
+                                    "tokens: row %lld position %lld: a pad after a real token "
+                                    "(batches must be left-padded)",
+                                    (long long)b, (long long)(pos0 + t));
+            }
+        }
     }
-    kv_ref_nonfinite_reset(s);
+    return KV_OK;
 }
 
-static KvStatus decode_check_spec(const KvModel *m, const KvDecodeSpec *sp, KvError *err) {
-    if (sp->batch < 1 || sp->prompt_len < 1 || sp->new_tokens < 1 || sp->prefill_chunk < 0) {
+KvStatus kv_decode_check_spec(const KvModel *m, const KvDecodeSpec *sp, KvError *err) {
+    if (sp->batch < 1 || sp->prompt_len < 1 || sp->new_tokens < 1 || sp->prefill_chunk < 0 ||
+        sp->prompt == NULL || sp->prompt_real == NULL) {
         return kv_error_set(err, KV_ERR_INPUT,
                             "decode: expected batch >= 1, prompt length >= 1, new tokens >= 1, "
-                            "prefill chunk >= 0; found %lld, %lld, %lld, %lld",
+                            "prefill chunk >= 0 and a prompt; found %lld, %lld, %lld, %lld, %s",
                             (long long)sp->batch, (long long)sp->prompt_len,
-                            (long long)sp->new_tokens, (long long)sp->prefill_chunk);
+                            (long long)sp->new_tokens, (long long)sp->prefill_chunk,
+                            sp->prompt == NULL || sp->prompt_real == NULL ? "none" : "given");
     }
     for (int64_t b = 0; b < sp->batch; b++) {
         /* Left padding puts every row's last prompt token in the last column,
@@ -84,47 +101,159 @@ static KvStatus decode_check_spec(const KvModel *m, const KvDecodeSpec *sp, KvEr
                                 (long long)b);
         }
     }
-    (void)m;
+    return decode_check_tokens(m->config.vocab_size, sp->prompt, sp->prompt_real, sp->batch,
+                               sp->prompt_len, 0, err);
+}
+
+/* Moves the backend's non-finite probe record (the forward just run) into
+ * the result when it is the first one. */
+static void decode_note_nonfinite(const KvBackendOps *ops, KvBackend *b, int64_t step,
+                                  KvDecodeResult *out) {
+    KvNonfinite nf;
+    if (ops->take_nonfinite == NULL || !ops->take_nonfinite(b, &nf)) return;
+    if (out->nonfinite_step >= 0) return;
+    out->nonfinite_step = step;
+    out->nonfinite_probe = nf.probe;
+    out->nonfinite_row = nf.row;
+    out->nonfinite_index = nf.index;
+    out->nonfinite_value = nf.value;
+}
+
+/* Copies the last forward's outputs into step `step` of the result. */
+static KvStatus decode_record_step(const KvBackendOps *ops, KvBackend *b, int64_t step,
+                                   KvDecodeResult *out, KvError *err) {
+    const int64_t B = out->batch, V = out->vocab;
+    KvBackendStep v;
+    KvStatus st = ops->read_step(b, &v, err);
+    if (st != KV_OK) return st;
+    memcpy(out->logits + step * B * V, v.logits, (size_t)(B * V) * sizeof(float));
+    memcpy(out->tokens + step * B, v.tokens, (size_t)B * sizeof(int32_t));
+    memcpy(out->margins + step * B, v.margins, (size_t)B * sizeof(float));
+    if (out->probe_hash != NULL) {
+        if (v.probe_hash == NULL) {
+            return kv_error_set(err, KV_ERR_INTERNAL, "decode: %s backend recorded no probes",
+                                ops->name);
+        }
+        memcpy(out->probe_hash + step * out->n_probes * B, v.probe_hash,
+               (size_t)(out->n_probes * B) * sizeof(uint64_t));
+    }
     return KV_OK;
 }
 
-KvStatus kv_decode_greedy(const KvModel *m, const KvDecodeSpec *sp, KvDecodeResult *out,
-                          KvError *err) {
+/* One decode step after the prefill: forced input when given, then one
+ * forward per run (replay_k runs from one snapshot when the step is
+ * replay-checked, the logits of every run compared bitwise). */
+static KvStatus decode_step(const KvBackendOps *ops, KvBackend *b, const KvModel *m,
+                            const KvDecodeSpec *sp, int64_t step, KvGraphRunner *runner,
+                            int32_t *tok, uint8_t *real, float *first_logits,
+                            KvDecodeResult *out, KvError *err) {
     KvStatus st = KV_OK;
-    KvRefState s = {0};
-    int32_t *chunk_tok = NULL; /* (B, chunk) */
-    uint8_t *chunk_real = NULL; /* (B, chunk) */
+    const int64_t B = sp->batch, V = m->config.vocab_size;
+    if (sp->forced != NULL) {
+        for (int64_t b = 0; b < B; b++) {
+            tok[b] = sp->forced[(step - 1) * B + b];
+            real[b] = 1;
+        }
+        st = decode_check_tokens(V, tok, real, B, 1, sp->prompt_len + step - 1, err);
+        if (st == KV_OK) st = ops->set_input(b, tok, real, 1, err);
+        if (st != KV_OK) return st;
+    }
+    const bool check = sp->replay_every > 0 && step % sp->replay_every == 0;
+    const int64_t runs = check ? (sp->replay_k > 0 ? sp->replay_k : KV_REPLAY_K) : 1;
+    if (check) {
+        st = ops->snapshot_save(b, err);
+        if (st != KV_OK) return st;
+        out->replays_checked++;
+    }
+    for (int64_t run = 0; run < runs; run++) {
+        if (run > 0) {
+            st = ops->snapshot_load(b, err);
+            if (st != KV_OK) return st;
+        }
+        st = sp->mode == KV_MODE_GRAPH
+                 ? kv_graph_runner_step(runner, ops, b, m->config.num_layers, 1, sp->faults, err)
+                 : ops->forward(b, 1, err);
+        if (st != KV_OK) return st;
+        decode_note_nonfinite(ops, b, step, out);
+        if (!check) continue;
+        KvBackendStep v;
+        st = ops->read_step(b, &v, err);
+        if (st != KV_OK) return st;
+        if (run == 0) {
+            memcpy(first_logits, v.logits, (size_t)(B * V) * sizeof(float));
+        } else if (out->replay_mismatch_step < 0 &&
+                   memcmp(first_logits, v.logits, (size_t)(B * V) * sizeof(float)) != 0) {
+            out->replay_mismatch_step = step;
+        }
+    }
+    return KV_OK;
+}
+
+/* The chunk a prefill forwards at once. */
+static int64_t decode_chunk(const KvDecodeSpec *sp) {
+    return sp->prefill_chunk > 0 && sp->prefill_chunk < sp->prompt_len ? sp->prefill_chunk
+                                                                         : sp->prompt_len;
+}
+
+KvStatus kv_decode_prefill(const KvBackendOps *ops, KvBackend *b, const KvDecodeSpec *sp,
+                           KvDecodeResult *out, KvError *err) {
+    KvStatus st = KV_OK;
+    const int64_t B = sp->batch, P = sp->prompt_len, chunk = decode_chunk(sp);
+    int32_t *tok = malloc((size_t)(B * chunk) * sizeof *tok); /* (B, chunk) */
+    uint8_t *real = malloc((size_t)(B * chunk));               /* (B, chunk) */
+    if (tok == NULL || real == NULL) {
+        st = kv_error_set(err, KV_ERR_INTERNAL, "decode: out of memory for the prefill");
+        goto cleanup;
+    }
+    for (int64_t off = 0; off < P; off += chunk) {
+        const int64_t n = P - off < chunk ? P - off : chunk;
+        for (int64_t row = 0; row < B; row++) {
+            memcpy(tok + row * n, sp->prompt + row * P + off, (size_t)n * sizeof *tok);
+            memcpy(real + row * n, sp->prompt_real + row * P + off, (size_t)n);
+        }
+        st = ops->set_input(b, tok, real, n, err);
+        if (st == KV_OK) st = ops->forward(b, n, err);
+        if (st != KV_OK) goto cleanup;
+        if (out != NULL) decode_note_nonfinite(ops, b, 0, out);
+    }
+cleanup:
+    free(tok);
+    free(real);
+    return st;
+}
+
+KvStatus kv_decode_run(const KvBackendOps *ops, const KvModel *m, const KvDecodeSpec *sp,
+                       KvDecodeResult *out, KvBackendStats *stats, KvError *err) {
+    KvStatus st = KV_OK;
+    KvBackend *b = NULL;
     KvGraphRunner runner = {0};
-    KvRefSnapshot snap = {0};
+    int32_t *chunk_tok = NULL;  /* (B) a forced step's tokens */
+    uint8_t *chunk_real = NULL; /* (B) */
     float *first_logits = NULL; /* (B, V) the first run of a replay-checked step */
     memset(out, 0, sizeof *out);
+    if (stats != NULL) memset(stats, 0, sizeof *stats);
     out->nonfinite_step = out->nonfinite_probe = out->nonfinite_row = out->nonfinite_index = -1;
+    out->replay_mismatch_step = -1;
 
-    st = decode_check_spec(m, sp, err);
-    if (st != KV_OK) goto exit;
-
+    st = kv_decode_check_spec(m, sp, err);
+    if (st != KV_OK) goto cleanup;
     const int64_t B = sp->batch;
     const int64_t P = sp->prompt_len;
     const int64_t V = m->config.vocab_size;
-    const int64_t chunk = sp->prefill_chunk > 0 && sp->prefill_chunk < P ? sp->prefill_chunk : P;
+    const int64_t chunk = decode_chunk(sp);
     /* The last generated token is never fed back, so P + new_tokens - 1
      * slots suffice. */
-    st = kv_ref_state_init(&s, m, B, P + sp->new_tokens - 1, chunk, sp->variant, err);
-    if (st != KV_OK) goto exit;
-    kv_ref_state_plant(&s, sp->faults);
-    s.probes = sp->record_probes;
-    if (sp->record_probes && sp->dump_probes) {
-        st = kv_ref_dump_enable(&s, err);
-        if (st != KV_OK) goto exit;
-    }
-    if (sp->record_probes) {
-        out->n_probes = s.n_probes;
-        out->probe_hash = calloc((size_t)(sp->new_tokens * s.n_probes * B), sizeof *out->probe_hash);
-        if (out->probe_hash == NULL) {
-            st = kv_error_set(err, KV_ERR_INTERNAL, "decode: out of memory for probe hashes");
-            goto exit;
-        }
-    }
+    const KvBackendSetup setup = {
+        .batch = B,
+        .max_len = P + sp->new_tokens - 1,
+        .max_chunk = chunk,
+        .variant = sp->variant,
+        .faults = sp->faults,
+        .probes = sp->record_probes,
+        .dump_probes = sp->record_probes && sp->dump_probes,
+    };
+    st = ops->create(m, &setup, &b, err);
+    if (st != KV_OK) goto cleanup;
 
     out->steps = sp->new_tokens;
     out->batch = B;
@@ -132,102 +261,61 @@ KvStatus kv_decode_greedy(const KvModel *m, const KvDecodeSpec *sp, KvDecodeResu
     out->tokens = calloc((size_t)(sp->new_tokens * B), sizeof *out->tokens);
     out->logits = calloc((size_t)(sp->new_tokens * B * V), sizeof *out->logits);
     out->margins = calloc((size_t)(sp->new_tokens * B), sizeof *out->margins);
-    chunk_tok = malloc((size_t)(B * chunk) * sizeof *chunk_tok);
-    chunk_real = malloc((size_t)(B * chunk));
-    st = kv_graph_runner_init(&runner, &s, err);
-    if (st != KV_OK) goto exit;
+    if (sp->record_probes) {
+        out->n_probes = kv_probe_count(&m->config);
+        out->probe_hash = calloc((size_t)(sp->new_tokens * out->n_probes * B),
+                                 sizeof *out->probe_hash);
+    }
+    chunk_tok = malloc((size_t)B * sizeof *chunk_tok);
+    chunk_real = malloc((size_t)B);
     first_logits = malloc((size_t)(B * V) * sizeof *first_logits);
-    out->replay_mismatch_step = -1;
-    if (!out->tokens || !out->logits || !out->margins || !chunk_tok || !chunk_real ||
-        !first_logits) {
-        st = kv_error_set(err, KV_ERR_INTERNAL, "decode: out of memory (%lld steps x %lld rows x %lld vocab)",
+    if (!out->tokens || !out->logits || !out->margins || (sp->record_probes && !out->probe_hash) ||
+        !chunk_tok || !chunk_real || !first_logits) {
+        st = kv_error_set(err, KV_ERR_INTERNAL,
+                          "decode: out of memory (%lld steps x %lld rows x %lld vocab)",
                           (long long)sp->new_tokens, (long long)B, (long long)V);
-        goto exit;
+        goto cleanup;
+    }
+    st = kv_graph_runner_init(&runner, m->config.num_layers, err);
+    if (st != KV_OK) goto cleanup;
+
+    /* Step 0's logits come from the prefill's last chunk. */
+    st = kv_decode_prefill(ops, b, sp, out, err);
+    if (st != KV_OK) goto cleanup;
+    out->nonfinite_checked = sp->record_probes && ops->take_nonfinite != NULL;
+    st = decode_record_step(ops, b, 0, out, err);
+    if (st != KV_OK) goto cleanup;
+
+    /* Each later step feeds one token per row: the greedy token the last
+     * forward wrote into the backend's input, or the forced one copied over
+     * it (a host-to-memory copy, as before a graph replay). */
+    for (int64_t step = 1; step < sp->new_tokens; step++) {
+        st = decode_step(ops, b, m, sp, step, &runner, chunk_tok, chunk_real, first_logits, out,
+                         err);
+        if (st == KV_OK) st = decode_record_step(ops, b, step, out, err);
+        if (st != KV_OK) goto cleanup;
+    }
+    if (sp->record_probes && sp->dump_probes && ops->take_dump != NULL) {
+        ops->take_dump(b, &out->dump);
     }
 
-    for (int64_t off = 0; off < P; off += chunk) {
-        int64_t n = P - off < chunk ? P - off : chunk;
-        for (int64_t b = 0; b < B; b++) {
-            memcpy(chunk_tok + b * n, sp->prompt + b * P + off, (size_t)n * sizeof *chunk_tok);
-            memcpy(chunk_real + b * n, sp->prompt_real + b * P + off, (size_t)n);
-        }
-        st = kv_ref_forward(m, &s, chunk_tok, chunk_real, n, NULL, err);
-        if (st != KV_OK) goto exit;
-        decode_note_nonfinite(&s, 0, out);
-    }
-    out->nonfinite_checked = sp->record_probes;
-
-    /* Step 0 comes from the prefill; each later step feeds one token per
-     * row: the greedy token the last forward wrote into tok_in, or the
-     * forced one written over it (a host-to-memory copy, as before a graph
-     * replay). */
-    for (int64_t step = 0; step < sp->new_tokens; step++) {
-        if (step > 0) {
-            if (sp->forced != NULL) {
-                for (int64_t b = 0; b < B; b++) {
-                    chunk_tok[b] = sp->forced[(step - 1) * B + b];
-                    chunk_real[b] = 1;
-                }
-                st = kv_ref_check_input(&s, chunk_tok, chunk_real, 1, err);
-                if (st != KV_OK) goto exit;
-                memcpy(s.tok_in, chunk_tok, (size_t)B * sizeof *chunk_tok);
-                memcpy(s.real_in, chunk_real, (size_t)B);
-            } else if (s.len + 1 > s.max_len) {
-                st = kv_error_set(err, KV_ERR_INTERNAL, "decode: state full at step %lld",
-                                  (long long)step);
-                goto exit;
-            }
-            const bool check = sp->replay_every > 0 && step % sp->replay_every == 0;
-            const int64_t runs = check ? (sp->replay_k > 0 ? sp->replay_k : 3) : 1;
-            if (check) {
-                st = kv_ref_snapshot_save(&s, &snap, err);
-                if (st != KV_OK) goto exit;
-                out->replays_checked++;
-            }
-            for (int64_t run = 0; run < runs; run++) {
-                if (run > 0) kv_ref_snapshot_load(&s, &snap);
-                if (sp->mode == KV_MODE_GRAPH) {
-                    st = kv_graph_runner_step(&runner, &s, 1, err);
-                    if (st != KV_OK) goto exit;
-                } else {
-                    kv_ref_launch_forward(&s, 1);
-                }
-                decode_note_nonfinite(&s, step, out);
-                if (!check) continue;
-                if (run == 0) {
-                    memcpy(first_logits, s.logits, (size_t)(B * V) * sizeof(float));
-                } else if (out->replay_mismatch_step < 0 &&
-                           memcmp(first_logits, s.logits, (size_t)(B * V) * sizeof(float)) != 0) {
-                    out->replay_mismatch_step = step;
-                }
-            }
-            s.len += 1;
-            st = kv_ref_check_sentinels(&s, 1, err);
-            if (st != KV_OK) goto exit;
-        }
-        memcpy(out->logits + step * B * V, s.logits, (size_t)(B * V) * sizeof(float));
-        memcpy(out->tokens + step * B, s.next_tok, (size_t)B * sizeof(int32_t));
-        memcpy(out->margins + step * B, s.margin, (size_t)B * sizeof(float));
-        if (out->probe_hash != NULL) {
-            memcpy(out->probe_hash + step * s.n_probes * B, s.probe_hash,
-                   (size_t)(s.n_probes * B) * sizeof(uint64_t));
-        }
-    }
-
-    if (s.dump.data != NULL) {
-        /* The state's dump (the last step's values) moves to the result. */
-        out->dump = s.dump;
-        memset(&s.dump, 0, sizeof s.dump);
-    }
-
-exit:
+cleanup:
     out->graphs_captured = runner.captures;
+    if (stats != NULL && b != NULL) {
+        if (ops->stats != NULL) ops->stats(b, stats);
+        stats->graphs_captured = runner.captures;
+        stats->exec_update_used = stats->exec_updates > 0;
+    }
     kv_graph_runner_free(&runner);
-    kv_ref_snapshot_free(&snap);
+    if (b != NULL) ops->destroy(b);
     free(first_logits);
     free(chunk_tok);
     free(chunk_real);
-    kv_ref_state_free(&s);
     if (st != KV_OK) kv_decode_result_free(out);
     return st;
+}
+
+KvStatus kv_decode_greedy(const KvModel *m, const KvDecodeSpec *spec, KvDecodeResult *out,
+                          KvError *err) {
+    return kv_decode_run(&kv_backend_cpu, m, spec, out, NULL, err);
 }

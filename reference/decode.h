@@ -5,6 +5,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "backend.h"
 #include "cache.h"
 #include "forward.h"
 #include "model.h"
@@ -68,9 +69,30 @@ KvStatus kv_batch_left_pad(const int32_t *const *prompts, const int64_t *lens, i
                            int32_t pad_id, int32_t **prompt, uint8_t **real, int64_t *prompt_len,
                            KvError *err);
 
-/* Runs the prefill (in chunks of prefill_chunk when set) and then one token
- * per step; step 0's logits come from the prefill. Token ids are checked
- * against the vocabulary. */
+/* The replay check's runs per checked step when replay_k <= 0. */
+#define KV_REPLAY_K 3
+
+/* The decode driver, for any backend: checks the spec (shapes, token ids,
+ * left padding) before the backend is touched, runs the prefill (in chunks
+ * of prefill_chunk when set) and then one token per step; step 0's logits
+ * come from the prefill. KV_ERR_INPUT for a bad spec or a variant the
+ * backend does not implement, KV_SKIP when the backend cannot run here
+ * (err says why), KV_ERR_INTERNAL for a broken invariant (a sentinel
+ * overwritten, a device error). On any failure *out is freed and zeroed.
+ * stats (may be NULL) receives the backend's counters, also on failure. */
+KvStatus kv_decode_run(const KvBackendOps *ops, const KvModel *m, const KvDecodeSpec *spec,
+                       KvDecodeResult *out, KvBackendStats *stats, KvError *err);
+
+/* The spec checks kv_decode_run makes before any backend is touched. */
+KvStatus kv_decode_check_spec(const KvModel *m, const KvDecodeSpec *spec, KvError *err);
+
+/* Runs the prefill of spec's prompt on run b eagerly, in chunks of
+ * prefill_chunk when set (the backend's setup must allow that chunk). out
+ * (may be NULL) records the first non-finite probe value as step 0. */
+KvStatus kv_decode_prefill(const KvBackendOps *ops, KvBackend *b, const KvDecodeSpec *spec,
+                           KvDecodeResult *out, KvError *err);
+
+/* kv_decode_run on the CPU reference backend. */
 KvStatus kv_decode_greedy(const KvModel *m, const KvDecodeSpec *spec, KvDecodeResult *out,
                           KvError *err);
 

@@ -277,9 +277,8 @@ void kv_probe_name(const KvConfig *c, int64_t index, char *out, size_t out_len) 
     }
 }
 
-/* Probe index of layer l's item k (KV_PROBE_*). */
-static int64_t probe_layer(int64_t l, int64_t k) {
-    return 1 + KV_PROBE_PER_LAYER * l + k;
+int64_t kv_probe_index(int64_t layer, int item) {
+    return 1 + KV_PROBE_PER_LAYER * layer + item;
 }
 
 int64_t kv_probe_layer(int64_t n_probes, int64_t idx) {
@@ -360,7 +359,7 @@ static void op_probe_cache(const void *ap) {
     KvSlidingCache *cache = s->caches != NULL ? s->caches[a->layer] : NULL;
     KvCacheView view = {0};
     if (cache != NULL) view = s->variant->view(cache);
-    const int64_t idx = probe_layer(a->layer, 3);
+    const int64_t idx = kv_probe_index(a->layer, KV_PROBE_CACHE);
     float *dense = NULL; /* (B, next - lo, 2, kv_dim) for the dump, NaN = not held */
     if (s->dump.data != NULL && (next - lo) * 2 * kv_dim <= s->dump.cap[idx]) {
         s->dump.len[idx] = (next - lo) * 2 * kv_dim;
@@ -789,9 +788,9 @@ static void launch_layer(KvRefState *s, int64_t layer, int64_t n) {
     kv_stream_launch(st, op_matmul_multi, &qkv, sizeof qkv);
     ArgsStepN rope = {s, n};
     kv_stream_launch(st, op_rope, &rope, sizeof rope);
-    launch_probe(s, probe_layer(layer, 0), s->q, n * q_dim * (int64_t)sizeof(float));
-    launch_probe(s, probe_layer(layer, 1), s->kn, n * kv_dim * (int64_t)sizeof(float));
-    launch_probe(s, probe_layer(layer, 2), s->vn, n * kv_dim * (int64_t)sizeof(float));
+    launch_probe(s, kv_probe_index(layer, KV_PROBE_Q), s->q, n * q_dim * (int64_t)sizeof(float));
+    launch_probe(s, kv_probe_index(layer, KV_PROBE_K), s->kn, n * kv_dim * (int64_t)sizeof(float));
+    launch_probe(s, kv_probe_index(layer, KV_PROBE_V), s->vn, n * kv_dim * (int64_t)sizeof(float));
 
     KvSlidingCache *cache = s->caches != NULL ? s->caches[layer] : NULL;
     if (cache != NULL) {
@@ -817,7 +816,7 @@ static void launch_layer(KvRefState *s, int64_t layer, int64_t n) {
         ArgsLayerN pc = {s, layer, n};
         kv_stream_launch(st, op_probe_cache, &pc, sizeof pc);
     }
-    launch_probe(s, probe_layer(layer, 4), s->att, n * q_dim * (int64_t)sizeof(float));
+    launch_probe(s, kv_probe_index(layer, KV_PROBE_ATTN), s->att, n * q_dim * (int64_t)sizeof(float));
 
     ArgsMatmul mo = {s->att, w->wo, s->tmp, rows, q_dim, hidden, tf32};
     kv_stream_launch(st, op_matmul, &mo, sizeof mo);
@@ -845,9 +844,9 @@ static void launch_layer(KvRefState *s, int64_t layer, int64_t n) {
         ArgsNorm post = {c, s->tmp, w->post_ffw_norm, s->tmp, rows};
         kv_stream_launch(st, op_norm_rows, &post, sizeof post);
     }
-    launch_probe(s, probe_layer(layer, 5), s->tmp, n * hidden * (int64_t)sizeof(float));
+    launch_probe(s, kv_probe_index(layer, KV_PROBE_MLP), s->tmp, n * hidden * (int64_t)sizeof(float));
     kv_stream_launch(st, op_add, &add, sizeof add);
-    launch_probe(s, probe_layer(layer, 6), s->x, n * hidden * (int64_t)sizeof(float));
+    launch_probe(s, kv_probe_index(layer, KV_PROBE_RESIDUAL), s->x, n * hidden * (int64_t)sizeof(float));
 }
 
 void kv_ref_launch_forward(KvRefState *s, int64_t n) {
@@ -897,128 +896,6 @@ KvStatus kv_ref_check_input(const KvRefState *s, const int32_t *tokens, const ui
         }
     }
     return KV_OK;
-}
-
-KvStatus kv_graph_runner_init(KvGraphRunner *r, const KvRefState *s, KvError *err) {
-    memset(r, 0, sizeof *r);
-    r->key_len = 1 + 2 * s->n_layers;
-    r->key = calloc((size_t)r->key_len, sizeof *r->key);
-    r->cur_key = calloc((size_t)r->key_len, sizeof *r->cur_key);
-    if (r->key == NULL || r->cur_key == NULL) {
-        kv_graph_runner_free(r);
-        return kv_error_set(err, KV_ERR_INTERNAL, "graph runner: out of memory");
-    }
-    return KV_OK;
-}
-
-KvStatus kv_graph_runner_step(KvGraphRunner *r, KvRefState *s, int64_t n, KvError *err) {
-    r->key[0] = n;
-    for (int64_t l = 0; l < s->n_layers; l++) {
-        KvSlidingCache *c = s->caches != NULL ? s->caches[l] : NULL;
-        /* KV_FAULT_NO_RECAPTURE: the regime is left out of the key, so a
-         * host-branch variant replays the graph of the regime it was
-         * captured in after is_full flips. */
-        const bool keep = (s->faults & KV_FAULT_NO_RECAPTURE) != 0;
-        r->key[1 + 2 * l] = c != NULL && !keep ? s->variant->regime(c, s->len) : 0;
-        r->key[2 + 2 * l] = c != NULL ? s->variant->view(c).n_slots : 0;
-    }
-    const size_t bytes = (size_t)r->key_len * sizeof *r->key;
-    if (r->captures == 0 || memcmp(r->key, r->cur_key, bytes) != 0) {
-        kv_stream_begin_capture(&s->stream, &r->graph);
-        kv_ref_launch_forward(s, n);
-        KvStatus st = kv_stream_end_capture(&s->stream, err);
-        if (st != KV_OK) return st;
-        memcpy(r->cur_key, r->key, bytes);
-        r->captures++;
-    }
-    kv_graph_replay(&r->graph);
-    return KV_OK;
-}
-
-void kv_graph_runner_free(KvGraphRunner *r) {
-    kv_graph_free(&r->graph);
-    free(r->key);
-    free(r->cur_key);
-    memset(r, 0, sizeof *r);
-}
-
-/* The persistent parts of a state, in snapshot order. */
-typedef struct {
-    void *ptr;
-    size_t bytes;
-} SnapPart;
-
-static size_t snapshot_parts(KvRefState *s, SnapPart *parts) {
-    const KvConfig *c = &s->model->config;
-    const size_t kv = (size_t)(c->num_layers * s->batch * s->max_len * c->num_kv_heads *
-                               c->head_dim) * sizeof(float);
-    const size_t rows = (size_t)(s->batch * s->max_chunk);
-    size_t n = 0;
-    parts[n++] = (SnapPart){s->k, kv};
-    parts[n++] = (SnapPart){s->v, kv};
-    parts[n++] = (SnapPart){s->real, (size_t)(s->batch * s->max_len)};
-    parts[n++] = (SnapPart){s->n_real, (size_t)s->batch * sizeof(int64_t)};
-    parts[n++] = (SnapPart){&s->total_mem, sizeof s->total_mem};
-    parts[n++] = (SnapPart){s->tok_in, rows * sizeof(int32_t)};
-    parts[n++] = (SnapPart){s->real_in, rows};
-    return n;
-}
-
-static size_t snapshot_bytes(KvRefState *s) {
-    SnapPart parts[8];
-    size_t n = snapshot_parts(s, parts), total = 0;
-    for (size_t i = 0; i < n; i++) total += parts[i].bytes;
-    for (int64_t l = 0; s->caches != NULL && l < s->n_layers; l++) {
-        if (s->caches[l] != NULL) total += kv_cache_snapshot_bytes(s->variant, s->caches[l]);
-    }
-    return total;
-}
-
-KvStatus kv_ref_snapshot_save(KvRefState *s, KvRefSnapshot *snap, KvError *err) {
-    const size_t need = snapshot_bytes(s);
-    if (snap->bytes == NULL || snap->len != need) {
-        free(snap->bytes);
-        snap->bytes = malloc(need > 0 ? need : 1);
-        snap->len = need;
-        if (snap->bytes == NULL) {
-            snap->len = 0;
-            return kv_error_set(err, KV_ERR_INTERNAL, "snapshot: out of memory (%zu bytes)", need);
-        }
-    }
-    SnapPart parts[8];
-    size_t n = snapshot_parts(s, parts);
-    unsigned char *out = snap->bytes;
-    for (size_t i = 0; i < n; i++) {
-        memcpy(out, parts[i].ptr, parts[i].bytes);
-        out += parts[i].bytes;
-    }
-    for (int64_t l = 0; s->caches != NULL && l < s->n_layers; l++) {
-        if (s->caches[l] == NULL) continue;
-        kv_cache_snapshot_save(s->variant, s->caches[l], out);
-        out += kv_cache_snapshot_bytes(s->variant, s->caches[l]);
-    }
-    return KV_OK;
-}
-
-void kv_ref_snapshot_load(KvRefState *s, const KvRefSnapshot *snap) {
-    SnapPart parts[8];
-    size_t n = snapshot_parts(s, parts);
-    const unsigned char *in = snap->bytes;
-    for (size_t i = 0; i < n; i++) {
-        memcpy(parts[i].ptr, in, parts[i].bytes);
-        in += parts[i].bytes;
-    }
-    for (int64_t l = 0; s->caches != NULL && l < s->n_layers; l++) {
-        if (s->caches[l] == NULL) continue;
-        kv_cache_snapshot_load(s->variant, s->caches[l], in);
-        in += kv_cache_snapshot_bytes(s->variant, s->caches[l]);
-    }
-}
-
-void kv_ref_snapshot_free(KvRefSnapshot *snap) {
-    free(snap->bytes);
-    snap->bytes = NULL;
-    snap->len = 0;
 }
 
 KvStatus kv_ref_check_sentinels(const KvRefState *s, int64_t n, KvError *err) {

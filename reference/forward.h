@@ -132,6 +132,8 @@ enum {
     KV_PROBE_Q = 0, KV_PROBE_K, KV_PROBE_V, KV_PROBE_CACHE, KV_PROBE_ATTN, KV_PROBE_MLP,
     KV_PROBE_RESIDUAL, KV_PROBE_PER_LAYER
 };
+/* Probe index of layer's item (KV_PROBE_*). */
+int64_t kv_probe_index(int64_t layer, int item);
 /* Layer and per-layer item (KV_PROBE_*) of probe idx among n_probes; -1 for
  * embed, final_norm and logits (and out-of-range indices). */
 int64_t kv_probe_layer(int64_t n_probes, int64_t idx);
@@ -149,37 +151,6 @@ KvStatus kv_ref_check_input(const KvRefState *s, const int32_t *tokens, const ui
  * eager stream it runs now; while capturing it is recorded. The caller
  * advances s->len (the host count) by n afterwards. */
 void kv_ref_launch_forward(KvRefState *s, int64_t n);
-
-/* Graph mode: captures a forward of n tokens once and replays it; re-captures
- * when the capture key changes: n, or for any sliding layer the variant's
- * host regime or attended length (a framework re-records when a host branch
- * flips or a shape changes). */
-typedef struct {
-    KvGraph graph;
-    int64_t *key;      /* (1 + 2 * num_layers) key of the next step */
-    int64_t *cur_key;  /* (1 + 2 * num_layers) key of the captured graph */
-    int64_t key_len;
-    int64_t captures;  /* graphs captured so far */
-} KvGraphRunner;
-
-KvStatus kv_graph_runner_init(KvGraphRunner *r, const KvRefState *s, KvError *err);
-/* Runs one forward of the n tokens in tok_in/real_in through the graph
- * (capturing first when needed). The caller advances s->len by n. */
-KvStatus kv_graph_runner_step(KvGraphRunner *r, KvRefState *s, int64_t n, KvError *err);
-void kv_graph_runner_free(KvGraphRunner *r);
-
-/* A copy of everything in a state that persists between steps (caches,
- * positions, the next step's input), for the replay check. */
-typedef struct {
-    unsigned char *bytes; /* (len) */
-    size_t len;
-} KvRefSnapshot;
-
-/* Saves s into snap (allocated on first use, reused after). */
-KvStatus kv_ref_snapshot_save(KvRefState *s, KvRefSnapshot *snap, KvError *err);
-/* Restores s from a snapshot taken of the same state. */
-void kv_ref_snapshot_load(KvRefState *s, const KvRefSnapshot *snap);
-void kv_ref_snapshot_free(KvRefSnapshot *snap);
 
 /* KV_ERR_INTERNAL naming the layer when a variant cache's sentinel region
  * was overwritten by the last n positions (s->len already advanced). */

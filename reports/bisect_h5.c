@@ -65,7 +65,7 @@ static herr_t bisect_attr_i64(hid_t obj, const char *name, int64_t v) {
     return rc;
 }
 
-/* Object-creation settings matching the report writer's (SCHEMA.md,
+/* Object-creation settings matching the report writer's (docs/SCHEMA.md,
  * Reproducibility): no object records a time, so the same dumps give the
  * same bytes, and links and attributes stay compact in the object header. */
 #define BISECT_MAX_COMPACT 65535

@@ -1,4 +1,4 @@
-/* bisect_h5.h: the /bisect group of a report (reports/SCHEMA.md): the full
+/* bisect_h5.h: the /bisect group of a report (docs/SCHEMA.md): the full
  * values of the probe at which two runs first differ, and of its inputs,
  * from both reruns of `kvrepro bisect --rerun`. Each probe's group is named
  * by its index (/bisect/probe_NNNN), never by its name: a recorded name may

@@ -240,7 +240,21 @@ typedef struct {
 
 static int max_int(int a, int b) { return a > b ? a : b; }
 
+/* True when run r is skipped on one of the n_fold backends in fold. */
+static bool summary_folded(const KvRun *r, const char *const *fold, int n_fold) {
+    if (!r->skipped) return false;
+    for (int k = 0; k < n_fold; k++) {
+        if (strncmp(r->backend, fold[k], sizeof r->backend) == 0) return true;
+    }
+    return false;
+}
+
 KvStatus kv_report_print_summary(const KvReport *rep, FILE *f) {
+    return kv_report_print_summary_folded(rep, NULL, 0, f);
+}
+
+KvStatus kv_report_print_summary_folded(const KvReport *rep, const char *const *fold, int n_fold,
+                                        FILE *f) {
     if (rep == NULL || f == NULL) return KV_ERR_INTERNAL;
     KvRunSummary *sum = NULL;
     if (kv_report_summarize_runs(rep, &sum) != KV_OK) return KV_ERR_INTERNAL;
@@ -250,6 +264,7 @@ KvStatus kv_report_print_summary(const KvReport *rep, FILE *f) {
     w.index = max_int(w.index, snprintf(num, sizeof num, "%" PRId64, rep->n_runs - 1));
     for (int64_t i = 0; i < rep->n_runs; i++) {
         const KvRun *r = &rep->runs[i];
+        if (summary_folded(r, fold, n_fold)) continue;
         w.model = max_int(w.model, field_len(r->model, sizeof r->model));
         w.scenario = max_int(w.scenario, field_len(r->scenario, sizeof r->scenario));
         char vl[2 * KV_NAME_LEN + 2];
@@ -267,6 +282,7 @@ KvStatus kv_report_print_summary(const KvReport *rep, FILE *f) {
             "repeat", "verdict", w.divergence, "first divergence", "max rel err", "graphs");
     for (int64_t i = 0; i < rep->n_runs; i++) {
         const KvRun *r = &rep->runs[i];
+        if (summary_folded(r, fold, n_fold)) continue;
         const KvVerdict v = sum[i].verdict;
         summary_divergence(rep, i, &sum[i], div, sizeof div);
         char vl[2 * KV_NAME_LEN + 2];

@@ -1,5 +1,5 @@
 /* report.h: the in-memory form of a gate run (DESIGN §6, §8): what the
- * harness records and compares, what the HDF5 writer stores (SCHEMA.md) and
+ * harness records and compares, what the HDF5 writer stores (docs/SCHEMA.md) and
  * what the reader gives back. Plain data: every array is owned by its struct
  * and released by kv_report_free. */
 #ifndef KV_REPORT_H
@@ -173,6 +173,11 @@ void kv_report_run_divergence_of(const KvReport *rep, int64_t i, const KvRunSumm
  * Linear in runs + comparisons. Returns KV_OK, or KV_ERR_INTERNAL when out
  * of memory or writing to f fails. */
 KvStatus kv_report_print_summary(const KvReport *rep, FILE *f);
+/* The same table without the rows of skipped runs on the n_fold backends
+ * named in fold (a backend the caller already reported as unable to run,
+ * in one line); the counts still count every run. */
+KvStatus kv_report_print_summary_folded(const KvReport *rep, const char *const *fold, int n_fold,
+                                        FILE *f);
 
 /* ---- report files ----------------------------------------------------------
  * Shared by the HDF5 writer (report_h5.c) and the JUnit writer (junit.c). */

@@ -170,13 +170,13 @@ static KvDecodeSpec make_spec(const Prompt *p, const KvCacheOps *variant, KvExec
 }
 
 /* Runs spec on the GPU; the test fails unless it returns KV_OK. */
-static KvDecodeResult run_gpu(const KvModel *m, const KvDecodeSpec *spec, KvCudaRunStats *stats,
+static KvDecodeResult run_gpu(const KvModel *m, const KvDecodeSpec *spec, KvBackendStats *stats,
                               const char *what) {
     KvDecodeResult r;
-    KvCudaRunStats local;
+    KvBackendStats local;
     KvError err = {{0}};
-    KvStatus st = kv_cuda_decode_greedy(m, spec, &r, stats != NULL ? stats : &local, &err);
-    ck_assert_msg(st == KV_OK, "%s: kv_cuda_decode_greedy returned %d: %s", what, (int)st, err.msg);
+    KvStatus st = kv_decode_run(&kv_backend_cuda, m, spec, &r, stats != NULL ? stats : &local, &err);
+    ck_assert_msg(st == KV_OK, "%s: kv_decode_run on cuda returned %d: %s", what, (int)st, err.msg);
     return r;
 }
 
@@ -268,7 +268,7 @@ START_TEST(test_variants_equal_reference) {
     Prompt p = make_prompt(m, shape);
     char what[160];
     KvDecodeSpec spec = make_spec(&p, NULL, KV_MODE_EAGER);
-    KvCudaRunStats stats;
+    KvBackendStats stats;
     snprintf(what, sizeof what, "%s %s gpu reference eager", k_families[fam], k_shape_names[shape]);
     KvDecodeResult ref = run_gpu(m, &spec, &stats, what);
     ck_assert_int_eq(ref.n_probes, kv_probe_count(&m->config));
@@ -305,7 +305,7 @@ START_TEST(test_graph_equals_eager) {
     KvDecodeSpec spec = make_spec(&p, impl_variant(impl), KV_MODE_EAGER);
     KvDecodeResult eager = run_gpu(m, &spec, NULL, what);
     spec.mode = KV_MODE_GRAPH;
-    KvCudaRunStats stats;
+    KvBackendStats stats;
     KvDecodeResult graph = run_gpu(m, &spec, &stats, what);
     assert_bitwise(m, &eager, &graph, what);
     const int64_t want = expected_captures(impl == 0 ? NULL : impl_name(impl),
@@ -418,7 +418,7 @@ END_TEST
 
 /* A clean and a faulty run of the same spec. */
 static void fault_pair(const KvModel *m, const KvDecodeSpec *spec, unsigned fault,
-                       KvDecodeResult *clean, KvDecodeResult *faulty, KvCudaRunStats *stats,
+                       KvDecodeResult *clean, KvDecodeResult *faulty, KvBackendStats *stats,
                        const char *what) {
     KvDecodeSpec f = *spec;
     *clean = run_gpu(m, spec, NULL, what);
@@ -432,7 +432,7 @@ START_TEST(test_planted_faults) {
     Prompt shrt = make_prompt(m, SHAPE_SHORT);
     Prompt lng = make_prompt(m, SHAPE_LONG);
     KvDecodeResult a, b;
-    KvCudaRunStats stats;
+    KvBackendStats stats;
     char what[160];
 
     /* stale_scalar: harmless eagerly (a fresh argument every launch), frozen
@@ -563,16 +563,16 @@ START_TEST(test_no_device_skips) {
     Prompt p = make_prompt(m, SHAPE_SHORT);
     KvDecodeSpec spec = make_spec(&p, impl_variant(impl), mode);
     KvDecodeResult r;
-    KvCudaRunStats stats;
+    KvBackendStats stats;
     KvError err = {{0}};
     char what[96];
     snprintf(what, sizeof what, "%s %s", impl_name(impl), mode == KV_MODE_GRAPH ? "graph" : "eager");
     memset(&r, 0xAB, sizeof r);
     memset(&stats, 0xAB, sizeof stats);
-    KvStatus st = kv_cuda_decode_greedy(m, &spec, &r, &stats, &err);
+    KvStatus st = kv_decode_run(&kv_backend_cuda, m, &spec, &r, &stats, &err);
     printf("cuda_forward: no device: %s -> %d: %s\n", what, (int)st, err.msg);
     ck_assert_msg(st == KV_SKIP,
-                  "%s: with no visible device kv_cuda_decode_greedy must return KV_SKIP (77), got "
+                  "%s: with no visible device kv_decode_run on cuda must return KV_SKIP (77), got "
                   "%d (with a device it means CUDA_VISIBLE_DEVICES=\"\" did not hide it): %s",
                   what, (int)st, err.msg);
     assert_skip_reason(&err, what);
@@ -605,33 +605,35 @@ START_TEST(test_no_device_bench_skips) {
 }
 END_TEST
 
-/* Bad specs are the caller's bug whatever the machine: the CUDA build
- * refuses them before any CUDA call; the no-CUDA build skips everything. */
+/* Bad specs are the caller's bug whatever the machine or build: the driver
+ * refuses them before the backend is touched. A variant with no GPU form is
+ * refused by the CUDA build before any CUDA call; the no-CUDA build skips. */
 START_TEST(test_bad_spec_refused_first) {
     const KvModel *m = model_for(0);
     Prompt p = make_prompt(m, SHAPE_SHORT);
-    const KvStatus want = KV_HAVE_CUDA ? KV_ERR_INPUT : KV_SKIP;
+    const KvStatus want = KV_ERR_INPUT;
+    const KvStatus want_variant = KV_HAVE_CUDA ? KV_ERR_INPUT : KV_SKIP;
     KvDecodeResult r;
     KvError err = {{0}};
 
     KvDecodeSpec spec = make_spec(&p, NULL, KV_MODE_EAGER);
     spec.batch = 0;
-    ck_assert_int_eq(kv_cuda_decode_greedy(m, &spec, &r, NULL, &err), want);
+    ck_assert_int_eq(kv_decode_run(&kv_backend_cuda, m, &spec, &r, NULL, &err), want);
 
     KvCacheOps bogus = kv_cache_ring;
     bogus.name = "bogus";
     spec = make_spec(&p, &bogus, KV_MODE_EAGER);
-    ck_assert_int_eq(kv_cuda_decode_greedy(m, &spec, &r, NULL, &err), want);
+    ck_assert_int_eq(kv_decode_run(&kv_backend_cuda, m, &spec, &r, NULL, &err), want_variant);
     if (KV_HAVE_CUDA) ck_assert_msg(strstr(err.msg, "bogus") != NULL, "message: %s", err.msg);
 
     spec = make_spec(&p, NULL, KV_MODE_EAGER);
     const int32_t saved = p.tok[0];
     p.tok[0] = (int32_t)m->config.vocab_size; /* one past the vocabulary */
-    ck_assert_int_eq(kv_cuda_decode_greedy(m, &spec, &r, NULL, &err), want);
+    ck_assert_int_eq(kv_decode_run(&kv_backend_cuda, m, &spec, &r, NULL, &err), want);
     p.tok[0] = saved;
 
     p.real[p.plen - 1] = 0; /* a pad in the last column */
-    ck_assert_int_eq(kv_cuda_decode_greedy(m, &spec, &r, NULL, &err), want);
+    ck_assert_int_eq(kv_decode_run(&kv_backend_cuda, m, &spec, &r, NULL, &err), want);
     prompt_free(&p);
 }
 END_TEST

@@ -37,11 +37,13 @@ static const char *const k_families[] = {"gemma2-tiny", "mistral-tiny"};
  * only: CUDA runs are skipped without a device and cannot catch anything. */
 static KvGateOptions default_gate(unsigned faults, const KvCacheOps *const *variants,
                                   int n_variants) {
+    /* Read only: the CPU backend never skips, so nothing writes its reason. */
+    static KvGateBackend cpu_only = {&kv_backend_cpu, ""};
     int n_scen = 0;
     const char *const *scen = kv_scenario_names(&n_scen);
     return (KvGateOptions){
         .scenarios = scen, .n_scenarios = n_scen, .variants = variants,
-        .n_variants = n_variants, .cpu = true, .cuda = false, .eager = true, .graph = true,
+        .n_variants = n_variants, .backends = &cpu_only, .n_backends = 1, .eager = true, .graph = true,
         .repeats = 3, .replay_every = 5, .faults = faults, .tol = kv_tolerances_default(),
         .prompt_seed = KV_FIXTURE_DEFAULT_SEED, .shard_i = 1, .shard_n = 1,
         .full_logits_max_vocab = KV_FULL_LOGITS_MAX_VOCAB,

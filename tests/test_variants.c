@@ -189,28 +189,31 @@ START_TEST(test_variants_multi_token) {
     float *got = malloc((size_t)V * sizeof(float));
     ck_assert(ref_logits != NULL && got != NULL);
     for (int v = -1; v < count; v++) {
-        KvRefState st;
-        ck_assert(kv_ref_state_init(&st, m, 1, total, plen > k ? plen : k,
-                                    v < 0 ? NULL : all[v], &err) == KV_OK);
-        ck_assert_msg(kv_ref_forward(m, &st, seq, real, plen, got, &err) == KV_OK, "%s", err.msg);
+        /* The CPU backend's table, as the decode driver drives it. */
+        const KvBackendOps *ops = &kv_backend_cpu;
+        const KvBackendSetup setup = {.batch = 1, .max_len = total,
+                                      .max_chunk = plen > k ? plen : k,
+                                      .variant = v < 0 ? NULL : all[v]};
+        KvBackend *b = NULL;
+        KvBackendStep out;
+        ck_assert_msg(ops->create(m, &setup, &b, &err) == KV_OK, "%s", err.msg);
+        ck_assert_msg(ops->set_input(b, seq, real, plen, &err) == KV_OK, "%s", err.msg);
+        ck_assert_msg(ops->forward(b, plen, &err) == KV_OK, "%s", err.msg);
         KvGraphRunner runner;
-        ck_assert(kv_graph_runner_init(&runner, &st, &err) == KV_OK);
+        ck_assert(kv_graph_runner_init(&runner, m->config.num_layers, &err) == KV_OK);
         int64_t calls = 0;
         for (int64_t off = plen; off + k <= total; off += k, calls++) {
-            KvStatus rc;
-            if (graph && v >= 0) {
-                /* The host writes the step's tokens into memory, then replays. */
-                ck_assert(kv_ref_check_input(&st, seq + off, real + off, k, &err) == KV_OK);
-                memcpy(st.tok_in, seq + off, (size_t)k * sizeof(int32_t));
-                memcpy(st.real_in, real + off, (size_t)k);
-                rc = kv_graph_runner_step(&runner, &st, k, &err);
-                st.len += k;
-                if (rc == KV_OK) rc = kv_ref_check_sentinels(&st, k, &err);
-                memcpy(got, st.logits, (size_t)V * sizeof(float));
-            } else {
-                rc = kv_ref_forward(m, &st, seq + off, real + off, k, got, &err);
+            /* The host writes the step's tokens into memory, then runs or
+             * replays (sentinels are checked as each forward finishes). */
+            KvStatus rc = ops->set_input(b, seq + off, real + off, k, &err);
+            if (rc == KV_OK) {
+                rc = graph && v >= 0
+                         ? kv_graph_runner_step(&runner, ops, b, m->config.num_layers, k, 0, &err)
+                         : ops->forward(b, k, &err);
             }
+            if (rc == KV_OK) rc = ops->read_step(b, &out, &err);
             ck_assert_msg(rc == KV_OK, "%s: %s", v < 0 ? "reference" : all[v]->name, err.msg);
+            memcpy(got, out.logits, (size_t)V * sizeof(float));
             float *want = ref_logits + calls * V;
             if (v < 0) {
                 memcpy(want, got, (size_t)V * sizeof(float));
@@ -226,7 +229,7 @@ START_TEST(test_variants_multi_token) {
             ck_assert_msg(runner.captures >= 1, "%s: no graph captured", all[v]->name);
         }
         kv_graph_runner_free(&runner);
-        kv_ref_state_free(&st);
+        ops->destroy(b);
     }
     free(ref_logits);
     free(got);

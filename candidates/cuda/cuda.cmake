@@ -1,15 +1,18 @@
 # cuda.cmake: the kvcuda library (included from the top CMakeLists.txt).
-# CUDA side: device discovery and a self-test kernel (cuda_device), and the
-# CUDA forward with the six cache variants, graph mode and in-graph probes
-# (cuda_forward, cuda_kernels, cuda_cache). Without nvcc the *_none.c stubs
+# CUDA side: device discovery and a self-test kernel (cuda_device), the run
+# context (cuda_ctx), the forward and its graph (cuda_forward), the backend
+# table (cuda_backend), benchmarks (cuda_bench), kernels (cuda_kernels) and
+# the six cache variants (cuda_cache). Without nvcc the *_none.c stubs
 # implement the same API as KV_SKIP.
 #
 # kvcuda does not link kvcore: the products link kvcuda before kvcore or
 # kvcore_san, whose symbols (kv_error_set, kv_probe_count, kv_config_*,
-# kv_rope_inv_freq, kv_decode_result_free) resolve at the final link.
+# kv_rope_inv_freq, the cache tables, the decode driver) resolve at the final
+# link.
 if(KV_HAVE_CUDA)
   find_package(CUDAToolkit REQUIRED)
-  add_library(kvcuda STATIC candidates/cuda/cuda_device.cu candidates/cuda/cuda_forward.cu
+  add_library(kvcuda STATIC candidates/cuda/cuda_device.cu candidates/cuda/cuda_ctx.cu
+    candidates/cuda/cuda_forward.cu candidates/cuda/cuda_backend.cu candidates/cuda/cuda_bench.cu
     candidates/cuda/cuda_kernels.cu candidates/cuda/cuda_cache.cu)
   target_include_directories(kvcuda PUBLIC candidates/cuda candidates reference)
   # --fmad=false is nvcc's -ffp-contract=off; fast math is never enabled

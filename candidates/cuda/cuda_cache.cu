@@ -319,25 +319,29 @@ cleanup:
     return st;
 }
 
-/* ---- the variants ---- */
+/* ---- the variants ----
+ * Each is a GPU form of its candidates/cache_*.c namesake, found through the
+ * KvCacheOps the run was given; the order (one_token_order), the host
+ * regime (host_branch) and the attended length (host_shape) are read from
+ * that table, so the two implementations cannot disagree about them. */
 
 int kv_cuda_cache_regime(const KvCudaCtx *ctx, int64_t layer, int64_t host_total) {
     const KvCudaCache *c = &ctx->caches[layer];
-    if (c->window == 0) return 0; /* a full layer: no variant cache */
-    if (ctx->variant != KV_CUDA_CAT_SHIFT && ctx->variant != KV_CUDA_ROLL) return 0;
+    if (c->window == 0 || ctx->variant == NULL) return 0; /* no variant cache */
+    if (!ctx->variant->host_branch) return 0;
     return host_total >= c->window ? 1 : 0;
 }
 
 int64_t kv_cuda_cache_n_slots(const KvCudaCtx *ctx, int64_t layer, int64_t n, bool after_update) {
     const KvCudaCache *c = &ctx->caches[layer];
-    if (ctx->variant == KV_CUDA_REFERENCE || c->window == 0) return 0;
-    if (ctx->variant != KV_CUDA_DYNAMIC) return c->window;
+    if (ctx->variant == NULL || c->window == 0) return 0;
+    if (!ctx->variant->host_shape) return c->window;
     if (!after_update) return c->filled;
     return c->filled + n < c->slots ? c->filled + n : c->slots;
 }
 
 void kv_cuda_cache_advance(KvCudaCtx *ctx, int64_t n) {
-    if (ctx->variant != KV_CUDA_DYNAMIC) return;
+    if (ctx->variant == NULL || !ctx->variant->host_shape) return;
     for (int64_t l = 0; l < ctx->n_layers; l++) {
         KvCudaCache *c = &ctx->caches[l];
         if (c->window == 0) continue;
@@ -345,90 +349,151 @@ void kv_cuda_cache_advance(KvCudaCtx *ctx, int64_t n) {
     }
 }
 
-KvStatus kv_cuda_cache_update(KvCudaCtx *ctx, int64_t layer, int64_t n, int64_t host_total,
-                              KvError *err) {
-    KvStatus st = KV_OK;
-    KvCudaCache *c = &ctx->caches[layer];
-    const int64_t W = c->window, S = c->slots;
-    const bool full = kv_cuda_cache_regime(ctx, layer, host_total) == 1;
-    const bool inplace = (ctx->faults & KV_FAULT_INPLACE_SHIFT) != 0;
+/* One variant's update of cache c for n new tokens; full: the host regime
+ * (host-branch variants); inplace: KV_FAULT_INPLACE_SHIFT planted. */
+typedef KvStatus (*CudaCacheUpdate)(KvCudaCtx *ctx, KvCudaCache *c, int64_t n, bool full,
+                                    bool inplace, KvError *err);
 
-    switch (ctx->variant) {
-    case KV_CUDA_INDEX_COPY:
-        KV_LAUNCH(ctx, kv_cache_indices_kernel, 1, 256, 0, c->indices, W, ctx->total, n);
-        KV_LAUNCH(ctx, kv_cache_gather_kernel,
-                  kv_cuda_blocks(ctx->B * W * ctx->kv_dim, KV_CUDA_EW_THREADS), KV_CUDA_EW_THREADS,
-                  0, c->tmp, c->cur, c->indices, ctx->B, W, ctx->kv_dim);
-        KV_TRY(cache_put(ctx, c->tmp, S, W, n, KV_PUT_WINDOW_TAIL, 0,
-                         (ctx->faults & KV_FAULT_PREFILL_FIRST_W) != 0, err));
+static KvStatus cuda_update_index_copy(KvCudaCtx *ctx, KvCudaCache *c, int64_t n, bool full,
+                                       bool inplace, KvError *err) {
+    KvStatus st = KV_OK;
+    const int64_t W = c->window, S = c->slots;
+    (void)full;
+    (void)inplace;
+    KV_LAUNCH(ctx, kv_cache_indices_kernel, 1, 256, 0, c->indices, W, ctx->total, n);
+    KV_LAUNCH(ctx, kv_cache_gather_kernel,
+              kv_cuda_blocks(ctx->B * W * ctx->kv_dim, KV_CUDA_EW_THREADS), KV_CUDA_EW_THREADS, 0,
+              c->tmp, c->cur, c->indices, ctx->B, W, ctx->kv_dim);
+    KV_TRY(cache_put(ctx, c->tmp, S, W, n, KV_PUT_WINDOW_TAIL, 0,
+                     (ctx->faults & KV_FAULT_PREFILL_FIRST_W) != 0, err));
+    KV_TRY(cache_commit(ctx, c, S, err));
+cleanup:
+    return st;
+}
+
+static KvStatus cuda_update_cat_shift(KvCudaCtx *ctx, KvCudaCache *c, int64_t n, bool full,
+                                      bool inplace, KvError *err) {
+    KvStatus st = KV_OK;
+    const int64_t W = c->window, S = c->slots;
+    if (n == 1 && !full) {
+        KV_TRY(cache_put(ctx, c->cur, S, W, 1, KV_PUT_WINDOW_TAIL, 0, false, err));
+    } else if (n == 1 && inplace) {
+        /* keys[:, :-1] = keys[:, 1:] with no temporary; slot W-1 then takes
+         * the new row. */
+        KV_TRY(cache_shift_inplace(ctx, c, 1, KV_ROLL_HOST, 1 % W, err));
+        KV_TRY(cache_put(ctx, c->cur, S, W, 1, KV_PUT_FIXED, W - 1, false, err));
+    } else if (n == 1) {
+        KV_TRY(cache_cat(ctx, c, 1, W, false, err));
         KV_TRY(cache_commit(ctx, c, S, err));
-        break;
-    case KV_CUDA_CAT_SHIFT:
-        if (n == 1 && !full) {
-            KV_TRY(cache_put(ctx, c->cur, S, W, 1, KV_PUT_WINDOW_TAIL, 0, false, err));
-        } else if (n == 1 && inplace) {
-            /* keys[:, :-1] = keys[:, 1:] with no temporary; slot W-1 then
-             * takes the new row. */
-            KV_TRY(cache_shift_inplace(ctx, c, 1, KV_ROLL_HOST, 1 % W, err));
-            KV_TRY(cache_put(ctx, c->cur, S, W, 1, KV_PUT_FIXED, W - 1, false, err));
-        } else if (n == 1) {
-            KV_TRY(cache_cat(ctx, c, 1, W, false, err));
-            KV_TRY(cache_commit(ctx, c, S, err));
-        } else {
-            KV_TRY(cache_cat(ctx, c, n, -1, true, err));
-            KV_TRY(cache_commit(ctx, c, S, err));
-        }
-        break;
-    case KV_CUDA_ROLL:
-        if (n == 1 && !full) {
-            KV_TRY(cache_put(ctx, c->cur, S, W, 1, KV_PUT_WINDOW_TAIL, 0, false, err));
-        } else {
-            const KvRollMode mode = n == 1 ? KV_ROLL_HOST : KV_ROLL_SPAN;
-            if (inplace) {
-                KV_TRY(cache_shift_inplace(ctx, c, n, mode, 1 % W, err));
-            } else {
-                KV_TRY(cache_roll(ctx, c->tmp, c->cur, W, n, mode, 1 % W, err));
-                KV_TRY(cache_commit(ctx, c, S, err));
-            }
-            if (n == 1) {
-                KV_TRY(cache_put(ctx, c->cur, S, W, 1, KV_PUT_FIXED, W - 1, false, err));
-            } else {
-                KV_TRY(cache_put(ctx, c->cur, S, W, n, KV_PUT_WINDOW_TAIL, 0, false, err));
-            }
-        }
-        break;
-    case KV_CUDA_ALWAYS_ROLL: {
-        const int64_t m = n < W ? n : W;
-        /* The pre-roll copy is the roll's source: no slot is read after it
-         * was written. */
-        KV_COPY(ctx, c->tmp.k, c->cur.k, (size_t)(ctx->B * W * ctx->kv_dim) * sizeof(float));
-        KV_COPY(ctx, c->tmp.v, c->cur.v, (size_t)(ctx->B * W * ctx->kv_dim) * sizeof(float));
-        KV_COPY(ctx, c->tmp.real, c->cur.real, (size_t)(ctx->B * W));
-        KV_COPY(ctx, c->tmp.pos, c->cur.pos, (size_t)W * sizeof(int64_t));
-        KV_TRY(cache_roll(ctx, c->cur, c->tmp, W, n, KV_ROLL_HOST, m % W, err));
-        KV_TRY(cache_put(ctx, c->cur, S, W, n, KV_PUT_RIGHT, 0, false, err));
-        break;
-    }
-    case KV_CUDA_RING:
-        KV_TRY(cache_put(ctx, c->cur, S, W, n, KV_PUT_RING, 0, false, err));
-        break;
-    case KV_CUDA_DYNAMIC:
-        if (S == 0) break; /* W = 1: the window is the new token alone */
-        if (n == 1 && c->filled < S) {
-            /* Growing: the cat appends one row; nothing stored moves. */
-            KV_TRY(cache_put(ctx, c->cur, S, W, 1, KV_PUT_FIXED, c->filled, false, err));
-        } else {
-            const int64_t keep = c->filled + n < S ? c->filled + n : S;
-            KV_TRY(cache_cat(ctx, c, n, c->filled, false, err));
-            KV_TRY(cache_commit(ctx, c, keep, err));
-        }
-        break;
-    case KV_CUDA_REFERENCE:
-    default:
-        st = kv_error_set(err, KV_ERR_INTERNAL, "cuda cache update: layer %lld has no variant cache",
-                          (long long)layer);
-        break;
+    } else {
+        KV_TRY(cache_cat(ctx, c, n, -1, true, err));
+        KV_TRY(cache_commit(ctx, c, S, err));
     }
 cleanup:
     return st;
+}
+
+static KvStatus cuda_update_roll(KvCudaCtx *ctx, KvCudaCache *c, int64_t n, bool full,
+                                 bool inplace, KvError *err) {
+    KvStatus st = KV_OK;
+    const int64_t W = c->window, S = c->slots;
+    if (n == 1 && !full) {
+        KV_TRY(cache_put(ctx, c->cur, S, W, 1, KV_PUT_WINDOW_TAIL, 0, false, err));
+        goto cleanup;
+    }
+    {
+        const KvRollMode mode = n == 1 ? KV_ROLL_HOST : KV_ROLL_SPAN;
+        if (inplace) {
+            KV_TRY(cache_shift_inplace(ctx, c, n, mode, 1 % W, err));
+        } else {
+            KV_TRY(cache_roll(ctx, c->tmp, c->cur, W, n, mode, 1 % W, err));
+            KV_TRY(cache_commit(ctx, c, S, err));
+        }
+    }
+    if (n == 1) {
+        KV_TRY(cache_put(ctx, c->cur, S, W, 1, KV_PUT_FIXED, W - 1, false, err));
+    } else {
+        KV_TRY(cache_put(ctx, c->cur, S, W, n, KV_PUT_WINDOW_TAIL, 0, false, err));
+    }
+cleanup:
+    return st;
+}
+
+static KvStatus cuda_update_always_roll(KvCudaCtx *ctx, KvCudaCache *c, int64_t n, bool full,
+                                        bool inplace, KvError *err) {
+    KvStatus st = KV_OK;
+    const int64_t W = c->window, S = c->slots;
+    const int64_t m = n < W ? n : W;
+    (void)full;
+    (void)inplace;
+    /* The pre-roll copy is the roll's source: no slot is read after it was
+     * written. */
+    KV_COPY(ctx, c->tmp.k, c->cur.k, (size_t)(ctx->B * W * ctx->kv_dim) * sizeof(float));
+    KV_COPY(ctx, c->tmp.v, c->cur.v, (size_t)(ctx->B * W * ctx->kv_dim) * sizeof(float));
+    KV_COPY(ctx, c->tmp.real, c->cur.real, (size_t)(ctx->B * W));
+    KV_COPY(ctx, c->tmp.pos, c->cur.pos, (size_t)W * sizeof(int64_t));
+    KV_TRY(cache_roll(ctx, c->cur, c->tmp, W, n, KV_ROLL_HOST, m % W, err));
+    KV_TRY(cache_put(ctx, c->cur, S, W, n, KV_PUT_RIGHT, 0, false, err));
+cleanup:
+    return st;
+}
+
+static KvStatus cuda_update_ring(KvCudaCtx *ctx, KvCudaCache *c, int64_t n, bool full,
+                                 bool inplace, KvError *err) {
+    (void)full;
+    (void)inplace;
+    return cache_put(ctx, c->cur, c->slots, c->window, n, KV_PUT_RING, 0, false, err);
+}
+
+static KvStatus cuda_update_dynamic(KvCudaCtx *ctx, KvCudaCache *c, int64_t n, bool full,
+                                    bool inplace, KvError *err) {
+    KvStatus st = KV_OK;
+    const int64_t W = c->window, S = c->slots;
+    (void)full;
+    (void)inplace;
+    if (S == 0) goto cleanup; /* W = 1: the window is the new token alone */
+    if (n == 1 && c->filled < S) {
+        /* Growing: the cat appends one row; nothing stored moves. */
+        KV_TRY(cache_put(ctx, c->cur, S, W, 1, KV_PUT_FIXED, c->filled, false, err));
+    } else {
+        const int64_t keep = c->filled + n < S ? c->filled + n : S;
+        KV_TRY(cache_cat(ctx, c, n, c->filled, false, err));
+        KV_TRY(cache_commit(ctx, c, keep, err));
+    }
+cleanup:
+    return st;
+}
+
+/* The GPU implementation of each CPU variant (cache.h), keyed by its table. */
+static const struct {
+    const KvCacheOps *ops;
+    CudaCacheUpdate update;
+} k_cuda_caches[] = {
+    {&kv_cache_index_copy, cuda_update_index_copy},
+    {&kv_cache_cat_shift, cuda_update_cat_shift},
+    {&kv_cache_roll, cuda_update_roll},
+    {&kv_cache_always_roll, cuda_update_always_roll},
+    {&kv_cache_ring, cuda_update_ring},
+    {&kv_cache_dynamic, cuda_update_dynamic},
+};
+
+static CudaCacheUpdate cuda_cache_update_of(const KvCacheOps *ops) {
+    for (size_t i = 0; i < sizeof k_cuda_caches / sizeof k_cuda_caches[0]; i++) {
+        if (k_cuda_caches[i].ops == ops) return k_cuda_caches[i].update;
+    }
+    return NULL;
+}
+
+bool kv_cuda_cache_supports(const KvCacheOps *ops) { return cuda_cache_update_of(ops) != NULL; }
+
+KvStatus kv_cuda_cache_update(KvCudaCtx *ctx, int64_t layer, int64_t n, int64_t host_total,
+                              KvError *err) {
+    KvCudaCache *c = &ctx->caches[layer];
+    const CudaCacheUpdate update = cuda_cache_update_of(ctx->variant);
+    if (update == NULL || c->window == 0) {
+        return kv_error_set(err, KV_ERR_INTERNAL,
+                            "cuda cache update: layer %lld has no variant cache", (long long)layer);
+    }
+    return update(ctx, c, n, kv_cuda_cache_regime(ctx, layer, host_total) == 1,
+                  (ctx->faults & KV_FAULT_INPLACE_SHIFT) != 0, err);
 }

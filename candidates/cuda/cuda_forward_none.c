@@ -15,14 +15,26 @@ static KvStatus cuda_forward_none_skip(KvError *err) {
     return KV_SKIP;
 }
 
-KvStatus kv_cuda_decode_greedy(const KvModel *m, const KvDecodeSpec *spec, KvDecodeResult *out,
-                               KvCudaRunStats *stats, KvError *err) {
-    (void)m;
-    (void)spec;
-    if (out != NULL) memset(out, 0, sizeof *out);
-    if (stats != NULL) memset(stats, 0, sizeof *stats);
+static KvStatus cuda_none_query(char *device, size_t device_len, KvError *err) {
+    if (device != NULL && device_len > 0) device[0] = '\0';
     return cuda_forward_none_skip(err);
 }
+
+static KvStatus cuda_none_create(const KvModel *m, const KvBackendSetup *setup, KvBackend **out,
+                                 KvError *err) {
+    (void)m;
+    (void)setup;
+    *out = NULL;
+    return cuda_forward_none_skip(err);
+}
+
+/* Only create and query are ever called: create never succeeds. */
+const KvBackendOps kv_backend_cuda = {
+    .name = "cuda",
+    .host = false,
+    .query = cuda_none_query,
+    .create = cuda_none_create,
+};
 
 KvStatus kv_cuda_bench_decode(const KvModel *m, const KvDecodeSpec *spec, KvCudaBenchResult *out,
                               KvError *err) {

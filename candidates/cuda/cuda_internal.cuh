@@ -40,17 +40,6 @@ enum {
     KV_CUDA_DERR_KEYS = 1 << 2,  /* more visible keys than the gather buffer holds */
 };
 
-/* The GPU implementations, in cache.h's variant order after the reference. */
-typedef enum {
-    KV_CUDA_REFERENCE = 0, /* static max_len cache on every layer, window as a mask */
-    KV_CUDA_INDEX_COPY,
-    KV_CUDA_CAT_SHIFT,
-    KV_CUDA_ROLL,
-    KV_CUDA_ALWAYS_ROLL,
-    KV_CUDA_RING,
-    KV_CUDA_DYNAMIC,
-} KvCudaVariant;
-
 /* One set of slot buffers on the device (cache_internal.h's KvCacheSlots). */
 typedef struct {
     float *k;      /* (B, slots, kv_dim) */
@@ -94,8 +83,8 @@ typedef struct {
 typedef struct {
     const KvModel *model;
     const KvConfig *c;
-    KvCudaVariant variant;
-    const char *variant_name; /* "reference" or the cache variant's name */
+    const KvCacheOps *variant; /* NULL: the reference layout (every layer static); else the
+                                * CPU variant whose GPU form the sliding layers run */
     unsigned faults;          /* KV_FAULT_* bits planted (fault.h); 0 in clean runs */
     bool probes;              /* record probe hashes */
 
@@ -248,6 +237,70 @@ static inline unsigned int kv_cuda_blocks(int64_t count, int threads) {
     return (unsigned int)b;
 }
 
+/* ---- the run context (cuda_ctx.cu) ---- */
+
+/* Fills the shapes and sets everything up for B rows of max_len slots,
+ * max_chunk tokens per forward; variant NULL: the reference layout.
+ * device (may be NULL) receives "NAME (sm_XY, N SMs), driver A.B, runtime
+ * C.D, cuBLAS V". KV_SKIP (with CUDA's text) when no device is visible,
+ * KV_ERR_INTERNAL when one is but setup fails; on failure ctx is destroyed. */
+KvStatus kv_cuda_ctx_create(KvCudaCtx *ctx, const KvModel *m, int64_t B, int64_t max_len,
+                            int64_t max_chunk, const KvCacheOps *variant, unsigned faults,
+                            bool probes, char *device, size_t device_len, KvError *err);
+void kv_cuda_ctx_destroy(KvCudaCtx *ctx);
+/* Empties the caches (K/V NaN-poisoned, positions -1, real 0), zeroes
+ * positions, inputs and error flags; the host count goes back to 0.
+ * Synchronous. */
+KvStatus kv_cuda_ctx_reset_state(KvCudaCtx *ctx, KvError *err);
+/* save: persistent device state and host counts -> their snapshot copies;
+ * else back (stream-ordered D2D copies). */
+KvStatus kv_cuda_snapshot(KvCudaCtx *ctx, bool save, KvError *err);
+/* The error for device error flags raised by `when` (e.g. "position" 12). */
+KvStatus kv_cuda_dev_err_status(const KvCudaCtx *ctx, int32_t flags, const char *when,
+                                int64_t at, KvError *err);
+/* Synchronises and checks the device error flags. */
+KvStatus kv_cuda_check_dev_err(KvCudaCtx *ctx, const char *when, int64_t at, KvError *err);
+
+/* ---- the forward pass and its graph (cuda_forward.cu) ---- */
+
+/* One forward of the n tokens already in tok_in/real_in (B, n): positions,
+ * embedding, layers, final norm of each row's last token, lm_head, final
+ * softcap, probes, argmax into tok_in (B, 1) and *total += n. Launches only:
+ * the same code runs eagerly and under stream capture. */
+KvStatus kv_cuda_launch_forward(KvCudaCtx *ctx, int64_t n, KvError *err);
+
+/* The captured forward and its executable. */
+typedef struct {
+    cudaGraph_t graph;     /* the last captured forward */
+    cudaGraphExec_t exec;  /* its executable */
+    int64_t n;             /* tokens per forward it runs */
+    int64_t instantiations, exec_updates, launches;
+} KvCudaGraph;
+
+/* Captures a forward of n into a new graph and makes it the executable:
+ * cudaGraphExecUpdate when an executable exists and accepts it (same
+ * topology: e.g. dynamic's next attended length), else a new instantiation. */
+KvStatus kv_cuda_graph_capture(KvCudaGraph *g, KvCudaCtx *ctx, int64_t n, KvError *err);
+/* Launches the executable on ctx's stream. */
+KvStatus kv_cuda_graph_launch(KvCudaGraph *g, KvCudaCtx *ctx, KvError *err);
+void kv_cuda_graph_free(KvCudaGraph *g);
+
+/* ---- the backend (cuda_backend.cu) ---- */
+
+/* One run of the CUDA backend (the KvBackend behind kv_backend_cuda). */
+typedef struct {
+    KvCudaCtx ctx;
+    KvCudaGraph graph;
+    int64_t eager_forwards;
+    char device[256];
+    char math_mode[64];
+    /* Host copies of the last forward's outputs (read_step). */
+    float *logits;        /* (B, vocab) */
+    int32_t *tokens;      /* (B) */
+    float *margins;       /* (B) */
+    uint64_t *probe_hash; /* (n_probes, B), NULL without probes */
+} KvCudaRun;
+
 /* ---- launchers (cuda_kernels.cu) ---- */
 
 /* y (rows, out) = x (rows, in) W^T with W (out, in) row-major, on cuBLAS. */
@@ -293,7 +346,9 @@ KvStatus kv_cuda_cache_update(KvCudaCtx *ctx, int64_t layer, int64_t n, int64_t 
 /* The slots attention reads before (after_update false) or after an update
  * of n tokens: W, or dynamic's filled count. */
 int64_t kv_cuda_cache_n_slots(const KvCudaCtx *ctx, int64_t layer, int64_t n, bool after_update);
-/* Host regime (cat_shift, roll: host_total >= W; else 0), as cache.h's regime. */
+/* True when the variant has a GPU form here. */
+bool kv_cuda_cache_supports(const KvCacheOps *ops);
+/* Host regime (host-branch variants: host_total >= W; else 0), as cache.h's regime. */
 int kv_cuda_cache_regime(const KvCudaCtx *ctx, int64_t layer, int64_t host_total);
 /* Host side of an executed forward of n tokens: dynamic's filled count. */
 void kv_cuda_cache_advance(KvCudaCtx *ctx, int64_t n);

@@ -1,0 +1,211 @@
+/* cuda_backend.cu: the GPU as a backend (reference/backend.h): the table the
+ * one decode driver (reference/decode.c) and the graph runner run. Each
+ * entry is a thin step over the run context (cuda_ctx.cu) and the forward
+ * (cuda_forward.cu); what a decode does with them is the driver's. */
+#include "cuda_internal.cuh"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_device.h"
+
+static KvCudaRun *cuda_run(KvBackend *b) { return (KvCudaRun *)(void *)b; }
+static const KvCudaRun *cuda_run_const(const KvBackend *b) {
+    return (const KvCudaRun *)(const void *)b;
+}
+
+/* The report's device text, or KV_SKIP with why there is none. */
+static KvStatus cuda_query(char *device, size_t device_len, KvError *err) {
+    KvCudaInfo info;
+    KvError qerr = {{0}};
+    const KvStatus st = kv_cuda_query(&info, &qerr);
+    if (st != KV_OK) {
+        /* KV_SKIP: no GPU here; anything else is a GPU this build cannot use. */
+        return kv_error_set(err, st == KV_SKIP ? KV_SKIP : KV_ERR_INTERNAL, "%s", qerr.msg);
+    }
+    if (device != NULL && device_len > 0) {
+        snprintf(device, device_len, "%.200s (sm_%d%d), driver %d, runtime %d", info.name,
+                 info.cc_major, info.cc_minor, info.driver_version, info.runtime_version);
+    }
+    return KV_OK;
+}
+
+static void cuda_destroy(KvBackend *b) {
+    KvCudaRun *r = cuda_run(b);
+    if (r == NULL) return;
+    kv_cuda_graph_free(&r->graph);
+    if (r->ctx.stream != NULL) kv_cuda_ctx_destroy(&r->ctx);
+    free(r->logits);
+    free(r->tokens);
+    free(r->margins);
+    free(r->probe_hash);
+    free(r);
+}
+
+static KvStatus cuda_create(const KvModel *m, const KvBackendSetup *setup, KvBackend **out,
+                            KvError *err) {
+    KvStatus st = KV_OK;
+    KvCudaRun *r = NULL;
+    const int64_t B = setup->batch, V = m->config.vocab_size;
+    *out = NULL;
+    /* A variant with no GPU form is the caller's mistake on any machine:
+     * refused before any CUDA call. */
+    if (setup->variant != NULL && !kv_cuda_cache_supports(setup->variant)) {
+        return kv_error_set(err, KV_ERR_INPUT,
+                            "cuda decode: variant '%s' has no GPU implementation (expected "
+                            "index_copy, cat_shift, roll, always_roll, ring or dynamic)",
+                            setup->variant->name != NULL ? setup->variant->name : "(null)");
+    }
+    r = (KvCudaRun *)calloc(1, sizeof *r);
+    if (r == NULL) return kv_error_set(err, KV_ERR_INTERNAL, "cuda: out of host memory");
+    st = kv_cuda_ctx_create(&r->ctx, m, B, setup->max_len, setup->max_chunk, setup->variant,
+                            setup->faults, setup->probes, r->device, sizeof r->device, err);
+    if (st != KV_OK) goto cleanup;
+    snprintf(r->math_mode, sizeof r->math_mode, "%s",
+             (setup->faults & KV_FAULT_TF32) ? "TF32 tensor ops (planted fault tf32)"
+                                             : "pedantic fp32 (no TF32)");
+    r->logits = (float *)malloc((size_t)(B * V) * sizeof *r->logits);
+    r->tokens = (int32_t *)malloc((size_t)B * sizeof *r->tokens);
+    r->margins = (float *)malloc((size_t)B * sizeof *r->margins);
+    if (setup->probes) {
+        r->probe_hash = (uint64_t *)malloc((size_t)(r->ctx.n_probes * B) * sizeof *r->probe_hash);
+    }
+    if (!r->logits || !r->tokens || !r->margins || (setup->probes && !r->probe_hash)) {
+        st = kv_error_set(err, KV_ERR_INTERNAL, "cuda: out of host memory");
+        goto cleanup;
+    }
+    *out = (KvBackend *)(void *)r;
+cleanup:
+    if (st != KV_OK) cuda_destroy((KvBackend *)(void *)r);
+    return st;
+}
+
+static KvStatus cuda_set_input(KvBackend *b, const int32_t *tokens, const uint8_t *real,
+                               int64_t n, KvError *err) {
+    KvStatus st = KV_OK;
+    KvCudaCtx *ctx = &cuda_run(b)->ctx;
+    if (n < 1 || n > ctx->max_chunk || ctx->len + n > ctx->max_len) {
+        return kv_error_set(err, KV_ERR_INPUT,
+                            "cuda forward: %lld new tokens at slot %lld exceed the state "
+                            "(max_chunk %lld, max_len %lld)",
+                            (long long)n, (long long)ctx->len, (long long)ctx->max_chunk,
+                            (long long)ctx->max_len);
+    }
+    /* Synchronous: the caller reuses its host buffers (pageable memory). */
+    KV_CUDA_CHECK(cudaMemcpyAsync(ctx->tok_in, tokens, (size_t)(ctx->B * n) * sizeof(int32_t),
+                                  cudaMemcpyHostToDevice, ctx->stream));
+    KV_CUDA_CHECK(cudaMemcpyAsync(ctx->real_in, real, (size_t)(ctx->B * n),
+                                  cudaMemcpyHostToDevice, ctx->stream));
+    KV_CUDA_CHECK(cudaStreamSynchronize(ctx->stream));
+cleanup:
+    return st;
+}
+
+/* The host side of an executed forward of n: dynamic's shapes, the count. */
+static void cuda_advance(KvCudaCtx *ctx, int64_t n) {
+    kv_cuda_cache_advance(ctx, n);
+    ctx->len += n;
+}
+
+static KvStatus cuda_forward(KvBackend *b, int64_t n, KvError *err) {
+    KvCudaRun *r = cuda_run(b);
+    const KvStatus st = kv_cuda_launch_forward(&r->ctx, n, err);
+    if (st != KV_OK) return st;
+    cuda_advance(&r->ctx, n);
+    r->eager_forwards++;
+    return KV_OK;
+}
+
+static void cuda_layer_key(const KvBackend *b, int64_t layer, int64_t n, int64_t *regime,
+                           int64_t *slots) {
+    const KvCudaCtx *ctx = &cuda_run_const(b)->ctx;
+    *regime = kv_cuda_cache_regime(ctx, layer, ctx->len);
+    *slots = kv_cuda_cache_n_slots(ctx, layer, n, false);
+}
+
+static KvStatus cuda_capture(KvBackend *b, int64_t n, KvError *err) {
+    KvCudaRun *r = cuda_run(b);
+    return kv_cuda_graph_capture(&r->graph, &r->ctx, n, err);
+}
+
+static KvStatus cuda_replay(KvBackend *b, KvError *err) {
+    KvCudaRun *r = cuda_run(b);
+    const KvStatus st = kv_cuda_graph_launch(&r->graph, &r->ctx, err);
+    if (st != KV_OK) return st;
+    cuda_advance(&r->ctx, r->graph.n);
+    return KV_OK;
+}
+
+static KvStatus cuda_snapshot_save(KvBackend *b, KvError *err) {
+    return kv_cuda_snapshot(&cuda_run(b)->ctx, true, err);
+}
+
+static KvStatus cuda_snapshot_load(KvBackend *b, KvError *err) {
+    return kv_cuda_snapshot(&cuda_run(b)->ctx, false, err);
+}
+
+/* Copies the last forward's outputs to the host and checks the device error
+ * flags. */
+static KvStatus cuda_read_step(KvBackend *b, KvBackendStep *out, KvError *err) {
+    KvStatus st = KV_OK;
+    KvCudaRun *r = cuda_run(b);
+    KvCudaCtx *ctx = &r->ctx;
+    const int64_t B = ctx->B, V = ctx->vocab;
+    int32_t flags = 0;
+    KV_CUDA_CHECK(cudaMemcpyAsync(r->logits, ctx->logits, (size_t)(B * V) * sizeof(float),
+                                  cudaMemcpyDeviceToHost, ctx->stream));
+    KV_CUDA_CHECK(cudaMemcpyAsync(r->tokens, ctx->next_tok, (size_t)B * sizeof(int32_t),
+                                  cudaMemcpyDeviceToHost, ctx->stream));
+    KV_CUDA_CHECK(cudaMemcpyAsync(r->margins, ctx->margin, (size_t)B * sizeof(float),
+                                  cudaMemcpyDeviceToHost, ctx->stream));
+    if (r->probe_hash != NULL) {
+        KV_CUDA_CHECK(cudaMemcpyAsync(r->probe_hash, ctx->probe_hash,
+                                      (size_t)(ctx->n_probes * B) * sizeof(uint64_t),
+                                      cudaMemcpyDeviceToHost, ctx->stream));
+    }
+    KV_CUDA_CHECK(cudaMemcpyAsync(&flags, ctx->dev_err, sizeof flags, cudaMemcpyDeviceToHost,
+                                  ctx->stream));
+    KV_CUDA_CHECK(cudaStreamSynchronize(ctx->stream));
+    if (flags != 0) {
+        st = kv_cuda_dev_err_status(ctx, flags, "position", ctx->len - 1, err);
+        goto cleanup;
+    }
+    out->logits = r->logits;
+    out->tokens = r->tokens;
+    out->margins = r->margins;
+    out->probe_hash = r->probe_hash;
+cleanup:
+    return st;
+}
+
+static void cuda_stats(const KvBackend *b, KvBackendStats *out) {
+    const KvCudaRun *r = cuda_run_const(b);
+    out->graph_instantiations = r->graph.instantiations;
+    out->exec_updates = r->graph.exec_updates;
+    out->graph_launches = r->graph.launches;
+    out->eager_forwards = r->eager_forwards;
+    snprintf(out->device, sizeof out->device, "%s", r->device);
+    snprintf(out->math_mode, sizeof out->math_mode, "%s", r->math_mode);
+}
+
+/* Probes are hashed on the device but not yet checked for NaN there:
+ * take_nonfinite stays NULL, so the finite check covers the logits only. */
+extern "C" const KvBackendOps kv_backend_cuda = {
+    /* .name = */ "cuda",
+    /* .host = */ false,
+    /* .query = */ cuda_query,
+    /* .create = */ cuda_create,
+    /* .destroy = */ cuda_destroy,
+    /* .set_input = */ cuda_set_input,
+    /* .forward = */ cuda_forward,
+    /* .layer_key = */ cuda_layer_key,
+    /* .capture = */ cuda_capture,
+    /* .replay = */ cuda_replay,
+    /* .snapshot_save = */ cuda_snapshot_save,
+    /* .snapshot_load = */ cuda_snapshot_load,
+    /* .read_step = */ cuda_read_step,
+    /* .take_nonfinite = */ NULL,
+    /* .take_dump = */ NULL,
+    /* .stats = */ cuda_stats,
+};

@@ -1,0 +1,464 @@
+/* cuda_ctx.cu: one CUDA run's context (cuda_internal.cuh): device setup,
+ * the cuBLAS handle and its settings, the weight arena, the persistent state
+ * and scratch (all allocated before the first step, so nothing is allocated
+ * while a graph is captured), its reset, the replay check's snapshots and
+ * the device error flags.
+ *
+ *   - One stream and one cuBLAS handle per run. cublasSetStream, then
+ *     cublasSetWorkspace with our own 32 MiB buffer (SetStream resets the
+ *     workspace; a user workspace is what lets cuBLAS run under stream
+ *     capture with the same kernels as eagerly), CUBLAS_PEDANTIC_MATH (fp32,
+ *     no TF32; KV_FAULT_TF32 is the only way to get TF32),
+ *     CUBLAS_ATOMICS_NOT_ALLOWED, pointer mode device (alpha, beta in device
+ *     memory). Matmuls are cublasSgemm on row-major (out, in) weights.
+ *   - Positions, tokens and the fault clock live in device memory and are
+ *     read by kernels at execution, so a captured step is replayable
+ *     (DESIGN §4). The host keeps only what a framework keeps on the host:
+ *     its count of filled slots (host-branch regimes) and dynamic's filled
+ *     count (a shape).
+ *   - The replay check snapshots the persistent device state (D2D copies)
+ *     and the host's counts. */
+#include "cuda_internal.cuh"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_device.h"
+
+extern "C" {
+#include "kvmath.h"
+}
+
+/* 32 MiB: NVIDIA's recommended cuBLAS workspace for Hopper (4 MiB suffices
+ * before it); fixed, so cuBLAS's algorithm choice cannot depend on what the
+ * default pool happens to have. */
+#define KV_CUDA_BLAS_WS_BYTES ((size_t)32 << 20)
+/* Weight tensors start on 256-byte boundaries in the arena (cuBLAS's
+ * preferred alignment). */
+#define KV_CUDA_ARENA_ALIGN_FLOATS 64
+
+/* ---- allocation ---- */
+
+/* cudaMalloc of `bytes` (at least 256, so a zero-slot buffer is still a
+ * valid distinct pointer), zeroed, recorded for cuda_ctx_destroy. */
+static KvStatus cuda_alloc(KvCudaCtx *ctx, void **p, size_t bytes, KvError *err) {
+    KvStatus st = KV_OK;
+    void *d = NULL;
+    if (bytes < 256) bytes = 256;
+    if (ctx->n_allocs == ctx->cap_allocs) {
+        const int64_t cap = ctx->cap_allocs > 0 ? 2 * ctx->cap_allocs : 64;
+        void **grown = (void **)realloc(ctx->allocs, (size_t)cap * sizeof *grown);
+        if (grown == NULL) return kv_error_set(err, KV_ERR_INTERNAL, "cuda: out of host memory");
+        ctx->allocs = grown;
+        ctx->cap_allocs = cap;
+    }
+    KV_CUDA_CHECK(cudaMalloc(&d, bytes));
+    ctx->allocs[ctx->n_allocs++] = d;
+    KV_CUDA_CHECK(cudaMemset(d, 0, bytes));
+    *p = d;
+cleanup:
+    return st;
+}
+
+#define KV_ALLOC(ptr, bytes) KV_TRY(cuda_alloc(ctx, (void **)&(ptr), (size_t)(bytes), err))
+
+/* ---- context ---- */
+
+void kv_cuda_ctx_destroy(KvCudaCtx *ctx) {
+    /* Nothing here can fix an earlier failure or must mask it: results are
+     * ignored. */
+    if (ctx->stream != NULL) (void)cudaStreamSynchronize(ctx->stream);
+    for (int64_t i = 0; ctx->events != NULL && i < 2 * ctx->max_timed; i++) {
+        if (ctx->events[i] != NULL) (void)cudaEventDestroy(ctx->events[i]);
+    }
+    free(ctx->events);
+    if (ctx->blas != NULL) (void)cublasDestroy(ctx->blas);
+    for (int64_t i = ctx->n_allocs - 1; i >= 0; i--) (void)cudaFree(ctx->allocs[i]);
+    free(ctx->allocs);
+    free(ctx->layers);
+    free(ctx->kc);
+    free(ctx->vc);
+    free(ctx->snap_kc);
+    free(ctx->snap_vc);
+    free(ctx->caches);
+    if (ctx->stream != NULL) (void)cudaStreamDestroy(ctx->stream);
+    (void)cudaGetLastError(); /* leave no error behind for the next run */
+    memset(ctx, 0, sizeof *ctx);
+}
+
+/* Stream, cuBLAS handle and its settings. Any failure here is "CUDA not
+ * usable here" for the caller (KV_SKIP). */
+static KvStatus cuda_ctx_setup(KvCudaCtx *ctx, KvError *err) {
+    KvStatus st = KV_OK;
+    const float one = 1.0f, zero = 0.0f;
+    const cublasMath_t math =
+        (ctx->faults & KV_FAULT_TF32) ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_PEDANTIC_MATH;
+    KV_CUDA_CHECK(cudaSetDevice(0));
+    /* Non-blocking: no implicit synchronisation with the legacy stream. */
+    KV_CUDA_CHECK(cudaStreamCreateWithFlags(&ctx->stream, cudaStreamNonBlocking));
+    KV_CUBLAS_CHECK(cublasCreate(&ctx->blas));
+    KV_CUBLAS_CHECK(cublasSetStream(ctx->blas, ctx->stream));
+    ctx->blas_ws_bytes = KV_CUDA_BLAS_WS_BYTES;
+    KV_ALLOC(ctx->blas_ws, ctx->blas_ws_bytes);
+    KV_CUBLAS_CHECK(cublasSetWorkspace(ctx->blas, ctx->blas_ws, ctx->blas_ws_bytes));
+    KV_CUBLAS_CHECK(cublasSetMathMode(ctx->blas, math));
+    KV_CUBLAS_CHECK(cublasSetAtomicsMode(ctx->blas, CUBLAS_ATOMICS_NOT_ALLOWED));
+    KV_CUBLAS_CHECK(cublasSetPointerMode(ctx->blas, CUBLAS_POINTER_MODE_DEVICE));
+    KV_ALLOC(ctx->one, sizeof(float));
+    KV_ALLOC(ctx->zero, sizeof(float));
+    KV_CUDA_CHECK(cudaMemcpy(ctx->one, &one, sizeof one, cudaMemcpyHostToDevice));
+    KV_CUDA_CHECK(cudaMemcpy(ctx->zero, &zero, sizeof zero, cudaMemcpyHostToDevice));
+cleanup:
+    return st;
+}
+
+/* One weight tensor to upload: n floats from host into *dst's arena slot. */
+typedef struct {
+    const float *host; /* (n) */
+    size_t n;
+    const float **dst;
+} CudaUpload;
+
+/* Appends a tensor to the upload list; a NULL host tensor (absent for the
+ * family) is skipped and its device pointer stays NULL. */
+static void cuda_upload_add(CudaUpload *up, size_t *n_up, const float *host, size_t n,
+                            const float **dst) {
+    if (host == NULL) return;
+    up[*n_up].host = host;
+    up[*n_up].n = n;
+    up[*n_up].dst = dst;
+    (*n_up)++;
+}
+
+static KvStatus cuda_ctx_upload(KvCudaCtx *ctx, KvError *err) {
+    KvStatus st = KV_OK;
+    const KvModel *m = ctx->model;
+    const size_t hidden = (size_t)ctx->hidden, inter = (size_t)ctx->inter;
+    const size_t q_dim = (size_t)ctx->q_dim, kv_dim = (size_t)ctx->kv_dim;
+    const size_t vocab = (size_t)ctx->vocab;
+    const bool tied = m->lm_head == m->embed;
+    const size_t max_up = 3 + 11 * (size_t)ctx->n_layers;
+    CudaUpload *up = (CudaUpload *)calloc(max_up, sizeof *up);
+    size_t n_up = 0, total = 0, off = 0;
+    if (up == NULL) return kv_error_set(err, KV_ERR_INTERNAL, "cuda: out of host memory");
+    ctx->layers = (KvCudaLayer *)calloc((size_t)ctx->n_layers, sizeof *ctx->layers);
+    if (ctx->layers == NULL) {
+        st = kv_error_set(err, KV_ERR_INTERNAL, "cuda: out of host memory");
+        goto cleanup;
+    }
+    cuda_upload_add(up, &n_up, m->embed, vocab * hidden, &ctx->w_embed);
+    cuda_upload_add(up, &n_up, m->final_norm, hidden, &ctx->w_final_norm);
+    if (!tied) cuda_upload_add(up, &n_up, m->lm_head, vocab * hidden, &ctx->w_lm_head);
+    for (int64_t l = 0; l < ctx->n_layers; l++) {
+        const KvLayerWeights *w = &m->layers[l];
+        KvCudaLayer *d = &ctx->layers[l];
+        cuda_upload_add(up, &n_up, w->input_norm, hidden, &d->input_norm);
+        cuda_upload_add(up, &n_up, w->post_attn_norm, hidden, &d->post_attn_norm);
+        /* gemma2 only; NULL for mistral */
+        cuda_upload_add(up, &n_up, w->pre_ffw_norm, hidden, &d->pre_ffw_norm);
+        cuda_upload_add(up, &n_up, w->post_ffw_norm, hidden, &d->post_ffw_norm);
+        cuda_upload_add(up, &n_up, w->wq, q_dim * hidden, &d->wq);
+        cuda_upload_add(up, &n_up, w->wk, kv_dim * hidden, &d->wk);
+        cuda_upload_add(up, &n_up, w->wv, kv_dim * hidden, &d->wv);
+        cuda_upload_add(up, &n_up, w->wo, hidden * q_dim, &d->wo);
+        cuda_upload_add(up, &n_up, w->w_gate, inter * hidden, &d->w_gate);
+        cuda_upload_add(up, &n_up, w->w_up, inter * hidden, &d->w_up);
+        cuda_upload_add(up, &n_up, w->w_down, hidden * inter, &d->w_down);
+    }
+    for (size_t i = 0; i < n_up; i++) {
+        total += (up[i].n + KV_CUDA_ARENA_ALIGN_FLOATS - 1) / KV_CUDA_ARENA_ALIGN_FLOATS *
+                 KV_CUDA_ARENA_ALIGN_FLOATS;
+    }
+    ctx->w_arena_floats = total;
+    KV_ALLOC(ctx->w_arena, total * sizeof(float));
+    for (size_t i = 0; i < n_up; i++) {
+        KV_CUDA_CHECK(cudaMemcpy(ctx->w_arena + off, up[i].host, up[i].n * sizeof(float),
+                                 cudaMemcpyHostToDevice));
+        *up[i].dst = ctx->w_arena + off;
+        off += (up[i].n + KV_CUDA_ARENA_ALIGN_FLOATS - 1) / KV_CUDA_ARENA_ALIGN_FLOATS *
+               KV_CUDA_ARENA_ALIGN_FLOATS;
+    }
+    if (tied) ctx->w_lm_head = ctx->w_embed;
+cleanup:
+    free(up);
+    return st;
+}
+
+static KvStatus cuda_slots_alloc(KvCudaCtx *ctx, KvCudaSlots *s, int64_t slots, KvError *err) {
+    KvStatus st = KV_OK;
+    const size_t fbytes = (size_t)(ctx->B * slots * ctx->kv_dim) * sizeof(float);
+    KV_ALLOC(s->k, fbytes);
+    KV_ALLOC(s->v, fbytes);
+    KV_ALLOC(s->real, (size_t)(ctx->B * slots));
+    KV_ALLOC(s->pos, (size_t)slots * sizeof(int64_t));
+cleanup:
+    return st;
+}
+
+static KvStatus cuda_ctx_alloc_state(KvCudaCtx *ctx, KvError *err) {
+    KvStatus st = KV_OK;
+    const int64_t L = ctx->n_layers, B = ctx->B;
+    const int64_t rows = B * ctx->max_chunk;
+    const size_t static_bytes = (size_t)(B * ctx->max_len * ctx->kv_dim) * sizeof(float);
+    float *inv = (float *)calloc((size_t)(ctx->hd / 2 > 0 ? ctx->hd / 2 : 1), sizeof *inv);
+    ctx->kc = (float **)calloc((size_t)L, sizeof *ctx->kc);
+    ctx->vc = (float **)calloc((size_t)L, sizeof *ctx->vc);
+    ctx->snap_kc = (float **)calloc((size_t)L, sizeof *ctx->snap_kc);
+    ctx->snap_vc = (float **)calloc((size_t)L, sizeof *ctx->snap_vc);
+    ctx->caches = (KvCudaCache *)calloc((size_t)L, sizeof *ctx->caches);
+    if (inv == NULL || ctx->kc == NULL || ctx->vc == NULL || ctx->snap_kc == NULL ||
+        ctx->snap_vc == NULL || ctx->caches == NULL) {
+        st = kv_error_set(err, KV_ERR_INTERNAL, "cuda: out of host memory");
+        goto cleanup;
+    }
+    for (int64_t l = 0; l < L; l++) {
+        const int64_t w = kv_config_layer_window(ctx->c, l);
+        KvCudaCache *c = &ctx->caches[l];
+        if (ctx->variant == NULL || w == 0) {
+            KV_ALLOC(ctx->kc[l], static_bytes);
+            KV_ALLOC(ctx->vc[l], static_bytes);
+            KV_ALLOC(ctx->snap_kc[l], static_bytes);
+            KV_ALLOC(ctx->snap_vc[l], static_bytes);
+            continue;
+        }
+        c->window = w;
+        c->slots = ctx->variant->host_shape ? w - 1 : w;
+        KV_TRY(cuda_slots_alloc(ctx, &c->cur, c->slots, err));
+        KV_TRY(cuda_slots_alloc(ctx, &c->tmp, c->slots, err));
+        KV_TRY(cuda_slots_alloc(ctx, &c->snap, c->slots, err));
+        KV_ALLOC(c->indices, (size_t)w * sizeof(int64_t));
+    }
+    KV_ALLOC(ctx->real, B * ctx->max_len);
+    KV_ALLOC(ctx->n_real, B * (int64_t)sizeof(int64_t));
+    KV_ALLOC(ctx->total, sizeof(int64_t));
+    KV_ALLOC(ctx->tok_in, rows * (int64_t)sizeof(int32_t));
+    KV_ALLOC(ctx->real_in, rows);
+    KV_ALLOC(ctx->snap_real, B * ctx->max_len);
+    KV_ALLOC(ctx->snap_n_real, B * (int64_t)sizeof(int64_t));
+    KV_ALLOC(ctx->snap_total, sizeof(int64_t));
+    KV_ALLOC(ctx->snap_tok_in, rows * (int64_t)sizeof(int32_t));
+    KV_ALLOC(ctx->snap_real_in, rows);
+
+    KV_ALLOC(ctx->inv_freq, (ctx->hd / 2) * (int64_t)sizeof(float));
+    KV_ALLOC(ctx->x, rows * ctx->hidden * (int64_t)sizeof(float));
+    KV_ALLOC(ctx->xn, rows * ctx->hidden * (int64_t)sizeof(float));
+    KV_ALLOC(ctx->q, rows * ctx->q_dim * (int64_t)sizeof(float));
+    KV_ALLOC(ctx->kn, rows * ctx->kv_dim * (int64_t)sizeof(float));
+    KV_ALLOC(ctx->vn, rows * ctx->kv_dim * (int64_t)sizeof(float));
+    KV_ALLOC(ctx->att, rows * ctx->q_dim * (int64_t)sizeof(float));
+    KV_ALLOC(ctx->tmp, rows * ctx->hidden * (int64_t)sizeof(float));
+    KV_ALLOC(ctx->gate, rows * ctx->inter * (int64_t)sizeof(float));
+    KV_ALLOC(ctx->up, rows * ctx->inter * (int64_t)sizeof(float));
+    KV_ALLOC(ctx->qpos, rows * (int64_t)sizeof(int64_t));
+    KV_ALLOC(ctx->gidx, rows * ctx->max_keys * (int64_t)sizeof(int32_t));
+    KV_ALLOC(ctx->nkeys, rows * (int64_t)sizeof(int32_t));
+    KV_ALLOC(ctx->gtab, rows * (ctx->window + 1) * (int64_t)sizeof(int32_t));
+    KV_ALLOC(ctx->probe_map, B * (ctx->window + 1) * (int64_t)sizeof(int32_t));
+    KV_ALLOC(ctx->last, B * ctx->hidden * (int64_t)sizeof(float));
+    KV_ALLOC(ctx->logits, B * ctx->vocab * (int64_t)sizeof(float));
+    KV_ALLOC(ctx->next_tok, B * (int64_t)sizeof(int32_t));
+    KV_ALLOC(ctx->margin, B * (int64_t)sizeof(float));
+    KV_ALLOC(ctx->probe_hash, ctx->n_probes * B * (int64_t)sizeof(uint64_t));
+    KV_ALLOC(ctx->dev_err, sizeof(int32_t));
+    KV_ALLOC(ctx->fault_clock, sizeof(uint64_t));
+
+    /* The host's inverse frequencies (kvmath.c), so both backends rotate by
+     * the same F32 constants. */
+    kv_rope_inv_freq(ctx->hd, ctx->c->rope_theta, inv);
+    KV_CUDA_CHECK(cudaMemcpy(ctx->inv_freq, inv, (size_t)(ctx->hd / 2) * sizeof(float),
+                             cudaMemcpyHostToDevice));
+cleanup:
+    free(inv);
+    return st;
+}
+
+/* Empties the caches (K/V NaN-poisoned, as the CPU's reset: a read of a
+ * never-written slot shows up in the logits; positions -1, real 0) and
+ * zeroes positions and inputs. Synchronous. */
+KvStatus kv_cuda_ctx_reset_state(KvCudaCtx *ctx, KvError *err) {
+    KvStatus st = KV_OK;
+    const int64_t B = ctx->B, D = ctx->kv_dim;
+    const size_t static_bytes = (size_t)(B * ctx->max_len * D) * sizeof(float);
+    for (int64_t l = 0; l < ctx->n_layers; l++) {
+        KvCudaCache *c = &ctx->caches[l];
+        if (ctx->kc[l] != NULL) {
+            KV_TRY(kv_cuda_fill(ctx, ctx->kc[l], 0xFF, static_bytes, err)); /* NaN */
+            KV_TRY(kv_cuda_fill(ctx, ctx->vc[l], 0xFF, static_bytes, err));
+            continue;
+        }
+        KvCudaSlots *sets[2] = {&c->cur, &c->tmp};
+        for (int i = 0; i < 2; i++) {
+            const size_t fbytes = (size_t)(B * c->slots * D) * sizeof(float);
+            KV_TRY(kv_cuda_fill(ctx, sets[i]->k, 0xFF, fbytes, err));
+            KV_TRY(kv_cuda_fill(ctx, sets[i]->v, 0xFF, fbytes, err));
+            KV_TRY(kv_cuda_fill(ctx, sets[i]->real, 0, (size_t)(B * c->slots), err));
+            KV_TRY(kv_cuda_fill(ctx, sets[i]->pos, 0xFF, (size_t)c->slots * sizeof(int64_t), err));
+        }
+        c->filled = 0;
+    }
+    KV_TRY(kv_cuda_fill(ctx, ctx->real, 0, (size_t)(B * ctx->max_len), err));
+    KV_TRY(kv_cuda_fill(ctx, ctx->n_real, 0, (size_t)B * sizeof(int64_t), err));
+    KV_TRY(kv_cuda_fill(ctx, ctx->total, 0, sizeof(int64_t), err));
+    KV_TRY(kv_cuda_fill(ctx, ctx->dev_err, 0, sizeof(int32_t), err));
+    KV_TRY(kv_cuda_fill(ctx, ctx->fault_clock, 0, sizeof(uint64_t), err));
+    KV_CUDA_CHECK(cudaStreamSynchronize(ctx->stream));
+    ctx->len = 0;
+cleanup:
+    return st;
+}
+
+KvStatus kv_cuda_ctx_create(KvCudaCtx *ctx, const KvModel *m, int64_t B, int64_t max_len,
+                            int64_t max_chunk, const KvCacheOps *variant, unsigned faults,
+                            bool probes, char *device, size_t device_len, KvError *err) {
+    KvStatus st = KV_OK;
+    KvCudaInfo info;
+    KvError qerr = {{0}};
+    int blas_version = 0;
+    const KvConfig *c = &m->config;
+
+    memset(ctx, 0, sizeof *ctx);
+    ctx->model = m;
+    ctx->c = c;
+    ctx->variant = variant;
+    ctx->faults = faults;
+    ctx->probes = probes;
+    ctx->B = B;
+    ctx->max_len = max_len;
+    ctx->max_chunk = max_chunk;
+    ctx->window = c->sliding_window;
+    /* Static layers gather at most max_len keys, variant layers at most
+     * W (+ W never-written slots under KV_FAULT_UNWRITTEN_SLOT). */
+    ctx->max_keys = max_len + c->sliding_window + 1;
+    ctx->n_probes = kv_probe_count(c);
+    ctx->hidden = c->hidden_size;
+    ctx->hd = c->head_dim;
+    ctx->n_heads = c->num_heads;
+    ctx->n_kv_heads = c->num_kv_heads;
+    ctx->q_dim = c->num_heads * c->head_dim;
+    ctx->kv_dim = c->num_kv_heads * c->head_dim;
+    ctx->inter = c->intermediate_size;
+    ctx->vocab = c->vocab_size;
+    ctx->n_layers = c->num_layers;
+    ctx->gemma = c->family == KV_FAMILY_GEMMA2;
+    ctx->eps = (float)c->rms_norm_eps;
+    ctx->scale = kv_config_attn_scale(c);
+    ctx->attn_cap = (float)c->attn_logit_softcapping;
+    ctx->final_cap = (float)c->final_logit_softcapping;
+    /* gemma2: sqrt(hidden) rounded to F32, as op_embed. */
+    ctx->embed_scale = ctx->gemma ? (float)sqrt((double)c->hidden_size) : 1.0f;
+
+    st = kv_cuda_query(&info, &qerr);
+    if (st != KV_OK) {
+        /* KV_SKIP: no GPU here (kv_cuda_query decides); anything else is a
+         * GPU this build cannot use, an error. */
+        st = kv_error_set(err, st == KV_SKIP ? KV_SKIP : KV_ERR_INTERNAL, "CUDA backend %s: %s",
+                          st == KV_SKIP ? "unavailable" : "failed", qerr.msg);
+        goto cleanup;
+    }
+    st = cuda_ctx_setup(ctx, err);
+    if (st != KV_OK) {
+        /* A device was found, so this is a broken setup (no memory for the
+         * workspace, cuBLAS unable to start), never a skip: a gate that
+         * reported it as skipped would pass with no GPU evidence. */
+        char prefix[200];
+        snprintf(prefix, sizeof prefix, "CUDA setup failed on %.160s", info.name);
+        kv_error_prefix(err, prefix);
+        st = KV_ERR_INTERNAL;
+        goto cleanup;
+    }
+    if (cublasGetVersion(ctx->blas, &blas_version) != CUBLAS_STATUS_SUCCESS) blas_version = 0;
+    if (device != NULL) {
+        snprintf(device, device_len,
+                 "%.160s (sm_%d%d, %d SMs), driver %d.%d, runtime %d.%d, cuBLAS %d", info.name,
+                 info.cc_major, info.cc_minor, info.sm_count, info.driver_version / 1000,
+                 (info.driver_version % 1000) / 10, info.runtime_version / 1000,
+                 (info.runtime_version % 1000) / 10, blas_version);
+    }
+    KV_TRY(cuda_ctx_upload(ctx, err));
+    KV_TRY(cuda_ctx_alloc_state(ctx, err));
+    /* The uploads and zero-fills above ran on the legacy default stream
+     * (cudaMemcpy from pageable memory and cudaMemset may return before
+     * the device is done), which a non-blocking stream does not wait for. */
+    KV_CUDA_CHECK(cudaDeviceSynchronize());
+    KV_TRY(kv_cuda_ctx_reset_state(ctx, err));
+cleanup:
+    if (st != KV_OK) kv_cuda_ctx_destroy(ctx);
+    return st;
+}
+
+
+/* ---- replay-check snapshots ---- */
+
+KvStatus kv_cuda_snapshot(KvCudaCtx *ctx, bool save, KvError *err) {
+    KvStatus st = KV_OK;
+    const int64_t B = ctx->B, D = ctx->kv_dim;
+    const int64_t rows = B * ctx->max_chunk;
+    const size_t static_bytes = (size_t)(B * ctx->max_len * D) * sizeof(float);
+#define KV_SNAP(live, copy, bytes)                                                                 \
+    do {                                                                                           \
+        if (save) {                                                                                \
+            KV_COPY(ctx, (copy), (live), (bytes));                                                 \
+        } else {                                                                                   \
+            KV_COPY(ctx, (live), (copy), (bytes));                                                 \
+        }                                                                                          \
+    } while (0)
+    for (int64_t l = 0; l < ctx->n_layers; l++) {
+        KvCudaCache *c = &ctx->caches[l];
+        if (ctx->kc[l] != NULL) {
+            KV_SNAP(ctx->kc[l], ctx->snap_kc[l], static_bytes);
+            KV_SNAP(ctx->vc[l], ctx->snap_vc[l], static_bytes);
+            continue;
+        }
+        const size_t fbytes = (size_t)(B * c->slots * D) * sizeof(float);
+        KV_SNAP(c->cur.k, c->snap.k, fbytes);
+        KV_SNAP(c->cur.v, c->snap.v, fbytes);
+        KV_SNAP(c->cur.real, c->snap.real, (size_t)(B * c->slots));
+        KV_SNAP(c->cur.pos, c->snap.pos, (size_t)c->slots * sizeof(int64_t));
+        if (save) {
+            c->snap_filled = c->filled;
+        } else {
+            c->filled = c->snap_filled;
+        }
+    }
+    KV_SNAP(ctx->real, ctx->snap_real, (size_t)(B * ctx->max_len));
+    KV_SNAP(ctx->n_real, ctx->snap_n_real, (size_t)B * sizeof(int64_t));
+    KV_SNAP(ctx->total, ctx->snap_total, sizeof(int64_t));
+    KV_SNAP(ctx->tok_in, ctx->snap_tok_in, (size_t)rows * sizeof(int32_t));
+    KV_SNAP(ctx->real_in, ctx->snap_real_in, (size_t)rows);
+#undef KV_SNAP
+    if (save) {
+        ctx->snap_len = ctx->len;
+    } else {
+        ctx->len = ctx->snap_len;
+    }
+cleanup:
+    return st;
+}
+
+/* ---- device error flags ---- */
+
+KvStatus kv_cuda_dev_err_status(const KvCudaCtx *ctx, int32_t flags, const char *when,
+                                int64_t at, KvError *err) {
+    return kv_error_set(err, KV_ERR_INTERNAL,
+                        "cuda %s: a device invariant broke by %s %lld (flags 0x%x:%s%s%s)",
+                        ctx->variant != NULL ? ctx->variant->name : "reference", when,
+                        (long long)at, (unsigned)flags,
+                        (flags & KV_CUDA_DERR_TOKEN) ? " token id outside the vocabulary" : "",
+                        (flags & KV_CUDA_DERR_SLOT) ? " position outside the state" : "",
+                        (flags & KV_CUDA_DERR_KEYS) ? " more visible keys than gathered" : "");
+}
+
+KvStatus kv_cuda_check_dev_err(KvCudaCtx *ctx, const char *phase, int64_t at, KvError *err) {
+    KvStatus st = KV_OK;
+    int32_t flags = 0;
+    KV_CUDA_CHECK(cudaMemcpyAsync(&flags, ctx->dev_err, sizeof flags, cudaMemcpyDeviceToHost,
+                                  ctx->stream));
+    KV_CUDA_CHECK(cudaStreamSynchronize(ctx->stream));
+    if (flags != 0) {
+        st = kv_cuda_dev_err_status(ctx, flags, phase, at, err);
+    }
+cleanup:
+    return st;
+}

@@ -1,0 +1,243 @@
+/* backend_cpu.c: the CPU reference as a backend (backend.h): a KvRefState
+ * (forward.h) run on its emulated stream, its recorded graph, and the
+ * snapshot the replay check restores. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+#include "stream.h"
+
+typedef struct {
+    KvRefState s;
+    KvGraph graph;       /* the captured forward */
+    int64_t graph_n;     /* tokens per forward of the captured graph */
+    unsigned char *snap; /* (snap_bytes) persistent state, for the replay check */
+    size_t snap_bytes;
+    int64_t snap_len;    /* the host count at the snapshot */
+    int64_t eager_forwards, launches;
+} CpuRun;
+
+static CpuRun *cpu_run(KvBackend *b) { return (CpuRun *)(void *)b; }
+static const CpuRun *cpu_run_const(const KvBackend *b) { return (const CpuRun *)(const void *)b; }
+
+static KvStatus cpu_query(char *device, size_t device_len, KvError *err) {
+    (void)err;
+    if (device != NULL && device_len > 0) snprintf(device, device_len, "cpu");
+    return KV_OK;
+}
+
+static void cpu_destroy(KvBackend *b) {
+    CpuRun *r = cpu_run(b);
+    if (r == NULL) return;
+    kv_graph_free(&r->graph);
+    kv_ref_state_free(&r->s);
+    free(r->snap);
+    free(r);
+}
+
+static KvStatus cpu_create(const KvModel *m, const KvBackendSetup *setup, KvBackend **out,
+                           KvError *err) {
+    KvStatus st = KV_OK;
+    CpuRun *r = calloc(1, sizeof *r);
+    *out = NULL;
+    if (r == NULL) return kv_error_set(err, KV_ERR_INTERNAL, "cpu backend: out of memory");
+    st = kv_ref_state_init(&r->s, m, setup->batch, setup->max_len, setup->max_chunk,
+                           setup->variant, err);
+    if (st != KV_OK) goto cleanup;
+    kv_ref_state_plant(&r->s, setup->faults);
+    r->s.probes = setup->probes;
+    if (setup->probes && setup->dump_probes) {
+        /* Before any capture: the probe ops record whether to dump. */
+        st = kv_ref_dump_enable(&r->s, err);
+        if (st != KV_OK) goto cleanup;
+    }
+    *out = (KvBackend *)(void *)r;
+cleanup:
+    if (st != KV_OK) cpu_destroy((KvBackend *)(void *)r);
+    return st;
+}
+
+static KvStatus cpu_set_input(KvBackend *b, const int32_t *tokens, const uint8_t *real,
+                              int64_t n, KvError *err) {
+    KvRefState *s = &cpu_run(b)->s;
+    /* The driver checked the tokens; the state checks its capacity. */
+    KvStatus st = kv_ref_check_input(s, tokens, real, n, err);
+    if (st != KV_OK) return st;
+    memcpy(s->tok_in, tokens, (size_t)(s->batch * n) * sizeof *tokens);
+    memcpy(s->real_in, real, (size_t)(s->batch * n));
+    return KV_OK;
+}
+
+/* After a forward of n executed: the host count, then the caches' sentinels. */
+static KvStatus cpu_advance(KvRefState *s, int64_t n, KvError *err) {
+    s->len += n;
+    return kv_ref_check_sentinels(s, n, err);
+}
+
+static KvStatus cpu_forward(KvBackend *b, int64_t n, KvError *err) {
+    CpuRun *r = cpu_run(b);
+    kv_ref_launch_forward(&r->s, n);
+    r->eager_forwards++;
+    return cpu_advance(&r->s, n, err);
+}
+
+static void cpu_layer_key(const KvBackend *b, int64_t layer, int64_t n, int64_t *regime,
+                          int64_t *slots) {
+    const KvRefState *s = &cpu_run_const(b)->s;
+    const KvSlidingCache *c = s->caches != NULL ? s->caches[layer] : NULL;
+    (void)n; /* a variant's view before the update is the attended length */
+    *regime = c != NULL ? s->variant->regime(c, s->len) : 0;
+    *slots = c != NULL ? s->variant->view(c).n_slots : 0;
+}
+
+static KvStatus cpu_capture(KvBackend *b, int64_t n, KvError *err) {
+    CpuRun *r = cpu_run(b);
+    kv_stream_begin_capture(&r->s.stream, &r->graph);
+    kv_ref_launch_forward(&r->s, n);
+    r->graph_n = n;
+    return kv_stream_end_capture(&r->s.stream, err);
+}
+
+static KvStatus cpu_replay(KvBackend *b, KvError *err) {
+    CpuRun *r = cpu_run(b);
+    kv_graph_replay(&r->graph);
+    r->launches++;
+    return cpu_advance(&r->s, r->graph_n, err);
+}
+
+/* ---- snapshots: the persistent parts of the state, then each cache ---- */
+
+typedef struct {
+    void *ptr;
+    size_t bytes;
+} SnapPart;
+
+static size_t cpu_snapshot_parts(KvRefState *s, SnapPart *parts) {
+    const KvConfig *c = &s->model->config;
+    const size_t kv = (size_t)(c->num_layers * s->batch * s->max_len * c->num_kv_heads *
+                               c->head_dim) * sizeof(float);
+    const size_t rows = (size_t)(s->batch * s->max_chunk);
+    size_t n = 0;
+    parts[n++] = (SnapPart){s->k, kv};
+    parts[n++] = (SnapPart){s->v, kv};
+    parts[n++] = (SnapPart){s->real, (size_t)(s->batch * s->max_len)};
+    parts[n++] = (SnapPart){s->n_real, (size_t)s->batch * sizeof(int64_t)};
+    parts[n++] = (SnapPart){&s->total_mem, sizeof s->total_mem};
+    parts[n++] = (SnapPart){s->tok_in, rows * sizeof(int32_t)};
+    parts[n++] = (SnapPart){s->real_in, rows};
+    return n;
+}
+
+/* save: state -> r->snap; else r->snap -> state. */
+static void cpu_snapshot_copy(CpuRun *r, bool save) {
+    KvRefState *s = &r->s;
+    SnapPart parts[8];
+    const size_t n = cpu_snapshot_parts(s, parts);
+    unsigned char *at = r->snap;
+    for (size_t i = 0; i < n; i++) {
+        if (save) {
+            memcpy(at, parts[i].ptr, parts[i].bytes);
+        } else {
+            memcpy(parts[i].ptr, at, parts[i].bytes);
+        }
+        at += parts[i].bytes;
+    }
+    for (int64_t l = 0; s->caches != NULL && l < s->n_layers; l++) {
+        if (s->caches[l] == NULL) continue;
+        if (save) {
+            kv_cache_snapshot_save(s->variant, s->caches[l], at);
+        } else {
+            kv_cache_snapshot_load(s->variant, s->caches[l], at);
+        }
+        at += kv_cache_snapshot_bytes(s->variant, s->caches[l]);
+    }
+}
+
+static KvStatus cpu_snapshot_save(KvBackend *b, KvError *err) {
+    CpuRun *r = cpu_run(b);
+    KvRefState *s = &r->s;
+    SnapPart parts[8];
+    const size_t n = cpu_snapshot_parts(s, parts);
+    size_t need = 0;
+    for (size_t i = 0; i < n; i++) need += parts[i].bytes;
+    for (int64_t l = 0; s->caches != NULL && l < s->n_layers; l++) {
+        if (s->caches[l] != NULL) need += kv_cache_snapshot_bytes(s->variant, s->caches[l]);
+    }
+    if (r->snap == NULL || r->snap_bytes != need) {
+        free(r->snap);
+        r->snap = malloc(need > 0 ? need : 1);
+        r->snap_bytes = r->snap != NULL ? need : 0;
+        if (r->snap == NULL) {
+            return kv_error_set(err, KV_ERR_INTERNAL, "snapshot: out of memory (%zu bytes)", need);
+        }
+    }
+    cpu_snapshot_copy(r, true);
+    r->snap_len = s->len;
+    return KV_OK;
+}
+
+static KvStatus cpu_snapshot_load(KvBackend *b, KvError *err) {
+    CpuRun *r = cpu_run(b);
+    if (r->snap == NULL) return kv_error_set(err, KV_ERR_INTERNAL, "snapshot: none saved");
+    cpu_snapshot_copy(r, false);
+    r->s.len = r->snap_len;
+    return KV_OK;
+}
+
+static KvStatus cpu_read_step(KvBackend *b, KvBackendStep *out, KvError *err) {
+    const KvRefState *s = &cpu_run(b)->s;
+    (void)err; /* sentinels were checked as each forward finished */
+    out->logits = s->logits;
+    out->tokens = s->next_tok;
+    out->margins = s->margin;
+    out->probe_hash = s->probes ? s->probe_hash : NULL;
+    return KV_OK;
+}
+
+static bool cpu_take_nonfinite(KvBackend *b, KvNonfinite *out) {
+    KvRefState *s = &cpu_run(b)->s;
+    const bool found = s->nonfinite_probe >= 0;
+    if (found) {
+        out->probe = s->nonfinite_probe;
+        out->row = s->nonfinite_row;
+        out->index = s->nonfinite_index;
+        out->value = s->nonfinite_value;
+    }
+    kv_ref_nonfinite_reset(s);
+    return found;
+}
+
+static void cpu_take_dump(KvBackend *b, KvProbeDump *out) {
+    KvRefState *s = &cpu_run(b)->s;
+    kv_probe_dump_free(out);
+    *out = s->dump;
+    memset(&s->dump, 0, sizeof s->dump);
+}
+
+static void cpu_stats(const KvBackend *b, KvBackendStats *out) {
+    const CpuRun *r = cpu_run_const(b);
+    out->eager_forwards = r->eager_forwards;
+    out->graph_launches = r->launches;
+    snprintf(out->device, sizeof out->device, "cpu");
+    snprintf(out->math_mode, sizeof out->math_mode, "fp32, -ffp-contract=off, no fast-math");
+}
+
+const KvBackendOps kv_backend_cpu = {
+    .name = "cpu",
+    .host = true,
+    .query = cpu_query,
+    .create = cpu_create,
+    .destroy = cpu_destroy,
+    .set_input = cpu_set_input,
+    .forward = cpu_forward,
+    .layer_key = cpu_layer_key,
+    .capture = cpu_capture,
+    .replay = cpu_replay,
+    .snapshot_save = cpu_snapshot_save,
+    .snapshot_load = cpu_snapshot_load,
+    .read_step = cpu_read_step,
+    .take_nonfinite = cpu_take_nonfinite,
+    .take_dump = cpu_take_dump,
+    .stats = cpu_stats,
+};
