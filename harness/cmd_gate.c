@@ -734,10 +734,13 @@ int kv_cmd_gate(int argc, char **argv) {
     if (st != KV_OK) goto done;
     if (!a.quiet) {
         printf("%s gate\n", kv_cli_version());
+        /* A device that cannot run is named once, on its backend's line. */
+        const bool cpu_only = strncmp(rep.device, "cpu only", 8) == 0;
 #ifdef _OPENMP
-        printf("cpu: reference, %d OpenMP threads; device: %s\n", omp_get_max_threads(), rep.device);
+        printf("cpu: reference, %d OpenMP threads; device: %s\n", omp_get_max_threads(),
+               cpu_only ? "none" : rep.device);
 #else
-        printf("cpu: reference, single-threaded; device: %s\n", rep.device);
+        printf("cpu: reference, single-threaded; device: %s\n", cpu_only ? "none" : rep.device);
 #endif
         for (int i = 0; i < o.n_backends; i++) {
             /* One line, not one SKIP row per run (the report lists them). */
