@@ -36,9 +36,10 @@ static void bisect_usage(FILE *f) {
             "A is in the first and B in the second (one --run names both).\n\n"
             "  --run SPEC   a run index (as in runs/NNNN) or its label\n"
             "               MODEL/SCENARIO/VARIANT[+FAULT]/BACKEND/MODE/rN\n"
-            "  --rerun      re-execute both runs (CPU) up to that step with full dumps of the\n"
-            "               differing probe and its inputs; print the first differing element\n"
-            "               and write the dumps to the /bisect group of the (first) report\n"
+            "  --rerun      re-execute both runs on their backends up to that step with full\n"
+            "               dumps of the differing probe and its inputs (cpu: cuda keeps\n"
+            "               hashes only); print the first differing element and write the\n"
+            "               dumps to the /bisect group of the (first) report\n"
             "  --out PATH   write the report with /bisect there instead of over REPORT.h5\n"
             "  --model DIR  the checkpoint a non-fixture run used (fixtures are rebuilt from\n"
             "               the report's weight seed)\n"
@@ -261,6 +262,12 @@ static KvStatus bisect_rerun(const BisectJob *j, const KvBisectPoint *pt, KvErro
             printf("  (a run that does not reproduce is itself nondeterministic: repeat the "
                    "rerun)\n");
         }
+    }
+    if (ra.dump.data == NULL || rb.dump.data == NULL) {
+        /* A backend without probe dumps (cuda) reruns to the hashes alone. */
+        printf("dumps: none: the %.16s backend keeps no probe values; the hashes above are what "
+               "its rerun shows\n", ra.dump.data == NULL ? j->a->backend : j->b->backend);
+        goto exit;
     }
     const KvConfig *c = &j->m->config;
     const int64_t kv_dim = c->num_kv_heads * c->head_dim;
