@@ -1,11 +1,11 @@
-/* cli.h: the kvrepro subcommands and the small option parser they share. */
+/* cli.h: the kvrepro subcommands (cmd_*.c), and what they share on the
+ * command line (cli.c): the option parser, the version, the exit codes. */
 #ifndef KV_CLI_H
 #define KV_CLI_H
 
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "model.h"
 #include "status.h"
 
 /* Exit codes (DESIGN §8). */
@@ -26,15 +26,12 @@ bool kv_cli_take(int argc, char **argv, int *i, const char *name, const char **v
  * false when it is not one. */
 bool kv_cli_parse_u64(const char *opt, const char *text, uint64_t *out);
 
+/* "kvrepro VERSION (commit C)": the first line of `kvrepro version`, of the
+ * usage text and of a gate log. */
 const char *kv_cli_version(void);
 
-/* Shared by gate and fixture: decodes the default scenario with the
- * reference, prints tokens (when asked), the smallest top-1 margin and the
- * logits hash; *min_margin (may be NULL) receives the margin. */
-KvStatus kv_gate_decode_print(const KvModel *m, uint64_t prompt_seed, bool print_tokens,
-                              float *min_margin, KvError *err);
-
-/* KV_ERR_INPUT -> 2, anything else -> 3. */
-int kv_gate_exit_code(KvStatus st);
+/* The exit code a command returns for a status other than KV_OK:
+ * KV_ERR_INPUT -> KV_EXIT_USAGE (2), anything else -> KV_EXIT_INTERNAL (3). */
+int kv_cli_exit_code(KvStatus st);
 
 #endif

@@ -447,7 +447,7 @@ int kv_cmd_bisect(int argc, char **argv) {
 done:
     if (st != KV_OK) {
         fprintf(stderr, "kvrepro bisect: %s\n", err.msg);
-        rc = kv_gate_exit_code(st);
+        rc = kv_cli_exit_code(st);
     }
     bisect_model_free(&bm);
     kv_report_free(&rep[0]);

@@ -3,13 +3,17 @@
  * written is known to be valid) and prints the smallest top-1 margin of the
  * default decode. */
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cli.h"
+#include "decode.h"
 #include "fixture.h"
 #include "model.h"
+#include "prng.h"
+#include "scenario.h"
 
 static void fixture_usage(FILE *f) {
     fprintf(f,
@@ -24,6 +28,50 @@ static void fixture_usage(FILE *f) {
             "  --seed N   weight seed (default %llu)\n"
             "Prints the smallest top-1 margin over the default decode.\n",
             (unsigned long long)KV_FIXTURE_DEFAULT_SEED);
+}
+
+/* Decodes the default scenario of m with the reference (prompts from
+ * prompt_seed) and prints the scenario, the smallest top-1 margin and its
+ * step (how near the fixture's greedy decode comes to a tie, where the gate's
+ * reference comparison turns tie-aware) and the logits hash. */
+static KvStatus fixture_print_decode(const KvModel *m, uint64_t prompt_seed, KvError *err) {
+    KvScenario sc = {0};
+    KvDecodeResult res = {0};
+    KvStatus st = kv_scenario_default(&m->config, prompt_seed, &sc, err);
+    if (st != KV_OK) goto exit;
+    KvDecodeSpec spec = {
+        .batch = sc.batch,
+        .prompt_len = sc.prompt_len,
+        .prompt = sc.prompt,
+        .prompt_real = sc.real,
+        .new_tokens = sc.new_tokens,
+        .prefill_chunk = sc.prefill_chunk,
+    };
+    st = kv_decode_greedy(m, &spec, &res, err);
+    if (st != KV_OK) goto exit;
+
+    float best = INFINITY;
+    int64_t best_step = -1;
+    for (int64_t i = 0; i < res.steps * res.batch; i++) {
+        if (res.margins[i] < best) {
+            best = res.margins[i];
+            best_step = i / res.batch;
+        }
+    }
+    uint64_t h = kv_fnv1a(KV_FNV_OFFSET, res.logits,
+                          (size_t)(res.steps * res.batch * res.vocab) * sizeof(float));
+    printf("scenario: %s: batch %lld, prompt %lld tokens (prompt seed %llu), %lld new tokens, "
+           "window %lld\n",
+           sc.name, (long long)sc.batch, (long long)sc.prompt_len,
+           (unsigned long long)sc.seed, (long long)sc.new_tokens,
+           (long long)m->config.sliding_window);
+    printf("min top-1 margin: %.6g (step %lld)\n", (double)best, (long long)best_step);
+    printf("logits fnv1a64: 0x%016" PRIx64 "\n", h);
+
+exit:
+    kv_decode_result_free(&res);
+    kv_scenario_free(&sc);
+    return st;
 }
 
 int kv_cmd_fixture(int argc, char **argv) {
@@ -85,7 +133,6 @@ int kv_cmd_fixture(int argc, char **argv) {
     size_t st_len = 0;
     char *json = NULL;
     KvModel m = {0};
-    float margin = 0.0f;
     KvStatus st = kv_fixture_config(family, size, &cfg, &err);
     if (st == KV_OK) st = kv_fixture_build(&cfg, seed, &st_bytes, &st_len, &json, &err);
     if (st == KV_OK) st = kv_fixture_write_dir(out, st_bytes, st_len, json, &err);
@@ -96,14 +143,14 @@ int kv_cmd_fixture(int argc, char **argv) {
     }
     if (st == KV_OK) {
         printf("weights fnv1a64: 0x%016" PRIx64 "\n", kv_model_hash(&m));
-        st = kv_gate_decode_print(&m, KV_FIXTURE_DEFAULT_SEED, false, &margin, &err);
+        st = fixture_print_decode(&m, KV_FIXTURE_DEFAULT_SEED, &err);
     }
     kv_model_free(&m);
     free(st_bytes);
     free(json);
     if (st != KV_OK) {
         fprintf(stderr, "kvrepro fixture: %s\n", err.msg);
-        return kv_gate_exit_code(st);
+        return kv_cli_exit_code(st);
     }
     return KV_EXIT_PASS;
 }

@@ -108,10 +108,6 @@ static void gate_usage(FILE *f) {
             (unsigned long long)KV_FIXTURE_DEFAULT_SEED, KV_TOPK, KV_FULL_LOGITS_MAX_VOCAB);
 }
 
-int kv_gate_exit_code(KvStatus st) {
-    return st == KV_ERR_INPUT ? KV_EXIT_USAGE : KV_EXIT_INTERNAL;
-}
-
 /* Parses a comma-separated list of names, each exactly one of known[0..n_known)
  * and none twice, into picked[] (indices into known, in the order given;
  * *n_picked of them). An empty list, an empty item, an unknown name or a
@@ -248,59 +244,6 @@ exit:
     free(lens);
     cJSON_Delete(root);
     free(text);
-    return st;
-}
-
-KvStatus kv_gate_decode_print(const KvModel *m, uint64_t prompt_seed, bool print_tokens,
-                              float *min_margin, KvError *err) {
-    KvScenario sc = {0};
-    KvDecodeResult res = {0};
-    KvStatus st = kv_scenario_default(&m->config, prompt_seed, &sc, err);
-    if (st != KV_OK) goto exit;
-    KvDecodeSpec spec = {
-        .batch = sc.batch,
-        .prompt_len = sc.prompt_len,
-        .prompt = sc.prompt,
-        .prompt_real = sc.real,
-        .new_tokens = sc.new_tokens,
-        .prefill_chunk = sc.prefill_chunk,
-    };
-    st = kv_decode_greedy(m, &spec, &res, err);
-    if (st != KV_OK) goto exit;
-
-    float best = INFINITY;
-    int64_t best_step = -1;
-    for (int64_t i = 0; i < res.steps * res.batch; i++) {
-        if (res.margins[i] < best) {
-            best = res.margins[i];
-            best_step = i / res.batch;
-        }
-    }
-    uint64_t h = kv_fnv1a(KV_FNV_OFFSET, res.logits,
-                          (size_t)(res.steps * res.batch * res.vocab) * sizeof(float));
-    printf("scenario: %s: batch %lld, prompt %lld tokens (prompt seed %llu), %lld new tokens, "
-           "window %lld\n",
-           sc.name, (long long)sc.batch, (long long)sc.prompt_len,
-           (unsigned long long)sc.seed, (long long)sc.new_tokens,
-           (long long)m->config.sliding_window);
-    if (print_tokens) {
-        for (int64_t b = 0; b < res.batch; b++) {
-            printf("prompt[%lld]:", (long long)b);
-            for (int64_t i = 0; i < sc.prompt_len; i++) {
-                if (sc.real[b * sc.prompt_len + i]) printf(" %d", sc.prompt[b * sc.prompt_len + i]);
-            }
-            printf("\ntokens[%lld]:", (long long)b);
-            for (int64_t s = 0; s < res.steps; s++) printf(" %d", res.tokens[s * res.batch + b]);
-            printf("\n");
-        }
-    }
-    printf("min top-1 margin: %.6g (step %lld)\n", (double)best, (long long)best_step);
-    printf("logits fnv1a64: 0x%016" PRIx64 "\n", h);
-    if (min_margin != NULL) *min_margin = best;
-
-exit:
-    kv_decode_result_free(&res);
-    kv_scenario_free(&sc);
     return st;
 }
 
@@ -811,7 +754,7 @@ int kv_cmd_gate(int argc, char **argv) {
 done:
     if (st != KV_OK) {
         fprintf(stderr, "kvrepro gate: %s\n", err.msg);
-        rc = kv_gate_exit_code(st);
+        rc = kv_cli_exit_code(st);
     }
     kv_scenario_free(&custom);
     kv_report_free(&rep);

@@ -35,7 +35,7 @@ int kv_cmd_show(int argc, char **argv) {
     KvStatus st = kv_report_read_h5(argv[1], &rep, &err);
     if (st != KV_OK) {
         fprintf(stderr, "kvrepro show: %s\n", err.msg);
-        return kv_gate_exit_code(st);
+        return kv_cli_exit_code(st);
     }
     report_print_root(&rep, argv[1]);
     st = kv_report_print_summary(&rep, stdout);
@@ -86,7 +86,7 @@ int kv_cmd_diff(int argc, char **argv) {
     for (int k = 0; k < n_paths && st == KV_OK; k++) st = kv_report_read_h5(paths[k], &rep[k], &err);
     if (st != KV_OK) {
         fprintf(stderr, "kvrepro diff: %s\n", err.msg);
-        rc = kv_gate_exit_code(st);
+        rc = kv_cli_exit_code(st);
         goto exit;
     }
     const KvReport *ra = &rep[0];
@@ -269,7 +269,7 @@ oom:
     st = kv_error_set(&err, KV_ERR_INTERNAL, "out of memory");
 fail:
     fprintf(stderr, "kvrepro merge: %s\n", err.msg);
-    rc = kv_gate_exit_code(st);
+    rc = kv_cli_exit_code(st);
 exit:
     kv_report_free(&in);
     kv_report_free(&out);

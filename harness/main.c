@@ -1,47 +1,10 @@
-/* main.c: the kvrepro command-line entry point: dispatches subcommands and
- * holds the shared option parsing. Only this layer turns statuses into exit
- * codes. */
-#include <errno.h>
+/* main.c: the kvrepro command-line entry point: the top-level usage and
+ * version, and the choice of subcommand (cmd_*.c), whose exit code is the
+ * program's. */
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "cli.h"
-
-const char *kv_cli_version(void) {
-    return "kvrepro " KV_VERSION " (commit " KV_GIT_COMMIT ")";
-}
-
-bool kv_cli_take(int argc, char **argv, int *i, const char *name, const char **value, bool *bad) {
-    const char *a = argv[*i];
-    size_t n = strlen(name);
-    if (strncmp(a, name, n) != 0) return false;
-    if (a[n] == '=') {
-        *value = a + n + 1;
-        return true;
-    }
-    if (a[n] != '\0') return false;
-    if (*i + 1 >= argc) {
-        fprintf(stderr, "kvrepro: option %s needs a value\n", name);
-        *bad = true;
-        return true;
-    }
-    *value = argv[++*i];
-    return true;
-}
-
-bool kv_cli_parse_u64(const char *opt, const char *text, uint64_t *out) {
-    char *end = NULL;
-    errno = 0;
-    if (text[0] < '0' || text[0] > '9') goto bad;
-    unsigned long long v = strtoull(text, &end, 10);
-    if (errno != 0 || end == text || *end != '\0') goto bad;
-    *out = (uint64_t)v;
-    return true;
-bad:
-    fprintf(stderr, "kvrepro: %s: expected a non-negative integer, found '%s'\n", opt, text);
-    return false;
-}
 
 static void main_usage(FILE *f) {
     fprintf(f,
