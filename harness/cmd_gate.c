@@ -3,29 +3,22 @@
  * compares every run, prints the summary table, writes the HDF5 report and
  * JUnit XML when asked, and exits 0 (all pass), 1 (a comparison failed),
  * 2 (bad input or usage) or 3 (internal error). */
-#include <cjson/cJSON.h>
-#include <errno.h>
 #include <inttypes.h>
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "cli.h"
 #include "backends.h"
 #include "compare.h"
-#include "decode.h"
 #include "fault.h"
-#include "file_open.h"
 #include "fixture.h"
-#include "forward.h"
 #include "junit.h"
 #include "matrix.h"
 #include "model.h"
 #include "mutation.h"
-#include "prng.h"
+#include "prompts.h"
 #include "report.h"
 #include "report_h5.h"
 #include "scenario.h"
@@ -155,96 +148,6 @@ static bool gate_parse_bounded(const char *opt, const char *text, uint64_t lo, u
         return false;
     }
     return true;
-}
-
-/* A prompts file is token ids as JSON text (~6 bytes an id): 64 MiB is ~10M
- * tokens, more than a CPU reference decodes in a day. */
-#define KV_GATE_MAX_PROMPTS_BYTES (64 << 20)
-
-/* Parses --prompts FILE: a JSON array of non-empty arrays of token ids. */
-static KvStatus gate_load_prompts(const char *path, int64_t new_tokens, KvScenario *out,
-                                  KvError *err) {
-    KvStatus st = KV_OK;
-    char *text = NULL;
-    cJSON *root = NULL;
-    int32_t **rows = NULL;
-    int64_t *lens = NULL;
-    int64_t batch = 0;
-    int fd = -1;
-    struct stat sb;
-    /* a FIFO or device is refused before any read can block */
-    st = kv_file_open_regular(path, &fd, &sb, err);
-    if (st != KV_OK) return st;
-    if (sb.st_size > KV_GATE_MAX_PROMPTS_BYTES) {
-        close(fd);
-        return kv_error_set(err, KV_ERR_INPUT, "%s: %lld bytes, above the %d MiB a prompts file "
-                            "may have", path, (long long)sb.st_size,
-                            KV_GATE_MAX_PROMPTS_BYTES >> 20);
-    }
-    const size_t size = (size_t)sb.st_size;
-    text = malloc(size + 1);
-    size_t got = 0;
-    while (text != NULL && got < size) {
-        const ssize_t r = read(fd, text + got, size - got);
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) break;
-        got += (size_t)r;
-    }
-    close(fd);
-    if (text == NULL || got != size) {
-        st = kv_error_set(err, KV_ERR_INPUT, "%s: cannot read: %s", path,
-                          text == NULL ? "out of memory" : "short read");
-        goto exit;
-    }
-    text[size] = '\0';
-    root = cJSON_ParseWithLength(text, size);
-    if (root == NULL || !cJSON_IsArray(root) || cJSON_GetArraySize(root) < 1) {
-        st = kv_error_set(err, KV_ERR_INPUT, "%s: expected a non-empty JSON array of token-id "
-                          "arrays", path);
-        goto exit;
-    }
-    batch = cJSON_GetArraySize(root);
-    rows = calloc((size_t)batch, sizeof *rows);
-    lens = calloc((size_t)batch, sizeof *lens);
-    if (rows == NULL || lens == NULL) {
-        st = kv_error_set(err, KV_ERR_INTERNAL, "out of memory");
-        goto exit;
-    }
-    /* children walked in order: cJSON_GetArrayItem(i) is a list walk, so
-     * indexing would be quadratic in a long prompt */
-    const cJSON *row = root->child;
-    for (int64_t b = 0; b < batch; b++, row = row->next) {
-        if (!cJSON_IsArray(row) || cJSON_GetArraySize(row) < 1) {
-            st = kv_error_set(err, KV_ERR_INPUT, "%s: prompt %lld: expected a non-empty array of "
-                              "token ids", path, (long long)b);
-            goto exit;
-        }
-        lens[b] = cJSON_GetArraySize(row);
-        rows[b] = malloc((size_t)lens[b] * sizeof(int32_t));
-        if (rows[b] == NULL) {
-            st = kv_error_set(err, KV_ERR_INTERNAL, "out of memory");
-            goto exit;
-        }
-        const cJSON *t = row->child;
-        for (int64_t i = 0; i < lens[b]; i++, t = t->next) {
-            const double v = cJSON_IsNumber(t) ? t->valuedouble : -1.0;
-            if (!cJSON_IsNumber(t) || v < 0.0 || v > 2147483647.0 || v != floor(v)) {
-                st = kv_error_set(err, KV_ERR_INPUT, "%s: prompt %lld token %lld: expected a "
-                                  "non-negative integer token id", path, (long long)b, (long long)i);
-                goto exit;
-            }
-            rows[b][i] = (int32_t)v;
-        }
-    }
-    st = kv_scenario_custom("prompts", (const int32_t *const *)rows, lens, batch, new_tokens, out,
-                            err);
-exit:
-    for (int64_t b = 0; rows != NULL && b < batch; b++) free(rows[b]);
-    free(rows);
-    free(lens);
-    cJSON_Delete(root);
-    free(text);
-    return st;
 }
 
 /* Parses a comma-separated list of fault names ("all" too when allow_all):
@@ -667,7 +570,7 @@ int kv_cmd_gate(int argc, char **argv) {
     KvStatus st = KV_OK;
     int rc = KV_EXIT_PASS;
     if (a.prompts_path != NULL) {
-        st = gate_load_prompts(a.prompts_path, (int64_t)a.max_new, &custom, &err);
+        st = kv_prompts_load(a.prompts_path, (int64_t)a.max_new, &custom, &err);
         if (st != KV_OK) goto done;
         o.custom = &custom;
     }

@@ -1,0 +1,22 @@
+/* prompts.h: a prompts file as a scenario. The file is a JSON array of
+ * non-empty arrays of token ids, one per row; the rows become one left-padded
+ * batch (kv_scenario_custom), named "prompts". */
+#ifndef KV_PROMPTS_H
+#define KV_PROMPTS_H
+
+#include <stdint.h>
+
+#include "scenario.h"
+#include "status.h"
+
+/* Reads `path` (a regular file of at most 64 MiB; a FIFO or a device is
+ * refused before any read can block) into *out, each row decoding
+ * new_tokens tokens. Token ids are checked to be integers in [0, 2^31);
+ * the vocabulary bound is the model's, so the caller checks it. A file that
+ * cannot be opened or read, is too large, is not such an array, or holds an
+ * empty row or a bad id: KV_ERR_INPUT naming the file (and the prompt and
+ * token); out of memory for the rows: KV_ERR_INTERNAL. Free *out with
+ * kv_scenario_free. */
+KvStatus kv_prompts_load(const char *path, int64_t new_tokens, KvScenario *out, KvError *err);
+
+#endif
