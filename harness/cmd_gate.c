@@ -529,6 +529,110 @@ exit:
     return st;
 }
 
+/* Without --model or --fixture the gate runs the two tiny fixtures. */
+static void gate_default_models(GateArgs *a) {
+    static const char *const k_default_models[] = {"gemma2-tiny", "mistral-tiny"};
+    if (a->n_models == 0) {
+        a->models[0] = k_default_models[0];
+        a->models[1] = k_default_models[1];
+        a->model_is_dir[0] = a->model_is_dir[1] = false;
+        a->n_models = 2;
+    }
+}
+
+/* The lines a gate log opens with: the version, where it runs (and which
+ * selected backends cannot), and the seeds and tolerances a rerun needs. */
+static void gate_print_header(const GateArgs *a, const KvGateOptions *o, const KvReport *rep) {
+    printf("%s gate\n", kv_cli_version());
+    /* A device that cannot run is named once, on its backend's line. */
+    const bool cpu_only = strncmp(rep->device, "cpu only", 8) == 0;
+#ifdef _OPENMP
+    printf("cpu: reference, %d OpenMP threads; device: %s\n", omp_get_max_threads(),
+           cpu_only ? "none" : rep->device);
+#else
+    printf("cpu: reference, single-threaded; device: %s\n", cpu_only ? "none" : rep->device);
+#endif
+    for (int i = 0; i < o->n_backends; i++) {
+        /* One line, not one SKIP row per run (the report lists them). */
+        if (o->backends[i].skip[0] != '\0') {
+            printf("%s: skipped, no device: %s\n", o->backends[i].ops->name, o->backends[i].skip);
+        }
+    }
+    printf("seeds: weights %llu, prompts %llu; tolerances: max_rel_err %g, tie_margin %g; "
+           "shard %s\n",
+           (unsigned long long)a->seed, (unsigned long long)o->prompt_seed, o->tol.max_rel_err,
+           o->tol.tie_margin, rep->shard);
+}
+
+/* The runs this shard will do over all passes: the progress total. */
+static int64_t gate_count_runs(const GateArgs *a, const KvGateOptions *o) {
+    /* Units (model, scenario) in this shard. */
+    const int per_model = o->custom != NULL ? 1 : o->n_scenarios;
+    int64_t units = 0;
+    for (int u = 0; u < a->n_models * per_model; u++) units += u % o->shard_n == o->shard_i - 1;
+    return units * kv_gate_runs_per_unit(o) * a->n_passes;
+}
+
+/* Runs every pass of the matrix on every model into rep; the progress line
+ * is closed whether or not a run failed. */
+static KvStatus gate_run_all(GateArgs *a, KvGateOptions *o, KvReport *rep, KvError *err) {
+    o->runs_total = gate_count_runs(a, o);
+    o->started = kv_gate_now();
+    *o->progress_last = o->started;
+    if (!a->mutation) a->passes[0].faults = o->faults;
+    for (int p = 0; p < a->n_passes; p++) a->passes[p].first_fail = -1;
+    KvStatus st = KV_OK;
+    int unit = 0;
+    for (int i = 0; i < a->n_models && st == KV_OK; i++) {
+        st = gate_run_one_model(a, i, o, &unit, rep, err);
+    }
+    kv_gate_progress_print(o, "", true);
+    return st;
+}
+
+/* Prints the outcome: the failures, then the mutation score, the count line
+ * (--quiet) or the summary table. *failed says whether the gate fails. */
+static KvStatus gate_print_outcome(const KvReport *rep, const GateArgs *a, const KvGateOptions *o,
+                                   bool *failed, KvError *err) {
+    KvStatus st;
+    *failed = gate_print_failures(rep, a);
+    if (a->mutation) {
+        /* The per-run table of a mutation run is thousands of lines: the
+         * report and `kvrepro show` have it; --verbose prints it. */
+        st = a->verbose ? kv_report_print_summary(rep, stdout) : KV_OK;
+        if (st == KV_OK) st = kv_mutation_print(a->passes, a->n_passes, rep, stdout);
+        *failed = kv_mutation_caught(a->passes, a->n_passes) < a->n_passes - 1 ||
+                  a->passes[0].failed > 0;
+    } else if (a->quiet) {
+        st = kv_report_print_counts(rep, stdout);
+    } else {
+        /* Backends that could not run were named in one line up front. */
+        const char *fold[KV_GATE_MAX_LIST];
+        int n_fold = 0;
+        for (int i = 0; i < o->n_backends; i++) {
+            if (o->backends[i].skip[0] != '\0') fold[n_fold++] = o->backends[i].ops->name;
+        }
+        st = kv_report_print_summary_folded(rep, fold, n_fold, stdout);
+    }
+    if (st != KV_OK) return kv_error_set(err, st, "cannot print the summary table");
+    return KV_OK;
+}
+
+/* Writes the HDF5 report and the JUnit XML, where they were asked for. */
+static KvStatus gate_write_outputs(const GateArgs *a, const KvReport *rep, KvError *err) {
+    if (a->report_path != NULL) {
+        KvStatus st = kv_report_write_h5(rep, a->report_path, err);
+        if (st != KV_OK) return st;
+        if (!a->quiet) printf("report: %s\n", a->report_path);
+    }
+    if (a->junit_path != NULL) {
+        KvStatus st = kv_junit_write(rep, a->junit_path, err);
+        if (st != KV_OK) return st;
+        if (!a->quiet) printf("junit: %s\n", a->junit_path);
+    }
+    return KV_OK;
+}
+
 int kv_cmd_gate(int argc, char **argv) {
     GateArgs a;
     memset(&a, 0, sizeof a);
@@ -550,13 +654,7 @@ int kv_cmd_gate(int argc, char **argv) {
         gate_usage(stdout);
         return KV_EXIT_PASS;
     }
-    static const char *const k_default_models[] = {"gemma2-tiny", "mistral-tiny"};
-    if (a.n_models == 0) {
-        a.models[0] = k_default_models[0];
-        a.models[1] = k_default_models[1];
-        a.model_is_dir[0] = a.model_is_dir[1] = false;
-        a.n_models = 2;
-    }
+    gate_default_models(&a);
     int64_t runs_done = 0;
     double progress_last = 0.0;
     o.progress = a.quiet ? KV_PROGRESS_OFF
@@ -569,6 +667,7 @@ int kv_cmd_gate(int argc, char **argv) {
     KvScenario custom = {0};
     KvStatus st = KV_OK;
     int rc = KV_EXIT_PASS;
+    bool failed = false;
     if (a.prompts_path != NULL) {
         st = kv_prompts_load(a.prompts_path, (int64_t)a.max_new, &custom, &err);
         if (st != KV_OK) goto done;
@@ -578,82 +677,14 @@ int kv_cmd_gate(int argc, char **argv) {
     st = gate_query_backends(&o, &rep, &err);
     if (st == KV_OK) st = kv_tolerances_record(&o.tol, &rep, &err);
     if (st != KV_OK) goto done;
-    if (!a.quiet) {
-        printf("%s gate\n", kv_cli_version());
-        /* A device that cannot run is named once, on its backend's line. */
-        const bool cpu_only = strncmp(rep.device, "cpu only", 8) == 0;
-#ifdef _OPENMP
-        printf("cpu: reference, %d OpenMP threads; device: %s\n", omp_get_max_threads(),
-               cpu_only ? "none" : rep.device);
-#else
-        printf("cpu: reference, single-threaded; device: %s\n", cpu_only ? "none" : rep.device);
-#endif
-        for (int i = 0; i < o.n_backends; i++) {
-            /* One line, not one SKIP row per run (the report lists them). */
-            if (o.backends[i].skip[0] != '\0') {
-                printf("%s: skipped, no device: %s\n", o.backends[i].ops->name, o.backends[i].skip);
-            }
-        }
-        printf("seeds: weights %llu, prompts %llu; tolerances: max_rel_err %g, tie_margin %g; "
-               "shard %s\n",
-               (unsigned long long)a.seed, (unsigned long long)o.prompt_seed, o.tol.max_rel_err,
-               o.tol.tie_margin, rep.shard);
-    }
+    if (!a.quiet) gate_print_header(&a, &o, &rep);
     /* Everything that can be refused is refused before the first decode. */
     st = gate_check_outputs(&a, &err);
     if (st == KV_OK) st = gate_check_work(&a, &o, &err);
-    if (st != KV_OK) goto done;
-    {
-        /* Units (model, scenario) in this shard, for the progress total. */
-        const int per_model = o.custom != NULL ? 1 : o.n_scenarios;
-        int64_t units = 0;
-        for (int u = 0; u < a.n_models * per_model; u++) units += u % o.shard_n == o.shard_i - 1;
-        o.runs_total = units * kv_gate_runs_per_unit(&o) * a.n_passes;
-    }
-    o.started = kv_gate_now();
-    progress_last = o.started;
-    if (!a.mutation) a.passes[0].faults = o.faults;
-    for (int p = 0; p < a.n_passes; p++) a.passes[p].first_fail = -1;
-    int unit = 0;
-    for (int i = 0; i < a.n_models && st == KV_OK; i++) {
-        st = gate_run_one_model(&a, i, &o, &unit, &rep, &err);
-    }
-    kv_gate_progress_print(&o, "", true);
-    if (st != KV_OK) goto done;
-
-    bool failed = gate_print_failures(&rep, &a);
-    if (a.mutation) {
-        /* The per-run table of a mutation run is thousands of lines: the
-         * report and `kvrepro show` have it; --verbose prints it. */
-        st = a.verbose ? kv_report_print_summary(&rep, stdout) : KV_OK;
-        if (st == KV_OK) st = kv_mutation_print(a.passes, a.n_passes, &rep, stdout);
-        failed = kv_mutation_caught(a.passes, a.n_passes) < a.n_passes - 1 || a.passes[0].failed > 0;
-    } else if (a.quiet) {
-        st = kv_report_print_counts(&rep, stdout);
-    } else {
-        /* Backends that could not run were named in one line up front. */
-        const char *fold[KV_GATE_MAX_LIST];
-        int n_fold = 0;
-        for (int i = 0; i < o.n_backends; i++) {
-            if (o.backends[i].skip[0] != '\0') fold[n_fold++] = o.backends[i].ops->name;
-        }
-        st = kv_report_print_summary_folded(&rep, fold, n_fold, stdout);
-    }
-    if (st != KV_OK) {
-        kv_error_set(&err, st, "cannot print the summary table");
-        goto done;
-    }
-    if (a.report_path != NULL) {
-        st = kv_report_write_h5(&rep, a.report_path, &err);
-        if (st != KV_OK) goto done;
-        if (!a.quiet) printf("report: %s\n", a.report_path);
-    }
-    if (a.junit_path != NULL) {
-        st = kv_junit_write(&rep, a.junit_path, &err);
-        if (st != KV_OK) goto done;
-        if (!a.quiet) printf("junit: %s\n", a.junit_path);
-    }
-    rc = failed ? KV_EXIT_GATE_FAIL : KV_EXIT_PASS;
+    if (st == KV_OK) st = gate_run_all(&a, &o, &rep, &err);
+    if (st == KV_OK) st = gate_print_outcome(&rep, &a, &o, &failed, &err);
+    if (st == KV_OK) st = gate_write_outputs(&a, &rep, &err);
+    if (st == KV_OK && failed) rc = KV_EXIT_GATE_FAIL;
 done:
     if (st != KV_OK) {
         fprintf(stderr, "kvrepro gate: %s\n", err.msg);
