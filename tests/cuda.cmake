@@ -1,6 +1,6 @@
 # cuda.cmake: CUDA tests (included from tests/CMakeLists.txt).
 kv_add_check(test_cuda_device kvcore test_cuda_device.c no_device.c)
-target_link_libraries(test_cuda_device PRIVATE kvcuda)
+target_link_libraries(test_cuda_device PRIVATE kvcuda kvcore)
 set_target_properties(test_cuda_device PROPERTIES LINKER_LANGUAGE C)
 # The no-device path always runs (the child hides devices with
 # CUDA_VISIBLE_DEVICES=""), so it shows as Passed; the device part exits 77

@@ -29,20 +29,6 @@
 /* Multiplier of the F32 chain: not a power of two, so every step rounds. */
 #define KV_SELFTEST_DECAY 0.999f
 
-/* Formats err->msg without reference/status.c, so this library links in any
- * order relative to kvcore. */
-static KvStatus kv_cuda_error_set(KvError *err, KvStatus st, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static KvStatus kv_cuda_error_set(KvError *err, KvStatus st, const char *fmt, ...) {
-    if (err != NULL) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err->msg, sizeof err->msg, fmt, ap);
-        va_end(ap);
-    }
-    return st;
-}
-
 /* Errors that can mean "no usable GPU here" rather than "this code is
  * broken": no device, no or stub driver library, a driver older than this
  * runtime, devices busy. */
@@ -82,7 +68,7 @@ static bool kv_cuda_gpu_expected(char *line, size_t len) {
 
 static KvStatus kv_cuda_fail(KvError *err, KvStatus st, cudaError_t e, const char *call,
                              const char *file, int line) {
-    return kv_cuda_error_set(err, st, "%s:%d: %s failed: %s: %s", file, line, call,
+    return kv_error_set(err, st, "%s:%d: %s failed: %s: %s", file, line, call,
                              cudaGetErrorName(e), cudaGetErrorString(e));
 }
 
@@ -139,7 +125,7 @@ extern "C" KvStatus kv_cuda_query(KvCudaInfo *out, KvError *err) {
         const bool expected = e != cudaErrorNoDevice && e != cudaErrorStubLibrary &&
                               kv_cuda_gpu_expected(drv, sizeof drv);
         const bool absent = kv_cuda_is_absent(e) && !expected;
-        return kv_cuda_error_set(err, absent ? KV_SKIP : KV_ERR_INTERNAL,
+        return kv_error_set(err, absent ? KV_SKIP : KV_ERR_INTERNAL,
                                  "%s:%d: cudaGetDeviceCount(&count) failed: %s: %s (driver version "
                                  "%d, runtime version %d)%s%s",
                                  __FILE__, __LINE__, cudaGetErrorName(e), cudaGetErrorString(e),
@@ -150,7 +136,7 @@ extern "C" KvStatus kv_cuda_query(KvCudaInfo *out, KvError *err) {
                                  expected ? drv : "");
     }
     if (count <= 0) {
-        return kv_cuda_error_set(err, KV_SKIP,
+        return kv_error_set(err, KV_SKIP,
                                  "%s:%d: cudaGetDeviceCount(&count) returned %d devices (driver "
                                  "version %d, runtime version %d)",
                                  __FILE__, __LINE__, count, driver, runtime);
@@ -253,7 +239,7 @@ extern "C" KvStatus kv_cuda_selftest(KvError *err) {
             acc = prod + h_fracs[j];
         }
         if (kv_float_bits(h_exact[t]) != kv_float_bits((float)want)) {
-            st = kv_cuda_error_set(err, KV_ERR_INTERNAL,
+            st = kv_error_set(err, KV_ERR_INTERNAL,
                                    "CUDA self-test on %s (sm_%d%d): thread %d integer sum is %.9g, "
                                    "want exactly %lld",
                                    info.name, info.cc_major, info.cc_minor, t, (double)h_exact[t],
@@ -261,7 +247,7 @@ extern "C" KvStatus kv_cuda_selftest(KvError *err) {
             goto cleanup;
         }
         if (kv_float_bits(h_chain[t]) != kv_float_bits(acc)) {
-            st = kv_cuda_error_set(err, KV_ERR_INTERNAL,
+            st = kv_error_set(err, KV_ERR_INTERNAL,
                                    "CUDA self-test on %s (sm_%d%d): thread %d F32 multiply-add "
                                    "chain is %.9g (0x%08x), host gives %.9g (0x%08x): device F32 "
                                    "rounding differs from the host (built without --fmad=false?)",
@@ -273,14 +259,14 @@ extern "C" KvStatus kv_cuda_selftest(KvError *err) {
     for (int g = KV_SELFTEST_OUT; g < KV_SELFTEST_OUT + KV_SELFTEST_GUARD; g++) {
         if (kv_float_bits(h_exact[g]) != KV_SELFTEST_GUARD_BITS ||
             kv_float_bits(h_chain[g]) != KV_SELFTEST_GUARD_BITS) {
-            st = kv_cuda_error_set(err, KV_ERR_INTERNAL,
+            st = kv_error_set(err, KV_ERR_INTERNAL,
                                    "CUDA self-test on %s: the kernel wrote past its %d outputs "
                                    "(guard float %d changed)",
                                    info.name, KV_SELFTEST_OUT, g - KV_SELFTEST_OUT);
             goto cleanup;
         }
     }
-    kv_cuda_error_set(err, KV_OK,
+    kv_error_set(err, KV_OK,
                       "CUDA self-test passed on %s (sm_%d%d): %d threads bitwise equal to the host; "
                       "kernel binary version %d, PTX version %d",
                       info.name, info.cc_major, info.cc_minor, KV_SELFTEST_OUT, attr.binaryVersion,
