@@ -1,0 +1,408 @@
+/* h5util.c: the HDF5 plumbing and the report layout shared by the writer
+ * and the reader (h5util.h).
+ *
+ * Written in the netCDF-C style: every HDF5 call is checked, handles start as
+ * H5I_INVALID_HID and are closed in reverse order at one exit label, HDF5's
+ * automatic error printing is off for the duration of a call and the
+ * innermost entry of the error stack is copied into the KvError. */
+#include "h5util.h"
+
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+/* ---- errors --------------------------------------------------------------- */
+
+typedef struct {
+    char func[64];
+    char desc[320];
+    bool have;
+} InnermostError;
+
+/* H5E_WALK_UPWARD starts at the most specific entry (n == 0): the one that
+ * says "truncated file" rather than "unable to open file". */
+static herr_t h5_walk_innermost(unsigned n, const H5E_error2_t *e, void *data) {
+    InnermostError *in = data;
+    if (n == 0 && e != NULL) {
+        snprintf(in->func, sizeof in->func, "%s", e->func_name != NULL ? e->func_name : "?");
+        snprintf(in->desc, sizeof in->desc, "%s", e->desc != NULL ? e->desc : "?");
+        in->have = true;
+    }
+    return 0;
+}
+
+KvStatus h5_report_fail(ReportCtx *c, KvStatus st, const char *fmt, ...) {
+    char what[900];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    return kv_error_set(c->err, st, "%s: %s", c->path, what);
+}
+
+KvStatus h5_fail(ReportCtx *c, KvStatus st, const char *fmt, ...) {
+    char what[600];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    InnermostError in = {.have = false};
+    if (H5Ewalk2(H5E_DEFAULT, H5E_WALK_UPWARD, h5_walk_innermost, &in) < 0) in.have = false;
+    if (in.have) {
+        kv_error_set(c->err, st, "%s: %s (HDF5 %s: %s)", c->path, what, in.func, in.desc);
+    } else {
+        kv_error_set(c->err, st, "%s: %s", c->path, what);
+    }
+    if (st == KV_ERR_INTERNAL && H5Eprint2(H5E_DEFAULT, stderr) < 0) {
+        fprintf(stderr, "kvrepro: (the HDF5 error stack could not be printed)\n");
+    }
+    if (H5Eclear2(H5E_DEFAULT) < 0) {
+        /* stale entries could only precede the next failure's own; the
+         * message above is already complete */
+    }
+    return st;
+}
+
+void h5_close(herr_t (*close_fn)(hid_t), hid_t id, const char *what, KvStatus *st, ReportCtx *c) {
+    if (id < 0) return;
+    if (close_fn(id) < 0 && *st == KV_OK) {
+        *st = h5_fail(c, KV_ERR_INTERNAL, "%s: cannot close", what);
+    }
+}
+
+KvStatus h5_quiet_begin(QuietErrors *q, ReportCtx *c) {
+    q->saved = false;
+    if (H5Eget_auto2(H5E_DEFAULT, &q->func, &q->data) < 0) {
+        return h5_report_fail(c, KV_ERR_INTERNAL, "cannot query HDF5 error printing");
+    }
+    q->saved = true;
+    if (H5Eset_auto2(H5E_DEFAULT, NULL, NULL) < 0) {
+        return h5_report_fail(c, KV_ERR_INTERNAL, "cannot turn HDF5 error printing off");
+    }
+    return KV_OK;
+}
+
+void h5_quiet_end(QuietErrors *q, KvStatus *st, ReportCtx *c) {
+    if (!q->saved) return;
+    if (H5Eset_auto2(H5E_DEFAULT, q->func, q->data) < 0 && *st == KV_OK) {
+        *st = h5_report_fail(c, KV_ERR_INTERNAL, "cannot restore HDF5 error printing");
+    }
+}
+
+/* ---- types ---------------------------------------------------------------- */
+
+/* Tables are read through NULLPAD memory types: a file string that fills
+ * its field then arrives without a terminator and is caught (NULLTERM
+ * would cut it silently). */
+KvStatus h5_string_type_pad(size_t width, H5T_str_t pad, hid_t *out, ReportCtx *c) {
+    KvStatus st = KV_OK;
+    hid_t t = H5I_INVALID_HID;
+    *out = H5I_INVALID_HID;
+    t = H5Tcopy(H5T_C_S1);
+    if (t < 0 || H5Tset_size(t, width) < 0 || H5Tset_strpad(t, pad) < 0 ||
+        H5Tset_cset(t, H5T_CSET_UTF8) < 0) {
+        st = h5_fail(c, KV_ERR_INTERNAL, "cannot make a string type of %zu bytes", width);
+        goto exit;
+    }
+    *out = t;
+    t = H5I_INVALID_HID;
+exit:
+    h5_close(H5Tclose, t, "string type", &st, c);
+    return st;
+}
+
+KvStatus h5_string_type(size_t width, hid_t *out, ReportCtx *c) {
+    return h5_string_type_pad(width, H5T_STR_NULLTERM, out, c);
+}
+
+size_t h5_column_size(const Column *m) {
+    switch (m->kind) {
+    case COL_I32: return 4;
+    case COL_I64: return 8;
+    case COL_F64: return 8;
+    case COL_STR: return m->width;
+    }
+    return 0;
+}
+
+KvStatus h5_compound_type(const ColumnTable *t, bool file, hid_t *out, ReportCtx *c) {
+    KvStatus st = KV_OK;
+    hid_t type = H5I_INVALID_HID, str = H5I_INVALID_HID;
+    const Column *m = t->columns;
+    *out = H5I_INVALID_HID;
+    size_t size = t->row_size;
+    if (file) {
+        size = 0;
+        for (size_t i = 0; i < t->n_columns; i++) size += h5_column_size(&m[i]);
+    }
+    type = H5Tcreate(H5T_COMPOUND, size);
+    if (type < 0) {
+        st = h5_fail(c, KV_ERR_INTERNAL, "cannot create a compound type");
+        goto exit;
+    }
+    size_t off = 0;
+    for (size_t i = 0; i < t->n_columns; i++) {
+        hid_t mt = H5I_INVALID_HID;
+        switch (m[i].kind) {
+        case COL_I32: mt = file ? H5T_STD_I32LE : H5T_NATIVE_INT32; break;
+        case COL_I64: mt = file ? H5T_STD_I64LE : H5T_NATIVE_INT64; break;
+        case COL_F64: mt = file ? H5T_IEEE_F64LE : H5T_NATIVE_DOUBLE; break;
+        case COL_STR:
+            st = h5_string_type(m[i].width, &str, c);
+            if (st != KV_OK) goto exit;
+            mt = str;
+            break;
+        }
+        if (H5Tinsert(type, m[i].name, file ? off : m[i].offset, mt) < 0) {
+            st = h5_fail(c, KV_ERR_INTERNAL, "cannot add member %s to a compound type", m[i].name);
+            goto exit;
+        }
+        off += h5_column_size(&m[i]);
+        h5_close(H5Tclose, str, "string type", &st, c);
+        str = H5I_INVALID_HID;
+        if (st != KV_OK) goto exit;
+    }
+    *out = type;
+    type = H5I_INVALID_HID;
+exit:
+    h5_close(H5Tclose, str, "string type", &st, c);
+    h5_close(H5Tclose, type, "compound type", &st, c);
+    return st;
+}
+
+_Static_assert(sizeof(int32_t) == 4 && sizeof(int64_t) == 8 && sizeof(double) == 8,
+               "the file types assume 4- and 8-byte members");
+
+/* ---- the compound tables -------------------------------------------------- */
+
+/* 0, or a compile error when a and b differ in size: a row and its report
+ * struct exchange a column's width bytes (an enum and int32_t included). */
+#define SAME_SIZE(a, b) (0 * sizeof(char[sizeof(a) == sizeof(b) ? 1 : -1]))
+
+/* Column f of staging struct Row, copied to and from field f of Rep. */
+#define COLUMN(Row, Rep, f, k)                                                                     \
+    {#f, k, offsetof(Row, f), sizeof(((Row *)0)->f) + SAME_SIZE(((Row *)0)->f, ((Rep *)0)->f),     \
+     offsetof(Rep, f)}
+/* Column f of a table computed by the writer. */
+#define DERIVED(Row, f, k) {#f, k, offsetof(Row, f), sizeof(((Row *)0)->f), 0}
+
+#define N_OF(a) (sizeof(a) / sizeof((a)[0]))
+
+static const Column TOL_COLUMNS[] = {
+    COLUMN(TolRow, KvTolerance, name, COL_STR),
+    COLUMN(TolRow, KvTolerance, value, COL_F64),
+    COLUMN(TolRow, KvTolerance, reason, COL_STR),
+};
+
+static const Column CMP_COLUMNS[] = {
+    COLUMN(CmpRow, KvComparison, kind, COL_I32),
+    COLUMN(CmpRow, KvComparison, run_a, COL_I64),
+    COLUMN(CmpRow, KvComparison, run_b, COL_I64),
+    COLUMN(CmpRow, KvComparison, verdict, COL_I32),
+    COLUMN(CmpRow, KvComparison, message, COL_STR),
+    COLUMN(CmpRow, KvComparison, first_step, COL_I64),
+    COLUMN(CmpRow, KvComparison, first_row, COL_I64),
+    COLUMN(CmpRow, KvComparison, first_probe, COL_I64),
+    COLUMN(CmpRow, KvComparison, near_ties, COL_I64),
+    COLUMN(CmpRow, KvComparison, max_abs_err, COL_F64),
+    COLUMN(CmpRow, KvComparison, max_rel_err, COL_F64),
+    COLUMN(CmpRow, KvComparison, nmse, COL_F64),
+    COLUMN(CmpRow, KvComparison, kl, COL_F64),
+    COLUMN(CmpRow, KvComparison, top1_agreement, COL_F64),
+};
+
+static const Column SUMMARY_COLUMNS[] = {
+    DERIVED(SummaryRow, index, COL_I64),        DERIVED(SummaryRow, model, COL_STR),
+    DERIVED(SummaryRow, scenario, COL_STR),     DERIVED(SummaryRow, variant, COL_STR),
+    DERIVED(SummaryRow, backend, COL_STR),      DERIVED(SummaryRow, mode, COL_STR),
+    DERIVED(SummaryRow, repeat, COL_I32),       DERIVED(SummaryRow, verdict, COL_I32),
+    DERIVED(SummaryRow, verdict_name, COL_STR), DERIVED(SummaryRow, first_divergence, COL_STR),
+    DERIVED(SummaryRow, max_rel_err, COL_F64),  DERIVED(SummaryRow, graphs_captured, COL_I64),
+};
+
+const ColumnTable H5_TOLERANCES = {"tolerances", TOL_COLUMNS, N_OF(TOL_COLUMNS), sizeof(TolRow),
+                                   sizeof(KvTolerance)};
+const ColumnTable H5_COMPARISONS = {"comparisons", CMP_COLUMNS, N_OF(CMP_COLUMNS), sizeof(CmpRow),
+                                    sizeof(KvComparison)};
+const ColumnTable H5_SUMMARY = {"summary", SUMMARY_COLUMNS, N_OF(SUMMARY_COLUMNS),
+                                sizeof(SummaryRow), 0};
+
+/* ---- attributes ----------------------------------------------------------- */
+
+/* The kind of a struct field, from its C type (an array of char decays to
+ * char *): a field of another type does not compile. */
+#define FIELD_KIND(x)                                                                              \
+    _Generic((x),                                                                                  \
+        char *: FIELD_STR,                                                                         \
+        int32_t: FIELD_I32,                                                                        \
+        int64_t: FIELD_I64,                                                                        \
+        uint64_t: FIELD_U64,                                                                       \
+        bool: FIELD_BOOL,                                                                          \
+        double: FIELD_F64)
+#define FIELD(T, f)                                                                                \
+    .name = #f, .kind = FIELD_KIND(((T *)0)->f), .offset = offsetof(T, f),                         \
+    .width = sizeof(((T *)0)->f)
+#define ANY_INT64 .lo = INT64_MIN, .hi = INT64_MAX
+
+static const AttrField ROOT_FIELDS[] = {
+    {.name = "schema_version",
+     .kind = FIELD_VERSION,
+     .lo = KV_REPORT_SCHEMA_VERSION,
+     .hi = KV_REPORT_SCHEMA_VERSION},
+    {FIELD(KvReport, tool_version)},
+    {FIELD(KvReport, git_commit)},
+    {FIELD(KvReport, host)},
+    {FIELD(KvReport, device)},
+    {FIELD(KvReport, math_mode)},
+    {FIELD(KvReport, weight_seed)},
+    {FIELD(KvReport, prompt_seed)},
+    {FIELD(KvReport, model_hash)},
+    {.name = "model_hash_hex",
+     .kind = FIELD_HEX,
+     .offset = offsetof(KvReport, model_hash),
+     .width = KV_H5_HEX_LEN,
+     .of = "model_hash"},
+    {FIELD(KvReport, shard)},
+};
+
+static const AttrField RUN_FIELDS[] = {
+    {FIELD(KvRun, model)},
+    {FIELD(KvRun, scenario)},
+    {FIELD(KvRun, variant)},
+    {FIELD(KvRun, backend)},
+    {FIELD(KvRun, mode)},
+    {FIELD(KvRun, repeat), .lo = INT32_MIN, .hi = INT32_MAX},
+    /* topk, fault and prefill_chunk are absent from reports that always
+     * stored full logits, and from those written before planted faults
+     * were recorded (clean runs, whole-prompt prefill unknown: 0) */
+    {FIELD(KvRun, topk), .lo = 0, .hi = KV_REPORT_MAX_TOPK, .optional = true, .capped = true,
+     .cap_offset = offsetof(KvRun, vocab)},
+    {FIELD(KvRun, fault), .optional = true},
+    {FIELD(KvRun, prefill_chunk), .lo = 0, .hi = INT64_MAX, .optional = true},
+    {FIELD(KvRun, skipped), .lo = 0, .hi = 1},
+    {FIELD(KvRun, skip_reason)},
+    /* the sizes are capped before their products are formed and before
+     * any dataset is looked at (report_h5.h says why each cap) */
+    {FIELD(KvRun, steps), .lo = 0, .hi = KV_REPORT_MAX_STEPS},
+    {FIELD(KvRun, batch), .lo = 0, .hi = KV_REPORT_MAX_BATCH},
+    {FIELD(KvRun, vocab), .lo = 0, .hi = KV_REPORT_MAX_VOCAB},
+    {FIELD(KvRun, prompt_len), .lo = 0, .hi = KV_REPORT_MAX_PROMPT_LEN},
+    {FIELD(KvRun, n_probes), .lo = 0, .hi = KV_REPORT_MAX_PROBES},
+    {FIELD(KvRun, graphs_captured), ANY_INT64},
+    {FIELD(KvRun, replays_checked), ANY_INT64},
+    {FIELD(KvRun, replay_mismatch_step), ANY_INT64},
+    {FIELD(KvRun, seconds)},
+};
+
+const AttrTable H5_ROOT_ATTRS = {ROOT_FIELDS, N_OF(ROOT_FIELDS)};
+const AttrTable H5_RUN_ATTRS = {RUN_FIELDS, N_OF(RUN_FIELDS)};
+
+/* ---- a run's datasets ----------------------------------------------------- */
+
+#define DATA_KIND(x)                                                                               \
+    _Generic((x),                                                                                  \
+        int32_t: DATA_I32,                                                                         \
+        uint8_t: DATA_U8,                                                                          \
+        uint64_t: DATA_U64,                                                                        \
+        float: DATA_F32,                                                                           \
+        char *: DATA_NAME)
+/* The array KvRun.f, its kind and element size from its type. */
+#define DATASET(f)                                                                                 \
+    .name = #f, .kind = DATA_KIND(*((KvRun *)0)->f), .offset = offsetof(KvRun, f),                 \
+    .elem = sizeof(*((KvRun *)0)->f)
+
+_Static_assert(sizeof(*((KvRun *)0)->probe_names) == KV_NAME_LEN,
+               "probe names are stored as fixed-length strings of KV_NAME_LEN bytes");
+
+/* Full logits, or (topk > 0) each row's top-k ids and values for large
+ * vocabularies; the full logits are still identified by logits_hash. Clean
+ * variants reproduce the reference exactly, so runs with the same logits
+ * share one dataset (report_h5_write.c). */
+static const RunDataset RUN_SETS[] = {
+    {DATASET(prompt), .shape = SHAPE_PROMPT, .held = HELD_ALWAYS},
+    {DATASET(prompt_real), .shape = SHAPE_PROMPT, .held = HELD_ALWAYS},
+    {DATASET(tokens), .shape = SHAPE_ROWS, .held = HELD_ALWAYS},
+    {DATASET(logits), .shape = SHAPE_LOGITS, .held = HELD_FULL_LOGITS, .chunked = true,
+     .shared = true},
+    {DATASET(topk_ids), .shape = SHAPE_TOPK, .held = HELD_TOPK, .chunked = true},
+    {DATASET(topk_values), .shape = SHAPE_TOPK, .held = HELD_TOPK, .chunked = true},
+    {DATASET(logits_hash), .shape = SHAPE_ROWS, .held = HELD_ALWAYS},
+    {DATASET(margins), .shape = SHAPE_ROWS, .held = HELD_ALWAYS},
+    {DATASET(probe_names), .shape = SHAPE_NAMES, .held = HELD_ALWAYS},
+    {DATASET(probe_hash), .shape = SHAPE_PROBES, .held = HELD_ALWAYS},
+};
+
+const RunDatasetTable H5_RUN_DATASETS = {RUN_SETS, N_OF(RUN_SETS)};
+
+bool h5_run_holds(const KvRun *r, const RunDataset *d) {
+    if (r->skipped) return false;
+    switch (d->held) {
+    case HELD_ALWAYS: return true;
+    case HELD_FULL_LOGITS: return r->topk == 0;
+    case HELD_TOPK: return r->topk > 0;
+    }
+    return false;
+}
+
+/* The first rank of d0, d1, d2 into dims; returns rank. */
+static int h5_dims(hsize_t *dims, int rank, hsize_t d0, hsize_t d1, hsize_t d2) {
+    const hsize_t d[3] = {d0, d1, d2};
+    for (int k = 0; k < rank; k++) dims[k] = d[k];
+    return rank;
+}
+
+int h5_run_shape(const KvRun *r, RunShape s, hsize_t *dims) {
+    const hsize_t S = (hsize_t)r->steps, B = (hsize_t)r->batch, V = (hsize_t)r->vocab,
+                  P = (hsize_t)r->prompt_len, NP = (hsize_t)r->n_probes, K = (hsize_t)r->topk;
+    switch (s) {
+    case SHAPE_PROMPT: return h5_dims(dims, 2, B, P, 0);
+    case SHAPE_ROWS: return h5_dims(dims, 2, S, B, 0);
+    case SHAPE_LOGITS: return h5_dims(dims, 3, S, B, V);
+    case SHAPE_TOPK: return h5_dims(dims, 3, S, B, K);
+    case SHAPE_NAMES: return h5_dims(dims, 1, NP, 0, 0);
+    case SHAPE_PROBES: return h5_dims(dims, 3, S, NP, B);
+    }
+    return 0;
+}
+
+/* ---- sizes ---------------------------------------------------------------- */
+
+void h5_run_group_name(int64_t i, char *buf, size_t n) { snprintf(buf, n, "%04" PRId64, i); }
+
+bool h5_size_mul(size_t a, size_t b, size_t *out) {
+    if (a != 0 && b > SIZE_MAX / a) return false;
+    *out = a * b;
+    return true;
+}
+
+bool h5_shape_count(int rank, const hsize_t *dims, size_t *out) {
+    size_t n = 1;
+    for (int k = 0; k < rank; k++) {
+        if (dims[k] > (hsize_t)SIZE_MAX || !h5_size_mul(n, (size_t)dims[k], &n)) return false;
+    }
+    *out = n;
+    return true;
+}
+
+void h5_shape_text(int rank, const hsize_t *dims, char *buf, size_t n) {
+    size_t used = 0;
+    used += (size_t)snprintf(buf, n, "(");
+    for (int k = 0; k < rank && used < n; k++) {
+        used += (size_t)snprintf(buf + used, n - used, "%s%llu", k > 0 ? ", " : "",
+                                 (unsigned long long)dims[k]);
+    }
+    if (used < n) snprintf(buf + used, n - used, ")");
+}
+
+bool h5_run_counts(const KvRun *r, RunCounts *n) {
+    if (r->steps < 0 || r->batch < 0 || r->vocab < 0 || r->prompt_len < 0 || r->n_probes < 0) {
+        return false;
+    }
+    return h5_size_mul((size_t)r->batch, (size_t)r->prompt_len, &n->prompt) &&
+           h5_size_mul((size_t)r->steps, (size_t)r->batch, &n->rows) &&
+           h5_size_mul(n->rows, (size_t)r->vocab, &n->logits) &&
+           h5_size_mul(n->rows, (size_t)r->n_probes, &n->probes) &&
+           h5_size_mul(n->logits, sizeof(float), &(size_t){0}) &&
+           h5_size_mul(n->probes, sizeof(uint64_t), &(size_t){0});
+}

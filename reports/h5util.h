@@ -1,0 +1,254 @@
+/* h5util.h: what the HDF5 report writer (report_h5_write.c) and reader
+ * (report_h5_read.c) share. Private to reports/.
+ *
+ * Two things live here. The plumbing: failures that name the report's path
+ * and end with the innermost HDF5 error, closing handles at one exit label,
+ * HDF5's automatic error printing turned off for a call, string and
+ * compound types, overflow-checked sizes. And the layout (SCHEMA.md), each
+ * part listed once so that a field is added in one place and both sides
+ * follow: the compound tables' columns, the root's and a run's attributes
+ * and a run's datasets. The order of every list is the order in which the
+ * writer creates the objects, so it is part of the file's bytes. */
+#ifndef KV_H5UTIL_H
+#define KV_H5UTIL_H
+
+#include <hdf5.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "report_h5.h"
+
+#define KV_H5_HEX_LEN 17    /* "%016" PRIx64 plus NUL */
+#define KV_H5_VERDICT_LEN 8 /* "PASS", "FAIL", "SKIP" */
+#define KV_H5_DIVERGENCE_LEN 512
+
+/* Who a message is about: the path the caller gave (never the temporary);
+ * when reading, what the file may still make the reader allocate. */
+typedef struct {
+    const char *path;
+    KvError *err;
+    uint64_t file_size; /* reading: the file's size in bytes */
+    uint64_t budget;    /* reading: bytes still allowed (KV_REPORT_MAX_READ_BYTES) */
+} ReportCtx;
+
+/* ---- errors --------------------------------------------------------------- */
+
+/* A failure with no HDF5 error behind it: "<path>: <what>". Returns st. */
+KvStatus h5_report_fail(ReportCtx *c, KvStatus st, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* A failed HDF5 call: "<path>: <what> (HDF5 <func>: <desc>)", the innermost
+ * entry of the error stack, which is then cleared. KV_ERR_INTERNAL also
+ * prints the whole stack on stderr. Returns st. */
+KvStatus h5_fail(ReportCtx *c, KvStatus st, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* Closes id with close_fn when id is valid; a failed close sets *st only
+ * when nothing failed before it (the first failure is the one worth
+ * reporting). */
+void h5_close(herr_t (*close_fn)(hid_t), hid_t id, const char *what, KvStatus *st, ReportCtx *c);
+
+/* HDF5's automatic stack printing, off between h5_quiet_begin and
+ * h5_quiet_end (which restores it, and may be called after a failed
+ * begin). */
+typedef struct {
+    H5E_auto2_t func;
+    void *data;
+    bool saved;
+} QuietErrors;
+
+KvStatus h5_quiet_begin(QuietErrors *q, ReportCtx *c);
+void h5_quiet_end(QuietErrors *q, KvStatus *st, ReportCtx *c);
+
+/* ---- types ---------------------------------------------------------------- */
+
+/* A fixed-length string type of width bytes, UTF-8, with padding pad, into
+ * *out (the caller closes it). */
+KvStatus h5_string_type_pad(size_t width, H5T_str_t pad, hid_t *out, ReportCtx *c);
+/* The same, NUL-terminated: the type every string is written with. */
+KvStatus h5_string_type(size_t width, hid_t *out, ReportCtx *c);
+
+/* ---- compound tables ------------------------------------------------------
+ * Each table is staged in rows of a fixed-width struct (TolRow, ...),
+ * calloc'd so padding bytes are zero. One column list gives the memory
+ * type (native, at the staging struct's offsets), the file type
+ * (little-endian, packed) and, where the table stores report structs
+ * (KvTolerance, KvComparison), the copy between a row and its struct. */
+typedef enum { COL_I32, COL_I64, COL_F64, COL_STR } ColumnKind;
+
+typedef struct {
+    const char *name;
+    ColumnKind kind;
+    size_t offset;     /* in the staging row */
+    size_t width;      /* bytes; COL_STR: including the terminator */
+    size_t rep_offset; /* of the field of the same name and width in the
+                        * report's struct; unused when the table has none */
+} Column;
+
+typedef struct {
+    const char *name;      /* the dataset under the root ("tolerances") */
+    const Column *columns; /* in file order */
+    size_t n_columns;
+    size_t row_size; /* of the staging struct */
+    size_t rep_size; /* of the report's struct the rows copy; 0: derived rows (the summary) */
+} ColumnTable;
+
+/* Staging rows: fixed-width fields. */
+typedef struct {
+    char name[KV_NAME_LEN];
+    double value;
+    char reason[160];
+} TolRow;
+
+typedef struct {
+    int32_t kind;
+    int64_t run_a, run_b;
+    int32_t verdict;
+    char message[512];
+    int64_t first_step, first_row, first_probe, near_ties;
+    double max_abs_err, max_rel_err, nmse, kl, top1_agreement;
+} CmpRow;
+
+typedef struct {
+    int64_t index;
+    char model[KV_NAME_LEN];
+    char scenario[KV_NAME_LEN];
+    char variant[KV_NAME_LEN];
+    char backend[16];
+    char mode[16];
+    int32_t repeat;
+    int32_t verdict;
+    char verdict_name[KV_H5_VERDICT_LEN];
+    char first_divergence[KV_H5_DIVERGENCE_LEN];
+    double max_rel_err;
+    int64_t graphs_captured;
+} SummaryRow;
+
+extern const ColumnTable H5_TOLERANCES;  /* TolRow <-> KvTolerance */
+extern const ColumnTable H5_COMPARISONS; /* CmpRow <-> KvComparison */
+extern const ColumnTable H5_SUMMARY;     /* SummaryRow, derived from the runs */
+
+/* Bytes of a column in the file (and in its staging row). */
+size_t h5_column_size(const Column *m);
+
+/* The compound type of t's rows: the memory type (file false) or the file
+ * type (file true), into *out (the caller closes it). */
+KvStatus h5_compound_type(const ColumnTable *t, bool file, hid_t *out, ReportCtx *c);
+
+/* ---- attributes ------------------------------------------------------------
+ * The scalar attributes of the root (KvReport) and of a run group (KvRun):
+ * the writer writes them in table order; the reader reads the required ones
+ * in table order, then the optional ones present, checking each against
+ * its range. */
+typedef enum {
+    FIELD_STR,     /* char[width]: a fixed-length string */
+    FIELD_I32,     /* int32_t */
+    FIELD_I64,     /* int64_t */
+    FIELD_U64,     /* uint64_t (no range) */
+    FIELD_BOOL,    /* bool, stored as an unsigned 8-bit 0 or 1 */
+    FIELD_F64,     /* double (no range) */
+    FIELD_VERSION, /* no field: the 32-bit constant lo (= hi), which the reader requires */
+    FIELD_HEX,     /* the uint64_t at offset as 16 hex digits (a string for readers
+                    * without 64-bit unsigned integers); the reader requires agreement */
+} FieldKind;
+
+typedef struct {
+    const char *name;
+    FieldKind kind;
+    size_t offset;  /* in the struct */
+    size_t width;   /* bytes of the field (FIELD_HEX: of the string) */
+    int64_t lo, hi; /* reader: the accepted values (integer kinds but FIELD_U64) */
+    bool optional;  /* reader: absent from older reports (the field stays 0) */
+    bool capped;    /* reader: hi is also at most the int64_t at cap_offset (a
+                     * required field, so read before any optional one) */
+    size_t cap_offset;
+    const char *of; /* FIELD_HEX: the name of the field it spells, for messages */
+} AttrField;
+
+typedef struct {
+    const AttrField *fields;
+    size_t n;
+} AttrTable;
+
+extern const AttrTable H5_ROOT_ATTRS; /* of KvReport */
+extern const AttrTable H5_RUN_ATTRS;  /* of KvRun */
+
+/* ---- a run's datasets -------------------------------------------------- */
+
+/* Shapes (DESIGN §6), by the run's sizes S = steps, B = batch, V = vocab,
+ * P = prompt_len, NP = n_probes, K = topk. */
+typedef enum {
+    SHAPE_PROMPT, /* (B, P) */
+    SHAPE_ROWS,   /* (S, B) */
+    SHAPE_LOGITS, /* (S, B, V) */
+    SHAPE_TOPK,   /* (S, B, K) */
+    SHAPE_NAMES,  /* (NP) */
+    SHAPE_PROBES, /* (S, NP, B) */
+} RunShape;
+
+typedef enum {
+    DATA_I32,  /* int32_t */
+    DATA_U8,   /* uint8_t */
+    DATA_U64,  /* uint64_t */
+    DATA_F32,  /* float */
+    DATA_NAME, /* char[KV_NAME_LEN]: a fixed-length string */
+} DataKind;
+
+/* Which runs store a dataset; a skipped run stores none. */
+typedef enum { HELD_ALWAYS, HELD_FULL_LOGITS, HELD_TOPK } RunHeld;
+
+typedef struct {
+    const char *name;
+    DataKind kind;
+    RunShape shape;
+    size_t offset; /* of the array's pointer in KvRun */
+    size_t elem;   /* bytes per element in memory */
+    RunHeld held;
+    bool chunked; /* writer: chunked by step and deflated (the large arrays) */
+    bool shared;  /* may be a hard link shared with other runs (logits with
+                   * the same values); every other object has one link */
+} RunDataset;
+
+typedef struct {
+    const RunDataset *sets;
+    size_t n;
+} RunDatasetTable;
+
+extern const RunDatasetTable H5_RUN_DATASETS;
+
+/* Whether run r stores dataset d. */
+bool h5_run_holds(const KvRun *r, const RunDataset *d);
+
+/* Shape s for run r's sizes into dims (room for 3); returns the rank. The
+ * sizes are converted as they are: the caller has checked them. */
+int h5_run_shape(const KvRun *r, RunShape s, hsize_t *dims);
+
+/* ---- sizes ---------------------------------------------------------------- */
+
+/* Run group name: the index zero-padded to 4 digits ("0000"), wider past
+ * 9999. */
+void h5_run_group_name(int64_t i, char *buf, size_t n);
+
+/* a * b into *out; false on overflow of size_t. */
+bool h5_size_mul(size_t a, size_t b, size_t *out);
+
+/* Element count of a shape into *out; false when it overflows size_t. */
+bool h5_shape_count(int rank, const hsize_t *dims, size_t *out);
+
+/* "(d0, d1, ...)" into buf (NUL-terminated, truncated to n). */
+void h5_shape_text(int rank, const hsize_t *dims, char *buf, size_t n);
+
+/* Element counts of a run's arrays (DESIGN §6 shapes). */
+typedef struct {
+    size_t prompt; /* batch * prompt_len */
+    size_t rows;   /* steps * batch */
+    size_t logits; /* steps * batch * vocab */
+    size_t probes; /* steps * n_probes * batch */
+} RunCounts;
+
+/* Fills *n; false when a size is negative or a product (or its bytes)
+ * overflows size_t. */
+bool h5_run_counts(const KvRun *r, RunCounts *n);
+
+#endif
