@@ -180,7 +180,7 @@ KvStatus kv_report_print_summary_folded(const KvReport *rep, const char *const *
                                         FILE *f);
 
 /* ---- report files ----------------------------------------------------------
- * Shared by the HDF5 writer (report_h5.c) and the JUnit writer (junit.c). */
+ * Shared by the HDF5 writer (report_h5_write.c) and the JUnit writer (junit.c). */
 
 /* Checks, before a long run, that path can be written later: path is not a
  * directory or another file that is not a regular file (a device, a FIFO;

@@ -1,5 +1,5 @@
 /* report_h5.h: the HDF5 form of a gate report (DESIGN §8). The layout, the
- * types and the reproducibility rules are documented in reports/SCHEMA.md;
+ * types and the reproducibility rules are documented in docs/SCHEMA.md;
  * this header states the contracts. */
 #ifndef KV_REPORT_H5_H
 #define KV_REPORT_H5_H

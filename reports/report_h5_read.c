@@ -1,4 +1,4 @@
-/* report_h5_read.c: HDF5 -> KvReport (reports/SCHEMA.md,
+/* report_h5_read.c: HDF5 -> KvReport (docs/SCHEMA.md,
  * kv_report_read_h5 in report_h5.h). The layout comes from h5util.h.
  *
  * The reader treats the file as hostile input: no size is used before it is

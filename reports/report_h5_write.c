@@ -1,4 +1,4 @@
-/* report_h5_write.c: KvReport -> HDF5 (reports/SCHEMA.md,
+/* report_h5_write.c: KvReport -> HDF5 (docs/SCHEMA.md,
  * kv_report_write_h5 in report_h5.h). The layout comes from h5util.h.
  *
  * Reproducible bytes come from: v1.8 format bounds (low = high = V18, so a
