@@ -53,19 +53,19 @@ static KvStatus always_roll_create(int64_t batch, int64_t window, int64_t dim,
     KvSlidingCache *c = calloc(1, sizeof *c);
     if (c == NULL) {
         st = kv_slots_oom_struct("always_roll", err);
-        goto exit;
+        goto cleanup;
     }
     c->ops = &kv_cache_always_roll;
     c->window = window;
     if (!kv_slots_alloc(&c->cur, batch, window, dim) ||
         !kv_slots_alloc(&c->src, batch, window, dim)) {
         st = kv_slots_oom_buffers("always_roll", batch, window, dim, err);
-        goto exit;
+        goto cleanup;
     }
     always_roll_reset(c);
     *out = c;
     c = NULL;
-exit:
+cleanup:
     always_roll_destroy(c);
     return st;
 }

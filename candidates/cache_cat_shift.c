@@ -58,19 +58,19 @@ static KvStatus cat_shift_create(int64_t batch, int64_t window, int64_t dim, KvS
     KvSlidingCache *c = calloc(1, sizeof *c);
     if (c == NULL) {
         st = kv_slots_oom_struct("cat_shift", err);
-        goto exit;
+        goto cleanup;
     }
     c->ops = &kv_cache_cat_shift;
     c->window = window;
     if (!kv_slots_alloc(&c->cur, batch, window, dim) ||
         !kv_slots_alloc(&c->tmp, batch, window, dim)) {
         st = kv_slots_oom_buffers("cat_shift", batch, window, dim, err);
-        goto exit;
+        goto cleanup;
     }
     cat_shift_reset(c);
     *out = c;
     c = NULL;
-exit:
+cleanup:
     cat_shift_destroy(c);
     return st;
 }

@@ -62,7 +62,7 @@ static KvStatus dynamic_create(int64_t batch, int64_t window, int64_t dim, KvSli
     KvSlidingCache *c = calloc(1, sizeof *c);
     if (c == NULL) {
         st = kv_slots_oom_struct("dynamic", err);
-        goto exit;
+        goto cleanup;
     }
     c->ops = &kv_cache_dynamic;
     c->window = window;
@@ -70,12 +70,12 @@ static KvStatus dynamic_create(int64_t batch, int64_t window, int64_t dim, KvSli
     if (!kv_slots_alloc(&c->cur, batch, window - 1, dim) ||
         !kv_slots_alloc(&c->tmp, batch, window - 1, dim)) {
         st = kv_slots_oom_buffers("dynamic", batch, window, dim, err);
-        goto exit;
+        goto cleanup;
     }
     dynamic_reset(c);
     *out = c;
     c = NULL;
-exit:
+cleanup:
     dynamic_destroy(c);
     return st;
 }

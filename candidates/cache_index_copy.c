@@ -61,7 +61,7 @@ static KvStatus index_copy_create(int64_t batch, int64_t window, int64_t dim, Kv
     KvSlidingCache *c = calloc(1, sizeof *c);
     if (c == NULL) {
         st = kv_slots_oom_struct("index_copy", err);
-        goto exit;
+        goto cleanup;
     }
     c->ops = &kv_cache_index_copy;
     c->window = window;
@@ -69,12 +69,12 @@ static KvStatus index_copy_create(int64_t batch, int64_t window, int64_t dim, Kv
     if (!kv_slots_alloc(&c->cur, batch, window, dim) ||
         !kv_slots_alloc(&c->tmp, batch, window, dim) || c->indices == NULL) {
         st = kv_slots_oom_buffers("index_copy", batch, window, dim, err);
-        goto exit;
+        goto cleanup;
     }
     index_copy_reset(c);
     *out = c;
     c = NULL;
-exit:
+cleanup:
     index_copy_destroy(c);
     return st;
 }

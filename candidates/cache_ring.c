@@ -46,18 +46,18 @@ static KvStatus ring_create(int64_t batch, int64_t window, int64_t dim, KvSlidin
     KvSlidingCache *c = calloc(1, sizeof *c);
     if (c == NULL) {
         st = kv_slots_oom_struct("ring", err);
-        goto exit;
+        goto cleanup;
     }
     c->ops = &kv_cache_ring;
     c->window = window;
     if (!kv_slots_alloc(&c->cur, batch, window, dim)) {
         st = kv_slots_oom_buffers("ring", batch, window, dim, err);
-        goto exit;
+        goto cleanup;
     }
     ring_reset(c);
     *out = c;
     c = NULL;
-exit:
+cleanup:
     ring_destroy(c);
     return st;
 }

@@ -59,19 +59,19 @@ static KvStatus roll_create(int64_t batch, int64_t window, int64_t dim, KvSlidin
     KvSlidingCache *c = calloc(1, sizeof *c);
     if (c == NULL) {
         st = kv_slots_oom_struct("roll", err);
-        goto exit;
+        goto cleanup;
     }
     c->ops = &kv_cache_roll;
     c->window = window;
     if (!kv_slots_alloc(&c->cur, batch, window, dim) ||
         !kv_slots_alloc(&c->out, batch, window, dim)) {
         st = kv_slots_oom_buffers("roll", batch, window, dim, err);
-        goto exit;
+        goto cleanup;
     }
     roll_reset(c);
     *out = c;
     c = NULL;
-exit:
+cleanup:
     roll_destroy(c);
     return st;
 }

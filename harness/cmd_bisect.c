@@ -233,13 +233,13 @@ static KvStatus bisect_rerun(const BisectJob *j, const KvBisectPoint *pt, KvErro
     if (st != KV_OK) {
         snprintf(prefix, sizeof prefix, "rerun of A (%s)", j->where_a);
         kv_error_prefix(err, prefix);
-        goto exit;
+        goto cleanup;
     }
     st = kv_bisect_rerun(j->m, j->b, pt->step, &rb, err);
     if (st != KV_OK) {
         snprintf(prefix, sizeof prefix, "rerun of B (%s)", j->where_b);
         kv_error_prefix(err, prefix);
-        goto exit;
+        goto cleanup;
     }
     const int64_t NP = j->a->n_probes, B = j->a->batch;
     const int64_t last = (pt->step * NP + pt->probe) * B + pt->row;     /* in the recording */
@@ -267,7 +267,7 @@ static KvStatus bisect_rerun(const BisectJob *j, const KvBisectPoint *pt, KvErro
         /* A backend without probe dumps (cuda) reruns to the hashes alone. */
         printf("dumps: none: the %.16s backend keeps no probe values; the hashes above are what "
                "its rerun shows\n", ra.dump.data == NULL ? j->a->backend : j->b->backend);
-        goto exit;
+        goto cleanup;
     }
     const KvConfig *c = &j->m->config;
     const int64_t kv_dim = c->num_kv_heads * c->head_dim;
@@ -294,7 +294,7 @@ static KvStatus bisect_rerun(const BisectJob *j, const KvBisectPoint *pt, KvErro
     const char *dst = j->out != NULL ? j->out : j->path_a;
     st = kv_bisect_write_h5(j->path_a, dst, &rec, err);
     if (st == KV_OK) printf("dumps: %s /bisect\n", dst);
-exit:
+cleanup:
     kv_decode_result_free(&ra);
     kv_decode_result_free(&rb);
     return st;
@@ -358,7 +358,7 @@ int kv_cmd_bisect(int argc, char **argv) {
     int rc = KV_EXIT_PASS;
     KvStatus st = kv_report_read_h5(paths[0], &rep[0], &err);
     if (st == KV_OK && n_paths == 2) st = kv_report_read_h5(paths[1], &rep[1], &err);
-    if (st != KV_OK) goto done;
+    if (st != KV_OK) goto cleanup;
     const KvReport *rb_rep = n_paths == 2 ? &rep[1] : &rep[0];
     int64_t ia = -1, ib = -1;
     if (n_runs == 0) {
@@ -370,18 +370,18 @@ int kv_cmd_bisect(int argc, char **argv) {
         if (ia < 0) {
             printf("bisect: %s: every comparison passed; nothing to bisect (name runs with "
                    "--run A --run B)\n", paths[0]);
-            goto done;
+            goto cleanup;
         }
     } else {
         ia = bisect_find_run(&rep[0], paths[0], runs[0], &err);
         if (ia < 0) {
             st = KV_ERR_INPUT;
-            goto done;
+            goto cleanup;
         }
         ib = bisect_find_run(rb_rep, n_paths == 2 ? paths[1] : paths[0], runs[n_runs - 1], &err);
         if (ib < 0) {
             st = KV_ERR_INPUT;
-            goto done;
+            goto cleanup;
         }
     }
     const KvRun *a = &rep[0].runs[ia], *b = &rb_rep->runs[ib];
@@ -408,14 +408,14 @@ int kv_cmd_bisect(int argc, char **argv) {
         if (st == KV_OK) st = kv_bisect_check_model(a, where_a, bm.m, bm.name, &err);
         if (st == KV_OK) st = kv_bisect_check_model(b, where_b, bm.m, bm.name, &err);
     }
-    if (st != KV_OK) goto done;
+    if (st != KV_OK) goto cleanup;
     KvBisectPoint pt;
     st = kv_bisect_find(a, b, &pt, &err);
-    if (st != KV_OK) goto done;
+    if (st != KV_OK) goto cleanup;
     if (pt.step < 0) {
         printf("no divergence: %" PRId64 " steps x %" PRId64 " probes x %" PRId64
                " rows identical\n", a->steps, a->n_probes, a->batch);
-        goto done;
+        goto cleanup;
     }
     rc = KV_EXIT_GATE_FAIL;
     if (pt.by_tokens) {
@@ -438,13 +438,13 @@ int kv_cmd_bisect(int argc, char **argv) {
                               "they differ only in tokens or logits hashes (step %" PRId64
                               ", row %" PRId64 "), which no probe dump can locate", where_a,
                               where_b, pt.step, pt.row);
-            goto done;
+            goto cleanup;
         }
         const BisectJob job = {paths[0], path_b, where_a, where_b, &rep[0], rb_rep, a, b, ia, ib,
                                out, bm.m};
         st = bisect_rerun(&job, &pt, &err);
     }
-done:
+cleanup:
     if (st != KV_OK) {
         fprintf(stderr, "kvrepro bisect: %s\n", err.msg);
         rc = kv_cli_exit_code(st);

@@ -38,7 +38,7 @@ static KvStatus fixture_print_decode(const KvModel *m, uint64_t prompt_seed, KvE
     KvScenario sc = {0};
     KvDecodeResult res = {0};
     KvStatus st = kv_scenario_default(&m->config, prompt_seed, &sc, err);
-    if (st != KV_OK) goto exit;
+    if (st != KV_OK) goto cleanup;
     KvDecodeSpec spec = {
         .batch = sc.batch,
         .prompt_len = sc.prompt_len,
@@ -48,7 +48,7 @@ static KvStatus fixture_print_decode(const KvModel *m, uint64_t prompt_seed, KvE
         .prefill_chunk = sc.prefill_chunk,
     };
     st = kv_decode_greedy(m, &spec, &res, err);
-    if (st != KV_OK) goto exit;
+    if (st != KV_OK) goto cleanup;
 
     float best = INFINITY;
     int64_t best_step = -1;
@@ -68,7 +68,7 @@ static KvStatus fixture_print_decode(const KvModel *m, uint64_t prompt_seed, KvE
     printf("min top-1 margin: %.6g (step %lld)\n", (double)best, (long long)best_step);
     printf("logits fnv1a64: 0x%016" PRIx64 "\n", h);
 
-exit:
+cleanup:
     kv_decode_result_free(&res);
     kv_scenario_free(&sc);
     return st;

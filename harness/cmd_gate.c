@@ -496,7 +496,7 @@ static KvStatus gate_run_one_model(GateArgs *a, int i, KvGateOptions *o, int *un
         st = kv_fixture_load(a->models[i], a->seed, &fx, err);
         m = &fx.model;
     }
-    if (st != KV_OK) goto exit;
+    if (st != KV_OK) goto cleanup;
     const uint64_t mh = kv_model_hash(m);
     if (i == 0) rep->model_hash = mh;
     if (!a->quiet) {
@@ -510,7 +510,7 @@ static KvStatus gate_run_one_model(GateArgs *a, int i, KvGateOptions *o, int *un
             st = kv_error_set(err, KV_ERR_INPUT, "%s: token id %d is outside the vocabulary of "
                               "%s (%lld)", a->prompts_path, custom->prompt[k], a->models[i],
                               (long long)m->config.vocab_size);
-            goto exit;
+            goto cleanup;
         }
     }
     /* Every pass runs the same (model, scenario) units, so a shard holds the
@@ -523,7 +523,7 @@ static KvStatus gate_run_one_model(GateArgs *a, int i, KvGateOptions *o, int *un
         st = kv_gate_run_model(m, name, o, unit, rep, err);
         kv_mutation_account(&a->passes[p], rep, from, rep->n_comparisons);
     }
-exit:
+cleanup:
     kv_model_free(&dir_model);
     kv_fixture_free(&fx);
     return st;
@@ -670,13 +670,13 @@ int kv_cmd_gate(int argc, char **argv) {
     bool failed = false;
     if (a.prompts_path != NULL) {
         st = kv_prompts_load(a.prompts_path, (int64_t)a.max_new, &custom, &err);
-        if (st != KV_OK) goto done;
+        if (st != KV_OK) goto cleanup;
         o.custom = &custom;
     }
     gate_report_root(&rep, &o, a.seed);
     st = gate_query_backends(&o, &rep, &err);
     if (st == KV_OK) st = kv_tolerances_record(&o.tol, &rep, &err);
-    if (st != KV_OK) goto done;
+    if (st != KV_OK) goto cleanup;
     if (!a.quiet) gate_print_header(&a, &o, &rep);
     /* Everything that can be refused is refused before the first decode. */
     st = gate_check_outputs(&a, &err);
@@ -685,7 +685,7 @@ int kv_cmd_gate(int argc, char **argv) {
     if (st == KV_OK) st = gate_print_outcome(&rep, &a, &o, &failed, &err);
     if (st == KV_OK) st = gate_write_outputs(&a, &rep, &err);
     if (st == KV_OK && failed) rc = KV_EXIT_GATE_FAIL;
-done:
+cleanup:
     if (st != KV_OK) {
         fprintf(stderr, "kvrepro gate: %s\n", err.msg);
         rc = kv_cli_exit_code(st);

@@ -87,7 +87,7 @@ int kv_cmd_diff(int argc, char **argv) {
     if (st != KV_OK) {
         fprintf(stderr, "kvrepro diff: %s\n", err.msg);
         rc = kv_cli_exit_code(st);
-        goto exit;
+        goto cleanup;
     }
     const KvReport *ra = &rep[0];
     const KvReport *rb = n_paths == 2 ? &rep[1] : &rep[0];
@@ -98,7 +98,7 @@ int kv_cmd_diff(int argc, char **argv) {
                 a < 0 ? paths[0] : paths[n_paths - 1], a < 0 ? sel[0] : sel[1],
                 (long long)(a < 0 ? ra->n_runs : rb->n_runs));
         rc = KV_EXIT_USAGE;
-        goto exit;
+        goto cleanup;
     }
     const KvRun *x = &ra->runs[a], *y = &rb->runs[b];
     if (x->skipped || y->skipped || x->steps != y->steps || x->batch != y->batch ||
@@ -109,7 +109,7 @@ int kv_cmd_diff(int argc, char **argv) {
                 y->skipped ? "skipped, " : "", (long long)y->steps, (long long)y->batch,
                 (long long)y->vocab);
         rc = KV_EXIT_USAGE;
-        goto exit;
+        goto cleanup;
     }
     KvComparison c;
     kv_compare_bitwise(x, y, KV_CMP_VARIANT, a, b, &c);
@@ -129,7 +129,7 @@ int kv_cmd_diff(int argc, char **argv) {
         }
     }
     rc = c.verdict == KV_VERDICT_FAIL ? KV_EXIT_GATE_FAIL : KV_EXIT_PASS;
-exit:
+cleanup:
     kv_report_free(&rep[0]);
     kv_report_free(&rep[1]);
     return rc;
@@ -264,13 +264,13 @@ int kv_cmd_merge(int argc, char **argv) {
     if (st != KV_OK) goto fail;
     printf("merged %d reports into %s: %lld runs, %lld comparisons\n", argc - 2, out_path,
            (long long)out.n_runs, (long long)out.n_comparisons);
-    goto exit;
+    goto cleanup;
 oom:
     st = kv_error_set(&err, KV_ERR_INTERNAL, "out of memory");
 fail:
     fprintf(stderr, "kvrepro merge: %s\n", err.msg);
     rc = kv_cli_exit_code(st);
-exit:
+cleanup:
     kv_report_free(&in);
     kv_report_free(&out);
     return rc;

@@ -233,7 +233,7 @@ static KvStatus run_candidates(const KvModel *m, const char *model_name, const K
                 const int64_t idx = report_add_run(rep);
                 if (idx < 0) {
                     st = kv_error_set(err, KV_ERR_INTERNAL, "out of memory");
-                    goto exit;
+                    goto cleanup;
                 }
                 KvRun *run = &rep->runs[idx];
                 run_identify(run, model_name, sc->name, o->variants[v]->name, bname,
@@ -254,7 +254,7 @@ static KvStatus run_candidates(const KvModel *m, const char *model_name, const K
                     st = KV_OK;
                     break;
                 }
-                if (st != KV_OK) goto exit;
+                if (st != KV_OK) goto cleanup;
                 *cand_slot(&tab, v, mi, k) = idx;
                 KvComparison c;
                 if (k == 0) {
@@ -270,7 +270,7 @@ static KvStatus run_candidates(const KvModel *m, const char *model_name, const K
                                         rep->runs[ref].tokens, ops, &forced, err);
                         if (st != KV_OK) {
                             kv_run_free(&forced);
-                            goto exit;
+                            goto cleanup;
                         }
                         const int64_t ties = c.near_ties;
                         kv_compare_reference(&rep->runs[ref], &forced, &o->tol, ref, idx, &c);
@@ -280,41 +280,41 @@ static KvStatus run_candidates(const KvModel *m, const char *model_name, const K
                         run = &rep->runs[idx];
                     }
                     st = report_add_comparison(rep, &c, err);
-                    if (st != KV_OK) goto exit;
+                    if (st != KV_OK) goto cleanup;
                     kv_compare_finite(run, idx, &c);
                     st = report_add_comparison(rep, &c, err);
-                    if (st != KV_OK) goto exit;
+                    if (st != KV_OK) goto cleanup;
                     if (o->replay_every > 0) {
                         kv_compare_replay(run, idx, &c);
                         st = report_add_comparison(rep, &c, err);
-                        if (st != KV_OK) goto exit;
+                        if (st != KV_OK) goto cleanup;
                     }
                 } else {
                     const int64_t first = *cand_slot(&tab, v, mi, 0);
                     kv_compare_bitwise(&rep->runs[first], run, KV_CMP_REPEAT, first, idx, &c);
                     st = report_add_comparison(rep, &c, err);
-                    if (st != KV_OK) goto exit;
+                    if (st != KV_OK) goto cleanup;
                     kv_compare_finite(run, idx, &c);
                     st = report_add_comparison(rep, &c, err);
-                    if (st != KV_OK) goto exit;
+                    if (st != KV_OK) goto cleanup;
                 }
                 if (k == 0 && mi == 1 && *cand_slot(&tab, v, 0, 0) >= 0) {
                     const int64_t eager = *cand_slot(&tab, v, 0, 0);
                     kv_compare_bitwise(&rep->runs[eager], run, KV_CMP_GRAPH, eager, idx, &c);
                     st = report_add_comparison(rep, &c, err);
-                    if (st != KV_OK) goto exit;
+                    if (st != KV_OK) goto cleanup;
                 }
                 if (k == 0 && v > 0 && *cand_slot(&tab, 0, mi, 0) >= 0) {
                     const int64_t base = *cand_slot(&tab, 0, mi, 0);
                     kv_compare_bitwise(&rep->runs[base], run, KV_CMP_VARIANT, base, idx, &c);
                     st = report_add_comparison(rep, &c, err);
-                    if (st != KV_OK) goto exit;
+                    if (st != KV_OK) goto cleanup;
                 }
                 progress_line(o, run);
             }
         }
     }
-exit:
+cleanup:
     free(tab.index);
     return st;
 }

@@ -46,21 +46,21 @@ KvStatus kv_prompts_load(const char *path, int64_t new_tokens, KvScenario *out, 
     if (text == NULL || got != size) {
         st = kv_error_set(err, KV_ERR_INPUT, "%s: cannot read: %s", path,
                           text == NULL ? "out of memory" : "short read");
-        goto exit;
+        goto cleanup;
     }
     text[size] = '\0';
     root = cJSON_ParseWithLength(text, size);
     if (root == NULL || !cJSON_IsArray(root) || cJSON_GetArraySize(root) < 1) {
         st = kv_error_set(err, KV_ERR_INPUT, "%s: expected a non-empty JSON array of token-id "
                           "arrays", path);
-        goto exit;
+        goto cleanup;
     }
     batch = cJSON_GetArraySize(root);
     rows = calloc((size_t)batch, sizeof *rows);
     lens = calloc((size_t)batch, sizeof *lens);
     if (rows == NULL || lens == NULL) {
         st = kv_error_set(err, KV_ERR_INTERNAL, "out of memory");
-        goto exit;
+        goto cleanup;
     }
     /* children walked in order: cJSON_GetArrayItem(i) is a list walk, so
      * indexing would be quadratic in a long prompt */
@@ -69,13 +69,13 @@ KvStatus kv_prompts_load(const char *path, int64_t new_tokens, KvScenario *out, 
         if (!cJSON_IsArray(row) || cJSON_GetArraySize(row) < 1) {
             st = kv_error_set(err, KV_ERR_INPUT, "%s: prompt %lld: expected a non-empty array of "
                               "token ids", path, (long long)b);
-            goto exit;
+            goto cleanup;
         }
         lens[b] = cJSON_GetArraySize(row);
         rows[b] = malloc((size_t)lens[b] * sizeof(int32_t));
         if (rows[b] == NULL) {
             st = kv_error_set(err, KV_ERR_INTERNAL, "out of memory");
-            goto exit;
+            goto cleanup;
         }
         const cJSON *t = row->child;
         for (int64_t i = 0; i < lens[b]; i++, t = t->next) {
@@ -83,14 +83,14 @@ KvStatus kv_prompts_load(const char *path, int64_t new_tokens, KvScenario *out, 
             if (!cJSON_IsNumber(t) || v < 0.0 || v > 2147483647.0 || v != floor(v)) {
                 st = kv_error_set(err, KV_ERR_INPUT, "%s: prompt %lld token %lld: expected a "
                                   "non-negative integer token id", path, (long long)b, (long long)i);
-                goto exit;
+                goto cleanup;
             }
             rows[b][i] = (int32_t)v;
         }
     }
     st = kv_scenario_custom("prompts", (const int32_t *const *)rows, lens, batch, new_tokens, out,
                             err);
-exit:
+cleanup:
     for (int64_t b = 0; rows != NULL && b < batch; b++) free(rows[b]);
     free(rows);
     free(lens);

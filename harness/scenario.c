@@ -72,7 +72,7 @@ KvStatus kv_scenario_build(const KvConfig *cfg, const char *name, uint64_t seed,
         rows[b] = malloc((size_t)lens[b] * sizeof(int32_t));
         if (rows[b] == NULL) {
             st = kv_error_set(err, KV_ERR_INTERNAL, "scenario %s: out of memory", name);
-            goto exit;
+            goto cleanup;
         }
         char stream[96];
         snprintf(stream, sizeof stream, "scenario/%s/row%lld", name, (long long)b);
@@ -87,11 +87,11 @@ KvStatus kv_scenario_build(const KvConfig *cfg, const char *name, uint64_t seed,
         int64_t to_window = longest < w ? w - longest : 0;
         st = kv_scenario_custom(name, (const int32_t *const *)rows, lens, d->batch,
                                 to_window + 3 * w + 1, out, err);
-        if (st != KV_OK) goto exit;
+        if (st != KV_OK) goto cleanup;
         out->seed = seed;
         out->prefill_chunk = d->chunked ? w / 2 + 1 : 0;
     }
-exit:
+cleanup:
     free(rows[0]);
     free(rows[1]);
     return st;

@@ -415,24 +415,24 @@ KvStatus kv_config_parse(const char *text, size_t len, const char *label, KvConf
     if (len > KV_CONFIG_MAX_BYTES) {
         st = kv_error_set(err, KV_ERR_INPUT, "%s: expected at most %u bytes, found %zu", lab,
                           KV_CONFIG_MAX_BYTES, len);
-        goto exit;
+        goto cleanup;
     }
     const void *nul = len > 0 ? memchr(text, 0, len) : NULL;
     if (nul != NULL) {
         st = kv_error_set(err, KV_ERR_INPUT, "%s: expected JSON text, found a NUL byte at %td",
                           lab, (const char *)nul - text);
-        goto exit;
+        goto cleanup;
     }
     /* What cJSON lets through and Python's json would not read the same:
      * non-UTF-8 bytes, raw control characters, \u0000 cutting a key short. */
     st = kv_file_check_json_text(text, len, lab, err);
-    if (st != KV_OK) goto exit;
+    if (st != KV_OK) goto cleanup;
     /* A terminated copy: the parser then cannot read past the caller's
      * bytes whatever they hold (they need not be terminated). */
     copy = malloc(len + 1);
     if (copy == NULL) {
         st = kv_error_set(err, KV_ERR_INTERNAL, "%s: out of memory", lab);
-        goto exit;
+        goto cleanup;
     }
     if (len > 0) memcpy(copy, text, len);
     copy[len] = '\0';
@@ -443,7 +443,7 @@ KvStatus kv_config_parse(const char *text, size_t len, const char *label, KvConf
         st = kv_error_set(err, KV_ERR_INPUT,
                           "%s: expected valid JSON, found a syntax error near byte %zu of %zu",
                           lab, at, len);
-        goto exit;
+        goto cleanup;
     }
     for (const char *p = end; *p; p++) {
         if (*p != ' ' && *p != '\t' && *p != '\n' && *p != '\r') {
@@ -451,26 +451,26 @@ KvStatus kv_config_parse(const char *text, size_t len, const char *label, KvConf
                               "%s: expected only whitespace after the JSON object, found "
                               "trailing data at byte %td",
                               lab, p - copy);
-            goto exit;
+            goto cleanup;
         }
     }
     if (!cJSON_IsObject(root)) {
         char found[128];
         kv_json_describe(root, found, sizeof found);
         st = kv_error_set(err, KV_ERR_INPUT, "%s: expected a JSON object, found %s", lab, found);
-        goto exit;
+        goto cleanup;
     }
     /* Python's json keeps the last of repeated keys and cJSON the first:
      * refuse them (at any depth) rather than read a different model than
      * transformers would. */
     st = kv_file_check_json_keys(root, lab, "field", err);
-    if (st != KV_OK) goto exit;
+    if (st != KV_OK) goto cleanup;
     ConfigCtx c = {.root = root, .label = lab, .err = err};
     st = parse_root(&c, &cfg);
-    if (st != KV_OK) goto exit;
+    if (st != KV_OK) goto cleanup;
     *out = cfg;
 
-exit:
+cleanup:
     cJSON_Delete(root);
     free(copy);
     return st;
@@ -484,17 +484,17 @@ KvStatus kv_config_load(const char *path, KvConfig *out, KvError *err) {
 
     memset(out, 0, sizeof *out);
     st = kv_file_open_regular(path, &fd, &sb, err);
-    if (st != KV_OK) goto exit;
+    if (st != KV_OK) goto cleanup;
     if (sb.st_size > (off_t)KV_CONFIG_MAX_BYTES) {
         st = kv_error_set(err, KV_ERR_INPUT, "%s: expected at most %u bytes, found %lld", path,
                           KV_CONFIG_MAX_BYTES, (long long)sb.st_size);
-        goto exit;
+        goto cleanup;
     }
     size_t size = (size_t)sb.st_size;
     buf = malloc(size + 1);
     if (buf == NULL) {
         st = kv_error_set(err, KV_ERR_INTERNAL, "%s: out of memory", path);
-        goto exit;
+        goto cleanup;
     }
     size_t got = 0;
     while (got < size) {
@@ -502,14 +502,14 @@ KvStatus kv_config_load(const char *path, KvConfig *out, KvError *err) {
         if (r < 0 && errno == EINTR) continue;
         if (r < 0) {
             st = kv_error_set(err, KV_ERR_INPUT, "%s: cannot read: %s", path, strerror(errno));
-            goto exit;
+            goto cleanup;
         }
         if (r == 0) break; /* shrank while reading: parse what is there */
         got += (size_t)r;
     }
     st = kv_config_parse(buf, got, path, out, err);
 
-exit:
+cleanup:
     free(buf);
     if (fd >= 0) close(fd);
     return st;

@@ -43,11 +43,11 @@ KvStatus kv_file_open_regular(const char *path, int *fd, struct stat *sb, KvErro
     }
     if (fstat(*fd, sb) != 0) {
         st = kv_error_set(err, KV_ERR_INPUT, "%s: cannot stat: %s", path, strerror(errno));
-        goto exit;
+        goto cleanup;
     }
     if (!S_ISREG(sb->st_mode)) {
         st = refuse_kind(path, sb->st_mode, err);
-        goto exit;
+        goto cleanup;
     }
     /* Back to ordinary blocking reads (O_NONBLOCK means nothing for a
      * regular file on Linux, but the descriptor should say what it is). */
@@ -55,10 +55,10 @@ KvStatus kv_file_open_regular(const char *path, int *fd, struct stat *sb, KvErro
     if (flags < 0 || fcntl(*fd, F_SETFL, flags & ~O_NONBLOCK) != 0) {
         st = kv_error_set(err, KV_ERR_INPUT, "%s: cannot clear O_NONBLOCK: %s", path,
                           strerror(errno));
-        goto exit;
+        goto cleanup;
     }
 
-exit:
+cleanup:
     if (st != KV_OK) {
         close(*fd);
         *fd = -1;
@@ -224,7 +224,7 @@ static KvStatus keys_walk(const cJSON *node, KeyWalk *w) {
                         st = kv_error_set(w->err, KV_ERR_INPUT,
                                           "%s: %s '%s': expected once, found repeated", w->where,
                                           w->noun, w->path);
-                        goto exit;
+                        goto cleanup;
                     }
                 }
             }
@@ -233,7 +233,7 @@ static KvStatus keys_walk(const cJSON *node, KeyWalk *w) {
             if (keys == NULL) {
                 st = kv_error_set(w->err, KV_ERR_INTERNAL, "%s: out of memory for %zu keys",
                                   w->where, n);
-                goto exit;
+                goto cleanup;
             }
             size_t i = 0;
             for (const cJSON *c = node->child; c != NULL; c = c->next) keys[i++] = c;
@@ -244,7 +244,7 @@ static KvStatus keys_walk(const cJSON *node, KeyWalk *w) {
                     st = kv_error_set(w->err, KV_ERR_INPUT,
                                       "%s: %s '%s': expected once, found repeated", w->where,
                                       w->noun, w->path);
-                    goto exit;
+                    goto cleanup;
                 }
             }
         }
@@ -259,11 +259,11 @@ static KvStatus keys_walk(const cJSON *node, KeyWalk *w) {
             st = keys_walk(c, w);
             w->len = saved;
             w->path[saved] = '\0';
-            if (st != KV_OK) goto exit;
+            if (st != KV_OK) goto cleanup;
         }
     }
 
-exit:
+cleanup:
     free(keys);
     return st;
 }

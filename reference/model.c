@@ -175,12 +175,12 @@ KvStatus kv_model_load_memory(const char *config_json, size_t config_len, const 
         snprintf(st_label, sizeof st_label, "model.safetensors");
     }
     rc = kv_config_parse(config_json, config_len, cfg_label, &cfg, err);
-    if (rc != KV_OK) goto exit;
+    if (rc != KV_OK) goto cleanup;
     rc = kv_st_parse(st, st_len, st_label, &tab, err);
-    if (rc != KV_OK) goto exit;
+    if (rc != KV_OK) goto cleanup;
     rc = model_assemble(&cfg, &tab, out, err);
 
-exit:
+cleanup:
     kv_st_close(&tab);
     return rc;
 }
@@ -205,27 +205,27 @@ KvStatus kv_model_load_dir(const char *dir, KvModel *out, KvError *err) {
     if (stat(dir, &sb) != 0) {
         rc = kv_error_set(err, KV_ERR_INPUT, "%s: cannot open model directory: %s", dir,
                           strerror(errno));
-        goto exit;
+        goto cleanup;
     }
     if (!S_ISDIR(sb.st_mode)) {
         rc = kv_error_set(err, KV_ERR_INPUT,
                           "%s: expected a model directory (config.json + model.safetensors), "
                           "found a file",
                           dir);
-        goto exit;
+        goto cleanup;
     }
     if (!path_join(cfg_path, sizeof cfg_path, dir, "config.json") ||
         !path_join(st_path, sizeof st_path, dir, "model.safetensors")) {
         rc = kv_error_set(err, KV_ERR_INPUT, "%s: path too long", dir);
-        goto exit;
+        goto cleanup;
     }
     rc = kv_config_load(cfg_path, &cfg, err);
-    if (rc != KV_OK) goto exit;
+    if (rc != KV_OK) goto cleanup;
     rc = kv_st_open(st_path, &tab, err);
-    if (rc != KV_OK) goto exit;
+    if (rc != KV_OK) goto cleanup;
     rc = model_assemble(&cfg, &tab, out, err);
 
-exit:
+cleanup:
     kv_st_close(&tab);
     return rc;
 }

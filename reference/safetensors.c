@@ -337,7 +337,7 @@ KvStatus kv_st_parse(const uint8_t *bytes, size_t len, const char *label, KvSafe
         st = kv_error_set(err, KV_ERR_INPUT,
                           "%s: file is %zu bytes, expected at least 8 (the header length)", lab,
                           len);
-        goto exit;
+        goto cleanup;
     }
     uint64_t hlen = read_u64_le(bytes);
     uint64_t avail = (uint64_t)len - 8; /* compare against this: hlen + 8 may wrap */
@@ -346,13 +346,13 @@ KvStatus kv_st_parse(const uint8_t *bytes, size_t len, const char *label, KvSafe
                           "%s: header length %" PRIu64 ": expected at most %" PRIu64
                           " (the bytes after the 8-byte prefix), found past the end of file",
                           lab, hlen, avail);
-        goto exit;
+        goto cleanup;
     }
     if (hlen > KV_ST_MAX_HEADER) {
         st = kv_error_set(err, KV_ERR_INPUT,
                           "%s: header length %" PRIu64 ": expected at most %llu, found too large",
                           lab, hlen, KV_ST_MAX_HEADER);
-        goto exit;
+        goto cleanup;
     }
     const uint8_t *hdr = bytes + 8;
     const void *nul = memchr(hdr, 0, (size_t)hlen);
@@ -360,7 +360,7 @@ KvStatus kv_st_parse(const uint8_t *bytes, size_t len, const char *label, KvSafe
         st = kv_error_set(err, KV_ERR_INPUT,
                           "%s: header: expected JSON text, found a NUL byte at offset %td", lab,
                           (const uint8_t *)nul - hdr);
-        goto exit;
+        goto cleanup;
     }
     /* The format's README: the header MUST begin with '{'; whitespace is
      * allowed only after the object, as padding. (The reference reader does
@@ -378,19 +378,19 @@ KvStatus kv_st_parse(const uint8_t *bytes, size_t len, const char *label, KvSafe
                           "%s: header: expected a JSON object starting with '{' at its first "
                           "byte, found %s",
                           lab, first);
-        goto exit;
+        goto cleanup;
     }
     char where[320];
     snprintf(where, sizeof where, "%s: header", lab);
     st = kv_file_check_json_text((const char *)hdr, (size_t)hlen, where, err);
-    if (st != KV_OK) goto exit;
+    if (st != KV_OK) goto cleanup;
     /* cJSON wants a terminated string; the copy also keeps the parser from
      * ever reading past the header, whatever the input. */
     text = malloc((size_t)hlen + 1);
     if (text == NULL) {
         st = kv_error_set(err, KV_ERR_INTERNAL, "%s: out of memory for a %" PRIu64 "-byte header",
                           lab, hlen);
-        goto exit;
+        goto cleanup;
     }
     memcpy(text, hdr, (size_t)hlen);
     text[hlen] = '\0';
@@ -402,7 +402,7 @@ KvStatus kv_st_parse(const uint8_t *bytes, size_t len, const char *label, KvSafe
                           "%s: header: expected valid JSON, found a syntax error near byte %zu "
                           "of %" PRIu64,
                           lab, at, hlen);
-        goto exit;
+        goto cleanup;
     }
     for (const char *p = end; *p; p++) {
         /* Only whitespace may follow: writers pad the header with spaces to
@@ -413,21 +413,21 @@ KvStatus kv_st_parse(const uint8_t *bytes, size_t len, const char *label, KvSafe
                               "%s: header: expected only whitespace after the JSON object, "
                               "found trailing data at byte %td",
                               lab, p - text);
-            goto exit;
+            goto cleanup;
         }
     }
     if (!cJSON_IsObject(root)) {
         kv_json_describe(root, found, sizeof found);
         st = kv_error_set(err, KV_ERR_INPUT, "%s: header: expected a JSON object, found %s", lab,
                           found);
-        goto exit;
+        goto cleanup;
     }
 
     /* No key twice at any level: the tensor names (one name, one tensor),
      * "__metadata__", and each entry's fields (serde refuses a repeated
      * "dtype"; cJSON would read the first). */
     st = kv_file_check_json_keys(root, where, "key", err);
-    if (st != KV_OK) goto exit;
+    if (st != KV_OK) goto cleanup;
 
     uint64_t data_len = avail - hlen;
     /* n is bounded by the header: an entry takes at least ~40 bytes of
@@ -437,7 +437,7 @@ KvStatus kv_st_parse(const uint8_t *bytes, size_t len, const char *label, KvSafe
     for (const cJSON *it = root->child; it != NULL; it = it->next) {
         if (strcmp(it->string, "__metadata__") == 0) {
             st = parse_metadata(it, lab, err);
-            if (st != KV_OK) goto exit;
+            if (st != KV_OK) goto cleanup;
         } else {
             n++;
         }
@@ -446,13 +446,13 @@ KvStatus kv_st_parse(const uint8_t *bytes, size_t len, const char *label, KvSafe
     by_begin = calloc(n > 0 ? n : 1, sizeof *by_begin);
     if (tab == NULL || by_begin == NULL) {
         st = kv_error_set(err, KV_ERR_INTERNAL, "%s: out of memory for %zu tensors", lab, n);
-        goto exit;
+        goto cleanup;
     }
     size_t i = 0;
     for (const cJSON *it = root->child; it != NULL; it = it->next) {
         if (strcmp(it->string, "__metadata__") == 0) continue;
         st = parse_tensor(it, lab, data_len, &tab[i], err);
-        if (st != KV_OK) goto exit;
+        if (st != KV_OK) goto cleanup;
         i++;
     }
 
@@ -476,7 +476,7 @@ KvStatus kv_st_parse(const uint8_t *bytes, size_t len, const char *label, KvSafe
                               "other tensors, found [%" PRIu64 ", %" PRIu64
                               "] overlapping tensor '%s' [%" PRIu64 ", %" PRIu64 "]",
                               lab, t->name, t->begin, t->end, prev->name, prev->begin, prev->end);
-            goto exit;
+            goto cleanup;
         }
         if (t->begin > covered) {
             char after[KV_ST_MAX_NAME + 32];
@@ -490,7 +490,7 @@ KvStatus kv_st_parse(const uint8_t *bytes, size_t len, const char *label, KvSafe
                               " (%s: the tensors must cover the data section without gaps), "
                               "found [%" PRIu64 ", %" PRIu64 "], a gap of %" PRIu64 " bytes",
                               lab, t->name, covered, after, t->begin, t->end, t->begin - covered);
-            goto exit;
+            goto cleanup;
         }
         covered = t->end;
         prev = t;
@@ -506,7 +506,7 @@ KvStatus kv_st_parse(const uint8_t *bytes, size_t len, const char *label, KvSafe
                           "%s: data section: expected %" PRIu64 " bytes (%s), found %" PRIu64
                           ": %" PRIu64 " trailing bytes that no tensor covers",
                           lab, covered, last, data_len, data_len - covered);
-        goto exit;
+        goto cleanup;
     }
 
     out->data = bytes + 8 + hlen;
@@ -516,7 +516,7 @@ KvStatus kv_st_parse(const uint8_t *bytes, size_t len, const char *label, KvSafe
     snprintf(out->label, sizeof out->label, "%s", lab);
     tab = NULL;
 
-exit:
+cleanup:
     free(by_begin);
     free(tab);
     cJSON_Delete(root);
@@ -534,34 +534,34 @@ KvStatus kv_st_open(const char *path, KvSafetensors *out, KvError *err) {
 
     memset(out, 0, sizeof *out);
     st = kv_file_open_regular(path, &fd, &sb, err);
-    if (st != KV_OK) goto exit;
+    if (st != KV_OK) goto cleanup;
     /* mmap of 0 bytes fails and a shorter file cannot hold the length
      * prefix: report it here as a format error, not a mapping error. */
     if (sb.st_size < 8) {
         st = kv_error_set(err, KV_ERR_INPUT,
                           "%s: file is %lld bytes, expected at least 8 (the header length)", path,
                           (long long)sb.st_size);
-        goto exit;
+        goto cleanup;
     }
     if ((uint64_t)sb.st_size > (uint64_t)SIZE_MAX) {
         st = kv_error_set(err, KV_ERR_INPUT, "%s: file is %lld bytes, too large to map", path,
                           (long long)sb.st_size);
-        goto exit;
+        goto cleanup;
     }
     map_len = (size_t)sb.st_size;
     map = mmap(NULL, map_len, PROT_READ, MAP_PRIVATE, fd, 0);
     if (map == MAP_FAILED) {
         map = NULL;
         st = kv_error_set(err, KV_ERR_INPUT, "%s: cannot map: %s", path, strerror(errno));
-        goto exit;
+        goto cleanup;
     }
     st = kv_st_parse(map, map_len, path, out, err);
-    if (st != KV_OK) goto exit;
+    if (st != KV_OK) goto cleanup;
     out->map = map;
     out->map_len = map_len;
     map = NULL;
 
-exit:
+cleanup:
     if (map != NULL) munmap(map, map_len);
     if (fd >= 0) close(fd);
     if (st != KV_OK) memset(out, 0, sizeof *out);
@@ -629,7 +629,7 @@ KvStatus kv_st_serialize(const KvStWriteTensor *tensors, size_t n, uint8_t **out
                               "safetensors writer: tensor %zu: expected a name shorter than %d "
                               "bytes (not __metadata__), found %s",
                               i, KV_ST_MAX_NAME, t->name == NULL ? "NULL" : "a bad name");
-            goto exit;
+            goto cleanup;
         }
         size_t esize = kv_dtype_size(t->dtype);
         if (esize == 0) {
@@ -637,13 +637,13 @@ KvStatus kv_st_serialize(const KvStWriteTensor *tensors, size_t n, uint8_t **out
                               "safetensors writer: tensor '%s': expected a whole-byte dtype, "
                               "found %s",
                               t->name, kv_dtype_name(t->dtype));
-            goto exit;
+            goto cleanup;
         }
         if (t->rank < 0 || t->rank > KV_ST_MAX_RANK) {
             st = kv_error_set(err, KV_ERR_INPUT,
                               "safetensors writer: tensor '%s': expected rank 0..%d, found %d",
                               t->name, KV_ST_MAX_RANK, t->rank);
-            goto exit;
+            goto cleanup;
         }
         uint64_t numel = 1;
         for (int d = 0; d < t->rank; d++) {
@@ -653,7 +653,7 @@ KvStatus kv_st_serialize(const KvStWriteTensor *tensors, size_t n, uint8_t **out
                                   "safetensors writer: tensor '%s': shape[%d]: expected an "
                                   "integer in [0, 2^53) with a representable size, found %" PRId64,
                                   t->name, d, t->shape[d]);
-                goto exit;
+                goto cleanup;
             }
         }
         if (__builtin_mul_overflow(numel, (uint64_t)esize, &nbytes[i]) ||
@@ -663,13 +663,13 @@ KvStatus kv_st_serialize(const KvStWriteTensor *tensors, size_t n, uint8_t **out
                               "safetensors writer: tensor '%s': expected a total size below "
                               "2^53 bytes, found more",
                               t->name);
-            goto exit;
+            goto cleanup;
         }
         if (nbytes[i] > 0 && t->data == NULL) {
             st = kv_error_set(err, KV_ERR_INPUT,
                               "safetensors writer: tensor '%s': expected data, found NULL",
                               t->name);
-            goto exit;
+            goto cleanup;
         }
         names[i] = t->name;
     }
@@ -680,7 +680,7 @@ KvStatus kv_st_serialize(const KvStWriteTensor *tensors, size_t n, uint8_t **out
                               "safetensors writer: tensor '%s': expected a unique name, found a "
                               "duplicate",
                               names[i]);
-            goto exit;
+            goto cleanup;
         }
     }
 
@@ -734,11 +734,11 @@ KvStatus kv_st_serialize(const KvStWriteTensor *tensors, size_t n, uint8_t **out
     *out = img;
     *out_len = img_len;
     img = NULL;
-    goto exit;
+    goto cleanup;
 
 oom:
     st = kv_error_set(err, KV_ERR_INTERNAL, "safetensors writer: out of memory");
-exit:
+cleanup:
     free(img);
     free(header);
     cJSON_Delete(root);

@@ -22,17 +22,17 @@ static KvStatus bisect_copy_file(const char *src, const char *dst, KvError *err)
     out = fopen(dst, "wb");
     if (out == NULL) {
         st = kv_error_set(err, KV_ERR_INPUT, "%s: cannot create: %s", dst, strerror(errno));
-        goto exit;
+        goto cleanup;
     }
     size_t n;
     while ((n = fread(buf, 1, sizeof buf, in)) > 0) {
         if (fwrite(buf, 1, n, out) != n) {
             st = kv_error_set(err, KV_ERR_INPUT, "%s: cannot write: %s", dst, strerror(errno));
-            goto exit;
+            goto cleanup;
         }
     }
     if (ferror(in)) st = kv_error_set(err, KV_ERR_INPUT, "%s: cannot read: %s", src, strerror(errno));
-exit:
+cleanup:
     if (out != NULL && fclose(out) != 0 && st == KV_OK) {
         st = kv_error_set(err, KV_ERR_INPUT, "%s: cannot write: %s", dst, strerror(errno));
     }
@@ -175,40 +175,40 @@ KvStatus kv_bisect_write_h5(const char *src, const char *dst, const KvBisectReco
 
     st = bisect_copy_file(src, tmp, err);
     created = true;
-    if (st != KV_OK) goto exit;
+    if (st != KV_OK) goto cleanup;
     fapl = H5Pcreate(H5P_FILE_ACCESS);
     if (fapl < 0 || H5Pset_libver_bounds(fapl, H5F_LIBVER_V18, H5F_LIBVER_V18) < 0) {
         st = kv_error_set(err, KV_ERR_INTERNAL, "%s: cannot set up HDF5 file access", dst);
-        goto exit;
+        goto cleanup;
     }
     file = H5Fopen(tmp, H5F_ACC_RDWR, fapl);
     if (file < 0) {
         st = kv_error_set(err, KV_ERR_INPUT, "%s: not an HDF5 report", src);
-        goto exit;
+        goto cleanup;
     }
     if (bisect_write_group(file, rec) < 0) {
         st = kv_error_set(err, KV_ERR_INTERNAL, "%s: cannot write the /bisect group", dst);
-        goto exit;
+        goto cleanup;
     }
     herr_t closed = H5Fclose(file);
     file = H5I_INVALID_HID;
     if (closed < 0) {
         st = kv_error_set(err, KV_ERR_INTERNAL, "%s: cannot finish writing %s", dst, tmp);
-        goto exit;
+        goto cleanup;
     }
     int fd = open(tmp, O_RDONLY | O_CLOEXEC);
     if (fd < 0 || fsync(fd) != 0) {
         st = kv_error_set(err, KV_ERR_INTERNAL, "%s: cannot flush: %s", tmp, strerror(errno));
         if (fd >= 0) close(fd);
-        goto exit;
+        goto cleanup;
     }
     close(fd);
     if (rename(tmp, dst) != 0) {
         st = kv_error_set(err, KV_ERR_INPUT, "%s: cannot create: %s", dst, strerror(errno));
-        goto exit;
+        goto cleanup;
     }
     created = false;
-exit:
+cleanup:
     if (file >= 0) H5Fclose(file);
     if (fapl >= 0) H5Pclose(fapl);
     H5Eset_auto2(H5E_DEFAULT, old_func, old_data);

@@ -103,11 +103,11 @@ KvStatus h5_string_type_pad(size_t width, H5T_str_t pad, hid_t *out, ReportCtx *
     if (t < 0 || H5Tset_size(t, width) < 0 || H5Tset_strpad(t, pad) < 0 ||
         H5Tset_cset(t, H5T_CSET_UTF8) < 0) {
         st = h5_fail(c, KV_ERR_INTERNAL, "cannot make a string type of %zu bytes", width);
-        goto exit;
+        goto cleanup;
     }
     *out = t;
     t = H5I_INVALID_HID;
-exit:
+cleanup:
     h5_close(H5Tclose, t, "string type", &st, c);
     return st;
 }
@@ -139,7 +139,7 @@ KvStatus h5_compound_type(const ColumnTable *t, bool file, hid_t *out, ReportCtx
     type = H5Tcreate(H5T_COMPOUND, size);
     if (type < 0) {
         st = h5_fail(c, KV_ERR_INTERNAL, "cannot create a compound type");
-        goto exit;
+        goto cleanup;
     }
     size_t off = 0;
     for (size_t i = 0; i < t->n_columns; i++) {
@@ -150,22 +150,22 @@ KvStatus h5_compound_type(const ColumnTable *t, bool file, hid_t *out, ReportCtx
         case COL_F64: mt = file ? H5T_IEEE_F64LE : H5T_NATIVE_DOUBLE; break;
         case COL_STR:
             st = h5_string_type(m[i].width, &str, c);
-            if (st != KV_OK) goto exit;
+            if (st != KV_OK) goto cleanup;
             mt = str;
             break;
         }
         if (H5Tinsert(type, m[i].name, file ? off : m[i].offset, mt) < 0) {
             st = h5_fail(c, KV_ERR_INTERNAL, "cannot add member %s to a compound type", m[i].name);
-            goto exit;
+            goto cleanup;
         }
         off += h5_column_size(&m[i]);
         h5_close(H5Tclose, str, "string type", &st, c);
         str = H5I_INVALID_HID;
-        if (st != KV_OK) goto exit;
+        if (st != KV_OK) goto cleanup;
     }
     *out = type;
     type = H5I_INVALID_HID;
-exit:
+cleanup:
     h5_close(H5Tclose, str, "string type", &st, c);
     h5_close(H5Tclose, type, "compound type", &st, c);
     return st;

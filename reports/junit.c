@@ -425,7 +425,7 @@ KvStatus kv_junit_write(const KvReport *rep, const char *path, KvError *err) {
     counts = calloc(nr > 0 ? nr : 1, sizeof *counts);
     if (leader == NULL || first_fail == NULL || counts == NULL) {
         st = kv_error_set(err, KV_ERR_INTERNAL, "%s: out of memory for %zu runs", path, nr);
-        goto exit;
+        goto cleanup;
     }
 
     /* Quadratic in the run count, which is a test matrix (hundreds at most),
@@ -475,7 +475,7 @@ KvStatus kv_junit_write(const KvReport *rep, const char *path, KvError *err) {
     junit_build(&buf, rep, leader, first_fail, counts, &total);
     if (buf.oom) {
         st = kv_error_set(err, KV_ERR_INTERNAL, "%s: out of memory building the JUnit document", path);
-        goto exit;
+        goto cleanup;
     }
 
     /* the shared writer: an unnamed temporary linked and renamed into
@@ -483,7 +483,7 @@ KvStatus kv_junit_write(const KvReport *rep, const char *path, KvError *err) {
      * full disk is bad input naming path, like an unwritable directory */
     st = kv_report_file_publish(path, buf.data != NULL ? buf.data : "", buf.len, err);
 
-exit:
+cleanup:
     free(buf.data);
     free(counts);
     free(first_fail);

@@ -488,7 +488,7 @@ KvStatus kv_report_check_writable(const char *path, KvError *err) {
     char *dir = malloc(n), *tmp = malloc(n);
     if (dir == NULL || tmp == NULL) {
         st = kv_error_set(err, KV_ERR_INTERNAL, "%s: out of memory", path);
-        goto exit;
+        goto cleanup;
     }
     path_dir(path, dir, n);
     int fd = open_unnamed(dir);
@@ -502,12 +502,12 @@ KvStatus kv_report_check_writable(const char *path, KvError *err) {
     }
     if (fd < 0) {
         st = kv_error_set(err, KV_ERR_INPUT, "%s: cannot create: %s", path, strerror(errno));
-        goto exit;
+        goto cleanup;
     }
     if (close(fd) != 0 && st == KV_OK) {
         st = kv_error_set(err, KV_ERR_INPUT, "%s: cannot create: %s", path, strerror(errno));
     }
-exit:
+cleanup:
     free(tmp);
     free(dir);
     return st;
@@ -526,7 +526,7 @@ KvStatus kv_report_file_publish(const char *path, const void *data, size_t len, 
     char *dir = malloc(n), *tmp = malloc(n);
     if (dir == NULL || tmp == NULL) {
         st = kv_error_set(err, KV_ERR_INTERNAL, "%s: out of memory", path);
-        goto exit;
+        goto cleanup;
     }
     path_dir(path, dir, n);
     snprintf(tmp, n, "%s" KV_TMP_SUFFIX "%ld", path, (long)getpid());
@@ -537,7 +537,7 @@ KvStatus kv_report_file_publish(const char *path, const void *data, size_t len, 
     bool unnamed = fd >= 0;
     if (fd < 0 && !tmpfile_unsupported(errno)) {
         st = kv_error_set(err, KV_ERR_INPUT, "%s: cannot create: %s", path, strerror(errno));
-        goto exit;
+        goto cleanup;
     }
     for (int attempt = 0; attempt < 2; attempt++) {
         if (!unnamed) {
@@ -545,7 +545,7 @@ KvStatus kv_report_file_publish(const char *path, const void *data, size_t len, 
             if (fd < 0) {
                 st = kv_error_set(err, KV_ERR_INPUT, "%s: cannot create: %s", path,
                                   strerror(errno));
-                goto exit;
+                goto cleanup;
             }
             named = true;
         }
@@ -553,12 +553,12 @@ KvStatus kv_report_file_publish(const char *path, const void *data, size_t len, 
          * quota, an I/O error): bad input, like an unwritable directory. */
         if (write_all(fd, data, len) != 0 || sync_fd(fd) != 0) {
             st = kv_error_set(err, KV_ERR_INPUT, "%s: cannot write: %s", path, strerror(errno));
-            goto exit;
+            goto cleanup;
         }
         if (!unnamed) break;
         if (unlink(tmp) != 0 && errno != ENOENT) {
             st = kv_error_set(err, KV_ERR_INPUT, "%s: cannot create: %s", path, strerror(errno));
-            goto exit;
+            goto cleanup;
         }
         if (link_unnamed(fd, tmp) == 0) {
             named = true;
@@ -568,7 +568,7 @@ KvStatus kv_report_file_publish(const char *path, const void *data, size_t len, 
         if (close(fd) != 0) {
             fd = -1;
             st = kv_error_set(err, KV_ERR_INPUT, "%s: cannot write: %s", path, strerror(errno));
-            goto exit;
+            goto cleanup;
         }
         fd = -1;
         unnamed = false;
@@ -577,12 +577,12 @@ KvStatus kv_report_file_publish(const char *path, const void *data, size_t len, 
     fd = -1;
     if (rc != 0) {
         st = kv_error_set(err, KV_ERR_INPUT, "%s: cannot write: %s", path, strerror(errno));
-        goto exit;
+        goto cleanup;
     }
     if (rename(tmp, path) != 0) {
         /* e.g. path became a directory since the check */
         st = kv_error_set(err, KV_ERR_INPUT, "%s: cannot create: %s", path, strerror(errno));
-        goto exit;
+        goto cleanup;
     }
     named = false;
     /* The rename itself reaches the disk with the directory; best effort,
@@ -594,7 +594,7 @@ KvStatus kv_report_file_publish(const char *path, const void *data, size_t len, 
             /* best effort, see above */
         }
     }
-exit:
+cleanup:
     if (fd >= 0 && close(fd) != 0) {
         /* already failing: the first error is the one reported */
     }

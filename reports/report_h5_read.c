@@ -68,7 +68,7 @@ static KvStatus h5r_strings(hid_t id, bool is_attr, hid_t ftype, hid_t space, si
     const H5T_cset_t cset = H5Tget_cset(ftype);
     if (is_vlen < 0 || cset < 0) {
         st = h5_fail(c, KV_ERR_INPUT, "%s: cannot inspect the string type", what);
-        goto exit;
+        goto cleanup;
     }
     /* values 2-15 are reserved: HDF5 refuses them when asked to read in
      * them, which is the file's fault, not ours (fuzzing found it) */
@@ -77,24 +77,24 @@ static KvStatus h5r_strings(hid_t id, bool is_attr, hid_t ftype, hid_t space, si
                             "%s: expected an ASCII or UTF-8 string, found "
                             "character set %d",
                             what, (int)cset);
-        goto exit;
+        goto cleanup;
     }
     /* HDF5 does not convert between character sets: read in the file's */
     mem = H5Tcopy(H5T_C_S1);
     if (mem < 0 || H5Tset_cset(mem, cset) < 0 || H5Tset_strpad(mem, H5T_STR_NULLTERM) < 0) {
         st = h5_fail(c, KV_ERR_INTERNAL, "%s: cannot make a string type", what);
-        goto exit;
+        goto cleanup;
     }
     if (is_vlen) {
         vls = calloc(n > 0 ? n : 1, sizeof *vls);
         if (vls == NULL || H5Tset_size(mem, H5T_VARIABLE) < 0) {
             st = vls == NULL ? h5_report_fail(c, KV_ERR_INTERNAL, "out of memory")
                              : h5_fail(c, KV_ERR_INTERNAL, "%s: cannot make a string type", what);
-            goto exit;
+            goto cleanup;
         }
         if (n > 0 && h5_read_any(id, is_attr, mem, vls) < 0) {
             st = h5_fail(c, KV_ERR_INPUT, "%s: cannot read", what);
-            goto exit;
+            goto cleanup;
         }
     } else {
         fsize = H5Tget_size(ftype);
@@ -106,17 +106,17 @@ static KvStatus h5r_strings(hid_t id, bool is_attr, hid_t ftype, hid_t space, si
             st = h5_report_fail(c, KV_ERR_INPUT,
                                 "%s: expected a string type of 1..%zu bytes, found size %zu", what,
                                 KV_REPORT_MAX_STRING_BYTES, fsize);
-            goto exit;
+            goto cleanup;
         }
         fixed = calloc(1, bytes);
         if (fixed == NULL || H5Tset_size(mem, fsize + 1) < 0) {
             st = fixed == NULL ? h5_report_fail(c, KV_ERR_INTERNAL, "out of memory")
                                : h5_fail(c, KV_ERR_INTERNAL, "%s: cannot make a string type", what);
-            goto exit;
+            goto cleanup;
         }
         if (n > 0 && h5_read_any(id, is_attr, mem, fixed) < 0) {
             st = h5_fail(c, KV_ERR_INPUT, "%s: cannot read", what);
-            goto exit;
+            goto cleanup;
         }
     }
     for (size_t k = 0; k < n; k++) {
@@ -127,12 +127,12 @@ static KvStatus h5r_strings(hid_t id, bool is_attr, hid_t ftype, hid_t space, si
             st = h5_report_fail(c, KV_ERR_INPUT,
                                 "%s: expected a string of at most %zu bytes, found %zu bytes", what,
                                 width - 1, len);
-            goto exit;
+            goto cleanup;
         }
         memset(dst + k * width, 0, width);
         memcpy(dst + k * width, s, len);
     }
-exit:
+cleanup:
     /* H5Dvlen_reclaim is the 1.10 name (H5Treclaim from 1.12 on) */
     if (vls != NULL && n > 0 && H5Dvlen_reclaim(mem, space, H5P_DEFAULT, vls) < 0 && st == KV_OK) {
         st = h5_fail(c, KV_ERR_INTERNAL, "%s: cannot release variable-length strings", what);
@@ -182,13 +182,13 @@ static KvStatus h5r_attr_value(hid_t obj, const char *objpath, const char *name,
                                hid_t mem_type, void *dst, ReportCtx *c) {
     hid_t attr = H5I_INVALID_HID, type = H5I_INVALID_HID, space = H5I_INVALID_HID;
     KvStatus st = h5r_attr_open(obj, objpath, name, cls, &attr, &type, &space, c);
-    if (st != KV_OK) goto exit;
+    if (st != KV_OK) goto cleanup;
     if (H5Aread(attr, mem_type, dst) < 0) {
         st = h5_fail(c, KV_ERR_INPUT, "%s: attribute %s: cannot read as %s", objpath, name,
                      class_text(cls));
-        goto exit;
+        goto cleanup;
     }
-exit:
+cleanup:
     h5_close(H5Sclose, space, name, &st, c);
     h5_close(H5Tclose, type, name, &st, c);
     h5_close(H5Aclose, attr, name, &st, c);
@@ -224,9 +224,9 @@ static KvStatus h5r_attr_string(hid_t obj, const char *objpath, const char *name
     char what[160];
     snprintf(what, sizeof what, "%s: attribute %s", objpath, name);
     KvStatus st = h5r_attr_open(obj, objpath, name, H5T_STRING, &attr, &type, &space, c);
-    if (st != KV_OK) goto exit;
+    if (st != KV_OK) goto cleanup;
     st = h5r_strings(attr, true, type, space, 1, dst, width, what, c);
-exit:
+cleanup:
     h5_close(H5Sclose, space, name, &st, c);
     h5_close(H5Tclose, type, name, &st, c);
     h5_close(H5Aclose, attr, name, &st, c);
@@ -493,33 +493,33 @@ static KvStatus h5r_check_storage(hid_t dset, const char *objpath, hid_t ftype, 
     hid_t dcpl = H5Dget_create_plist(dset);
     if (dcpl < 0) {
         st = h5_fail(c, KV_ERR_INPUT, "%s: cannot inspect the storage", objpath);
-        goto exit;
+        goto cleanup;
     }
     const H5D_layout_t layout = H5Pget_layout(dcpl);
     const int n_external = H5Pget_external_count(dcpl);
     const int n_filters = H5Pget_nfilters(dcpl);
     if (layout < 0 || n_external < 0 || n_filters < 0) {
         st = h5_fail(c, KV_ERR_INPUT, "%s: cannot inspect the storage", objpath);
-        goto exit;
+        goto cleanup;
     }
     if (layout == H5D_VIRTUAL) {
         st = h5_report_fail(c, KV_ERR_INPUT,
                             "%s: expected data stored in this file, found a virtual dataset (data "
                             "mapped from other datasets or files)",
                             objpath);
-        goto exit;
+        goto cleanup;
     }
     if (layout != H5D_COMPACT && layout != H5D_CONTIGUOUS && layout != H5D_CHUNKED) {
         st = h5_report_fail(c, KV_ERR_INPUT,
                             "%s: expected compact, contiguous or chunked storage, found layout %d",
                             objpath, (int)layout);
-        goto exit;
+        goto cleanup;
     }
     if (n_external > 0) {
         st = h5_report_fail(c, KV_ERR_INPUT,
                             "%s: expected data stored in this file, found it in %d external file%s",
                             objpath, n_external, n_external == 1 ? "" : "s");
-        goto exit;
+        goto cleanup;
     }
     bool deflate = false;
     for (int f = 0; f < n_filters; f++) {
@@ -530,7 +530,7 @@ static KvStatus h5r_check_storage(hid_t dset, const char *objpath, hid_t ftype, 
             H5Pget_filter2(dcpl, (unsigned)f, &flags, &n_values, NULL, sizeof name, name, &config);
         if (id < 0) {
             st = h5_fail(c, KV_ERR_INPUT, "%s: cannot inspect filter %d", objpath, f);
-            goto exit;
+            goto cleanup;
         }
         if (id == H5Z_FILTER_DEFLATE) {
             deflate = true;
@@ -542,20 +542,20 @@ static KvStatus h5r_check_storage(hid_t dset, const char *objpath, hid_t ftype, 
                                "%s: expected no filters but shuffle, deflate and fletcher32, found "
                                "filter %d (%.60s)",
                                objpath, (int)id, name);
-            goto exit;
+            goto cleanup;
         }
     }
     const size_t tsize = H5Tget_size(ftype);
     if (tsize == 0) {
         st = h5_fail(c, KV_ERR_INPUT, "%s: cannot size the type", objpath);
-        goto exit;
+        goto cleanup;
     }
     uint64_t raw = 0;
     if ((uint64_t)count > UINT64_MAX / tsize) {
         st = h5_report_fail(c, KV_ERR_INPUT,
                             "%s: expected a size that fits in 64 bits, found %zu x %zu", objpath,
                             count, tsize);
-        goto exit;
+        goto cleanup;
     }
     raw = (uint64_t)count * tsize;
     /* 0 both when nothing is allocated and on failure: either way no data */
@@ -565,7 +565,7 @@ static KvStatus h5r_check_storage(hid_t dset, const char *objpath, hid_t ftype, 
                             "%s: expected at most the file's %" PRIu64
                             " bytes stored, found %" PRIu64,
                             objpath, c->file_size, stored);
-        goto exit;
+        goto cleanup;
     }
     if (!deflate && stored < raw) {
         st = h5_report_fail(c, KV_ERR_INPUT,
@@ -573,7 +573,7 @@ static KvStatus h5r_check_storage(hid_t dset, const char *objpath, hid_t ftype, 
                             " bytes of data stored in the file, found %" PRIu64
                             " (unallocated or cut short)",
                             objpath, raw, stored);
-        goto exit;
+        goto cleanup;
     }
     if (deflate && (raw - 1) / KV_REPORT_MAX_DEFLATE_RATIO >= stored) {
         st = h5_report_fail(
@@ -581,19 +581,19 @@ static KvStatus h5r_check_storage(hid_t dset, const char *objpath, hid_t ftype, 
             "%s: expected at most %d bytes of data per stored byte (deflate's limit), "
             "found %" PRIu64 " bytes declared in %" PRIu64 " stored",
             objpath, KV_REPORT_MAX_DEFLATE_RATIO, raw, stored);
-        goto exit;
+        goto cleanup;
     }
     if (layout == H5D_CHUNKED) {
         hsize_t chunk[H5S_MAX_RANK];
         const int crank = H5Pget_chunk(dcpl, H5S_MAX_RANK, chunk);
         if (crank < 0) {
             st = h5_fail(c, KV_ERR_INPUT, "%s: cannot read the chunk shape", objpath);
-            goto exit;
+            goto cleanup;
         }
         if (crank != rank) {
             st = h5_report_fail(c, KV_ERR_INPUT, "%s: expected chunks of rank %d, found rank %d",
                                 objpath, rank, crank);
-            goto exit;
+            goto cleanup;
         }
         uint64_t expected = 1;
         for (int k = 0; k < rank; k++) {
@@ -604,7 +604,7 @@ static KvStatus h5r_check_storage(hid_t dset, const char *objpath, hid_t ftype, 
                 st = h5_report_fail(c, KV_ERR_INPUT,
                                     "%s: expected chunks within the shape %s, found chunk shape %s",
                                     objpath, want, got);
-                goto exit;
+                goto cleanup;
             }
             /* at most count chunks, so no overflow */
             expected *= (dims[k] + chunk[k] - 1) / chunk[k];
@@ -612,7 +612,7 @@ static KvStatus h5r_check_storage(hid_t dset, const char *objpath, hid_t ftype, 
         hsize_t n_chunks = 0;
         if (H5Dget_num_chunks(dset, space, &n_chunks) < 0) {
             st = h5_fail(c, KV_ERR_INPUT, "%s: cannot count the chunks", objpath);
-            goto exit;
+            goto cleanup;
         }
         if (n_chunks != expected) {
             st =
@@ -620,10 +620,10 @@ static KvStatus h5r_check_storage(hid_t dset, const char *objpath, hid_t ftype, 
                                "%s: expected all %" PRIu64 " chunks stored, found %llu (the others "
                                "would read as fill values)",
                                objpath, expected, (unsigned long long)n_chunks);
-            goto exit;
+            goto cleanup;
         }
     }
-exit:
+cleanup:
     h5_close(H5Pclose, dcpl, objpath, &st, c);
     return st;
 }
@@ -643,68 +643,68 @@ static KvStatus h5r_dataset(hid_t g, const char *gpath, const char *name, H5T_cl
     snprintf(expect, sizeof expect, "%s dataset of shape %s", class_text(cls), want);
     *out = NULL;
     st = h5r_check_object(g, objpath, name, H5O_TYPE_DATASET, shared, expect, c);
-    if (st != KV_OK) goto exit;
+    if (st != KV_OK) goto cleanup;
     dset = H5Dopen2(g, name, H5P_DEFAULT);
     if (dset < 0) {
         st = h5_fail(c, KV_ERR_INPUT, "%s: expected %s, found one HDF5 cannot open", objpath,
                      expect);
-        goto exit;
+        goto cleanup;
     }
     type = H5Dget_type(dset);
     space = H5Dget_space(dset);
     if (type < 0 || space < 0) {
         st = h5_fail(c, KV_ERR_INPUT, "%s: cannot inspect", objpath);
-        goto exit;
+        goto cleanup;
     }
     const H5T_class_t found = H5Tget_class(type);
     const int frank = H5Sget_simple_extent_ndims(space);
     if (found < 0 || frank < 0) {
         st = h5_fail(c, KV_ERR_INPUT, "%s: cannot inspect", objpath);
-        goto exit;
+        goto cleanup;
     }
     if (found != cls) {
         st = h5_report_fail(c, KV_ERR_INPUT, "%s: expected %s dataset, found %s dataset", objpath,
                             class_text(cls), class_text(found));
-        goto exit;
+        goto cleanup;
     }
     hsize_t fdims[H5S_MAX_RANK];
     if (frank > H5S_MAX_RANK || H5Sget_simple_extent_dims(space, fdims, NULL) < 0) {
         st = h5_fail(c, KV_ERR_INPUT, "%s: cannot read the shape", objpath);
-        goto exit;
+        goto cleanup;
     }
     bool same = frank == rank;
     for (int k = 0; same && k < rank; k++) same = fdims[k] == dims[k];
     if (!same) {
         h5_shape_text(frank, fdims, got, sizeof got);
         st = h5_report_fail(c, KV_ERR_INPUT, "%s: expected shape %s, found %s", objpath, want, got);
-        goto exit;
+        goto cleanup;
     }
     size_t count = 0, bytes = 0;
     if (!h5_shape_count(rank, dims, &count) || !h5_size_mul(count, elem, &bytes)) {
         st = h5_report_fail(c, KV_ERR_INPUT, "%s: expected a shape that fits in memory, found %s",
                             objpath, want);
-        goto exit;
+        goto cleanup;
     }
-    if (count == 0) goto exit;
+    if (count == 0) goto cleanup;
     if ((st = h5r_check_storage(dset, objpath, type, space, rank, dims, count, c)) != KV_OK ||
         (st = h5r_charge(c, objpath, bytes)) != KV_OK) {
-        goto exit;
+        goto cleanup;
     }
     buf = malloc(bytes);
     if (buf == NULL) {
         st = h5_report_fail(c, KV_ERR_INTERNAL, "%s: out of memory (%zu bytes)", objpath, bytes);
-        goto exit;
+        goto cleanup;
     }
     if (cls == H5T_STRING) {
         st = h5r_strings(dset, false, type, space, count, buf, elem, objpath, c);
-        if (st != KV_OK) goto exit;
+        if (st != KV_OK) goto cleanup;
     } else if (H5Dread(dset, mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf) < 0) {
         st = h5_fail(c, KV_ERR_INPUT, "%s: cannot read", objpath);
-        goto exit;
+        goto cleanup;
     }
     *out = buf;
     buf = NULL;
-exit:
+cleanup:
     free(buf);
     h5_close(H5Sclose, space, objpath, &st, c);
     h5_close(H5Tclose, type, objpath, &st, c);
@@ -725,7 +725,7 @@ static KvStatus h5r_table_mem_type(hid_t ftype, const char *objpath, const Colum
     mem = H5Tcreate(H5T_COMPOUND, t->row_size);
     if (mem < 0) {
         st = h5_fail(c, KV_ERR_INTERNAL, "%s: cannot create a compound type", objpath);
-        goto exit;
+        goto cleanup;
     }
     for (size_t i = 0; i < t->n_columns; i++) {
         const int idx = H5Tget_member_index(ftype, m[i].name);
@@ -733,11 +733,11 @@ static KvStatus h5r_table_mem_type(hid_t ftype, const char *objpath, const Colum
             /* a missing member is a lookup failure on HDF5's side */
             if (H5Eclear2(H5E_DEFAULT) < 0) {
                 st = h5_fail(c, KV_ERR_INTERNAL, "cannot clear the HDF5 error stack");
-                goto exit;
+                goto cleanup;
             }
             st = h5_report_fail(c, KV_ERR_INPUT, "%s: member %s: expected %s, found nothing",
                                 objpath, m[i].name, member_kind_text(m[i].kind));
-            goto exit;
+            goto cleanup;
         }
         const H5T_class_t want = m[i].kind == COL_F64   ? H5T_FLOAT
                                  : m[i].kind == COL_STR ? H5T_STRING
@@ -745,12 +745,12 @@ static KvStatus h5r_table_mem_type(hid_t ftype, const char *objpath, const Colum
         const H5T_class_t found = H5Tget_member_class(ftype, (unsigned)idx);
         if (found < 0) {
             st = h5_fail(c, KV_ERR_INPUT, "%s: member %s: cannot inspect", objpath, m[i].name);
-            goto exit;
+            goto cleanup;
         }
         if (found != want) {
             st = h5_report_fail(c, KV_ERR_INPUT, "%s: member %s: expected %s, found %s", objpath,
                                 m[i].name, member_kind_text(m[i].kind), class_text(found));
-            goto exit;
+            goto cleanup;
         }
         hid_t mem_member = H5I_INVALID_HID;
         switch (m[i].kind) {
@@ -763,14 +763,14 @@ static KvStatus h5r_table_mem_type(hid_t ftype, const char *objpath, const Colum
             const H5T_cset_t cset = mt < 0 ? H5T_CSET_ERROR : H5Tget_cset(mt);
             if (vlen < 0 || cset < 0) {
                 st = h5_fail(c, KV_ERR_INPUT, "%s: member %s: cannot inspect", objpath, m[i].name);
-                goto exit;
+                goto cleanup;
             }
             if (cset != H5T_CSET_ASCII && cset != H5T_CSET_UTF8) {
                 st = h5_report_fail(c, KV_ERR_INPUT,
                                     "%s: member %s: expected an ASCII or UTF-8 "
                                     "string, found character set %d",
                                     objpath, m[i].name, (int)cset);
-                goto exit;
+                goto cleanup;
             }
             /* HDF5 converts fixed-length strings of any size (lengths are
              * checked after reading), not variable-length ones in a compound */
@@ -779,14 +779,14 @@ static KvStatus h5r_table_mem_type(hid_t ftype, const char *objpath, const Colum
                                     "%s: member %s: expected a fixed-length string of at most %zu "
                                     "bytes, found a variable-length string",
                                     objpath, m[i].name, m[i].width - 1);
-                goto exit;
+                goto cleanup;
             }
             st = h5_string_type_pad(m[i].width, H5T_STR_NULLPAD, &str, c);
-            if (st != KV_OK) goto exit;
+            if (st != KV_OK) goto cleanup;
             if (H5Tset_cset(str, cset) < 0) {
                 st = h5_fail(c, KV_ERR_INTERNAL, "%s: member %s: cannot set the character set",
                              objpath, m[i].name);
-                goto exit;
+                goto cleanup;
             }
             mem_member = str;
             break;
@@ -795,17 +795,17 @@ static KvStatus h5r_table_mem_type(hid_t ftype, const char *objpath, const Colum
         if (H5Tinsert(mem, m[i].name, m[i].offset, mem_member) < 0) {
             st = h5_fail(c, KV_ERR_INTERNAL, "%s: cannot add member %s to a compound type", objpath,
                          m[i].name);
-            goto exit;
+            goto cleanup;
         }
         h5_close(H5Tclose, str, objpath, &st, c);
         str = H5I_INVALID_HID;
         h5_close(H5Tclose, mt, objpath, &st, c);
         mt = H5I_INVALID_HID;
-        if (st != KV_OK) goto exit;
+        if (st != KV_OK) goto cleanup;
     }
     *out = mem;
     mem = H5I_INVALID_HID;
-exit:
+cleanup:
     h5_close(H5Tclose, str, objpath, &st, c);
     h5_close(H5Tclose, mt, objpath, &st, c);
     h5_close(H5Tclose, mem, objpath, &st, c);
@@ -830,71 +830,71 @@ static KvStatus h5r_table(hid_t file, const ColumnTable *t, int64_t max_rows, in
     *n_rows = 0;
     st =
         h5r_check_object(file, objpath, name, H5O_TYPE_DATASET, false, "a 1-D compound dataset", c);
-    if (st != KV_OK) goto exit;
+    if (st != KV_OK) goto cleanup;
     dset = H5Dopen2(file, name, H5P_DEFAULT);
     if (dset < 0) {
         st = h5_fail(c, KV_ERR_INPUT,
                      "%s: expected a 1-D compound dataset, found one HDF5 cannot open", objpath);
-        goto exit;
+        goto cleanup;
     }
     ftype = H5Dget_type(dset);
     space = H5Dget_space(dset);
     if (ftype < 0 || space < 0) {
         st = h5_fail(c, KV_ERR_INPUT, "%s: cannot inspect", objpath);
-        goto exit;
+        goto cleanup;
     }
     const H5T_class_t cls = H5Tget_class(ftype);
     const int rank = H5Sget_simple_extent_ndims(space);
     if (cls < 0 || rank < 0) {
         st = h5_fail(c, KV_ERR_INPUT, "%s: cannot inspect", objpath);
-        goto exit;
+        goto cleanup;
     }
     if (cls != H5T_COMPOUND || rank != 1) {
         st = h5_report_fail(c, KV_ERR_INPUT,
                             "%s: expected a 1-D compound dataset, found %s of rank %d", objpath,
                             class_text(cls), rank);
-        goto exit;
+        goto cleanup;
     }
     st = h5r_table_mem_type(ftype, objpath, t, &mem, c);
-    if (st != KV_OK) goto exit;
+    if (st != KV_OK) goto cleanup;
     hsize_t dims[1];
     if (H5Sget_simple_extent_dims(space, dims, NULL) < 0) {
         st = h5_fail(c, KV_ERR_INPUT, "%s: cannot read the shape", objpath);
-        goto exit;
+        goto cleanup;
     }
     if (want_rows >= 0 && dims[0] != (hsize_t)want_rows) {
         st = h5_report_fail(c, KV_ERR_INPUT, "%s: expected %" PRId64 " rows (%s), found %llu",
                             objpath, want_rows, rows_why, (unsigned long long)dims[0]);
-        goto exit;
+        goto cleanup;
     }
     if (dims[0] > (hsize_t)max_rows) {
         st = h5_report_fail(c, KV_ERR_INPUT,
                             "%s: expected at most %" PRId64 " rows (%s), found %llu", objpath,
                             max_rows, rows_why, (unsigned long long)dims[0]);
-        goto exit;
+        goto cleanup;
     }
     const size_t n = (size_t)dims[0];
     size_t bytes;
     if (!h5_size_mul(n > 0 ? n : 1, row_size, &bytes)) {
         st = h5_report_fail(c, KV_ERR_INPUT,
                             "%s: expected a row count that fits in memory, found %zu", objpath, n);
-        goto exit;
+        goto cleanup;
     }
     if (n > 0) {
         const hsize_t shape[1] = {dims[0]};
         if ((st = h5r_check_storage(dset, objpath, ftype, space, 1, shape, n, c)) != KV_OK ||
             (st = h5r_charge(c, objpath, bytes)) != KV_OK) {
-            goto exit;
+            goto cleanup;
         }
     }
     buf = calloc(1, bytes);
     if (buf == NULL) {
         st = h5_report_fail(c, KV_ERR_INTERNAL, "%s: out of memory", objpath);
-        goto exit;
+        goto cleanup;
     }
     if (n > 0 && H5Dread(dset, mem, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf) < 0) {
         st = h5_fail(c, KV_ERR_INPUT, "%s: cannot read", objpath);
-        goto exit;
+        goto cleanup;
     }
     /* NULLPAD reading: a string without a terminator did not fit */
     for (size_t r = 0; r < n; r++) {
@@ -906,14 +906,14 @@ static KvStatus h5r_table(hid_t file, const ColumnTable *t, int64_t max_rows, in
                                     "%s[%zu]: member %s: expected a string of at most %zu bytes, "
                                     "found %zu or more",
                                     objpath, r, m[i].name, m[i].width - 1, m[i].width);
-                goto exit;
+                goto cleanup;
             }
         }
     }
     *rows = buf;
     *n_rows = (int64_t)n;
     buf = NULL;
-exit:
+cleanup:
     free(buf);
     h5_close(H5Tclose, mem, objpath, &st, c);
     h5_close(H5Sclose, space, objpath, &st, c);
@@ -952,11 +952,11 @@ static KvStatus h5r_tolerances(hid_t file, KvReport *rep, ReportCtx *c) {
     int64_t n = 0;
     KvStatus st = h5r_table(file, &H5_TOLERANCES, KV_REPORT_MAX_TOLERANCES, -1,
                             "KV_REPORT_MAX_TOLERANCES", &rows, &n, c);
-    if (st != KV_OK) goto exit;
+    if (st != KV_OK) goto cleanup;
     st = h5r_table_copy(&H5_TOLERANCES, rows, n, (void **)&rep->tolerances, c);
-    if (st != KV_OK) goto exit;
+    if (st != KV_OK) goto cleanup;
     rep->n_tolerances = n;
-exit:
+cleanup:
     free(rows);
     return st;
 }
@@ -971,7 +971,7 @@ static KvStatus h5r_comparisons(hid_t file, KvReport *rep, ReportCtx *c) {
              rep->n_runs);
     KvStatus st = h5r_table(file, &H5_COMPARISONS, KV_REPORT_MAX_COMPARISONS_PER_RUN * rep->n_runs,
                             -1, why, (void **)&rows, &n, c);
-    if (st != KV_OK) goto exit;
+    if (st != KV_OK) goto cleanup;
     for (int64_t k = 0; k < n; k++) {
         const CmpRow *s = &rows[k];
         const struct {
@@ -989,14 +989,14 @@ static KvStatus h5r_comparisons(hid_t file, KvReport *rep, ReportCtx *c) {
                                     "/comparisons[%" PRId64 "]: member %s: expected %" PRId64
                                     "..%" PRId64 ", found %" PRId64,
                                     k, checks[j].name, checks[j].lo, checks[j].hi, checks[j].v);
-                goto exit;
+                goto cleanup;
             }
         }
     }
     st = h5r_table_copy(&H5_COMPARISONS, rows, n, (void **)&rep->comparisons, c);
-    if (st != KV_OK) goto exit;
+    if (st != KV_OK) goto cleanup;
     rep->n_comparisons = n;
-exit:
+cleanup:
     free(rows);
     return st;
 }
@@ -1057,14 +1057,14 @@ static KvStatus h5r_run(hid_t runs, int64_t i, int64_t n_runs, KvRun *r, ReportC
     snprintf(objpath, sizeof objpath, "/runs/%s", name);
     snprintf(expect, sizeof expect, "a group (runs are numbered 0000..%04" PRId64 ")", n_runs - 1);
     st = h5r_check_object(runs, objpath, name, H5O_TYPE_GROUP, false, expect, c);
-    if (st != KV_OK) goto exit;
+    if (st != KV_OK) goto cleanup;
     g = H5Gopen2(runs, name, H5P_DEFAULT);
     if (g < 0) {
         st = h5_fail(c, KV_ERR_INPUT, "%s: expected a group, found one HDF5 cannot open", objpath);
-        goto exit;
+        goto cleanup;
     }
     st = h5r_attr_fields(g, objpath, &H5_RUN_ATTRS, r, c);
-    if (st != KV_OK) goto exit;
+    if (st != KV_OK) goto cleanup;
     RunCounts n;
     if (!h5_run_counts(r, &n)) {
         st = h5_report_fail(c, KV_ERR_INPUT,
@@ -1072,7 +1072,7 @@ static KvStatus h5r_run(hid_t runs, int64_t i, int64_t n_runs, KvRun *r, ReportC
                             ", batch %" PRId64 ", vocab %" PRId64 ", prompt_len %" PRId64
                             ", n_probes %" PRId64,
                             objpath, r->steps, r->batch, r->vocab, r->prompt_len, r->n_probes);
-        goto exit;
+        goto cleanup;
     }
     /* A skipped run with datasets is a damaged report (its skipped flag
      * would hide a result), as is any object the schema does not name. */
@@ -1087,9 +1087,9 @@ static KvStatus h5r_run(hid_t runs, int64_t i, int64_t n_runs, KvRun *r, ReportC
                         : r->topk > 0 ? "the datasets of a top-k run (SCHEMA.md)"
                                       : "the datasets of a run (SCHEMA.md)",
                         c);
-    if (st != KV_OK) goto exit;
+    if (st != KV_OK) goto cleanup;
     st = h5r_run_datasets(g, objpath, r, c); /* none when skipped */
-exit:
+cleanup:
     h5_close(H5Gclose, g, objpath, &st, c);
     return st;
 }
@@ -1098,23 +1098,23 @@ static KvStatus h5r_runs(hid_t file, KvReport *rep, ReportCtx *c) {
     KvStatus st = KV_OK;
     hid_t runs = H5I_INVALID_HID;
     st = h5r_check_object(file, "/runs", "runs", H5O_TYPE_GROUP, false, "a group", c);
-    if (st != KV_OK) goto exit;
+    if (st != KV_OK) goto cleanup;
     runs = H5Gopen2(file, "runs", H5P_DEFAULT);
     if (runs < 0) {
         st = h5_fail(c, KV_ERR_INPUT, "/runs: expected a group, found one HDF5 cannot open");
-        goto exit;
+        goto cleanup;
     }
     H5G_info_t info;
     if (H5Gget_info(runs, &info) < 0) {
         st = h5_fail(c, KV_ERR_INPUT, "/runs: cannot list");
-        goto exit;
+        goto cleanup;
     }
     if (info.nlinks > (hsize_t)KV_REPORT_MAX_RUNS) {
         st = h5_report_fail(c, KV_ERR_INPUT,
                             "/runs: expected at most %" PRId64
                             " runs (KV_REPORT_MAX_RUNS), found %llu",
                             KV_REPORT_MAX_RUNS, (unsigned long long)info.nlinks);
-        goto exit;
+        goto cleanup;
     }
     const int64_t n = (int64_t)info.nlinks;
     /* every name a run group's; h5r_run then finds each of 0000..n-1, so
@@ -1127,22 +1127,22 @@ static KvStatus h5r_runs(hid_t file, KvReport *rep, ReportCtx *c) {
                      .bad_link = false};
     st = h5r_scan_group(runs, "/runs", &scan, "run groups named by their index (0000, 0001, ...)",
                         c);
-    if (st != KV_OK) goto exit;
+    if (st != KV_OK) goto cleanup;
     if (n > 0) {
         st = h5r_charge(c, "/runs", (uint64_t)n * sizeof *rep->runs);
-        if (st != KV_OK) goto exit;
+        if (st != KV_OK) goto cleanup;
         rep->runs = calloc((size_t)n, sizeof *rep->runs);
         if (rep->runs == NULL) {
             st = h5_report_fail(c, KV_ERR_INTERNAL, "/runs: out of memory");
-            goto exit;
+            goto cleanup;
         }
     }
     rep->n_runs = n;
     for (int64_t i = 0; i < n; i++) {
         st = h5r_run(runs, i, n, &rep->runs[i], c);
-        if (st != KV_OK) goto exit;
+        if (st != KV_OK) goto cleanup;
     }
-exit:
+cleanup:
     h5_close(H5Gclose, runs, "/runs", &st, c);
     return st;
 }
@@ -1171,13 +1171,13 @@ KvStatus kv_report_read_h5(const char *path, KvReport *out, KvError *err) {
         st = h5_report_fail(&c, KV_ERR_INPUT,
                             "expected a report, found a writer's temporary (NAME.tmp-PID, left by "
                             "an interrupted write; the report is NAME)");
-        goto exit;
+        goto cleanup;
     }
     /* The OS says why a file cannot be opened better than HDF5 does. */
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
         st = h5_report_fail(&c, KV_ERR_INPUT, "cannot open: %s", strerror(errno));
-        goto exit;
+        goto cleanup;
     }
     struct stat sb;
     const int stat_rc = fstat(fd, &sb);
@@ -1185,33 +1185,33 @@ KvStatus kv_report_read_h5(const char *path, KvReport *out, KvError *err) {
     if (close(fd) != 0 || stat_rc != 0) {
         st = h5_report_fail(&c, KV_ERR_INPUT, "cannot open: %s",
                             strerror(stat_rc != 0 ? stat_errno : errno));
-        goto exit;
+        goto cleanup;
     }
     if (!S_ISREG(sb.st_mode)) {
         st = h5_report_fail(&c, KV_ERR_INPUT, "expected an HDF5 file, found %s",
                             S_ISDIR(sb.st_mode) ? "a directory" : "something that is not a file");
-        goto exit;
+        goto cleanup;
     }
     c.file_size = sb.st_size > 0 ? (uint64_t)sb.st_size : 0;
     st = h5_quiet_begin(&quiet, &c);
-    if (st != KV_OK) goto exit;
+    if (st != KV_OK) goto cleanup;
     /* H5Fis_hdf5 is the 1.10 call (H5Fis_accessible from 1.12 on): it finds
      * the signature at 0, 512, 1024, ... so a user block is fine */
     const htri_t is_h5 = H5Fis_hdf5(path);
     if (is_h5 < 0) {
         st = h5_fail(&c, KV_ERR_INPUT, "expected an HDF5 file, found one that cannot be probed");
-        goto exit;
+        goto cleanup;
     }
     if (is_h5 == 0) {
         st = h5_report_fail(&c, KV_ERR_INPUT,
                             "expected an HDF5 file, found %lld bytes without an HDF5 signature",
                             (long long)sb.st_size);
-        goto exit;
+        goto cleanup;
     }
     fapl = H5Pcreate(H5P_FILE_ACCESS);
     if (fapl < 0 || H5Pset_fclose_degree(fapl, H5F_CLOSE_STRONG) < 0) {
         st = h5_fail(&c, KV_ERR_INTERNAL, "cannot set up the file access properties");
-        goto exit;
+        goto cleanup;
     }
     file = H5Fopen(path, H5F_ACC_RDONLY, fapl);
     if (file < 0) {
@@ -1219,7 +1219,7 @@ KvStatus kv_report_read_h5(const char *path, KvReport *out, KvError *err) {
                      "expected a complete HDF5 file, found one HDF5 cannot open (%lld bytes; "
                      "truncated or damaged?)",
                      (long long)sb.st_size);
-        goto exit;
+        goto cleanup;
     }
     LinkScan scan = {.names = ROOT_NAMES,
                      .run = NULL,
@@ -1234,9 +1234,9 @@ KvStatus kv_report_read_h5(const char *path, KvReport *out, KvError *err) {
         (st = h5r_runs(file, &rep, &c)) != KV_OK ||
         (st = h5r_comparisons(file, &rep, &c)) != KV_OK ||
         (st = h5r_summary(file, &rep, &c)) != KV_OK) {
-        goto exit;
+        goto cleanup;
     }
-exit:
+cleanup:
     h5_close(H5Fclose, file, "file", &st, &c);
     h5_close(H5Pclose, fapl, "file access properties", &st, &c);
     h5_quiet_end(&quiet, &st, &c);

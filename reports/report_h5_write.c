@@ -175,18 +175,18 @@ static KvStatus h5w_attr(hid_t obj, const char *objpath, const char *name, hid_t
     if (space < 0) {
         st = h5_fail(c, KV_ERR_INTERNAL, "%s: attribute %s: cannot create a dataspace", objpath,
                      name);
-        goto exit;
+        goto cleanup;
     }
     attr = H5Acreate2(obj, name, file_type, space, H5P_DEFAULT, H5P_DEFAULT);
     if (attr < 0) {
         st = h5_fail(c, KV_ERR_INTERNAL, "%s: attribute %s: cannot create", objpath, name);
-        goto exit;
+        goto cleanup;
     }
     if (H5Awrite(attr, mem_type, value) < 0) {
         st = h5_fail(c, KV_ERR_INTERNAL, "%s: attribute %s: cannot write", objpath, name);
-        goto exit;
+        goto cleanup;
     }
-exit:
+cleanup:
     h5_close(H5Aclose, attr, name, &st, c);
     h5_close(H5Sclose, space, name, &st, c);
     return st;
@@ -199,13 +199,13 @@ static KvStatus h5w_attr_string(hid_t obj, const char *objpath, const char *name
     char *buf = calloc(1, width);
     if (buf == NULL) {
         st = h5_report_fail(c, KV_ERR_INTERNAL, "out of memory");
-        goto exit;
+        goto cleanup;
     }
     field_copy(buf, value, width);
     st = h5_string_type(width, &type, c);
-    if (st != KV_OK) goto exit;
+    if (st != KV_OK) goto cleanup;
     st = h5w_attr(obj, objpath, name, type, type, buf, c);
-exit:
+cleanup:
     h5_close(H5Tclose, type, "string type", &st, c);
     free(buf);
     return st;
@@ -270,24 +270,24 @@ static KvStatus h5w_dataset(hid_t group, const char *objpath, const char *name, 
     size_t count = 0;
     if (!h5_shape_count(rank, dims, &count)) {
         st = h5_report_fail(c, KV_ERR_INTERNAL, "%s/%s: shape overflows", objpath, name);
-        goto exit;
+        goto cleanup;
     }
     const size_t elem = H5Tget_size(mem_type);
     if (elem == 0) {
         st = h5_fail(c, KV_ERR_INTERNAL, "%s/%s: cannot size the memory type", objpath, name);
-        goto exit;
+        goto cleanup;
     }
     fill = calloc(1, elem);
     if (fill == NULL) {
         st = h5_report_fail(c, KV_ERR_INTERNAL, "out of memory");
-        goto exit;
+        goto cleanup;
     }
     dcpl = H5Pcreate(H5P_DATASET_CREATE);
     if (dcpl < 0 || H5Pset_obj_track_times(dcpl, 0) < 0 ||
         H5Pset_fill_value(dcpl, mem_type, fill) < 0) {
         st = h5_fail(c, KV_ERR_INTERNAL, "%s/%s: cannot set up the creation properties", objpath,
                      name);
-        goto exit;
+        goto cleanup;
     }
     if (chunk_steps && count > 0) {
         hsize_t chunk[H5S_MAX_RANK];
@@ -297,24 +297,24 @@ static KvStatus h5w_dataset(hid_t group, const char *objpath, const char *name, 
             H5Pset_deflate(dcpl, KV_H5_DEFLATE_LEVEL) < 0) {
             st = h5_fail(c, KV_ERR_INTERNAL, "%s/%s: cannot set chunking and compression", objpath,
                          name);
-            goto exit;
+            goto cleanup;
         }
     }
     space = H5Screate_simple(rank, dims, NULL);
     if (space < 0) {
         st = h5_fail(c, KV_ERR_INTERNAL, "%s/%s: cannot create a dataspace", objpath, name);
-        goto exit;
+        goto cleanup;
     }
     dset = H5Dcreate2(group, name, file_type, space, H5P_DEFAULT, dcpl, H5P_DEFAULT);
     if (dset < 0) {
         st = h5_fail(c, KV_ERR_INTERNAL, "%s/%s: cannot create", objpath, name);
-        goto exit;
+        goto cleanup;
     }
     if (count > 0 && H5Dwrite(dset, mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data) < 0) {
         st = h5_fail(c, KV_ERR_INTERNAL, "%s/%s: cannot write", objpath, name);
-        goto exit;
+        goto cleanup;
     }
-exit:
+cleanup:
     h5_close(H5Dclose, dset, name, &st, c);
     h5_close(H5Sclose, space, name, &st, c);
     h5_close(H5Pclose, dcpl, name, &st, c);
@@ -330,12 +330,12 @@ static KvStatus h5w_table(hid_t file, const ColumnTable *t, const void *rows, in
     char objpath[80];
     snprintf(objpath, sizeof objpath, "/%s", t->name);
     st = h5_compound_type(t, false, &mem, c);
-    if (st != KV_OK) goto exit;
+    if (st != KV_OK) goto cleanup;
     st = h5_compound_type(t, true, &ftype, c);
-    if (st != KV_OK) goto exit;
+    if (st != KV_OK) goto cleanup;
     const hsize_t dims[1] = {(hsize_t)n};
     st = h5w_dataset(file, "", t->name, ftype, mem, 1, dims, rows, false, c);
-exit:
+cleanup:
     h5_close(H5Tclose, ftype, objpath, &st, c);
     h5_close(H5Tclose, mem, objpath, &st, c);
     return st;
@@ -490,13 +490,13 @@ static KvStatus h5w_strings(hid_t g, const char *objpath, const char *name, int 
     char *buf = calloc(n > 0 ? n : 1, width);
     if (buf == NULL) {
         st = h5_report_fail(c, KV_ERR_INTERNAL, "out of memory");
-        goto exit;
+        goto cleanup;
     }
     for (size_t k = 0; k < n; k++) field_copy(buf + k * width, src + k * width, width);
     st = h5_string_type(width, &type, c);
-    if (st != KV_OK) goto exit;
+    if (st != KV_OK) goto cleanup;
     st = h5w_dataset(g, objpath, name, type, type, rank, dims, buf, false, c);
-exit:
+cleanup:
     h5_close(H5Tclose, type, "string type", &st, c);
     free(buf);
     return st;
@@ -548,11 +548,11 @@ static KvStatus h5w_runs(hid_t file, hid_t gcpl, const KvReport *rep, ReportCtx 
     int64_t *twin = calloc(rep->n_runs > 0 ? (size_t)rep->n_runs : 1, sizeof *twin);
     if (twin == NULL) return h5_report_fail(c, KV_ERR_INTERNAL, "out of memory");
     st = h5w_logits_twins(rep, twin, c);
-    if (st != KV_OK) goto exit;
+    if (st != KV_OK) goto cleanup;
     runs = H5Gcreate2(file, "runs", H5P_DEFAULT, gcpl, H5P_DEFAULT);
     if (runs < 0) {
         st = h5_fail(c, KV_ERR_INTERNAL, "/runs: cannot create");
-        goto exit;
+        goto cleanup;
     }
     for (int64_t i = 0; i < rep->n_runs; i++) {
         char name[32], objpath[48];
@@ -561,7 +561,7 @@ static KvStatus h5w_runs(hid_t file, hid_t gcpl, const KvReport *rep, ReportCtx 
         g = H5Gcreate2(runs, name, H5P_DEFAULT, gcpl, H5P_DEFAULT);
         if (g < 0) {
             st = h5_fail(c, KV_ERR_INTERNAL, "%s: cannot create", objpath);
-            goto exit;
+            goto cleanup;
         }
         /* a skipped run holds no datasets (h5_run_holds) */
         st = h5w_attr_fields(g, objpath, &H5_RUN_ATTRS, &rep->runs[i], c);
@@ -573,9 +573,9 @@ static KvStatus h5w_runs(hid_t file, hid_t gcpl, const KvReport *rep, ReportCtx 
         }
         h5_close(H5Gclose, g, objpath, &st, c);
         g = H5I_INVALID_HID;
-        if (st != KV_OK) goto exit;
+        if (st != KV_OK) goto cleanup;
     }
-exit:
+cleanup:
     h5_close(H5Gclose, g, "run group", &st, c);
     h5_close(H5Gclose, runs, "/runs", &st, c);
     free(twin);
@@ -713,12 +713,12 @@ KvStatus kv_report_write_h5(const KvReport *rep, const char *path, KvError *err)
     };
 
     st = h5_quiet_begin(&quiet, &c);
-    if (st != KV_OK) goto exit;
+    if (st != KV_OK) goto cleanup;
     if (H5Zfilter_avail(H5Z_FILTER_DEFLATE) <= 0 || H5Zfilter_avail(H5Z_FILTER_SHUFFLE) <= 0) {
         st = h5_fail(&c, KV_ERR_INTERNAL,
                      "expected an HDF5 library with the deflate and shuffle filters, found one "
                      "without");
-        goto exit;
+        goto cleanup;
     }
     /* The file is built in memory (the core driver, no backing store) and
      * only its finished image reaches the disk, through
@@ -736,7 +736,7 @@ KvStatus kv_report_write_h5(const KvReport *rep, const char *path, KvError *err)
         H5Pset_libver_bounds(fapl, H5F_LIBVER_V18, H5F_LIBVER_V18) < 0 ||
         H5Pset_fclose_degree(fapl, H5F_CLOSE_STRONG) < 0) {
         st = h5_fail(&c, KV_ERR_INTERNAL, "cannot set up the file properties");
-        goto exit;
+        goto cleanup;
     }
     /* With no backing store the name is a label, but the library first
      * tries to open it as an existing file, which the core driver would
@@ -745,13 +745,13 @@ KvStatus kv_report_write_h5(const KvReport *rep, const char *path, KvError *err)
     label = malloc(strlen(path) + sizeof KV_H5_MEMORY_LABEL);
     if (label == NULL) {
         st = h5_report_fail(&c, KV_ERR_INTERNAL, "out of memory");
-        goto exit;
+        goto cleanup;
     }
     snprintf(label, strlen(path) + sizeof KV_H5_MEMORY_LABEL, "%s" KV_H5_MEMORY_LABEL, path);
     file = H5Fcreate(label, H5F_ACC_TRUNC, fcpl, fapl);
     if (file < 0) {
         st = h5_fail(&c, KV_ERR_INTERNAL, "cannot create the file in memory");
-        goto exit;
+        goto cleanup;
     }
     if ((st = h5w_attr_fields(file, "/", &H5_ROOT_ATTRS, rep, &c)) != KV_OK ||
         (st = h5w_table_of(file, &H5_TOLERANCES, rep->tolerances, rep->n_tolerances, &c)) !=
@@ -760,7 +760,7 @@ KvStatus kv_report_write_h5(const KvReport *rep, const char *path, KvError *err)
         (st = h5w_table_of(file, &H5_COMPARISONS, rep->comparisons, rep->n_comparisons, &c)) !=
             KV_OK ||
         (st = h5w_summary(file, rep, &c)) != KV_OK) {
-        goto exit;
+        goto cleanup;
     }
     /* Closing finishes the file (the superblock's final end-of-file address,
      * flags and checksum are written last); the core driver then hands its
@@ -772,12 +772,12 @@ KvStatus kv_report_write_h5(const KvReport *rep, const char *path, KvError *err)
     file = H5I_INVALID_HID;
     if (closed < 0) {
         st = h5_fail(&c, KV_ERR_INTERNAL, "cannot finish the file in memory");
-        goto exit;
+        goto cleanup;
     }
     st = core_image_length(&img, &image_len, &c);
-    if (st != KV_OK) goto exit;
+    if (st != KV_OK) goto cleanup;
     st = kv_report_file_publish(path, img.buf, image_len, err);
-exit:
+cleanup:
     h5_close(H5Fclose, file, "file", &st, &c);
     h5_close(H5Pclose, gcpl, "group properties", &st, &c);
     h5_close(H5Pclose, fapl, "file access properties", &st, &c);
