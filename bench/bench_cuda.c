@@ -1,6 +1,11 @@
 /* bench_cuda.c: how fast the CUDA backend decodes, eager vs CUDA graphs, for
  * every cache variant, against two floors.
  *
+ * Validate, then time (llm.c's dev/cuda rule): before anything of a fixture
+ * is timed, every CUDA op is checked against its CPU op on that fixture
+ * (candidates/cuda/cuda_validate.h, one line per op); if any op fails, the
+ * bench prints why and times nothing.
+ *
  * Per fixture and variant (the GPU reference layout first, then the six
  * variants): the mean and best wall time of a one-token decode step run
  * eagerly (every op launched, host sync per step) and replayed from a CUDA
@@ -28,9 +33,10 @@
  *   --prompt-len   prompt tokens (default 16: decode crosses the window)
  *   --steps        timed decode steps per mode (default 192; --quick 48)
  *   --seed         fixture seed (default KV_FIXTURE_DEFAULT_SEED); prompts use seed 7
- * Exit codes: 0 measured, 2 bad usage or a failed run, 77 skipped (no usable
- * CUDA device, or built without CUDA; the reason is printed). 77 rather
- * than 0 so that a script can tell "no numbers" from numbers.
+ * Exit codes: 0 measured, 2 bad usage or a failed run, 3 an op failed its
+ * validation (nothing timed), 77 skipped (no usable CUDA device, or built
+ * without CUDA; the reason is printed). 77 rather than 0 so that a script
+ * can tell "no numbers" from numbers.
  * Not a test: ctest does not run it. */
 #include <inttypes.h>
 #include <stdio.h>
@@ -40,12 +46,14 @@
 #include "cache.h"
 #include "cuda_device.h"
 #include "cuda_forward.h"
+#include "cuda_validate.h"
 #include "decode.h"
 #include "fixture.h"
 #include "prng.h"
 
 #define BENCH_EXIT_SKIP 77
 #define BENCH_EXIT_USAGE 2
+#define BENCH_EXIT_INVALID 3
 #define BENCH_PROMPT_SEED 7ULL
 #define BENCH_MAX_LIST 16
 #define BENCH_COPY_MIB 1024
@@ -66,7 +74,8 @@ static void bench_usage(const char *argv0) {
     fprintf(stderr,
             "usage: %s [--quick] [--fixtures LIST] [--variants LIST] [--prompt-len P] "
             "[--steps N] [--seed S]\n"
-            "exit codes: 0 measured, 2 bad usage or failed run, 77 skipped (no CUDA device)\n",
+            "exit codes: 0 measured, 2 bad usage or failed run, 3 an op failed validation "
+            "(nothing timed), 77 skipped (no CUDA device)\n",
             argv0);
 }
 
@@ -127,12 +136,14 @@ static int bench_parse(int argc, char **argv, BenchOptions *o) {
     return o->prompt_len >= 1 && o->steps >= 1;
 }
 
-/* One fixture: every variant. Returns 0, BENCH_EXIT_USAGE or BENCH_EXIT_SKIP. */
+/* One fixture: its op validation, then every variant. Returns 0,
+ * BENCH_EXIT_USAGE, BENCH_EXIT_INVALID or BENCH_EXIT_SKIP. */
 static int bench_fixture(const char *name, const BenchOptions *o, double copy_bw) {
     KvFixtureModel fm;
     KvError err = {{0}};
-    int32_t *prompt = NULL; /* (1, P) */
-    uint8_t *real = NULL;   /* (1, P) */
+    int32_t *prompt = NULL;              /* (1, P) */
+    uint8_t *real = NULL;                /* (1, P) */
+    KvCudaValidateReport *valid = NULL;  /* the fixture's op validation */
     int rc = 0;
     memset(&fm, 0, sizeof fm);
 
@@ -146,9 +157,24 @@ static int bench_fixture(const char *name, const BenchOptions *o, double copy_bw
     const KvConfig *c = &m->config;
     prompt = malloc((size_t)o->prompt_len * sizeof *prompt);
     real = malloc((size_t)o->prompt_len);
-    if (prompt == NULL || real == NULL) {
+    valid = malloc(sizeof *valid);
+    if (prompt == NULL || real == NULL || valid == NULL) {
         fprintf(stderr, "bench_cuda: out of memory\n");
         rc = BENCH_EXIT_USAGE;
+        goto exit;
+    }
+    /* Inputs drawn from the fixture seed, printed in the header line. */
+    printf("\n%s: op validation (seed %" PRIu64 ")\n", name, o->seed);
+    st = kv_cuda_validate_ops(m, o->seed, 0, stdout, valid, &err);
+    if (st == KV_SKIP) {
+        printf("bench_cuda: SKIPPED: %s\n", err.msg);
+        rc = BENCH_EXIT_SKIP;
+        goto exit;
+    }
+    if (st != KV_OK) {
+        fprintf(stderr, "bench_cuda: %s: not timing: the op validation failed (%d): %s\n", name,
+                (int)st, err.msg);
+        rc = BENCH_EXIT_INVALID;
         goto exit;
     }
     KvPrng g = kv_prng_seed(BENCH_PROMPT_SEED);
@@ -207,6 +233,7 @@ static int bench_fixture(const char *name, const BenchOptions *o, double copy_bw
 exit:
     free(prompt);
     free(real);
+    free(valid);
     kv_fixture_free(&fm);
     return rc;
 }

@@ -25,3 +25,16 @@ add_test(NAME cuda_forward_no_device COMMAND test_cuda_forward --no-device-only)
 set_tests_properties(cuda_forward_no_device PROPERTIES LABELS cuda)
 add_test(NAME cuda_forward_device COMMAND test_cuda_forward --device-only)
 set_tests_properties(cuda_forward_device PROPERTIES LABELS cuda SKIP_RETURN_CODE 77)
+
+# Per-op validation (candidates/cuda/cuda_validate.h): every launcher against
+# its CPU op, bitwise or within a derived bound, guarded buffers, planted
+# faults caught. As cuda_forward_*: the no-device child always runs
+# (Passed); the device suite exits 77 (Skipped, with the CUDA error text)
+# without a GPU.
+kv_add_check(test_cuda_ops kvcuda test_cuda_ops.c no_device.c)
+target_link_libraries(test_cuda_ops PRIVATE kvcore)
+set_target_properties(test_cuda_ops PROPERTIES LINKER_LANGUAGE C)
+add_test(NAME cuda_ops_no_device COMMAND test_cuda_ops --no-device-only)
+set_tests_properties(cuda_ops_no_device PROPERTIES LABELS cuda)
+add_test(NAME cuda_ops_device COMMAND test_cuda_ops --device-only)
+set_tests_properties(cuda_ops_device PROPERTIES LABELS cuda SKIP_RETURN_CODE 77)

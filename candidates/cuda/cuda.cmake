@@ -2,8 +2,10 @@
 # CUDA side: device discovery and a self-test kernel (cuda_device), the run
 # context (cuda_ctx), the forward and its graph (cuda_forward), the backend
 # table (cuda_backend), benchmarks (cuda_bench), kernels (cuda_kernels) and
-# the six cache variants (cuda_cache). Without nvcc the *_none.c stubs
-# implement the same API as KV_SKIP.
+# the six cache variants (cuda_cache), and the per-op validation against the
+# CPU reference (cuda_validate*: each launcher checked on seeded inputs
+# before anything is timed). Without nvcc the *_none.c stubs implement the
+# same API as KV_SKIP.
 #
 # kvcuda does not link kvcore: the products link kvcuda before kvcore or
 # kvcore_san, whose symbols (kv_error_set, kv_probe_count, kv_config_*,
@@ -13,7 +15,9 @@ if(KV_HAVE_CUDA)
   find_package(CUDAToolkit REQUIRED)
   add_library(kvcuda STATIC candidates/cuda/cuda_device.cu candidates/cuda/cuda_ctx.cu
     candidates/cuda/cuda_forward.cu candidates/cuda/cuda_backend.cu candidates/cuda/cuda_bench.cu
-    candidates/cuda/cuda_kernels.cu candidates/cuda/cuda_cache.cu)
+    candidates/cuda/cuda_kernels.cu candidates/cuda/cuda_cache.cu
+    candidates/cuda/cuda_validate.cu candidates/cuda/cuda_validate_ops.cu
+    candidates/cuda/cuda_validate_attn.cu)
   target_include_directories(kvcuda PUBLIC candidates/cuda candidates reference)
   # --fmad=false is nvcc's -ffp-contract=off; fast math is never enabled
   # (so -prec-div, -prec-sqrt and -ftz=false keep their IEEE defaults).
@@ -34,7 +38,8 @@ if(KV_HAVE_CUDA)
   string(REPLACE ";" "," KV_CUDA_ARCHS_TEXT "${CMAKE_CUDA_ARCHITECTURES}")
   target_compile_definitions(kvcuda PRIVATE KV_CUDA_ARCHS="${KV_CUDA_ARCHS_TEXT}")
 else()
-  add_library(kvcuda STATIC candidates/cuda/cuda_device_none.c candidates/cuda/cuda_forward_none.c)
+  add_library(kvcuda STATIC candidates/cuda/cuda_device_none.c candidates/cuda/cuda_forward_none.c
+    candidates/cuda/cuda_validate_none.c)
   target_include_directories(kvcuda PUBLIC candidates/cuda candidates reference)
   target_compile_options(kvcuda PRIVATE ${KV_C_FLAGS})
 endif()
