@@ -12,8 +12,8 @@
  *     and exits 77 (ctest's SKIP_RETURN_CODE). With a GPU, on the tiny
  *     fixtures of both families:
  *       - every op passes, and every op the backend has is in the report:
- *         positions, embed, both RMSNorm forms, gemm, RoPE, gather and
- *         attention on the static layout (sliding and full layers), softcap,
+ *         positions, embed, both RMSNorm forms, gemm, RoPE, store, gather
+ *         and attention on the static layout (sliding and full layers), softcap,
  *         both GLU activations, add, argmax, and per cache variant its
  *         updates, gathers and attention;
  *       - a second validation with the same seed gives the same report,
@@ -136,9 +136,11 @@ static int expected_ops(int fam, const KvModel *m, char names[][48], int cap) {
     for (size_t i = 0; i < sizeof k_common / sizeof k_common[0] && n < cap; i++) {
         snprintf(names[n++], 48, "%s", k_common[i]);
     }
+    snprintf(names[n++], 48, "store[static W=%lld]", (long long)m->config.sliding_window);
     snprintf(names[n++], 48, "gather[static W=%lld]", (long long)m->config.sliding_window);
     snprintf(names[n++], 48, "attention[static W=%lld]", (long long)m->config.sliding_window);
     if (fam == 0) { /* gemma2 is hybrid: full-attention layers too */
+        snprintf(names[n++], 48, "store[static full]");
         snprintf(names[n++], 48, "gather[static full]");
         snprintf(names[n++], 48, "attention[static full]");
     }

@@ -216,6 +216,21 @@ void kv_val_check_floats(KvCudaValidateOp *op, const char *buf, const char *wher
     }
 }
 
+void kv_val_check_bits(KvCudaValidateOp *op, const char *buf, const char *where,
+                       const float *gpu, const float *cpu, int64_t n, int64_t cols) {
+    for (int64_t i = 0; i < n; i++) {
+        op->compared++;
+        if (val_bits(gpu[i]) != val_bits(cpu[i])) {
+            kv_val_fail(op, "%s: %s: %s element %lld (row %lld, col %lld): gpu %.9g (0x%08x) != "
+                            "cpu %.9g (0x%08x), must be bitwise equal",
+                        op->op, where, buf, (long long)i, (long long)(cols > 0 ? i / cols : 0),
+                        (long long)(cols > 0 ? i % cols : i), (double)gpu[i], val_bits(gpu[i]),
+                        (double)cpu[i], val_bits(cpu[i]));
+            return;
+        }
+    }
+}
+
 /* Element i of an integer array of elem_size bytes (1: unsigned, as the
  * realness flags; 4 and 8: signed). */
 static long long val_int_at(const void *p, int64_t i, size_t elem_size) {

@@ -6,9 +6,10 @@
  *
  * What is compared, and how:
  *   - bitwise: integer and data-movement results (positions, the embedding
- *     lookup, the residual add, argmax token and margin, the gather indices,
- *     every cache update's slot contents, realness and positions against
- *     the CPU variant's state after the same update);
+ *     lookup, the residual add, argmax token and margin, the static cache's
+ *     store, the gather indices, every variant cache update's slot contents,
+ *     realness and positions against the CPU variant's state after the same
+ *     update);
  *   - within a bound derived from the op's error analysis (not set by eye):
  *     everything that rounds differently on the device (cuBLAS's summation
  *     order, RMSNorm's and attention's reduction trees, the device libm's

@@ -1,6 +1,7 @@
 /* cuda_validate_attn.cu: the per-op validation (cuda_validate.h) of the KV
  * cache's ops: the key gather and attention over the static layout (a
- * sliding and a full-attention layer), and for each of the six cache
+ * sliding and a full-attention layer, after the static store of the
+ * chunk's new rows), and for each of the six cache
  * variants a schedule of updates from an empty cache (one-token and
  * multi-token, while filling, crossing the window, when full, a prefill
  * longer than the window), each step run as the forward runs it
@@ -266,62 +267,98 @@ static void val_keys_add(ValKeys *k, const float *krow, const float *vrow, int32
 
 /* ---- the static layout ---- */
 
-/* One case: n queries at positions len.. over a static cache holding
- * positions 0 .. len + n - 1 (the store has run), left-padded rows. */
-static KvStatus val_static_case(KvValRun *v, ValAttn *a, KvCudaValidateOp *gat,
-                                KvCudaValidateOp *att, int64_t layer, int64_t window,
-                                const KvValBuf *real, const KvValBuf *kb, const KvValBuf *vb,
-                                uint8_t *real_h /* (B, max_len) */,
-                                float *k_h /* (B, max_len, kv_dim) */,
-                                float *v_h /* (B, max_len, kv_dim) */, int64_t len, int64_t n,
+/* The static layout's buffers: the layer's cache and the slots' realness
+ * (guarded, the context pointed at them), and their host copies. */
+typedef struct {
+    int64_t layer, window;
+    KvValBuf real;        /* (B, max_len) */
+    KvValBuf kc, vc;      /* (B, max_len, kv_dim) the layer's static K and V */
+    uint8_t *real_h;      /* (B, max_len) */
+    float *kc_h, *vc_h;   /* (B, max_len, kv_dim) the cache as the store must leave it */
+    float *kn_h, *vn_h;   /* (B, max_chunk, kv_dim) the chunk's new rows */
+    float *got;           /* (B, max_len, kv_dim) a cache read back */
+    KvCudaValidateOp *store, *gat, *att;
+} ValStatic;
+
+/* One case, as the forward runs a full or reference-layout layer: n new
+ * tokens at positions len.. are stored (kv_cuda_store_static) into a cache
+ * holding positions 0 .. len - 1 (the rest NaN, as after a reset), then
+ * gathered and attended. Left-padded rows; realness set as
+ * kv_cuda_positions leaves it. */
+static KvStatus val_static_case(KvValRun *v, ValAttn *a, ValStatic *s, int64_t len, int64_t n,
                                 KvError *err) {
     KvStatus st = KV_OK;
     KvCudaCtx *ctx = v->ctx;
     const int64_t B = ctx->B, L = ctx->max_len, D = ctx->kv_dim, qd = ctx->q_dim;
     const int64_t stored = len + n;
-    char where[96], stream[64];
+    const size_t fbytes = (size_t)(B * L * D) * sizeof(float);
+    char where[96], stream[64], kstream[64];
     snprintf(where, sizeof where, "%lld queries at positions %lld..%lld", (long long)n,
              (long long)len, (long long)(stored - 1));
-    snprintf(stream, sizeof stream, "validate.static.l%lld.%lld.%lld", (long long)layer,
+    snprintf(stream, sizeof stream, "validate.static.l%lld.%lld.%lld.q", (long long)s->layer,
              (long long)len, (long long)n);
-    /* Slots past the stored positions hold NaN and are not real, as after
-     * a reset: a gather that reaches one poisons its output. */
-    kv_val_fill(v, k_h, B * L * D, -1.0f, 1.0f, "validate.static.k");
-    kv_val_fill(v, v_h, B * L * D, -1.0f, 1.0f, "validate.static.v");
+    snprintf(kstream, sizeof kstream, "validate.static.l%lld.%lld.%lld.kn", (long long)s->layer,
+             (long long)len, (long long)n);
+    kv_val_fill(v, s->kc_h, B * L * D, -1.0f, 1.0f, "validate.static.k");
+    kv_val_fill(v, s->vc_h, B * L * D, -1.0f, 1.0f, "validate.static.v");
     for (int64_t b = 0; b < B; b++) {
         for (int64_t p = 0; p < L; p++) {
-            real_h[b * L + p] = p < stored && kv_val_real(v, b, p) ? 1 : 0;
-            if (p < stored) continue;
+            s->real_h[b * L + p] = p < stored && kv_val_real(v, b, p) ? 1 : 0;
+            if (p < len) continue;
             for (int64_t d = 0; d < D; d++) {
-                k_h[(b * L + p) * D + d] = NAN;
-                v_h[(b * L + p) * D + d] = NAN;
+                s->kc_h[(b * L + p) * D + d] = NAN;
+                s->vc_h[(b * L + p) * D + d] = NAN;
             }
         }
     }
-    KV_TRY(kv_val_upload(v, real->p, real_h, (size_t)(B * L), err));
-    KV_TRY(kv_val_upload(v, kb->p, k_h, (size_t)(B * L * D) * sizeof(float), err));
-    KV_TRY(kv_val_upload(v, vb->p, v_h, (size_t)(B * L * D) * sizeof(float), err));
+    KV_TRY(kv_val_upload(v, s->real.p, s->real_h, (size_t)(B * L), err));
+    KV_TRY(kv_val_upload(v, s->kc.p, s->kc_h, fbytes, err));
+    KV_TRY(kv_val_upload(v, s->vc.p, s->vc_h, fbytes, err));
+    /* The new rows, pads included (their slots are never visible). */
+    kv_val_fill(v, s->kn_h, B * n * D, -1.0f, 1.0f, kstream);
+    kv_val_fill(v, s->vn_h, B * n * D, -1.0f, 1.0f, "validate.static.vn");
+    KV_TRY(kv_val_upload(v, ctx->kn, s->kn_h, (size_t)(B * n * D) * sizeof(float), err));
+    KV_TRY(kv_val_upload(v, ctx->vn, s->vn_h, (size_t)(B * n * D) * sizeof(float), err));
     KV_TRY(val_attn_arm(v, a, n, stream, err));
-    ctx->real = (uint8_t *)real->p;
+    ctx->real = (uint8_t *)s->real.p;
+    ctx->kc[s->layer] = (float *)s->kc.p;
+    ctx->vc[s->layer] = (float *)s->vc.p;
     KV_TRY(kv_val_set_total(v, len, err));
 
-    KV_TRY(kv_cuda_gather_static(ctx, layer, n, err));
-    KV_TRY(kv_cuda_attend(ctx, layer, n, (const float *)kb->p, (const float *)vb->p, L, err));
+    KV_TRY(kv_cuda_store_static(ctx, s->layer, n, err));
+    KV_TRY(kv_cuda_gather_static(ctx, s->layer, n, err));
+    KV_TRY(kv_cuda_attend(ctx, s->layer, n, ctx->kc[s->layer], ctx->vc[s->layer], L, err));
 
-    KV_TRY(kv_val_dev_err(v, gat, where, err));
+    KV_TRY(kv_val_dev_err(v, s->gat, where, err));
+    /* op_store_static: row t of the chunk at slot len + t; nothing else. */
+    for (int64_t b = 0; b < B; b++) {
+        for (int64_t t = 0; t < n; t++) {
+            memcpy(s->kc_h + (b * L + len + t) * D, s->kn_h + (b * n + t) * D,
+                   (size_t)D * sizeof(float));
+            memcpy(s->vc_h + (b * L + len + t) * D, s->vn_h + (b * n + t) * D,
+                   (size_t)D * sizeof(float));
+        }
+    }
+    KV_TRY(kv_val_download(v, s->got, s->kc.p, fbytes, err));
+    kv_val_check_bits(s->store, "k cache (B, max_len, kv_dim)", where, s->got, s->kc_h, B * L * D,
+                      D);
+    KV_TRY(kv_val_download(v, s->got, s->vc.p, fbytes, err));
+    kv_val_check_bits(s->store, "v cache (B, max_len, kv_dim)", where, s->got, s->vc_h, B * L * D,
+                      D);
     KV_TRY(val_attn_download(v, a, n, err));
-    /* op_attn_static's gather: the real slots k <= qs in the window, in
-     * slot (= position) order; a pad query sees nothing. */
+    /* op_attn_static's gather over the stored cache: the real slots k <= qs
+     * in the window, in slot (= position) order; a pad query sees nothing. */
     for (int64_t r = 0; r < B * n; r++) {
         const int64_t b = r / n, qs = len + r % n;
         a->keys.n = 0;
-        for (int64_t k = 0; real_h[b * L + qs] && k <= qs; k++) {
-            if (!real_h[b * L + k] || !kv_window_visible(qs, k, window)) continue;
-            val_keys_add(&a->keys, k_h + (b * L + k) * D, v_h + (b * L + k) * D, (int32_t)k, k);
+        for (int64_t k = 0; s->real_h[b * L + qs] && k <= qs; k++) {
+            if (!s->real_h[b * L + k] || !kv_window_visible(qs, k, s->window)) continue;
+            val_keys_add(&a->keys, s->kc_h + (b * L + k) * D, s->vc_h + (b * L + k) * D,
+                         (int32_t)k, k);
         }
-        val_attn_row(v, a, gat, where, r, n, len);
+        val_attn_row(v, a, s->gat, where, r, n, len);
     }
-    kv_val_check_floats(att, "att (B*n, q_dim)", where, a->att_got, a->att_want, a->att_bound,
+    kv_val_check_floats(s->att, "att (B*n, q_dim)", where, a->att_got, a->att_want, a->att_bound,
                         B * n * qd, qd);
 cleanup:
     return st;
@@ -331,68 +368,83 @@ KvStatus kv_val_attn_static(KvValRun *v, int64_t layer, KvError *err) {
     KvStatus st = KV_OK;
     KvCudaCtx *ctx = v->ctx;
     const KvCudaCtx saved = *ctx;
-    const int64_t window = kv_config_layer_window(&v->m->config, layer);
+    /* The context's own cache of the layer: an element of its kc/vc arrays,
+     * which the struct copy above does not cover. */
+    float *const saved_kc = ctx->kc[layer], *const saved_vc = ctx->vc[layer];
     const int64_t B = ctx->B, L = ctx->max_len, D = ctx->kv_dim, n = ctx->max_chunk;
     const size_t fbytes = (size_t)(B * L * D) * sizeof(float);
-    KvCudaValidateOp *gat = NULL, *att = NULL;
     ValAttn a;
-    KvValBuf real = {}, kb = {}, vb = {};
-    uint8_t *real_h = (uint8_t *)kv_val_alloc(B * L, 1);      /* (B, max_len) */
-    float *k_h = (float *)kv_val_alloc(B * L * D, sizeof(float)); /* (B, max_len, kv_dim) */
-    float *v_h = (float *)kv_val_alloc(B * L * D, sizeof(float)); /* (B, max_len, kv_dim) */
+    ValStatic s;
     char name[48], wtext[24];
     memset(&a, 0, sizeof a);
-    if (window > 0) {
-        snprintf(wtext, sizeof wtext, "W=%lld", (long long)window);
+    memset(&s, 0, sizeof s);
+    s.layer = layer;
+    s.window = kv_config_layer_window(&v->m->config, layer);
+    if (s.window > 0) {
+        snprintf(wtext, sizeof wtext, "W=%lld", (long long)s.window);
     } else {
         snprintf(wtext, sizeof wtext, "full");
     }
+    snprintf(name, sizeof name, "store[static %s]", wtext);
+    KV_TRY(kv_val_op_begin(v, name, NULL, true, &s.store, err));
     snprintf(name, sizeof name, "gather[static %s]", wtext);
-    KV_TRY(kv_val_op_begin(v, name, NULL, true, &gat, err));
+    KV_TRY(kv_val_op_begin(v, name, NULL, true, &s.gat, err));
     snprintf(name, sizeof name, "attention[static %s]", wtext);
-    KV_TRY(kv_val_op_begin(v, name, "see cuda_validate_attn.cu", false, &att, err));
-    snprintf(att->tolerance, sizeof att->tolerance, "2(2E_s+(4nk+16)u)sum p|v|");
-    kv_val_op_shape(gat, "layer %lld, B %lld, n 1/%lld, max_len %lld", (long long)layer,
+    KV_TRY(kv_val_op_begin(v, name, "2(2E_s+(4nk+16)u)sum p|v|", false, &s.att, err));
+    kv_val_op_shape(s.store, "layer %lld, (%lld, %lld, %lld), n 1/%lld", (long long)layer,
+                    (long long)B, (long long)L, (long long)D, (long long)n);
+    kv_val_op_shape(s.gat, "layer %lld, B %lld, n 1/%lld, max_len %lld", (long long)layer,
                     (long long)B, (long long)n, (long long)L);
-    kv_val_op_shape(att, "layer %lld, heads %lld/%lld x %lld, keys <= %lld", (long long)layer,
+    kv_val_op_shape(s.att, "layer %lld, heads %lld/%lld x %lld, keys <= %lld", (long long)layer,
                     (long long)ctx->n_heads, (long long)ctx->n_kv_heads, (long long)ctx->hd,
                     (long long)L);
-    if (real_h == NULL || k_h == NULL || v_h == NULL) {
+    s.real_h = (uint8_t *)kv_val_alloc(B * L, 1);
+    s.kc_h = (float *)kv_val_alloc(B * L * D, sizeof(float));
+    s.vc_h = (float *)kv_val_alloc(B * L * D, sizeof(float));
+    s.kn_h = (float *)kv_val_alloc(B * n * D, sizeof(float));
+    s.vn_h = (float *)kv_val_alloc(B * n * D, sizeof(float));
+    s.got = (float *)kv_val_alloc(B * L * D, sizeof(float));
+    if (s.real_h == NULL || s.kc_h == NULL || s.vc_h == NULL || s.kn_h == NULL ||
+        s.vn_h == NULL || s.got == NULL) {
         st = val_oom(err);
         goto cleanup;
     }
     KV_TRY(val_attn_alloc(v, &a, err));
-    KV_TRY(kv_val_buf_alloc(v, &real, "real (B, max_len)", (size_t)(B * L), 0, err));
-    KV_TRY(kv_val_buf_alloc(v, &kb, "k cache (B, max_len, kv_dim)", fbytes, KV_VAL_POISON_BYTE,
+    KV_TRY(kv_val_buf_alloc(v, &s.real, "real (B, max_len)", (size_t)(B * L), 0, err));
+    KV_TRY(kv_val_buf_alloc(v, &s.kc, "k cache (B, max_len, kv_dim)", fbytes, KV_VAL_POISON_BYTE,
                             err));
-    KV_TRY(kv_val_buf_alloc(v, &vb, "v cache (B, max_len, kv_dim)", fbytes, KV_VAL_POISON_BYTE,
+    KV_TRY(kv_val_buf_alloc(v, &s.vc, "v cache (B, max_len, kv_dim)", fbytes, KV_VAL_POISON_BYTE,
                             err));
-    /* A decode step at the last slot (a full layer gathers every slot: two
-     * block-scan chunks), a chunk while the window fills, the first token. */
-    KV_TRY(val_static_case(v, &a, gat, att, layer, window, &real, &kb, &vb, real_h, k_h, v_h,
-                           L - 1, 1, err));
-    KV_TRY(val_static_case(v, &a, gat, att, layer, window, &real, &kb, &vb, real_h, k_h, v_h,
-                           window > 0 ? window / 2 : 3, n, err));
-    KV_TRY(val_static_case(v, &a, gat, att, layer, window, &real, &kb, &vb, real_h, k_h, v_h, 0,
-                           1, err));
-    KV_TRY(kv_val_buf_check(v, gat, &a.gidx, err));
-    KV_TRY(kv_val_buf_check(v, gat, &a.nkeys, err));
-    KV_TRY(kv_val_buf_check(v, att, &a.att, err));
-    KV_TRY(kv_val_buf_check(v, gat, &real, err));
-    KV_TRY(kv_val_buf_check(v, att, &kb, err));
-    KV_TRY(kv_val_buf_check(v, att, &vb, err));
-    KV_TRY(kv_val_dev_err(v, att, "attention", err));
+    /* A decode step into the last slot (a full layer gathers every slot:
+     * two block-scan chunks), a chunk while the window fills, the first
+     * token. */
+    KV_TRY(val_static_case(v, &a, &s, L - 1, 1, err));
+    KV_TRY(val_static_case(v, &a, &s, s.window > 0 ? s.window / 2 : 3, n, err));
+    KV_TRY(val_static_case(v, &a, &s, 0, 1, err));
+    KV_TRY(kv_val_buf_check(v, s.store, &s.kc, err));
+    KV_TRY(kv_val_buf_check(v, s.store, &s.vc, err));
+    KV_TRY(kv_val_buf_check(v, s.gat, &s.real, err));
+    KV_TRY(kv_val_buf_check(v, s.gat, &a.gidx, err));
+    KV_TRY(kv_val_buf_check(v, s.gat, &a.nkeys, err));
+    KV_TRY(kv_val_buf_check(v, s.att, &a.att, err));
+    KV_TRY(kv_val_dev_err(v, s.att, "attention", err));
 cleanup:
+    ctx->kc[layer] = saved_kc;
+    ctx->vc[layer] = saved_vc;
     *ctx = saved;
+    val_op_finish(v, s.store, st, err);
+    val_op_finish(v, s.gat, st, err);
+    val_op_finish(v, s.att, st, err);
     val_attn_free(&a);
-    kv_val_buf_free(&real);
-    kv_val_buf_free(&kb);
-    kv_val_buf_free(&vb);
-    free(real_h);
-    free(k_h);
-    free(v_h);
-    val_op_finish(v, gat, st, err);
-    val_op_finish(v, att, st, err);
+    kv_val_buf_free(&s.real);
+    kv_val_buf_free(&s.kc);
+    kv_val_buf_free(&s.vc);
+    free(s.real_h);
+    free(s.kc_h);
+    free(s.vc_h);
+    free(s.kn_h);
+    free(s.vn_h);
+    free(s.got);
     return st;
 }
 

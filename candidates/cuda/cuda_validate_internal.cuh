@@ -124,6 +124,11 @@ void kv_val_op_end(KvValRun *v, KvCudaValidateOp *op);
 void kv_val_check_floats(KvCudaValidateOp *op, const char *buf, const char *where,
                          const float *gpu /* (n) */, const float *cpu /* (n) */,
                          const float *bound /* (n) or NULL */, int64_t n, int64_t cols);
+/* n floats bit for bit, NaN included: buffers whose untouched parts hold
+ * the NaN poison on purpose (a static cache's unstored slots). */
+void kv_val_check_bits(KvCudaValidateOp *op, const char *buf, const char *where,
+                       const float *gpu /* (n) */, const float *cpu /* (n) */, int64_t n,
+                       int64_t cols);
 /* n integers of elem_size bytes (1, 4 or 8, signed), bit for bit. */
 void kv_val_check_ints(KvCudaValidateOp *op, const char *buf, const char *where,
                        const void *gpu /* (n) */, const void *cpu /* (n) */, int64_t n,
