@@ -149,8 +149,8 @@ typedef enum {
     FIELD_BOOL,    /* bool, stored as an unsigned 8-bit 0 or 1 */
     FIELD_F64,     /* double (no range) */
     FIELD_VERSION, /* no field: the 32-bit constant lo (= hi), which the reader requires */
-    FIELD_HEX,     /* the uint64_t at offset as 16 hex digits (a string for readers
-                    * without 64-bit unsigned integers); the reader requires agreement */
+    FIELD_HEX,     /* the uint64_t at offset as 16 lower-case hex digits; the reader
+                    * requires that they agree (docs/SCHEMA.md) */
 } FieldKind;
 
 typedef struct {
