@@ -39,8 +39,6 @@
 #include "fixture.h"
 #include "no_device.h"
 
-#define EXIT_SKIP 77
-#define CHILD_FLAG KV_NO_DEVICE_CHILD_FLAG
 #define TEST_SEED KV_FIXTURE_DEFAULT_SEED
 /* The inputs' seed, printed with every report. */
 #define TEST_INPUT_SEED 11ULL
@@ -259,44 +257,10 @@ static int run_suite(Suite *s) {
     return failed;
 }
 
+static int run_no_device(void) { return run_suite(no_device_suite()); }
+static int run_device(void) { return run_suite(device_suite()); }
+
 int main(int argc, char **argv) {
-    int want_no_device = 1, want_device = 1, rc = EXIT_SUCCESS;
-    if (argc == 2 && strcmp(argv[1], CHILD_FLAG) == 0) {
-        rc = run_suite(no_device_suite()) == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
-        free_models();
-        return rc;
-    }
-    if (argc == 2 && strcmp(argv[1], "--no-device-only") == 0) {
-        want_device = 0;
-    } else if (argc == 2 && strcmp(argv[1], "--device-only") == 0) {
-        want_no_device = 0;
-    } else if (argc != 1) {
-        fprintf(stderr, "usage: %s [--no-device-only | --device-only]\n", argv[0]);
-        return 2;
-    }
-    printf("cuda_ops: build: %s\n", kv_cuda_build_info());
-
-    /* No-device first, before this process initialises CUDA. */
-    if (want_no_device &&
-        !kv_test_no_device_child(argv[0], "cuda_ops", "(the validation skipped with a reason)")) {
-        return EXIT_FAILURE;
-    }
-    if (!want_device) return EXIT_SUCCESS;
-
-    KvCudaInfo info;
-    KvError err = {{0}};
-    KvStatus st = kv_cuda_query(&info, &err);
-    if (st == KV_SKIP) {
-        printf("cuda_ops: SKIPPED: no CUDA device: %s\n", err.msg);
-        return EXIT_SKIP;
-    }
-    if (st != KV_OK) {
-        fprintf(stderr, "cuda_ops: FAIL: kv_cuda_query returned %d: %s\n", (int)st, err.msg);
-        return EXIT_FAILURE;
-    }
-    printf("cuda_ops: device %s (sm_%d%d, %d SMs)\n", info.name, info.cc_major, info.cc_minor,
-           info.sm_count);
-    rc = run_suite(device_suite()) == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
-    free_models();
-    return rc;
+    static const KvCudaTest test = {"cuda_ops", "(the validation skipped with a reason)", run_no_device, run_device, free_models};
+    return kv_test_cuda_main(argc, argv, &test);
 }
