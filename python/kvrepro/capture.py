@@ -1,0 +1,350 @@
+"""The capture driver: a greedy decode through transformers' own model with a
+chosen cache layer, attention implementation, dtype and mode, recorded per
+step and row as the C side records its runs (docs/SCHEMA.md).
+
+The prefill runs eagerly (as transformers' own generate does with a compiled
+forward); the decode steps run through the mode's function: model.forward
+itself (`eager`), torch.compile(fullgraph=True) (`compile`, inductor, any
+device) or torch.compile(mode="reduce-overhead") (`reduce-overhead`, CUDA
+graphs; CUDA only).
+
+Probes (per step, per batch row, FNV-1a 64 of the float32 row bytes):
+  embed, layerN.attn, layerN.out   forward hooks; eager only: a fullgraph
+                                   compiled region runs no Python hooks
+  layerN.cache                     read from the cache after the step, in
+                                   ascending position (caches.visible_cache_rows),
+                                   so every mode and every layout records it
+  logits                           the step's logits row
+A compiled run therefore records `layerN.cache` and `logits` only; its
+probe_names say so.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import platform
+import socket
+import subprocess
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import transformers
+
+from . import __version__
+from .caches import GRAPH_BUDGET, CacheSetup, SlidingLayer, make_cache, visible_cache_rows
+from .fnv import fnv1a64_rows
+from .report import Run, margins_of
+
+MODES = ("eager", "compile", "reduce-overhead")
+IMPLS = ("eager", "sdpa", "flex_attention")
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+@dataclass
+class CaptureSpec:
+    model_dir: str
+    prompts: list[list[int]]
+    scenario: str
+    new_tokens: int
+    layer: str
+    mode: str
+    impl: str
+    dtype: str
+    repeats: int
+    device: str
+
+
+class RecompileLog(logging.Handler):
+    """Counts dynamo's recompile messages (the `recompiles` log artifact,
+    what TORCH_LOGS=recompiles prints) and keeps the first one's guard."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.count = 0
+        self.first = ""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.count += 1
+        if not self.first:
+            lines = [ln.strip() for ln in record.getMessage().splitlines() if ln.strip().startswith("- ")]
+            self.first = lines[0][2:] if lines else record.getMessage().splitlines()[0]
+
+
+def _recompile_logger() -> logging.Logger:
+    return logging.getLogger("torch._dynamo.guards.__recompiles")
+
+
+def left_pad(prompts: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """(B, P) int32 ids left-padded with 0 and (B, P) uint8 real flags."""
+    p = max(len(r) for r in prompts)
+    ids = np.zeros((len(prompts), p), np.int32)
+    real = np.zeros((len(prompts), p), np.uint8)
+    for b, row in enumerate(prompts):
+        ids[b, p - len(row):] = row
+        real[b, p - len(row):] = 1
+    return ids, real
+
+
+def load_model(model_dir: str, impl: str, dtype: str, device: str) -> torch.nn.Module:
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        model_dir, dtype=DTYPES[dtype], attn_implementation=impl)
+    return model.to(device).eval()
+
+
+def skip_reason(spec: CaptureSpec, config) -> str:
+    """Why this configuration cannot run here, or ""."""
+    if spec.mode == "reduce-overhead" and not spec.device.startswith("cuda"):
+        why = "no CUDA device" if not torch.cuda.is_available() else "device is " + spec.device
+        return f"reduce-overhead captures CUDA graphs: {why}"
+    if spec.impl == "flex_attention" and spec.layer not in ("static_sliding", "dynamic_sliding"):
+        return ("flex_attention needs a BlockMask; custom layers pass 4-D masks built from their "
+                "slot mapping (eager and sdpa only)")
+    if spec.impl == "sdpa" and config.model_type == "gemma2":
+        return "transformers refuses sdpa for gemma2 (_supports_sdpa = False: it would drop the softcap)"
+    return ""
+
+
+def build_masks(setup: CacheSetup, model_type: str, real: np.ndarray, seen: int, n: int,
+                impl: str, dtype: torch.dtype, device: str):
+    """The attention masks of a custom cache for n new tokens after `seen`,
+    from each layer's key positions: key c of a query at position q is
+    visible when it holds a real (non-pad) position k with q - W < k <= q on
+    sliding layers, k <= q on full layers (DESIGN §2). A pad query sees
+    itself only, so no softmax row is empty (an all-masked SDPA row is NaN,
+    and NaN times a zero weight would reach real rows through the pads'
+    cached values). eager takes an additive float mask, sdpa a boolean one."""
+    b = real.shape[0]
+    p = real.shape[1]
+    qpos = np.arange(seen, seen + n)
+
+    def is_real(pos: np.ndarray) -> np.ndarray:  # (B, K)
+        ok = pos >= 0
+        r = np.ones((b, pos.size), bool)
+        inside = ok & (pos < p)
+        r[:, inside] = real[:, pos[inside]].astype(bool)
+        r[:, ~ok] = False
+        return r
+
+    def mask_for(kpos: np.ndarray, window: int | None) -> torch.Tensor:
+        vis = (kpos[None, :] >= 0) & (kpos[None, :] <= qpos[:, None])          # (Q, K)
+        if window is not None:
+            vis &= kpos[None, :] > qpos[:, None] - window
+        m = vis[None, :, :] & is_real(kpos)[:, None, :]                          # (B, Q, K)
+        q_real = is_real(qpos)                                                    # (B, Q)
+        self_col = (kpos[None, :] == qpos[:, None])[None, :, :] & ~q_real[:, :, None]
+        m = m | self_col
+        t = torch.from_numpy(m[:, None, :, :].copy()).to(device)
+        if impl == "sdpa":
+            return t
+        neg = torch.finfo(dtype).min
+        return torch.where(t, torch.zeros((), dtype=dtype, device=device),
+                           torch.full((), neg, dtype=dtype, device=device))
+
+    masks = {}
+    for i, t in enumerate(setup.layer_types):
+        if t in masks:
+            continue
+        lay = setup.cache.layers[i]
+        if isinstance(lay, SlidingLayer):
+            masks[t] = mask_for(np.array(lay.key_positions(seen, n)), setup.window)
+        else:  # StaticLayer: slot = position, max_len slots
+            masks[t] = mask_for(np.arange(setup.max_len), None)
+    if model_type == "mistral":  # one mask for every layer (mistral takes no dict)
+        return masks[setup.layer_types[0]]
+    return masks
+
+
+class Probes:
+    """Forward hooks for embed, layerN.attn, layerN.out (eager only)."""
+
+    def __init__(self, model: torch.nn.Module, hooks: bool):
+        self.values: dict[str, torch.Tensor] = {}
+        self.handles = []
+        inner = model.model
+        n_layers = len(inner.layers)
+        self.names = []
+        if hooks:
+            self.names.append("embed")
+            self.handles.append(inner.embed_tokens.register_forward_hook(self._hook("embed")))
+        for i, layer in enumerate(inner.layers):
+            if hooks:
+                self.names.append(f"layer{i}.attn")
+                self.handles.append(layer.self_attn.register_forward_hook(self._hook(f"layer{i}.attn")))
+            self.names.append(f"layer{i}.cache")
+            if hooks:
+                self.names.append(f"layer{i}.out")
+                self.handles.append(layer.register_forward_hook(self._hook(f"layer{i}.out")))
+        self.names.append("logits")
+        self.n_layers = n_layers
+
+    def _hook(self, name: str):
+        def hook(_mod, _inp, out):
+            t = out[0] if isinstance(out, tuple) else out
+            self.values[name] = t.detach()
+        return hook
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
+
+    def row_hashes(self, setup: CacheSetup, seen: int, logits: torch.Tensor) -> np.ndarray:
+        """(NP, B) hashes of this step's probes."""
+        out = []
+        for name in self.names:
+            if name == "logits":
+                t = logits
+            elif name.endswith(".cache"):
+                t = cache_rows(setup, int(name[5:-6]), seen)
+            else:
+                t = self.values[name]
+            a = t.detach().float().cpu().numpy().astype("<f4")
+            out.append(fnv1a64_rows(a.reshape(a.shape[0], -1)))
+        self.values.clear()
+        return np.stack(out)
+
+
+def cache_rows(setup: CacheSetup, layer: int, seen: int) -> torch.Tensor:
+    """(B, 2 * L * KVH * D): for each position the next query may see from
+    layer's cache, ascending, its K rows then its V rows."""
+    lay = setup.cache.layers[layer]
+    _, slots = visible_cache_rows(setup, layer, seen)
+    if not slots or lay.keys is None or lay.keys.numel() == 0:
+        return torch.zeros((0,))
+    if min(slots) < 0:  # the layout lost a position the window still needs
+        raise RuntimeError(f"layer {layer}: cache does not hold a visible position")
+    idx = torch.tensor(slots, dtype=torch.long, device=lay.keys.device)
+    k = lay.keys.index_select(2, idx).transpose(1, 2)   # (B, L, KVH, D)
+    v = lay.values.index_select(2, idx).transpose(1, 2)
+    return torch.cat([k, v], dim=1).reshape(k.shape[0], -1)
+
+
+def engine_text(spec: CaptureSpec) -> str:
+    return (f"transformers {transformers.__version__}, torch {torch.__version__}, "
+            f"attn {spec.impl}, {spec.dtype}, {spec.mode}")
+
+
+def variant_name(layer: str, impl: str, dtype: str) -> str:
+    return f"hf:{layer}:{impl}:{dtype}"
+
+
+def decode(model, spec: CaptureSpec, ids_np: np.ndarray, real_np: np.ndarray, repeat: int) -> Run:
+    """One recorded greedy decode of spec.new_tokens steps."""
+    config = model.config
+    dev = spec.device
+    b, p = ids_np.shape
+    n_steps = spec.new_tokens
+    setup = make_cache(spec.layer, config, p + n_steps)
+    compiled = spec.mode != "eager"
+    probes = Probes(model, hooks=not compiled)
+    dtype = DTYPES[spec.dtype]
+    tokens = np.zeros((n_steps, b), np.int32)
+    logits_all = np.zeros((n_steps, b, config.vocab_size), np.float32)
+    hashes = np.zeros((n_steps, len(probes.names), b), np.uint64)
+    ids = torch.from_numpy(ids_np.astype(np.int64)).to(dev)
+    am = torch.from_numpy(real_np.astype(np.int64)).to(dev)
+    pos = (am.cumsum(-1) - 1).masked_fill(am == 0, 0)
+    fn = model.forward
+    graphs = recompiles = 0
+    first_reason = ""
+    if compiled:
+        torch._dynamo.reset()   # each run compiles its own graphs: honest per-run counts
+        fn = torch.compile(model.forward, fullgraph=True,
+                           mode="reduce-overhead" if spec.mode == "reduce-overhead" else None)
+    from torch._dynamo.utils import counters
+    log = RecompileLog()
+    logger = _recompile_logger()
+    try:
+        with torch.no_grad():
+            def step(f, input_ids, seen, n):
+                mask = am if setup.native else build_masks(
+                    setup, config.model_type, real_np, seen, n, spec.impl, dtype, dev)
+                out = f(input_ids=input_ids, attention_mask=mask, position_ids=pos,
+                        past_key_values=setup.cache, use_cache=True)
+                if not setup.native and n == 1:
+                    for lay in setup.cache.layers:
+                        if isinstance(lay, SlidingLayer):
+                            lay.advance(1)
+                return out.logits[:, -1, :].float()
+
+            lg = step(model.forward, ids, 0, p)            # prefill: eager
+            graphs0 = counters["stats"]["unique_graphs"]
+            if compiled:
+                torch._logging.set_logs(recompiles=True)
+                logger.addHandler(log)
+                logger.propagate = False
+            for n in range(n_steps):
+                seen = p + n
+                row = lg.cpu().numpy()
+                logits_all[n] = row
+                hashes[n] = probes.row_hashes(setup, seen, lg)
+                tokens[n] = np.argmax(row, axis=-1)        # first maximum: ties to the lowest id
+                if n + 1 == n_steps:
+                    break
+                nxt = torch.from_numpy(tokens[n].astype(np.int64)).to(dev)[:, None]
+                am = torch.cat([am, torch.ones((b, 1), dtype=am.dtype, device=dev)], dim=1)
+                pos = pos[:, -1:] + 1
+                lg = step(fn, nxt, seen, 1)
+            graphs = counters["stats"]["unique_graphs"] - graphs0
+            recompiles, first_reason = log.count, log.first
+    finally:
+        probes.remove()
+        if compiled:
+            logger.removeHandler(log)
+            logger.propagate = True
+            torch._logging.set_logs()
+    extra: dict[str, str | int] = {"attn_impl": spec.impl, "dtype": spec.dtype, "cache_layer": spec.layer}
+    if compiled:
+        extra["probes_seen"] = "layerN.cache and logits: a fullgraph compiled region runs no forward hooks"
+        if first_reason:
+            extra["first_recompile"] = first_reason[:1000]
+    return Run(model=os.path.basename(os.path.abspath(spec.model_dir)), scenario=spec.scenario,
+               variant=variant_name(spec.layer, spec.impl, spec.dtype),
+               backend="torch-cuda" if dev.startswith("cuda") else "torch-cpu", mode=spec.mode,
+               repeat=repeat, engine=engine_text(spec), prompt=ids_np, prompt_real=real_np,
+               tokens=tokens, logits=logits_all, margins=margins_of(logits_all),
+               probe_names=probes.names, probe_hash=hashes,
+               graphs_captured=graphs if compiled else 0, recompiles=recompiles if compiled else -1,
+               graph_budget=GRAPH_BUDGET.get(spec.layer, -1) if compiled else -1,
+               extra=extra, vocab=config.vocab_size, steps=n_steps)
+
+
+def capture(spec: CaptureSpec, model=None) -> list[Run]:
+    """spec.repeats runs (or one skipped run per repeat, with the reason)."""
+    ids, real = left_pad(spec.prompts)
+    if model is None:
+        model = load_model(spec.model_dir, spec.impl, spec.dtype, spec.device)
+    why = skip_reason(spec, model.config)
+    runs = []
+    for r in range(spec.repeats):
+        if why:
+            runs.append(Run(model=os.path.basename(os.path.abspath(spec.model_dir)), scenario=spec.scenario,
+                            variant=variant_name(spec.layer, spec.impl, spec.dtype),
+                            backend="torch-cuda" if spec.device.startswith("cuda") else "torch-cpu",
+                            mode=spec.mode, repeat=r, engine=engine_text(spec), skipped=True,
+                            skip_reason=why, vocab=model.config.vocab_size, steps=spec.new_tokens))
+            continue
+        runs.append(decode(model, spec, ids, real, r))
+    return runs
+
+
+def root_attributes(device: str, command: str) -> dict[str, str | int]:
+    here = os.path.dirname(os.path.abspath(__file__))
+    try:
+        commit = subprocess.run(["git", "-C", here, "rev-parse", "--short=12", "HEAD"], capture_output=True,
+                                text=True, timeout=10).stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        commit = "unknown"
+    if device.startswith("cuda"):
+        dev = (f"{torch.cuda.get_device_name(torch.device(device))}, CUDA {torch.version.cuda}, "
+               f"cuDNN {torch.backends.cudnn.version()}")
+        tf32 = torch.backends.cuda.matmul.allow_tf32
+        math = f"torch {'TF32' if tf32 else 'no TF32'}"
+    else:
+        dev = f"cpu only ({platform.machine()}, torch CPU capability {torch.backends.cpu.get_cpu_capability()})"
+        math = f"torch CPU, {torch.get_num_threads()} threads"
+    return {"tool_version": f"kvrepro-hf {__version__}", "git_commit": commit, "host": socket.gethostname(),
+            "device": dev, "math_mode": math, "weight_seed": 0, "prompt_seed": 0, "model_hash": 0,
+            "torch_version": torch.__version__, "transformers_version": transformers.__version__,
+            "python_version": platform.python_version(), "capture_command": command}
