@@ -93,16 +93,16 @@ def load_model(model_dir: str, impl: str, dtype: str, device: str) -> torch.nn.M
     return model.to(device).eval()
 
 
-def skip_reason(spec: CaptureSpec, config) -> str:
-    """Why this configuration cannot run here, or ""."""
+def skip_reason(spec: CaptureSpec) -> str:
+    """Why this configuration cannot run here, or "" (known before loading
+    the model; load_model's refusal of an attention implementation is the
+    other reason a run is skipped)."""
     if spec.mode == "reduce-overhead" and not spec.device.startswith("cuda"):
         why = "no CUDA device" if not torch.cuda.is_available() else "device is " + spec.device
         return f"reduce-overhead captures CUDA graphs: {why}"
     if spec.impl == "flex_attention" and spec.layer not in ("static_sliding", "dynamic_sliding"):
         return ("flex_attention needs a BlockMask; custom layers pass 4-D masks built from their "
                 "slot mapping (eager and sdpa only)")
-    if spec.impl == "sdpa" and config.model_type == "gemma2":
-        return "transformers refuses sdpa for gemma2 (_supports_sdpa = False: it would drop the softcap)"
     return ""
 
 
@@ -310,23 +310,53 @@ def decode(model, spec: CaptureSpec, ids_np: np.ndarray, real_np: np.ndarray, re
                extra=extra, vocab=config.vocab_size, steps=n_steps)
 
 
-def capture(spec: CaptureSpec, model=None) -> list[Run]:
-    """spec.repeats runs (or one skipped run per repeat, with the reason)."""
+def load_or_refusal(spec: CaptureSpec) -> tuple[torch.nn.Module | None, str]:
+    """The model, or None and transformers' reason for refusing spec.impl
+    for it (e.g. gemma2 refuses sdpa: it would drop the softcap)."""
+    try:
+        return load_model(spec.model_dir, spec.impl, spec.dtype, spec.device), ""
+    except (ValueError, ImportError) as e:
+        first = str(e).split(". ")[0].strip()
+        return None, f"transformers refuses attn {spec.impl}: {first}"[:255]
+
+
+def skip_runs(spec: CaptureSpec, why: str, vocab: int) -> list[Run]:
+    """One skipped run per repeat, with the reason."""
+    return [Run(model=os.path.basename(os.path.abspath(spec.model_dir)), scenario=spec.scenario,
+                variant=variant_name(spec.layer, spec.impl, spec.dtype),
+                backend="torch-cuda" if spec.device.startswith("cuda") else "torch-cpu",
+                mode=spec.mode, repeat=r, engine=engine_text(spec), skipped=True,
+                skip_reason=why[:255], vocab=vocab, steps=spec.new_tokens)
+            for r in range(spec.repeats)]
+
+
+def capture(spec: CaptureSpec, model: torch.nn.Module) -> list[Run]:
+    """spec.repeats runs of a loaded model, or skipped runs with the reason
+    when the configuration cannot run here."""
+    why = skip_reason(spec)
+    if why:
+        return skip_runs(spec, why, model.config.vocab_size)
     ids, real = left_pad(spec.prompts)
-    if model is None:
-        model = load_model(spec.model_dir, spec.impl, spec.dtype, spec.device)
-    why = skip_reason(spec, model.config)
     runs = []
     for r in range(spec.repeats):
-        if why:
-            runs.append(Run(model=os.path.basename(os.path.abspath(spec.model_dir)), scenario=spec.scenario,
-                            variant=variant_name(spec.layer, spec.impl, spec.dtype),
-                            backend="torch-cuda" if spec.device.startswith("cuda") else "torch-cpu",
-                            mode=spec.mode, repeat=r, engine=engine_text(spec), skipped=True,
-                            skip_reason=why, vocab=model.config.vocab_size, steps=spec.new_tokens))
-            continue
-        runs.append(decode(model, spec, ids, real, r))
+        try:
+            runs.append(decode(model, spec, ids, real, r))
+        except Exception as e:  # the engine under test failed: recorded, never hidden
+            runs.extend(failed_run(spec, r, e, model.config.vocab_size))
     return runs
+
+
+def failed_run(spec: CaptureSpec, repeat: int, e: Exception, vocab: int) -> list[Run]:
+    """A run the engine could not complete: stored like a skipped run (it has
+    no data) whose reason starts with "failed:", which `kvrepro gate
+    --external` counts as a failure, not a skip."""
+    text = str(e)
+    detail = next((ln.strip() for ln in text.splitlines() if "error:" in ln), text.splitlines()[0] if text else "")
+    detail = detail.split(" error: ", 1)[-1]   # drop a compiler's temporary file path
+    why = f"failed: {type(e).__name__}: {detail}"
+    run = skip_runs(CaptureSpec(**{**spec.__dict__, "repeats": 1}), why, vocab)[0]
+    run.repeat = repeat
+    return [run]
 
 
 def root_attributes(device: str, command: str) -> dict[str, str | int]:

@@ -69,7 +69,7 @@ def check_model_dir(path: str) -> None:
 def cmd_capture(args: argparse.Namespace) -> int:
     import torch
 
-    from .capture import IMPLS, MODES, CaptureSpec, capture, load_model, root_attributes
+    from .capture import IMPLS, MODES, CaptureSpec, capture, load_or_refusal, root_attributes, skip_runs
     from .report import write_report
 
     layers = _list(args.cache, LAYERS + BROKEN, "cache")
@@ -98,15 +98,16 @@ def cmd_capture(args: argparse.Namespace) -> int:
                                  f"model's vocab_size {vocab} ({args.model}/config.json)")
     runs = []
     for impl in impls:
-        model = None
+        model, refusal = None, ""
         for layer in layers:
             for mode in modes:
                 spec = CaptureSpec(model_dir=args.model, prompts=prompts, scenario=scenario,
                                    new_tokens=args.max_new_tokens, layer=layer, mode=mode, impl=impl,
                                    dtype=args.dtype, repeats=args.repeats, device=args.device)
-                if model is None:
-                    model = load_model(args.model, impl, args.dtype, args.device)
-                got = capture(spec, model)
+                if model is None and not refusal:
+                    model, refusal = load_or_refusal(spec)
+                got = (capture(spec, model) if model is not None
+                       else skip_runs(spec, refusal, vocab if isinstance(vocab, int) else 0))
                 for r in got:
                     line = f"{r.variant} {r.backend}/{r.mode}/r{r.repeat}: "
                     if r.skipped:
