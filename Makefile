@@ -3,6 +3,8 @@
 #   make test   the same set-up, then the whole test suite through ctest
 #               (all but the "long" label)
 #   make long-check  100 clean gates: false alarms and report bytes (~30 min)
+# The set-up also builds the Python environment .venv/ (scripts/ensure-venv.sh,
+# pins in python/requirements.txt) for the transformers lane's tests.
 # Everything else is CMake (see CMakeLists.txt).
 BUILD ?= build
 JOBS ?= 2
@@ -21,5 +23,6 @@ long-check: _setup
 
 _setup:
 	@./scripts/ensure-deps.sh
+	@./scripts/ensure-venv.sh
 	cmake -S . -B $(BUILD)
 	cmake --build $(BUILD) -j $(JOBS)

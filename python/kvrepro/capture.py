@@ -294,7 +294,8 @@ def decode(model, spec: CaptureSpec, ids_np: np.ndarray, real_np: np.ndarray, re
             logger.removeHandler(log)
             logger.propagate = True
             torch._logging.set_logs()
-    extra: dict[str, str | int] = {"attn_impl": spec.impl, "dtype": spec.dtype, "cache_layer": spec.layer}
+    extra: dict[str, str | int] = {"attn_impl": spec.impl, "dtype": spec.dtype, "cache_layer": spec.layer,
+                                   "window": setup.window}
     if compiled:
         extra["probes_seen"] = "layerN.cache and logits: a fullgraph compiled region runs no forward hooks"
         if first_reason:

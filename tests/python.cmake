@@ -1,0 +1,19 @@
+# The transformers lane (python/, issue "The transformers lane"): its unittest
+# modules, run with the project's Python environment .venv/ that `make test`
+# builds (scripts/ensure-venv.sh). Without that environment (cmake run by
+# hand, no `make`), each test prints why and is reported as skipped (77).
+set(KV_VENV_PYTHON ${CMAKE_SOURCE_DIR}/.venv/bin/python)
+function(kv_add_python_test name module)
+  add_test(NAME ${name} COMMAND sh -c
+    "if [ ! -x '${KV_VENV_PYTHON}' ]; then echo 'skipped: no ${KV_VENV_PYTHON}: run make test (or scripts/ensure-venv.sh) to create it'; exit 77; fi; exec '${KV_VENV_PYTHON}' -m unittest -v ${module}"
+    WORKING_DIRECTORY ${CMAKE_SOURCE_DIR}/python/tests)
+  set_tests_properties(${name} PROPERTIES LABELS "python;${ARGN}" SKIP_RETURN_CODE 77
+    ENVIRONMENT "PYTHONPATH=${CMAKE_SOURCE_DIR}/python;KVREPRO_BIN=$<TARGET_FILE:kvrepro>;OMP_NUM_THREADS=1;TORCHINDUCTOR_CACHE_DIR=${CMAKE_BINARY_DIR}/torchinductor"
+    TIMEOUT 900)
+endfunction()
+
+kv_add_python_test(hf_layers test_layers)
+kv_add_python_test(hf_eager test_hf_lane.EagerTest hf)
+kv_add_python_test(hf_compile test_hf_lane.CompileTest hf)
+kv_add_python_test(hf_broken test_hf_lane.BrokenLayerTest hf)
+kv_add_python_test(hf_plot test_plot)
