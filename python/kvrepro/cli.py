@@ -4,7 +4,7 @@
                      [--cache LAYER[,LAYER...]] [--mode MODE[,MODE...]]
                      [--attn IMPL[,IMPL...]] [--dtype fp32|bf16] [--repeats R]
                      [--scenario NAME] [--device cpu|cuda] [--threads T] --out RUN.h5
-  kvrepro-hf plot REPORT.h5 --out DIR
+  kvrepro-hf plot REPORT.h5 --out DIR [--window W]
 
 Exit codes: 0 done, 2 bad input or usage (a message naming the file and
 field), 3 internal error.
@@ -128,7 +128,7 @@ def cmd_capture(args: argparse.Namespace) -> int:
 def cmd_plot(args: argparse.Namespace) -> int:
     from .plot import plot_report
 
-    for path in plot_report(args.report, args.out):
+    for path in plot_report(args.report, args.out, window=args.window):
         print(path)
     return 0
 
@@ -154,6 +154,8 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("plot", help="render a report's runs as PNGs")
     p.add_argument("report")
     p.add_argument("--out", required=True, help="directory for the PNGs")
+    p.add_argument("--window", type=int, default=None, metavar="W",
+                   help="sliding window W, for runs without a 'window' attribute (marks where the window is full)")
     args = ap.parse_args(argv)
     try:
         return cmd_capture(args) if args.cmd == "capture" else cmd_plot(args)
