@@ -18,12 +18,9 @@ import os
 import sys
 
 from .caches import BROKEN, LAYERS
+from .errors import InputError
 
 EXIT_INPUT = 2
-
-
-class InputError(Exception):
-    """Bad input: the message names the file and field."""
 
 
 def _list(text: str, allowed: tuple[str, ...], what: str) -> list[str]:

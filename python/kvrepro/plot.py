@@ -45,7 +45,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
-from .cli import InputError
+from .errors import InputError
 
 SCHEMA_VERSION = 1
 # An exact zero has no place on a log axis: errors below this are drawn at it
