@@ -146,6 +146,21 @@ KvStatus kv_bisect_check_model(const KvRun *run, const char *name, const KvModel
     return KV_OK;
 }
 
+KvStatus kv_bisect_check_rerunnable(const KvRun *run, const char *name, KvError *err) {
+    char backend[sizeof run->backend + 1];
+    memcpy(backend, run->backend, sizeof run->backend);
+    backend[sizeof run->backend] = '\0';
+    if (kv_backend_find(backend) != NULL && run->engine[0] == '\0') return KV_OK;
+    char engine[KV_ENGINE_LEN + 16] = "";
+    if (run->engine[0] != '\0') {
+        snprintf(engine, sizeof engine, ", engine '%.*s'", KV_ENGINE_LEN - 1, run->engine);
+    }
+    return kv_error_set(err, KV_ERR_INPUT, "--rerun: %s was recorded by another engine (backend "
+                        "'%s'%s): kvrepro cannot re-execute it; bisect without --rerun names "
+                        "the first differing probe from the recorded hashes", name, backend,
+                        engine);
+}
+
 KvStatus kv_bisect_find(const KvRun *a, const KvRun *b, KvBisectPoint *out, KvError *err) {
     *out = (KvBisectPoint){-1, -1, -1, -1, false};
     KvStatus st = kv_bisect_check_pair(a, "run A", b, "run B", err);

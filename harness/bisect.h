@@ -43,6 +43,13 @@ KvStatus kv_bisect_check_pair(const KvRun *a, const char *name_a, const KvRun *b
 KvStatus kv_bisect_check_model(const KvRun *run, const char *name, const KvModel *m,
                                const char *model_name, KvError *err);
 
+/* Checks that kvrepro can re-execute a recorded run at all: a run of
+ * another engine (`gate --external`: a backend kvrepro does not have, such
+ * as "torch-cuda", or an engine recorded) cannot be, whatever the model.
+ * KV_ERR_INPUT naming the run, its backend and engine, and what bisect can
+ * still do without --rerun. */
+KvStatus kv_bisect_check_rerunnable(const KvRun *run, const char *name, KvError *err);
+
 /* Compares the recorded probe hashes (or, when the runs have none, tokens
  * and logits hashes). The runs are checked first (kv_bisect_check_pair,
  * named "run A" and "run B"). out->layer is set only when the runs' probes

@@ -401,6 +401,8 @@ int kv_cmd_bisect(int argc, char **argv) {
     if (st == KV_OK && n_paths == 2) {
         st = bisect_check_same_model(&rep[0], paths[0], a, rb_rep, path_b, b, &err);
     }
+    if (st == KV_OK && rerun) st = kv_bisect_check_rerunnable(a, where_a, &err);
+    if (st == KV_OK && rerun) st = kv_bisect_check_rerunnable(b, where_b, &err);
     if (st == KV_OK && rerun) {
         st = bisect_model_load(model_dir, &rep[0], a, &bm, &err);
         if (st == KV_OK) st = bisect_check_model_hash(&bm, &rep[0], paths[0], a, &err);

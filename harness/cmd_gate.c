@@ -14,13 +14,13 @@
 #include "compare.h"
 #include "fault.h"
 #include "fixture.h"
-#include "junit.h"
+#include "gate_external.h"
+#include "gate_output.h"
 #include "matrix.h"
 #include "model.h"
 #include "mutation.h"
 #include "prompts.h"
 #include "report.h"
-#include "report_h5.h"
 #include "scenario.h"
 
 #ifdef _OPENMP
@@ -29,6 +29,9 @@
 
 #define KV_GATE_MAX_MODELS 8
 #define KV_GATE_MAX_LIST 16
+/* --external files per gate: far more than one engine's modes and repeats
+ * need (each file may hold many runs). */
+#define KV_GATE_MAX_EXTERNAL 256
 
 /* A decode longer than this is beyond every model's context (gpt-oss and
  * Qwen2 reach 131072): a larger --max-new-tokens is a typo or a wrap. */
@@ -51,6 +54,9 @@ static void gate_usage(FILE *f) {
             "                    --max-new-tokens N] [--seed N] [--prompt-seed N]\n"
             "                    [--replay-every N] [--fault LIST | --faults LIST|all]\n"
             "                    [--timings] [--allow-large-work]\n"
+            "                    [--quiet | --verbose]\n"
+            "       kvrepro gate --model DIR --external RUN.h5 [--external RUN.h5]...\n"
+            "                    [--report PATH.h5] [--junit PATH.xml] [--tol NAME=VALUE]...\n"
             "                    [--quiet | --verbose]\n\n"
             "Runs the reference and every selected cache variant on every scenario, compares\n"
             "them (reference agreement within tolerances; repeats, graph vs eager, variant vs\n"
@@ -90,6 +96,13 @@ static void gate_usage(FILE *f) {
             "                    into one report; prints per fault whether and how the gate\n"
             "                    caught it, 'mutation score: C/P' and 'false alarms: N'; exits\n"
             "                    1 unless every fault was caught with no false alarm\n"
+            "  --external FILE   judge the runs another engine recorded in FILE (report schema,\n"
+            "                    docs/SCHEMA.md; repeatable) instead of running the matrix: the\n"
+            "                    CPU reference decodes their prompts with --model DIR, and each\n"
+            "                    run is compared with it (within tolerances, tie-aware), with its\n"
+            "                    repeat 0 (bitwise), its eager mode (within tolerances) and its\n"
+            "                    graph budget; no scenario, variant, backend, mode, repeat,\n"
+            "                    prompts, fault or shard option may be given with it\n"
             "  --timings         record wall times (the report is then not byte-reproducible)\n"
             "  --full-logits-max-vocab N\n"
             "                    above this vocabulary the report keeps each row's top-%d logits\n"
@@ -188,18 +201,6 @@ static bool gate_parse_faults(const char *opt, const char *text, bool allow_all,
     return ok;
 }
 
-/* Fills the report's root attributes (DESIGN §8). */
-static void gate_report_root(KvReport *rep, const KvGateOptions *o, uint64_t seed) {
-    snprintf(rep->tool_version, sizeof rep->tool_version, "%s", KV_VERSION);
-    snprintf(rep->git_commit, sizeof rep->git_commit, "%s", KV_GIT_COMMIT);
-    if (gethostname(rep->host, sizeof rep->host) != 0) snprintf(rep->host, sizeof rep->host, "unknown");
-    rep->host[sizeof rep->host - 1] = '\0';
-    snprintf(rep->math_mode, sizeof rep->math_mode, "fp32, -ffp-contract=off, no fast-math");
-    rep->weight_seed = seed;
-    rep->prompt_seed = o->prompt_seed;
-    snprintf(rep->shard, sizeof rep->shard, "%d/%d", o->shard_i, o->shard_n);
-}
-
 /* Asks every registered backend once whether it can run here. The report's
  * device is the first device backend that can ("cpu only (why not)" when
  * none can); a selected backend that cannot run gets its skip reason, so
@@ -248,7 +249,36 @@ typedef struct {
     const char *scen_names[KV_GATE_MAX_LIST];
     const KvCacheOps *variants[KV_GATE_MAX_LIST];
     KvGateBackend backends[KV_GATE_MAX_LIST]; /* o->backends points here */
+    const char *externals[KV_GATE_MAX_EXTERNAL]; /* --external files, in order */
+    int n_external;
+    const char *matrix_opt;  /* the first option given that shapes the matrix (or picks a
+                              * fixture): refused with --external, which runs none */
 } GateArgs;
+
+/* Records opt as the first matrix option given (for the refusal with
+ * --external). */
+static void gate_note_matrix_opt(GateArgs *a, const char *opt) {
+    if (a->matrix_opt == NULL) a->matrix_opt = opt;
+}
+
+/* --external judges recorded runs: the options that shape a matrix would
+ * be silently ignored, so they are refused, and the runs need exactly the
+ * one checkpoint they decoded. Prints the problem; false when refused. */
+static bool gate_check_external_args(const GateArgs *a) {
+    if (a->n_external == 0) return true;
+    if (a->matrix_opt != NULL) {
+        fprintf(stderr, "kvrepro gate: %s cannot be used with --external: the external gate runs "
+                "no cache variants and no scenarios (it decodes the recorded prompts with the "
+                "CPU reference)\n", a->matrix_opt);
+        return false;
+    }
+    if (a->n_models != 1) {
+        fprintf(stderr, "kvrepro gate: --external needs exactly one --model DIR, the checkpoint "
+                "the external runs decoded; found %d\n", a->n_models);
+        return false;
+    }
+    return true;
+}
 
 /* Parses argv into a and o; prints the problem and returns false on bad
  * usage; *help is set for --help. */
@@ -287,6 +317,7 @@ static bool gate_parse_args(int argc, char **argv, GateArgs *a, KvGateOptions *o
             o->timings = true;
         } else if (strcmp(argv[i], "--allow-large-work") == 0) {
             a->allow_large = true;
+            gate_note_matrix_opt(a, "--allow-large-work");
         } else if (kv_cli_take(argc, argv, &i, "--model", &v, &bad) ||
                    kv_cli_take(argc, argv, &i, "--fixture", &v, &bad)) {
             if (bad) break;
@@ -299,27 +330,43 @@ static bool gate_parse_args(int argc, char **argv, GateArgs *a, KvGateOptions *o
              * the option word it matched, not at the value. */
             const char *opt = argv[i] == v ? argv[i - 1] : argv[i];
             a->model_is_dir[a->n_models] = strncmp(opt, "--model", 7) == 0;
+            if (!a->model_is_dir[a->n_models]) gate_note_matrix_opt(a, "--fixture");
             a->models[a->n_models++] = v;
+        } else if (kv_cli_take(argc, argv, &i, "--external", &v, &bad)) {
+            if (bad) break;
+            if (a->n_external == KV_GATE_MAX_EXTERNAL) {
+                fprintf(stderr, "kvrepro gate: at most %d --external files\n",
+                        KV_GATE_MAX_EXTERNAL);
+                bad = true;
+                break;
+            }
+            a->externals[a->n_external++] = v;
         } else if (kv_cli_take(argc, argv, &i, "--scenarios", &v, &bad)) {
+            gate_note_matrix_opt(a, "--scenarios");
             bad = bad || !gate_parse_names("--scenarios", v, known, n_known, picked, &n_picked);
             for (int k = 0; k < n_picked && !bad; k++) a->scen_names[k] = known[picked[k]];
             if (!bad) o->n_scenarios = n_picked;
         } else if (kv_cli_take(argc, argv, &i, "--variants", &v, &bad)) {
+            gate_note_matrix_opt(a, "--variants");
             bad = bad || !gate_parse_names("--variants", v, variant_names, n_all, picked, &n_picked);
             for (int k = 0; k < n_picked && !bad; k++) a->variants[k] = all[picked[k]];
             if (!bad) o->n_variants = n_picked;
         } else if (kv_cli_take(argc, argv, &i, "--backends", &v, &bad)) {
+            gate_note_matrix_opt(a, "--backends");
             bad = bad || !gate_parse_names("--backends", v, backend_names, n_be, picked, &n_picked);
             for (int k = 0; k < n_picked && !bad; k++) a->backends[k] = (KvGateBackend){be[picked[k]], ""};
             if (!bad) o->n_backends = n_picked;
         } else if (kv_cli_take(argc, argv, &i, "--modes", &v, &bad)) {
+            gate_note_matrix_opt(a, "--modes");
             bad = bad || !gate_parse_names("--modes", v, k_modes, 2, picked, &n_picked);
             o->eager = o->graph = false;
             for (int k = 0; k < n_picked && !bad; k++) *(picked[k] == 0 ? &o->eager : &o->graph) = true;
         } else if (kv_cli_take(argc, argv, &i, "--repeats", &v, &bad)) {
+            gate_note_matrix_opt(a, "--repeats");
             bad = bad || !gate_parse_bounded("--repeats", v, 1, 100, "runs per variant and mode", &u);
             o->repeats = (int)u;
         } else if (kv_cli_take(argc, argv, &i, "--replay-every", &v, &bad)) {
+            gate_note_matrix_opt(a, "--replay-every");
             bad = bad || !gate_parse_bounded("--replay-every", v, 0, KV_GATE_MAX_NEW_TOKENS,
                                              "decode steps; 0 = off", &u);
             o->replay_every = (int64_t)u;
@@ -332,8 +379,10 @@ static bool gate_parse_args(int argc, char **argv, GateArgs *a, KvGateOptions *o
         } else if (kv_cli_take(argc, argv, &i, "--junit", &v, &bad)) {
             a->junit_path = v;
         } else if (kv_cli_take(argc, argv, &i, "--prompts", &v, &bad)) {
+            gate_note_matrix_opt(a, "--prompts");
             a->prompts_path = v;
         } else if (kv_cli_take(argc, argv, &i, "--max-new-tokens", &v, &bad)) {
+            gate_note_matrix_opt(a, "--max-new-tokens");
             bad = bad || !gate_parse_bounded("--max-new-tokens", v, 1, KV_GATE_MAX_NEW_TOKENS,
                                              "longer than any model's context", &a->max_new);
         } else if (kv_cli_take(argc, argv, &i, "--seed", &v, &bad)) {
@@ -347,6 +396,7 @@ static bool gate_parse_args(int argc, char **argv, GateArgs *a, KvGateOptions *o
                 bad = true;
             }
         } else if (kv_cli_take(argc, argv, &i, "--shard", &v, &bad)) {
+            gate_note_matrix_opt(a, "--shard");
             int si = 0, sn = 0;
             char tail = 0;
             if (!bad && (sscanf(v, "%d/%d%c", &si, &sn, &tail) != 2 || sn < 1 || si < 1 || si > sn)) {
@@ -356,9 +406,11 @@ static bool gate_parse_args(int argc, char **argv, GateArgs *a, KvGateOptions *o
             o->shard_i = si;
             o->shard_n = sn;
         } else if (kv_cli_take(argc, argv, &i, "--fault", &v, &bad)) {
+            gate_note_matrix_opt(a, "--fault");
             if (bad) break;
             bad = !gate_parse_faults("--fault", v, false, &o->faults, NULL, NULL);
         } else if (kv_cli_take(argc, argv, &i, "--faults", &v, &bad)) {
+            gate_note_matrix_opt(a, "--faults");
             if (bad) break;
             a->mutation = true;
             unsigned list[KV_FAULT_COUNT];
@@ -384,6 +436,7 @@ static bool gate_parse_args(int argc, char **argv, GateArgs *a, KvGateOptions *o
         fprintf(stderr, "kvrepro gate: --prompts needs --max-new-tokens N (N >= 1)\n");
         bad = true;
     }
+    if (!bad && !gate_check_external_args(a)) bad = true;
     o->scenarios = a->scen_names;
     o->variants = a->variants;
     o->max_new_tokens = (int64_t)a->max_new;
@@ -445,38 +498,6 @@ static KvStatus gate_check_work(const GateArgs *a, const KvGateOptions *o, KvErr
                             KV_GATE_MAX_WORK_FLOP / 1e12);
     }
     return KV_OK;
-}
-
-/* Before the matrix runs: an output path that cannot be written fails now
- * (exit 2), not after an hour of decoding. */
-static KvStatus gate_check_outputs(const GateArgs *a, KvError *err) {
-    KvStatus st = KV_OK;
-    if (a->report_path != NULL) st = kv_report_check_writable(a->report_path, err);
-    if (st == KV_OK && a->junit_path != NULL) st = kv_report_check_writable(a->junit_path, err);
-    return st;
-}
-
-/* The failing comparisons (all of them with --verbose), one line each. In a
- * mutation run the faulty passes are meant to fail: only the clean runs'
- * failures (false alarms) are listed unless --verbose. */
-static bool gate_print_failures(const KvReport *rep, const GateArgs *a) {
-    bool failed = false;
-    for (int64_t c = 0; c < rep->n_comparisons; c++) {
-        const KvComparison *cmp = &rep->comparisons[c];
-        const bool planted = a->mutation && rep->runs[cmp->run_b].fault[0] != '\0';
-        failed = failed || cmp->verdict == KV_VERDICT_FAIL;
-        if (!a->verbose && (planted || cmp->verdict != KV_VERDICT_FAIL)) continue;
-        char la[96], lb[96], pair[200];
-        kv_run_label(&rep->runs[cmp->run_a], la, sizeof la);
-        kv_run_label(&rep->runs[cmp->run_b], lb, sizeof lb);
-        /* a per-run check (finite, replay) names its one run */
-        if (cmp->run_a == cmp->run_b) snprintf(pair, sizeof pair, "%s", lb);
-        else snprintf(pair, sizeof pair, "%s vs %s", la, lb);
-        printf("%s %s %s: %s %s: %s\n", cmp->verdict == KV_VERDICT_FAIL ? "FAIL" : "ok  ",
-               rep->runs[cmp->run_b].model, rep->runs[cmp->run_b].scenario, pair,
-               kv_compare_kind_name(cmp->kind), cmp->message);
-    }
-    return failed;
 }
 
 /* Loads model i (weights) and runs every pass of the matrix on it. */
@@ -595,7 +616,7 @@ static KvStatus gate_run_all(GateArgs *a, KvGateOptions *o, KvReport *rep, KvErr
 static KvStatus gate_print_outcome(const KvReport *rep, const GateArgs *a, const KvGateOptions *o,
                                    bool *failed, KvError *err) {
     KvStatus st;
-    *failed = gate_print_failures(rep, a);
+    *failed = kv_gate_print_failures(rep, a->mutation, a->verbose);
     if (a->mutation) {
         /* The per-run table of a mutation run is thousands of lines: the
          * report and `kvrepro show` have it; --verbose prints it. */
@@ -615,21 +636,6 @@ static KvStatus gate_print_outcome(const KvReport *rep, const GateArgs *a, const
         st = kv_report_print_summary_folded(rep, fold, n_fold, stdout);
     }
     if (st != KV_OK) return kv_error_set(err, st, "cannot print the summary table");
-    return KV_OK;
-}
-
-/* Writes the HDF5 report and the JUnit XML, where they were asked for. */
-static KvStatus gate_write_outputs(const GateArgs *a, const KvReport *rep, KvError *err) {
-    if (a->report_path != NULL) {
-        KvStatus st = kv_report_write_h5(rep, a->report_path, err);
-        if (st != KV_OK) return st;
-        if (!a->quiet) printf("report: %s\n", a->report_path);
-    }
-    if (a->junit_path != NULL) {
-        KvStatus st = kv_junit_write(rep, a->junit_path, err);
-        if (st != KV_OK) return st;
-        if (!a->quiet) printf("junit: %s\n", a->junit_path);
-    }
     return KV_OK;
 }
 
@@ -654,6 +660,16 @@ int kv_cmd_gate(int argc, char **argv) {
         gate_usage(stdout);
         return KV_EXIT_PASS;
     }
+    if (a.n_external > 0) {
+        const KvExternalOptions x = {
+            .model_dir = a.models[0], .paths = a.externals, .n_paths = a.n_external,
+            .report_path = a.report_path, .junit_path = a.junit_path, .tol = o.tol,
+            .weight_seed = a.seed, .prompt_seed = o.prompt_seed,
+            .full_logits_max_vocab = o.full_logits_max_vocab, .quiet = a.quiet,
+            .verbose = a.verbose, .timings = o.timings,
+        };
+        return kv_gate_external(&x);
+    }
     gate_default_models(&a);
     int64_t runs_done = 0;
     double progress_last = 0.0;
@@ -673,17 +689,17 @@ int kv_cmd_gate(int argc, char **argv) {
         if (st != KV_OK) goto cleanup;
         o.custom = &custom;
     }
-    gate_report_root(&rep, &o, a.seed);
+    kv_gate_fill_root(&rep, a.seed, o.prompt_seed, o.shard_i, o.shard_n);
     st = gate_query_backends(&o, &rep, &err);
     if (st == KV_OK) st = kv_tolerances_record(&o.tol, &rep, &err);
     if (st != KV_OK) goto cleanup;
     if (!a.quiet) gate_print_header(&a, &o, &rep);
     /* Everything that can be refused is refused before the first decode. */
-    st = gate_check_outputs(&a, &err);
+    st = kv_gate_check_outputs(a.report_path, a.junit_path, &err);
     if (st == KV_OK) st = gate_check_work(&a, &o, &err);
     if (st == KV_OK) st = gate_run_all(&a, &o, &rep, &err);
     if (st == KV_OK) st = gate_print_outcome(&rep, &a, &o, &failed, &err);
-    if (st == KV_OK) st = gate_write_outputs(&a, &rep, &err);
+    if (st == KV_OK) st = kv_gate_write_outputs(&rep, a.report_path, a.junit_path, a.quiet, &err);
     if (st == KV_OK && failed) rc = KV_EXIT_GATE_FAIL;
 cleanup:
     if (st != KV_OK) {

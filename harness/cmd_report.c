@@ -49,7 +49,9 @@ static void diff_usage(FILE *f) {
             "Compares run X (of A.h5) with run Y (of B.h5, or of A.h5 when only one report is\n"
             "given) bitwise, with the gate's comparator, and prints the first differing\n"
             "(step, row, probe). With a reference run on either side, the reference\n"
-            "agreement metrics are printed too. Runs are selected by index or by label\n"
+            "agreement metrics are printed too. Runs whose probe layouts differ (another\n"
+            "engine's run vs kvrepro's) are compared by tokens and logits only, naming no\n"
+            "probe. Runs are selected by index or by label\n"
             "model/scenario/variant/backend/mode/rN (as `kvrepro show` lists them).\n"
             "Exit codes: 0 identical, 1 different, 2 bad input (unknown run, mismatched runs).\n");
 }
@@ -102,7 +104,7 @@ int kv_cmd_diff(int argc, char **argv) {
     }
     const KvRun *x = &ra->runs[a], *y = &rb->runs[b];
     if (x->skipped || y->skipped || x->steps != y->steps || x->batch != y->batch ||
-        x->vocab != y->vocab || x->n_probes != y->n_probes) {
+        x->vocab != y->vocab) {
         fprintf(stderr, "kvrepro diff: mismatched runs: %s is %s%lld steps x %lld rows x %lld vocab, "
                 "%s is %s%lld x %lld x %lld\n", sel[0], x->skipped ? "skipped, " : "",
                 (long long)x->steps, (long long)x->batch, (long long)x->vocab, sel[1],
@@ -111,15 +113,28 @@ int kv_cmd_diff(int argc, char **argv) {
         rc = KV_EXIT_USAGE;
         goto cleanup;
     }
+    /* Another engine's probes hash other arithmetic: with different probe
+     * layouts only the outputs say anything, and no probe is named. */
+    const bool like = kv_probe_layouts_equal(x, y);
+    if (!like) {
+        printf("probe layouts differ (%lld vs %lld probes): comparing tokens and logits only\n",
+               (long long)x->n_probes, (long long)y->n_probes);
+    }
     KvComparison c;
-    kv_compare_bitwise(x, y, KV_CMP_VARIANT, a, b, &c);
+    if (like) kv_compare_bitwise(x, y, KV_CMP_VARIANT, a, b, &c);
+    else kv_compare_bitwise_outputs(x, y, KV_CMP_VARIANT, a, b, &c);
     printf("%s vs %s: %s\n", sel[0], sel[1], c.message);
     if (strcmp(x->variant, "reference") == 0 || strcmp(y->variant, "reference") == 0) {
         KvTolerances tol = kv_tolerances_default();
         const bool x_ref = strcmp(x->variant, "reference") == 0;
         KvComparison rc_cmp;
-        kv_compare_reference(x_ref ? x : y, x_ref ? y : x, &tol, x_ref ? a : b, x_ref ? b : a,
-                             &rc_cmp);
+        if (like) {
+            kv_compare_reference(x_ref ? x : y, x_ref ? y : x, &tol, x_ref ? a : b,
+                                 x_ref ? b : a, &rc_cmp);
+        } else {
+            kv_compare_outputs(x_ref ? x : y, x_ref ? y : x, &tol, KV_CMP_REFERENCE,
+                               x_ref ? a : b, x_ref ? b : a, &rc_cmp);
+        }
         if (rc_cmp.verdict == KV_VERDICT_SKIP) {
             printf("reference agreement: %s\n", rc_cmp.message);
         } else {

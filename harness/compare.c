@@ -140,13 +140,16 @@ static void describe_divergence(const KvRun *a, const KvRun *b, KvComparison *ou
              b->tokens[i]);
 }
 
-void kv_compare_bitwise(const KvRun *a, const KvRun *b, KvCompareKind kind, int64_t a_index,
-                        int64_t b_index, KvComparison *out) {
+/* a vs b bitwise; use_probes: name the first differing probe from the
+ * probe hashes (the runs' probe layouts are the same), else compare the
+ * logits and tokens alone. */
+static void compare_bitwise(const KvRun *a, const KvRun *b, KvCompareKind kind, int64_t a_index,
+                            int64_t b_index, bool use_probes, KvComparison *out) {
     compare_init(out, kind, a_index, b_index);
     if (compare_skipped(a, b, out)) return;
     if (!runs_shaped_alike(a, b, out)) return;
     int64_t s, r, p;
-    if (first_probe_difference(a, b, &s, &r, &p)) {
+    if (use_probes && first_probe_difference(a, b, &s, &r, &p)) {
         out->first_step = s;
         out->first_row = r;
         out->first_probe = p;
@@ -176,6 +179,16 @@ void kv_compare_bitwise(const KvRun *a, const KvRun *b, KvCompareKind kind, int6
         }
     }
     snprintf(out->message, sizeof out->message, "bitwise identical (%lld steps)", (long long)a->steps);
+}
+
+void kv_compare_bitwise(const KvRun *a, const KvRun *b, KvCompareKind kind, int64_t a_index,
+                        int64_t b_index, KvComparison *out) {
+    compare_bitwise(a, b, kind, a_index, b_index, true, out);
+}
+
+void kv_compare_bitwise_outputs(const KvRun *a, const KvRun *b, KvCompareKind kind,
+                                int64_t a_index, int64_t b_index, KvComparison *out) {
+    compare_bitwise(a, b, kind, a_index, b_index, false, out);
 }
 
 void kv_compare_replay(const KvRun *run, int64_t index, KvComparison *out) {
@@ -263,6 +276,48 @@ void kv_compare_finite(const KvRun *run, int64_t index, KvComparison *out) {
     }
 }
 
+/* The error of one row of logits: candidate c against baseline r, n values
+ * each (all finite). */
+typedef struct {
+    double max_abs; /* largest |c - r| */
+    double max_ref; /* largest |r|: what max_rel_err is relative to */
+    double kl;      /* KL(softmax(r) || softmax(c)); 0 when not asked for */
+} RowError;
+
+/* Fills *e for the row and adds its squared error and the baseline's
+ * squares to *se and *ss (NMSE over all rows). with_kl: the rows are whole
+ * vocabularies, so their softmax is the model's. */
+static void row_error(const float *r, const float *c, int64_t n, bool with_kl, double *se,
+                      double *ss, RowError *e) {
+    double max_abs = 0.0, max_ref = 0.0, mr = -INFINITY, mc = -INFINITY;
+    for (int64_t v = 0; v < n; v++) {
+        const double d = (double)c[v] - (double)r[v];
+        max_abs = fabs(d) > max_abs ? fabs(d) : max_abs;
+        max_ref = fabs((double)r[v]) > max_ref ? fabs((double)r[v]) : max_ref;
+        *se += d * d;
+        *ss += (double)r[v] * (double)r[v];
+        mr = r[v] > mr ? r[v] : mr;
+        mc = c[v] > mc ? c[v] : mc;
+    }
+    e->max_abs = max_abs;
+    e->max_ref = max_ref;
+    e->kl = 0.0;
+    if (!with_kl) return;
+    /* KL(softmax(ref) || softmax(cand)) in double. */
+    double zr = 0.0, zc = 0.0;
+    for (int64_t v = 0; v < n; v++) {
+        zr += exp((double)r[v] - mr);
+        zc += exp((double)c[v] - mc);
+    }
+    double kl = 0.0;
+    for (int64_t v = 0; v < n; v++) {
+        const double lp = (double)r[v] - mr - log(zr);
+        const double lq = (double)c[v] - mc - log(zc);
+        kl += exp(lp) * (lp - lq);
+    }
+    e->kl = kl;
+}
+
 void kv_compare_reference(const KvRun *ref, const KvRun *cand, const KvTolerances *t,
                           int64_t ref_index, int64_t cand_index, KvComparison *out) {
     compare_init(out, KV_CMP_REFERENCE, ref_index, cand_index);
@@ -301,32 +356,12 @@ void kv_compare_reference(const KvRun *ref, const KvRun *cand, const KvTolerance
                 }
                 continue;
             }
-            double max_abs = 0.0, max_ref = 0.0, mr = -INFINITY, mc = -INFINITY;
-            for (int64_t v = 0; v < V; v++) {
-                const double d = (double)c[v] - (double)r[v];
-                max_abs = fabs(d) > max_abs ? fabs(d) : max_abs;
-                max_ref = fabs((double)r[v]) > max_ref ? fabs((double)r[v]) : max_ref;
-                se += d * d;
-                ss += (double)r[v] * (double)r[v];
-                mr = r[v] > mr ? r[v] : mr;
-                mc = c[v] > mc ? c[v] : mc;
-            }
-            /* KL(softmax(ref) || softmax(cand)) in double. */
-            double zr = 0.0, zc = 0.0;
-            for (int64_t v = 0; v < V; v++) {
-                zr += exp((double)r[v] - mr);
-                zc += exp((double)c[v] - mc);
-            }
-            double kl = 0.0;
-            for (int64_t v = 0; v < V; v++) {
-                const double lp = (double)r[v] - mr - log(zr);
-                const double lq = (double)c[v] - mc - log(zc);
-                kl += exp(lp) * (lp - lq);
-            }
-            const double rel = max_abs / (max_ref > 0.0 ? max_ref : 1.0);
-            out->max_abs_err = max_abs > out->max_abs_err ? max_abs : out->max_abs_err;
+            RowError e;
+            row_error(r, c, V, true, &se, &ss, &e);
+            const double rel = e.max_abs / (e.max_ref > 0.0 ? e.max_ref : 1.0);
+            out->max_abs_err = e.max_abs > out->max_abs_err ? e.max_abs : out->max_abs_err;
             out->max_rel_err = rel > out->max_rel_err ? rel : out->max_rel_err;
-            out->kl = kl > out->kl ? kl : out->kl;
+            out->kl = e.kl > out->kl ? e.kl : out->kl;
             const int64_t i = s * B + b;
             if (ref->tokens[i] == cand->tokens[i]) {
                 agree++;
@@ -369,4 +404,310 @@ void kv_compare_reference(const KvRun *ref, const KvRun *cand, const KvTolerance
                  out->top1_agreement, (long long)out->near_ties,
                  probe_diff ? " (not bitwise)" : ", bitwise identical");
     }
+}
+
+/* ---- runs of another engine ----------------------------------------------- */
+
+/* One row of two runs as (baseline, candidate) value pairs: the whole
+ * vocabulary when both kept full logits, else the ids one side kept
+ * (the candidate's when it kept top-k, else the baseline's) looked up on
+ * the other side (ids both kept, when both kept top-k). */
+typedef struct {
+    const float *r, *c; /* (n) baseline and candidate values */
+    int64_t n;
+    bool full;          /* whole rows: the softmax (KL) is the model's */
+    double max_ref;     /* >= 0: the baseline row's largest |logit| over everything it kept
+                         * (what max_rel_err is relative to); < 0: row_error's */
+    int64_t bad_id;     /* >= 0: a non-finite value at this token id ... */
+    float bad_r, bad_c; /* ... with both sides' values there (NaN when not kept) */
+} RowPairs;
+
+/* The first non-finite value of n values at vals, -1 when none. */
+static int64_t first_nonfinite(const float *vals, int64_t n) {
+    for (int64_t v = 0; v < n; v++) {
+        if (!isfinite(vals[v])) return v;
+    }
+    return -1;
+}
+
+/* The largest |v| over n values. */
+static double max_magnitude(const float *vals, int64_t n) {
+    double m = 0.0;
+    for (int64_t v = 0; v < n; v++) m = fabs((double)vals[v]) > m ? fabs((double)vals[v]) : m;
+    return m;
+}
+
+/* Gathers row i (= step * batch + row) of base and cand into p, through
+ * rbuf and cbuf (room for the larger topk) when a side kept top-k only.
+ * Returns false with *why set when a kept id lies outside the vocabulary
+ * (a damaged file: nothing can be looked up). */
+static bool row_pairs(const KvRun *base, const KvRun *cand, int64_t i, float *rbuf, float *cbuf,
+                      RowPairs *p, char *why, size_t why_len) {
+    const int64_t V = base->vocab;
+    *p = (RowPairs){NULL, NULL, 0, false, -1.0, -1, NAN, NAN};
+    const float *rfull = base->logits != NULL ? base->logits + i * V : NULL;
+    const float *cfull = cand->logits != NULL ? cand->logits + i * V : NULL;
+    if (rfull != NULL && cfull != NULL) {
+        for (int64_t v = 0; v < V && p->bad_id < 0; v++) {
+            if (isfinite(rfull[v]) && isfinite(cfull[v])) continue;
+            p->bad_id = v;
+            p->bad_r = rfull[v];
+            p->bad_c = cfull[v];
+        }
+        p->r = rfull;
+        p->c = cfull;
+        p->n = V;
+        p->full = true;
+        return true;
+    }
+    /* One side kept top-k: its ids are the ones compared. */
+    const KvRun *kept = cfull == NULL ? cand : base;
+    const int64_t K = kept->topk;
+    const int32_t *ids = kept->topk_ids + i * K;
+    const float *vals = kept->topk_values + i * K;
+    const int32_t *other_ids = NULL;
+    const float *other_vals = NULL;
+    int64_t other_k = 0;
+    const KvRun *other = kept == cand ? base : cand;
+    if (other->logits == NULL) {
+        other_k = other->topk;
+        other_ids = other->topk_ids + i * other_k;
+        other_vals = other->topk_values + i * other_k;
+    }
+    int64_t n = 0;
+    for (int64_t j = 0; j < K; j++) {
+        const int32_t id = ids[j];
+        if (id < 0 || id >= V) {
+            snprintf(why, why_len, "%s: topk_ids[step %lld, row %lld, %lld] = %d lies outside the "
+                     "vocabulary (%lld)", kept == cand ? "candidate" : "baseline",
+                     (long long)(i / base->batch), (long long)(i % base->batch), (long long)j,
+                     (int)id, (long long)V);
+            return false;
+        }
+        float ov = NAN;
+        bool found = other_ids == NULL;
+        if (found) ov = other->logits[i * V + id];
+        for (int64_t q = 0; q < other_k && !found; q++) {
+            if (other_ids[q] == id) {
+                ov = other_vals[q];
+                found = true;
+            }
+        }
+        if (!found) continue; /* both kept top-k and the other did not keep this id */
+        rbuf[n] = kept == base ? vals[j] : ov;
+        cbuf[n] = kept == cand ? vals[j] : ov;
+        if (p->bad_id < 0 && (!isfinite(rbuf[n]) || !isfinite(cbuf[n]))) {
+            p->bad_id = id;
+            p->bad_r = rbuf[n];
+            p->bad_c = cbuf[n];
+        }
+        n++;
+    }
+    /* A full side's NaN outside the kept ids fails the row all the same. */
+    const float *full = rfull != NULL ? rfull : cfull;
+    const int64_t off = full != NULL ? first_nonfinite(full, V) : -1;
+    if (p->bad_id < 0 && off >= 0) {
+        p->bad_id = off;
+        p->bad_r = rfull != NULL ? rfull[off] : NAN;
+        p->bad_c = cfull != NULL ? cfull[off] : NAN;
+    }
+    p->r = rbuf;
+    p->c = cbuf;
+    p->n = n;
+    /* relative to the baseline's largest |logit| over all it kept */
+    p->max_ref = rfull != NULL ? max_magnitude(rfull, V)
+                               : max_magnitude(base->topk_values + i * base->topk, base->topk);
+    return true;
+}
+
+void kv_compare_outputs(const KvRun *base, const KvRun *cand, const KvTolerances *t,
+                        KvCompareKind kind, int64_t base_index, int64_t cand_index,
+                        KvComparison *out) {
+    compare_init(out, kind, base_index, cand_index);
+    if (compare_skipped(base, cand, out)) return;
+    if (!runs_shaped_alike(base, cand, out)) return;
+    const int64_t B = base->batch, S = base->steps;
+    const bool topk = base->logits == NULL || cand->logits == NULL;
+    const int64_t kmax = base->topk > cand->topk ? base->topk : cand->topk;
+    float *rbuf = malloc((size_t)(kmax > 0 ? kmax : 1) * sizeof *rbuf);
+    float *cbuf = malloc((size_t)(kmax > 0 ? kmax : 1) * sizeof *cbuf);
+    /* per row: the step of its first near-tie flip (-1: none); the runs fed
+     * different tokens after it, so the rest of the row is not compared */
+    int64_t *tie_step = malloc((size_t)(B > 0 ? B : 1) * sizeof *tie_step);
+    if (rbuf == NULL || cbuf == NULL || tie_step == NULL) {
+        out->verdict = KV_VERDICT_FAIL;
+        snprintf(out->message, sizeof out->message, "out of memory comparing the runs");
+        goto cleanup;
+    }
+    for (int64_t b = 0; b < B; b++) tie_step[b] = -1;
+    double se = 0.0, ss = 0.0;
+    int64_t agree = 0, compared = 0, fail_step = -1, fail_row = -1;
+    char fail_what[256] = "";
+    for (int64_t s = 0; s < S; s++) {
+        for (int64_t b = 0; b < B; b++) {
+            const int64_t i = s * B + b;
+            if (tie_step[b] >= 0) continue;
+            RowPairs p;
+            char why[200] = "";
+            if (!row_pairs(base, cand, i, rbuf, cbuf, &p, why, sizeof why)) {
+                out->verdict = KV_VERDICT_FAIL;
+                out->first_step = s;
+                out->first_row = b;
+                snprintf(out->message, sizeof out->message, "cannot compare: %s", why);
+                goto cleanup;
+            }
+            /* NaN compares false with every tolerance: a non-finite logit
+             * on either side fails by itself and is kept out of the metrics. */
+            if (p.bad_id >= 0) {
+                if (fail_step < 0) {
+                    fail_step = s;
+                    fail_row = b;
+                    snprintf(fail_what, sizeof fail_what, "non-finite logit at step %lld row %lld, "
+                             "token id %lld (baseline %g, candidate %g)", (long long)s,
+                             (long long)b, (long long)p.bad_id, (double)p.bad_r, (double)p.bad_c);
+                }
+                continue;
+            }
+            RowError e;
+            row_error(p.r, p.c, p.n, p.full, &se, &ss, &e);
+            const double max_ref = p.max_ref >= 0.0 ? p.max_ref : e.max_ref;
+            const double rel = e.max_abs / (max_ref > 0.0 ? max_ref : 1.0);
+            out->max_abs_err = e.max_abs > out->max_abs_err ? e.max_abs : out->max_abs_err;
+            out->max_rel_err = rel > out->max_rel_err ? rel : out->max_rel_err;
+            out->kl = e.kl > out->kl ? e.kl : out->kl;
+            compared++;
+            if (base->tokens[i] == cand->tokens[i]) {
+                agree++;
+            } else if (base->margins[i] <= t->tie_margin) {
+                out->near_ties++;
+                tie_step[b] = s;
+            } else if (fail_step < 0) {
+                fail_step = s;
+                fail_row = b;
+                snprintf(fail_what, sizeof fail_what, "token flip above the tie margin at step "
+                         "%lld row %lld: tokens %d vs %d, baseline margin %.3g > tie_margin %g",
+                         (long long)s, (long long)b, base->tokens[i], cand->tokens[i],
+                         (double)base->margins[i], t->tie_margin);
+            }
+            if (rel > t->max_rel_err && fail_step < 0) {
+                fail_step = s;
+                fail_row = b;
+                snprintf(fail_what, sizeof fail_what, "logits beyond max_rel_err at step %lld row "
+                         "%lld: rel err %.3g > %g", (long long)s, (long long)b, rel,
+                         t->max_rel_err);
+            }
+        }
+    }
+    out->nmse = ss > 0.0 ? se / ss : 0.0;
+    /* top-k values are not a distribution: no KL */
+    if (topk) out->kl = NAN;
+    out->top1_agreement = compared > 0 ? 100.0 * (double)agree / (double)compared : 0.0;
+    /* What was and was not compared, for both verdicts. */
+    char notes[256] = "";
+    size_t used = 0;
+    if (topk) {
+        used += (size_t)snprintf(notes + used, sizeof notes - used, "; only the top-%lld logits "
+                                 "were compared (no KL)", (long long)kmax);
+    }
+    for (int64_t b = 0; b < B && used < sizeof notes; b++) {
+        if (tie_step[b] < 0) continue;
+        used += (size_t)snprintf(notes + used, sizeof notes - used, "; row %lld not compared "
+                                 "after step %lld (different tokens from a near-tie on)",
+                                 (long long)b, (long long)tie_step[b]);
+    }
+    /* Two modes of one engine usually record one probe layout: whether they
+     * are bitwise the same is worth saying, though compiled code may
+     * legitimately reorder float math, so it decides nothing. */
+    if (kind == KV_CMP_COMPILED && used < sizeof notes && base->probe_hash != NULL &&
+        cand->probe_hash != NULL && kv_probe_layouts_equal(base, cand)) {
+        int64_t ps, pr, pp;
+        if (first_probe_difference(base, cand, &ps, &pr, &pp)) {
+            used += (size_t)snprintf(notes + used, sizeof notes - used, "; not bitwise: probe "
+                                     "hashes first differ at step %lld row %lld, probe %.64s",
+                                     (long long)ps, (long long)pr, cand->probe_names[pp]);
+        } else {
+            used += (size_t)snprintf(notes + used, sizeof notes - used,
+                                     "; probe hashes bitwise identical");
+        }
+    }
+    const char *whose = kind == KV_CMP_COMPILED ? " (compiled vs eager: the gate's tolerance)" : "";
+    if (fail_step >= 0) {
+        out->verdict = KV_VERDICT_FAIL;
+        out->first_step = fail_step;
+        out->first_row = fail_row;
+        snprintf(out->message, sizeof out->message, "%s%s; max rel err %.3g%s", fail_what, whose,
+                 out->max_rel_err, notes);
+    } else {
+        snprintf(out->message, sizeof out->message, "agrees within max_rel_err %g%s: max rel err "
+                 "%.3g, top-1 %.1f%%, %lld near-ties%s", t->max_rel_err, whose, out->max_rel_err,
+                 out->top1_agreement, (long long)out->near_ties, notes);
+    }
+cleanup:
+    free(rbuf);
+    free(cbuf);
+    free(tie_step);
+}
+
+void kv_compare_graph_budget(const KvRun *run, int64_t index, KvComparison *out) {
+    compare_init(out, KV_CMP_GRAPH_BUDGET, index, index);
+    if (run->skipped) {
+        out->verdict = KV_VERDICT_SKIP;
+        snprintf(out->message, sizeof out->message, "skipped: %s", run->skip_reason);
+        return;
+    }
+    if (run->graph_budget < 0) {
+        out->verdict = KV_VERDICT_SKIP;
+        snprintf(out->message, sizeof out->message, "no graph budget recorded");
+        return;
+    }
+    char recompiles[48] = "";
+    if (run->recompiles >= 0) {
+        snprintf(recompiles, sizeof recompiles, " (%lld recompile%s)", (long long)run->recompiles,
+                 run->recompiles == 1 ? "" : "s");
+    }
+    const char *graphs = run->graphs_captured == 1 ? "graph" : "graphs";
+    if (run->graphs_captured > run->graph_budget) {
+        out->verdict = KV_VERDICT_FAIL;
+        snprintf(out->message, sizeof out->message, "%lld decode %s%s, budget %lld: the decode "
+                 "recompiles", (long long)run->graphs_captured, graphs, recompiles,
+                 (long long)run->graph_budget);
+    } else {
+        snprintf(out->message, sizeof out->message, "%lld decode %s%s, within the budget of %lld",
+                 (long long)run->graphs_captured, graphs, recompiles,
+                 (long long)run->graph_budget);
+    }
+}
+
+/* The first index at which a's and b's probe names differ (an index one
+ * past the shorter list when one is a prefix of the other); -1 when the
+ * layouts are identical. */
+static int64_t probe_layout_mismatch(const KvRun *a, const KvRun *b) {
+    const int64_t common = a->n_probes < b->n_probes ? a->n_probes : b->n_probes;
+    /* a skipped run records sizes but no names */
+    if (common > 0 && (a->probe_names == NULL || b->probe_names == NULL)) return 0;
+    for (int64_t p = 0; p < common; p++) {
+        if (strncmp(a->probe_names[p], b->probe_names[p], KV_NAME_LEN) != 0) return p;
+    }
+    return a->n_probes == b->n_probes ? -1 : common;
+}
+
+bool kv_probe_layouts_equal(const KvRun *a, const KvRun *b) {
+    return probe_layout_mismatch(a, b) < 0;
+}
+
+void kv_compare_repeat(const KvRun *first, const KvRun *run, int64_t first_index, int64_t index,
+                       KvComparison *out) {
+    const int64_t p = first->skipped || run->skipped ? -1 : probe_layout_mismatch(first, run);
+    if (p < 0) {
+        kv_compare_bitwise(first, run, KV_CMP_REPEAT, first_index, index, out);
+        return;
+    }
+    compare_init(out, KV_CMP_REPEAT, first_index, index);
+    out->verdict = KV_VERDICT_FAIL;
+    snprintf(out->message, sizeof out->message,
+             "probe layouts differ (%lld vs %lld probes; probe %lld: '%.64s' vs '%.64s'): repeats "
+             "of one configuration must record the same probes", (long long)first->n_probes,
+             (long long)run->n_probes, (long long)p,
+             p < first->n_probes ? first->probe_names[p] : "(none)",
+             p < run->n_probes ? run->probe_names[p] : "(none)");
 }

@@ -59,6 +59,48 @@ void kv_compare_finite(const KvRun *run, int64_t index, KvComparison *out);
 void kv_compare_bitwise(const KvRun *a, const KvRun *b, KvCompareKind kind, int64_t a_index,
                         int64_t b_index, KvComparison *out);
 
+/* a vs b by their outputs alone: logits (or, when either kept only top-k,
+ * their logits hashes) and tokens bitwise, the first differing (step, row);
+ * first_probe -1. For runs whose probe layouts differ (another engine's
+ * probes hash other arithmetic), where a probe index would mean nothing. */
+void kv_compare_bitwise_outputs(const KvRun *a, const KvRun *b, KvCompareKind kind,
+                                int64_t a_index, int64_t b_index, KvComparison *out);
+
+/* Candidate vs a baseline of another engine, or of the same engine in
+ * another mode (kind KV_CMP_REFERENCE: a run of another engine vs the CPU
+ * reference; KV_CMP_COMPILED: a compiled mode vs its eager twin): the
+ * tolerances and tie-aware token rule of kv_compare_reference, by the
+ * outputs alone. No probe is named (probe hashes of different arithmetic
+ * never match): first_step/first_row are the first token flip above the
+ * tie margin, logit row beyond max_rel_err or non-finite logit; first_probe
+ * is -1. There is no teacher forcing for a recording: after a flip at a
+ * near-tie the rest of that row is not compared (the message says from
+ * which step). When either run kept only its top-k logits, the kept values
+ * are compared with the other run's at the same ids (both top-k: the ids
+ * both kept), max_rel_err is relative to the baseline's largest |logit|
+ * over all it kept, KL is NaN, and the message says only top-k were
+ * compared. A kept id outside the vocabulary fails ("cannot compare"). */
+void kv_compare_outputs(const KvRun *base, const KvRun *cand, const KvTolerances *t,
+                        KvCompareKind kind, int64_t base_index, int64_t cand_index,
+                        KvComparison *out);
+
+/* True when a and b record the same probes, name for name, in the same
+ * order (so a probe index means the same probe in both). */
+bool kv_probe_layouts_equal(const KvRun *a, const KvRun *b);
+
+/* Repeat k (run) vs repeat 0 (first), kind KV_CMP_REPEAT: kv_compare_bitwise
+ * when their probe layouts are identical; otherwise a failure naming the
+ * first differing probe name (repeats of one configuration record the same
+ * probes; hashes of different layouts cannot be compared index by index). */
+void kv_compare_repeat(const KvRun *first, const KvRun *run, int64_t first_index, int64_t index,
+                       KvComparison *out);
+
+/* One run's graph budget (kind KV_CMP_GRAPH_BUDGET, a = b = index): fails
+ * when graphs_captured exceeds graph_budget, e.g. "12 decode graphs (11
+ * recompiles), budget 1: the decode recompiles"; skipped when the run was
+ * skipped or records no budget (graph_budget < 0). */
+void kv_compare_graph_budget(const KvRun *run, int64_t index, KvComparison *out);
+
 /* The replay check recorded in run (kind KV_CMP_REPLAY; a = b = index). */
 void kv_compare_replay(const KvRun *run, int64_t index, KvComparison *out);
 

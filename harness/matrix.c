@@ -17,17 +17,15 @@ double kv_gate_now(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* Grows rep->runs by one zeroed run; returns its index or -1. */
-static int64_t report_add_run(KvReport *rep) {
+int64_t kv_gate_add_run(KvReport *rep) {
     KvRun *runs = realloc(rep->runs, (size_t)(rep->n_runs + 1) * sizeof *runs);
     if (runs == NULL) return -1;
     rep->runs = runs;
-    memset(&runs[rep->n_runs], 0, sizeof runs[0]);
-    runs[rep->n_runs].replay_mismatch_step = -1;
+    kv_run_init(&runs[rep->n_runs]);
     return rep->n_runs++;
 }
 
-static KvStatus report_add_comparison(KvReport *rep, const KvComparison *c, KvError *err) {
+KvStatus kv_gate_add_comparison(KvReport *rep, const KvComparison *c, KvError *err) {
     KvComparison *cs = realloc(rep->comparisons, (size_t)(rep->n_comparisons + 1) * sizeof *cs);
     if (cs == NULL) return kv_error_set(err, KV_ERR_INTERNAL, "out of memory");
     rep->comparisons = cs;
@@ -173,9 +171,7 @@ static void progress_line(const KvGateOptions *o, const KvRun *r) {
     kv_gate_progress_print(o, cur, false);
 }
 
-/* Replaces a run's full logits by each row's KV_TOPK largest (descending,
- * ties to the lowest id); logits_hash still identifies the full rows. */
-static KvStatus run_keep_topk(KvRun *r, KvError *err) {
+KvStatus kv_gate_keep_topk(KvRun *r, KvError *err) {
     const int64_t k = r->vocab < KV_TOPK ? r->vocab : KV_TOPK;
     const int64_t rows = r->steps * r->batch;
     r->topk_ids = malloc((size_t)(rows * k) * sizeof *r->topk_ids);
@@ -230,7 +226,7 @@ static KvStatus run_candidates(const KvModel *m, const char *model_name, const K
         for (int mi = 0; mi < 2; mi++) {
             if (modes[mi] < 0) continue;
             for (int k = 0; k < o->repeats; k++) {
-                const int64_t idx = report_add_run(rep);
+                const int64_t idx = kv_gate_add_run(rep);
                 if (idx < 0) {
                     st = kv_error_set(err, KV_ERR_INTERNAL, "out of memory");
                     goto cleanup;
@@ -262,10 +258,10 @@ static KvStatus run_candidates(const KvModel *m, const char *model_name, const K
                     if (c.near_ties > 0) {
                         /* A flip at a near-tie: teacher-force the reference's
                          * tokens so the later steps are still compared. */
-                        KvRun forced = {0};
+                        KvRun forced;
+                        kv_run_init(&forced);
                         run_identify(&forced, model_name, sc->name, o->variants[v]->name, bname,
                                      k_mode_name[mi], k, o->faults);
-                        forced.replay_mismatch_step = -1;
                         st = run_decode(m, sc, o->variants[v], (KvExecMode)modes[mi], o,
                                         rep->runs[ref].tokens, ops, &forced, err);
                         if (st != KV_OK) {
@@ -279,35 +275,35 @@ static KvStatus run_candidates(const KvModel *m, const char *model_name, const K
                         rep->runs[idx] = forced;
                         run = &rep->runs[idx];
                     }
-                    st = report_add_comparison(rep, &c, err);
+                    st = kv_gate_add_comparison(rep, &c, err);
                     if (st != KV_OK) goto cleanup;
                     kv_compare_finite(run, idx, &c);
-                    st = report_add_comparison(rep, &c, err);
+                    st = kv_gate_add_comparison(rep, &c, err);
                     if (st != KV_OK) goto cleanup;
                     if (o->replay_every > 0) {
                         kv_compare_replay(run, idx, &c);
-                        st = report_add_comparison(rep, &c, err);
+                        st = kv_gate_add_comparison(rep, &c, err);
                         if (st != KV_OK) goto cleanup;
                     }
                 } else {
                     const int64_t first = *cand_slot(&tab, v, mi, 0);
                     kv_compare_bitwise(&rep->runs[first], run, KV_CMP_REPEAT, first, idx, &c);
-                    st = report_add_comparison(rep, &c, err);
+                    st = kv_gate_add_comparison(rep, &c, err);
                     if (st != KV_OK) goto cleanup;
                     kv_compare_finite(run, idx, &c);
-                    st = report_add_comparison(rep, &c, err);
+                    st = kv_gate_add_comparison(rep, &c, err);
                     if (st != KV_OK) goto cleanup;
                 }
                 if (k == 0 && mi == 1 && *cand_slot(&tab, v, 0, 0) >= 0) {
                     const int64_t eager = *cand_slot(&tab, v, 0, 0);
                     kv_compare_bitwise(&rep->runs[eager], run, KV_CMP_GRAPH, eager, idx, &c);
-                    st = report_add_comparison(rep, &c, err);
+                    st = kv_gate_add_comparison(rep, &c, err);
                     if (st != KV_OK) goto cleanup;
                 }
                 if (k == 0 && v > 0 && *cand_slot(&tab, 0, mi, 0) >= 0) {
                     const int64_t base = *cand_slot(&tab, 0, mi, 0);
                     kv_compare_bitwise(&rep->runs[base], run, KV_CMP_VARIANT, base, idx, &c);
-                    st = report_add_comparison(rep, &c, err);
+                    st = kv_gate_add_comparison(rep, &c, err);
                     if (st != KV_OK) goto cleanup;
                 }
                 progress_line(o, run);
@@ -319,20 +315,28 @@ cleanup:
     return st;
 }
 
+KvStatus kv_gate_run_reference(const KvModel *m, const char *model_name, const KvScenario *sc,
+                               const KvGateOptions *o, KvReport *rep, int64_t *ref,
+                               KvComparison *fin, KvError *err) {
+    *ref = kv_gate_add_run(rep);
+    if (*ref < 0) return kv_error_set(err, KV_ERR_INTERNAL, "out of memory");
+    run_identify(&rep->runs[*ref], model_name, sc->name, "reference", "cpu", "eager", 0, 0);
+    KvStatus st =
+        run_decode(m, sc, NULL, KV_MODE_EAGER, o, NULL, &kv_backend_cpu, &rep->runs[*ref], err);
+    if (st != KV_OK) return st;
+    kv_compare_finite(&rep->runs[*ref], *ref, fin);
+    st = kv_gate_add_comparison(rep, fin, err);
+    if (st != KV_OK) return st;
+    progress_line(o, &rep->runs[*ref]);
+    return KV_OK;
+}
+
 static KvStatus run_scenario(const KvModel *m, const char *model_name, const KvScenario *sc,
                              const KvGateOptions *o, KvReport *rep, KvError *err) {
-    /* The reference. */
-    const int64_t ref = report_add_run(rep);
-    if (ref < 0) return kv_error_set(err, KV_ERR_INTERNAL, "out of memory");
-    run_identify(&rep->runs[ref], model_name, sc->name, "reference", "cpu", "eager", 0, 0);
-    KvStatus st =
-        run_decode(m, sc, NULL, KV_MODE_EAGER, o, NULL, &kv_backend_cpu, &rep->runs[ref], err);
-    if (st != KV_OK) return st;
+    int64_t ref = -1;
     KvComparison fin;
-    kv_compare_finite(&rep->runs[ref], ref, &fin);
-    st = report_add_comparison(rep, &fin, err);
+    KvStatus st = kv_gate_run_reference(m, model_name, sc, o, rep, &ref, &fin, err);
     if (st != KV_OK) return st;
-    progress_line(o, &rep->runs[ref]);
 
     /* A reference that is not finite has nothing to judge candidates by:
      * its own check fails the gate, and the candidates of this scenario are
@@ -366,7 +370,7 @@ static KvStatus run_scenario(const KvModel *m, const char *model_name, const KvS
     const bool keep_topk = m->config.vocab_size > o->full_logits_max_vocab || o->faults != 0;
     for (int64_t i = ref; i < rep->n_runs && keep_topk; i++) {
         if (rep->runs[i].logits == NULL) continue;
-        st = run_keep_topk(&rep->runs[i], err);
+        st = kv_gate_keep_topk(&rep->runs[i], err);
         if (st != KV_OK) return st;
     }
     return KV_OK;

@@ -91,6 +91,28 @@ typedef struct {
 KvStatus kv_gate_work_add(const KvConfig *cfg, const KvGateOptions *o, int *unit, KvGateWork *w,
                           KvError *err);
 
+/* Appends a run made by kv_run_init to rep->runs; returns its index, or -1
+ * when out of memory. */
+int64_t kv_gate_add_run(KvReport *rep);
+
+/* Appends a copy of *c to rep->comparisons; KV_ERR_INTERNAL when out of
+ * memory. */
+KvStatus kv_gate_add_comparison(KvReport *rep, const KvComparison *c, KvError *err);
+
+/* The reference run of scenario sc: the CPU reference decode of its prompt
+ * batch (variant "reference", backend cpu, mode eager, repeat 0, named
+ * model_name / sc->name), appended to rep at *ref together with its finite
+ * check, which is also copied to *fin (a reference that is not finite has
+ * nothing to judge candidates by). Errors of the decode are returned as
+ * they are (KV_ERR_INPUT for a batch the model cannot take). */
+KvStatus kv_gate_run_reference(const KvModel *m, const char *model_name, const KvScenario *sc,
+                               const KvGateOptions *o, KvReport *rep, int64_t *ref,
+                               KvComparison *fin, KvError *err);
+
+/* Replaces a run's full logits by each row's KV_TOPK largest (descending,
+ * ties to the lowest id); logits_hash still identifies the full rows. */
+KvStatus kv_gate_keep_topk(KvRun *r, KvError *err);
+
 /* Runs the matrix for one model and appends runs and comparisons to rep.
  * *unit is the running (model, scenario) counter used for sharding. */
 KvStatus kv_gate_run_model(const KvModel *m, const char *model_name, const KvGateOptions *o,

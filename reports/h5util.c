@@ -280,6 +280,14 @@ static const AttrField RUN_FIELDS[] = {
      .cap_offset = offsetof(KvRun, vocab)},
     {FIELD(KvRun, fault), .optional = true},
     {FIELD(KvRun, prefill_chunk), .lo = 0, .hi = INT64_MAX, .optional = true},
+    /* written by another engine (`gate --external`), and only when set, so
+     * that the runs of kvrepro's own gate keep the bytes they had before
+     * these existed */
+    {FIELD(KvRun, engine), .optional = true, .when_set = true},
+    {FIELD(KvRun, recompiles), .lo = -1, .hi = INT64_MAX, .optional = true, .when_set = true,
+     .unset = -1},
+    {FIELD(KvRun, graph_budget), .lo = -1, .hi = INT64_MAX, .optional = true, .when_set = true,
+     .unset = -1},
     {FIELD(KvRun, skipped), .lo = 0, .hi = 1},
     {FIELD(KvRun, skip_reason)},
     /* the sizes are capped before their products are formed and before
@@ -297,6 +305,40 @@ static const AttrField RUN_FIELDS[] = {
 
 const AttrTable H5_ROOT_ATTRS = {ROOT_FIELDS, N_OF(ROOT_FIELDS)};
 const AttrTable H5_RUN_ATTRS = {RUN_FIELDS, N_OF(RUN_FIELDS)};
+
+bool h5_attr_is_set(const AttrField *f, const void *base) {
+    if (!f->when_set) return true;
+    const char *p = (const char *)base + f->offset;
+    switch (f->kind) {
+    case FIELD_STR: return p[0] != '\0';
+    case FIELD_I32: return *(const int32_t *)p != f->unset;
+    case FIELD_I64: return *(const int64_t *)p != f->unset;
+    case FIELD_BOOL: return *(const bool *)p != (f->unset != 0);
+    case FIELD_U64:
+    case FIELD_F64:
+    case FIELD_VERSION:
+    case FIELD_HEX: break; /* no unset value: always written */
+    }
+    return true;
+}
+
+void h5_attr_fields_unset(const AttrTable *t, void *base) {
+    for (size_t i = 0; i < t->n; i++) {
+        const AttrField *f = &t->fields[i];
+        if (!f->when_set) continue;
+        char *p = (char *)base + f->offset;
+        switch (f->kind) {
+        case FIELD_STR: memset(p, 0, f->width); break;
+        case FIELD_I32: *(int32_t *)p = (int32_t)f->unset; break;
+        case FIELD_I64: *(int64_t *)p = f->unset; break;
+        case FIELD_BOOL: *(bool *)p = f->unset != 0; break;
+        case FIELD_U64:
+        case FIELD_F64:
+        case FIELD_VERSION:
+        case FIELD_HEX: break;
+        }
+    }
+}
 
 /* ---- a run's datasets ----------------------------------------------------- */
 

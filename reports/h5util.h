@@ -159,7 +159,13 @@ typedef struct {
     size_t offset;  /* in the struct */
     size_t width;   /* bytes of the field (FIELD_HEX: of the string) */
     int64_t lo, hi; /* reader: the accepted values (integer kinds but FIELD_U64) */
-    bool optional;  /* reader: absent from older reports (the field stays 0) */
+    bool optional;  /* reader: absent from older reports (the field stays 0, or unset
+                     * when when_set) */
+    bool when_set;  /* writer: written only when the field is set, i.e. not "" (FIELD_STR)
+                     * or not `unset` (integer kinds), so that reports of runs that never
+                     * set it keep their bytes; reader: optional, absent = unset
+                     * (h5_attr_fields_unset) */
+    int64_t unset;  /* when_set integer kinds: the value that means "not recorded" */
     bool capped;    /* reader: hi is also at most the int64_t at cap_offset (a
                      * required field, so read before any optional one) */
     size_t cap_offset;
@@ -173,6 +179,14 @@ typedef struct {
 
 extern const AttrTable H5_ROOT_ATTRS; /* of KvReport */
 extern const AttrTable H5_RUN_ATTRS;  /* of KvRun */
+
+/* Whether field f of the struct at base is to be written (always, unless
+ * f->when_set and the field holds its unset value). */
+bool h5_attr_is_set(const AttrField *f, const void *base);
+
+/* Sets every when_set field of table t in the struct at base to its unset
+ * value: what an absent attribute reads as. */
+void h5_attr_fields_unset(const AttrTable *t, void *base);
 
 /* ---- a run's datasets -------------------------------------------------- */
 

@@ -22,6 +22,8 @@ static const char *const kv_compare_kind_names[] = {
     [KV_CMP_VARIANT] = "variant_vs_variant",
     [KV_CMP_REPLAY] = "replay",
     [KV_CMP_FINITE] = "finite",
+    [KV_CMP_COMPILED] = "compiled_vs_eager",
+    [KV_CMP_GRAPH_BUDGET] = "graph_budget",
 };
 
 #define JUNIT_N_KINDS ((int)(sizeof kv_compare_kind_names / sizeof kv_compare_kind_names[0]))
@@ -347,7 +349,7 @@ static void junit_put_cmp_case(JunitBuf *b, const KvReport *rep, const KvCompari
         junit_put_cmp_message(b, cmp, 0);
         junit_printf(b, "\nfirst_step=%lld first_row=%lld first_probe=%lld\n", (long long)cmp->first_step,
                      (long long)cmp->first_row, (long long)cmp->first_probe);
-        if (cmp->kind == KV_CMP_REFERENCE) {
+        if (cmp->kind == KV_CMP_REFERENCE || cmp->kind == KV_CMP_COMPILED) {
             junit_printf(b,
                          "max_abs_err=%.9g max_rel_err=%.9g nmse=%.9g kl=%.9g top1_agreement=%.9g "
                          "near_ties=%lld\n",

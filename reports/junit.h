@@ -9,8 +9,9 @@
 #include "status.h"
 
 /* The comparison kind as written in reports: "reference", "repeat",
- * "graph_vs_eager", "variant_vs_variant", "replay"; "unknown" for a value
- * outside KvCompareKind. Never NULL. */
+ * "graph_vs_eager", "variant_vs_variant", "replay", "finite",
+ * "compiled_vs_eager", "graph_budget"; "unknown" for a value outside
+ * KvCompareKind. Never NULL. */
 const char *kv_compare_kind_name(KvCompareKind kind);
 
 /* Writes rep to path as JUnit XML (UTF-8).

@@ -22,6 +22,14 @@
 #include <sys/types.h>
 #include <unistd.h>
 
+void kv_run_init(KvRun *r) {
+    if (r == NULL) return;
+    memset(r, 0, sizeof *r);
+    r->replay_mismatch_step = -1;
+    r->recompiles = -1;
+    r->graph_budget = -1;
+}
+
 void kv_run_free(KvRun *r) {
     if (r == NULL) return;
     free(r->prompt);

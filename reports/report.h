@@ -15,16 +15,30 @@
 #define KV_REPORT_SCHEMA_VERSION 1
 #define KV_NAME_LEN 64
 
+/* Length of KvRun.engine. */
+#define KV_ENGINE_LEN 256
+
 /* One recorded decode. Identified by (model, scenario, variant, backend,
  * mode, repeat); the reference run has variant "reference", mode "eager",
- * repeat 0. */
+ * repeat 0. Create runs with kv_run_init: the optional fields below whose
+ * "unset" value is not 0 (recompiles, graph_budget) are written to a report
+ * only when set, so a zeroed run would record values it never had. */
 typedef struct {
     char model[KV_NAME_LEN];     /* fixture name or model directory basename */
     char scenario[KV_NAME_LEN];
-    char variant[KV_NAME_LEN];   /* "reference" or a cache variant name */
+    char variant[KV_NAME_LEN];   /* "reference", a cache variant name, or (a run of another
+                                  * engine, `gate --external`) that engine's own name */
     char fault[KV_NAME_LEN];     /* planted fault(s) of this run (fault.h names), "" = clean */
-    char backend[16];            /* "cpu" or "cuda" */
-    char mode[16];               /* "eager" or "graph" */
+    char backend[16];            /* "cpu" or "cuda"; another engine's, e.g. "torch-cuda" */
+    char mode[16];               /* "eager" or "graph"; another engine's, e.g. "compile" */
+    /* Written by another engine (docs/SCHEMA.md), optional: what produced
+     * the run, e.g. "transformers 5.23.0, torch 2.15.0, attn sdpa, fp32"
+     * ("" = unset); dynamo recompiles during the decode phase, and the most
+     * decode graphs its capturing layer is designed to need (-1 = unset;
+     * graphs_captured then counts the graphs dynamo compiled for the decode). */
+    char engine[KV_ENGINE_LEN];
+    int64_t recompiles;
+    int64_t graph_budget;
     int32_t repeat;              /* 0 .. repeats-1 */
     bool skipped;                /* not run here (e.g. no CUDA device) */
     char skip_reason[256];
@@ -66,8 +80,11 @@ typedef enum {
     KV_CMP_VARIANT = 3,   /* variant vs variant on one backend: bitwise */
     KV_CMP_REPLAY = 4,    /* replays of one step from one snapshot: bitwise */
     KV_CMP_FINITE = 5,    /* one run's logits and probes hold no NaN or Inf (a = b) */
+    KV_CMP_COMPILED = 6,  /* another engine's compiled mode vs its eager mode: tolerance +
+                           * tie-aware tokens (compiled code may reorder float math) */
+    KV_CMP_GRAPH_BUDGET = 7, /* one run (a = b): decode graphs captured within its budget */
 } KvCompareKind;
-#define KV_CMP_LAST KV_CMP_FINITE
+#define KV_CMP_LAST KV_CMP_GRAPH_BUDGET
 
 typedef struct {
     KvCompareKind kind;
@@ -112,8 +129,12 @@ typedef struct {
  * to n). */
 void kv_run_variant_label(const KvRun *r, char *out, size_t n);
 
+/* A run with nothing in it: every field zero except the ones whose "none"
+ * is -1 (replay_mismatch_step, recompiles, graph_budget). NULL is allowed. */
+void kv_run_init(KvRun *r);
+
 /* Frees every array a run owns and zeroes the struct (so it can be freed
- * again or refilled). NULL is allowed. */
+ * again or refilled; refill it through kv_run_init). NULL is allowed. */
 void kv_run_free(KvRun *r);
 /* Frees every run (kv_run_free), the tolerances and the comparisons, and
  * zeroes the struct. NULL and an all-zero report are allowed. */

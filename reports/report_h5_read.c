@@ -1063,6 +1063,8 @@ static KvStatus h5r_run(hid_t runs, int64_t i, int64_t n_runs, KvRun *r, ReportC
         st = h5_fail(c, KV_ERR_INPUT, "%s: expected a group, found one HDF5 cannot open", objpath);
         goto cleanup;
     }
+    /* an attribute written only when set reads, when absent, as unset */
+    h5_attr_fields_unset(&H5_RUN_ATTRS, r);
     st = h5r_attr_fields(g, objpath, &H5_RUN_ATTRS, r, c);
     if (st != KV_OK) goto cleanup;
     RunCounts n;

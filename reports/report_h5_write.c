@@ -108,6 +108,7 @@ static KvStatus report_validate(const KvReport *rep, ReportCtx *c) {
         CHECK_FIELD(r, backend, "runs", i);
         CHECK_FIELD(r, mode, "runs", i);
         CHECK_FIELD(r, skip_reason, "runs", i);
+        CHECK_FIELD(r, engine, "runs", i);
         RunCounts n;
         if (!h5_run_counts(r, &n)) {
             return h5_report_fail(c, KV_ERR_INPUT,
@@ -151,9 +152,9 @@ static KvStatus report_validate(const KvReport *rep, ReportCtx *c) {
             cmp->run_b >= rep->n_runs) {
             return h5_report_fail(
                 c, KV_ERR_INPUT,
-                "comparisons[%" PRId64 "]: expected kind 0..4, verdict 0..2 and "
+                "comparisons[%" PRId64 "]: expected kind 0..%d, verdict 0..2 and "
                 "runs 0..%" PRId64 ", found kind %d, verdict %d, runs %" PRId64 " and %" PRId64,
-                k, rep->n_runs - 1, (int)cmp->kind, (int)cmp->verdict, cmp->run_a, cmp->run_b);
+                k, (int)KV_CMP_LAST, rep->n_runs - 1, (int)cmp->kind, (int)cmp->verdict, cmp->run_a, cmp->run_b);
         }
     }
     return KV_OK;
@@ -233,6 +234,7 @@ static KvStatus h5w_attr_fields(hid_t obj, const char *objpath, const AttrTable 
     for (size_t i = 0; i < t->n && st == KV_OK; i++) {
         const AttrField *f = &t->fields[i];
         const char *p = (const char *)base + f->offset;
+        if (!h5_attr_is_set(f, base)) continue;
         switch (f->kind) {
         case FIELD_STR: st = h5w_attr_string(obj, objpath, f->name, p, f->width, c); break;
         case FIELD_I32: st = h5w_attr_i32(obj, objpath, f->name, *(const int32_t *)p, c); break;

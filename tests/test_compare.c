@@ -287,6 +287,68 @@ START_TEST(test_replay_and_skip) {
 }
 END_TEST
 
+/* Another engine's run: no probe is ever named from hashes (they hash
+ * other arithmetic), even where the layouts happen to match; the first
+ * divergence is the first over-tolerance row. */
+START_TEST(test_outputs_name_no_probe) {
+    KvRun ref = make_run(), cand = copy_run(&ref);
+    cand.probe_hash[0] ^= 1; /* step 0, embed, row 0: would be "the" divergence by hashes */
+    KvComparison c;
+    kv_compare_outputs(&ref, &cand, &(KvTolerances){1e-4, 1e-3}, KV_CMP_REFERENCE, 0, 1, &c);
+    ck_assert_int_eq(c.verdict, KV_VERDICT_PASS);
+    ck_assert_int_eq(c.first_probe, -1);
+    cand.logits[(2 * B + 1) * V + 5] += 0.5f; /* step 2, row 1 */
+    kv_compare_outputs(&ref, &cand, &(KvTolerances){1e-4, 1e-3}, KV_CMP_COMPILED, 0, 1, &c);
+    ck_assert_int_eq(c.kind, KV_CMP_COMPILED);
+    ck_assert_int_eq(c.verdict, KV_VERDICT_FAIL);
+    ck_assert_int_eq(c.first_step, 2);
+    ck_assert_int_eq(c.first_row, 1);
+    ck_assert_int_eq(c.first_probe, -1);
+    ck_assert_msg(strstr(c.message, "compiled vs eager") != NULL, "%s", c.message);
+    /* max |logit| of that row is 4: 0.5 / 4 */
+    ck_assert(fabs(c.max_rel_err - 0.125) < 1e-12);
+    kv_run_free(&ref);
+    kv_run_free(&cand);
+}
+END_TEST
+
+START_TEST(test_graph_budget) {
+    KvRun r = make_run();
+    r.graph_budget = 1;
+    r.recompiles = 11;
+    r.graphs_captured = 12;
+    KvComparison c;
+    kv_compare_graph_budget(&r, 3, &c);
+    ck_assert_int_eq(c.kind, KV_CMP_GRAPH_BUDGET);
+    ck_assert_int_eq(c.run_a, 3);
+    ck_assert_int_eq(c.run_b, 3);
+    ck_assert_int_eq(c.verdict, KV_VERDICT_FAIL);
+    ck_assert_str_eq(c.message, "12 decode graphs (11 recompiles), budget 1: the decode recompiles");
+    r.graphs_captured = 1;
+    r.recompiles = -1;
+    kv_compare_graph_budget(&r, 3, &c);
+    ck_assert_int_eq(c.verdict, KV_VERDICT_PASS);
+    ck_assert_str_eq(c.message, "1 decode graph, within the budget of 1");
+    kv_run_free(&r);
+}
+END_TEST
+
+/* Repeats of one configuration with different probe layouts fail rather
+ * than compare hashes of different probes. */
+START_TEST(test_repeat_layouts_differ) {
+    KvRun a = make_run(), b = copy_run(&a);
+    snprintf(b.probe_names[1], KV_NAME_LEN, "layer0.attn");
+    KvComparison c;
+    kv_compare_repeat(&a, &b, 0, 1, &c);
+    ck_assert_int_eq(c.verdict, KV_VERDICT_FAIL);
+    ck_assert_msg(strstr(c.message, "probe 1: 'layer0.cache' vs 'layer0.attn'") != NULL, "%s",
+                  c.message);
+    ck_assert(!kv_probe_layouts_equal(&a, &b));
+    kv_run_free(&a);
+    kv_run_free(&b);
+}
+END_TEST
+
 int main(void) {
     Suite *s = suite_create("compare");
     TCase *tc = tcase_create("comparator");
@@ -299,6 +361,9 @@ int main(void) {
     tcase_add_test(tc, test_real_flip_fails);
     tcase_add_test(tc, test_tolerance_breach_fails_and_metrics);
     tcase_add_test(tc, test_replay_and_skip);
+    tcase_add_test(tc, test_outputs_name_no_probe);
+    tcase_add_test(tc, test_graph_budget);
+    tcase_add_test(tc, test_repeat_layouts_differ);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

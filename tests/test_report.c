@@ -196,6 +196,12 @@ static void build_report(KvReport *rep) {
     rep->runs = test_alloc(3 * sizeof *rep->runs);
     fill_run(&rep->runs[0], "reference", "eager", 0, 0);
     fill_run(&rep->runs[1], "index_copy", "graph", 1, 1);
+    /* the optional attributes of another engine's run: unset in run 0 (and
+     * the skipped run 2), set in run 1 */
+    rep->runs[0].recompiles = rep->runs[0].graph_budget = -1;
+    snprintf(rep->runs[1].engine, sizeof rep->runs[1].engine, "transformers 5.23.0, fp32");
+    rep->runs[1].recompiles = 3;
+    rep->runs[1].graph_budget = 1;
     rep->runs[1].graphs_captured = 2;
     rep->runs[1].replays_checked = 3;
     rep->runs[1].replay_mismatch_step = 2;
@@ -213,6 +219,7 @@ static void build_report(KvReport *rep) {
     sk->vocab = T_VOCAB;
     sk->prompt_len = T_PLEN;
     sk->replay_mismatch_step = -1;
+    sk->recompiles = sk->graph_budget = -1;
 
     rep->n_comparisons = 2;
     rep->comparisons = test_alloc(2 * sizeof *rep->comparisons);
@@ -281,6 +288,9 @@ static void assert_same_run(const KvRun *a, const KvRun *b, int64_t i) {
     ck_assert_int_eq(a->graphs_captured, b->graphs_captured);
     ck_assert_int_eq(a->replays_checked, b->replays_checked);
     ck_assert_int_eq(a->replay_mismatch_step, b->replay_mismatch_step);
+    ck_assert_str_eq(a->engine, b->engine);
+    ck_assert_int_eq(a->recompiles, b->recompiles);
+    ck_assert_int_eq(a->graph_budget, b->graph_budget);
     ck_assert_msg(memcmp(&a->seconds, &b->seconds, sizeof a->seconds) == 0, "%s.seconds", what);
     if (a->skipped) {
         /* skipped runs are stored as attributes only */
@@ -367,6 +377,39 @@ START_TEST(test_roundtrip_exact) {
     assert_same_report(&rep, &back);
     kv_report_free(&back);
     kv_report_free(&rep);
+}
+END_TEST
+
+/* engine, recompiles and graph_budget are written only when set, so the
+ * gate's own runs keep their bytes; absent, they read as unset. */
+START_TEST(test_optional_attrs_only_when_set) {
+    char path[PATH_MAX];
+    write_synthetic("opt.h5", path, sizeof path);
+    hid_t f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
+    ck_assert_int_ge(f, 0);
+    static const char *const names[] = {"engine", "recompiles", "graph_budget"};
+    for (int run = 0; run < 3; run++) {
+        char g_name[32];
+        snprintf(g_name, sizeof g_name, "runs/%04d", run);
+        hid_t g = H5Gopen2(f, g_name, H5P_DEFAULT);
+        ck_assert_int_ge(g, 0);
+        for (int k = 0; k < 3; k++) {
+            ck_assert_msg(H5Aexists(g, names[k]) == (run == 1), "%s: attribute %s", g_name,
+                          names[k]);
+        }
+        H5Gclose(g);
+    }
+    H5Fclose(f);
+    KvReport back;
+    KvError err = {{0}};
+    ck_assert_msg(kv_report_read_h5(path, &back, &err) == KV_OK, "read: %s", err.msg);
+    ck_assert_int_eq(back.runs[0].recompiles, -1);
+    ck_assert_int_eq(back.runs[0].graph_budget, -1);
+    ck_assert_str_eq(back.runs[0].engine, "");
+    ck_assert_int_eq(back.runs[1].recompiles, 3);
+    ck_assert_int_eq(back.runs[1].graph_budget, 1);
+    ck_assert_str_eq(back.runs[1].engine, "transformers 5.23.0, fp32");
+    kv_report_free(&back);
 }
 END_TEST
 
@@ -1788,6 +1831,7 @@ static Suite *report_suite(void) {
     tcase_add_checked_fixture(rt, setup, teardown);
     tcase_add_test(rt, test_roundtrip_exact);
     tcase_add_test(rt, test_roundtrip_empty_shapes);
+    tcase_add_test(rt, test_optional_attrs_only_when_set);
     tcase_add_test(rt, test_read_variable_length_attribute);
     suite_add_tcase(s, rt);
 

@@ -1,0 +1,53 @@
+/* gate_external.h: `kvrepro gate --model DIR --external RUN.h5 ...`: the gate
+ * for runs another engine recorded in the report schema (DESIGN §8b,
+ * docs/SCHEMA.md), e.g. transformers' generate in eager, compile and
+ * reduce-overhead modes. It runs no cache variants and no scenarios: the CPU
+ * reference decodes each distinct prompt batch the files hold, and every
+ * external run is judged against it and against its own eager mode and
+ * repeat 0, with the same table, exit codes, JUnit and HDF5 report as the
+ * matrix gate (cmd_gate.c). */
+#ifndef KV_GATE_EXTERNAL_H
+#define KV_GATE_EXTERNAL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "compare.h"
+
+typedef struct {
+    const char *model_dir;            /* --model DIR: the checkpoint the runs decoded */
+    const char *const *paths;         /* (n_paths) --external files, in the order given */
+    int n_paths;
+    const char *report_path;          /* --report, or NULL */
+    const char *junit_path;           /* --junit, or NULL */
+    KvTolerances tol;                 /* the defaults with every --tol applied */
+    uint64_t weight_seed, prompt_seed; /* stored in the report as given */
+    int64_t full_logits_max_vocab;    /* above it the reference runs keep top-k (after all
+                                       * comparisons), as in the matrix gate */
+    bool quiet, verbose, timings;
+} KvExternalOptions;
+
+/* Runs the external gate and returns the exit code: 0 when no comparison
+ * failed, 1 when one did, 2 for bad input (a file that cannot be read as a
+ * report, a run label given twice, a run whose vocab is not the model's,
+ * a prompt the model cannot take, two prompt batches under one scenario
+ * name: the message names the file, the run and the field, and nothing is
+ * written), 3 for an internal error.
+ *
+ * Comparisons, for each external run X that was not skipped, in this order:
+ *   - reference (0): X vs the CPU reference of its (scenario, steps,
+ *     prompt, prompt_real) group, by outputs alone (kv_compare_outputs);
+ *   - finite (5);
+ *   - repeat (1): repeat k > 0 vs repeat 0 of the same (model, scenario,
+ *     variant, backend, mode), bitwise with the first differing probe
+ *     (their probe layouts must be identical);
+ *   - compiled_vs_eager (6): mode other than eager, repeat 0, vs its eager
+ *     twin (same model, scenario, variant, backend), when there is one;
+ *   - graph_budget (7): when X records a budget.
+ * A twin that was skipped counts as absent. A skipped X has no comparison
+ * and shows as SKIP with its reason. The report holds the reference runs
+ * first (with their finite checks), then the external runs in file order
+ * with all they recorded. */
+int kv_gate_external(const KvExternalOptions *o);
+
+#endif

@@ -1,0 +1,36 @@
+/* gate_output.h: what every gate does with its report, whether it ran the
+ * matrix (cmd_gate.c) or judged another engine's runs (gate_external.c):
+ * the root attributes, the failure lines, the output files. Part of the
+ * kvrepro command layer (it stamps the tool's version and commit). */
+#ifndef KV_GATE_OUTPUT_H
+#define KV_GATE_OUTPUT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "report.h"
+#include "status.h"
+
+/* Fills the report's root attributes but the device and the model hash
+ * (DESIGN §8): tool version and commit, host, math mode, the seeds as
+ * given, and the shard "I/N". */
+void kv_gate_fill_root(KvReport *rep, uint64_t weight_seed, uint64_t prompt_seed, int shard_i,
+                       int shard_n);
+
+/* Before anything runs: an output path (either may be NULL) that cannot be
+ * written fails now (KV_ERR_INPUT), not after an hour of decoding. */
+KvStatus kv_gate_check_outputs(const char *report_path, const char *junit_path, KvError *err);
+
+/* Prints the failing comparisons (every comparison with verbose), one line
+ * each: "FAIL MODEL SCENARIO: A vs B KIND: MESSAGE" (a per-run check names
+ * its one run). mutation: runs with a planted fault are meant to fail, so
+ * only the clean runs' failures (false alarms) are listed unless verbose.
+ * Returns whether any comparison failed. */
+bool kv_gate_print_failures(const KvReport *rep, bool mutation, bool verbose);
+
+/* Writes the HDF5 report and the JUnit XML where their paths are not NULL,
+ * saying where unless quiet. */
+KvStatus kv_gate_write_outputs(const KvReport *rep, const char *report_path,
+                               const char *junit_path, bool quiet, KvError *err);
+
+#endif

@@ -1,0 +1,644 @@
+/* test_external.c: `kvrepro gate --model DIR --external RUN.h5` end to end.
+ *
+ * The external runs are built here, in C, the way the Python side writes
+ * them (docs/SCHEMA.md): from the CPU reference's own decode of a left-padded
+ * batch on the committed tiny checkpoint fixtures/hf/mistral, relabelled as
+ * runs of another engine (backend torch-cpu, modes eager/compile/
+ * reduce-overhead, an opaque variant name, engine-specific probe names and
+ * hashes, the engine, recompiles and graph_budget attributes), then edited
+ * one way per test. The kvrepro binary is run on them and its exit code,
+ * output and report are checked:
+ *   - an unedited copy passes every comparison (reference, finite, repeat,
+ *     compiled_vs_eager, graph_budget), and the new attributes round-trip;
+ *   - runs from two files in two prompt groups: one reference each, first;
+ *   - a logit moved beyond max_rel_err fails `reference` at its step/row;
+ *   - one probe hash changed in repeat 1 fails `repeat` at that step, row
+ *     and probe, which diff and bisect also name; bisect --rerun refuses;
+ *   - a token flipped at a clear margin in compile mode fails
+ *     `compiled_vs_eager`;
+ *   - 9 graphs against a budget of 1 fails `graph_budget` with the numbers;
+ *   - a skipped run is a SKIP row with its reason;
+ *   - top-k runs are compared at their kept ids, and say so;
+ *   - a flip at a near-tie leaves the rest of its row uncompared, not failed;
+ *   - bad input (vocab, no --model, --variants, a missing, corrupt or
+ *     repeated run) exits 2 naming the file, and writes nothing. */
+#include <check.h>
+#include <hdf5.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "decode.h"
+#include "model.h"
+#include "prng.h"
+#include "report.h"
+#include "report_h5.h"
+#include "tool_run.h"
+
+#define EXT_MODEL_DIR KV_SOURCE_DIR "/fixtures/hf/mistral"
+#define EXT_STEPS 12           /* past the window (8) of the fixture */
+#define EXT_LAYERS_PROBES 3    /* per layer: attn, cache, out */
+
+/* The reference decode every external run is built from, and a scratch
+ * directory for the files of one test. */
+typedef struct {
+    KvModel model;
+    KvDecodeResult res;
+    int32_t *prompt; /* (B, P) */
+    uint8_t *real;   /* (B, P) */
+    int64_t batch, prompt_len;
+    char dir[256];
+} ExtFixture;
+
+static ExtFixture fx;
+
+static void ext_fixture_setup(void) {
+    memset(&fx, 0, sizeof fx);
+    KvError err = {{0}};
+    ck_assert_msg(kv_model_load_dir(EXT_MODEL_DIR, &fx.model, &err) == KV_OK, "%s", err.msg);
+    static const int32_t row0[] = {5, 17, 42, 7, 99, 3, 8, 1, 2, 3};
+    static const int32_t row1[] = {11, 12, 13, 14};
+    const int32_t *rows[] = {row0, row1};
+    const int64_t lens[] = {10, 4};
+    fx.batch = 2;
+    ck_assert(kv_batch_left_pad(rows, lens, 2, 0, &fx.prompt, &fx.real, &fx.prompt_len, &err) ==
+              KV_OK);
+    const KvDecodeSpec spec = {.batch = fx.batch, .prompt_len = fx.prompt_len, .prompt = fx.prompt,
+                               .prompt_real = fx.real, .new_tokens = EXT_STEPS};
+    ck_assert_msg(kv_decode_greedy(&fx.model, &spec, &fx.res, &err) == KV_OK, "%s", err.msg);
+    snprintf(fx.dir, sizeof fx.dir, "/tmp/kv_external_XXXXXX");
+    ck_assert_ptr_nonnull(mkdtemp(fx.dir));
+}
+
+static void ext_fixture_teardown(void) {
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", fx.dir);
+    if (system(cmd) != 0) fprintf(stderr, "test_external: could not remove %s\n", fx.dir);
+    kv_decode_result_free(&fx.res);
+    kv_model_free(&fx.model);
+    free(fx.prompt);
+    free(fx.real);
+}
+
+static void *dup_bytes(const void *src, size_t n) {
+    void *p = malloc(n > 0 ? n : 1);
+    ck_assert_ptr_nonnull(p);
+    if (n > 0) memcpy(p, src, n);
+    return p;
+}
+
+/* A run of "another engine": the reference decode's tokens, logits and
+ * margins under the engine's own identity and probe layout. */
+static KvRun ext_run(const char *scenario, const char *mode, int repeat) {
+    KvRun r;
+    kv_run_init(&r);
+    const KvDecodeResult *d = &fx.res;
+    const int64_t S = d->steps, B = d->batch, V = d->vocab, P = fx.prompt_len;
+    snprintf(r.model, sizeof r.model, "mistral");
+    snprintf(r.scenario, sizeof r.scenario, "%s", scenario);
+    snprintf(r.variant, sizeof r.variant, "hf:static_sliding:sdpa:fp32");
+    snprintf(r.backend, sizeof r.backend, "torch-cpu");
+    snprintf(r.mode, sizeof r.mode, "%s", mode);
+    snprintf(r.engine, sizeof r.engine, "transformers 5.23.0, torch 2.15.0, attn sdpa, fp32");
+    r.repeat = repeat;
+    r.steps = S;
+    r.batch = B;
+    r.vocab = V;
+    r.prompt_len = P;
+    r.prompt = dup_bytes(fx.prompt, (size_t)(B * P) * sizeof *r.prompt);
+    r.prompt_real = dup_bytes(fx.real, (size_t)(B * P));
+    r.tokens = dup_bytes(d->tokens, (size_t)(S * B) * sizeof *r.tokens);
+    r.logits = dup_bytes(d->logits, (size_t)(S * B * V) * sizeof *r.logits);
+    r.margins = dup_bytes(d->margins, (size_t)(S * B) * sizeof *r.margins);
+    r.logits_hash = malloc((size_t)(S * B) * sizeof *r.logits_hash);
+    ck_assert_ptr_nonnull(r.logits_hash);
+    for (int64_t i = 0; i < S * B; i++) {
+        r.logits_hash[i] = kv_fnv1a(KV_FNV_OFFSET, r.logits + i * V, (size_t)V * sizeof(float));
+    }
+    /* engine-specific probes: embed, per layer attn/cache/out, logits */
+    const int64_t L = fx.model.config.num_layers;
+    r.n_probes = 2 + EXT_LAYERS_PROBES * L;
+    r.probe_names = calloc((size_t)r.n_probes, sizeof *r.probe_names);
+    ck_assert_ptr_nonnull(r.probe_names);
+    static const char *const items[] = {"attn", "cache", "out"};
+    snprintf(r.probe_names[0], KV_NAME_LEN, "embed");
+    for (int64_t l = 0; l < L; l++) {
+        for (int k = 0; k < EXT_LAYERS_PROBES; k++) {
+            snprintf(r.probe_names[1 + l * EXT_LAYERS_PROBES + k], KV_NAME_LEN, "layer%lld.%s",
+                     (long long)l, items[k]);
+        }
+    }
+    snprintf(r.probe_names[r.n_probes - 1], KV_NAME_LEN, "logits");
+    r.probe_hash = malloc((size_t)(S * r.n_probes * B) * sizeof *r.probe_hash);
+    ck_assert_ptr_nonnull(r.probe_hash);
+    for (int64_t i = 0; i < S * r.n_probes * B; i++) {
+        r.probe_hash[i] = kv_fnv1a(KV_FNV_OFFSET, &i, sizeof i);
+    }
+    const bool compiled = strcmp(mode, "eager") != 0;
+    r.graphs_captured = compiled ? 1 : 0;
+    r.recompiles = compiled ? 0 : -1;
+    r.graph_budget = compiled ? 1 : -1;
+    r.replay_mismatch_step = -1;
+    return r;
+}
+
+/* A skipped run: attributes only. */
+static KvRun ext_skipped(const char *scenario, const char *mode, const char *why) {
+    KvRun r;
+    kv_run_init(&r);
+    snprintf(r.model, sizeof r.model, "mistral");
+    snprintf(r.scenario, sizeof r.scenario, "%s", scenario);
+    snprintf(r.variant, sizeof r.variant, "hf:static_sliding:sdpa:fp32");
+    snprintf(r.backend, sizeof r.backend, "torch-cpu");
+    snprintf(r.mode, sizeof r.mode, "%s", mode);
+    r.skipped = true;
+    snprintf(r.skip_reason, sizeof r.skip_reason, "%s", why);
+    r.vocab = fx.res.vocab;
+    return r;
+}
+
+/* Writes runs (taken: freed here) as a full schema-1 report at dir/name,
+ * as the Python side writes one; returns its path (static per slot). */
+static const char *ext_write(const char *name, KvRun *runs, int n) {
+    static char paths[4][512];
+    static int slot = 0;
+    char *path = paths[slot++ % 4];
+    snprintf(path, 512, "%s/%s", fx.dir, name);
+    KvReport rep;
+    memset(&rep, 0, sizeof rep);
+    snprintf(rep.tool_version, sizeof rep.tool_version, "kvrepro-hf 0.1.0");
+    snprintf(rep.git_commit, sizeof rep.git_commit, "none");
+    snprintf(rep.host, sizeof rep.host, "test");
+    snprintf(rep.device, sizeof rep.device, "cpu");
+    snprintf(rep.math_mode, sizeof rep.math_mode, "fp32");
+    snprintf(rep.shard, sizeof rep.shard, "1/1");
+    rep.runs = calloc((size_t)n, sizeof *rep.runs);
+    ck_assert_ptr_nonnull(rep.runs);
+    memcpy(rep.runs, runs, (size_t)n * sizeof *runs);
+    rep.n_runs = n;
+    KvError err = {{0}};
+    ck_assert_msg(kv_report_write_h5(&rep, path, &err) == KV_OK, "%s", err.msg);
+    kv_report_free(&rep);
+    return path;
+}
+
+/* Output of the last kvrepro run (stdout and stderr together). */
+static char out[1 << 17];
+
+/* Runs the kvrepro binary with the NULL-terminated arguments; returns its
+ * exit code, its output in `out`. */
+static int kvrepro(const char *arg0, ...) {
+    const char *argv[64];
+    int n = 0;
+    argv[n++] = KVREPRO;
+    va_list ap;
+    va_start(ap, arg0);
+    for (const char *a = arg0; a != NULL && n < 63; a = va_arg(ap, const char *)) argv[n++] = a;
+    va_end(ap);
+    argv[n] = NULL;
+    char log[600];
+    snprintf(log, sizeof log, "%s/kvrepro.log", fx.dir);
+    const int rc = kv_tool_run(argv, log, out, sizeof out);
+    ck_assert_msg(rc >= 0, "kvrepro did not exit normally:\n%s", out);
+    return rc;
+}
+
+#define EXPECT_OUT(needle)                                                                         \
+    ck_assert_msg(strstr(out, (needle)) != NULL, "expected '%s' in the output:\n%s", (needle), out)
+
+/* dir/name (in one of 4 static slots, reused in turn). */
+static const char *ext_path(const char *name) {
+    static char paths[4][512];
+    static int slot = 0;
+    char *p = paths[slot++ % 4];
+    snprintf(p, 512, "%s/%s", fx.dir, name);
+    return p;
+}
+
+static bool file_exists(const char *path) {
+    struct stat sb;
+    return stat(path, &sb) == 0;
+}
+
+/* The gate's report, read back. */
+static KvReport read_report(const char *path) {
+    KvReport rep;
+    KvError err = {{0}};
+    ck_assert_msg(kv_report_read_h5(path, &rep, &err) == KV_OK, "%s", err.msg);
+    return rep;
+}
+
+/* The comparison of kind k whose candidate is run b, or NULL. */
+static const KvComparison *find_cmp(const KvReport *rep, KvCompareKind k, int64_t b) {
+    for (int64_t c = 0; c < rep->n_comparisons; c++) {
+        if (rep->comparisons[c].kind == k && rep->comparisons[c].run_b == b) {
+            return &rep->comparisons[c];
+        }
+    }
+    return NULL;
+}
+
+/* The step of the first row-0 position whose reference margin is clearly
+ * above the tie margin (a flip there is a real failure), from step 1 on. */
+static int64_t clear_margin_step(void) {
+    for (int64_t s = 1; s < fx.res.steps; s++) {
+        if (fx.res.margins[s * fx.res.batch] > 0.05f) return s;
+    }
+    ck_abort_msg("no step with a clear margin in row 0");
+    return -1;
+}
+
+/* ---- passes --------------------------------------------------------------- */
+
+START_TEST(test_copy_passes) {
+    KvRun runs[4] = {ext_run("short", "eager", 0), ext_run("short", "eager", 1),
+                     ext_run("short", "compile", 0),
+                     ext_skipped("short", "reduce-overhead", "reduce-overhead needs a CUDA device")};
+    const char *ext = ext_write("ext.h5", runs, 4);
+    const char *rep_path = ext_path("r.h5");
+    char junit[600];
+    snprintf(junit, sizeof junit, "%s/r.xml", fx.dir);
+    ck_assert_int_eq(kvrepro("gate", "--model", EXT_MODEL_DIR, "--external", ext, "--report",
+                             rep_path, "--junit", junit, NULL), 0);
+    EXPECT_OUT("4 passed, 0 failed, 1 skipped");
+    EXPECT_OUT("reduce-overhead needs a CUDA device");
+    KvReport rep = read_report(rep_path);
+    ck_assert_int_eq(rep.n_runs, 5);
+    /* the reference first, named by the model directory and the scenario */
+    ck_assert_str_eq(rep.runs[0].variant, "reference");
+    ck_assert_str_eq(rep.runs[0].model, "mistral");
+    ck_assert_str_eq(rep.runs[0].scenario, "short");
+    ck_assert_str_eq(rep.runs[0].backend, "cpu");
+    ck_assert_str_eq(rep.device, "cpu only");
+    ck_assert_uint_eq(rep.model_hash, kv_model_hash(&fx.model));
+    ck_assert_int_eq(rep.runs[0].recompiles, -1);
+    ck_assert_int_eq(rep.runs[0].graph_budget, -1);
+    ck_assert_str_eq(rep.runs[0].engine, "");
+    /* then the external runs in file order, with all they recorded */
+    ck_assert_str_eq(rep.runs[3].mode, "compile");
+    ck_assert_str_eq(rep.runs[3].engine, "transformers 5.23.0, torch 2.15.0, attn sdpa, fp32");
+    ck_assert_int_eq(rep.runs[3].recompiles, 0);
+    ck_assert_int_eq(rep.runs[3].graph_budget, 1);
+    ck_assert_int_eq(rep.runs[1].recompiles, -1);
+    ck_assert(rep.runs[4].skipped);
+    const KvCompareKind kinds[] = {KV_CMP_REFERENCE, KV_CMP_FINITE};
+    for (int64_t x = 1; x <= 3; x++) {
+        for (size_t k = 0; k < 2; k++) {
+            const KvComparison *c = find_cmp(&rep, kinds[k], x);
+            ck_assert_ptr_nonnull(c);
+            ck_assert_msg(c->verdict == KV_VERDICT_PASS, "run %lld kind %d: %s", (long long)x,
+                          (int)kinds[k], c->message);
+        }
+    }
+    const KvComparison *ref = find_cmp(&rep, KV_CMP_REFERENCE, 1);
+    ck_assert_int_eq(ref->run_a, 0);
+    ck_assert_int_eq(ref->first_probe, -1);
+    ck_assert(ref->max_rel_err == 0.0);
+    const KvComparison *c = find_cmp(&rep, KV_CMP_REPEAT, 2);
+    ck_assert(c != NULL && c->verdict == KV_VERDICT_PASS && c->run_a == 1);
+    c = find_cmp(&rep, KV_CMP_COMPILED, 3);
+    ck_assert(c != NULL && c->verdict == KV_VERDICT_PASS && c->run_a == 1);
+    c = find_cmp(&rep, KV_CMP_GRAPH_BUDGET, 3);
+    ck_assert(c != NULL && c->verdict == KV_VERDICT_PASS);
+    ck_assert_msg(strstr(c->message, "1 decode graph (0 recompiles)") != NULL, "%s", c->message);
+    /* a repeat, an eager run and a skipped run have none of these */
+    ck_assert_ptr_null(find_cmp(&rep, KV_CMP_COMPILED, 1));
+    ck_assert_ptr_null(find_cmp(&rep, KV_CMP_GRAPH_BUDGET, 1));
+    for (int64_t k = 0; k < rep.n_comparisons; k++) ck_assert_int_ne(rep.comparisons[k].run_b, 4);
+    kv_report_free(&rep);
+
+    /* set attributes are written, unset ones are not */
+    hid_t f = H5Fopen(rep_path, H5F_ACC_RDONLY, H5P_DEFAULT);
+    ck_assert_int_ge(f, 0);
+    hid_t g0 = H5Gopen2(f, "runs/0000", H5P_DEFAULT), g3 = H5Gopen2(f, "runs/0003", H5P_DEFAULT);
+    ck_assert_int_eq(H5Aexists(g0, "engine"), 0);
+    ck_assert_int_eq(H5Aexists(g0, "recompiles"), 0);
+    ck_assert_int_eq(H5Aexists(g0, "graph_budget"), 0);
+    ck_assert_int_gt(H5Aexists(g3, "engine"), 0);
+    ck_assert_int_gt(H5Aexists(g3, "recompiles"), 0);
+    ck_assert_int_gt(H5Aexists(g3, "graph_budget"), 0);
+    H5Gclose(g0);
+    H5Gclose(g3);
+    H5Fclose(f);
+
+    FILE *jf = fopen(junit, "r");
+    ck_assert_ptr_nonnull(jf);
+    static char xml[1 << 16];
+    xml[fread(xml, 1, sizeof xml - 1, jf)] = '\0';
+    fclose(jf);
+    ck_assert(strstr(xml, "compiled_vs_eager: ") != NULL);
+    ck_assert(strstr(xml, "graph_budget: ") != NULL);
+
+    /* show works on the gate's report and on the external file itself */
+    ck_assert_int_eq(kvrepro("show", rep_path, NULL), 0);
+    EXPECT_OUT("hf:static_sliding:sdpa:fp32");
+    ck_assert_int_eq(kvrepro("show", ext, NULL), 0);
+    EXPECT_OUT("torch-cpu");
+    /* diff of an external run against the reference: outputs only */
+    ck_assert_int_eq(kvrepro("diff", rep_path, "--run", "0", "--run", "1", NULL), 0);
+    EXPECT_OUT("probe layouts differ");
+    EXPECT_OUT("reference agreement: agrees");
+    /* --quiet: the count line only */
+    ck_assert_int_eq(kvrepro("gate", "--model", EXT_MODEL_DIR, "--external", ext, "--quiet", NULL),
+                     0);
+    ck_assert_str_eq(out, "4 passed, 0 failed, 1 skipped\n");
+}
+END_TEST
+
+/* Two files, two prompt groups (the same batch decoded for 12 and for 8
+ * steps: every array is step-major, so the first 8 steps are a prefix):
+ * one reference decode per group, the references first, then the external
+ * runs in file order. */
+START_TEST(test_two_files_two_groups) {
+    KvRun a[1] = {ext_run("short", "eager", 0)};
+    KvRun b[2] = {ext_run("short8", "eager", 0), ext_run("short", "compile", 0)};
+    b[0].steps = 8;
+    const char *fa = ext_write("a.h5", a, 1);
+    const char *fb = ext_write("b.h5", b, 2);
+    const char *rep_path = ext_path("r.h5");
+    ck_assert_int_eq(kvrepro("gate", "--model", EXT_MODEL_DIR, "--external", fa, "--external",
+                             fb, "--report", rep_path, NULL), 0);
+    EXPECT_OUT("reference: 2 CPU decodes");
+    EXPECT_OUT("5 passed, 0 failed, 0 skipped");
+    KvReport rep = read_report(rep_path);
+    ck_assert_int_eq(rep.n_runs, 5);
+    ck_assert_str_eq(rep.runs[0].variant, "reference");
+    ck_assert_str_eq(rep.runs[0].scenario, "short");
+    ck_assert_int_eq(rep.runs[0].steps, EXT_STEPS);
+    ck_assert_str_eq(rep.runs[1].variant, "reference");
+    ck_assert_str_eq(rep.runs[1].scenario, "short8");
+    ck_assert_int_eq(rep.runs[1].steps, 8);
+    ck_assert_str_eq(rep.runs[2].scenario, "short");
+    ck_assert_str_eq(rep.runs[3].scenario, "short8");
+    ck_assert_str_eq(rep.runs[4].mode, "compile");
+    ck_assert_int_eq(find_cmp(&rep, KV_CMP_REFERENCE, 3)->run_a, 1);
+    ck_assert_int_eq(find_cmp(&rep, KV_CMP_REFERENCE, 4)->run_a, 0);
+    /* the compile run's eager twin is in the other file */
+    ck_assert_int_eq(find_cmp(&rep, KV_CMP_COMPILED, 4)->run_a, 2);
+    kv_report_free(&rep);
+}
+END_TEST
+
+/* A run that kept only its top-k logits is compared at the kept ids. */
+START_TEST(test_topk_compared_at_kept_ids) {
+    KvRun runs[2] = {ext_run("short", "eager", 0), ext_run("short", "compile", 0)};
+    const int K = 4;
+    for (int k = 0; k < 2; k++) {
+        KvRun *r = &runs[k];
+        const int64_t rows = r->steps * r->batch;
+        r->topk = K;
+        r->topk_ids = malloc((size_t)(rows * K) * sizeof *r->topk_ids);
+        r->topk_values = malloc((size_t)(rows * K) * sizeof *r->topk_values);
+        for (int64_t i = 0; i < rows; i++) {
+            /* any K ids will do for the comparison: the token and three others */
+            for (int j = 0; j < K; j++) {
+                const int32_t id = j == 0 ? r->tokens[i] : (r->tokens[i] + 7 * j) % (int32_t)r->vocab;
+                r->topk_ids[i * K + j] = id;
+                r->topk_values[i * K + j] = r->logits[i * r->vocab + id];
+            }
+        }
+        free(r->logits);
+        r->logits = NULL;
+    }
+    /* the compile run's kept value at step 5 row 1 moves by a lot */
+    runs[1].topk_values[(5 * 2 + 1) * K + 2] += 3.0f;
+    const char *ext = ext_write("topk.h5", runs, 2);
+    const char *rep_path = ext_path("r.h5");
+    ck_assert_int_eq(kvrepro("gate", "--model", EXT_MODEL_DIR, "--external", ext, "--report",
+                             rep_path, NULL), 1);
+    KvReport rep = read_report(rep_path);
+    const KvComparison *c = find_cmp(&rep, KV_CMP_REFERENCE, 1);
+    ck_assert_msg(c->verdict == KV_VERDICT_PASS, "%s", c->message);
+    ck_assert_msg(strstr(c->message, "only the top-4 logits were compared") != NULL, "%s",
+                  c->message);
+    c = find_cmp(&rep, KV_CMP_REFERENCE, 2);
+    ck_assert_msg(c->verdict == KV_VERDICT_FAIL, "%s", c->message);
+    ck_assert_int_eq(c->first_step, 5);
+    ck_assert_int_eq(c->first_row, 1);
+    ck_assert_int_eq(c->first_probe, -1);
+    c = find_cmp(&rep, KV_CMP_COMPILED, 2);
+    ck_assert_msg(c->verdict == KV_VERDICT_FAIL && c->first_step == 5, "%s", c->message);
+    kv_report_free(&rep);
+}
+END_TEST
+
+/* A flip where the reference's margin is a near-tie is not a failure; the
+ * rest of that row is not compared (the runs fed different tokens). */
+START_TEST(test_near_tie_flip_not_failed) {
+    KvRun runs[1] = {ext_run("short", "eager", 0)};
+    const int64_t s = clear_margin_step();
+    runs[0].tokens[s * runs[0].batch] ^= 1;
+    const char *ext = ext_write("tie.h5", runs, 1);
+    const char *rep_path = ext_path("r.h5");
+    /* every margin counts as a near-tie */
+    ck_assert_int_eq(kvrepro("gate", "--model", EXT_MODEL_DIR, "--external", ext, "--tol",
+                             "tie_margin=1000", "--report", rep_path, NULL), 0);
+    KvReport rep = read_report(rep_path);
+    const KvComparison *c = find_cmp(&rep, KV_CMP_REFERENCE, 1);
+    ck_assert_msg(c->verdict == KV_VERDICT_PASS && c->near_ties == 1, "%s", c->message);
+    char want[96];
+    snprintf(want, sizeof want, "row 0 not compared after step %lld", (long long)s);
+    ck_assert_msg(strstr(c->message, want) != NULL, "%s", c->message);
+    kv_report_free(&rep);
+}
+END_TEST
+
+/* ---- failures ------------------------------------------------------------- */
+
+START_TEST(test_logit_beyond_tolerance_fails_reference) {
+    KvRun runs[1] = {ext_run("short", "eager", 0)};
+    KvRun *r = &runs[0];
+    /* step 2, row 1: the smallest logit lowered further (the token stays) */
+    const int64_t row = (2 * r->batch + 1) * r->vocab;
+    int64_t low = 0;
+    for (int64_t v = 1; v < r->vocab; v++) low = r->logits[row + v] < r->logits[row + low] ? v : low;
+    r->logits[row + low] -= 1.0f;
+    const char *ext = ext_write("ext.h5", runs, 1);
+    const char *rep_path = ext_path("r.h5");
+    ck_assert_int_eq(kvrepro("gate", "--model", EXT_MODEL_DIR, "--external", ext, "--report",
+                             rep_path, NULL), 1);
+    EXPECT_OUT("logits beyond max_rel_err at step 2 row 1");
+    EXPECT_OUT("1 passed, 1 failed, 0 skipped"); /* the reference run passes */
+}
+END_TEST
+
+START_TEST(test_repeat_probe_hash_fails_repeat) {
+    KvRun runs[2] = {ext_run("short", "eager", 0), ext_run("short", "eager", 1)};
+    const int64_t NP = runs[1].n_probes, B = runs[1].batch;
+    const int64_t step = 3, probe = 2, row = 1;
+    runs[1].probe_hash[(step * NP + probe) * B + row] ^= 0x10;
+    const char *ext = ext_write("ext.h5", runs, 2);
+    const char *rep_path = ext_path("r.h5");
+    ck_assert_int_eq(kvrepro("gate", "--model", EXT_MODEL_DIR, "--external", ext, "--report",
+                             rep_path, NULL), 1);
+    EXPECT_OUT("repeat: not bitwise identical: first divergence at step 3 row 1, probe "
+               "layer0.cache");
+    KvReport rep = read_report(rep_path);
+    const KvComparison *c = find_cmp(&rep, KV_CMP_REPEAT, 2);
+    ck_assert_int_eq(c->verdict, KV_VERDICT_FAIL);
+    ck_assert_int_eq(c->first_step, step);
+    ck_assert_int_eq(c->first_row, row);
+    ck_assert_int_eq(c->first_probe, probe);
+    /* the repeat still agrees with the reference: its outputs are the same */
+    ck_assert_int_eq(find_cmp(&rep, KV_CMP_REFERENCE, 2)->verdict, KV_VERDICT_PASS);
+    kv_report_free(&rep);
+    /* diff and bisect on the external file itself name the same point */
+    ck_assert_int_eq(kvrepro("diff", ext, "--run", "0", "--run", "1", NULL), 1);
+    EXPECT_OUT("first divergence at step 3 row 1, probe layer0.cache");
+    ck_assert_int_eq(kvrepro("bisect", ext, "--run", "0", "--run", "1", NULL), 1);
+    EXPECT_OUT("first divergence: step 3, row 1, probe layer0.cache");
+    /* and on the gate's report, without --run: its first failing comparison
+     * (the repeat; the reference comparisons pass) */
+    ck_assert_int_eq(kvrepro("bisect", rep_path, NULL), 1);
+    EXPECT_OUT("first divergence: step 3, row 1, probe layer0.cache");
+    /* a recording of another engine cannot be re-executed */
+    ck_assert_int_eq(kvrepro("bisect", ext, "--run", "0", "--run", "1", "--rerun", "--model",
+                             EXT_MODEL_DIR, NULL), 2);
+    EXPECT_OUT("recorded by another engine (backend 'torch-cpu'");
+}
+END_TEST
+
+START_TEST(test_compile_flip_fails_compiled_vs_eager) {
+    KvRun runs[2] = {ext_run("short", "eager", 0), ext_run("short", "compile", 0)};
+    const int64_t s = clear_margin_step();
+    runs[1].tokens[s * runs[1].batch] = (runs[1].tokens[s * runs[1].batch] + 1) % 256;
+    const char *ext = ext_write("ext.h5", runs, 2);
+    const char *rep_path = ext_path("r.h5");
+    ck_assert_int_eq(kvrepro("gate", "--model", EXT_MODEL_DIR, "--external", ext, "--report",
+                             rep_path, NULL), 1);
+    EXPECT_OUT("compiled_vs_eager: token flip above the tie margin");
+    KvReport rep = read_report(rep_path);
+    const KvComparison *c = find_cmp(&rep, KV_CMP_COMPILED, 2);
+    ck_assert_int_eq(c->verdict, KV_VERDICT_FAIL);
+    ck_assert_int_eq(c->run_a, 1);
+    ck_assert_int_eq(c->first_step, s);
+    ck_assert_int_eq(c->first_row, 0);
+    ck_assert_int_eq(c->first_probe, -1);
+    ck_assert_msg(strstr(c->message, "compiled vs eager") != NULL, "%s", c->message);
+    kv_report_free(&rep);
+}
+END_TEST
+
+START_TEST(test_graphs_over_budget_fail) {
+    KvRun runs[2] = {ext_run("short", "eager", 0), ext_run("short", "compile", 0)};
+    runs[1].graphs_captured = 9;
+    runs[1].recompiles = 8;
+    runs[1].graph_budget = 1;
+    const char *ext = ext_write("ext.h5", runs, 2);
+    ck_assert_int_eq(kvrepro("gate", "--model", EXT_MODEL_DIR, "--external", ext, NULL), 1);
+    EXPECT_OUT("graph_budget: 9 decode graphs (8 recompiles), budget 1: the decode recompiles");
+    EXPECT_OUT("2 passed, 1 failed, 0 skipped");
+}
+END_TEST
+
+/* ---- bad input: exit 2, a message naming the file, nothing written -------- */
+
+START_TEST(test_bad_input_exits_2) {
+    KvRun ok[1] = {ext_run("short", "eager", 0)};
+    const char *good = ext_write("good.h5", ok, 1);
+    const char *rep_path = ext_path("never.h5");
+
+    /* a vocabulary that is not the model's */
+    KvRun wide[1] = {ext_run("short", "eager", 0)};
+    KvRun *w = &wide[0];
+    const int64_t V = w->vocab + 1;
+    float *logits = calloc((size_t)(w->steps * w->batch * V), sizeof *logits);
+    free(w->logits);
+    w->logits = logits;
+    w->vocab = V;
+    const char *bad_vocab = ext_write("vocab.h5", wide, 1);
+    ck_assert_int_eq(kvrepro("gate", "--model", EXT_MODEL_DIR, "--external", bad_vocab,
+                             "--report", rep_path, NULL), 2);
+    EXPECT_OUT("vocab.h5: runs/0000 (mistral/short/hf:static_sliding:sdpa:fp32/torch-cpu/eager/"
+               "r0): vocab: expected 256");
+    ck_assert(!file_exists(rep_path));
+
+    /* no --model, a fixture, or two models */
+    ck_assert_int_eq(kvrepro("gate", "--external", good, NULL), 2);
+    EXPECT_OUT("--external needs exactly one --model DIR");
+    ck_assert_int_eq(kvrepro("gate", "--model", EXT_MODEL_DIR, "--model", EXT_MODEL_DIR,
+                             "--external", good, NULL), 2);
+    EXPECT_OUT("--external needs exactly one --model DIR");
+    ck_assert_int_eq(kvrepro("gate", "--fixture", "mistral-tiny", "--external", good, NULL), 2);
+    EXPECT_OUT("--fixture cannot be used with --external");
+
+    /* matrix options are refused, not ignored */
+    static const char *const refused[][2] = {
+        {"--variants", "ring"}, {"--scenarios", "prompt_w"}, {"--backends", "cpu"},
+        {"--modes", "eager"},   {"--repeats", "2"},          {"--fault", "tf32"},
+        {"--faults", "all"},    {"--shard", "1/2"},          {"--max-new-tokens", "4"},
+    };
+    for (size_t k = 0; k < sizeof refused / sizeof refused[0]; k++) {
+        ck_assert_int_eq(kvrepro("gate", "--model", EXT_MODEL_DIR, "--external", good,
+                                 refused[k][0], refused[k][1], "--report", rep_path, NULL), 2);
+        char want[96];
+        snprintf(want, sizeof want, "%s cannot be used with --external", refused[k][0]);
+        EXPECT_OUT(want);
+    }
+    /* --prompts needs a file that parses; refused before it is read */
+    ck_assert_int_eq(kvrepro("gate", "--model", EXT_MODEL_DIR, "--prompts", good,
+                             "--max-new-tokens", "3", "--external", good, NULL), 2);
+    EXPECT_OUT("--prompts cannot be used with --external");
+
+    /* a missing file and a corrupt one */
+    const char *missing = ext_path("missing.h5");
+    ck_assert_int_eq(kvrepro("gate", "--model", EXT_MODEL_DIR, "--external", good, "--external",
+                             missing, "--report", rep_path, NULL), 2);
+    EXPECT_OUT("missing.h5: cannot open");
+    char corrupt[600];
+    snprintf(corrupt, sizeof corrupt, "%s/corrupt.h5", fx.dir);
+    FILE *f = fopen(corrupt, "wb");
+    ck_assert_ptr_nonnull(f);
+    fputs("this is not an HDF5 file\n", f);
+    fclose(f);
+    ck_assert_int_eq(kvrepro("gate", "--model", EXT_MODEL_DIR, "--external", corrupt,
+                             "--report", rep_path, NULL), 2);
+    EXPECT_OUT("corrupt.h5: expected an HDF5 file");
+
+    /* one run label from two files */
+    KvRun again[1] = {ext_run("short", "eager", 0)};
+    const char *dup = ext_write("dup.h5", again, 1);
+    ck_assert_int_eq(kvrepro("gate", "--model", EXT_MODEL_DIR, "--external", good, "--external",
+                             dup, "--report", rep_path, NULL), 2);
+    EXPECT_OUT("dup.h5: runs/0000: run label mistral/short/hf:static_sliding:sdpa:fp32/torch-cpu/"
+               "eager/r0 is given again");
+
+    /* one scenario name with two prompt batches */
+    KvRun other[1] = {ext_run("short", "compile", 0)};
+    other[0].prompt[0] = 77; /* row 0's first token */
+    const char *two = ext_write("two.h5", other, 1);
+    ck_assert_int_eq(kvrepro("gate", "--model", EXT_MODEL_DIR, "--external", good, "--external",
+                             two, "--report", rep_path, NULL), 2);
+    EXPECT_OUT("two.h5: runs/0000");
+    EXPECT_OUT("scenario 'short' has another prompt batch");
+    ck_assert(!file_exists(rep_path));
+}
+END_TEST
+
+static Suite *external_suite(void) {
+    Suite *s = suite_create("external");
+    TCase *tc = tcase_create("gate_external");
+    tcase_add_checked_fixture(tc, ext_fixture_setup, ext_fixture_teardown);
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, test_copy_passes);
+    tcase_add_test(tc, test_two_files_two_groups);
+    tcase_add_test(tc, test_topk_compared_at_kept_ids);
+    tcase_add_test(tc, test_near_tie_flip_not_failed);
+    tcase_add_test(tc, test_logit_beyond_tolerance_fails_reference);
+    tcase_add_test(tc, test_repeat_probe_hash_fails_repeat);
+    tcase_add_test(tc, test_compile_flip_fails_compiled_vs_eager);
+    tcase_add_test(tc, test_graphs_over_budget_fail);
+    tcase_add_test(tc, test_bad_input_exits_2);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void) {
+    SRunner *sr = srunner_create(external_suite());
+    srunner_run_all(sr, CK_NORMAL);
+    const int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}
