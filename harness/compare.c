@@ -232,6 +232,15 @@ static bool first_nonfinite_logit(const KvRun *r, int64_t *step, int64_t *row, i
 
 void kv_compare_finite(const KvRun *run, int64_t index, KvComparison *out) {
     compare_init(out, KV_CMP_FINITE, index, index);
+    if (run->skipped && strncmp(run->skip_reason, KV_RUN_FAILED_PREFIX,
+                                strlen(KV_RUN_FAILED_PREFIX)) == 0) {
+        /* an engine that crashed produced nothing to check: that is a
+         * failure of the run, never a skip that a gate could pass over */
+        out->verdict = KV_VERDICT_FAIL;
+        snprintf(out->message, sizeof out->message, "the run did not complete: %s",
+                 run->skip_reason + strlen(KV_RUN_FAILED_PREFIX));
+        return;
+    }
     if (run->skipped) {
         out->verdict = KV_VERDICT_SKIP;
         snprintf(out->message, sizeof out->message, "skipped: %s", run->skip_reason);

@@ -47,11 +47,17 @@ KvStatus kv_tolerances_record(const KvTolerances *t, KvReport *rep, KvError *err
 void kv_compare_reference(const KvRun *ref, const KvRun *cand, const KvTolerances *t,
                           int64_t ref_index, int64_t cand_index, KvComparison *out);
 
+/* A run that another engine started but could not complete is stored as
+ * skipped (it has no data) with a skip_reason that starts with this; its
+ * finite check fails (python/kvrepro/capture.py writes such runs). */
+#define KV_RUN_FAILED_PREFIX "failed: "
+
 /* One run's own check (kind KV_CMP_FINITE, a = b = index): fails when its
  * logits (full or kept top-k) or, where the decode checked them
  * (run->nonfinite_checked), its probes hold a NaN or Inf, naming the first
  * (step, row, probe, element) and the value; the reference run's message
- * says that the reference itself is not finite. */
+ * says that the reference itself is not finite. A skipped run's check is
+ * SKIP, but FAIL when its skip_reason starts with KV_RUN_FAILED_PREFIX. */
 void kv_compare_finite(const KvRun *run, int64_t index, KvComparison *out);
 
 /* a vs b, bitwise (repeat, graph vs eager, variant vs variant): the first

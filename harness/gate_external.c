@@ -411,7 +411,16 @@ static KvStatus ext_judge(const KvExternalOptions *o, const ExtGroup *groups,
                           bool *failed, KvError *err) {
     const int64_t hi = rep->n_runs;
     for (int64_t x = first_ext; x < hi; x++) {
-        if (rep->runs[x].skipped) continue; /* its SKIP row says why */
+        if (rep->runs[x].skipped) {
+            /* its SKIP row says why; a run the engine could not complete
+             * ("failed: ...") gets its failing finite check */
+            KvComparison c;
+            kv_compare_finite(&rep->runs[x], x, &c);
+            if (c.verdict != KV_VERDICT_FAIL) continue;
+            const KvStatus st = kv_gate_add_comparison(rep, &c, err);
+            if (st != KV_OK) return st;
+            continue;
+        }
         const KvStatus st = ext_compare_run(rep, x, first_ext, hi, &groups[group_of[x - first_ext]],
                                             &o->tol, err);
         if (st != KV_OK) return st;
