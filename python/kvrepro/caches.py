@@ -118,6 +118,14 @@ class SlidingLayer(CacheLayerMixin):
         the step (advance())."""
         raise NotImplementedError
 
+    def write_filling(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        """While the window fills, slot = position: index_copy at the device
+        count (a tensor index, so the step's position is not a guarded
+        constant)."""
+        slot = self.pos.reshape(1)
+        self.keys.index_copy_(2, slot, k)
+        self.values.index_copy_(2, slot, v)
+
     def advance(self, n: int) -> None:
         self.seen += n
 
@@ -221,9 +229,7 @@ class CatShiftLayer(SlidingLayer):
             self.keys.copy_(torch.cat([self.keys[:, :, 1:], k], dim=-2))
             self.values.copy_(torch.cat([self.values[:, :, 1:], v], dim=-2))
         else:
-            slot = self.pos.reshape(1)
-            self.keys.index_copy_(2, slot, k)
-            self.values.index_copy_(2, slot, v)
+            self.write_filling(k, v)
         self.pos.add_(1)
         return self.keys, self.values
 
@@ -242,9 +248,7 @@ class RollLayer(SlidingLayer):
             self.keys.copy_(new_k)
             self.values.copy_(new_v)
         else:
-            slot = self.pos.reshape(1)
-            self.keys.index_copy_(2, slot, k)
-            self.values.index_copy_(2, slot, v)
+            self.write_filling(k, v)
         self.pos.add_(1)
         return self.keys, self.values
 
