@@ -6,6 +6,10 @@ and `dynamic_sliding` (DynamicCache: DynamicSlidingWindowLayer +
 DynamicLayer). They build their attention masks through transformers' own
 masking code from the 2-D padding mask.
 
+`dynamic_sliding_md` is the same DynamicCache with its growing dimensions
+marked dynamic before every compiled step (transformers PR #40328, the seed
+001: torch.compile with DynamicCache, mark_dynamic, no CUDA graphs).
+
 The other four are written here from their descriptions (docs/DESIGN.md §3,
 the seeds in shared/seeds/): `index_copy` (transformers' original
 SlidingWindowCache update), `cat_shift`, `roll` and `always_roll` (the
@@ -31,7 +35,8 @@ import torch
 from transformers import DynamicCache, StaticCache
 from transformers.cache_utils import Cache, CacheLayerMixin, StaticLayer
 
-LAYERS = ("static_sliding", "dynamic_sliding", "index_copy", "cat_shift", "roll", "always_roll")
+LAYERS = ("static_sliding", "dynamic_sliding", "dynamic_sliding_md", "index_copy", "cat_shift", "roll",
+          "always_roll")
 # Deliberately broken layers, for the harness's own tests (they must be caught):
 #   always_roll_off_by_one  the right-aligned mapping computed from the count
 #                           before the update: real_pos = seen - W + slot, so
@@ -45,7 +50,7 @@ BROKEN = ("always_roll_off_by_one", "index_copy_first_w")
 # stated for the shape-changing dynamic layer.
 GRAPH_BUDGET = {
     "index_copy": 1, "always_roll": 1, "cat_shift": 2, "roll": 2,
-    "static_sliding": 2, "dynamic_sliding": -1,
+    "static_sliding": 2, "dynamic_sliding": -1, "dynamic_sliding_md": -1,
     "always_roll_off_by_one": 1, "index_copy_first_w": 1,
 }
 
@@ -274,6 +279,22 @@ class CacheSetup:
     layer_types: list[str]       # "sliding_attention" / "full_attention" per model layer
     window: int
     max_len: int
+    mark_dynamic: bool = False   # mark the growing dims dynamic before each compiled step
+
+
+def mark_growing_dims(setup: "CacheSetup", attention_mask: torch.Tensor) -> None:
+    """What transformers PR #40328 does for DynamicCache under torch.compile:
+    the 2-D mask's length and every cached tensor's sequence length are
+    marked dynamic, so dynamo compiles them as symbols from the first call
+    instead of specialising on the first length and recompiling. maybe_:
+    a full sliding layer's length is constant (W - 1), and a hard
+    mark_dynamic on it stops the compile with a ConstraintViolationError
+    (measured: torch 2.15 refuses the whole decode)."""
+    torch._dynamo.maybe_mark_dynamic(attention_mask, 1)
+    for lay in setup.cache.layers:
+        if lay.keys is not None and lay.keys.dim() == 4 and lay.keys.shape[-2] > 1:
+            torch._dynamo.maybe_mark_dynamic(lay.keys, 2)
+            torch._dynamo.maybe_mark_dynamic(lay.values, 2)
 
 
 def layer_types_of(config) -> list[str]:
@@ -291,8 +312,9 @@ def make_cache(name: str, config, max_len: int) -> CacheSetup:
     window = int(config.sliding_window)
     if name == "static_sliding":
         return CacheSetup(StaticCache(config=config, max_cache_len=max_len), True, types, window, max_len)
-    if name == "dynamic_sliding":
-        return CacheSetup(DynamicCache(config=config), True, types, window, max_len)
+    if name in ("dynamic_sliding", "dynamic_sliding_md"):
+        return CacheSetup(DynamicCache(config=config), True, types, window, max_len,
+                          mark_dynamic=name == "dynamic_sliding_md")
     cls = CUSTOM.get(name)
     if cls is None:
         raise ValueError(f"unknown cache layer {name!r}: expected one of {', '.join(LAYERS + BROKEN)}")

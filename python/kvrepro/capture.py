@@ -33,7 +33,8 @@ import torch
 import transformers
 
 from . import __version__
-from .caches import GRAPH_BUDGET, CacheSetup, SlidingLayer, make_cache, visible_cache_rows
+from .caches import (GRAPH_BUDGET, CacheSetup, SlidingLayer, make_cache, mark_growing_dims,
+                     visible_cache_rows)
 from .fnv import fnv1a64_rows
 from .report import Run, margins_of
 
@@ -260,6 +261,8 @@ def decode(model, spec: CaptureSpec, ids_np: np.ndarray, real_np: np.ndarray, re
             def step(f, input_ids, seen, n):
                 mask = am if setup.native else build_masks(
                     setup, config.model_type, real_np, seen, n, spec.impl, dtype, dev)
+                if setup.mark_dynamic and f is not model.forward:
+                    mark_growing_dims(setup, mask)
                 out = f(input_ids=input_ids, attention_mask=mask, position_ids=pos,
                         past_key_values=setup.cache, use_cache=True)
                 if not setup.native and n == 1:
