@@ -190,35 +190,52 @@ class Probes:
         for h in self.handles:
             h.remove()
 
-    def row_hashes(self, setup: CacheSetup, seen: int, logits: torch.Tensor) -> np.ndarray:
-        """(NP, B) hashes of this step's probes."""
+    def row_hashes(self, setup: CacheSetup, seen: int, batch: int) -> np.ndarray:
+        """(NP, B) hashes of this step's probes; the logits probe is left 0
+        here and filled from the logits' own row hashes once the decode is
+        done (decode())."""
         out = []
         for name in self.names:
             if name == "logits":
-                t = logits
-            elif name.endswith(".cache"):
-                t = cache_rows(setup, int(name[5:-6]), seen)
-            else:
-                t = self.values[name]
-            a = t.detach().float().cpu().numpy().astype("<f4")
-            out.append(fnv1a64_rows(a.reshape(a.shape[0], -1)))
+                out.append(np.zeros(batch, np.uint64))
+                continue
+            t = cache_rows(setup, int(name[5:-6]), seen) if name.endswith(".cache") else self.values[name]
+            out.append(probe_row_hashes(t))
         self.values.clear()
         return np.stack(out)
 
 
+def probe_row_hashes(t: torch.Tensor) -> np.ndarray:
+    """(B,) hash of each batch row of t (B, ..., F): FNV-1a 64 of the
+    little-endian bytes of the FNV-1a 64 hashes of its F-element float32
+    slices (one per token, or per cached K or V row), in order. Two levels
+    because FNV is serial in the bytes and numpy runs it one byte column at
+    a time over all rows at once: a whole 1000-token prefill row of a
+    2304-wide model would be 9M serial steps, its slices 9216 steps over
+    1000 rows. Any change of any element still changes the hash (up to
+    FNV collisions), which is all the bitwise comparisons need; these
+    hashes are compared only with other captures, never with the C side's."""
+    a = np.ascontiguousarray(t.detach().float().cpu().numpy(), dtype="<f4")
+    b = a.shape[0]
+    f = a.shape[-1] if a.ndim > 1 else 1
+    slices = fnv1a64_rows(a.reshape(-1, f)).astype("<u8")
+    return fnv1a64_rows(slices.reshape(b, -1).view(np.uint8).reshape(b, -1))
+
+
 def cache_rows(setup: CacheSetup, layer: int, seen: int) -> torch.Tensor:
-    """(B, 2 * L * KVH * D): for each position the next query may see from
-    layer's cache, ascending, its K rows then its V rows."""
+    """(B, 2L, KVH * D): for the L positions the next query may see from
+    layer's cache, ascending, their K rows, then their V rows."""
     lay = setup.cache.layers[layer]
     _, slots = visible_cache_rows(setup, layer, seen)
     if not slots or lay.keys is None or lay.keys.numel() == 0:
-        return torch.zeros((0,))
+        batch = lay.keys.shape[0] if lay.keys is not None and lay.keys.dim() == 4 else 1
+        return torch.zeros((batch, 0, 1))
     if min(slots) < 0:  # the layout lost a position the window still needs
         raise RuntimeError(f"layer {layer}: cache does not hold a visible position")
     idx = torch.tensor(slots, dtype=torch.long, device=lay.keys.device)
     k = lay.keys.index_select(2, idx).transpose(1, 2)   # (B, L, KVH, D)
     v = lay.values.index_select(2, idx).transpose(1, 2)
-    return torch.cat([k, v], dim=1).reshape(k.shape[0], -1)
+    return torch.cat([k, v], dim=1).flatten(2)          # (B, 2L, KVH * D)
 
 
 def engine_text(spec: CaptureSpec) -> str:
@@ -281,7 +298,7 @@ def decode(model, spec: CaptureSpec, ids_np: np.ndarray, real_np: np.ndarray, re
                 seen = p + n
                 row = lg.cpu().numpy()
                 logits_all[n] = row
-                hashes[n] = probes.row_hashes(setup, seen, lg)
+                hashes[n] = probes.row_hashes(setup, seen, b)
                 tokens[n] = np.argmax(row, axis=-1)        # first maximum: ties to the lowest id
                 if n + 1 == n_steps:
                     break
@@ -290,6 +307,9 @@ def decode(model, spec: CaptureSpec, ids_np: np.ndarray, real_np: np.ndarray, re
                 pos = pos[:, -1:] + 1
                 lg = step(fn, nxt, seen, 1)
             graphs = counters["stats"]["unique_graphs"] - graphs0
+            # the logits probe of each step is the row's logits_hash (FNV-1a 64 of its bytes)
+            hashes[:, probes.names.index("logits"), :] = fnv1a64_rows(
+                logits_all.reshape(n_steps * b, -1)).reshape(n_steps, b)
             recompiles, first_reason = log.count, log.first
     finally:
         probes.remove()
