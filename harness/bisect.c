@@ -11,6 +11,7 @@
 #include "cache.h"
 #include "fault.h"
 #include "forward.h"
+#include "prng.h"
 
 /* "'name'" for probe p of run r, or "(none)" past its last probe. */
 static const char *bisect_probe_quoted(const KvRun *r, int64_t p, char *buf, size_t n) {
@@ -248,9 +249,46 @@ static KvStatus bisect_parse_faults(const KvRun *run, unsigned *bits, KvError *e
     return KV_OK;
 }
 
+/* Where the decode driver's per-step callback writes each step's digests. */
+typedef struct {
+    uint64_t *digest;   /* (steps, n_probes, batch) */
+    int64_t steps, n_probes, batch;
+    int64_t filled;     /* steps digested so far, in order */
+    bool bad;           /* a step out of order or a dump of another shape */
+} BisectDigests;
+
+/* on_step_dump: the FNV-1a 64 of each probe row's length and floats. The
+ * walk back keeps 8 bytes per (step, probe, row) instead of every step's
+ * tensors (a checkpoint's cache probes alone are steps x layers x window x
+ * 2 x kv_dim floats); a collision would need 2^-64 luck, and the point it
+ * finds is then compared element by element from the dumps themselves. */
+static void bisect_digest_step(void *ctx, int64_t step, const KvProbeDump *d) {
+    BisectDigests *g = ctx;
+    if (g->bad || step != g->filled || step >= g->steps || d->n_probes != g->n_probes ||
+        d->batch != g->batch) {
+        g->bad = true;
+        return;
+    }
+    for (int64_t p = 0; p < g->n_probes; p++) {
+        const int64_t len = d->len[p];
+        for (int64_t r = 0; r < g->batch; r++) {
+            uint64_t h = kv_fnv1a(KV_FNV_OFFSET, &len, sizeof len);
+            h = kv_fnv1a(h, d->data[p] + r * len, (size_t)len * sizeof(float));
+            g->digest[(step * g->n_probes + p) * g->batch + r] = h;
+        }
+    }
+    g->filled++;
+}
+
 KvStatus kv_bisect_rerun(const KvModel *m, const KvRun *run, int64_t step, KvDecodeResult *out,
                          KvError *err) {
+    return kv_bisect_rerun_digests(m, run, step, out, NULL, err);
+}
+
+KvStatus kv_bisect_rerun_digests(const KvModel *m, const KvRun *run, int64_t step,
+                                 KvDecodeResult *out, uint64_t **digest, KvError *err) {
     memset(out, 0, sizeof *out);
+    if (digest != NULL) *digest = NULL;
     KvStatus st = kv_bisect_check_model(run, "the run", m, "the model", err);
     if (st != KV_OK) return st;
     const KvCacheOps *variant = NULL;
@@ -292,12 +330,27 @@ KvStatus kv_bisect_rerun(const KvModel *m, const KvRun *run, int64_t step, KvDec
         .record_probes = true,
         .dump_probes = true,
     };
+    BisectDigests dg = {NULL, step + 1, run->n_probes, run->batch, 0, false};
+    if (digest != NULL && ops->peek_dump != NULL) {
+        dg.digest = malloc((size_t)(dg.steps * dg.n_probes * dg.batch) * sizeof *dg.digest);
+        if (dg.digest == NULL) {
+            return kv_error_set(err, KV_ERR_INTERNAL, "rerun: out of memory for %lld steps x "
+                                "%lld probes x %lld rows of digests", (long long)dg.steps,
+                                (long long)dg.n_probes, (long long)dg.batch);
+        }
+        spec.on_step_dump = bisect_digest_step;
+        spec.on_step_dump_ctx = &dg;
+    }
     st = kv_decode_run(ops, m, &spec, out, NULL, err);
     if (st == KV_SKIP) {
+        free(dg.digest);
         return kv_error_set(err, KV_ERR_INPUT, "--rerun: the %s backend cannot run here: %s",
                             ops->name, err->msg);
     }
-    if (st != KV_OK) return st;
+    if (st != KV_OK) {
+        free(dg.digest);
+        return st;
+    }
     /* Callers index the rerun with the recording's indices. A backend that
      * keeps no dumps (take_dump NULL) gives the hashes alone. */
     const bool dumps = ops->take_dump != NULL;
@@ -309,9 +362,38 @@ KvStatus kv_bisect_rerun(const KvModel *m, const KvRun *run, int64_t step, KvDec
                           (long long)run->batch, (long long)run->n_probes, (long long)out->steps,
                           (long long)out->batch, (long long)out->n_probes,
                           out->dump.data == NULL ? " without dumps" : "");
-        kv_decode_result_free(out);
+    } else if (dg.digest != NULL && (dg.bad || dg.filled != dg.steps)) {
+        st = kv_error_set(err, KV_ERR_INTERNAL, "rerun: expected full probe values of %lld steps "
+                          "x %lld probes x %lld rows, digested %lld steps%s", (long long)dg.steps,
+                          (long long)dg.n_probes, (long long)dg.batch, (long long)dg.filled,
+                          dg.bad ? " (a step out of order or a dump of another shape)" : "");
     }
-    return st;
+    if (st != KV_OK) {
+        kv_decode_result_free(out);
+        free(dg.digest);
+        return st;
+    }
+    if (digest != NULL) *digest = dg.digest;
+    return KV_OK;
+}
+
+void kv_bisect_walk_back(const uint64_t *da, const uint64_t *db, int64_t n_probes, int64_t batch,
+                         const KvBisectPoint *named, KvBisectPoint *out) {
+    *out = (KvBisectPoint){-1, -1, -1, -1, false};
+    for (int64_t s = 0; s <= named->step; s++) {
+        const int64_t last = s < named->step ? n_probes - 1 : named->probe;
+        for (int64_t p = 0; p <= last; p++) {
+            /* At the named probe itself, rows up to the named one: the walk
+             * only ever goes back. */
+            const int64_t rows = s == named->step && p == last ? named->row + 1 : batch;
+            for (int64_t r = 0; r < rows; r++) {
+                const int64_t i = (s * n_probes + p) * batch + r;
+                if (da[i] == db[i]) continue;
+                *out = (KvBisectPoint){s, r, p, kv_probe_layer(n_probes, p), false};
+                return;
+            }
+        }
+    }
 }
 
 /* Float bits as integers ordered like the floats (-0 and +0 both 0). */

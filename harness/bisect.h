@@ -73,6 +73,33 @@ int kv_bisect_inputs(int64_t n_probes, int64_t p, int64_t inputs[2]);
 KvStatus kv_bisect_rerun(const KvModel *m, const KvRun *run, int64_t step, KvDecodeResult *out,
                          KvError *err);
 
+/* kv_bisect_rerun that also digests every step's full probe values: on a
+ * backend that keeps dumps, *digest (malloc'd, the caller frees it) is
+ * (step + 1, n_probes, batch), the FNV-1a 64 of each probe row's dumped
+ * length and floats at each step, indexed like probe_hash; NULL on a backend
+ * that keeps none. Unlike a recorded probe hash, which is whatever its
+ * engine's hook covered, a digest covers every value the dump holds, so it
+ * is what the walk back (kv_bisect_walk_back) trusts. On failure *digest is
+ * NULL and out is freed. */
+KvStatus kv_bisect_rerun_digests(const KvModel *m, const KvRun *run, int64_t step,
+                                 KvDecodeResult *out, uint64_t **digest, KvError *err);
+
+/* The walk back of bisect --rerun. The recorded hashes named `named`
+ * (kv_bisect_find); da and db are the digests of both reruns to at least
+ * named->step (kv_bisect_rerun_digests). Sets *out to the earliest point, in
+ * execution order (step, then probe order, then row), at or before the
+ * named point whose full values differ: every probe of the steps before
+ * named->step, and at named->step the probes before named->probe (every
+ * row) and rows 0..named->row of named->probe. The
+ * localisation from the hashes is consistent when *out is `named`; an
+ * earlier *out means a probe hash missed a difference there (an input of
+ * the named probe, or anything computed before it). out->step is -1 when
+ * nothing up to the named probe differs (the rerun does not show the
+ * divergence there). The layout must be the forward's (kv_bisect_check_model):
+ * out->layer comes from kv_probe_layer. */
+void kv_bisect_walk_back(const uint64_t *da, const uint64_t *db, int64_t n_probes, int64_t batch,
+                         const KvBisectPoint *named, KvBisectPoint *out);
+
 /* Elementwise comparison of one probe's values in two reruns. */
 typedef struct {
     int64_t len;          /* floats per row (a and b agree, else shape_differs) */

@@ -5,7 +5,10 @@
  * With --rerun it re-executes both runs up to that step with full probe
  * dumps and prints the first differing element of the located probe and of
  * its inputs (index, both values, ULP distance, max |A - B|), and stores
- * the dumps in the report's /bisect group. Before any recorded index is
+ * the dumps in the report's /bisect group. The rerun checks the hashes'
+ * answer against the full values of every earlier probe and walks back to
+ * the earliest that differs when they disagree (bisect_rerun), saying which
+ * probe the hashes named and why it moved. Before any recorded index is
  * used, the two runs are checked against each other (model, shape, probe
  * layout, token ids) and, for --rerun, against the model the rerun will use
  * (model hash, vocabulary, the forward's probe layout, name for name): a
@@ -39,7 +42,9 @@ static void bisect_usage(FILE *f) {
             "  --rerun      re-execute both runs on their backends up to that step with full\n"
             "               dumps of the differing probe and its inputs (cpu: cuda keeps\n"
             "               hashes only); print the first differing element and write the\n"
-            "               dumps to the /bisect group of the (first) report\n"
+            "               dumps to the /bisect group of the (first) report. When the full\n"
+            "               values already differ before the probe the hashes named, the\n"
+            "               earliest probe that differs is reported and dumped instead\n"
             "  --out PATH   write the report with /bisect there instead of over REPORT.h5\n"
             "  --model DIR  the checkpoint a non-fixture run used (fixtures are rebuilt from\n"
             "               the report's weight seed)\n"
@@ -222,30 +227,128 @@ typedef struct {
     const KvModel *m;              /* checked against both runs (kv_bisect_check_model) */
 } BisectJob;
 
-/* Re-runs both runs to pt->step, prints the element-wise differences of the
- * located probe and its inputs, and writes /bisect. The runs' probe layouts
- * are the model's (checked before), so recorded indices are rerun indices. */
-static KvStatus bisect_rerun(const BisectJob *j, const KvBisectPoint *pt, KvError *err) {
-    KvStatus st = KV_OK;
-    KvDecodeResult ra = {0}, rb = {0};
+/* Both runs re-executed to one step, with their per-step digests. */
+typedef struct {
+    KvDecodeResult a, b;
+    uint64_t *da, *db; /* (steps, n_probes, batch) digests of the full values; NULL without
+                        * dumps (kv_bisect_rerun_digests) */
+} BisectReruns;
+
+static void bisect_reruns_free(BisectReruns *r) {
+    kv_decode_result_free(&r->a);
+    kv_decode_result_free(&r->b);
+    free(r->da);
+    free(r->db);
+    memset(r, 0, sizeof *r);
+}
+
+static KvStatus bisect_reruns(const BisectJob *j, int64_t step, BisectReruns *out, KvError *err) {
     char prefix[1200];
-    st = kv_bisect_rerun(j->m, j->a, pt->step, &ra, err);
+    memset(out, 0, sizeof *out);
+    KvStatus st = kv_bisect_rerun_digests(j->m, j->a, step, &out->a, &out->da, err);
     if (st != KV_OK) {
         snprintf(prefix, sizeof prefix, "rerun of A (%s)", j->where_a);
         kv_error_prefix(err, prefix);
-        goto cleanup;
+        return st;
     }
-    st = kv_bisect_rerun(j->m, j->b, pt->step, &rb, err);
+    st = kv_bisect_rerun_digests(j->m, j->b, step, &out->b, &out->db, err);
     if (st != KV_OK) {
         snprintf(prefix, sizeof prefix, "rerun of B (%s)", j->where_b);
         kv_error_prefix(err, prefix);
-        goto cleanup;
+        bisect_reruns_free(out);
     }
+    return st;
+}
+
+/* Whether probe p differs in any row at `step` of the digests. */
+static bool bisect_digest_differs(const BisectReruns *r, int64_t NP, int64_t B, int64_t step,
+                                  int64_t p) {
+    for (int64_t row = 0; row < B; row++) {
+        const int64_t i = (step * NP + p) * B + row;
+        if (r->da[i] != r->db[i]) return true;
+    }
+    return false;
+}
+
+/* Says why the rerun moved the first divergence from `named` (what the
+ * recorded hashes named) to `at` (the earliest probe whose rerun values
+ * differ): what differs before the named probe, and why no recorded hash
+ * showed it. */
+static void bisect_print_walk_back(const BisectJob *j, const BisectReruns *r,
+                                   const KvBisectPoint *named, const KvBisectPoint *at) {
+    const int64_t NP = j->a->n_probes, B = j->a->batch;
+    char (*names)[KV_NAME_LEN] = j->a->probe_names;
+    printf("localisation inconsistent: the recorded hashes named step %" PRId64 ", row %" PRId64
+           ", probe %.*s (probe %" PRId64 "), but the rerun's full values already differ before "
+           "it:", named->step, named->row, KV_NAME_LEN, names[named->probe], named->probe);
+    int64_t in[2];
+    const int n_in = kv_bisect_inputs(NP, named->probe, in);
+    int shown = 0;
+    for (int k = 0; k < n_in; k++) {
+        if (!bisect_digest_differs(r, NP, B, named->step, in[k])) continue;
+        printf("%s %.*s", shown++ == 0 ? " its input" : " and", KV_NAME_LEN, names[in[k]]);
+    }
+    if (shown > 0) {
+        printf(" %s at step %" PRId64 ";", shown == 1 ? "differs" : "differ", named->step);
+    }
+    printf(" the earliest difference is %.*s (probe %" PRId64 ") at step %" PRId64 ", row %" PRId64
+           ", %s\n", KV_NAME_LEN, names[at->probe], at->probe, at->step, at->row,
+           at->step < named->step ? "an earlier step"
+           : at->probe < named->probe ? "earlier in the step's probe order"
+                                      : "an earlier row of it");
+    /* The recorded hashes agreed at `at` (or they would have named it): the
+     * rerun's own hashes say whether the recording or the hash is at fault. */
+    const int64_t i = (at->step * NP + at->probe) * B + at->row;
+    const uint64_t rec_a = j->a->probe_hash[i], rec_b = j->b->probe_hash[i];
+    const uint64_t run_a = r->a.probe_hash[i], run_b = r->b.probe_hash[i];
+    if (run_a == run_b) {
+        printf("  why the hashes missed it: the rerun's probe hashes of %.*s agree too although "
+               "its values differ: the probe hash does not cover the values that differ (a "
+               "hash over part of the tensor)\n", KV_NAME_LEN, names[at->probe]);
+    } else {
+        const char *who = rec_a != run_a && rec_b != run_b ? "A's and B's"
+                          : rec_a != run_a                 ? "A's"
+                                                           : "B's";
+        printf("  why the hashes missed it: the rerun's probe hashes of %.*s differ, the "
+               "recorded ones %s; %s recorded hash there is not the one its rerun computes (a "
+               "report from another build, or an edited one)\n", KV_NAME_LEN, names[at->probe],
+               rec_a == rec_b ? "agree" : "differ", who);
+    }
+    printf("walking back: the rerun's full values compared, in execution order, for every "
+           "probe up to %.*s at step %" PRId64, KV_NAME_LEN, names[named->probe], named->step);
+    if (named->step == 1) printf(" and every probe of step 0");
+    if (named->step > 1) printf(" and every probe of steps 0..%" PRId64, named->step - 1);
+    printf("; the earliest that differs is the first divergence\n");
+}
+
+/* Re-runs both runs to pt->step, checks the localisation from the hashes
+ * against the rerun's full values, walks back to the earliest probe whose
+ * values differ when they disagree, prints the element-wise differences of
+ * that probe and its inputs, and writes /bisect. The runs' probe layouts
+ * are the model's (checked before), so recorded indices are rerun indices.
+ *
+ * The walk back is bounded and deterministic: the first reruns (to the
+ * named step) digest every probe of every step up to it, so one scan in
+ * execution order (step, probe order, row) finds the earliest difference at
+ * or before the named probe, wherever it is: an input of the named probe,
+ * anything earlier in the step, or an earlier step, which a step-by-step
+ * walk could miss when a difference stays in probes that later steps do
+ * not read (the last layer, the logits) or slides out of the window. When
+ * that point is at an earlier step, both runs are re-run once more to it for
+ * its full values (the decode keeps the last step's only), and its digests
+ * must be those of the first reruns. At most four decodes of at most
+ * pt->step + 1 steps, each a pure function of the recorded run. */
+static KvStatus bisect_rerun(const BisectJob *j, const KvBisectPoint *pt, KvError *err) {
+    BisectReruns first, back;
+    memset(&back, 0, sizeof back);
+    KvStatus st = bisect_reruns(j, pt->step, &first, err);
+    if (st != KV_OK) return st;
+    const BisectReruns *at_r = &first;
     const int64_t NP = j->a->n_probes, B = j->a->batch;
     const int64_t last = (pt->step * NP + pt->probe) * B + pt->row;     /* in the recording */
-    const int64_t here = ((ra.steps - 1) * NP + pt->probe) * B + pt->row; /* in the rerun */
-    const bool same_a = ra.probe_hash[here] == j->a->probe_hash[last];
-    const bool same_b = rb.probe_hash[here] == j->b->probe_hash[last];
+    const int64_t here = ((first.a.steps - 1) * NP + pt->probe) * B + pt->row; /* in the rerun */
+    const bool same_a = first.a.probe_hash[here] == j->a->probe_hash[last];
+    const bool same_b = first.b.probe_hash[here] == j->b->probe_hash[last];
     printf("rerun to step %" PRId64 ": A %s its recorded hash there, B %s\n", pt->step,
            same_a ? "reproduces" : "does NOT reproduce", same_b ? "reproduces" : "does NOT reproduce");
     if (!same_a || !same_b) {
@@ -263,40 +366,78 @@ static KvStatus bisect_rerun(const BisectJob *j, const KvBisectPoint *pt, KvErro
                    "rerun)\n");
         }
     }
-    if (ra.dump.data == NULL || rb.dump.data == NULL) {
+    if (first.a.dump.data == NULL || first.b.dump.data == NULL || first.da == NULL ||
+        first.db == NULL) {
         /* A backend without probe dumps (cuda) reruns to the hashes alone. */
         printf("dumps: none: the %.16s backend keeps no probe values; the hashes above are what "
-               "its rerun shows\n", ra.dump.data == NULL ? j->a->backend : j->b->backend);
+               "its rerun shows\n", first.a.dump.data == NULL ? j->a->backend : j->b->backend);
         goto cleanup;
+    }
+    KvBisectPoint at;
+    kv_bisect_walk_back(first.da, first.db, NP, B, pt, &at);
+    if (at.step < 0) {
+        printf("rerun: the full values agree up to and including step %" PRId64 ", row %" PRId64
+               ", probe %.*s: the rerun does not show this divergence\n", pt->step, pt->row,
+               KV_NAME_LEN, j->a->probe_names[pt->probe]);
+        at = *pt;
+    } else if (at.step != pt->step || at.probe != pt->probe || at.row != pt->row) {
+        bisect_print_walk_back(j, &first, pt, &at);
+        char layer[32] = "";
+        if (at.layer >= 0) snprintf(layer, sizeof layer, ", layer %" PRId64, at.layer);
+        printf("first divergence (rerun values): step %" PRId64 ", row %" PRId64 "%s, probe %.*s "
+               "(probe %" PRId64 " of %" PRId64 "; the hashes named %.*s, probe %" PRId64
+               " at step %" PRId64 ")\n", at.step, at.row, layer, KV_NAME_LEN,
+               j->a->probe_names[at.probe], at.probe, NP, KV_NAME_LEN,
+               j->a->probe_names[pt->probe], pt->probe, pt->step);
+        if (at.step < pt->step) {
+            bisect_print_tokens(j->a, j->b, at.step);
+            st = bisect_reruns(j, at.step, &back, err);
+            if (st != KV_OK) goto cleanup;
+            const size_t n = (size_t)((at.step + 1) * NP * B) * sizeof *first.da;
+            const bool again_a = back.da != NULL && memcmp(back.da, first.da, n) == 0;
+            const bool again_b = back.db != NULL && memcmp(back.db, first.db, n) == 0;
+            printf("rerun to step %" PRId64 ": A %s the first rerun's values there, B %s%s\n",
+                   at.step, again_a ? "reproduces" : "does NOT reproduce",
+                   again_b ? "reproduces" : "does NOT reproduce",
+                   again_a && again_b ? "" : " (a run that does not reproduce is itself "
+                                             "nondeterministic: repeat the rerun)");
+            if (back.a.dump.data == NULL || back.b.dump.data == NULL) {
+                st = kv_error_set(err, KV_ERR_INTERNAL, "rerun to step %" PRId64 ": no dumps",
+                                  at.step);
+                goto cleanup;
+            }
+            at_r = &back;
+        }
     }
     const KvConfig *c = &j->m->config;
     const int64_t kv_dim = c->num_kv_heads * c->head_dim;
-    const int64_t next = j->a->prompt_len + pt->step; /* positions stored after the step */
-    int64_t probes[3] = {pt->probe, -1, -1};
-    const int n_in = kv_bisect_inputs(NP, pt->probe, probes + 1);
+    const int64_t next = j->a->prompt_len + at.step; /* positions stored after the step */
+    int64_t probes[3] = {at.probe, -1, -1};
+    const int n_in = kv_bisect_inputs(NP, at.probe, probes + 1);
     KvBisectTensorOut tensors[3];
+    const KvProbeDump *da = &at_r->a.dump, *db = &at_r->b.dump;
     for (int k = 0; k < 1 + n_in; k++) {
         const int64_t p = probes[k];
         const bool cache = kv_probe_item(NP, p) == KV_PROBE_CACHE;
-        bisect_print_diff(k == 0 ? "diverged" : "input", j->a->probe_names[p], &ra.dump, &rb.dump,
-                          p, pt->row, cache, kv_dim, next);
+        bisect_print_diff(k == 0 ? "diverged" : "input", j->a->probe_names[p], da, db, p, at.row,
+                          cache, kv_dim, next);
         tensors[k] = (KvBisectTensorOut){p, j->a->probe_names[p], k == 0 ? "diverged" : "input",
-                                         B, ra.dump.len[p], rb.dump.len[p], ra.dump.data[p],
-                                         rb.dump.data[p]};
+                                         B, da->len[p], db->len[p], da->data[p], db->data[p]};
     }
     char la[512], lb[512], ra_label[320], rb_label[320];
     bisect_run_label(j->a, ra_label, sizeof ra_label);
     bisect_run_label(j->b, rb_label, sizeof rb_label);
     snprintf(la, sizeof la, "%s:runs/%04" PRId64 " %s", j->path_a, j->ia, ra_label);
     snprintf(lb, sizeof lb, "%s:runs/%04" PRId64 " %s", j->path_b, j->ib, rb_label);
-    const KvBisectRecord rec = {la, lb, pt->step, pt->row, pt->probe, j->a->probe_names[pt->probe],
-                                tensors, 1 + n_in};
+    const KvBisectRecord rec = {la, lb, at.step, at.row, at.probe, j->a->probe_names[at.probe],
+                                tensors, 1 + n_in, pt->step, pt->row, pt->probe,
+                                j->a->probe_names[pt->probe]};
     const char *dst = j->out != NULL ? j->out : j->path_a;
     st = kv_bisect_write_h5(j->path_a, dst, &rec, err);
     if (st == KV_OK) printf("dumps: %s /bisect\n", dst);
 cleanup:
-    kv_decode_result_free(&ra);
-    kv_decode_result_free(&rb);
+    bisect_reruns_free(&first);
+    bisect_reruns_free(&back);
     return st;
 }
 

@@ -110,6 +110,9 @@ typedef struct {
     bool (*take_nonfinite)(KvBackend *b, KvNonfinite *out);
     /* Moves the last forward's full probe values (setup.dump_probes). */
     void (*take_dump)(KvBackend *b, KvProbeDump *out);
+    /* The last forward's full probe values (setup.dump_probes), still the
+     * backend's: valid until the next call on it. NULL when it keeps none. */
+    const KvProbeDump *(*peek_dump)(const KvBackend *b);
     /* Counters and device text of the run so far. */
     void (*stats)(const KvBackend *b, KvBackendStats *out);
 } KvBackendOps;

@@ -215,6 +215,11 @@ static void cpu_take_dump(KvBackend *b, KvProbeDump *out) {
     memset(&s->dump, 0, sizeof s->dump);
 }
 
+static const KvProbeDump *cpu_peek_dump(const KvBackend *b) {
+    const KvProbeDump *d = &cpu_run_const(b)->s.dump;
+    return d->data != NULL ? d : NULL;
+}
+
 static void cpu_stats(const KvBackend *b, KvBackendStats *out) {
     const CpuRun *r = cpu_run_const(b);
     out->eager_forwards = r->eager_forwards;
@@ -239,5 +244,6 @@ const KvBackendOps kv_backend_cpu = {
     .read_step = cpu_read_step,
     .take_nonfinite = cpu_take_nonfinite,
     .take_dump = cpu_take_dump,
+    .peek_dump = cpu_peek_dump,
     .stats = cpu_stats,
 };

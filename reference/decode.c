@@ -140,6 +140,17 @@ static KvStatus decode_record_step(const KvBackendOps *ops, KvBackend *b, int64_
     return KV_OK;
 }
 
+/* Hands step `step`'s full probe values to the spec's callback, if any. */
+static void decode_step_dump(const KvBackendOps *ops, const KvBackend *b,
+                             const KvDecodeSpec *sp, int64_t step) {
+    if (!sp->record_probes || !sp->dump_probes || sp->on_step_dump == NULL ||
+        ops->peek_dump == NULL) {
+        return;
+    }
+    const KvProbeDump *d = ops->peek_dump(b);
+    if (d != NULL) sp->on_step_dump(sp->on_step_dump_ctx, step, d);
+}
+
 /* One decode step after the prefill: forced input when given, then one
  * forward per run (replay_k runs from one snapshot when the step is
  * replay-checked, the logits of every run compared bitwise). */
@@ -285,6 +296,7 @@ KvStatus kv_decode_run(const KvBackendOps *ops, const KvModel *m, const KvDecode
     out->nonfinite_checked = sp->record_probes && ops->take_nonfinite != NULL;
     st = decode_record_step(ops, b, 0, out, err);
     if (st != KV_OK) goto cleanup;
+    decode_step_dump(ops, b, sp, 0);
 
     /* Each later step feeds one token per row: the greedy token the last
      * forward wrote into the backend's input, or the forced one copied over
@@ -294,6 +306,7 @@ KvStatus kv_decode_run(const KvBackendOps *ops, const KvModel *m, const KvDecode
                          err);
         if (st == KV_OK) st = decode_record_step(ops, b, step, out, err);
         if (st != KV_OK) goto cleanup;
+        decode_step_dump(ops, b, sp, step);
     }
     if (sp->record_probes && sp->dump_probes && ops->take_dump != NULL) {
         ops->take_dump(b, &out->dump);

@@ -39,6 +39,12 @@ typedef struct {
     bool record_probes;        /* fill KvDecodeResult.probe_hash */
     bool dump_probes;          /* (with record_probes) fill KvDecodeResult.dump with the full
                                 * probe values of the last step (bisect --rerun) */
+    /* (with dump_probes) called after every step, the prefill as step 0,
+     * with that step's full probe values, still the backend's (valid during
+     * the call only): bisect --rerun compares every step, not only the last.
+     * Not called on a backend that keeps no dumps (peek_dump NULL). */
+    void (*on_step_dump)(void *ctx, int64_t step, const KvProbeDump *dump);
+    void *on_step_dump_ctx;
 } KvDecodeSpec;
 
 typedef struct {

@@ -113,7 +113,11 @@ static herr_t bisect_write_group(hid_t file, const KvBisectRecord *rec) {
          bisect_attr_string(g, "run_b", rec->label_b) < 0 ||
          bisect_attr_i64(g, "step", rec->step) < 0 || bisect_attr_i64(g, "row", rec->row) < 0 ||
          bisect_attr_i64(g, "probe", rec->probe) < 0 ||
-         bisect_attr_string(g, "probe_name", rec->probe_name) < 0)) {
+         bisect_attr_string(g, "probe_name", rec->probe_name) < 0 ||
+         bisect_attr_i64(g, "hash_step", rec->hash_step) < 0 ||
+         bisect_attr_i64(g, "hash_row", rec->hash_row) < 0 ||
+         bisect_attr_i64(g, "hash_probe", rec->hash_probe) < 0 ||
+         bisect_attr_string(g, "hash_probe_name", rec->hash_probe_name) < 0)) {
         rc = -1;
     }
     for (int i = 0; rc >= 0 && i < rec->n_tensors; i++) {

@@ -22,10 +22,14 @@ typedef struct {
 
 typedef struct {
     const char *label_a, *label_b; /* the runs, as "report:runs/NNNN model/scenario/..." */
-    int64_t step, row, probe;
+    int64_t step, row, probe;      /* the first divergence the reruns' values show */
     const char *probe_name;
     const KvBisectTensorOut *tensors; /* (n_tensors) */
     int n_tensors;
+    /* The point the recorded probe hashes named: step, row, probe above
+     * unless the rerun walked back from it (kv_bisect_walk_back). */
+    int64_t hash_step, hash_row, hash_probe;
+    const char *hash_probe_name;
 } KvBisectRecord;
 
 /* Copies the report at src to dst with a /bisect group (replacing any

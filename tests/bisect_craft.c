@@ -11,6 +11,18 @@
  *     or run 1 only (the runs disagree with each other: plain bisect must
  *     refuse too). bisect_layout.cmake runs bisect on each.
  *
+ *   bisect_craft hide GATE.h5 OUTDIR
+ *     Makes the recorded hashes of run 1 blame a later probe than the one
+ *     at which runs 0 and 1 truly first differ (issue 20, item 5: a probe
+ *     hash that covers part of a tensor). The runs' first differing step s
+ *     must have a differing final_norm. OUTDIR/hide_probe.h5: run 1's hashes
+ *     of every probe before final_norm at step s made run 0's, so the hashes
+ *     name final_norm at step s. OUTDIR/hide_step.h5: run 1's whole step s
+ *     made run 0's (hashes, token, logits hash) and its probes before
+ *     final_norm at step s + 1, so the hashes name final_norm at step s + 1.
+ *     The values are untouched: a rerun differs where the runs truly do.
+ *     Prints "first S P" (the true first step and probe) for the test.
+ *
  *   bisect_craft names GATE.h5 OUT.h5
  *     Writes a /bisect group (kv_bisect_write_h5) whose probe names hold '/',
  *     '.' and a repeat, checks that the groups are named by index with the
@@ -18,6 +30,7 @@
  *
  * Exit 0 on success, 1 on a failed check, 2 on bad usage or input. */
 #include <hdf5.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -244,6 +257,74 @@ static int craft_all(const char *gate, const char *dir) {
     return 0;
 }
 
+/* Run b's hashes at step s made run a's for probes 0..last (every row); with
+ * `token`, its token and logits hash at s too. */
+static void craft_copy_step(const KvRun *a, KvRun *b, int64_t s, int64_t last, bool token) {
+    const int64_t NP = b->n_probes, B = b->batch;
+    memcpy(&b->probe_hash[s * NP * B], &a->probe_hash[s * NP * B],
+           (size_t)((last + 1) * B) * sizeof *b->probe_hash);
+    if (!token) return;
+    memcpy(&b->tokens[s * B], &a->tokens[s * B], (size_t)B * sizeof *b->tokens);
+    if (a->logits_hash != NULL && b->logits_hash != NULL) {
+        memcpy(&b->logits_hash[s * B], &a->logits_hash[s * B], (size_t)B * sizeof *b->logits_hash);
+    }
+}
+
+/* Whether runs a and b differ in probe p at step s (any row). */
+static bool craft_differs(const KvRun *a, const KvRun *b, int64_t s, int64_t p) {
+    const int64_t NP = a->n_probes, B = a->batch;
+    return memcmp(&a->probe_hash[(s * NP + p) * B], &b->probe_hash[(s * NP + p) * B],
+                  (size_t)B * sizeof *a->probe_hash) != 0;
+}
+
+static int craft_hide(const char *gate, const char *dir) {
+    static const char *const k_names[2] = {"hide_probe", "hide_step"};
+    for (int k = 0; k < 2; k++) {
+        KvReport rep;
+        KvError err = {{0}};
+        if (kv_report_read_h5(gate, &rep, &err) != KV_OK) {
+            fprintf(stderr, "bisect_craft: %s\n", err.msg);
+            return 2;
+        }
+        const KvRun *a = &rep.runs[0];
+        KvRun *b = rep.n_runs >= 2 ? &rep.runs[1] : NULL;
+        const bool usable = b != NULL && !a->skipped && !b->skipped && a->n_probes > 3 &&
+                            a->n_probes == b->n_probes && a->steps == b->steps &&
+                            a->batch == b->batch && a->probe_hash != NULL &&
+                            b->probe_hash != NULL;
+        int64_t s0 = -1, p0 = -1;
+        for (int64_t s = 0; usable && s < a->steps && s0 < 0; s++) {
+            for (int64_t p = 0; p < a->n_probes && s0 < 0; p++) {
+                if (craft_differs(a, b, s, p)) {
+                    s0 = s;
+                    p0 = p;
+                }
+            }
+        }
+        const int64_t NP = usable ? a->n_probes : 0, fnorm = NP - 2;
+        const int64_t s_named = s0 + k; /* where the edited hashes name final_norm */
+        if (s0 < 0 || p0 >= fnorm || s_named >= a->steps || !craft_differs(a, b, s_named, fnorm)) {
+            fprintf(stderr, "bisect_craft: %s: expected runs 0 and 1 to first differ before "
+                    "final_norm at a step s with a differing final_norm at step s + %d, found "
+                    "step %lld probe %lld\n", gate, k, (long long)s0, (long long)p0);
+            kv_report_free(&rep);
+            return 2;
+        }
+        if (k == 1) craft_copy_step(a, b, s0, NP - 1, true);
+        craft_copy_step(a, b, s_named, fnorm - 1, false);
+        char path[4096];
+        snprintf(path, sizeof path, "%s/%s.h5", dir, k_names[k]);
+        const KvStatus st = kv_report_write_h5(&rep, path, &err);
+        kv_report_free(&rep);
+        if (st != KV_OK) {
+            fprintf(stderr, "bisect_craft: %s: %s\n", path, err.msg);
+            return 2;
+        }
+        if (k == 0) printf("first %lld %lld\n", (long long)s0, (long long)p0);
+    }
+    return 0;
+}
+
 /* The string attribute `name` of object obj in file f, into out. */
 static int craft_read_attr(hid_t f, const char *obj, const char *name, char *out, size_t n) {
     hid_t a = H5Aopen_by_name(f, obj, name, H5P_DEFAULT, H5P_DEFAULT);
@@ -269,7 +350,7 @@ static int craft_names(const char *gate, const char *out) {
         {3, "layer0.k", "input", 1, 2, 2, a, a},
     };
     const KvBisectRecord rec = {"x.h5:runs/0000 a", "x.h5:runs/0001 b", 0, 0, 4, "layer0/cache",
-                                t, 3};
+                                t, 3, 0, 0, 4, "layer0/cache"};
     KvError err = {{0}};
     if (kv_bisect_write_h5(gate, out, &rec, &err) != KV_OK) {
         fprintf(stderr, "bisect_craft: names: %s\n", err.msg);
@@ -304,7 +385,7 @@ static int craft_names(const char *gate, const char *out) {
 
     /* Two dumps of one probe would need one group twice: refused. */
     const KvBisectTensorOut twice[2] = {t[1], t[1]};
-    const KvBisectRecord rec2 = {"a", "b", 0, 0, 2, "layer0.k", twice, 2};
+    const KvBisectRecord rec2 = {"a", "b", 0, 0, 2, "layer0.k", twice, 2, 0, 0, 2, "layer0.k"};
     const KvStatus st = kv_bisect_write_h5(gate, out, &rec2, &err);
     if (st != KV_ERR_INPUT || strstr(err.msg, "probe 2") == NULL) {
         fprintf(stderr, "bisect_craft: names: one probe dumped twice: expected KV_ERR_INPUT "
@@ -317,7 +398,9 @@ static int craft_names(const char *gate, const char *out) {
 
 int main(int argc, char **argv) {
     if (argc == 4 && strcmp(argv[1], "craft") == 0) return craft_all(argv[2], argv[3]);
+    if (argc == 4 && strcmp(argv[1], "hide") == 0) return craft_hide(argv[2], argv[3]);
     if (argc == 4 && strcmp(argv[1], "names") == 0) return craft_names(argv[2], argv[3]);
-    fprintf(stderr, "usage: bisect_craft craft GATE.h5 OUTDIR | names GATE.h5 OUT.h5\n");
+    fprintf(stderr, "usage: bisect_craft craft GATE.h5 OUTDIR | hide GATE.h5 OUTDIR | "
+            "names GATE.h5 OUT.h5\n");
     return 2;
 }

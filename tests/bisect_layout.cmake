@@ -13,12 +13,6 @@ file(MAKE_DIRECTORY "${WORK}")
 
 include(${CMAKE_CURRENT_LIST_DIR}/cli_helpers.cmake)
 
-function(kv_expect_no_match text regex what)
-  if(text MATCHES "${regex}")
-    message(FATAL_ERROR "${what}: expected no match for '${regex}', got:\n${text}")
-  endif()
-endfunction()
-
 # kv_refused(CASE REGEX args...): bisect on ${WORK}/CASE.h5 with args exits 2,
 # says REGEX on stderr, refuses before locating anything (no recorded index
 # used) and never blames the runs for a report mismatch.

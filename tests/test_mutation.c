@@ -9,6 +9,9 @@
  * is bisected from probe hashes to the probe the catalog says the fault acts
  * on; the rerun reproduces both recordings, the located probe's full values
  * differ and its inputs' do not.
+ * bisect_walkback: recorded hashes made to agree where the values differ
+ * (a probe hash over part of a tensor) make bisect blame final_norm; the
+ * walk back over the reruns' full values finds the true first divergence.
  *
  * Usage: test_mutation [TCASE] runs one test case (ctest runs them as
  * separate tests so they spread over cores); no argument runs all. */
@@ -223,6 +226,160 @@ START_TEST(test_bisect_locates_fault) {
 }
 END_TEST
 
+/* ---- the walk back (issue 20, item 5) ---- */
+
+/* Faults whose runs differ in final_norm from their first divergence on,
+ * so hashes hidden up to final_norm make bisect blame it: an eager one and
+ * a graph one (the per-step dumps come from the replays). */
+static const char *const k_walk_faults[] = {"window_off_by_one", "stale_scalar"};
+
+/* Run b's recorded hashes at step s made run a's for probes 0..last, as a
+ * probe hash over part of a tensor would record them; with `token`, its
+ * token at s too (else bisect stops at a differing token). */
+static void hide_step(const KvRun *a, KvRun *b, int64_t s, int64_t last, bool token) {
+    const int64_t NP = b->n_probes, B = b->batch;
+    memcpy(&b->probe_hash[s * NP * B], &a->probe_hash[s * NP * B],
+           (size_t)((last + 1) * B) * sizeof *b->probe_hash);
+    if (token) memcpy(&b->tokens[s * B], &a->tokens[s * B], (size_t)B * sizeof *b->tokens);
+}
+
+/* _i: fault (k_walk_faults) x where the hashes blame final_norm: at the true
+ * first divergence's step (0), or a step later with that step hidden (1);
+ * both families. The walk back must find the true first divergence from
+ * the reruns' full values, and its dumps differ where its inputs' do not. */
+START_TEST(test_bisect_walks_back_hidden_hashes) {
+    const char *fault = k_walk_faults[_i / 2];
+    const int64_t later = _i % 2;
+    int n = 0;
+    const KvFaultInfo *all = kv_fault_all(&n);
+    int fi = 0;
+    while (fi < n && strcmp(all[fi].name, fault) != 0) fi++;
+    ck_assert_int_lt(fi, n);
+    const FaultSite *site = &k_sites[fi];
+    for (int fam = 0; fam < 2; fam++) {
+        KvFixtureModel fx;
+        KvScenario sc;
+        KvError err = {{0}};
+        ck_assert_msg(kv_fixture_load(k_families[fam], KV_FIXTURE_DEFAULT_SEED, &fx, &err) == KV_OK,
+                      "%s", err.msg);
+        ck_assert_msg(kv_scenario_build(&fx.model.config, site->scenario, KV_FIXTURE_DEFAULT_SEED,
+                                        &sc, &err) == KV_OK, "%s", err.msg);
+        KvRun clean, faulty;
+        record_run(&fx.model, &sc, site, 0, &clean);
+        record_run(&fx.model, &sc, site, all[fi].bit, &faulty);
+        const int64_t NP = clean.n_probes, B = clean.batch, fnorm = NP - 2;
+        KvBisectPoint truth, named;
+        ck_assert_msg(kv_bisect_find(&clean, &faulty, &truth, &err) == KV_OK, "%s", err.msg);
+        ck_assert_msg(truth.step >= 0 && !truth.by_tokens && truth.probe < fnorm,
+                      "%s %s: expected a probe divergence before final_norm", k_families[fam],
+                      fault);
+        const int64_t s_named = truth.step + later;
+        ck_assert_int_lt(s_named, clean.steps);
+        bool fnorm_differs = false;
+        for (int64_t r = 0; r < B; r++) {
+            const int64_t i = (s_named * NP + fnorm) * B + r;
+            fnorm_differs = fnorm_differs || clean.probe_hash[i] != faulty.probe_hash[i];
+        }
+        ck_assert_msg(fnorm_differs, "%s %s: final_norm agrees at step %lld: nothing to blame",
+                      k_families[fam], fault, (long long)s_named);
+        if (later) hide_step(&clean, &faulty, truth.step, NP - 1, true);
+        hide_step(&clean, &faulty, s_named, fnorm - 1, false);
+        ck_assert_msg(kv_bisect_find(&clean, &faulty, &named, &err) == KV_OK, "%s", err.msg);
+        ck_assert_msg(named.step == s_named && named.probe == fnorm,
+                      "%s %s: the edited hashes should name final_norm at step %lld, named "
+                      "probe %lld at step %lld", k_families[fam], fault, (long long)s_named,
+                      (long long)named.probe, (long long)named.step);
+
+        KvDecodeResult ra, rb;
+        uint64_t *da = NULL, *db = NULL;
+        ck_assert_msg(kv_bisect_rerun_digests(&fx.model, &clean, named.step, &ra, &da, &err) ==
+                      KV_OK, "%s", err.msg);
+        ck_assert_msg(kv_bisect_rerun_digests(&fx.model, &faulty, named.step, &rb, &db, &err) ==
+                      KV_OK, "%s", err.msg);
+        ck_assert(da != NULL && db != NULL);
+        KvBisectPoint at;
+        kv_bisect_walk_back(da, db, NP, B, &named, &at);
+        ck_assert_msg(at.step == truth.step && at.probe == truth.probe && at.row == truth.row,
+                      "%s %s: walked back to step %lld row %lld probe %s, expected step %lld "
+                      "row %lld probe %s", k_families[fam], fault, (long long)at.step,
+                      (long long)at.row, at.probe >= 0 ? clean.probe_names[at.probe] : "(none)",
+                      (long long)truth.step, (long long)truth.row,
+                      clean.probe_names[truth.probe]);
+        ck_assert_int_eq(at.layer, kv_probe_layer(NP, truth.probe));
+        fprintf(stderr, "%s %s: hashes named final_norm at step %lld, walked back to %s at step "
+                "%lld\n", k_families[fam], fault, (long long)named.step,
+                clean.probe_names[at.probe], (long long)at.step);
+        kv_decode_result_free(&ra);
+        kv_decode_result_free(&rb);
+        free(da);
+        free(db);
+
+        /* The walked-back probe's full values differ, its inputs' agree. */
+        ck_assert_msg(kv_bisect_rerun(&fx.model, &clean, at.step, &ra, &err) == KV_OK, "%s",
+                      err.msg);
+        ck_assert_msg(kv_bisect_rerun(&fx.model, &faulty, at.step, &rb, &err) == KV_OK, "%s",
+                      err.msg);
+        KvBisectDiff d;
+        kv_bisect_diff(ra.dump.data[at.probe], ra.dump.len[at.probe], rb.dump.data[at.probe],
+                       rb.dump.len[at.probe], B, at.row, &d);
+        ck_assert_msg(d.differs && (d.shape_differs || d.first_index >= 0),
+                      "%s %s: the walked-back probe's dumps do not differ", k_families[fam], fault);
+        int64_t in[2];
+        const int n_in = kv_bisect_inputs(NP, at.probe, in);
+        for (int k = 0; k < n_in; k++) {
+            kv_bisect_diff(ra.dump.data[in[k]], ra.dump.len[in[k]], rb.dump.data[in[k]],
+                           rb.dump.len[in[k]], B, at.row, &d);
+            ck_assert_msg(!d.differs, "%s %s: input %s of the walked-back probe differs",
+                          k_families[fam], fault, clean.probe_names[in[k]]);
+        }
+        kv_decode_result_free(&ra);
+        kv_decode_result_free(&rb);
+        kv_run_free(&clean);
+        kv_run_free(&faulty);
+        kv_scenario_free(&sc);
+        kv_fixture_free(&fx);
+    }
+}
+END_TEST
+
+/* The scan order and bounds of kv_bisect_walk_back on made-up digests. */
+START_TEST(test_bisect_walk_back_order) {
+    enum { S = 3, NP = 3 + 7 * 2, B = 2 }; /* two layers */
+    uint64_t da[S * NP * B], db[S * NP * B];
+    for (int64_t i = 0; i < S * NP * B; i++) da[i] = 0x9e3779b97f4a7c15ULL * (uint64_t)(i + 1);
+    const KvBisectPoint named = {1, 1, 10, 1, false}; /* layer1.v, row 1, step 1 */
+#define AT(s, p, r) (((s) * NP + (p)) * B + (r))
+    KvBisectPoint at;
+    memcpy(db, da, sizeof db);
+    kv_bisect_walk_back(da, db, NP, B, &named, &at);
+    ck_assert_int_eq(at.step, -1); /* the rerun shows nothing */
+    db[AT(1, 10, 1)] ^= 1;
+    db[AT(1, 12, 0)] ^= 1; /* after the named probe: never reached */
+    db[AT(2, 0, 0)] ^= 1;  /* a later step: never reached */
+    kv_bisect_walk_back(da, db, NP, B, &named, &at);
+    ck_assert(at.step == 1 && at.probe == 10 && at.row == 1 && at.layer == 1); /* consistent */
+    db[AT(1, 10, 0)] ^= 1;
+    kv_bisect_walk_back(da, db, NP, B, &named, &at);
+    ck_assert(at.step == 1 && at.probe == 10 && at.row == 0); /* a lower row first */
+    db[AT(1, 7, 1)] ^= 1; /* layer0.residual, the named probe's input */
+    kv_bisect_walk_back(da, db, NP, B, &named, &at);
+    ck_assert(at.step == 1 && at.probe == 7 && at.row == 1 && at.layer == 0);
+    db[AT(0, NP - 1, 1)] ^= 1; /* logits of an earlier step, which later steps do not read */
+    kv_bisect_walk_back(da, db, NP, B, &named, &at);
+    ck_assert(at.step == 0 && at.probe == NP - 1 && at.row == 1 && at.layer == -1);
+    db[AT(0, 0, 0)] ^= 1;
+    kv_bisect_walk_back(da, db, NP, B, &named, &at);
+    ck_assert(at.step == 0 && at.probe == 0 && at.row == 0);
+    /* Never forward: a later row of the named probe is not a walk back. */
+    const KvBisectPoint named_row0 = {1, 0, 10, 1, false};
+    memcpy(db, da, sizeof db);
+    db[AT(1, 10, 1)] ^= 1;
+    kv_bisect_walk_back(da, db, NP, B, &named_row0, &at);
+    ck_assert_int_eq(at.step, -1);
+#undef AT
+}
+END_TEST
+
 /* ---- building blocks ---- */
 
 START_TEST(test_bisect_diff_elements) {
@@ -331,6 +488,12 @@ static Suite *mutation_suite(void) {
     tcase_add_test(tc, test_bisect_inputs_map);
     tcase_add_test(tc, test_round_tf32);
     tcase_add_test(tc, test_fault_catalog);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("bisect_walkback");
+    tcase_set_timeout(tc, 600);
+    tcase_add_loop_test(tc, test_bisect_walks_back_hidden_hashes, 0,
+                        (int)(2 * (sizeof k_walk_faults / sizeof k_walk_faults[0])));
+    tcase_add_test(tc, test_bisect_walk_back_order);
     suite_add_tcase(s, tc);
     return s;
 }

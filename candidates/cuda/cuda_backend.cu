@@ -207,5 +207,6 @@ extern "C" const KvBackendOps kv_backend_cuda = {
     /* .read_step = */ cuda_read_step,
     /* .take_nonfinite = */ NULL,
     /* .take_dump = */ NULL,
+    /* .peek_dump = */ NULL,
     /* .stats = */ cuda_stats,
 };
