@@ -1,8 +1,9 @@
 /* cmd_gate.c: `kvrepro gate`: the CI gate (DESIGN §4-§8). Runs the matrix
  * of scenarios x variants x backends x modes x repeats for each model,
  * compares every run, prints the summary table, writes the HDF5 report and
- * JUnit XML when asked, and exits 0 (all pass), 1 (a comparison failed),
- * 2 (bad input or usage) or 3 (internal error). */
+ * JUnit XML when asked, then (only once they are written) the count line,
+ * and exits 0 (all pass), 1 (a comparison failed), 2 (bad input or usage,
+ * an output file that cannot be written included) or 3 (internal error). */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -611,30 +612,41 @@ static KvStatus gate_run_all(GateArgs *a, KvGateOptions *o, KvReport *rep, KvErr
     return st;
 }
 
-/* Prints the outcome: the failures, then the mutation score, the count line
- * (--quiet) or the summary table. *failed says whether the gate fails. */
-static KvStatus gate_print_outcome(const KvReport *rep, const GateArgs *a, const KvGateOptions *o,
-                                   bool *failed, KvError *err) {
-    KvStatus st;
+/* Prints what the gate found: the failures, then the summary table (not
+ * with --quiet; for a mutation run only with --verbose). The lines that say
+ * whether the gate passed come from gate_print_verdict, once the output
+ * files are written. *failed says whether the gate fails. */
+static KvStatus gate_print_findings(const KvReport *rep, const GateArgs *a,
+                                    const KvGateOptions *o, bool *failed, KvError *err) {
+    KvStatus st = KV_OK;
     *failed = kv_gate_print_failures(rep, a->mutation, a->verbose);
     if (a->mutation) {
         /* The per-run table of a mutation run is thousands of lines: the
          * report and `kvrepro show` have it; --verbose prints it. */
-        st = a->verbose ? kv_report_print_summary(rep, stdout) : KV_OK;
-        if (st == KV_OK) st = kv_mutation_print(a->passes, a->n_passes, rep, stdout);
+        if (a->verbose) st = kv_report_print_table_folded(rep, NULL, 0, stdout);
         *failed = kv_mutation_caught(a->passes, a->n_passes) < a->n_passes - 1 ||
                   a->passes[0].failed > 0;
-    } else if (a->quiet) {
-        st = kv_report_print_counts(rep, stdout);
-    } else {
+    } else if (!a->quiet) {
         /* Backends that could not run were named in one line up front. */
         const char *fold[KV_GATE_MAX_LIST];
         int n_fold = 0;
         for (int i = 0; i < o->n_backends; i++) {
             if (o->backends[i].skip[0] != '\0') fold[n_fold++] = o->backends[i].ops->name;
         }
-        st = kv_report_print_summary_folded(rep, fold, n_fold, stdout);
+        st = kv_report_print_table_folded(rep, fold, n_fold, stdout);
     }
+    if (st != KV_OK) return kv_error_set(err, st, "cannot print the summary table");
+    return KV_OK;
+}
+
+/* The last lines, printed only once --report and --junit are written (a
+ * gate whose files could not be written exits 2 without them): the count
+ * line "N passed, N failed, N skipped", or for a mutation run the score
+ * (after the count line with --verbose). */
+static KvStatus gate_print_verdict(const KvReport *rep, const GateArgs *a, KvError *err) {
+    KvStatus st = KV_OK;
+    if (!a->mutation || a->verbose) st = kv_report_print_counts(rep, stdout);
+    if (st == KV_OK && a->mutation) st = kv_mutation_print(a->passes, a->n_passes, rep, stdout);
     if (st != KV_OK) return kv_error_set(err, st, "cannot print the summary table");
     return KV_OK;
 }
@@ -698,8 +710,11 @@ int kv_cmd_gate(int argc, char **argv) {
     st = kv_gate_check_outputs(a.report_path, a.junit_path, &err);
     if (st == KV_OK) st = gate_check_work(&a, &o, &err);
     if (st == KV_OK) st = gate_run_all(&a, &o, &rep, &err);
-    if (st == KV_OK) st = gate_print_outcome(&rep, &a, &o, &failed, &err);
+    if (st == KV_OK) st = gate_print_findings(&rep, &a, &o, &failed, &err);
+    /* the verdict comes last, after the files are safely written: a CI log
+     * ending in "N passed" means the report is there */
     if (st == KV_OK) st = kv_gate_write_outputs(&rep, a.report_path, a.junit_path, a.quiet, &err);
+    if (st == KV_OK) st = gate_print_verdict(&rep, &a, &err);
     if (st == KV_OK && failed) rc = KV_EXIT_GATE_FAIL;
 cleanup:
     if (st != KV_OK) {

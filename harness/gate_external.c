@@ -404,8 +404,9 @@ static KvStatus ext_append_runs(KvReport *rep, ExtRuns *e, KvError *err) {
     return KV_OK;
 }
 
-/* Judges every external run and prints the outcome; *failed says whether a
- * comparison failed. */
+/* Judges every external run and prints the failures and (unless quiet)
+ * the summary table; the count line comes once the output files are
+ * written (kv_gate_external). *failed says whether a comparison failed. */
 static KvStatus ext_judge(const KvExternalOptions *o, const ExtGroup *groups,
                           const int64_t *group_of, int64_t first_ext, KvReport *rep,
                           bool *failed, KvError *err) {
@@ -434,8 +435,7 @@ static KvStatus ext_judge(const KvExternalOptions *o, const ExtGroup *groups,
         if (st != KV_OK) return st;
     }
     *failed = kv_gate_print_failures(rep, false, o->verbose);
-    const KvStatus st = o->quiet ? kv_report_print_counts(rep, stdout)
-                                 : kv_report_print_summary(rep, stdout);
+    const KvStatus st = o->quiet ? KV_OK : kv_report_print_table_folded(rep, NULL, 0, stdout);
     if (st != KV_OK) return kv_error_set(err, st, "cannot print the summary table");
     return KV_OK;
 }
@@ -487,8 +487,13 @@ int kv_gate_external(const KvExternalOptions *o) {
     const int64_t first_ext = rep.n_runs;
     st = ext_append_runs(&rep, &e, &err);
     if (st == KV_OK) st = ext_judge(o, groups, group_of, first_ext, &rep, &failed, &err);
+    /* the count line last, once the files are safely written, as in the
+     * matrix gate */
     if (st == KV_OK) {
         st = kv_gate_write_outputs(&rep, o->report_path, o->junit_path, o->quiet, &err);
+    }
+    if (st == KV_OK && kv_report_print_counts(&rep, stdout) != KV_OK) {
+        st = kv_error_set(&err, KV_ERR_INTERNAL, "cannot print the summary table");
     }
     if (st == KV_OK && failed) rc = KV_EXIT_GATE_FAIL;
 cleanup:

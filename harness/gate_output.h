@@ -29,7 +29,10 @@ KvStatus kv_gate_check_outputs(const char *report_path, const char *junit_path, 
 bool kv_gate_print_failures(const KvReport *rep, bool mutation, bool verbose);
 
 /* Writes the HDF5 report and the JUnit XML where their paths are not NULL,
- * saying where unless quiet. */
+ * saying where unless quiet ("report: PATH", "junit: PATH"). A gate calls
+ * it before printing its count line, so that a log ending in that line
+ * means the files are complete; a failure is KV_ERR_INPUT naming the path
+ * (exit 2), with the previous file at the path untouched. */
 KvStatus kv_gate_write_outputs(const KvReport *rep, const char *report_path,
                                const char *junit_path, bool quiet, KvError *err);
 

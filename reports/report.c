@@ -263,6 +263,12 @@ KvStatus kv_report_print_summary(const KvReport *rep, FILE *f) {
 
 KvStatus kv_report_print_summary_folded(const KvReport *rep, const char *const *fold, int n_fold,
                                         FILE *f) {
+    const KvStatus st = kv_report_print_table_folded(rep, fold, n_fold, f);
+    return st != KV_OK ? st : kv_report_print_counts(rep, f);
+}
+
+KvStatus kv_report_print_table_folded(const KvReport *rep, const char *const *fold, int n_fold,
+                                      FILE *f) {
     if (rep == NULL || f == NULL) return KV_ERR_INTERNAL;
     KvRunSummary *sum = NULL;
     if (kv_report_summarize_runs(rep, &sum) != KV_OK) return KV_ERR_INTERNAL;
@@ -310,7 +316,10 @@ KvStatus kv_report_print_summary_folded(const KvReport *rep, const char *const *
                 w.divergence, div, rel_text, r->graphs_captured);
     }
     free(sum);
-    return kv_report_print_counts(rep, f);
+    /* flushed: the gate writes its files next, and an error doing so goes
+     * to stderr after the table, not before it */
+    if (fflush(f) != 0 || ferror(f)) return KV_ERR_INTERNAL;
+    return KV_OK;
 }
 
 /* ---- report files ------------------------------------------------------- */

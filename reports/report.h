@@ -199,6 +199,11 @@ KvStatus kv_report_print_summary(const KvReport *rep, FILE *f);
  * in one line); the counts still count every run. */
 KvStatus kv_report_print_summary_folded(const KvReport *rep, const char *const *fold, int n_fold,
                                         FILE *f);
+/* kv_report_print_summary_folded without the count line: the header and
+ * the rows only, for a caller that prints the count line later (the gate
+ * prints it once its output files are written). */
+KvStatus kv_report_print_table_folded(const KvReport *rep, const char *const *fold, int n_fold,
+                                      FILE *f);
 
 /* ---- report files ----------------------------------------------------------
  * Shared by the HDF5 writer (report_h5_write.c) and the JUnit writer (junit.c). */
@@ -209,8 +214,10 @@ KvStatus kv_report_print_summary_folded(const KvReport *rep, const char *const *
  * writer's temporary (kv_report_is_temp_name), its directory exists,
  * and a file can be created there (an unnamed temporary, or where the file
  * system has none a "<path>.tmp-<pid>" that is removed at once). Nothing is
- * left behind. KV_OK, or KV_ERR_INPUT "<path>: cannot create: <reason>". A
- * full disk is not foreseen here: it is reported by the write itself. */
+ * left behind, unless that removal fails ("<path>: cannot remove <tmp>:
+ * <reason>"; the next write removes it). KV_OK, or KV_ERR_INPUT "<path>:
+ * cannot create: <reason>". A full disk is not foreseen here: it is
+ * reported by the write itself. */
 KvStatus kv_report_check_writable(const char *path, KvError *err);
 
 /* Writes len bytes to path so that path is either untouched or complete,

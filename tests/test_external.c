@@ -21,14 +21,24 @@
  *   - top-k runs are compared at their kept ids, and say so;
  *   - a flip at a near-tie leaves the rest of its row uncompared, not failed;
  *   - bad input (vocab, no --model, --variants, a missing, corrupt or
- *     repeated run) exits 2 naming the file, and writes nothing. */
+ *     repeated run) exits 2 naming the file, and writes nothing;
+ *   - the count line comes last, after "report:" and "junit:"; a report or
+ *     JUnit file that cannot be written after the runs are judged (a full
+ *     disk) exits 2 naming it, with no count line printed and the previous
+ *     file intact. */
 #include <check.h>
+#include <dirent.h>
+#include <errno.h>
 #include <hdf5.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "decode.h"
 #include "model.h"
@@ -264,6 +274,13 @@ START_TEST(test_copy_passes) {
                              rep_path, "--junit", junit, NULL), 0);
     EXPECT_OUT("4 passed, 0 failed, 1 skipped");
     EXPECT_OUT("reduce-overhead needs a CUDA device");
+    /* the count line last, once both files are written */
+    char tail[1400];
+    snprintf(tail, sizeof tail, "\nreport: %s\njunit: %s\n4 passed, 0 failed, 1 skipped\n",
+             rep_path, junit);
+    const size_t lo = strlen(out), lt = strlen(tail);
+    ck_assert_msg(lo >= lt && strcmp(out + lo - lt, tail) == 0,
+                  "expected the output to end in:%s\nfound:\n%s", tail, out);
     KvReport rep = read_report(rep_path);
     ck_assert_int_eq(rep.n_runs, 5);
     /* the reference first, named by the model directory and the scenario */
@@ -617,6 +634,106 @@ START_TEST(test_bad_input_exits_2) {
 }
 END_TEST
 
+/* ---- an output that cannot be written after the run --------------------- */
+
+/* The files a full disk stops: RLIMIT_FSIZE bytes, with SIGXFSZ ignored so
+ * that write() fails with EFBIG, the way ENOSPC makes it fail. */
+#define EXT_FSIZE_LIMIT 1024
+
+/* kvrepro with argv (NULL-terminated, after the binary) under
+ * EXT_FSIZE_LIMIT; its output (through a pipe, which the limit does not
+ * cover) in `out`; returns its exit code. */
+static int kvrepro_disk_full(const char *const *args) {
+    const char *argv[64];
+    int n = 0;
+    argv[n++] = KVREPRO;
+    for (int k = 0; args[k] != NULL && n < 63; k++) argv[n++] = args[k];
+    argv[n] = NULL;
+    int fds[2];
+    ck_assert_msg(pipe(fds) == 0, "pipe: %s", strerror(errno));
+    const pid_t pid = fork();
+    ck_assert_msg(pid >= 0, "fork: %s", strerror(errno));
+    if (pid == 0) {
+        close(fds[0]);
+        const struct rlimit lim = {EXT_FSIZE_LIMIT, EXT_FSIZE_LIMIT};
+        if (dup2(fds[1], 1) < 0 || dup2(fds[1], 2) < 0 || signal(SIGXFSZ, SIG_IGN) == SIG_ERR ||
+            setrlimit(RLIMIT_FSIZE, &lim) != 0) {
+            _exit(126);
+        }
+        execv(argv[0], (char *const *)argv);
+        _exit(127);
+    }
+    close(fds[1]);
+    size_t got = 0;
+    ssize_t r;
+    while ((r = read(fds[0], out + got, sizeof out - 1 - got)) > 0) got += (size_t)r;
+    out[got] = '\0';
+    close(fds[0]);
+    int status = 0;
+    ck_assert(waitpid(pid, &status, 0) == pid);
+    ck_assert_msg(WIFEXITED(status), "kvrepro did not exit normally (status 0x%x):\n%s",
+                  (unsigned)status, out);
+    return WEXITSTATUS(status);
+}
+
+static char *slurp_file(const char *path, size_t *n) {
+    FILE *f = fopen(path, "rb");
+    ck_assert_msg(f != NULL, "open %s: %s", path, strerror(errno));
+    ck_assert(fseek(f, 0, SEEK_END) == 0);
+    const long len = ftell(f);
+    ck_assert(len >= 0 && fseek(f, 0, SEEK_SET) == 0);
+    char *buf = malloc((size_t)len + 1);
+    ck_assert_ptr_nonnull(buf);
+    ck_assert(fread(buf, 1, (size_t)len, f) == (size_t)len);
+    fclose(f);
+    *n = (size_t)len;
+    return buf;
+}
+
+/* The gate judged every run, then cannot write --report (or --junit): exit
+ * 2 naming the path, no count line (a log must not say "passed" for a gate
+ * whose report is missing), the previous file byte for byte and no
+ * temporary beside it. */
+START_TEST(test_unwritable_output_exits_2) {
+    KvRun runs[2] = {ext_run("short", "eager", 0), ext_run("short", "compile", 0)};
+    const char *ext = ext_write("ext.h5", runs, 2);
+    static const char *const flags[2] = {"--report", "--junit"};
+    static const char *const names[2] = {"r.h5", "r.xml"};
+    for (int k = 0; k < 2; k++) {
+        const char *path = ext_path(names[k]);
+        const char *const args[] = {"gate", "--model", EXT_MODEL_DIR, "--external", ext,
+                                    flags[k], path, NULL};
+        ck_assert_int_eq(kvrepro(args[0], args[1], args[2], args[3], args[4], args[5], args[6],
+                                 NULL), 0);
+        size_t n_before = 0, n_after = 0;
+        char *before = slurp_file(path, &n_before);
+        ck_assert_msg(n_before > EXT_FSIZE_LIMIT, "%s: %zu bytes fit under the limit", path,
+                      n_before);
+        ck_assert_int_eq(kvrepro_disk_full(args), 2);
+        char want[700];
+        snprintf(want, sizeof want, "%s: cannot write: %s", path, strerror(EFBIG));
+        EXPECT_OUT(want);
+        EXPECT_OUT("#  model"); /* the table was printed, before the write */
+        ck_assert_msg(strstr(out, " passed, ") == NULL,
+                      "a count line printed for a gate whose %s was not written:\n%s", flags[k],
+                      out);
+        char *after = slurp_file(path, &n_after);
+        ck_assert_msg(n_after == n_before && memcmp(before, after, n_before) == 0,
+                      "%s changed by the failed write", path);
+        free(before);
+        free(after);
+        DIR *d = opendir(fx.dir);
+        ck_assert_ptr_nonnull(d);
+        struct dirent *e;
+        while ((e = readdir(d)) != NULL) {
+            ck_assert_msg(strstr(e->d_name, ".tmp-") == NULL, "temporary %s left in %s",
+                          e->d_name, fx.dir);
+        }
+        closedir(d);
+    }
+}
+END_TEST
+
 static Suite *external_suite(void) {
     Suite *s = suite_create("external");
     TCase *tc = tcase_create("gate_external");
@@ -631,6 +748,7 @@ static Suite *external_suite(void) {
     tcase_add_test(tc, test_compile_flip_fails_compiled_vs_eager);
     tcase_add_test(tc, test_graphs_over_budget_fail);
     tcase_add_test(tc, test_bad_input_exits_2);
+    tcase_add_test(tc, test_unwritable_output_exits_2);
     suite_add_tcase(s, tc);
     return s;
 }
