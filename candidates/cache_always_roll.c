@@ -128,6 +128,14 @@ static int always_roll_regime(const KvSlidingCache *c, int64_t host_total) {
     return 0; /* no host regime: one graph for both */
 }
 
+/* One graph: no host regime and a fixed attended length (W), so the capture
+ * key never changes during a decode; a second capture is a bug. */
+static int64_t always_roll_graph_budget(int64_t window, int64_t prompt_len, int64_t decode_steps) {
+    (void)window;
+    (void)prompt_len;
+    return decode_steps > 0 ? 1 : 0;
+}
+
 static bool always_roll_sentinels_ok(const KvSlidingCache *c) {
     if (c == NULL || c->ops != &kv_cache_always_roll) return false;
     return kv_slots_ok(&c->cur) && kv_slots_ok(&c->src);
@@ -151,4 +159,5 @@ const KvCacheOps kv_cache_always_roll = {
     .regime = always_roll_regime,
     .sentinels_ok = always_roll_sentinels_ok,
     .state = always_roll_state,
+    .graph_budget = always_roll_graph_budget,
 };

@@ -86,6 +86,15 @@ static int cat_shift_regime(const KvSlidingCache *c, int64_t host_total) {
     return host_total >= c->window ? 1 : 0;
 }
 
+/* Two graphs: one per side of the host is_full branch, which a graph bakes
+ * in (transformers' one recompile when the window fills). A decode that
+ * never crosses W needs only one; the budget is the design's most. */
+static int64_t cat_shift_graph_budget(int64_t window, int64_t prompt_len, int64_t decode_steps) {
+    (void)window;
+    (void)prompt_len;
+    return decode_steps > 0 ? 2 : 0;
+}
+
 /* k_new, v_new: (B, n, dim); real_new: (B, n); *total: positions stored before
  * this call (the device scalar); host_total: the host's count. */
 static void cat_shift_update(KvSlidingCache *c, const float *k_new, const float *v_new,
@@ -222,4 +231,5 @@ const KvCacheOps kv_cache_cat_shift = {
     .sentinels_ok = cat_shift_sentinels_ok,
     .state = cat_shift_state,
     .plant = cat_shift_plant,
+    .graph_budget = cat_shift_graph_budget,
 };

@@ -173,6 +173,22 @@ static int dynamic_regime(const KvSlidingCache *c, int64_t host_total) {
     return 0; /* the shape changes, but there is no filling/full host flag */
 }
 
+/* One graph per distinct attended length (the view's n_slots, which a graph
+ * bakes in as a shape): decode step s (1 .. decode_steps) attends over
+ * min(W - 1, prompt_len + s - 1) cached rows, so the lengths run from
+ * min(W - 1, prompt_len) to min(W - 1, prompt_len + decode_steps - 1), the
+ * growing ones and then the full one, W - 1, once the window has filled.
+ * At most W graphs (lengths 0 .. W - 1) and at most one per step; exactly
+ * one when the prefill already filled the window. */
+static int64_t dynamic_graph_budget(int64_t window, int64_t prompt_len, int64_t decode_steps) {
+    if (decode_steps <= 0) return 0;
+    const int64_t full = window > 1 ? window - 1 : 0;
+    const int64_t first = prompt_len < full ? prompt_len : full;
+    const int64_t last_total = prompt_len + decode_steps - 1;
+    const int64_t last = last_total < full ? last_total : full;
+    return last - first + 1;
+}
+
 static bool dynamic_sentinels_ok(const KvSlidingCache *c) {
     if (c == NULL || c->ops != &kv_cache_dynamic) return false;
     return kv_slots_ok(&c->cur) && kv_slots_ok(&c->tmp);
@@ -196,4 +212,5 @@ const KvCacheOps kv_cache_dynamic = {
     .regime = dynamic_regime,
     .sentinels_ok = dynamic_sentinels_ok,
     .state = dynamic_state,
+    .graph_budget = dynamic_graph_budget,
 };

@@ -180,6 +180,14 @@ static int index_copy_regime(const KvSlidingCache *c, int64_t host_total) {
     return 0; /* no host regime: one graph for both */
 }
 
+/* One graph: no host regime and a fixed attended length (W), so the capture
+ * key never changes during a decode; a second capture is a bug. */
+static int64_t index_copy_graph_budget(int64_t window, int64_t prompt_len, int64_t decode_steps) {
+    (void)window;
+    (void)prompt_len;
+    return decode_steps > 0 ? 1 : 0;
+}
+
 static bool index_copy_sentinels_ok(const KvSlidingCache *c) {
     if (c == NULL || c->ops != &kv_cache_index_copy) return false;
     return kv_slots_ok(&c->cur) && kv_slots_ok(&c->tmp) && kv_guard_ok(c->indices);
@@ -203,5 +211,6 @@ const KvCacheOps kv_cache_index_copy = {
     .regime = index_copy_regime,
     .sentinels_ok = index_copy_sentinels_ok,
     .state = index_copy_state,
+    .graph_budget = index_copy_graph_budget,
     .plant = index_copy_plant,
 };

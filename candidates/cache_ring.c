@@ -98,6 +98,14 @@ static int ring_regime(const KvSlidingCache *c, int64_t host_total) {
     return 0; /* no host regime: one graph for both */
 }
 
+/* One graph: no host regime and a fixed attended length (W), so the capture
+ * key never changes during a decode; a second capture is a bug. */
+static int64_t ring_graph_budget(int64_t window, int64_t prompt_len, int64_t decode_steps) {
+    (void)window;
+    (void)prompt_len;
+    return decode_steps > 0 ? 1 : 0;
+}
+
 static bool ring_sentinels_ok(const KvSlidingCache *c) {
     if (c == NULL || c->ops != &kv_cache_ring) return false;
     return kv_slots_ok(&c->cur);
@@ -121,4 +129,5 @@ const KvCacheOps kv_cache_ring = {
     .regime = ring_regime,
     .sentinels_ok = ring_sentinels_ok,
     .state = ring_state,
+    .graph_budget = ring_graph_budget,
 };

@@ -45,8 +45,26 @@ static void run_identify(KvRun *r, const char *model, const char *scenario, cons
     r->repeat = repeat;
 }
 
+/* The graph budget of a graph-mode decode of sc with `variant` (the
+ * variant's own rule, KvCacheOps.graph_budget) on model m. The capture key
+ * holds every sliding layer's regime and length, and every sliding layer
+ * has the one window cfg->sliding_window (config.h), so the layers change
+ * their keys at the same steps and the model needs what one layer needs;
+ * a model without sliding layers never changes its key. */
+static int64_t run_graph_budget(const KvModel *m, const KvScenario *sc,
+                                const KvCacheOps *variant) {
+    const int64_t decode_steps = sc->new_tokens - 1; /* step 0 comes from the prefill */
+    for (int64_t l = 0; l < m->config.num_layers; l++) {
+        const int64_t w = kv_config_layer_window(&m->config, l);
+        if (w > 0) return variant->graph_budget(w, sc->prompt_len, decode_steps);
+    }
+    return decode_steps > 0 ? 1 : 0;
+}
+
 /* Decodes sc on backend ops and fills run (identity already set). forced:
- * (steps, B) or NULL. KV_SKIP when the backend cannot run here. */
+ * (steps, B) or NULL. KV_SKIP when the backend cannot run here. A variant's
+ * graph-mode run records its graph budget; eager runs and the reference
+ * capture nothing and record none. */
 static KvStatus run_decode(const KvModel *m, const KvScenario *sc, const KvCacheOps *variant,
                            KvExecMode mode, const KvGateOptions *o, const int32_t *forced,
                            const KvBackendOps *ops, KvRun *run, KvError *err) {
@@ -98,6 +116,9 @@ static KvStatus run_decode(const KvModel *m, const KvScenario *sc, const KvCache
     run->n_probes = res.n_probes;
     run->probe_hash = res.probe_hash;
     run->graphs_captured = res.graphs_captured;
+    if (variant != NULL && mode == KV_MODE_GRAPH) {
+        run->graph_budget = run_graph_budget(m, sc, variant);
+    }
     run->replays_checked = res.replays_checked;
     run->replay_mismatch_step = res.replay_mismatch_step;
     run->seconds = o->timings ? t1 - t0 : 0.0;
@@ -208,7 +229,20 @@ static const char *const k_mode_name[2] = {"eager", "graph"};
  * DESIGN §6 says: repeat 0 against the CPU reference (tolerance, tie-aware,
  * teacher-forced after a near-tie flip) and its replays; later repeats
  * bitwise against repeat 0; graph bitwise against eager; each variant
- * bitwise against the first one, in the same mode, on the same backend.
+ * bitwise against the first one, in the same mode, on the same backend;
+ * every graph-mode run against its variant's graph budget.
+ *
+ * Teacher forcing is decided once per (variant, backend): when a repeat 0
+ * flips a token at a near-tie against the reference, it is re-run with the
+ * reference's tokens, and every later run of that variant on that backend
+ * (its other repeats, its graph mode) is run with them too. Bitwise
+ * comparisons are then always between runs fed the same tokens: a forced
+ * run against an unforced one would differ from the first forced token on,
+ * a false "repeat" or "graph_vs_eager" failure. Forcing hides no real
+ * difference: every run still records its greedy choice and its logits at
+ * every step, and a run that flips where its bitwise twin does not already
+ * differs in the logits of that step, before any forced token.
+ *
  * skip: set to the backend's text when a run returns KV_SKIP (no device):
  * the run and every later run of it are then recorded as skipped. */
 static KvStatus run_candidates(const KvModel *m, const char *model_name, const KvScenario *sc,
@@ -223,6 +257,7 @@ static KvStatus run_candidates(const KvModel *m, const char *model_name, const K
     for (int64_t i = 0; i < (int64_t)o->n_variants * 2 * o->repeats; i++) tab.index[i] = -1;
 
     for (int v = 0; v < o->n_variants; v++) {
+        bool forcing = false; /* this variant's runs on this backend feed the reference's tokens */
         for (int mi = 0; mi < 2; mi++) {
             if (modes[mi] < 0) continue;
             for (int k = 0; k < o->repeats; k++) {
@@ -241,8 +276,8 @@ static KvStatus run_candidates(const KvModel *m, const char *model_name, const K
                     snprintf(run->skip_reason, sizeof run->skip_reason, "%s", skip);
                     break;
                 }
-                st = run_decode(m, sc, o->variants[v], (KvExecMode)modes[mi], o, NULL, ops, run,
-                                err);
+                st = run_decode(m, sc, o->variants[v], (KvExecMode)modes[mi], o,
+                                forcing ? rep->runs[ref].tokens : NULL, ops, run, err);
                 if (st == KV_SKIP) {
                     snprintf(skip, skip_len, "%.250s", err->msg);
                     run->skipped = true;
@@ -255,7 +290,7 @@ static KvStatus run_candidates(const KvModel *m, const char *model_name, const K
                 KvComparison c;
                 if (k == 0) {
                     kv_compare_reference(&rep->runs[ref], run, &o->tol, ref, idx, &c);
-                    if (c.near_ties > 0) {
+                    if (c.near_ties > 0 && !forcing) {
                         /* A flip at a near-tie: teacher-force the reference's
                          * tokens so the later steps are still compared. */
                         KvRun forced;
@@ -274,6 +309,7 @@ static KvStatus run_candidates(const KvModel *m, const char *model_name, const K
                         kv_run_free(&rep->runs[idx]);
                         rep->runs[idx] = forced;
                         run = &rep->runs[idx];
+                        forcing = true;
                     }
                     st = kv_gate_add_comparison(rep, &c, err);
                     if (st != KV_OK) goto cleanup;
@@ -303,6 +339,11 @@ static KvStatus run_candidates(const KvModel *m, const char *model_name, const K
                 if (k == 0 && v > 0 && *cand_slot(&tab, 0, mi, 0) >= 0) {
                     const int64_t base = *cand_slot(&tab, 0, mi, 0);
                     kv_compare_bitwise(&rep->runs[base], run, KV_CMP_VARIANT, base, idx, &c);
+                    st = kv_gate_add_comparison(rep, &c, err);
+                    if (st != KV_OK) goto cleanup;
+                }
+                if (modes[mi] == KV_MODE_GRAPH) {
+                    kv_compare_graph_budget(run, idx, &c);
                     st = kv_gate_add_comparison(rep, &c, err);
                     if (st != KV_OK) goto cleanup;
                 }

@@ -49,7 +49,7 @@ static void mutation_divergence(const KvReport *rep, int64_t i, char *out, size_
 }
 
 KvStatus kv_mutation_print(const KvMutationPass *passes, int n, const KvReport *rep, FILE *f) {
-    fprintf(f, "%-18s %-6s %-44s %s\n", "fault", "caught", "by", "first divergence");
+    fprintf(f, "%-20s %-6s %-44s %s\n", "fault", "caught", "by", "first divergence");
     for (int i = 1; i < n; i++) {
         const KvMutationPass *p = &passes[i];
         char name[128], by[160] = "", div[512] = "-";
@@ -61,7 +61,7 @@ KvStatus kv_mutation_print(const KvMutationPass *passes, int n, const KvReport *
                      kv_compare_kind_name((KvCompareKind)k));
         }
         if (p->first_fail >= 0) mutation_divergence(rep, p->first_fail, div, sizeof div);
-        fprintf(f, "%-18s %-6s %-44s %s\n", name, p->failed > 0 ? "yes" : "NO",
+        fprintf(f, "%-20s %-6s %-44s %s\n", name, p->failed > 0 ? "yes" : "NO",
                 by[0] != '\0' ? by : "-", div);
     }
     fprintf(f, "mutation score: %d/%d\n", kv_mutation_caught(passes, n), n - 1);

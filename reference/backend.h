@@ -124,7 +124,8 @@ extern const KvBackendOps kv_backend_cpu;
  * tokens and replays it; re-captures when the capture key changes: n, or
  * for any sliding layer the variant's host regime or attended length (a
  * framework re-records when a host branch flips or a shape changes).
- * KV_FAULT_NO_RECAPTURE leaves the regime out of the key. */
+ * KV_FAULT_NO_RECAPTURE leaves the regime out of the key;
+ * KV_FAULT_RECAPTURE_EVERY_STEP captures before every step. */
 typedef struct {
     int64_t *key;      /* (1 + 2 * num_layers) key of the next step */
     int64_t *cur_key;  /* (1 + 2 * num_layers) key of the captured graph */

@@ -95,6 +95,16 @@ typedef struct {
     /* Planted faults (fault.h): the variant keeps the KV_FAULT_* bits it
      * implements and ignores the rest. NULL when it implements none. */
     void (*plant)(KvSlidingCache *c, unsigned faults);
+    /* The most graphs a graph-mode decode of this layout is designed to need
+     * (DESIGN §3, "graphs per decode"): decode_steps one-token steps after a
+     * prefill of prompt_len positions, on sliding layers of `window` slots.
+     * The graph runner re-captures only when the capture key changes (the
+     * host regime or the attended length), so the budget is one graph plus
+     * the key changes the layout makes by design. The gate records it on
+     * every graph-mode run and fails a run that captures more (comparison
+     * kind graph_budget): a re-capture per step is the recompile-per-step
+     * bug. decode_steps <= 0 captures nothing. */
+    int64_t (*graph_budget)(int64_t window, int64_t prompt_len, int64_t decode_steps);
 } KvCacheOps;
 
 /* The six variants of DESIGN §3. */

@@ -17,10 +17,13 @@ static const KvFaultInfo k_faults[KV_FAULT_COUNT] = {
      "a prefill longer than W stores its first W rows instead of its last W"},
     {KV_FAULT_UNWRITTEN_SLOT, "unwritten_slot", "reference/forward.c attend_keys", "attn",
      "the mask ignores slot validity: never-written (NaN) slots are read"},
-    {KV_FAULT_NO_RECAPTURE, "no_recapture", "reference/forward.c kv_graph_runner_step", "cache",
-     "a host-branch variant's graph is kept when its regime changes"},
+    {KV_FAULT_NO_RECAPTURE, "no_recapture", "reference/graph_runner.c kv_graph_runner_step",
+     "cache", "a host-branch variant's graph is kept when its regime changes"},
     {KV_FAULT_TF32, "tf32", "reference/kvmath.c kv_matmul_tf32", "q",
      "TF32 matmuls: inputs rounded to 10 mantissa bits"},
+    {KV_FAULT_RECAPTURE_EVERY_STEP, "recapture_every_step",
+     "reference/graph_runner.c kv_graph_runner_step", NULL,
+     "the decode graph re-captured every step (a recompile per step); outputs unchanged"},
 };
 
 const KvFaultInfo *kv_fault_all(int *count) {

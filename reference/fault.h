@@ -36,21 +36,28 @@ enum {
     /* forward.c attention gather: slot validity ignored, so never-written
      * slots (NaN-poisoned at reset) are read. */
     KV_FAULT_UNWRITTEN_SLOT = 1u << 5,
-    /* forward.c graph runner: a host-branch variant's graph is kept when its
-     * regime changes (filling code replayed on a full cache). */
+    /* graph_runner.c kv_graph_runner_step: a host-branch variant's graph is
+     * kept when its regime changes (filling code replayed on a full cache). */
     KV_FAULT_NO_RECAPTURE = 1u << 6,
     /* kvmath.c kv_matmul_tf32: TF32 in cuBLAS on the GPU; on the CPU every
      * matmul input rounded to 10 mantissa bits. */
     KV_FAULT_TF32 = 1u << 7,
+    /* graph_runner.c kv_graph_runner_step: a graph captured before every
+     * decode step although its capture key did not change, as a compiled
+     * step recompiles each step when it guards on a scalar that changes
+     * every step (the always-roll report). The outputs are bitwise the
+     * clean ones; only the graph count (graph_budget) shows it. */
+    KV_FAULT_RECAPTURE_EVERY_STEP = 1u << 8,
 };
 
-#define KV_FAULT_COUNT 8
+#define KV_FAULT_COUNT 9
 
 typedef struct {
     unsigned bit;
     const char *name;      /* as on the command line */
     const char *where;     /* the file and function it is planted in */
-    const char *acts_on;   /* the probe kind bisect should name ("cache", "attn", "q") */
+    const char *acts_on;   /* the probe kind bisect should name ("cache", "attn", "q"); NULL
+                            * when no probe differs (recapture_every_step: outputs unchanged) */
     const char *what;      /* one line: the bug it imitates */
 } KvFaultInfo;
 

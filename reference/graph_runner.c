@@ -24,6 +24,10 @@ KvStatus kv_graph_runner_step(KvGraphRunner *r, const KvBackendOps *ops, KvBacke
      * host-branch variant replays the graph of the regime it was captured
      * in after is_full flips. */
     const bool keep = (faults & KV_FAULT_NO_RECAPTURE) != 0;
+    /* KV_FAULT_RECAPTURE_EVERY_STEP: the key is ignored and every step
+     * captures anew; each graph is still right for its step, so only the
+     * capture count shows it. */
+    const bool every = (faults & KV_FAULT_RECAPTURE_EVERY_STEP) != 0;
     r->key[0] = n;
     for (int64_t l = 0; l < num_layers; l++) {
         int64_t regime = 0, slots = 0;
@@ -32,7 +36,7 @@ KvStatus kv_graph_runner_step(KvGraphRunner *r, const KvBackendOps *ops, KvBacke
         r->key[2 + 2 * l] = slots;
     }
     const size_t bytes = (size_t)r->key_len * sizeof *r->key;
-    if (r->captures == 0 || memcmp(r->key, r->cur_key, bytes) != 0) {
+    if (every || r->captures == 0 || memcmp(r->key, r->cur_key, bytes) != 0) {
         KvStatus st = ops->capture(b, n, err);
         if (st != KV_OK) return st;
         memcpy(r->cur_key, r->key, bytes);

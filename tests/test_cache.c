@@ -364,6 +364,48 @@ START_TEST(test_flags_and_regime) {
 }
 END_TEST
 
+/* The graph budget (DESIGN §3, "graphs per decode") against the cache's own
+ * capture key: a prefill of P tokens, then D one-token steps, each keyed by
+ * (regime, attended length) before its update as the graph runner keys it;
+ * the graphs a decode captures are one plus the key changes. The budget
+ * bounds that count for every (W, P, D), and is exact for dynamic. */
+START_TEST(test_graph_budget) {
+    const KvCacheOps *ops = test_variant(_i);
+    ck_assert_ptr_nonnull(ops->graph_budget);
+    static const int64_t windows[] = {1, 2, 5};
+    for (int w = 0; w < 3; w++) {
+        const int64_t W = windows[w];
+        for (int64_t P = 1; P <= 2 * W + 1; P++) {
+            for (int64_t D = 0; D <= 3 * W; D++) {
+                TestCache t;
+                test_cache_open(&t, ops, 1, W, 2, NULL, 0, "graph budget");
+                test_cache_feed(&t, P, HOST_TRUE);
+                int64_t graphs = 0, regime = -1, slots = -1;
+                for (int64_t s = 1; s <= D; s++) {
+                    const int r = ops->regime(t.c, t.total);
+                    const int64_t n = ops->view(t.c).n_slots;
+                    if (graphs == 0 || r != regime || n != slots) graphs++;
+                    regime = r;
+                    slots = n;
+                    test_cache_feed(&t, 1, HOST_TRUE);
+                }
+                test_cache_close(&t);
+                const int64_t budget = ops->graph_budget(W, P, D);
+                ck_assert_msg(graphs <= budget && (!ops->host_shape || graphs == budget),
+                              "%s: W %lld, prompt %lld, %lld steps: %lld graphs, budget %lld",
+                              ops->name, (long long)W, (long long)P, (long long)D,
+                              (long long)graphs, (long long)budget);
+                /* DESIGN §3's table for the layouts without a shape change */
+                if (!ops->host_shape && D > 0) {
+                    ck_assert_int_eq(budget, ops->host_branch ? 2 : 1);
+                }
+                if (D == 0) ck_assert_int_eq(budget, 0);
+            }
+        }
+    }
+}
+END_TEST
+
 /* ---- create, destroy, guards --------------------------------------------- */
 
 START_TEST(test_create_rejects_bad_shapes) {
@@ -770,6 +812,7 @@ static Suite *cache_suite(void) {
     TCase *api = tcase_create("api");
     tcase_add_test(api, test_registry_order_and_find);
     tcase_add_loop_test(api, test_flags_and_regime, 0, N_VARIANTS);
+    tcase_add_loop_test(api, test_graph_budget, 0, N_VARIANTS);
     tcase_add_loop_test(api, test_create_rejects_bad_shapes, 0, N_VARIANTS);
     tcase_add_test(api, test_guard_alloc);
     tcase_add_loop_test(api, test_sentinel_corruption_detected, 0, N_VARIANTS);

@@ -144,6 +144,15 @@ START_TEST(test_variants_bitwise) {
                           "%s %s %s (%s): %lld graph captures, expected %lld", fam, sc,
                           all[v]->name, mode_name[mode], (long long)r.graphs_captured,
                           (long long)want);
+            /* The budget the gate judges graph runs by (KvCacheOps.graph_budget)
+             * holds for every clean decode; dynamic's is exact. */
+            const int64_t budget = all[v]->graph_budget(w, plen, ref.steps - 1);
+            ck_assert_msg(r.graphs_captured <= budget &&
+                              (!all[v]->host_shape || mode != KV_MODE_GRAPH ||
+                               r.graphs_captured == budget),
+                          "%s %s %s (%s): %lld graph captures, budget %lld", fam, sc,
+                          all[v]->name, mode_name[mode], (long long)r.graphs_captured,
+                          (long long)budget);
             kv_decode_result_free(&r);
         }
     }
