@@ -121,7 +121,12 @@ static KvStatus field_softcap(const ConfigCtx *c, const char *name, double def, 
         *out = 0.0;
         return KV_OK;
     }
-    return field_double(c, name, def, false, out);
+    const KvStatus st = field_double(c, name, def, false, out);
+    /* 0 means "no softcap" whatever its sign: -0 is stored as +0, so the
+     * config has one form for it (kv_config_to_json writes either as null;
+     * found by fuzz_config's round trip, regressions/config/) */
+    if (st == KV_OK && *out == 0.0) *out = 0.0;
+    return st;
 }
 
 /* The activation: hidden_activation (gemma2's field) wins over hidden_act. */
