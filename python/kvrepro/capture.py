@@ -308,8 +308,8 @@ def decode(model, spec: CaptureSpec, ids_np: np.ndarray, real_np: np.ndarray, re
                 lg = step(fn, nxt, seen, 1)
             graphs = counters["stats"]["unique_graphs"] - graphs0
             # the logits probe of each step is the row's logits_hash (FNV-1a 64 of its bytes)
-            hashes[:, probes.names.index("logits"), :] = fnv1a64_rows(
-                logits_all.reshape(n_steps * b, -1)).reshape(n_steps, b)
+            logits_hash = fnv1a64_rows(logits_all.reshape(n_steps * b, -1)).reshape(n_steps, b)
+            hashes[:, probes.names.index("logits"), :] = logits_hash
             recompiles, first_reason = log.count, log.first
     finally:
         probes.remove()
@@ -327,7 +327,7 @@ def decode(model, spec: CaptureSpec, ids_np: np.ndarray, real_np: np.ndarray, re
                variant=variant_name(spec.layer, spec.impl, spec.dtype),
                backend="torch-cuda" if dev.startswith("cuda") else "torch-cpu", mode=spec.mode,
                repeat=repeat, engine=engine_text(spec), prompt=ids_np, prompt_real=real_np,
-               tokens=tokens, logits=logits_all, margins=margins_of(logits_all),
+               tokens=tokens, logits=logits_all, margins=margins_of(logits_all), logits_hash=logits_hash,
                probe_names=probes.names, probe_hash=hashes,
                graphs_captured=graphs if compiled else 0, recompiles=recompiles if compiled else -1,
                graph_budget=GRAPH_BUDGET.get(spec.layer, -1) if compiled else -1,
