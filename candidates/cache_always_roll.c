@@ -151,6 +151,7 @@ const KvCacheOps kv_cache_always_roll = {
     .one_token_order = KV_ATTEND_AFTER_UPDATE,
     .host_branch = false,
     .host_shape = false,
+    .layout = KV_LAYOUT_RIGHT_ALIGNED,
     .create = always_roll_create,
     .destroy = always_roll_destroy,
     .reset = always_roll_reset,

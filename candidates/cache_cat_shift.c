@@ -222,6 +222,7 @@ const KvCacheOps kv_cache_cat_shift = {
     .one_token_order = KV_ATTEND_AFTER_UPDATE,
     .host_branch = true,
     .host_shape = false,
+    .layout = KV_LAYOUT_LEFT_ALIGNED,
     .create = cat_shift_create,
     .destroy = cat_shift_destroy,
     .reset = cat_shift_reset,

@@ -30,6 +30,7 @@
 #include <string.h>
 
 #include "cache_internal.h"
+#include "fault.h"
 
 struct KvSlidingCache {
     const KvCacheOps *ops; /* &kv_cache_dynamic: a handle given to another table is refused */
@@ -78,6 +79,26 @@ static KvStatus dynamic_create(int64_t batch, int64_t window, int64_t dim, KvSli
 cleanup:
     dynamic_destroy(c);
     return st;
+}
+
+/* KV_FAULT_DYNAMIC_KEEPS_W: the buffers re-made with W slots, so every update
+ * keeps W rows (positions recorded right). Planted before the first update,
+ * while no view has been taken; should the allocation fail the cache stays
+ * correct (the clean run), which the gate would show as a missed fault. */
+static void dynamic_plant(KvSlidingCache *c, unsigned faults) {
+    if (c == NULL || c->ops != &kv_cache_dynamic || !(faults & KV_FAULT_DYNAMIC_KEEPS_W)) return;
+    KvCacheSlots cur = {0}, tmp = {0};
+    const int64_t B = c->cur.batch, D = c->cur.dim;
+    if (!kv_slots_alloc(&cur, B, c->window, D) || !kv_slots_alloc(&tmp, B, c->window, D)) {
+        kv_slots_free(&cur);
+        kv_slots_free(&tmp);
+        return;
+    }
+    kv_slots_free(&c->cur);
+    kv_slots_free(&c->tmp);
+    c->cur = cur;
+    c->tmp = tmp;
+    dynamic_reset(c);
 }
 
 /* Copies the first `count` slots of the temporary over the cache. A copy, not
@@ -204,6 +225,7 @@ const KvCacheOps kv_cache_dynamic = {
     .one_token_order = KV_ATTEND_BEFORE_UPDATE,
     .host_branch = false,
     .host_shape = true,
+    .layout = KV_LAYOUT_GROWING,
     .create = dynamic_create,
     .destroy = dynamic_destroy,
     .reset = dynamic_reset,
@@ -212,5 +234,6 @@ const KvCacheOps kv_cache_dynamic = {
     .regime = dynamic_regime,
     .sentinels_ok = dynamic_sentinels_ok,
     .state = dynamic_state,
+    .plant = dynamic_plant,
     .graph_budget = dynamic_graph_budget,
 };

@@ -203,6 +203,7 @@ const KvCacheOps kv_cache_index_copy = {
     .one_token_order = KV_ATTEND_AFTER_UPDATE,
     .host_branch = false,
     .host_shape = false,
+    .layout = KV_LAYOUT_LEFT_ALIGNED,
     .create = index_copy_create,
     .destroy = index_copy_destroy,
     .reset = index_copy_reset,

@@ -11,9 +11,9 @@
  * than W keeps exactly its last W rows.
  *
  * Why it exists: it is the cheapest update and the baseline the others are
- * measured against; since attention must then order keys by pos[] rather
- * than by slot, it checks that the canonical key order (DESIGN §2) really
- * does not depend on the slot. Its bugs in the wild: p % W computed from a
+ * measured against; since attention must then order keys by position (from
+ * the rule slot = p % W, layout.h) rather than by slot, it checks that the
+ * canonical key order (DESIGN §2) really does not depend on the slot. Its bugs in the wild: p % W computed from a
  * stale position (the wrong slot overwritten), and a mask that trusts slot
  * order instead of pos[]. */
 #include <stdint.h>
@@ -21,11 +21,13 @@
 #include <string.h>
 
 #include "cache_internal.h"
+#include "fault.h"
 
 struct KvSlidingCache {
     const KvCacheOps *ops; /* &kv_cache_ring: a handle given to another table is refused */
     int64_t window;        /* W */
     KvCacheSlots cur;      /* W slots per row, the ones attention reads */
+    unsigned faults;       /* planted: KV_FAULT_RING_SLOT or 0 */
 };
 
 static void ring_destroy(KvSlidingCache *c) {
@@ -77,7 +79,9 @@ static void ring_update(KvSlidingCache *c, const float *k_new, const float *v_ne
     const int64_t j0 = n > W ? n - W : 0;
     for (int64_t j = j0; j < n; j++) {
         const int64_t p = p0 + j;
-        const int64_t slot = p % W;
+        /* KV_FAULT_RING_SLOT: one slot ahead, recorded faithfully in pos[],
+         * so only a reader that follows the rule p % W sees it. */
+        const int64_t slot = (c->faults & KV_FAULT_RING_SLOT) ? (p + 1) % W : p % W;
         for (int64_t b = 0; b < s->batch; b++) {
             memcpy(s->k + (b * W + slot) * D, k_new + (b * n + j) * D, row_bytes);
             memcpy(s->v + (b * W + slot) * D, v_new + (b * n + j) * D, row_bytes);
@@ -85,6 +89,11 @@ static void ring_update(KvSlidingCache *c, const float *k_new, const float *v_ne
         }
         s->pos[slot] = p;
     }
+}
+
+static void ring_plant(KvSlidingCache *c, unsigned faults) {
+    if (c == NULL || c->ops != &kv_cache_ring) return;
+    c->faults = faults & KV_FAULT_RING_SLOT;
 }
 
 static KvCacheView ring_view(const KvSlidingCache *c) {
@@ -121,6 +130,7 @@ const KvCacheOps kv_cache_ring = {
     .one_token_order = KV_ATTEND_AFTER_UPDATE,
     .host_branch = false,
     .host_shape = false,
+    .layout = KV_LAYOUT_RING,
     .create = ring_create,
     .destroy = ring_destroy,
     .reset = ring_reset,
@@ -129,5 +139,6 @@ const KvCacheOps kv_cache_ring = {
     .regime = ring_regime,
     .sentinels_ok = ring_sentinels_ok,
     .state = ring_state,
+    .plant = ring_plant,
     .graph_budget = ring_graph_budget,
 };

@@ -228,6 +228,7 @@ const KvCacheOps kv_cache_roll = {
     .one_token_order = KV_ATTEND_AFTER_UPDATE,
     .host_branch = true,
     .host_shape = false,
+    .layout = KV_LAYOUT_LEFT_ALIGNED,
     .create = roll_create,
     .destroy = roll_destroy,
     .reset = roll_reset,

@@ -4,11 +4,14 @@
  * A sliding layer keeps W slots per batch row (dynamic keeps W - 1). The
  * forward pass hands the cache the K/V rows of n >= 1 new tokens; the cache
  * stores the last min(W, seen) tokens in its own layout and exposes a view:
- * for each slot the absolute position it holds (or -1 when empty), and per
- * row whether the token there is real (pads are never visible). Attention
- * then gathers the visible keys and reduces them in ascending position (the
- * canonical key order), so any correct variant is bitwise equal to the
- * reference.
+ * the slots, per row whether the token there is real (pads are never
+ * visible), and the position the writer recorded for each slot. Attention
+ * finds a slot's position from the variant's layout rule (layout.h), as a
+ * real kernel does, not from that record; it gathers the visible keys and
+ * reduces them in ascending position (the canonical key order), so any
+ * correct variant is bitwise equal to the reference, and a writer that
+ * stores a key where its rule does not look for it changes the outputs. The
+ * recorded positions are an independent check (the cache probe).
  *
  * Positions here are cache positions: they count padded slots, exactly as
  * the reference's slot index does (DESIGN §2). All rows advance together.
@@ -25,6 +28,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "layout.h"
 #include "status.h"
 
 typedef struct KvSlidingCache KvSlidingCache; /* opaque, one per sliding layer */
@@ -35,7 +39,8 @@ typedef struct {
     int64_t dim;          /* floats per slot (num_kv_heads * head_dim) */
     const float *k;       /* (B, row_stride, dim) */
     const float *v;       /* (B, row_stride, dim) */
-    const int64_t *pos;   /* (n_slots) absolute position held by slot i, -1 = empty */
+    const int64_t *pos;   /* (n_slots) position the writer recorded for slot i, -1 = empty;
+                           * checked against the layout rule, never read by attention */
     const uint8_t *real;  /* (B, row_stride) 1 when the token in the slot is real */
 } KvCacheView;
 
@@ -67,6 +72,8 @@ typedef struct {
     bool host_branch;              /* regime chosen on the host (cat_shift, roll) */
     bool host_shape;               /* keeps W - 1 slots and attends over the filled ones: a
                                     * length the host knows and a graph bakes in (dynamic) */
+    KvLayoutRule layout;           /* which position each slot holds (layout.h): what attention
+                                    * and the cache probe read keys by; pos[] is only checked */
 
     /* Allocates a cache for `batch` rows of `window` slots of `dim` floats,
      * every buffer wrapped in sentinel regions (kv_guard_alloc). */

@@ -24,6 +24,10 @@ static const KvFaultInfo k_faults[KV_FAULT_COUNT] = {
     {KV_FAULT_RECAPTURE_EVERY_STEP, "recapture_every_step",
      "reference/graph_runner.c kv_graph_runner_step", NULL,
      "the decode graph re-captured every step (a recompile per step); outputs unchanged"},
+    {KV_FAULT_RING_SLOT, "ring_slot", "candidates/cache_ring.c", "cache",
+     "the ring writes position p to slot (p + 1) % W (recorded there), attention reads p % W"},
+    {KV_FAULT_DYNAMIC_KEEPS_W, "dynamic_keeps_w", "candidates/cache_dynamic.c", "cache",
+     "the dynamic cache keeps W slots instead of W - 1 (recorded right)"},
 };
 
 const KvFaultInfo *kv_fault_all(int *count) {

@@ -48,9 +48,16 @@ enum {
      * every step (the always-roll report). The outputs are bitwise the
      * clean ones; only the graph count (graph_budget) shows it. */
     KV_FAULT_RECAPTURE_EVERY_STEP = 1u << 8,
+    /* cache_ring.c: position p written to slot (p + 1) % W instead of p % W,
+     * and recorded there: the writer's bookkeeping is consistent, only the
+     * layout rule attention reads by (layout.h) shows the mismatch. */
+    KV_FAULT_RING_SLOT = 1u << 9,
+    /* cache_dynamic.c: W slots kept instead of W - 1 (transformers' window
+     * off by one in DynamicSlidingWindowLayer), positions recorded right. */
+    KV_FAULT_DYNAMIC_KEEPS_W = 1u << 10,
 };
 
-#define KV_FAULT_COUNT 9
+#define KV_FAULT_COUNT 11
 
 typedef struct {
     unsigned bit;

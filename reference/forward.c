@@ -14,8 +14,9 @@
  * kv_attend over visible keys in ascending position; OpenMP splits only
  * independent outputs, so results are bitwise the same for any thread count.
  * With a cache variant, sliding layers keep K/V in the variant's slots and
- * attention gathers the variant's view sorted by position, so every correct
- * variant is bitwise equal to the reference. */
+ * attention gathers the variant's view by its layout rule (layout.h), sorted
+ * by position, so every correct variant is bitwise equal to the reference
+ * and a variant that writes where its rule does not read is not. */
 #include "forward.h"
 
 #include <math.h>
@@ -346,7 +347,9 @@ static void launch_probe(KvRefState *s, int64_t idx, const void *base, int64_t p
 /* The cache probe: per row, K then V of every real position the next query
  * (position len + n) will see, ascending: q - W < p <= q - 1 on a sliding
  * layer, every p < len + n on a full one. Layout-independent, so variants
- * compare with the reference and with each other. */
+ * compare with the reference and with each other: a variant's slot for p is
+ * the one its layout rule puts p in (what attention reads), and a slot whose
+ * recorded position disagrees with the rule changes the hash. */
 static void op_probe_cache(const void *ap) {
     const ArgsLayerN *a = ap;
     KvRefState *s = a->s;
@@ -359,6 +362,9 @@ static void op_probe_cache(const void *ap) {
     KvSlidingCache *cache = s->caches != NULL ? s->caches[a->layer] : NULL;
     KvCacheView view = {0};
     if (cache != NULL) view = s->variant->view(cache);
+    /* Slots are found by the layout rule with every position up to next
+     * stored (the probe runs after the update), as attention finds them. */
+    const KvLayoutRule rule = s->variant != NULL ? s->variant->layout : KV_LAYOUT_LEFT_ALIGNED;
     const int64_t idx = kv_probe_index(a->layer, KV_PROBE_CACHE);
     float *dense = NULL; /* (B, next - lo, 2, kv_dim) for the dump, NaN = not held */
     if (s->dump.data != NULL && (next - lo) * 2 * kv_dim <= s->dump.cap[idx]) {
@@ -370,6 +376,7 @@ static void op_probe_cache(const void *ap) {
         uint64_t h = KV_FNV_OFFSET;
         for (int64_t p = lo; p < next; p++) {
             const float *k = NULL, *v = NULL;
+            int64_t recorded = p; /* the writer's record for the slot read (cache != NULL) */
             if (cache == NULL) {
                 if (!s->real[b * s->max_len + p]) continue;
                 const int64_t off = ((a->layer * s->batch + b) * s->max_len + p) * kv_dim;
@@ -377,14 +384,21 @@ static void op_probe_cache(const void *ap) {
                 v = s->v + off;
             } else {
                 for (int64_t i = 0; i < view.n_slots; i++) {
-                    if (view.pos[i] != p || !view.real[b * view.row_stride + i]) continue;
+                    if (kv_layout_position(rule, window, i, next) != p ||
+                        !view.real[b * view.row_stride + i])
+                        continue;
                     k = view.k + (b * view.row_stride + i) * view.dim;
                     v = view.v + (b * view.row_stride + i) * view.dim;
+                    recorded = view.pos[i];
                     break;
                 }
                 if (k == NULL) continue; /* missing from the cache: the hash shows it */
             }
             h = kv_fnv1a(h, &p, sizeof p);
+            /* The independent check: a slot whose recorded position is not
+             * the rule's adds the record to the hash (and only then, so a
+             * correct variant hashes exactly as the reference does). */
+            if (recorded != p) h = kv_fnv1a(h, &recorded, sizeof recorded);
             h = kv_fnv1a(h, k, row_bytes);
             h = kv_fnv1a(h, v, row_bytes);
             /* Elements counted as in the dump: (p - lo, {K, V}, kv_dim). */
@@ -613,8 +627,9 @@ static void op_cache_update(const void *ap) {
 /* Attention over a variant's view of a sliding layer plus (include_new) the
  * new keys. n_slots is the attended length frozen at capture (the "shape"
  * baked into a graph; the dynamic variant re-captures when it grows). Slots
- * may hold positions in any order (ring, always_roll): keys are gathered and
- * sorted by position, so the reduction order is the reference's. */
+ * may hold positions in any order (ring, always_roll): each slot's position
+ * comes from the layout rule, keys are gathered and sorted by it, so the
+ * reduction order is the reference's. */
 typedef struct {
     KvRefState *s;
     int64_t layer, n, n_slots;
@@ -638,6 +653,13 @@ static void op_attn_variant(const void *ap) {
     const KvCacheView view = s->variant->view(s->caches[a->layer]);
     const int64_t len = s->total_mem;
     const int64_t n = a->n;
+    /* Slot i's position by the variant's layout rule (layout.h), as a real
+     * kernel finds it: positions stored so far are len, plus this step's n
+     * when the update ran first. view.pos is the writer's record and is not
+     * read here; the cache probe checks it. */
+    const KvLayoutRule rule = s->variant->layout;
+    const int64_t cache_w = kv_config_layer_window(c, a->layer);
+    const int64_t stored = a->include_new ? len : len + n;
 
     for (int64_t b = 0; b < s->batch; b++) {
         for (int64_t t = 0; t < n; t++) {
@@ -653,7 +675,7 @@ static void op_attn_variant(const void *ap) {
                 int64_t *gp = s->gpos + h * s->max_keys;    /* (max_keys) */
                 int64_t nk = 0;
                 for (int64_t i = 0; q_real && i < a->n_slots; i++) {
-                    const int64_t p = view.pos[i];
+                    const int64_t p = kv_layout_position(rule, cache_w, i, stored);
                     if (!(p < 0 && unwritten)) {
                         if (p < 0 || !view.real[b * view.row_stride + i]) continue;
                         if (!kv_window_visible(qs, p, window)) continue;

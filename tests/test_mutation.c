@@ -126,6 +126,8 @@ static const FaultSite k_sites[KV_FAULT_COUNT] = {
     {"no_recapture", "roll", "short_prompt_crosses_window", KV_MODE_GRAPH},
     {"tf32", "dynamic", "prompt_w", KV_MODE_EAGER},
     {"recapture_every_step", "ring", "short_prompt_crosses_window", KV_MODE_GRAPH},
+    {"ring_slot", "ring", "short_prompt_crosses_window", KV_MODE_EAGER},
+    {"dynamic_keeps_w", "dynamic", "short_prompt_crosses_window", KV_MODE_GRAPH},
 };
 
 /* A decode recorded as a KvRun (the fields bisect reads). */

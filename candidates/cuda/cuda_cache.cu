@@ -22,7 +22,9 @@
  * Planted faults (fault.h) in their GPU form: KV_FAULT_INPLACE_SHIFT shifts
  * cat_shift's and roll's rows in place, the overlapping copy walked in the
  * wrong direction (positions stay right, as on the CPU); KV_FAULT_PREFILL_FIRST_W makes
- * index_copy store the first W rows of a long prefill at the last W's slots. */
+ * index_copy store the first W rows of a long prefill at the last W's slots;
+ * KV_FAULT_RING_SLOT puts position p in ring slot (p + 1) % W (recorded
+ * there); KV_FAULT_DYNAMIC_KEEPS_W gives dynamic W slots (cuda_ctx.cu). */
 #include "cuda_internal.cuh"
 
 #include <math.h>
@@ -149,15 +151,17 @@ static __global__ void kv_cache_pos_roll_kernel(int64_t *__restrict__ dst /* (W)
 }
 
 /* New rows into dst (S slots per row) by `mode`; positions p0 + j from the
- * device. first_w (KV_FAULT_PREFILL_FIRST_W, window-tail mode): the row data
- * comes from j - j0 instead of j, slots and positions stay right. A slot
- * outside [0, S) is a device error, never a write. */
+ * device. fault, a planted fault of the mode: window-tail mode
+ * (KV_FAULT_PREFILL_FIRST_W) takes the row data from j - j0 instead of j,
+ * slots and positions right; ring mode (KV_FAULT_RING_SLOT) writes slot
+ * (p + 1) % W and records p there. A slot outside [0, S) is a device error,
+ * never a write. */
 static __global__ void kv_cache_put_kernel(KvCudaSlots dst, int64_t B, int64_t S, int64_t W, int64_t D,
                                     const float *__restrict__ kn /* (B, n, D) */,
                                     const float *__restrict__ vn /* (B, n, D) */,
                                     const uint8_t *__restrict__ real_in /* (B, n) */, int64_t n,
                                     const int64_t *__restrict__ total, int mode,
-                                    int64_t fixed_slot, int first_w,
+                                    int64_t fixed_slot, int fault,
                                     int32_t *__restrict__ dev_err) {
     const int64_t p0 = *total;
     const int64_t end = p0 + n;
@@ -172,13 +176,13 @@ static __global__ void kv_cache_put_kernel(KvCudaSlots dst, int64_t B, int64_t S
         if (mode == KV_PUT_WINDOW_TAIL) {
             if (j < j0) continue;
             slot = p0 + j - first_new;
-            if (first_w) src = j - j0;
+            if (fault) src = j - j0;
         } else if (mode == KV_PUT_FIXED) {
             if (j != 0) continue;
             slot = fixed_slot;
         } else if (mode == KV_PUT_RING) {
             if (j < n - m) continue;
-            slot = (p0 + j) % W;
+            slot = (p0 + j + (fault ? 1 : 0)) % W;
         } else { /* KV_PUT_RIGHT */
             if (j < n - m) continue;
             slot = W - n + j;
@@ -242,12 +246,12 @@ static __global__ void kv_cache_cat_kernel(KvCudaSlots dst, KvCudaSlots src, int
 /* ---- launch helpers ---- */
 
 static KvStatus cache_put(KvCudaCtx *ctx, KvCudaSlots dst, int64_t S, int64_t W, int64_t n,
-                          KvPutMode mode, int64_t fixed_slot, bool first_w, KvError *err) {
+                          KvPutMode mode, int64_t fixed_slot, bool fault, KvError *err) {
     KvStatus st = KV_OK;
     const int64_t count = n * ctx->B * ctx->kv_dim;
     KV_LAUNCH(ctx, kv_cache_put_kernel, kv_cuda_blocks(count, KV_CUDA_EW_THREADS),
               KV_CUDA_EW_THREADS, 0, dst, ctx->B, S, W, ctx->kv_dim, ctx->kn, ctx->vn,
-              ctx->real_in, n, ctx->total, (int)mode, fixed_slot, first_w ? 1 : 0, ctx->dev_err);
+              ctx->real_in, n, ctx->total, (int)mode, fixed_slot, fault ? 1 : 0, ctx->dev_err);
 cleanup:
     return st;
 }
@@ -442,7 +446,8 @@ static KvStatus cuda_update_ring(KvCudaCtx *ctx, KvCudaCache *c, int64_t n, bool
                                  bool inplace, KvError *err) {
     (void)full;
     (void)inplace;
-    return cache_put(ctx, c->cur, c->slots, c->window, n, KV_PUT_RING, 0, false, err);
+    return cache_put(ctx, c->cur, c->slots, c->window, n, KV_PUT_RING, 0,
+                     (ctx->faults & KV_FAULT_RING_SLOT) != 0, err);
 }
 
 static KvStatus cuda_update_dynamic(KvCudaCtx *ctx, KvCudaCache *c, int64_t n, bool full,

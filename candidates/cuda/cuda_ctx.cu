@@ -224,7 +224,8 @@ static KvStatus cuda_ctx_alloc_state(KvCudaCtx *ctx, KvError *err) {
             continue;
         }
         c->window = w;
-        c->slots = ctx->variant->host_shape ? w - 1 : w;
+        /* dynamic keeps W - 1 (W under the planted KV_FAULT_DYNAMIC_KEEPS_W) */
+        c->slots = ctx->variant->host_shape && !(ctx->faults & KV_FAULT_DYNAMIC_KEEPS_W) ? w - 1 : w;
         KV_TRY(cuda_slots_alloc(ctx, &c->cur, c->slots, err));
         KV_TRY(cuda_slots_alloc(ctx, &c->tmp, c->slots, err));
         KV_TRY(cuda_slots_alloc(ctx, &c->snap, c->slots, err));

@@ -23,6 +23,7 @@
 #include <stdio.h>
 
 extern "C" {
+#include "forward.h"
 #include "prng.h"
 }
 
@@ -382,6 +383,9 @@ cleanup:
 
 /* A variant's view (n_slots slots whose positions may come in any order:
  * ring, always_roll) plus, when include_new, the row's new keys u <= t.
+ * Slot i's position is the variant's layout rule (layout.h) with the
+ * positions stored so far (*total, plus n when the update ran first), as an
+ * engine's kernel derives it: the recorded pos[] is not read here.
  * Visible positions lie in (qs - window, qs], so each has a unique entry
  * p - (qs - window + 1) in a table of `window` entries: candidates are
  * dropped into it (atomicMax: the same winner whatever the order, should a
@@ -391,7 +395,7 @@ cleanup:
  * unwritten (KV_FAULT_UNWRITTEN_SLOT): empty slots (position -1) are
  * gathered too, first and in slot order, as op_attn_variant's sort puts
  * them. */
-static __global__ void kv_gather_variant_kernel(const int64_t *__restrict__ pos /* (S) */,
+static __global__ void kv_gather_variant_kernel(int rule, int64_t cache_w,
                                          const uint8_t *__restrict__ sreal /* (B, S) */,
                                          int64_t S, int64_t n_slots,
                                          const uint8_t *__restrict__ real_in /* (B, n) */,
@@ -407,6 +411,7 @@ static __global__ void kv_gather_variant_kernel(const int64_t *__restrict__ pos 
     const int64_t b = r / n, t = r % n;
     const int64_t len = *total;
     const int64_t qs = len + t;
+    const int64_t stored = include_new ? len : len + n;
     if (!real_in[r] || window > tab_w) { /* uniform across the block */
         if (threadIdx.x == 0) {
             if (window > tab_w) atomicOr(dev_err, KV_CUDA_DERR_KEYS);
@@ -418,7 +423,8 @@ static __global__ void kv_gather_variant_kernel(const int64_t *__restrict__ pos 
     if (unwritten) {
         for (int64_t base = 0; base < n_slots; base += KV_CUDA_GATHER_THREADS) {
             const int64_t i = base + threadIdx.x;
-            const int flag = i < n_slots && pos[i] < 0 ? 1 : 0;
+            const int flag =
+                i < n_slots && kv_layout_position((KvLayoutRule)rule, cache_w, i, stored) < 0 ? 1 : 0;
             int tot = 0;
             const int excl = kv_dev_block_scan(flag, sh, &tot);
             if (flag) {
@@ -437,7 +443,7 @@ static __global__ void kv_gather_variant_kernel(const int64_t *__restrict__ pos 
     for (int64_t i = threadIdx.x; i < window; i += blockDim.x) tab[i] = INT_MIN;
     __syncthreads();
     for (int64_t i = threadIdx.x; i < n_slots; i += blockDim.x) {
-        const int64_t p = pos[i];
+        const int64_t p = kv_layout_position((KvLayoutRule)rule, cache_w, i, stored);
         if (p < 0 || !sreal[b * S + i] || !kv_dev_visible(qs, p, window)) continue;
         atomicMax(&tab[p - lo], (int)i);
     }
@@ -473,7 +479,8 @@ KvStatus kv_cuda_gather_variant(KvCudaCtx *ctx, int64_t layer, int64_t n, int64_
     KvStatus st = KV_OK;
     const KvCudaCache *c = &ctx->caches[layer];
     KV_LAUNCH(ctx, kv_gather_variant_kernel, (unsigned int)(ctx->B * n), KV_CUDA_GATHER_THREADS, 0,
-              c->cur.pos, c->cur.real, c->slots, n_slots, ctx->real_in, ctx->total, n,
+              (int)ctx->variant->layout, c->window, c->cur.real, c->slots, n_slots, ctx->real_in,
+              ctx->total, n,
               kv_cuda_mask_window(ctx, layer), include_new ? 1 : 0,
               (ctx->faults & KV_FAULT_UNWRITTEN_SLOT) ? 1 : 0, ctx->gtab, ctx->window + 1,
               ctx->gidx, ctx->nkeys, ctx->max_keys, ctx->dev_err);
@@ -811,12 +818,15 @@ cleanup:
  * fnv1a over p as int64, then its K row bytes, then its V row bytes.
  * pos == NULL: the static layout (slot = position, realness in sreal with
  * row stride row_stride = max_len). Otherwise a variant's view: a
- * position -> lowest slot map is built first (atomicMin: order-free), then
- * thread 0 hashes in position order. */
+ * position -> lowest slot map is built first from the layout rule (layout.h,
+ * with next positions stored; atomicMin: order-free), then thread 0 hashes
+ * in position order, adding the recorded pos[slot] after p wherever the
+ * record disagrees with the rule (op_probe_cache's independent check). */
 static __global__ void kv_probe_cache_kernel(const float *__restrict__ kc /* (B, row_stride, kv_dim) */,
                                       const float *__restrict__ vc /* (B, row_stride, kv_dim) */,
                                       const uint8_t *__restrict__ sreal /* (B, row_stride) */,
                                       const int64_t *__restrict__ pos /* (n_slots) or NULL */,
+                                      int rule, int64_t cache_w,
                                       int64_t row_stride, int64_t n_slots,
                                       const int64_t *__restrict__ total, int64_t n,
                                       int64_t window, int64_t kv_dim,
@@ -832,7 +842,7 @@ static __global__ void kv_probe_cache_kernel(const float *__restrict__ kc /* (B,
         for (int64_t i = threadIdx.x; i < map_w; i += blockDim.x) m[i] = INT_MAX;
         __syncthreads();
         for (int64_t i = threadIdx.x; i < n_slots; i += blockDim.x) {
-            const int64_t p = pos[i];
+            const int64_t p = kv_layout_position((KvLayoutRule)rule, cache_w, i, next);
             if (p < lo || p >= next || p - lo >= map_w || !sreal[b * row_stride + i]) continue;
             atomicMin(&m[p - lo], (int)i);
         }
@@ -852,6 +862,10 @@ static __global__ void kv_probe_cache_kernel(const float *__restrict__ kc /* (B,
         const unsigned char *k = (const unsigned char *)(kc + (b * row_stride + slot) * kv_dim);
         const unsigned char *v = (const unsigned char *)(vc + (b * row_stride + slot) * kv_dim);
         h = kv_dev_fnv1a(h, (const unsigned char *)&p, (int64_t)sizeof p);
+        if (pos != NULL && pos[slot] != p) {
+            const int64_t recorded = pos[slot];
+            h = kv_dev_fnv1a(h, (const unsigned char *)&recorded, (int64_t)sizeof recorded);
+        }
         h = kv_dev_fnv1a(h, k, (int64_t)row_bytes);
         h = kv_dev_fnv1a(h, v, (int64_t)row_bytes);
     }
@@ -863,15 +877,17 @@ KvStatus kv_cuda_probe_cache(KvCudaCtx *ctx, int64_t layer, int64_t n, int64_t n
     KvStatus st = KV_OK;
     if (!ctx->probes) return KV_OK;
     const int64_t window = kv_config_layer_window(ctx->c, layer);
-    uint64_t *out = ctx->probe_hash + (1 + 7 * layer + 3) * ctx->B; /* probe "layer<l>.cache" */
+    uint64_t *out = ctx->probe_hash + kv_probe_index(layer, KV_PROBE_CACHE) * ctx->B;
     const KvCudaCache *c = &ctx->caches[layer];
     if (c->slots > 0) {
         KV_LAUNCH(ctx, kv_probe_cache_kernel, (unsigned int)ctx->B, 64, 0, c->cur.k, c->cur.v,
-                  c->cur.real, c->cur.pos, c->slots, n_slots, ctx->total, n, window, ctx->kv_dim,
+                  c->cur.real, c->cur.pos, (int)ctx->variant->layout, c->window, c->slots,
+                  n_slots, ctx->total, n, window, ctx->kv_dim,
                   ctx->probe_map, ctx->window + 1, out);
     } else {
         KV_LAUNCH(ctx, kv_probe_cache_kernel, (unsigned int)ctx->B, 64, 0, ctx->kc[layer],
-                  ctx->vc[layer], ctx->real, (const int64_t *)NULL, ctx->max_len, (int64_t)0,
+                  ctx->vc[layer], ctx->real, (const int64_t *)NULL, 0, (int64_t)0, ctx->max_len,
+                  (int64_t)0,
                   ctx->total, n, window, ctx->kv_dim, ctx->probe_map, ctx->window + 1, out);
     }
 cleanup:

@@ -637,14 +637,15 @@ static KvStatus val_variant_step(KvValRun *v, ValVariant *s, int step, int64_t n
 
     KV_TRY(kv_val_dev_err(v, s->gat, where, err));
     KV_TRY(val_attn_download(v, &s->a, n, err));
-    /* op_attn_variant's gather over the CPU view (plus the new keys u <= t
-     * when attending before the update), in ascending position. */
+    /* op_attn_variant's gather over the CPU view by the layout rule (plus
+     * the new keys u <= t when attending before the update), in ascending
+     * position. */
     for (int64_t r = 0; r < B * n; r++) {
         const int64_t b = r / n, t = r % n, qs = len + t;
         ValKeys *k = &s->a.keys;
         k->n = 0;
         for (int64_t i = 0; s->real_in[r] && i < view.n_slots; i++) {
-            const int64_t p = view.pos[i];
+            const int64_t p = kv_layout_position(ops->layout, W, i, after ? len + n : len);
             if (p < 0 || !view.real[b * view.row_stride + i] || !kv_window_visible(qs, p, W)) {
                 continue;
             }
