@@ -206,6 +206,11 @@ static void test_cache_check(const TestCache *t) {
         const int64_t want = test_layout_pos(layout, W, T, i);
         EXPECT(p == want, CTX_FMT "slot %lld holds position %lld, the layout wants %lld",
                CTX_ARGS(t), (long long)i, (long long)p, (long long)want);
+        /* The rule attention reads by (layout.h) against this file's own
+         * statement of the layout: they must agree slot by slot. */
+        const int64_t rule = kv_layout_position(ops->layout, W, i, T);
+        EXPECT(rule == want, CTX_FMT "slot %lld: kv_layout_position says %lld, the layout wants %lld",
+               CTX_ARGS(t), (long long)i, (long long)rule, (long long)want);
         if (p == -1) {
             for (int64_t b = 0; b < t->batch; b++) {
                 const int64_t s = b * view.row_stride + i;
