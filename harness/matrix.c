@@ -316,7 +316,9 @@ static KvStatus run_candidates(const KvModel *m, const char *model_name, const K
                     kv_compare_finite(run, idx, &c);
                     st = kv_gate_add_comparison(rep, &c, err);
                     if (st != KV_OK) goto cleanup;
-                    if (o->replay_every > 0) {
+                    /* A decode with no step after the prefill has nothing to
+                     * replay: no comparison rather than a SKIP of the run. */
+                    if (o->replay_every > 0 && (run->skipped || run->steps > 1)) {
                         kv_compare_replay(run, idx, &c);
                         st = kv_gate_add_comparison(rep, &c, err);
                         if (st != KV_OK) goto cleanup;
@@ -449,7 +451,11 @@ KvStatus kv_gate_work_add(const KvConfig *cfg, const KvGateOptions *o, int *unit
         }
         const int64_t T = use->prompt_len + use->new_tokens - 1; /* positions fed */
         const int64_t replays =
-            o->replay_every > 0 ? 2 * ((use->new_tokens - 1) / o->replay_every) : 0;
+            o->replay_every > 0 && use->new_tokens > 1
+                ? 2 * ((use->new_tokens - 1) / o->replay_every > 0
+                           ? (use->new_tokens - 1) / o->replay_every
+                           : 1)
+                : 0;
         double keys = 0.0;
         for (int64_t l = 0; l < cfg->num_layers; l++) {
             keys += keys_attended(T, kv_config_layer_window(cfg, l));

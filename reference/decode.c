@@ -169,7 +169,10 @@ static KvStatus decode_step(const KvBackendOps *ops, KvBackend *b, const KvModel
         if (st == KV_OK) st = ops->set_input(b, tok, real, 1, err);
         if (st != KV_OK) return st;
     }
-    const bool check = sp->replay_every > 0 && step % sp->replay_every == 0;
+    /* A decode shorter than the interval replay-checks its last step, so a
+     * short decode (--max-new-tokens 5) is still checked, not skipped. */
+    const bool last_unchecked = step == sp->new_tokens - 1 && out->replays_checked == 0;
+    const bool check = sp->replay_every > 0 && (step % sp->replay_every == 0 || last_unchecked);
     const int64_t runs = check ? (sp->replay_k > 0 ? sp->replay_k : KV_REPLAY_K) : 1;
     if (check) {
         st = ops->snapshot_save(b, err);

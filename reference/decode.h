@@ -34,7 +34,9 @@ typedef struct {
     unsigned faults;           /* planted KV_FAULT_* bits (forward.h); 0 for clean runs */
     int64_t replay_every;      /* replay check at every decode step s with s % replay_every
                                 * == 0 (0 = off): the step runs replay_k times from one
-                                * snapshot and every run must be bitwise identical */
+                                * snapshot and every run must be bitwise identical; a
+                                * decode too short to reach such a step checks its last
+                                * step instead, so every decode step count >= 1 checks one */
     int64_t replay_k;          /* runs per checked step; <= 0 means 3 */
     bool record_probes;        /* fill KvDecodeResult.probe_hash */
     bool dump_probes;          /* (with record_probes) fill KvDecodeResult.dump with the full

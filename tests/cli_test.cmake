@@ -126,6 +126,14 @@ kv_expect_match("${err}" "TFLOP of CPU work .* --allow-large-work" "large work r
 # ... and runs when narrowed.
 kv_run(0 out err ${KVREPRO} gate --model "${WORK}/nowin" --scenarios short_prompt_crosses_window
        --variants ring --modes eager --repeats 1 --max-new-tokens 8 --replay-every 0)
+# A decode shorter than the replay interval replay-checks its last step
+# (issue 14): no run is SKIP for want of a replay-checked step, nor when there
+# is no decode step at all (nothing to replay, no comparison).
+foreach(k 5 1)
+  kv_run(0 out err ${KVREPRO} gate --backends cpu --scenarios prompt_w --variants ring,dynamic
+         --max-new-tokens ${k})
+  kv_expect_match("${out}" " 0 failed, 0 skipped" "short decode (${k} tokens) not skipped")
+endforeach()
 # Not a terminal: progress is printed as whole lines (a CI log shows them).
 kv_expect_match("${err}" "kvrepro gate: done: [0-9]+/[0-9]+ runs" "progress lines when not a terminal")
 
