@@ -13,6 +13,7 @@
 #include "cli.h"
 #include "backends.h"
 #include "compare.h"
+#include "ensemble.h"
 #include "fault.h"
 #include "fixture.h"
 #include "gate_external.h"
@@ -54,7 +55,7 @@ static void gate_usage(FILE *f) {
             "                    [--shard I/N] [--tol NAME=VALUE]... [--prompts FILE\n"
             "                    --max-new-tokens N] [--seed N] [--prompt-seed N]\n"
             "                    [--replay-every N] [--fault LIST | --faults LIST|all]\n"
-            "                    [--timings] [--allow-large-work]\n"
+            "                    [--timings] [--allow-large-work] [--no-calibrate]\n"
             "                    [--quiet | --verbose]\n"
             "       kvrepro gate --model DIR --external RUN.h5 [--external RUN.h5]...\n"
             "                    [--report PATH.h5] [--junit PATH.xml] [--tol NAME=VALUE]...\n"
@@ -78,7 +79,11 @@ static void gate_usage(FILE *f) {
             "  --report PATH     write the HDF5 report (reports/SCHEMA.md)\n"
             "  --junit PATH      write JUnit XML\n"
             "  --shard I/N       run the I-th of N shards of the (model, scenario) units\n"
-            "  --tol NAME=VALUE  max_rel_err (default %g), tie_margin (default %g)\n"
+            "  --tol NAME=VALUE  max_rel_err (default: calibrated per model and scenario,\n"
+            "                    %d x the spread of the reference under %d other valid\n"
+            "                    reduction orders), tie_margin (default %g); an explicit\n"
+            "                    value overrides and is recorded\n"
+            "  --no-calibrate    no ensemble: max_rel_err is then %g unless --tol sets it\n"
             "  --prompts FILE    a JSON array of token-id arrays, run as one left-padded batch\n"
             "                    instead of the scenarios; needs --max-new-tokens N\n"
             "  --max-new-tokens N  tokens each --prompts row decodes; with the scenarios, the\n"
@@ -111,7 +116,8 @@ static void gate_usage(FILE *f) {
             "                    and the hash of the full row (default %d); comparisons always\n"
             "                    use the full logits\n"
             "Exit codes: 0 pass, 1 gate failure, 2 bad input or usage, 3 internal error.\n",
-            KV_TOL_MAX_REL_ERR, KV_TOL_TIE_MARGIN, KV_GATE_MAX_WORK_FLOP / 1e12,
+            KV_CAL_SPREAD_MULT, KV_ENSEMBLE_SIZE, KV_TOL_TIE_MARGIN, KV_TOL_MAX_REL_ERR,
+            KV_GATE_MAX_WORK_FLOP / 1e12,
             (unsigned long long)KV_FIXTURE_DEFAULT_SEED,
             (unsigned long long)KV_FIXTURE_DEFAULT_SEED, KV_TOPK, KV_FULL_LOGITS_MAX_VOCAB);
 }
@@ -317,6 +323,8 @@ static bool gate_parse_args(int argc, char **argv, GateArgs *a, KvGateOptions *o
             a->verbose = true;
         } else if (strcmp(argv[i], "--timings") == 0) {
             o->timings = true;
+        } else if (strcmp(argv[i], "--no-calibrate") == 0) {
+            o->calibrate = false;
         } else if (strcmp(argv[i], "--allow-large-work") == 0) {
             a->allow_large = true;
             gate_note_matrix_opt(a, "--allow-large-work");
@@ -396,6 +404,9 @@ static bool gate_parse_args(int argc, char **argv, GateArgs *a, KvGateOptions *o
             if (!bad && kv_tolerances_set(&o->tol, v, &err) != KV_OK) {
                 fprintf(stderr, "kvrepro gate: %s\n", err.msg);
                 bad = true;
+            }
+            if (!bad && strncmp(v, "max_rel_err=", strlen("max_rel_err=")) == 0) {
+                o->tol_max_rel_err_set = true; /* overrides the calibrated value */
             }
         } else if (kv_cli_take(argc, argv, &i, "--shard", &v, &bad)) {
             gate_note_matrix_opt(a, "--shard");
@@ -581,9 +592,16 @@ static void gate_print_header(const GateArgs *a, const KvGateOptions *o, const K
             printf("%s: skipped, no device: %s\n", o->backends[i].ops->name, o->backends[i].skip);
         }
     }
-    printf("seeds: weights %llu, prompts %llu; tolerances: max_rel_err %g, tie_margin %g; "
+    char rel[96];
+    if (o->calibrate && !o->tol_max_rel_err_set) {
+        snprintf(rel, sizeof rel, "calibrated per unit (%d x the %d-order spread, >= %g)",
+                 KV_CAL_SPREAD_MULT, KV_ENSEMBLE_SIZE, KV_CAL_FLOOR);
+    } else {
+        snprintf(rel, sizeof rel, "%g", o->tol.max_rel_err);
+    }
+    printf("seeds: weights %llu, prompts %llu; tolerances: max_rel_err %s, tie_margin %g; "
            "shard %s\n",
-           (unsigned long long)a->seed, (unsigned long long)o->prompt_seed, o->tol.max_rel_err,
+           (unsigned long long)a->seed, (unsigned long long)o->prompt_seed, rel,
            o->tol.tie_margin, rep->shard);
 }
 
@@ -660,7 +678,7 @@ int kv_cmd_gate(int argc, char **argv) {
     KvError err = {{0}};
     KvGateOptions o = {
         .eager = true, .graph = true, .repeats = 3,
-        .replay_every = 5, .tol = kv_tolerances_default(),
+        .replay_every = 5, .tol = kv_tolerances_default(), .calibrate = true,
         .prompt_seed = KV_FIXTURE_DEFAULT_SEED, .shard_i = 1, .shard_n = 1,
         .full_logits_max_vocab = KV_FULL_LOGITS_MAX_VOCAB,
     };
@@ -705,6 +723,14 @@ int kv_cmd_gate(int argc, char **argv) {
     kv_gate_fill_root(&rep, a.seed, o.prompt_seed, o.shard_i, o.shard_n);
     st = gate_query_backends(&o, &rep, &err);
     if (st == KV_OK) st = kv_tolerances_record(&o.tol, &rep, &err);
+    if (st == KV_OK && o.tol_max_rel_err_set) {
+        snprintf(rep.tolerances[0].reason, sizeof rep.tolerances[0].reason,
+                 "set by --tol: overrides calibration in every unit");
+    } else if (st == KV_OK && o.calibrate) {
+        snprintf(rep.tolerances[0].reason, sizeof rep.tolerances[0].reason,
+                 "not used: each (model, scenario) is judged by its calibrated "
+                 "max_rel_err@MODEL/SCENARIO (--no-calibrate uses this)");
+    }
     if (st != KV_OK) goto cleanup;
     if (!a.quiet) gate_print_header(&a, &o, &rep);
     /* Everything that can be refused is refused before the first decode. */

@@ -163,15 +163,45 @@ static bool merge_compatible(const KvReport *a, const KvReport *b, char *why, si
         snprintf(why, n, "seeds or model differ");
         return false;
     }
-    if (a->n_tolerances != b->n_tolerances) {
+    /* The gate-wide tolerances (names without '@') must match one for one;
+     * a unit's calibrated "NAME@MODEL/SCENARIO" belongs to that unit's shard
+     * alone and is joined by merge_unit_tolerances. */
+    int64_t ta = 0, tb = 0;
+    for (;;) {
+        while (ta < a->n_tolerances && strchr(a->tolerances[ta].name, '@') != NULL) ta++;
+        while (tb < b->n_tolerances && strchr(b->tolerances[tb].name, '@') != NULL) tb++;
+        if (ta == a->n_tolerances || tb == b->n_tolerances) break;
+        if (strcmp(a->tolerances[ta].name, b->tolerances[tb].name) != 0 ||
+            a->tolerances[ta].value != b->tolerances[tb].value) {
+            snprintf(why, n, "tolerance %s differs", a->tolerances[ta].name);
+            return false;
+        }
+        ta++;
+        tb++;
+    }
+    if (ta != a->n_tolerances || tb != b->n_tolerances) {
         snprintf(why, n, "tolerances differ");
         return false;
     }
-    for (int64_t t = 0; t < a->n_tolerances; t++) {
-        if (strcmp(a->tolerances[t].name, b->tolerances[t].name) != 0 ||
-            a->tolerances[t].value != b->tolerances[t].value) {
-            snprintf(why, n, "tolerance %s differs", a->tolerances[t].name);
-            return false;
+    return true;
+}
+
+/* Appends in's per-unit tolerances ("NAME@MODEL/SCENARIO", one per unit the
+ * shard ran) to out's. Units never repeat across shards (the duplicate-run
+ * check comes first), so neither do these names. */
+static bool merge_unit_tolerances(KvReport *out, const KvReport *in) {
+    int64_t extra = 0;
+    for (int64_t t = 0; t < in->n_tolerances; t++) {
+        if (strchr(in->tolerances[t].name, '@') != NULL) extra++;
+    }
+    if (extra == 0) return true;
+    KvTolerance *ts = realloc(out->tolerances,
+                              (size_t)(out->n_tolerances + extra) * sizeof *ts);
+    if (ts == NULL) return false;
+    out->tolerances = ts;
+    for (int64_t t = 0; t < in->n_tolerances; t++) {
+        if (strchr(in->tolerances[t].name, '@') != NULL) {
+            out->tolerances[out->n_tolerances++] = in->tolerances[t];
         }
     }
     return true;
@@ -252,6 +282,7 @@ int kv_cmd_merge(int argc, char **argv) {
                               label);
             goto fail;
         }
+        if (!merge_unit_tolerances(&out, &in)) goto oom;
         const int64_t base = out.n_runs;
         KvRun *runs = realloc(out.runs, (size_t)(out.n_runs + in.n_runs) * sizeof *runs);
         if (runs == NULL) goto oom;

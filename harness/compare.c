@@ -327,6 +327,16 @@ static void row_error(const float *r, const float *c, int64_t n, bool with_kl, d
     e->kl = kl;
 }
 
+/* The least tolerances under which a comparison would have passed, as
+ * Polygraphy prints them, so a pass shows how close to the edge it was and a
+ * failure how far past it: max_rel_err >= the largest relative error seen,
+ * tie_margin >= the largest baseline margin at a flipped token (0: no flip).
+ * Non-finite logits pass under no tolerance and are not counted here. */
+static void least_passing(char *buf, size_t n, double max_rel, double max_flip_margin) {
+    snprintf(buf, n, "; least passing tolerances: max_rel_err %.3g, tie_margin %.3g", max_rel,
+             max_flip_margin);
+}
+
 void kv_compare_reference(const KvRun *ref, const KvRun *cand, const KvTolerances *t,
                           int64_t ref_index, int64_t cand_index, KvComparison *out) {
     compare_init(out, KV_CMP_REFERENCE, ref_index, cand_index);
@@ -342,6 +352,7 @@ void kv_compare_reference(const KvRun *ref, const KvRun *cand, const KvTolerance
     const int64_t V = ref->vocab, B = ref->batch;
     double se = 0.0, ss = 0.0;
     int64_t agree = 0, fail_step = -1, fail_row = -1;
+    double flip_margin = 0.0; /* the largest reference margin at a flipped token */
     const char *fail_what = NULL;
     char nonfinite_what[160];
     for (int64_t s = 0; s < ref->steps; s++) {
@@ -372,6 +383,9 @@ void kv_compare_reference(const KvRun *ref, const KvRun *cand, const KvTolerance
             out->max_rel_err = rel > out->max_rel_err ? rel : out->max_rel_err;
             out->kl = e.kl > out->kl ? e.kl : out->kl;
             const int64_t i = s * B + b;
+            if (ref->tokens[i] != cand->tokens[i] && ref->margins[i] > flip_margin) {
+                flip_margin = ref->margins[i];
+            }
             if (ref->tokens[i] == cand->tokens[i]) {
                 agree++;
             } else if (ref->margins[i] <= t->tie_margin) {
@@ -403,15 +417,20 @@ void kv_compare_reference(const KvRun *ref, const KvRun *cand, const KvTolerance
             out->first_step = fail_step;
             out->first_row = fail_row;
         }
-        char what[256];
-        snprintf(what, sizeof what, "%s at step %lld row %lld (max rel err %.3g)", fail_what,
-                 (long long)fail_step, (long long)fail_row, out->max_rel_err);
+        char what[320], least[96];
+        least_passing(least, sizeof least, out->max_rel_err, flip_margin);
+        snprintf(what, sizeof what, "%s at step %lld row %lld (max rel err %.3g > %g%s)",
+                 fail_what, (long long)fail_step, (long long)fail_row, out->max_rel_err,
+                 t->max_rel_err, least);
         describe_divergence(ref, cand, out, what);
     } else {
+        char least[96];
+        least_passing(least, sizeof least, out->max_rel_err, flip_margin);
         snprintf(out->message, sizeof out->message,
-                 "agrees: max rel err %.3g, top-1 %.1f%%, %lld near-ties%s", out->max_rel_err,
-                 out->top1_agreement, (long long)out->near_ties,
-                 probe_diff ? " (not bitwise)" : ", bitwise identical");
+                 "agrees within max_rel_err %.3g: max rel err %.3g, top-1 %.1f%%, %lld "
+                 "near-ties%s%s", t->max_rel_err, out->max_rel_err, out->top1_agreement,
+                 (long long)out->near_ties, probe_diff ? " (not bitwise)" : ", bitwise identical",
+                 least);
     }
 }
 
@@ -551,6 +570,7 @@ void kv_compare_outputs(const KvRun *base, const KvRun *cand, const KvTolerances
     for (int64_t b = 0; b < B; b++) tie_step[b] = -1;
     double se = 0.0, ss = 0.0;
     int64_t agree = 0, compared = 0, fail_step = -1, fail_row = -1;
+    double flip_margin = 0.0; /* the largest baseline margin at a flipped token */
     char fail_what[256] = "";
     for (int64_t s = 0; s < S; s++) {
         for (int64_t b = 0; b < B; b++) {
@@ -585,6 +605,9 @@ void kv_compare_outputs(const KvRun *base, const KvRun *cand, const KvTolerances
             out->max_rel_err = rel > out->max_rel_err ? rel : out->max_rel_err;
             out->kl = e.kl > out->kl ? e.kl : out->kl;
             compared++;
+            if (base->tokens[i] != cand->tokens[i] && base->margins[i] > flip_margin) {
+                flip_margin = base->margins[i];
+            }
             if (base->tokens[i] == cand->tokens[i]) {
                 agree++;
             } else if (base->margins[i] <= t->tie_margin) {
@@ -640,16 +663,18 @@ void kv_compare_outputs(const KvRun *base, const KvRun *cand, const KvTolerances
         }
     }
     const char *whose = kind == KV_CMP_COMPILED ? " (compiled vs eager: the gate's tolerance)" : "";
+    char least[96];
+    least_passing(least, sizeof least, out->max_rel_err, flip_margin);
     if (fail_step >= 0) {
         out->verdict = KV_VERDICT_FAIL;
         out->first_step = fail_step;
         out->first_row = fail_row;
-        snprintf(out->message, sizeof out->message, "%s%s; max rel err %.3g%s", fail_what, whose,
-                 out->max_rel_err, notes);
+        snprintf(out->message, sizeof out->message, "%s%s; max rel err %.3g%s%s", fail_what,
+                 whose, out->max_rel_err, least, notes);
     } else {
         snprintf(out->message, sizeof out->message, "agrees within max_rel_err %g%s: max rel err "
-                 "%.3g, top-1 %.1f%%, %lld near-ties%s", t->max_rel_err, whose, out->max_rel_err,
-                 out->top1_agreement, (long long)out->near_ties, notes);
+                 "%.3g, top-1 %.1f%%, %lld near-ties%s%s", t->max_rel_err, whose,
+                 out->max_rel_err, out->top1_agreement, (long long)out->near_ties, least, notes);
     }
 cleanup:
     free(rbuf);

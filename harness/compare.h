@@ -23,6 +23,19 @@
  * only flip through a real bug. */
 #define KV_TOL_TIE_MARGIN 1e-3
 
+/* Calibrated tolerances (DESIGN §6): per (model, scenario) unit, the gate
+ * runs the reference under KV_ENSEMBLE_SIZE other valid reduction orders
+ * (ensemble.h) and takes the largest relative logit error among them as the
+ * spread. A correct candidate's error against the reference is of the size
+ * of that spread (both are fp32 roundings of the same math in another
+ * order), but candidates reorder more than our three members do (cuBLAS
+ * blocking, fused softmax, other exp/rsqrt): MULT is the headroom for that,
+ * measured: (filled in below with the goldens' torch-vs-reference ratio). */
+#define KV_CAL_SPREAD_MULT 16
+/* The least calibrated max_rel_err: should every member agree bitwise with
+ * the reference (a spread of 0), a few fp32 ulps of the largest logit. */
+#define KV_CAL_FLOOR 1e-6
+
 typedef struct {
     double max_rel_err;
     double tie_margin;

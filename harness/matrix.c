@@ -7,6 +7,7 @@
 #include <time.h>
 
 #include "decode.h"
+#include "ensemble.h"
 #include "fault.h"
 #include "forward.h"
 #include "prng.h"
@@ -67,7 +68,7 @@ static int64_t run_graph_budget(const KvModel *m, const KvScenario *sc,
  * capture nothing and record none. */
 static KvStatus run_decode(const KvModel *m, const KvScenario *sc, const KvCacheOps *variant,
                            KvExecMode mode, const KvGateOptions *o, const int32_t *forced,
-                           const KvBackendOps *ops, KvRun *run, KvError *err) {
+                           const KvBackendOps *ops, unsigned order, KvRun *run, KvError *err) {
     KvDecodeSpec spec = {
         .batch = sc->batch,
         .prompt_len = sc->prompt_len,
@@ -79,6 +80,7 @@ static KvStatus run_decode(const KvModel *m, const KvScenario *sc, const KvCache
         .variant = variant,
         .mode = mode,
         .faults = variant != NULL ? o->faults : 0,
+        .order = order,
         .replay_every = variant != NULL ? o->replay_every : 0,
         .record_probes = true,
     };
@@ -156,7 +158,7 @@ static int64_t gate_candidate_runs(const KvGateOptions *o, bool host_only) {
 }
 
 int64_t kv_gate_runs_per_unit(const KvGateOptions *o) {
-    return 1 + gate_candidate_runs(o, false);
+    return 1 + (o->calibrate ? KV_ENSEMBLE_SIZE : 0) + gate_candidate_runs(o, false);
 }
 
 void kv_gate_progress_print(const KvGateOptions *o, const char *current, bool final) {
@@ -246,8 +248,9 @@ static const char *const k_mode_name[2] = {"eager", "graph"};
  * skip: set to the backend's text when a run returns KV_SKIP (no device):
  * the run and every later run of it are then recorded as skipped. */
 static KvStatus run_candidates(const KvModel *m, const char *model_name, const KvScenario *sc,
-                               const KvGateOptions *o, const KvBackendOps *ops, int64_t ref,
-                               KvReport *rep, char *skip, size_t skip_len, KvError *err) {
+                               const KvGateOptions *o, const KvTolerances *tol,
+                               const KvBackendOps *ops, int64_t ref, KvReport *rep, char *skip,
+                               size_t skip_len, KvError *err) {
     KvStatus st = KV_OK;
     const int modes[2] = {o->eager ? (int)KV_MODE_EAGER : -1, o->graph ? (int)KV_MODE_GRAPH : -1};
     const char *bname = ops->name;
@@ -277,7 +280,7 @@ static KvStatus run_candidates(const KvModel *m, const char *model_name, const K
                     break;
                 }
                 st = run_decode(m, sc, o->variants[v], (KvExecMode)modes[mi], o,
-                                forcing ? rep->runs[ref].tokens : NULL, ops, run, err);
+                                forcing ? rep->runs[ref].tokens : NULL, ops, 0, run, err);
                 if (st == KV_SKIP) {
                     snprintf(skip, skip_len, "%.250s", err->msg);
                     run->skipped = true;
@@ -289,7 +292,7 @@ static KvStatus run_candidates(const KvModel *m, const char *model_name, const K
                 *cand_slot(&tab, v, mi, k) = idx;
                 KvComparison c;
                 if (k == 0) {
-                    kv_compare_reference(&rep->runs[ref], run, &o->tol, ref, idx, &c);
+                    kv_compare_reference(&rep->runs[ref], run, tol, ref, idx, &c);
                     if (c.near_ties > 0 && !forcing) {
                         /* A flip at a near-tie: teacher-force the reference's
                          * tokens so the later steps are still compared. */
@@ -298,13 +301,13 @@ static KvStatus run_candidates(const KvModel *m, const char *model_name, const K
                         run_identify(&forced, model_name, sc->name, o->variants[v]->name, bname,
                                      k_mode_name[mi], k, o->faults);
                         st = run_decode(m, sc, o->variants[v], (KvExecMode)modes[mi], o,
-                                        rep->runs[ref].tokens, ops, &forced, err);
+                                        rep->runs[ref].tokens, ops, 0, &forced, err);
                         if (st != KV_OK) {
                             kv_run_free(&forced);
                             goto cleanup;
                         }
                         const int64_t ties = c.near_ties;
-                        kv_compare_reference(&rep->runs[ref], &forced, &o->tol, ref, idx, &c);
+                        kv_compare_reference(&rep->runs[ref], &forced, tol, ref, idx, &c);
                         c.near_ties = ties > c.near_ties ? ties : c.near_ties;
                         kv_run_free(&rep->runs[idx]);
                         rep->runs[idx] = forced;
@@ -365,7 +368,7 @@ KvStatus kv_gate_run_reference(const KvModel *m, const char *model_name, const K
     if (*ref < 0) return kv_error_set(err, KV_ERR_INTERNAL, "out of memory");
     run_identify(&rep->runs[*ref], model_name, sc->name, "reference", "cpu", "eager", 0, 0);
     KvStatus st =
-        run_decode(m, sc, NULL, KV_MODE_EAGER, o, NULL, &kv_backend_cpu, &rep->runs[*ref], err);
+        run_decode(m, sc, NULL, KV_MODE_EAGER, o, NULL, &kv_backend_cpu, 0, &rep->runs[*ref], err);
     if (st != KV_OK) return st;
     kv_compare_finite(&rep->runs[*ref], *ref, fin);
     st = kv_gate_add_comparison(rep, fin, err);
@@ -374,11 +377,91 @@ KvStatus kv_gate_run_reference(const KvModel *m, const char *model_name, const K
     return KV_OK;
 }
 
+/* Appends a tolerance entry to the report (the calibrated value a unit
+ * used, and why). */
+static KvStatus add_tolerance(KvReport *rep, const char *name, double value, const char *reason,
+                              KvError *err) {
+    KvTolerance *ts = realloc(rep->tolerances, (size_t)(rep->n_tolerances + 1) * sizeof *ts);
+    if (ts == NULL) return kv_error_set(err, KV_ERR_INTERNAL, "out of memory");
+    rep->tolerances = ts;
+    KvTolerance *t = &ts[rep->n_tolerances++];
+    memset(t, 0, sizeof *t);
+    snprintf(t->name, sizeof t->name, "%s", name);
+    t->value = value;
+    snprintf(t->reason, sizeof t->reason, "%s", reason);
+    return KV_OK;
+}
+
+/* The calibration ensemble of one unit (ensemble.h, DESIGN §6): the
+ * reference again under each valid reduction order, each compared with the
+ * canonical reference. Their largest relative logit error is the spread a
+ * correct implementation shows on this model and these prompts, and the
+ * unit's max_rel_err becomes KV_CAL_SPREAD_MULT times it (never below
+ * KV_CAL_FLOOR), unless --tol max_rel_err set it. The members, their
+ * comparisons (judged by the calibrated tolerance: a member flipping a
+ * token above the tie margin fails) and the value used, with its reason,
+ * go into the report. A non-finite reference calibrates nothing (*tol =
+ * o->tol: its candidates are skipped anyway). */
+static KvStatus run_ensemble(const KvModel *m, const char *model_name, const KvScenario *sc,
+                             const KvGateOptions *o, int64_t ref, bool ref_finite, KvReport *rep,
+                             KvTolerances *tol, KvError *err) {
+    KvStatus st = KV_OK;
+    *tol = o->tol;
+    if (!o->calibrate || !ref_finite) return KV_OK;
+    int64_t members[KV_ENSEMBLE_SIZE];
+    double spread = 0.0, each[KV_ENSEMBLE_SIZE];
+    for (int i = 0; i < KV_ENSEMBLE_SIZE; i++) {
+        const unsigned order = kv_ensemble_member(i);
+        char name[KV_NAME_LEN], oname[48];
+        kv_order_name(order, oname, sizeof oname);
+        snprintf(name, sizeof name, "reference~%s", oname);
+        members[i] = kv_gate_add_run(rep);
+        if (members[i] < 0) return kv_error_set(err, KV_ERR_INTERNAL, "out of memory");
+        run_identify(&rep->runs[members[i]], model_name, sc->name, name, "cpu", "eager", 0, 0);
+        st = run_decode(m, sc, NULL, KV_MODE_EAGER, o, NULL, &kv_backend_cpu, order,
+                        &rep->runs[members[i]], err);
+        if (st != KV_OK) return st;
+        KvComparison c;
+        kv_compare_reference(&rep->runs[ref], &rep->runs[members[i]], &o->tol, ref, members[i],
+                             &c);
+        each[i] = c.max_rel_err;
+        if (c.max_rel_err > spread) spread = c.max_rel_err; /* NaN never wins */
+        progress_line(o, &rep->runs[members[i]]);
+    }
+    double cal = KV_CAL_SPREAD_MULT * spread;
+    if (!(cal >= KV_CAL_FLOOR)) cal = KV_CAL_FLOOR;
+    char reason[160];
+    if (o->tol_max_rel_err_set) {
+        snprintf(reason, sizeof reason, "--tol max_rel_err (calibration: spread %.3g, would be "
+                 "%.3g)", spread, cal);
+    } else {
+        tol->max_rel_err = cal;
+        snprintf(reason, sizeof reason, "calibrated: %d-order spread %.3g (%.3g, %.3g, %.3g) x %g, "
+                 "floor %g", KV_ENSEMBLE_SIZE, spread, each[0], each[1], each[2],
+                 (double)KV_CAL_SPREAD_MULT, KV_CAL_FLOOR);
+    }
+    char tname[KV_NAME_LEN];
+    snprintf(tname, sizeof tname, "max_rel_err@%.23s/%.27s", model_name, sc->name);
+    st = add_tolerance(rep, tname, tol->max_rel_err, reason, err);
+    for (int i = 0; st == KV_OK && i < KV_ENSEMBLE_SIZE; i++) {
+        KvComparison c;
+        kv_compare_reference(&rep->runs[ref], &rep->runs[members[i]], tol, ref, members[i], &c);
+        st = kv_gate_add_comparison(rep, &c, err);
+        if (st != KV_OK) break;
+        kv_compare_finite(&rep->runs[members[i]], members[i], &c);
+        st = kv_gate_add_comparison(rep, &c, err);
+    }
+    return st;
+}
+
 static KvStatus run_scenario(const KvModel *m, const char *model_name, const KvScenario *sc,
                              const KvGateOptions *o, KvReport *rep, KvError *err) {
     int64_t ref = -1;
     KvComparison fin;
     KvStatus st = kv_gate_run_reference(m, model_name, sc, o, rep, &ref, &fin, err);
+    if (st != KV_OK) return st;
+    KvTolerances tol;
+    st = run_ensemble(m, model_name, sc, o, ref, fin.verdict != KV_VERDICT_FAIL, rep, &tol, err);
     if (st != KV_OK) return st;
 
     /* A reference that is not finite has nothing to judge candidates by:
@@ -402,7 +485,7 @@ static KvStatus run_scenario(const KvModel *m, const char *model_name, const KvS
             skip = local;
             skip_len = sizeof local;
         }
-        st = run_candidates(m, model_name, sc, o, gb->ops, ref, rep, skip, skip_len, err);
+        st = run_candidates(m, model_name, sc, o, &tol, gb->ops, ref, rep, skip, skip_len, err);
         if (st != KV_OK) return st;
     }
 

@@ -52,6 +52,9 @@ typedef struct {
     int64_t replay_every;             /* replay check stride in decode steps (0 = off) */
     unsigned faults;                  /* planted faults for candidate runs (0 = clean) */
     KvTolerances tol;
+    bool tol_max_rel_err_set;         /* --tol max_rel_err given: it overrides calibration */
+    bool calibrate;                   /* run the reduction-order ensemble per unit and judge
+                                       * reference agreement by its spread (ensemble.h) */
     uint64_t prompt_seed;
     int shard_i, shard_n;             /* run the (model, scenario) units u with
                                        * u % shard_n == shard_i - 1 */

@@ -29,6 +29,7 @@ typedef struct {
     int64_t max_chunk;          /* most tokens one forward takes */
     const KvCacheOps *variant;  /* NULL: the reference layout; else sliding layers use it */
     unsigned faults;            /* planted KV_FAULT_* bits (fault.h); 0 for clean runs */
+    unsigned order;             /* KV_ORDER_* bits (ensemble.h); 0 outside calibration */
     bool probes;                /* record probe hashes */
     bool dump_probes;           /* keep the last forward's full probe values (take_dump) */
 } KvBackendSetup;

@@ -46,6 +46,7 @@ static KvStatus cpu_create(const KvModel *m, const KvBackendSetup *setup, KvBack
                            setup->variant, err);
     if (st != KV_OK) goto cleanup;
     kv_ref_state_plant(&r->s, setup->faults);
+    r->s.order = setup->order;
     r->s.probes = setup->probes;
     if (setup->probes && setup->dump_probes) {
         /* Before any capture: the probe ops record whether to dump. */

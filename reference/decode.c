@@ -263,6 +263,7 @@ KvStatus kv_decode_run(const KvBackendOps *ops, const KvModel *m, const KvDecode
         .max_chunk = chunk,
         .variant = sp->variant,
         .faults = sp->faults,
+        .order = sp->order,
         .probes = sp->record_probes,
         .dump_probes = sp->record_probes && sp->dump_probes,
     };

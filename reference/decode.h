@@ -32,6 +32,8 @@ typedef struct {
     const KvCacheOps *variant; /* NULL: the reference; else the sliding-layer cache variant */
     KvExecMode mode;           /* eager (default) or graph */
     unsigned faults;           /* planted KV_FAULT_* bits (forward.h); 0 for clean runs */
+    unsigned order;            /* KV_ORDER_* bits (ensemble.h): a calibration run of the
+                                * reference in another valid reduction order; 0 normally */
     int64_t replay_every;      /* replay check at every decode step s with s % replay_every
                                 * == 0 (0 = off): the step runs replay_k times from one
                                 * snapshot and every run must be bitwise identical; a

@@ -24,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ensemble.h"
 #include "kvmath.h"
 #include "prng.h"
 
@@ -182,7 +183,8 @@ static int64_t fault_mask_window(const KvRefState *s, int64_t window) {
 }
 
 /* kv_attend over nk gathered keys in ascending position, or, when reversed
- * (KV_FAULT_ATOMIC_REDUCTION), the same keys summed in descending order. */
+ * (ensemble order KV_ORDER_KEYS_REVERSED, or the planted
+ * KV_FAULT_ATOMIC_REDUCTION), the same keys summed in descending order. */
 static void attend_keys(const float *q, const float **gk, const float **gv, int64_t nk,
                         int64_t hd, float scale, float cap, float *scores, float *out,
                         bool reversed) {
@@ -488,14 +490,26 @@ typedef struct {
     const float *w; /* (out, in) */
     float *y;       /* (rows, out) */
     int64_t rows, in, out;
-    bool tf32;      /* planted KV_FAULT_TF32 */
+    int kind;       /* MM_* below */
 } ArgsMatmul;
 
-/* y = x w^T, or under KV_FAULT_TF32 with TF32-rounded inputs (out of memory
- * for its scratch: NaN outputs, so the failure cannot pass unseen). */
-static void matmul_maybe_tf32(const float *x, const float *w, int64_t rows, int64_t in,
-                              int64_t out, float *y, bool tf32) {
-    if (!tf32) {
+/* How a matmul sums: the canonical pattern, TF32 inputs (planted
+ * KV_FAULT_TF32) or one sequential accumulator (ensemble order
+ * KV_ORDER_DOT_SEQUENTIAL). */
+enum { MM_CANONICAL = 0, MM_TF32 = 1, MM_SEQUENTIAL = 2 };
+
+static int matmul_kind(const KvRefState *s) {
+    if (s->faults & KV_FAULT_TF32) return MM_TF32;
+    return (s->order & KV_ORDER_DOT_SEQUENTIAL) ? MM_SEQUENTIAL : MM_CANONICAL;
+}
+
+/* y = x w^T by `kind` (TF32 out of memory for its scratch: NaN outputs, so
+ * the failure cannot pass unseen). */
+static void matmul_by(const float *x, const float *w, int64_t rows, int64_t in, int64_t out,
+                      float *y, int kind) {
+    if (kind == MM_SEQUENTIAL) {
+        kv_matmul_sequential(x, w, rows, in, out, y);
+    } else if (kind != MM_TF32) {
         kv_matmul(x, w, rows, in, out, y);
     } else if (kv_matmul_tf32(x, w, rows, in, out, y) != KV_OK) {
         for (int64_t i = 0; i < rows * out; i++) y[i] = NAN;
@@ -504,7 +518,7 @@ static void matmul_maybe_tf32(const float *x, const float *w, int64_t rows, int6
 
 static void op_matmul(const void *ap) {
     const ArgsMatmul *a = ap;
-    matmul_maybe_tf32(a->x, a->w, a->rows, a->in, a->out, a->y, a->tf32);
+    matmul_by(a->x, a->w, a->rows, a->in, a->out, a->y, a->kind);
 }
 
 /* Up to three projections of one input in one parallel region. */
@@ -515,17 +529,17 @@ typedef struct {
     int64_t out[3];
     int64_t rows, in;
     int count;
-    bool tf32;          /* planted KV_FAULT_TF32 */
+    int kind;           /* MM_* */
 } ArgsMatmulMulti;
 
 static void op_matmul_multi(const void *ap) {
     const ArgsMatmulMulti *a = ap;
-    if (!a->tf32) {
+    if (a->kind == MM_CANONICAL) {
         kv_matmul_multi(a->x, a->rows, a->in, a->count, a->w, a->out, a->y);
         return;
     }
     for (int j = 0; j < a->count; j++) {
-        matmul_maybe_tf32(a->x, a->w[j], a->rows, a->in, a->out[j], a->y[j], true);
+        matmul_by(a->x, a->w[j], a->rows, a->in, a->out[j], a->y[j], a->kind);
     }
 }
 
@@ -579,7 +593,10 @@ static void op_attn_static(const void *ap) {
     const int64_t window = fault_mask_window(s, kv_config_layer_window(c, a->layer));
     const float scale = kv_config_attn_scale(c);
     const float cap = (float)c->attn_logit_softcapping;
-    const bool reversed = (s->faults & KV_FAULT_ATOMIC_REDUCTION) && fault_clock_reversed();
+    /* Descending key order: the ensemble order KV_ORDER_KEYS_REVERSED, or
+     * the planted atomic_reduction fault at the clock's whim. */
+    const bool reversed = (s->order & KV_ORDER_KEYS_REVERSED) != 0 ||
+                          ((s->faults & KV_FAULT_ATOMIC_REDUCTION) && fault_clock_reversed());
     const float *kc = s->k + a->layer * s->batch * s->max_len * kv_dim; /* (B, max_len, kv_dim) */
     const float *vc = s->v + a->layer * s->batch * s->max_len * kv_dim; /* (B, max_len, kv_dim) */
     const int64_t len = s->total_mem;
@@ -646,7 +663,10 @@ static void op_attn_variant(const void *ap) {
     const int64_t window = fault_mask_window(s, kv_config_layer_window(c, a->layer));
     const float scale = kv_config_attn_scale(c);
     const float cap = (float)c->attn_logit_softcapping;
-    const bool reversed = (s->faults & KV_FAULT_ATOMIC_REDUCTION) && fault_clock_reversed();
+    /* Descending key order: the ensemble order KV_ORDER_KEYS_REVERSED, or
+     * the planted atomic_reduction fault at the clock's whim. */
+    const bool reversed = (s->order & KV_ORDER_KEYS_REVERSED) != 0 ||
+                          ((s->faults & KV_FAULT_ATOMIC_REDUCTION) && fault_clock_reversed());
     /* KV_FAULT_UNWRITTEN_SLOT: the mask forgets slot validity, so an empty
      * slot (position -1, NaN since reset) is gathered like a key. */
     const bool unwritten = (s->faults & KV_FAULT_UNWRITTEN_SLOT) != 0;
@@ -759,8 +779,7 @@ static void op_final(const void *ap) {
         kv_rmsnorm(s->x + (b * a->n + a->n - 1) * hidden, m->final_norm, hidden,
                    (float)c->rms_norm_eps, c->family == KV_FAMILY_GEMMA2, s->last + b * hidden);
     }
-    matmul_maybe_tf32(s->last, m->lm_head, s->batch, hidden, c->vocab_size, s->logits,
-                      (s->faults & KV_FAULT_TF32) != 0);
+    matmul_by(s->last, m->lm_head, s->batch, hidden, c->vocab_size, s->logits, matmul_kind(s));
     if (c->final_logit_softcapping > 0.0) {
         const float cap = (float)c->final_logit_softcapping;
         const int64_t count = s->batch * c->vocab_size;
@@ -804,9 +823,9 @@ static void launch_layer(KvRefState *s, int64_t layer, int64_t n) {
 
     ArgsNorm norm_in = {c, s->x, w->input_norm, s->xn, rows};
     kv_stream_launch(st, op_norm_rows, &norm_in, sizeof norm_in);
-    const bool tf32 = (s->faults & KV_FAULT_TF32) != 0;
+    const int mm = matmul_kind(s); /* MM_*: canonical, TF32 fault or ensemble order */
     ArgsMatmulMulti qkv = {s->xn, {w->wq, w->wk, w->wv}, {s->q, s->kn, s->vn},
-                           {q_dim, kv_dim, kv_dim}, rows, hidden, 3, tf32};
+                           {q_dim, kv_dim, kv_dim}, rows, hidden, 3, mm};
     kv_stream_launch(st, op_matmul_multi, &qkv, sizeof qkv);
     ArgsStepN rope = {s, n};
     kv_stream_launch(st, op_rope, &rope, sizeof rope);
@@ -840,7 +859,7 @@ static void launch_layer(KvRefState *s, int64_t layer, int64_t n) {
     }
     launch_probe(s, kv_probe_index(layer, KV_PROBE_ATTN), s->att, n * q_dim * (int64_t)sizeof(float));
 
-    ArgsMatmul mo = {s->att, w->wo, s->tmp, rows, q_dim, hidden, tf32};
+    ArgsMatmul mo = {s->att, w->wo, s->tmp, rows, q_dim, hidden, mm};
     kv_stream_launch(st, op_matmul, &mo, sizeof mo);
     ArgsAdd add = {s->x, s->tmp, rows * hidden};
     if (gemma) {
@@ -856,11 +875,11 @@ static void launch_layer(KvRefState *s, int64_t layer, int64_t n) {
         kv_stream_launch(st, op_norm_rows, &post, sizeof post);
     }
     ArgsMatmulMulti gu = {s->xn, {w->w_gate, w->w_up, NULL}, {s->gate, s->up, NULL},
-                          {inter, inter, 0}, rows, hidden, 2, tf32};
+                          {inter, inter, 0}, rows, hidden, 2, mm};
     kv_stream_launch(st, op_matmul_multi, &gu, sizeof gu);
     ArgsGlu glu = {s->gate, s->up, rows * inter, gemma};
     kv_stream_launch(st, op_glu, &glu, sizeof glu);
-    ArgsMatmul md = {s->gate, w->w_down, s->tmp, rows, inter, hidden, tf32};
+    ArgsMatmul md = {s->gate, w->w_down, s->tmp, rows, inter, hidden, mm};
     kv_stream_launch(st, op_matmul, &md, sizeof md);
     if (gemma) {
         ArgsNorm post = {c, s->tmp, w->post_ffw_norm, s->tmp, rows};

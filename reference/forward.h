@@ -42,6 +42,8 @@ typedef struct {
     const KvModel *model;
     unsigned faults;    /* KV_FAULT_* bits (fault.h); 0 in every clean run. Set with
                          * kv_ref_state_plant so the caches get theirs too. */
+    unsigned order;     /* KV_ORDER_* bits (ensemble.h): a valid reduction order other
+                         * than the canonical one, for calibration; 0 normally */
     KvStream stream;    /* eager, or capturing a decode step into a graph */
     int64_t batch;      /* B */
     int64_t max_len;    /* slots per row */

@@ -223,6 +223,18 @@ KvStatus kv_matmul_tf32(const float *x, const float *w, int64_t rows, int64_t in
     return oom ? KV_ERR_INTERNAL : KV_OK;
 }
 
+void kv_matmul_sequential(const float *x, const float *w, int64_t rows, int64_t in, int64_t out,
+                          float *y) {
+#pragma omp parallel for schedule(static) if (rows * in * out >= g_parallel_min_work)
+    for (int64_t o = 0; o < out; o++) {
+        for (int64_t r = 0; r < rows; r++) {
+            float acc = 0.0f;
+            for (int64_t i = 0; i < in; i++) acc += x[r * in + i] * w[o * in + i];
+            y[r * out + o] = acc;
+        }
+    }
+}
+
 void kv_matmul(const float *x, const float *w, int64_t rows, int64_t in, int64_t out, float *y) {
     /* Outputs are split across threads in blocks of KV_MM_ROWS; each y
      * element is computed by one thread with kv_dot's exact pattern, so the

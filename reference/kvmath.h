@@ -51,6 +51,14 @@ void kv_matmul_multi(const float *x, int64_t rows, int64_t in, int count,
  * scratch cannot be allocated (y is then left untouched). */
 KvStatus kv_matmul_tf32(const float *x, const float *w, int64_t rows, int64_t in, int64_t out,
                         float *y);
+/* An ensemble order (KV_ORDER_DOT_SEQUENTIAL, ensemble.h): kv_matmul with
+ * each output one accumulator summed in ascending i, the naive kernel's
+ * order instead of the 16-lane pattern. Equally correct, not bitwise equal:
+ * the spread between it and kv_matmul is part of what calibrates the
+ * tolerances. Parallel over outputs only, so thread-count independent. */
+void kv_matmul_sequential(const float *x, const float *w, int64_t rows, int64_t in, int64_t out,
+                          float *y);
+
 /* f rounded to TF32 (NaN and infinities unchanged). */
 float kv_round_tf32(float f);
 

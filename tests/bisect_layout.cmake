@@ -29,7 +29,7 @@ endfunction()
 set(R "${WORK}/R.h5")
 kv_run(1 out err ${KVREPRO} gate --quiet --fixture gemma2-tiny --scenarios prompt_w_plus_1
        --variants ring --backends cpu --modes eager --fault window_off_by_one --repeats 1
-       --report "${R}")
+       --no-calibrate --report "${R}")
 
 # A good rerun: /bisect/probe_NNNN named by index, the name an attribute;
 # written twice, across a clock second, the same bytes (no timestamps).

@@ -10,6 +10,11 @@
  * variant's graph budget (issue 20): each graph-mode run now carries the
  * graph_budget attribute and one comparison of kind 7, and h5dump of the
  * reports of both binaries differs in exactly those (and nothing else).
+ * And again when reference comparisons began to state the least passing
+ * tolerances in their messages and the root max_rel_err its reason (issue
+ * 14): the sizes stayed the same to the byte (messages are fixed-width), only
+ * those texts changed. These gates run with --no-calibrate, so the run list
+ * is what it was; the calibration ensemble is checked by cli tests.
  * Three root attributes depend on where and from which commit the gate runs
  * (host, git_commit, device); each report is therefore read back, those
  * three set to fixed text and written again, by the reader and writer of
@@ -52,18 +57,18 @@ typedef struct {
 static const GateCase k_cases[] = {
     {"prompts_two_variants",
      {"--fixture", "mistral-tiny", "--prompts", "@P", "--max-new-tokens", "10", "--backends", "cpu",
-      "--variants", "ring,cat_shift", "--repeats", "2", NULL},
-     0, 171868, 0xee3cb7be4a983f57ULL},
+      "--variants", "ring,cat_shift", "--repeats", "2", "--no-calibrate", NULL},
+     0, 171868, 0xac8d271e714e3c9bULL},
     {"fault_topk",
      {"--fixture", "gemma2-tiny", "--scenarios", "prompt_w_plus_1", "--variants", "ring",
       "--repeats", "1", "--fault", "window_off_by_one", "--max-new-tokens", "8", "--backends",
-      "cpu", NULL},
-     1, 61306, 0x3a311eafdffad160ULL},
+      "cpu", "--no-calibrate", NULL},
+     1, 61306, 0xe6376d91d25681e4ULL},
     {"full_logits_max_vocab",
      {"--fixture", "mistral-tiny", "--prompts", "@P", "--max-new-tokens", "6", "--backends", "cpu",
       "--variants", "dynamic", "--repeats", "1", "--full-logits-max-vocab", "100", "--tol",
-      "max_rel_err=0.001", NULL},
-     0, 65253, 0xf196b49de536af58ULL},
+      "max_rel_err=0.001", "--no-calibrate", NULL},
+     0, 65253, 0x20e87734922a1dc7ULL},
 };
 
 static char dir[256];
@@ -123,7 +128,7 @@ START_TEST(test_gate_report_bytes_unchanged) {
     normalise(report, norm, &bytes, &fnv);
     ck_assert_msg(bytes == gc->bytes && fnv == gc->fnv,
                   "%s: the normal gate's report changed: %ld bytes, fnv1a64 %016llx; before "
-                  "(graph budgets, issue 20): %ld bytes, %016llx",
+                  "(least passing tolerances, issue 14): %ld bytes, %016llx",
                   gc->name, bytes, (unsigned long long)fnv, gc->bytes,
                   (unsigned long long)gc->fnv);
 }

@@ -54,6 +54,7 @@ static KvGateOptions default_gate(unsigned faults, const KvCacheOps *const *vari
         .scenarios = scen, .n_scenarios = n_scen, .variants = variants,
         .n_variants = n_variants, .backends = &cpu_only, .n_backends = 1, .eager = true, .graph = true,
         .repeats = 3, .replay_every = 5, .faults = faults, .tol = kv_tolerances_default(),
+        .calibrate = true,
         .prompt_seed = KV_FIXTURE_DEFAULT_SEED, .shard_i = 1, .shard_n = 1,
         .full_logits_max_vocab = KV_FULL_LOGITS_MAX_VOCAB,
     };

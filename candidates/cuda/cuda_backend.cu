@@ -57,6 +57,12 @@ static KvStatus cuda_create(const KvModel *m, const KvBackendSetup *setup, KvBac
                             "index_copy, cat_shift, roll, always_roll, ring or dynamic)",
                             setup->variant->name != NULL ? setup->variant->name : "(null)");
     }
+    /* Ensemble orders calibrate tolerances on the CPU reference alone. */
+    if (setup->order != 0) {
+        return kv_error_set(err, KV_ERR_INPUT,
+                            "cuda decode: reduction-order ensembles (order %u) run on the cpu "
+                            "reference only", setup->order);
+    }
     r = (KvCudaRun *)calloc(1, sizeof *r);
     if (r == NULL) return kv_error_set(err, KV_ERR_INTERNAL, "cuda: out of host memory");
     st = kv_cuda_ctx_create(&r->ctx, m, B, setup->max_len, setup->max_chunk, setup->variant,
