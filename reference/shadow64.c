@@ -1,0 +1,464 @@
+/* shadow64.c: the fp64 shadow of the reference forward, the yardstick of
+ * fp32 rounding on a given model and sequence (shadow64.h says why and which
+ * constants stay float32). Written to be read beside forward.c and kvmath.c:
+ * the same ops in the same order, in double, over a whole sequence at once. */
+#include "shadow64.h"
+
+#include <math.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvmath.h"
+
+/* Activations of one row's whole sequence (n positions). */
+typedef struct {
+    double *x;      /* (n, hidden) residual stream */
+    double *xn;     /* (n, hidden) normed input */
+    double *q;      /* (n, num_heads * head_dim) after RoPE */
+    double *k;      /* (n, num_kv_heads * head_dim) after RoPE */
+    double *v;      /* (n, num_kv_heads * head_dim) */
+    double *att;    /* (n, num_heads * head_dim) attention output */
+    double *tmp;    /* (n, hidden) o_proj / down_proj output */
+    double *gate;   /* (n, intermediate) in: gate projection, out: act(gate) * up */
+    double *up;     /* (n, intermediate) */
+    double *cos_t;  /* (n, head_dim / 2) cos(position * inv_freq[i]) */
+    double *sin_t;  /* (n, head_dim / 2) */
+    double *scores; /* (num_heads, n) one query's scores per head */
+    double *last;   /* (1, hidden) one position's final-normed state */
+} ShadowState;
+
+/* rows x cols doubles, NULL on overflow or out of memory (at least one, so
+ * a NULL always means failure). */
+static double *shadow_alloc(int64_t rows, int64_t cols) {
+    if (rows < 1) rows = 1;
+    if (cols < 1) cols = 1;
+    if (rows > (int64_t)(SIZE_MAX / sizeof(double)) / cols) return NULL;
+    return malloc((size_t)(rows * cols) * sizeof(double));
+}
+
+static void shadow_state_free(ShadowState *s) {
+    free(s->x);
+    free(s->xn);
+    free(s->q);
+    free(s->k);
+    free(s->v);
+    free(s->att);
+    free(s->tmp);
+    free(s->gate);
+    free(s->up);
+    free(s->cos_t);
+    free(s->sin_t);
+    free(s->scores);
+    free(s->last);
+    memset(s, 0, sizeof *s);
+}
+
+static bool shadow_state_init(ShadowState *s, const KvConfig *c, int64_t n) {
+    const int64_t q_dim = c->num_heads * c->head_dim;
+    const int64_t kv_dim = c->num_kv_heads * c->head_dim;
+    memset(s, 0, sizeof *s);
+    s->x = shadow_alloc(n, c->hidden_size);
+    s->xn = shadow_alloc(n, c->hidden_size);
+    s->q = shadow_alloc(n, q_dim);
+    s->k = shadow_alloc(n, kv_dim);
+    s->v = shadow_alloc(n, kv_dim);
+    s->att = shadow_alloc(n, q_dim);
+    s->tmp = shadow_alloc(n, c->hidden_size);
+    s->gate = shadow_alloc(n, c->intermediate_size);
+    s->up = shadow_alloc(n, c->intermediate_size);
+    s->cos_t = shadow_alloc(n, c->head_dim / 2);
+    s->sin_t = shadow_alloc(n, c->head_dim / 2);
+    s->scores = shadow_alloc(c->num_heads, n);
+    s->last = shadow_alloc(1, c->hidden_size);
+    return s->x && s->xn && s->q && s->k && s->v && s->att && s->tmp && s->gate && s->up &&
+           s->cos_t && s->sin_t && s->scores && s->last;
+}
+
+/* y[r, o] = sum_i x[r, i] * w[o, i] in ascending i, weights widened on the
+ * fly. Threads split the outputs only; each element is one thread's
+ * sequential sum, so the bits do not depend on the thread count. */
+static void shadow_matmul(const double *x /* (rows, in) */, const float *w /* (out, in) */,
+                          int64_t rows, int64_t in, int64_t out, double *y /* (rows, out) */) {
+#pragma omp parallel for schedule(static) if (rows * in * out >= kv_parallel_min_work())
+    for (int64_t o = 0; o < out; o++) {
+        const float *wo = w + o * in; /* (in) */
+        for (int64_t r = 0; r < rows; r++) {
+            const double *xr = x + r * in; /* (in) */
+            double sum = 0.0;
+            for (int64_t i = 0; i < in; i++) sum += xr[i] * (double)wo[i];
+            y[r * out + o] = sum;
+        }
+    }
+}
+
+/* kv_rmsnorm in double: x * 1/sqrt(mean(x^2) + eps), times (1 + w) for
+ * gemma2 (weights stored as the offset from 1), w times it otherwise. */
+static void shadow_rmsnorm(const double *x /* (n) */, const float *w /* (n) */, int64_t n,
+                           double eps, bool offset, double *out /* (n) */) {
+    double ss = 0.0;
+    for (int64_t i = 0; i < n; i++) ss += x[i] * x[i];
+    const double r = 1.0 / sqrt(ss / (double)n + eps);
+    for (int64_t i = 0; i < n; i++) {
+        const double xn = x[i] * r;
+        out[i] = offset ? xn * (1.0 + (double)w[i]) : (double)w[i] * xn;
+    }
+}
+
+static void shadow_norm_rows(const KvConfig *c, const double *in /* (rows, hidden) */,
+                             const float *w /* (hidden) */, int64_t rows,
+                             double *out /* (rows, hidden); may equal in */) {
+    const int64_t h = c->hidden_size;
+    /* eps is a Python float that torch rounds to float32 when it adds it,
+     * as the reference does: a model constant, kept as float32. */
+    const double eps = (double)(float)c->rms_norm_eps;
+    for (int64_t r = 0; r < rows; r++) {
+        shadow_rmsnorm(in + r * h, w, h, eps, c->family == KV_FAMILY_GEMMA2, out + r * h);
+    }
+}
+
+/* cap * tanh(x / cap); cap <= 0 means none (kv_softcap). */
+static double shadow_softcap(double x, double cap) {
+    return cap > 0.0 ? tanh(x / cap) * cap : x;
+}
+
+static double shadow_gelu_tanh(double x) {
+    const double k_beta = 0.79788456080286535588; /* sqrt(2 / pi) */
+    const double k_kappa = 0.044715;
+    return 0.5 * x * (1.0 + tanh(k_beta * (x + k_kappa * x * x * x)));
+}
+
+static double shadow_silu(double x) {
+    return x / (1.0 + exp(-x));
+}
+
+/* RoPE tables: position p (the p-th real token) rotates pair i by
+ * p * inv_freq[i]. inv_freq is transformers' float32 one (kv_rope_inv_freq),
+ * a model constant; the angle and its cos/sin are double. */
+static void shadow_rope_tables(const KvConfig *c, int64_t n, double *cos_t /* (n, head_dim / 2) */,
+                               double *sin_t /* (n, head_dim / 2) */) {
+    const int64_t half = c->head_dim / 2;
+    float inv_f[KV_CONFIG_MAX_HEAD_DIM / 2]; /* (head_dim / 2) */
+    kv_rope_inv_freq(c->head_dim, c->rope_theta, inv_f);
+    for (int64_t p = 0; p < n; p++) {
+        for (int64_t i = 0; i < half; i++) {
+            const double angle = (double)p * (double)inv_f[i];
+            cos_t[p * half + i] = cos(angle);
+            sin_t[p * half + i] = sin(angle);
+        }
+    }
+}
+
+/* Rotates `heads` head vectors of every position in place (rotate_half,
+ * non-interleaved, as kv_rope_apply). */
+static void shadow_rope(const KvConfig *c, const ShadowState *s, double *x /* (n, heads, hd) */,
+                        int64_t n, int64_t heads) {
+    const int64_t hd = c->head_dim;
+    const int64_t half = hd / 2;
+    for (int64_t p = 0; p < n; p++) {
+        for (int64_t h = 0; h < heads; h++) {
+            double *xh = x + (p * heads + h) * hd; /* (hd) */
+            for (int64_t i = 0; i < half; i++) {
+                const double cs = s->cos_t[p * half + i];
+                const double sn = s->sin_t[p * half + i];
+                const double a = xh[i];
+                const double b = xh[i + half];
+                xh[i] = a * cs - b * sn;
+                xh[i + half] = b * cs + a * sn;
+            }
+        }
+    }
+}
+
+/* Causal attention over the whole sequence with the layer's window (DESIGN
+ * §2: query q sees q - W < k <= q; a full layer every k <= q): softcapped
+ * scaled scores, softmax, weighted sum of values. */
+static void shadow_attention(const KvConfig *c, ShadowState *s, int64_t layer, int64_t n) {
+    const int64_t hd = c->head_dim;
+    const int64_t q_dim = c->num_heads * hd;
+    const int64_t kv_dim = c->num_kv_heads * hd;
+    const int64_t window = kv_config_layer_window(c, layer);
+    /* The scale and the cap as torch applies them to float32 scores: model
+     * constants rounded to float32, like every fp32 implementation's. */
+    const double scale = (double)kv_config_attn_scale(c);
+    const double cap = (double)(float)c->attn_logit_softcapping;
+#pragma omp parallel for schedule(static) \
+    if (c->num_heads * n * n * hd >= kv_parallel_min_work())
+    for (int64_t h = 0; h < c->num_heads; h++) {
+        const int64_t kvh = kv_gqa_kv_head(h, c->num_heads, c->num_kv_heads);
+        double *sc = s->scores + h * n; /* (n) */
+        for (int64_t qp = 0; qp < n; qp++) {
+            const double *q = s->q + qp * q_dim + h * hd; /* (hd) */
+            double *out = s->att + qp * q_dim + h * hd;   /* (hd) */
+            const int64_t lo = window > 0 && qp - window + 1 > 0 ? qp - window + 1 : 0;
+            double mx = -INFINITY;
+            for (int64_t kp = lo; kp <= qp; kp++) {
+                const double *k = s->k + kp * kv_dim + kvh * hd; /* (hd) */
+                double dot = 0.0;
+                for (int64_t d = 0; d < hd; d++) dot += q[d] * k[d];
+                sc[kp] = shadow_softcap(dot * scale, cap);
+                mx = sc[kp] > mx ? sc[kp] : mx;
+            }
+            double sum = 0.0;
+            for (int64_t kp = lo; kp <= qp; kp++) {
+                sc[kp] = exp(sc[kp] - mx);
+                sum += sc[kp];
+            }
+            for (int64_t d = 0; d < hd; d++) out[d] = 0.0;
+            for (int64_t kp = lo; kp <= qp; kp++) {
+                const double p = sc[kp] / sum;
+                const double *v = s->v + kp * kv_dim + kvh * hd; /* (hd) */
+                for (int64_t d = 0; d < hd; d++) out[d] += p * v[d];
+            }
+        }
+    }
+}
+
+static void shadow_add(double *x /* (count) */, const double *y /* (count) */, int64_t count) {
+    for (int64_t i = 0; i < count; i++) x[i] += y[i];
+}
+
+/* One decoder layer over all n positions (forward.c's launch_layer). */
+static void shadow_layer(const KvConfig *c, const KvLayerWeights *w, ShadowState *s,
+                         int64_t layer, int64_t n) {
+    const int64_t hidden = c->hidden_size;
+    const int64_t inter = c->intermediate_size;
+    const int64_t q_dim = c->num_heads * c->head_dim;
+    const int64_t kv_dim = c->num_kv_heads * c->head_dim;
+    const bool gemma = c->family == KV_FAMILY_GEMMA2;
+
+    shadow_norm_rows(c, s->x, w->input_norm, n, s->xn);
+    shadow_matmul(s->xn, w->wq, n, hidden, q_dim, s->q);
+    shadow_matmul(s->xn, w->wk, n, hidden, kv_dim, s->k);
+    shadow_matmul(s->xn, w->wv, n, hidden, kv_dim, s->v);
+    shadow_rope(c, s, s->q, n, c->num_heads);
+    shadow_rope(c, s, s->k, n, c->num_kv_heads);
+    shadow_attention(c, s, layer, n);
+    shadow_matmul(s->att, w->wo, n, q_dim, hidden, s->tmp);
+    if (gemma) {
+        /* h = x + post_attention_layernorm(attn(...)) */
+        shadow_norm_rows(c, s->tmp, w->post_attn_norm, n, s->tmp);
+        shadow_add(s->x, s->tmp, n * hidden);
+        shadow_norm_rows(c, s->x, w->pre_ffw_norm, n, s->xn);
+    } else {
+        shadow_add(s->x, s->tmp, n * hidden);
+        shadow_norm_rows(c, s->x, w->post_attn_norm, n, s->xn);
+    }
+    shadow_matmul(s->xn, w->w_gate, n, hidden, inter, s->gate);
+    shadow_matmul(s->xn, w->w_up, n, hidden, inter, s->up);
+    for (int64_t i = 0; i < n * inter; i++) {
+        const double act = gemma ? shadow_gelu_tanh(s->gate[i]) : shadow_silu(s->gate[i]);
+        s->gate[i] = act * s->up[i];
+    }
+    shadow_matmul(s->gate, w->w_down, n, inter, hidden, s->tmp);
+    if (gemma) shadow_norm_rows(c, s->tmp, w->post_ffw_norm, n, s->tmp);
+    shadow_add(s->x, s->tmp, n * hidden);
+}
+
+KvStatus kv_shadow64_logits(const KvModel *m, const int32_t *tokens, int64_t n, int64_t from,
+                            double *logits, KvError *err) {
+    if (m == NULL || tokens == NULL || logits == NULL) {
+        return kv_error_set(err, KV_ERR_INPUT, "shadow64: expected a model, tokens and logits, "
+                                               "found a NULL pointer");
+    }
+    if (n < 1 || from < 0 || from >= n) {
+        return kv_error_set(err, KV_ERR_INPUT,
+                            "shadow64: expected n >= 1 tokens and 0 <= from < n, found n %lld, "
+                            "from %lld",
+                            (long long)n, (long long)from);
+    }
+    const KvConfig *c = &m->config;
+    for (int64_t p = 0; p < n; p++) {
+        if (tokens[p] < 0 || tokens[p] >= c->vocab_size) {
+            return kv_error_set(err, KV_ERR_INPUT,
+                                "shadow64: tokens: position %lld: expected a token id in "
+                                "[0, %lld), found %d",
+                                (long long)p, (long long)c->vocab_size, tokens[p]);
+        }
+    }
+    const int64_t hidden = c->hidden_size;
+    KvStatus st = KV_OK;
+    ShadowState s;
+    if (!shadow_state_init(&s, c, n)) {
+        st = kv_error_set(err, KV_ERR_INTERNAL, "shadow64: out of memory (%lld positions)",
+                          (long long)n);
+        goto cleanup;
+    }
+    /* gemma2 scales embeddings by sqrt(hidden) rounded to the activation
+     * dtype (float32 for these checkpoints), as forward.c's op_embed and
+     * transformers' embed_scale do: part of the model, kept as float32. */
+    const double normalizer =
+        c->family == KV_FAMILY_GEMMA2 ? (double)(float)sqrt((double)hidden) : 1.0;
+    for (int64_t p = 0; p < n; p++) {
+        const float *e = m->embed + (int64_t)tokens[p] * hidden; /* (hidden) */
+        for (int64_t i = 0; i < hidden; i++) s.x[p * hidden + i] = (double)e[i] * normalizer;
+    }
+    shadow_rope_tables(c, n, s.cos_t, s.sin_t);
+    for (int64_t l = 0; l < c->num_layers; l++) shadow_layer(c, &m->layers[l], &s, l, n);
+    /* Final norm, lm_head and softcap only where logits are asked for. */
+    const double final_cap = (double)(float)c->final_logit_softcapping;
+    for (int64_t p = from; p < n; p++) {
+        double *row = logits + (p - from) * c->vocab_size; /* (vocab) */
+        shadow_norm_rows(c, s.x + p * hidden, m->final_norm, 1, s.last);
+        shadow_matmul(s.last, m->lm_head, 1, hidden, c->vocab_size, row);
+        for (int64_t i = 0; i < c->vocab_size; i++) row[i] = shadow_softcap(row[i], final_cap);
+    }
+cleanup:
+    shadow_state_free(&s);
+    return st;
+}
+
+/* Checks a recorded decode's inputs before any shadow runs, so a bad call
+ * names the step, row and element instead of a shadow position. */
+static KvStatus shadow_check_decode(const KvModel *m, int64_t batch, int64_t prompt_len,
+                                    const int32_t *prompt /* (B, P) */,
+                                    const uint8_t *real /* (B, P) */, int64_t steps,
+                                    const int32_t *fed /* (steps, B) */,
+                                    const float *logits /* (steps, B, vocab) */, KvError *err) {
+    const int64_t vocab = m->config.vocab_size;
+    for (int64_t b = 0; b < batch; b++) {
+        bool seen_real = false;
+        for (int64_t i = 0; i < prompt_len; i++) {
+            const int32_t tok = prompt[b * prompt_len + i];
+            if (!real[b * prompt_len + i]) {
+                if (seen_real) {
+                    return kv_error_set(err, KV_ERR_INPUT,
+                                        "shadow64: prompt row %lld position %lld: a pad after a "
+                                        "real token (batches must be left-padded)",
+                                        (long long)b, (long long)i);
+                }
+                continue;
+            }
+            seen_real = true;
+            if (tok < 0 || tok >= vocab) {
+                return kv_error_set(err, KV_ERR_INPUT,
+                                    "shadow64: prompt row %lld position %lld: expected a token "
+                                    "id in [0, %lld), found %d",
+                                    (long long)b, (long long)i, (long long)vocab, tok);
+            }
+        }
+        if (!real[b * prompt_len + prompt_len - 1]) {
+            return kv_error_set(err, KV_ERR_INPUT,
+                                "shadow64: prompt row %lld: expected a real token in the last "
+                                "column (left padding), found a pad",
+                                (long long)b);
+        }
+    }
+    for (int64_t s = 0; s + 1 < steps; s++) {
+        for (int64_t b = 0; b < batch; b++) {
+            const int32_t tok = fed[s * batch + b];
+            if (tok < 0 || tok >= vocab) {
+                return kv_error_set(err, KV_ERR_INPUT,
+                                    "shadow64: fed token after step %lld row %lld: expected a "
+                                    "token id in [0, %lld), found %d",
+                                    (long long)s, (long long)b, (long long)vocab, tok);
+            }
+        }
+    }
+    for (int64_t s = 0; s < steps; s++) {
+        for (int64_t b = 0; b < batch; b++) {
+            const float *row = logits + (s * batch + b) * vocab; /* (vocab) */
+            for (int64_t i = 0; i < vocab; i++) {
+                if (!isfinite(row[i])) {
+                    return kv_error_set(err, KV_ERR_INPUT,
+                                        "shadow64: logits step %lld row %lld index %lld: "
+                                        "expected a finite value, found %g",
+                                        (long long)s, (long long)b, (long long)i, (double)row[i]);
+                }
+            }
+        }
+    }
+    return KV_OK;
+}
+
+KvStatus kv_shadow64_rel_error(const KvModel *m, int64_t batch, int64_t prompt_len,
+                               const int32_t *prompt, const uint8_t *prompt_real, int64_t steps,
+                               const int32_t *fed, const float *logits, double *per_step,
+                               double *max_rel, KvError *err) {
+    if (m == NULL || prompt == NULL || prompt_real == NULL || fed == NULL || logits == NULL ||
+        max_rel == NULL) {
+        return kv_error_set(err, KV_ERR_INPUT, "shadow64: expected a model, a prompt, fed "
+                                               "tokens, logits and max_rel, found a NULL pointer");
+    }
+    if (batch < 1 || prompt_len < 1 || steps < 1) {
+        return kv_error_set(err, KV_ERR_INPUT,
+                            "shadow64: expected batch >= 1, prompt length >= 1 and steps >= 1, "
+                            "found %lld, %lld, %lld",
+                            (long long)batch, (long long)prompt_len, (long long)steps);
+    }
+    KvStatus st = shadow_check_decode(m, batch, prompt_len, prompt, prompt_real, steps, fed,
+                                      logits, err);
+    if (st != KV_OK) return st;
+    const int64_t vocab = m->config.vocab_size;
+    int32_t *seq = malloc((size_t)(prompt_len + steps) * sizeof *seq); /* (n) one row's tokens */
+    double *sh = shadow_alloc(steps, vocab);                            /* (steps, vocab) */
+    if (seq == NULL || sh == NULL) {
+        st = kv_error_set(err, KV_ERR_INTERNAL, "shadow64: out of memory (%lld steps)",
+                          (long long)steps);
+        goto cleanup;
+    }
+    *max_rel = 0.0;
+    for (int64_t s = 0; per_step != NULL && s < steps; s++) per_step[s] = 0.0;
+    for (int64_t b = 0; b < batch; b++) {
+        /* The row as the model sees it: its real prompt tokens, then what the
+         * decode fed after each step but the last. */
+        int64_t n = 0;
+        for (int64_t i = 0; i < prompt_len; i++) {
+            if (prompt_real[b * prompt_len + i]) seq[n++] = prompt[b * prompt_len + i];
+        }
+        const int64_t from = n - 1; /* the prefill's last position: step 0 */
+        for (int64_t s = 0; s + 1 < steps; s++) seq[n++] = fed[s * batch + b];
+        st = kv_shadow64_logits(m, seq, n, from, sh, err);
+        if (st != KV_OK) goto cleanup;
+        for (int64_t s = 0; s < steps; s++) {
+            const float *ref = logits + (s * batch + b) * vocab; /* (vocab) */
+            const double *ex = sh + s * vocab;                   /* (vocab) */
+            double max_abs = 0.0, max_ex = 0.0;
+            for (int64_t i = 0; i < vocab; i++) {
+                if (!isfinite(ex[i])) {
+                    st = kv_error_set(err, KV_ERR_INTERNAL,
+                                      "shadow64: step %lld row %lld index %lld: the shadow's "
+                                      "logit is not finite (%g)",
+                                      (long long)s, (long long)b, (long long)i, ex[i]);
+                    goto cleanup;
+                }
+                const double d = fabs((double)ref[i] - ex[i]);
+                max_abs = d > max_abs ? d : max_abs;
+                max_ex = fabs(ex[i]) > max_ex ? fabs(ex[i]) : max_ex;
+            }
+            const double rel = max_abs / (max_ex > 0.0 ? max_ex : 1.0);
+            if (per_step != NULL && rel > per_step[s]) per_step[s] = rel;
+            if (rel > *max_rel) *max_rel = rel;
+        }
+    }
+cleanup:
+    free(seq);
+    free(sh);
+    return st;
+}
+
+KvStatus kv_shadow64_decode_rel_error(const KvModel *m, const KvDecodeSpec *spec,
+                                      const KvDecodeResult *result, double *per_step,
+                                      double *max_rel, KvError *err) {
+    if (m == NULL || spec == NULL || result == NULL || result->tokens == NULL ||
+        result->logits == NULL) {
+        return kv_error_set(err, KV_ERR_INPUT, "shadow64: expected a model, a decode spec and "
+                                               "a decode result, found a NULL pointer");
+    }
+    if (result->steps != spec->new_tokens || result->batch != spec->batch ||
+        result->vocab != m->config.vocab_size) {
+        return kv_error_set(err, KV_ERR_INPUT,
+                            "shadow64: decode result: expected (steps, batch, vocab) = "
+                            "(%lld, %lld, %lld) as the spec and model say, found (%lld, %lld, "
+                            "%lld)",
+                            (long long)spec->new_tokens, (long long)spec->batch,
+                            (long long)m->config.vocab_size, (long long)result->steps,
+                            (long long)result->batch, (long long)result->vocab);
+    }
+    /* Step s > 0 fed forced[s - 1] under teacher forcing, else the greedy
+     * token of step s - 1 (decode.h). */
+    const int32_t *fed = spec->forced != NULL ? spec->forced : result->tokens;
+    return kv_shadow64_rel_error(m, spec->batch, spec->prompt_len, spec->prompt, spec->prompt_real,
+                                 result->steps, fed, result->logits, per_step, max_rel, err);
+}
