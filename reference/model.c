@@ -49,11 +49,13 @@ static const KvIgnoredTensor kv_ignored_tensors[] = {
      * holds (the corpus case model_tied_lm_head_ignored). */
     {"lm_head.weight", KV_FAMILY_BIT(KV_FAMILY_GEMMA2) | KV_FAMILY_BIT(KV_FAMILY_MISTRAL), true},
     /* RoPE inverse frequencies: Llama checkpoints written by transformers
-     * before inv_freq became a non-persistent buffer (4.31) carry one per
-     * layer. It is a function of rope_theta and head_dim only; transformers
-     * recomputes it from the config and drops the stored copy, and the
-     * reference computes RoPE from the config too. Gemma2 never saved it
-     * (non-persistent from its first release), so it is not accepted there. */
+     * before inv_freq became a non-persistent buffer (transformers PR
+     * #24998, July 2023, released in 4.32) carry one per layer (llama-2's
+     * among them). It is a function of rope_theta and head_dim only;
+     * transformers recomputes it from the config and disregards any stored
+     * rotary_emb.inv_freq (PR #35255), and the reference computes RoPE from
+     * the config too. Gemma2 never saved it (non-persistent from its first
+     * release), so it is not accepted there. */
     {"model.layers.{L}.self_attn.rotary_emb.inv_freq", KV_FAMILY_BIT(KV_FAMILY_MISTRAL), false},
 };
 
