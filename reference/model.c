@@ -44,8 +44,8 @@ typedef struct {
 
 static const KvIgnoredTensor kv_ignored_tensors[] = {
     /* Tied embeddings: transformers points lm_head at the embedding and
-     * never reads a stored lm_head.weight (some exporters save the tied copy
-     * anyway); the reference uses the embedding likewise, whatever the file
+     * never reads a stored lm_head.weight (an exporter that writes every
+     * parameter saves the tied copy too); the reference uses the embedding likewise, whatever the file
      * holds (the corpus case model_tied_lm_head_ignored). */
     {"lm_head.weight", KV_FAMILY_BIT(KV_FAMILY_GEMMA2) | KV_FAMILY_BIT(KV_FAMILY_MISTRAL), true},
     /* RoPE inverse frequencies: Llama checkpoints written by transformers

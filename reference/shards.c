@@ -239,8 +239,9 @@ static KvStatus shards_open_files(const char *dir, IndexEntry *e, size_t n, KvSh
         char path[4096];
         struct stat sb;
         if (!shards_path_join(path, sizeof path, dir, e[i].shard)) {
-            return kv_error_set(err, KV_ERR_INPUT, "%s: weight_map: tensor '%s': shard '%s': "
-                                "path too long", s->label, e[i].tensor, e[i].shard);
+            return kv_error_set(err, KV_ERR_INPUT,
+                                "%s: weight_map: tensor '%s': shard '%s': path too long",
+                                s->label, e[i].tensor, e[i].shard);
         }
         /* A shard the map names but the directory lacks is the index's
          * error: say which entry names it (the first by tensor name). */
