@@ -1,10 +1,12 @@
 /* model.c: binding a config and a safetensors table into a KvModel.
  *
  * Every tensor the family needs is looked up by its Hugging Face name and
- * checked for dtype and shape against the config before anything is used.
- * Aligned F32 tensors are used in place (no copy of a mapped file); F16, BF16
- * and unaligned F32 are converted once into owned buffers. On any failure
- * everything is released and *out is left zeroed: no partial model. */
+ * checked for dtype and shape against the config before anything is used;
+ * then every tensor the checkpoint holds must have been bound or be on the
+ * ignore list below. Aligned F32 tensors are used in place (no copy of a
+ * mapped file); F16, BF16 and unaligned F32 are converted once into owned
+ * buffers. On any failure everything is released and *out is left zeroed:
+ * no partial model. */
 #include "model.h"
 
 #include "bigalloc.h"
@@ -21,11 +23,108 @@
 /* Tensors per layer at most (gemma2: 4 norms + 7 matrices). */
 #define KV_TENSORS_PER_LAYER 11
 
+/* ---- tensors a checkpoint may hold that the reference does not read ---- */
+
+/* The ignore list: every entry is something exporters legitimately save and
+ * transformers does not read either, so leaving it unread computes the same
+ * model. Any other tensor the family does not bind is refused: the reference
+ * would silently compute a different model than the checkpoint holds (a bias,
+ * an extra norm, a layer the config does not count, another architecture's
+ * weights under a model_type it borrowed). Entries match by name only; their
+ * contents are never read. In a pattern, "{L}" is a layer index below
+ * num_hidden_layers written as transformers writes it (decimal, no leading
+ * zero): a buffer of a layer the config lacks is a layer the model lacks. */
+typedef struct {
+    const char *pattern;
+    unsigned families; /* bit (1u << KvFamily) for each family it applies to */
+    bool tied_only;    /* only with tie_word_embeddings */
+} KvIgnoredTensor;
+
+#define KV_FAMILY_BIT(f) (1u << (unsigned)(f))
+
+static const KvIgnoredTensor kv_ignored_tensors[] = {
+    /* Tied embeddings: transformers points lm_head at the embedding and
+     * never reads a stored lm_head.weight (an exporter that writes every
+     * parameter saves the tied copy too); the reference uses the embedding likewise, whatever the file
+     * holds (the corpus case model_tied_lm_head_ignored). */
+    {"lm_head.weight", KV_FAMILY_BIT(KV_FAMILY_GEMMA2) | KV_FAMILY_BIT(KV_FAMILY_MISTRAL), true},
+    /* RoPE inverse frequencies: Llama checkpoints written by transformers
+     * before inv_freq became a non-persistent buffer (transformers PR
+     * #24998, July 2023, released in 4.32) carry one per layer (llama-2's
+     * among them). It is a function of rope_theta and head_dim only;
+     * transformers recomputes it from the config and disregards any stored
+     * rotary_emb.inv_freq (PR #35255), and the reference computes RoPE from
+     * the config too. Gemma2 never saved it (non-persistent from its first
+     * release), so it is not accepted there. */
+    {"model.layers.{L}.self_attn.rotary_emb.inv_freq", KV_FAMILY_BIT(KV_FAMILY_MISTRAL), false},
+};
+
+/* name matches pattern, "{L}" standing for a layer index < num_layers. */
+static bool ignored_match(const char *pattern, const char *name, int64_t num_layers) {
+    const char *hole = strstr(pattern, "{L}");
+    if (hole == NULL) return strcmp(pattern, name) == 0;
+    size_t head = (size_t)(hole - pattern);
+    if (strncmp(pattern, name, head) != 0) return false;
+    const char *p = name + head;
+    int64_t layer = 0;
+    size_t digits = 0;
+    while (p[digits] >= '0' && p[digits] <= '9') {
+        if (digits >= 6) return false; /* beyond any KV_MAX_LAYERS */
+        layer = layer * 10 + (p[digits] - '0');
+        digits++;
+    }
+    if (digits == 0 || (digits > 1 && p[0] == '0') || layer >= num_layers) return false;
+    return strcmp(p + digits, hole + 3) == 0;
+}
+
+static bool ignored_tensor(const KvConfig *c, const char *name) {
+    for (size_t i = 0; i < sizeof kv_ignored_tensors / sizeof kv_ignored_tensors[0]; i++) {
+        const KvIgnoredTensor *e = &kv_ignored_tensors[i];
+        if ((e->families & KV_FAMILY_BIT(c->family)) == 0) continue;
+        if (e->tied_only && !c->tie_word_embeddings) continue;
+        if (ignored_match(e->pattern, name, c->num_layers)) return true;
+    }
+    return false;
+}
+
+/* ---- binding ------------------------------------------------------------ */
+
+/* What binding reads: the checkpoint's files (the single model.safetensors,
+ * or every shard) and which of their tensors have been bound. */
+typedef struct {
+    KvModel *m;
+    bool sharded;
+    const KvSafetensors *files; /* (n_files) */
+    size_t n_files;
+    const char *label;          /* the checkpoint in messages: the file, or the index */
+    size_t *first;              /* (n_files) index into used of each file's first tensor */
+    bool *used;                 /* (tensors of all files) bound */
+} ModelBinder;
+
+/* The tensor called name and the file holding it: for a sharded checkpoint
+ * the shard the weight_map names. Marks it used. */
+static const KvTensorInfo *binder_find(ModelBinder *b, const char *name,
+                                       const KvSafetensors **file) {
+    const KvTensorInfo *t;
+    if (b->sharded) {
+        t = kv_shards_find(&b->m->shards, name, file);
+    } else {
+        *file = &b->m->st;
+        t = kv_st_find(*file, name);
+    }
+    if (t != NULL) {
+        size_t f = (size_t)(*file - b->files);
+        b->used[b->first[f] + (size_t)(t - (*file)->tensors)] = true;
+    }
+    return t;
+}
+
 /* Resolves one tensor to an F32 pointer; rank 1 uses only d0. */
-static KvStatus bind_tensor(KvModel *m, const char *name, int rank, int64_t d0, int64_t d1,
+static KvStatus bind_tensor(ModelBinder *b, const char *name, int rank, int64_t d0, int64_t d1,
                             const float **dst, KvError *err) {
-    const KvSafetensors *st = &m->st;
-    const KvTensorInfo *t = kv_st_find(st, name);
+    KvModel *m = b->m;
+    const KvSafetensors *st = NULL;
+    const KvTensorInfo *t = binder_find(b, name, &st);
     char want[64];
     if (rank == 1) {
         snprintf(want, sizeof want, "[%" PRId64 "]", d0);
@@ -35,7 +134,7 @@ static KvStatus bind_tensor(KvModel *m, const char *name, int rank, int64_t d0, 
     if (t == NULL) {
         return kv_error_set(err, KV_ERR_INPUT,
                             "%s: tensor '%s': expected shape %s, found no such tensor (missing)",
-                            st->label, name, want);
+                            b->label, name, want);
     }
     if (!kv_dtype_loadable(t->dtype)) {
         return kv_error_set(err, KV_ERR_INPUT,
@@ -75,8 +174,9 @@ static KvStatus bind_tensor(KvModel *m, const char *name, int rank, int64_t d0, 
     return KV_OK;
 }
 
-/* Binds every weight of m->config from m->st. */
-static KvStatus bind_all(KvModel *m, KvError *err) {
+/* Binds every weight of m->config from the checkpoint's files. */
+static KvStatus bind_all(ModelBinder *b, KvError *err) {
+    KvModel *m = b->m;
     const KvConfig *c = &m->config;
     KvStatus st;
     int64_t h = c->hidden_size;
@@ -89,10 +189,10 @@ static KvStatus bind_all(KvModel *m, KvError *err) {
     m->layers = calloc((size_t)c->num_layers, sizeof *m->layers);
     if (m->owned == NULL || m->layers == NULL) {
         return kv_error_set(err, KV_ERR_INTERNAL, "%s: out of memory for the layer table",
-                            m->st.label);
+                            b->label);
     }
 
-    st = bind_tensor(m, "model.embed_tokens.weight", 2, c->vocab_size, h, &m->embed, err);
+    st = bind_tensor(b, "model.embed_tokens.weight", 2, c->vocab_size, h, &m->embed, err);
     if (st != KV_OK) return st;
     for (int64_t i = 0; i < c->num_layers; i++) {
         KvLayerWeights *L = &m->layers[i];
@@ -119,18 +219,18 @@ static KvStatus bind_all(KvModel *m, KvError *err) {
         int n_spec = gemma ? KV_TENSORS_PER_LAYER : KV_TENSORS_PER_LAYER - 2;
         for (int k = 0; k < n_spec; k++) {
             snprintf(n, sizeof n, "model.layers.%" PRId64 ".%s", i, spec[k].suffix);
-            st = bind_tensor(m, n, spec[k].rank, spec[k].d0, spec[k].d1, spec[k].dst, err);
+            st = bind_tensor(b, n, spec[k].rank, spec[k].d0, spec[k].d1, spec[k].dst, err);
             if (st != KV_OK) return st;
         }
     }
-    st = bind_tensor(m, "model.norm.weight", 1, h, 0, &m->final_norm, err);
+    st = bind_tensor(b, "model.norm.weight", 1, h, 0, &m->final_norm, err);
     if (st != KV_OK) return st;
     if (c->tie_word_embeddings) {
         /* transformers ties lm_head to the embedding and ignores any
-         * lm_head.weight in the file. */
+         * lm_head.weight in the file (the ignore list above). */
         m->lm_head = m->embed;
     } else {
-        st = bind_tensor(m, "lm_head.weight", 2, c->vocab_size, h, &m->lm_head, err);
+        st = bind_tensor(b, "lm_head.weight", 2, c->vocab_size, h, &m->lm_head, err);
         if (st != KV_OK) return st;
     }
 
@@ -146,14 +246,76 @@ static KvStatus bind_all(KvModel *m, KvError *err) {
     return KV_OK;
 }
 
-/* Takes ownership of *st (closed on failure); *out is zeroed on failure. */
-static KvStatus model_assemble(const KvConfig *cfg, KvSafetensors *st, KvModel *out,
-                               KvError *err) {
+/* Every tensor of every file was bound or is on the ignore list. Files in
+ * order, tensors by name: the first offender is the same on every run. */
+static KvStatus check_unused(const ModelBinder *b, KvError *err) {
+    const KvConfig *c = &b->m->config;
+    for (size_t f = 0; f < b->n_files; f++) {
+        const KvSafetensors *file = &b->files[f];
+        for (size_t t = 0; t < file->n_tensors; t++) {
+            const char *name = file->tensors[t].name;
+            if (b->used[b->first[f] + t] || ignored_tensor(c, name)) continue;
+            return kv_error_set(err, KV_ERR_INPUT,
+                                "%s: tensor '%s' is not used by family %s (the reference would "
+                                "silently drop it)",
+                                file->label, name, kv_family_name(c->family));
+        }
+    }
+    return KV_OK;
+}
+
+/* Binds the weights of m (config and files already in place), then refuses
+ * any tensor left unused. */
+static KvStatus model_bind(KvModel *m, KvError *err) {
+    KvStatus rc = KV_OK;
+    ModelBinder b = {.m = m, .sharded = m->shards.label[0] != '\0'};
+    if (b.sharded) {
+        b.files = m->shards.files;
+        b.n_files = m->shards.n_files;
+        b.label = m->shards.label;
+    } else {
+        b.files = &m->st;
+        b.n_files = 1;
+        b.label = m->st.label;
+    }
+    size_t total = 0;
+    b.first = calloc(b.n_files > 0 ? b.n_files : 1, sizeof *b.first);
+    if (b.first != NULL) {
+        for (size_t f = 0; f < b.n_files; f++) {
+            b.first[f] = total;
+            total += b.files[f].n_tensors;
+        }
+        b.used = calloc(total > 0 ? total : 1, sizeof *b.used);
+    }
+    if (b.first == NULL || b.used == NULL) {
+        rc = kv_error_set(err, KV_ERR_INTERNAL, "%s: out of memory for %zu tensor marks",
+                          b.label, total);
+        goto cleanup;
+    }
+    /* Binding first: a missing or misshapen tensor the family needs is the
+     * more basic error, and every needed tensor is converted before the
+     * checkpoint is judged for what it holds besides. */
+    rc = bind_all(&b, err);
+    if (rc != KV_OK) goto cleanup;
+    rc = check_unused(&b, err);
+
+cleanup:
+    free(b.used);
+    free(b.first);
+    return rc;
+}
+
+/* Takes ownership of *st and *shards (one of them holds the checkpoint, the
+ * other is zeroed; both closed on failure); *out is zeroed on failure. */
+static KvStatus model_assemble(const KvConfig *cfg, KvSafetensors *st, KvShards *shards,
+                               KvModel *out, KvError *err) {
     memset(out, 0, sizeof *out);
     out->config = *cfg;
     out->st = *st;
     memset(st, 0, sizeof *st);
-    KvStatus rc = bind_all(out, err);
+    out->shards = *shards;
+    memset(shards, 0, sizeof *shards);
+    KvStatus rc = model_bind(out, err);
     if (rc != KV_OK) kv_model_free(out);
     return rc;
 }
@@ -178,7 +340,9 @@ KvStatus kv_model_load_memory(const char *config_json, size_t config_len, const 
     if (rc != KV_OK) goto cleanup;
     rc = kv_st_parse(st, st_len, st_label, &tab, err);
     if (rc != KV_OK) goto cleanup;
-    rc = model_assemble(&cfg, &tab, out, err);
+    KvShards none;
+    memset(&none, 0, sizeof none);
+    rc = model_assemble(&cfg, &tab, &none, out, err);
 
 cleanup:
     kv_st_close(&tab);
@@ -193,13 +357,23 @@ static bool path_join(char *buf, size_t size, const char *dir, const char *name)
     return w >= 0 && (size_t)w < size;
 }
 
+/* True when path names nothing at all (stat: ENOENT); anything else, a
+ * file of any kind or an error, counts as present, so the single-file path
+ * reports it exactly as before. */
+static bool path_absent(const char *path) {
+    struct stat sb;
+    return stat(path, &sb) != 0 && errno == ENOENT;
+}
+
 KvStatus kv_model_load_dir(const char *dir, KvModel *out, KvError *err) {
     KvStatus rc = KV_OK;
     KvConfig cfg;
     KvSafetensors tab;
-    char cfg_path[4096], st_path[4096];
+    KvShards shards;
+    char cfg_path[4096], st_path[4096], index_path[4096];
     struct stat sb;
     memset(&tab, 0, sizeof tab);
+    memset(&shards, 0, sizeof shards);
     memset(out, 0, sizeof *out);
 
     if (stat(dir, &sb) != 0) {
@@ -215,17 +389,28 @@ KvStatus kv_model_load_dir(const char *dir, KvModel *out, KvError *err) {
         goto cleanup;
     }
     if (!path_join(cfg_path, sizeof cfg_path, dir, "config.json") ||
-        !path_join(st_path, sizeof st_path, dir, "model.safetensors")) {
+        !path_join(st_path, sizeof st_path, dir, "model.safetensors") ||
+        !path_join(index_path, sizeof index_path, dir, KV_SHARDS_INDEX_NAME)) {
         rc = kv_error_set(err, KV_ERR_INPUT, "%s: path too long", dir);
         goto cleanup;
     }
     rc = kv_config_load(cfg_path, &cfg, err);
     if (rc != KV_OK) goto cleanup;
-    rc = kv_st_open(st_path, &tab, err);
+    /* model.safetensors wins when both it and an index exist, as in
+     * transformers' from_pretrained (SAFE_WEIGHTS_NAME is looked for before
+     * SAFE_WEIGHTS_INDEX_NAME): the index is then not read at all, so a
+     * directory loads as the same model here and there. Without either, the
+     * message names model.safetensors as it always has. */
+    if (path_absent(st_path) && !path_absent(index_path)) {
+        rc = kv_shards_open(dir, index_path, &shards, err);
+    } else {
+        rc = kv_st_open(st_path, &tab, err);
+    }
     if (rc != KV_OK) goto cleanup;
-    rc = model_assemble(&cfg, &tab, out, err);
+    rc = model_assemble(&cfg, &tab, &shards, out, err);
 
 cleanup:
+    kv_shards_close(&shards);
     kv_st_close(&tab);
     return rc;
 }
@@ -238,6 +423,7 @@ void kv_model_free(KvModel *m) {
     free(m->owned);
     free(m->layers);
     kv_st_close(&m->st);
+    kv_shards_close(&m->shards);
     memset(m, 0, sizeof *m);
 }
 

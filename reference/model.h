@@ -3,7 +3,9 @@
  * F32 tensors are used in place from the mapping when aligned; F16/BF16 (and
  * unaligned F32) are converted once at load into owned buffers. Every HF
  * tensor name the family needs must be present with the shape the config
- * implies; anything else is KV_ERR_INPUT and no partial model is returned. */
+ * implies, and every tensor the checkpoint holds must be one the family uses
+ * or one on the ignore list (model.c); anything else is KV_ERR_INPUT and no
+ * partial model is returned. */
 #ifndef KV_MODEL_H
 #define KV_MODEL_H
 
@@ -11,6 +13,7 @@
 
 #include "config.h"
 #include "safetensors.h"
+#include "shards.h"
 #include "status.h"
 
 typedef struct {
@@ -36,20 +39,30 @@ typedef struct {
     uint64_t weight_bytes;   /* F32 bytes a decode step reads: every layer matrix and norm,
                               * final_norm and lm_head (vocab * hidden) once; an untied
                               * embedding (one row read per token) is not counted */
-    KvSafetensors st;        /* keeps the mapping alive */
+    KvSafetensors st;        /* keeps the mapping alive: the single model.safetensors;
+                              * zeroed for a sharded checkpoint */
+    KvShards shards;         /* a sharded checkpoint's index and shard mappings, kept alive;
+                              * zeroed for a single file */
     float **owned;           /* (n_owned) converted buffers */
     size_t n_owned;
 } KvModel;
 
 /* Loads DIR/config.json and DIR/model.safetensors; messages name those paths.
- * Tensors not needed by the family (and lm_head.weight when tied) are
- * ignored. On failure *out is zeroed and nothing stays allocated. */
+ * Without DIR/model.safetensors, a DIR/model.safetensors.index.json makes it
+ * a sharded checkpoint: the index's weight_map names the shard of each
+ * tensor (shards.h). When both exist the single file is read and the index
+ * is not (transformers' from_pretrained looks for model.safetensors first).
+ * A tensor the family does not use is an error naming it and the family,
+ * unless it is on the ignore list (model.c: lm_head.weight when tied, saved
+ * rotary inv_freq buffers). On failure *out is zeroed and nothing stays
+ * allocated. */
 KvStatus kv_model_load_dir(const char *dir, KvModel *out, KvError *err);
 
 /* Loads from memory. The st bytes must outlive the model (weights may point
  * into them). `label` names the source in messages (e.g. a fixture name):
  * "LABEL/config.json: ..." and "LABEL/model.safetensors: ..."; with a NULL or
- * empty label just "config.json: ..." and "model.safetensors: ...". */
+ * empty label just "config.json: ..." and "model.safetensors: ...". The
+ * checks on the tensors are kv_model_load_dir's. */
 KvStatus kv_model_load_memory(const char *config_json, size_t config_len, const uint8_t *st,
                               size_t st_len, const char *label, KvModel *out, KvError *err);
 

@@ -125,6 +125,11 @@ static uint16_t f16_from_value(float v) {
     return (uint16_t)(sign | ((uint32_t)e << 10) | ((b & 0x7fffffu) >> 13));
 }
 
+const char *corpus_pad_name(const KvConfig *cfg) {
+    return cfg->tie_word_embeddings ? "lm_head.weight"
+                                    : "model.layers.0.self_attn.rotary_emb.inv_freq";
+}
+
 void corpus_image(const KvConfig *cfg, CorpusEncoding enc, bool misalign, uint8_t **st,
                   size_t *st_len) {
     CorpusTensor ts[CORPUS_MAX_TENSORS + 8];
@@ -136,7 +141,7 @@ void corpus_image(const KvConfig *cfg, CorpusEncoding enc, bool misalign, uint8_
     static const uint16_t pad_value = 0x3c00;
     if (misalign) {
         memset(&wt[w], 0, sizeof wt[w]);
-        wt[w].name = "aaa.pad";
+        wt[w].name = corpus_pad_name(cfg);
         wt[w].dtype = KV_DTYPE_F16;
         wt[w].rank = 1;
         wt[w].shape[0] = 1;
@@ -495,6 +500,41 @@ static void m_st_tied_lm_head_ignored(CorpusInput *in) {
     /* Tied: an lm_head.weight in the file is ignored, even a wrong one. */
     tensor_add_new(in, "lm_head.weight", "F32", "[3]", 12);
 }
+/* Tensors no family here binds: a qwen2-style bias, a gemma3 q_norm, a layer
+ * past num_hidden_layers. */
+#define Q0_BIAS "model.layers.0.self_attn.q_proj.bias"
+static void m_st_unused_bias(CorpusInput *in) { tensor_add_new(in, Q0_BIAS, "F32", "[16]", 64); }
+static void m_st_unused_q_norm(CorpusInput *in) {
+    tensor_add_new(in, "model.layers.1.self_attn.q_norm.weight", "F32", "[8]", 32);
+}
+static void m_st_unused_layer(CorpusInput *in) {
+    tensor_add_new(in, "model.layers.2.input_layernorm.weight", "F32", "[16]", 64);
+}
+/* Saved rotary buffers (head_dim / 2 = 4 values): ignored for the mistral
+ * family within num_hidden_layers, refused elsewhere. */
+static void m_st_inv_freq_ok(CorpusInput *in) {
+    tensor_add_new(in, "model.layers.0.self_attn.rotary_emb.inv_freq", "F32", "[4]", 16);
+    tensor_add_new(in, "model.layers.1.self_attn.rotary_emb.inv_freq", "F32", "[4]", 16);
+}
+static void m_st_inv_freq_llama_ok(CorpusInput *in) {
+    config_set(in, "model_type", "\"llama\"");
+    m_st_inv_freq_ok(in);
+}
+static void m_st_inv_freq_beyond(CorpusInput *in) {
+    m_st_inv_freq_ok(in);
+    tensor_add_new(in, "model.layers.2.self_attn.rotary_emb.inv_freq", "F32", "[4]", 16);
+}
+static void m_st_inv_freq_zero(CorpusInput *in) {
+    tensor_add_new(in, "model.layers.01.self_attn.rotary_emb.inv_freq", "F32", "[4]", 16);
+}
+static void m_st_inv_freq_gemma2(CorpusInput *in) {
+    tensor_add_new(in, "model.layers.0.self_attn.rotary_emb.inv_freq", "F32", "[4]", 16);
+}
+/* Tied mistral: the stored lm_head.weight is not read (the tied entry of the
+ * ignore list holds for both families). */
+static void m_st_tied_mistral_lm_head(CorpusInput *in) {
+    config_set(in, "tie_word_embeddings", "true");
+}
 static void m_st_name_too_long(CorpusInput *in) {
     char name[301];
     memset(name, 'x', 300);
@@ -532,10 +572,10 @@ static void m_st_empty_inside(CorpusInput *in) {
     tensor_offsets(in, "model.embed_tokens.weight", &b, &e);
     tensor_add_at(in, "empty.inside", "F32", "[0]", b + 8, b + 8);
 }
-static void m_st_empty_at_end_ok(CorpusInput *in) {
+static void m_st_empty_at_end(CorpusInput *in) {
     tensor_add_new(in, "extra.empty", "F32", "[0, 4]", 0);
 }
-static void m_st_empty_at_start_ok(CorpusInput *in) {
+static void m_st_empty_at_start(CorpusInput *in) {
     tensor_add_at(in, "extra.empty", "BF16", "[4, 0]", 0, 0);
 }
 
@@ -551,7 +591,7 @@ static void m_st_utf8_surrogate(CorpusInput *in) {
 static void m_st_utf8_truncated(CorpusInput *in) {
     tensor_add_new(in, "extra.\xe2\x82", "U8", "[1]", 1); /* first two bytes of U+20AC */
 }
-static void m_st_utf8_name_ok(CorpusInput *in) {
+static void m_st_utf8_name(CorpusInput *in) {
     /* u-umlaut, euro sign, an emoji: 2, 3 and 4-byte sequences. */
     tensor_add_new(in, "extra.\xc3\xbc\xe2\x82\xac\xf0\x9f\x98\x80", "U8", "[1]", 1);
 }
@@ -563,7 +603,7 @@ static void m_st_name_nul_escape(CorpusInput *in) {
 static void m_st_dtype_nul_escape(CorpusInput *in) {
     tensor_set(in, NORM, "dtype", "\"F32\\u0000x\"");
 }
-static void m_st_name_escaped_backslash_ok(CorpusInput *in) {
+static void m_st_name_escaped_backslash(CorpusInput *in) {
     /* The name is extra.\u0000 with a real backslash: written "\\u0000". */
     tensor_add_new(in, "extra.\\u0000", "U8", "[1]", 1);
 }
@@ -719,6 +759,10 @@ static void m_cfg_nulls_ok(CorpusInput *in) {
 #define G KV_FAMILY_GEMMA2
 #define M KV_FAMILY_MISTRAL
 #define BAD KV_ERR_INPUT
+/* A tensor the model does not bind: the file parsed (the format allows it)
+ * and the model refused it, so the message is the model's. */
+#define UNUSED_G "is not used by family gemma2"
+#define UNUSED_M "is not used by family mistral"
 
 const CorpusCase corpus_cases[] = {
     /* safetensors framing */
@@ -742,10 +786,10 @@ const CorpusCase corpus_cases[] = {
     {"st_header_utf8_overlong", M, m_st_utf8_overlong, BAD, ST, {"header", "UTF-8", "0xc0"}},
     {"st_header_utf8_surrogate", G, m_st_utf8_surrogate, BAD, ST, {"header", "UTF-8", "0xed"}},
     {"st_header_utf8_truncated", M, m_st_utf8_truncated, BAD, ST, {"header", "UTF-8", "0xe2"}},
-    {"st_header_utf8_name_ok", M, m_st_utf8_name_ok, KV_OK, NULL, {NULL}},
+    {"st_header_utf8_name_parsed", M, m_st_utf8_name, BAD, ST, {"tensor 'extra.\xc3\xbc\xe2\x82\xac\xf0\x9f\x98\x80'", UNUSED_M}},
     {"st_name_nul_escape", G, m_st_name_nul_escape, BAD, ST, {"key \"model.norm.weight\\u0000\"", "no NUL character", "cut"}},
     {"st_dtype_nul_escape", M, m_st_dtype_nul_escape, BAD, ST, {"string \"F32\\u0000x\"", "no NUL character"}},
-    {"st_name_escaped_backslash_ok", G, m_st_name_escaped_backslash_ok, KV_OK, NULL, {NULL}},
+    {"st_name_escaped_backslash_parsed", G, m_st_name_escaped_backslash, BAD, ST, {"tensor 'extra.\\u0000'", UNUSED_G}},
     {"st_name_control_char", M, m_st_name_control_char, BAD, ST, {"key \"extra.?\"", "control character 0x09"}},
     {"st_duplicate_metadata", G, m_st_duplicate_metadata, BAD, ST, {"key '__metadata__'", "once", "repeated"}},
     {"st_duplicate_field_in_entry", M, m_st_duplicate_field, BAD, ST, {"key 'model.norm.weight.dtype'", "repeated"}},
@@ -758,16 +802,16 @@ const CorpusCase corpus_cases[] = {
     {"st_overlap_alias", G, m_st_overlap_alias, BAD, ST, {"'model.norm.weight'", "overlap", "'alias.norm'"}},
     {"st_overlap_inside", M, m_st_overlap_inside, BAD, ST, {"'inner'", "overlap", "'model.embed_tokens.weight'"}},
     {"st_empty_tensor_inside_another", G, m_st_empty_inside, BAD, ST, {"'empty.inside'", "overlap", "'model.embed_tokens.weight'"}},
-    {"st_empty_tensor_at_end_ok", M, m_st_empty_at_end_ok, KV_OK, NULL, {NULL}},
-    {"st_empty_tensor_at_start_ok", G, m_st_empty_at_start_ok, KV_OK, NULL, {NULL}},
+    {"st_empty_tensor_at_end_parsed", M, m_st_empty_at_end, BAD, ST, {"tensor 'extra.empty'", UNUSED_M}},
+    {"st_empty_tensor_at_start_parsed", G, m_st_empty_at_start, BAD, ST, {"tensor 'extra.empty'", UNUSED_G}},
     /* safetensors entries */
     {"st_entry_not_object", G, m_st_entry_not_object, BAD, ST, {"'model.norm.weight'", "expected an object", "array"}},
     {"st_missing_dtype", G, m_st_missing_dtype, BAD, ST, {"'model.norm.weight'", "'dtype'", "missing"}},
     {"st_dtype_not_string", G, m_st_dtype_number, BAD, ST, {"'model.norm.weight'", "'dtype'", "expected a string"}},
     {"st_unknown_dtype", G, m_st_unknown_dtype, BAD, ST, {"'model.norm.weight'", "unknown", "Q4_K"}},
     {"st_i64_required_tensor", G, m_st_i64_required, BAD, ST, {"'model.norm.weight'", "F32, F16 or BF16", "I64"}},
-    {"st_i64_extra_tensor_ok", G, m_st_i64_extra, KV_OK, NULL, {NULL}},
-    {"st_f4_extra_tensor_ok", M, m_st_f4_extra, KV_OK, NULL, {NULL}},
+    {"st_i64_extra_tensor_parsed", G, m_st_i64_extra, BAD, ST, {"tensor 'extra.step'", UNUSED_G}},
+    {"st_f4_extra_tensor_parsed", M, m_st_f4_extra, BAD, ST, {"tensor 'extra.f4'", UNUSED_M}},
     {"st_shape_not_array", G, m_st_shape_not_array, BAD, ST, {"'model.norm.weight'", "'shape'", "expected an array"}},
     {"st_shape_negative", G, m_st_shape_negative, BAD, ST, {"'model.norm.weight'", "shape[0]", "-16"}},
     {"st_shape_fraction", M, m_st_shape_fraction, BAD, ST, {"'model.norm.weight'", "shape[0]", "15.5"}},
@@ -794,6 +838,16 @@ const CorpusCase corpus_cases[] = {
     {"model_missing_gemma2_norm", G, m_st_missing_pre_ffw, BAD, ST, {"'model.layers.0.pre_feedforward_layernorm.weight'", "missing"}},
     {"model_missing_embed", M, m_st_missing_embed, BAD, ST, {"'model.embed_tokens.weight'", "missing"}},
     {"model_tied_lm_head_ignored", G, m_st_tied_lm_head_ignored, KV_OK, NULL, {NULL}},
+    /* tensors the family does not use: refused unless ignore-listed (model.c) */
+    {"model_unused_bias", M, m_st_unused_bias, BAD, ST, {"tensor '" Q0_BIAS "'", UNUSED_M, "silently drop it"}},
+    {"model_unused_gemma2_q_norm", G, m_st_unused_q_norm, BAD, ST, {"tensor 'model.layers.1.self_attn.q_norm.weight'", UNUSED_G}},
+    {"model_unused_layer_beyond_config", M, m_st_unused_layer, BAD, ST, {"tensor 'model.layers.2.input_layernorm.weight'", UNUSED_M}},
+    {"model_inv_freq_ignored_ok", M, m_st_inv_freq_ok, KV_OK, NULL, {NULL}},
+    {"model_inv_freq_llama_ignored_ok", M, m_st_inv_freq_llama_ok, KV_OK, NULL, {NULL}},
+    {"model_inv_freq_beyond_layers", M, m_st_inv_freq_beyond, BAD, ST, {"tensor 'model.layers.2.self_attn.rotary_emb.inv_freq'", UNUSED_M}},
+    {"model_inv_freq_leading_zero", M, m_st_inv_freq_zero, BAD, ST, {"tensor 'model.layers.01.self_attn.rotary_emb.inv_freq'", UNUSED_M}},
+    {"model_inv_freq_gemma2", G, m_st_inv_freq_gemma2, BAD, ST, {"tensor 'model.layers.0.self_attn.rotary_emb.inv_freq'", UNUSED_G}},
+    {"model_unused_lm_head_tied_mistral", M, m_st_tied_mistral_lm_head, KV_OK, NULL, {NULL}},
     /* config.json */
     {"cfg_not_json", G, m_cfg_not_json, BAD, CF, {"valid JSON", "syntax error"}},
     {"cfg_not_object", G, m_cfg_not_object, BAD, CF, {"JSON object", "array"}},

@@ -59,9 +59,14 @@ float corpus_value(const char *name, size_t i);
  * values (zeros, subnormals, max, infinities, NaN), the rest scrambled. */
 uint16_t corpus_bits16(const char *name, size_t i);
 
+/* The name of the misaligning tensor of corpus_image: one the model's ignore
+ * list admits (reference/model.c), so the base still loads: the stored
+ * lm_head.weight when tied (gemma2), a saved rotary inv_freq (mistral). */
+const char *corpus_pad_name(const KvConfig *cfg);
+
 /* Builds a safetensors image of cfg's tensors. With misalign, a 1-element F16
- * tensor "aaa.pad" is written first so every later tensor is 2 bytes off
- * 4-byte alignment. Aborts on out-of-memory (test code). */
+ * tensor corpus_pad_name(cfg) is written first so every later tensor is 2
+ * bytes off 4-byte alignment. Aborts on out-of-memory (test code). */
 void corpus_image(const KvConfig *cfg, CorpusEncoding enc, bool misalign, uint8_t **st,
                   size_t *st_len);
 

@@ -7,6 +7,7 @@
  * Expected values are computed here by formula, independently of the code
  * under test (F16/BF16 decoding, shapes, byte counts). */
 #include <check.h>
+#include <dirent.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
@@ -311,8 +312,8 @@ START_TEST(test_unaligned_f32) {
     size_t st_len;
     char *cfg_text;
     KvModel m = load_base(family, CORPUS_F32, true, &st, &st_len, &cfg_text);
-    const KvTensorInfo *pad = kv_st_find(&m.st, "aaa.pad");
-    ck_assert_ptr_nonnull(pad); /* extra tensor: listed, ignored by the model */
+    const KvTensorInfo *pad = kv_st_find(&m.st, corpus_pad_name(&m.config));
+    ck_assert_ptr_nonnull(pad); /* an ignore-listed tensor: listed, never read */
     const KvTensorInfo *emb = kv_st_find(&m.st, "model.embed_tokens.weight");
     ck_assert_ptr_nonnull(emb);
     ck_assert_uint_eq((uintptr_t)(m.st.data + emb->begin) % 4, 2); /* really misaligned */
@@ -1394,6 +1395,443 @@ START_TEST(test_nonregular_inputs) {
 }
 END_TEST
 
+/* ---- sharded checkpoints ------------------------------------------------ */
+
+/* Removes every entry of t's directory (files and empty subdirectories),
+ * then the directory: the sharded tests write many names. */
+static void temp_remove_all(const TempDir *t) {
+    DIR *d = opendir(t->dir);
+    if (d != NULL) {
+        struct dirent *e;
+        char p[512];
+        while ((e = readdir(d)) != NULL) {
+            if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
+            temp_path(t, e->d_name, p, sizeof p);
+            if (unlink(p) != 0) rmdir(p);
+        }
+        closedir(d);
+    }
+    rmdir(t->dir);
+}
+
+/* How shard_write splits an image. */
+typedef struct {
+    int n_shards;
+    const char *extra;   /* one more tensor (F32 [1]) written into shard extra_shard */
+    int extra_shard;
+    bool extra_listed;   /* ... and listed in the weight_map (for extra_shard) */
+    const char *drop;    /* a tensor left out of every shard and of the map */
+    void (*edit)(cJSON *weight_map); /* the last change to the map before writing */
+} ShardPlan;
+
+static void shard_name(int k, int n, char *buf, size_t size) {
+    snprintf(buf, size, "model-%05d-of-%05d.safetensors", k + 1, n);
+}
+
+/* The shard of tensor i of `total` (in name order) when split n ways. */
+static int shard_of(size_t i, size_t total, int n) { return (int)(i * (size_t)n / total); }
+
+/* Writes config.json and a sharded copy of the safetensors image img into t,
+ * as save_pretrained lays one out: the tensors in name order split into
+ * plan->n_shards runs, each run a shard file written by kv_st_serialize
+ * (dtype, shape and bytes as in img), and model.safetensors.index.json
+ * mapping every tensor to its shard. No model.safetensors. */
+static void shard_write(const TempDir *t, const char *config_json, const uint8_t *img,
+                        size_t len, const ShardPlan *plan) {
+    KvSafetensors tab;
+    KvError err = {{0}};
+    ck_assert_msg(kv_st_parse(img, len, "img", &tab, &err) == KV_OK, "%s", err.msg);
+    temp_write(t, "config.json", config_json, strlen(config_json));
+    KvStWriteTensor *wt = test_alloc((tab.n_tensors + 1) * sizeof *wt);
+    cJSON *index = cJSON_CreateObject();
+    cJSON *meta = cJSON_AddObjectToObject(index, "metadata");
+    cJSON *map = cJSON_AddObjectToObject(index, "weight_map");
+    ck_assert_ptr_nonnull(map);
+    static const float extra_value = 0.5f;
+    uint64_t total_size = 0;
+    char fname[64];
+    for (int k = 0; k < plan->n_shards; k++) {
+        size_t n = 0;
+        shard_name(k, plan->n_shards, fname, sizeof fname);
+        for (size_t i = 0; i < tab.n_tensors; i++) {
+            const KvTensorInfo *ti = &tab.tensors[i];
+            if (shard_of(i, tab.n_tensors, plan->n_shards) != k) continue;
+            if (plan->drop != NULL && strcmp(plan->drop, ti->name) == 0) continue;
+            memset(&wt[n], 0, sizeof wt[n]);
+            wt[n].name = ti->name;
+            wt[n].dtype = ti->dtype;
+            wt[n].rank = ti->rank;
+            memcpy(wt[n].shape, ti->shape, sizeof wt[n].shape);
+            wt[n].data = tab.data + ti->begin;
+            n++;
+            cJSON_AddStringToObject(map, ti->name, fname);
+            total_size += ti->end - ti->begin;
+        }
+        if (plan->extra != NULL && plan->extra_shard == k) {
+            memset(&wt[n], 0, sizeof wt[n]);
+            wt[n].name = plan->extra;
+            wt[n].dtype = KV_DTYPE_F32;
+            wt[n].rank = 1;
+            wt[n].shape[0] = 1;
+            wt[n].data = &extra_value;
+            n++;
+            if (plan->extra_listed) cJSON_AddStringToObject(map, plan->extra, fname);
+        }
+        uint8_t *shard;
+        size_t shard_len;
+        ck_assert_msg(kv_st_serialize(wt, n, &shard, &shard_len, &err) == KV_OK, "%s", err.msg);
+        temp_write(t, fname, shard, shard_len);
+        free(shard);
+    }
+    cJSON_AddNumberToObject(meta, "total_size", (double)total_size);
+    if (plan->edit != NULL) plan->edit(map);
+    char *text = cJSON_Print(index);
+    ck_assert_ptr_nonnull(text);
+    temp_write(t, KV_SHARDS_INDEX_NAME, text, strlen(text));
+    free(text);
+    cJSON_Delete(index);
+    free(wt);
+    kv_st_close(&tab);
+}
+
+/* A tiny fixture (fixtures/fixture.c) of family f: config text and image. */
+static void fixture_tiny(KvFamily f, char **json, uint8_t **st, size_t *st_len) {
+    KvConfig cfg;
+    KvError err = {{0}};
+    ck_assert_int_eq(kv_fixture_config(f, KV_SIZE_TINY, &cfg, &err), KV_OK);
+    KvStatus s = kv_fixture_build(&cfg, KV_FIXTURE_DEFAULT_SEED, st, st_len, json, &err);
+    ck_assert_msg(s == KV_OK, "fixture build: %s", err.msg);
+}
+
+/* The mistral corpus base: config text and image. */
+static void corpus_base(char **json, uint8_t **st, size_t *st_len) {
+    KvConfig cfg;
+    corpus_config(KV_FAMILY_MISTRAL, &cfg);
+    *json = kv_config_to_json(&cfg);
+    ck_assert_ptr_nonnull(*json);
+    corpus_image(&cfg, CORPUS_F32, false, st, st_len);
+}
+
+/* True when p lies inside one of the shards' mappings. */
+static bool inside_shards(const KvShards *s, const void *p) {
+    for (size_t f = 0; f < s->n_files; f++) {
+        if (inside(p, s->files[f].map, s->files[f].map_len)) return true;
+    }
+    return false;
+}
+
+/* A sharded copy of each tiny fixture is the same model as the single file:
+ * the same kv_model_hash, every weight used in place from a shard mapping
+ * (F32, aligned), and everything released on free. Loops: (family, number
+ * of shards) in (gemma2, 3), (mistral, 3), (mistral, 1). */
+START_TEST(test_sharded_loads) {
+    KvFamily family = _i == 0 ? KV_FAMILY_GEMMA2 : KV_FAMILY_MISTRAL;
+    int n_shards = _i == 2 ? 1 : 3;
+    char *json;
+    uint8_t *img;
+    size_t len;
+    fixture_tiny(family, &json, &img, &len);
+    KvModel single, sharded;
+    KvError err = {{0}};
+    ck_assert_int_eq(kv_model_load_memory(json, strlen(json), img, len, "tiny", &single, &err),
+                     KV_OK);
+
+    TempDir t;
+    temp_make(&t);
+    ShardPlan plan = {.n_shards = n_shards};
+    shard_write(&t, json, img, len, &plan);
+    model_poison(&sharded);
+    KvStatus s = kv_model_load_dir(t.dir, &sharded, &err);
+    ck_assert_msg(s == KV_OK, "sharded %s: %s", kv_family_name(family), err.msg);
+    ck_assert_uint_eq(kv_model_hash(&sharded), kv_model_hash(&single));
+    ck_assert_uint_eq(sharded.weight_bytes, single.weight_bytes);
+    ck_assert_int_eq(memcmp(&sharded.config, &single.config, sizeof single.config), 0);
+    ck_assert_ptr_null(sharded.st.map); /* no single file */
+    ck_assert_uint_eq(sharded.shards.n_files, (size_t)n_shards);
+    char p[512];
+    temp_path(&t, KV_SHARDS_INDEX_NAME, p, sizeof p);
+    ck_assert_str_eq(sharded.shards.label, p);
+    ck_assert_uint_eq(sharded.n_owned, 0);
+    NamedPtr *np = test_alloc((3 + (size_t)single.config.num_layers * 11) * sizeof *np);
+    size_t nn = model_named(&sharded, np);
+    for (size_t i = 0; i < nn; i++) {
+        ck_assert_msg(inside_shards(&sharded.shards, np[i].p), "%s not used in place from a shard",
+                      np[i].name);
+    }
+    free(np);
+    kv_model_free(&sharded);
+    ck_assert(model_is_zero(&sharded));
+    kv_model_free(&single);
+    temp_remove_all(&t);
+    free(img);
+    free(json);
+}
+END_TEST
+
+/* With both model.safetensors and an index the single file is read, as
+ * transformers does, and the index not at all (here it is not even JSON). */
+START_TEST(test_sharded_both_present) {
+    char *json;
+    uint8_t *img;
+    size_t len;
+    corpus_base(&json, &img, &len);
+    TempDir t;
+    temp_make(&t);
+    ShardPlan plan = {.n_shards = 2};
+    shard_write(&t, json, img, len, &plan);
+    temp_write(&t, "model.safetensors", img, len);
+    KvModel m;
+    KvError err = {{0}};
+    ck_assert_msg(kv_model_load_dir(t.dir, &m, &err) == KV_OK, "%s", err.msg);
+    ck_assert_ptr_nonnull(m.st.map);
+    ck_assert_uint_eq(m.shards.n_files, 0);
+    uint64_t h = kv_model_hash(&m);
+    kv_model_free(&m);
+    temp_write(&t, KV_SHARDS_INDEX_NAME, "{\"weight_map\": ", 15);
+    ck_assert_msg(kv_model_load_dir(t.dir, &m, &err) == KV_OK, "%s", err.msg);
+    ck_assert_ptr_nonnull(m.st.map);
+    ck_assert_uint_eq(kv_model_hash(&m), h);
+    kv_model_free(&m);
+    temp_remove_all(&t);
+    free(img);
+    free(json);
+}
+END_TEST
+
+/* Index edits (the weight_map object is passed in). */
+static void edit_value_number(cJSON *map) {
+    cJSON_ReplaceItemInObjectCaseSensitive(map, "model.norm.weight", cJSON_CreateNumber(2));
+}
+static const char *g_escape; /* the shard name edit_escape writes */
+static void edit_escape(cJSON *map) {
+    cJSON_ReplaceItemInObjectCaseSensitive(map, "model.norm.weight", cJSON_CreateString(g_escape));
+}
+static void edit_ghost(cJSON *map) {
+    cJSON_AddStringToObject(map, "ghost.weight", "model-00001-of-00002.safetensors");
+}
+static void edit_wrong_shard(cJSON *map) {
+    /* model.norm.weight sorts last: it is in the second shard */
+    cJSON_ReplaceItemInObjectCaseSensitive(map, "model.norm.weight",
+                                           cJSON_CreateString("model-00001-of-00002.safetensors"));
+}
+/* Loads t expecting KV_ERR_INPUT, a zeroed model, and a message holding
+ * every non-NULL word (file names, tensor names, the reason). */
+static void sharded_bad(const TempDir *t, const char *w1, const char *w2, const char *w3,
+                        const char *w4) {
+    KvModel m;
+    KvError err = {{0}};
+    model_poison(&m);
+    KvStatus s = kv_model_load_dir(t->dir, &m, &err);
+    ck_assert_msg(s == KV_ERR_INPUT, "expected KV_ERR_INPUT, found %d (%s)", (int)s, err.msg);
+    ck_assert_msg(model_is_zero(&m), "failed load left a partial model: %s", err.msg);
+    const char *words[] = {w1, w2, w3, w4};
+    for (int k = 0; k < 4; k++) {
+        if (words[k] == NULL) continue;
+        ck_assert_msg(strstr(err.msg, words[k]) != NULL, "message lacks \"%s\": %s", words[k],
+                      err.msg);
+    }
+}
+
+START_TEST(test_sharded_errors) {
+    char *json;
+    uint8_t *img;
+    size_t len;
+    corpus_base(&json, &img, &len);
+    TempDir t;
+    temp_make(&t);
+    char index[512], s1[512], s2[512];
+    temp_path(&t, KV_SHARDS_INDEX_NAME, index, sizeof index);
+    temp_path(&t, "model-00001-of-00002.safetensors", s1, sizeof s1);
+    temp_path(&t, "model-00002-of-00002.safetensors", s2, sizeof s2);
+    const char *q_bias = "model.layers.0.self_attn.q_proj.bias";
+
+    /* the index: not JSON, not an object, no weight_map, weight_map not an
+     * object, a value not a string, a tensor listed twice */
+    ShardPlan ok = {.n_shards = 2};
+    shard_write(&t, json, img, len, &ok);
+    temp_write(&t, KV_SHARDS_INDEX_NAME, "{\"weight_map\": {", 16);
+    sharded_bad(&t, index, "valid JSON", NULL, NULL);
+    temp_write(&t, KV_SHARDS_INDEX_NAME, "[]", 2);
+    sharded_bad(&t, index, "expected a JSON object", NULL, NULL);
+    temp_write(&t, KV_SHARDS_INDEX_NAME, "{\"metadata\": {}}", 16);
+    sharded_bad(&t, index, "'weight_map'", "missing", NULL);
+    temp_write(&t, KV_SHARDS_INDEX_NAME, "{\"weight_map\": []}", 18);
+    sharded_bad(&t, index, "'weight_map'", "an array", NULL);
+    ShardPlan plan = {.n_shards = 2, .edit = edit_value_number};
+    shard_write(&t, json, img, len, &plan);
+    sharded_bad(&t, index, "tensor 'model.norm.weight'", "a shard file name (a string)",
+                "number 2");
+    const char *dup = "{\"weight_map\": {"
+                      "\"model.norm.weight\": \"model-00002-of-00002.safetensors\", "
+                      "\"model.norm.weight\": \"model-00001-of-00002.safetensors\"}}";
+    temp_write(&t, KV_SHARDS_INDEX_NAME, dup, strlen(dup));
+    sharded_bad(&t, index, "'weight_map.model.norm.weight'", "repeated", NULL);
+
+    /* shard names that would leave the directory; refused before opening */
+    static const char *escapes[] = {"../model-00002-of-00002.safetensors", "..", ".", "",
+                                    "sub/model-00002-of-00002.safetensors",
+                                    "/etc/passwd"};
+    for (size_t i = 0; i < sizeof escapes / sizeof escapes[0]; i++) {
+        g_escape = escapes[i];
+        plan = (ShardPlan){.n_shards = 2, .edit = edit_escape};
+        shard_write(&t, json, img, len, &plan);
+        sharded_bad(&t, index, "tensor 'model.norm.weight'", "no '/', not '.' or '..'", escapes[i]);
+    }
+
+    /* a shard the map names is missing: the message names the index, the
+     * first tensor (by name) mapped to it, and its path */
+    shard_write(&t, json, img, len, &ok);
+    KvSafetensors tab;
+    KvError err = {{0}};
+    ck_assert_int_eq(kv_st_parse(img, len, "img", &tab, &err), KV_OK);
+    size_t first2 = 0;
+    while (shard_of(first2, tab.n_tensors, 2) != 1) first2++;
+    char first2_name[KV_ST_MAX_NAME + 16];
+    snprintf(first2_name, sizeof first2_name, "tensor '%s'", tab.tensors[first2].name);
+    kv_st_close(&tab);
+    ck_assert_int_eq(unlink(s2), 0);
+    sharded_bad(&t, index, first2_name, s2, "missing");
+    /* ... or not a safetensors file: validated exactly like a single file */
+    temp_write(&t, "model-00002-of-00002.safetensors", img, 100);
+    sharded_bad(&t, s2, "header length", NULL, NULL);
+
+    /* the map and the shards disagree */
+    plan = (ShardPlan){.n_shards = 2, .edit = edit_ghost};
+    shard_write(&t, json, img, len, &plan);
+    sharded_bad(&t, s1, "tensor 'ghost.weight'", index, "missing");
+    plan = (ShardPlan){.n_shards = 2, .edit = edit_wrong_shard};
+    shard_write(&t, json, img, len, &plan);
+    sharded_bad(&t, s1, "tensor 'model.norm.weight'", "missing", s2);
+    plan = (ShardPlan){.n_shards = 2, .extra = q_bias, .extra_shard = 0};
+    shard_write(&t, json, img, len, &plan);
+    sharded_bad(&t, s1, "tensor 'model.layers.0.self_attn.q_proj.bias'", index,
+                "expected an entry");
+    plan = (ShardPlan){.n_shards = 2, .extra = "model.norm.weight", .extra_shard = 0};
+    shard_write(&t, json, img, len, &plan);
+    sharded_bad(&t, "tensor 'model.norm.weight'", "duplicated", s1, s2);
+
+    /* a tensor the family needs is in no shard and not in the map */
+    plan = (ShardPlan){.n_shards = 2, .drop = "model.norm.weight"};
+    shard_write(&t, json, img, len, &plan);
+    sharded_bad(&t, index, "tensor 'model.norm.weight'", "missing", "[16]");
+    plan = (ShardPlan){.n_shards = 2, .drop = "lm_head.weight"};
+    shard_write(&t, json, img, len, &plan);
+    sharded_bad(&t, index, "tensor 'lm_head.weight'", "missing", NULL);
+
+    /* listed and present, but not used by the family */
+    plan = (ShardPlan){.n_shards = 2, .extra = q_bias, .extra_shard = 1, .extra_listed = true};
+    shard_write(&t, json, img, len, &plan);
+    sharded_bad(&t, s2, "tensor 'model.layers.0.self_attn.q_proj.bias'",
+                "is not used by family mistral", "silently drop it");
+
+    /* the index is a directory */
+    ck_assert_int_eq(unlink(index), 0);
+    ck_assert_int_eq(mkdir(index, 0700), 0);
+    sharded_bad(&t, index, "expected a regular file, found a directory", NULL, NULL);
+    ck_assert_int_eq(rmdir(index), 0);
+    /* neither model.safetensors nor an index: named as before */
+    char single[512];
+    temp_path(&t, "model.safetensors", single, sizeof single);
+    sharded_bad(&t, single, "cannot open", NULL, NULL);
+
+    /* and the plain sharded copy still loads after all that */
+    shard_write(&t, json, img, len, &ok);
+    KvModel m;
+    ck_assert_msg(kv_model_load_dir(t.dir, &m, &err) == KV_OK, "%s", err.msg);
+    kv_model_free(&m);
+    temp_remove_all(&t);
+    free(img);
+    free(json);
+}
+END_TEST
+
+/* A tensor the family does not use, added to a tiny checkpoint on disk, is
+ * refused naming the file, the tensor and the family; the ignore-listed ones
+ * (saved rotary buffers for mistral, a stored lm_head.weight when tied) load
+ * and leave the model unchanged. */
+START_TEST(test_unused_tensors) {
+    for (int f = 0; f < 2; f++) {
+        KvFamily family = f == 0 ? KV_FAMILY_GEMMA2 : KV_FAMILY_MISTRAL;
+        char *json;
+        uint8_t *img;
+        size_t len;
+        fixture_tiny(family, &json, &img, &len);
+        KvModel plain, m;
+        KvError err = {{0}};
+        ck_assert_int_eq(kv_model_load_memory(json, strlen(json), img, len, "t", &plain, &err),
+                         KV_OK);
+        KvSafetensors tab;
+        ck_assert_int_eq(kv_st_parse(img, len, "img", &tab, &err), KV_OK);
+
+        /* the image again with one or more extra tensors, written as a
+         * single model.safetensors */
+        const char *bias[] = {"model.layers.0.self_attn.q_proj.bias"};
+        const char *inv_freq[] = {"model.layers.0.self_attn.rotary_emb.inv_freq",
+                                  "model.layers.1.self_attn.rotary_emb.inv_freq",
+                                  "model.layers.2.self_attn.rotary_emb.inv_freq",
+                                  "model.layers.3.self_attn.rotary_emb.inv_freq"};
+        const char *lm_head[] = {"lm_head.weight"};
+        struct {
+            const char **names;
+            size_t n;
+            bool loads;
+        } cases[] = {
+            {bias, 1, false},
+            {inv_freq, 4, family == KV_FAMILY_MISTRAL},
+            {lm_head, 1, family == KV_FAMILY_GEMMA2}, /* gemma2 tied; mistral has one */
+        };
+        for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+            if (family == KV_FAMILY_MISTRAL && cases[c].names == lm_head) continue;
+            KvStWriteTensor *wt = test_alloc((tab.n_tensors + 4) * sizeof *wt);
+            static const float vals[16] = {1.0f};
+            size_t n = 0;
+            for (size_t i = 0; i < tab.n_tensors; i++, n++) {
+                memset(&wt[n], 0, sizeof wt[n]);
+                wt[n].name = tab.tensors[i].name;
+                wt[n].dtype = tab.tensors[i].dtype;
+                wt[n].rank = tab.tensors[i].rank;
+                memcpy(wt[n].shape, tab.tensors[i].shape, sizeof wt[n].shape);
+                wt[n].data = tab.data + tab.tensors[i].begin;
+            }
+            for (size_t k = 0; k < cases[c].n; k++, n++) {
+                memset(&wt[n], 0, sizeof wt[n]);
+                wt[n].name = cases[c].names[k];
+                wt[n].dtype = KV_DTYPE_F32;
+                wt[n].rank = 1;
+                wt[n].shape[0] = 16; /* head_dim / 2 of the tiny fixtures */
+                wt[n].data = vals;
+            }
+            uint8_t *ext;
+            size_t ext_len;
+            ck_assert_int_eq(kv_st_serialize(wt, n, &ext, &ext_len, &err), KV_OK);
+            free(wt);
+            TempDir t;
+            temp_make(&t);
+            temp_write(&t, "config.json", json, strlen(json));
+            temp_write(&t, "model.safetensors", ext, ext_len);
+            if (cases[c].loads) {
+                ck_assert_msg(kv_model_load_dir(t.dir, &m, &err) == KV_OK, "%s %s: %s",
+                              kv_family_name(family), cases[c].names[0], err.msg);
+                ck_assert_uint_eq(kv_model_hash(&m), kv_model_hash(&plain));
+                kv_model_free(&m);
+            } else {
+                char file[512], tensor[KV_ST_MAX_NAME + 16], fam[64];
+                temp_path(&t, "model.safetensors", file, sizeof file);
+                snprintf(tensor, sizeof tensor, "tensor '%s'", cases[c].names[0]);
+                snprintf(fam, sizeof fam, "is not used by family %s", kv_family_name(family));
+                sharded_bad(&t, file, tensor, fam, "(the reference would silently drop it)");
+            }
+            temp_remove_all(&t);
+            free(ext);
+        }
+        kv_st_close(&tab);
+        kv_model_free(&plain);
+        free(img);
+        free(json);
+    }
+}
+END_TEST
+
 static Suite *loader_suite(void) {
     Suite *s = suite_create("loader");
     TCase *tc = tcase_create("corpus");
@@ -1438,6 +1876,13 @@ static Suite *loader_suite(void) {
     tcase_add_test(tc, test_dir_loads);
     tcase_add_test(tc, test_dir_errors);
     tcase_add_test(tc, test_nonregular_inputs);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("shards");
+    tcase_add_loop_test(tc, test_sharded_loads, 0, 3);
+    tcase_add_test(tc, test_sharded_both_present);
+    tcase_add_test(tc, test_sharded_errors);
+    tcase_add_test(tc, test_unused_tensors);
     suite_add_tcase(s, tc);
     return s;
 }
