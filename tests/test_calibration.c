@@ -1,7 +1,8 @@
 /* test_calibration.c: calibrated tolerances on the tiny fixtures (issue 14,
  * DESIGN §6, compare.h).
  *
- * For each tiny family and two scenarios the gate unit runs with its
+ * For each tiny family and two scenarios (`medium`: each medium family, one
+ * scenario; label long, not in `make test`) the gate unit runs with its
  * calibration (three reduction orders, the fp64 shadow), then:
  *   - held out: the fp64 shadow's logits, a correct implementation in an
  *     order the ensemble never ran (exact), are within the calibrated
@@ -27,10 +28,15 @@
 #include "scenario.h"
 #include "shadow64.h"
 
-static const char *const k_families[] = {"gemma2-tiny", "mistral-tiny"};
+static const char *const k_tiny[] = {"gemma2-tiny", "mistral-tiny"};
+/* ~100M parameters, hidden 768 (`test_calibration medium`, label long). */
+static const char *const k_medium[] = {"gemma2-medium", "mistral-medium"};
+static const char *const *k_families = k_tiny; /* main picks tiny or medium */
 /* prompt_w_plus_1: the window acts from the prefill on; short_prompt_
- * crosses_window: graph replays cross W (where a stale position acts). */
+ * crosses_window: graph replays cross W (where a stale position acts). The
+ * medium run takes the first only (each medium unit takes minutes). */
 static const char *const k_scenarios[] = {"prompt_w_plus_1", "short_prompt_crosses_window"};
+static int k_n_scenarios = 2;
 
 /* The unit (family, scenario) gated on the CPU, ring and index_copy, eager
  * and graph, one repeat, calibrated, with `faults`; into *rep. */
@@ -67,8 +73,8 @@ static double unit_tolerance(const KvReport *rep, const char *prefix, const char
 
 /* _i: family x scenario. */
 START_TEST(test_calibrated_tolerance) {
-    const char *family = k_families[_i / 2];
-    const char *scenario = k_scenarios[_i % 2];
+    const char *family = k_families[_i / k_n_scenarios];
+    const char *scenario = k_scenarios[_i % k_n_scenarios];
     KvFixtureModel fx;
     KvError err = {{0}};
     ck_assert_msg(kv_fixture_load(family, KV_FIXTURE_DEFAULT_SEED, &fx, &err) == KV_OK, "%s",
@@ -141,13 +147,21 @@ END_TEST
 static Suite *calibration_suite(void) {
     Suite *s = suite_create("calibration");
     TCase *tc = tcase_create("calibrated");
-    tcase_set_timeout(tc, 600);
-    tcase_add_loop_test(tc, test_calibrated_tolerance, 0, 4);
+    tcase_set_timeout(tc, 7200);
+    tcase_add_loop_test(tc, test_calibrated_tolerance, 0, 2 * k_n_scenarios);
     suite_add_tcase(s, tc);
     return s;
 }
 
-int main(void) {
+/* Usage: test_calibration [medium] (default: the tiny fixtures). */
+int main(int argc, char **argv) {
+    if (argc > 1 && strcmp(argv[1], "medium") == 0) {
+        k_families = k_medium;
+        k_n_scenarios = 1;
+    } else if (argc > 1) {
+        fprintf(stderr, "usage: test_calibration [medium]\n");
+        return 2;
+    }
     SRunner *sr = srunner_create(calibration_suite());
     srunner_run_all(sr, CK_NORMAL);
     const int failed = srunner_ntests_failed(sr);
