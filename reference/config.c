@@ -10,15 +10,12 @@
 #include "json_describe.h"
 
 #include <cjson/cJSON.h>
-#include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 /* A config.json is a few kilobytes; anything this large is not one. The
  * bound also caps what parsing allocates (the text copy, cJSON's tree). */
@@ -483,40 +480,16 @@ cleanup:
 
 KvStatus kv_config_load(const char *path, KvConfig *out, KvError *err) {
     KvStatus st = KV_OK;
-    int fd = -1;
     char *buf = NULL;
-    struct stat sb;
+    size_t len = 0;
 
     memset(out, 0, sizeof *out);
-    st = kv_file_open_regular(path, &fd, &sb, err);
+    st = kv_file_read_small(path, KV_CONFIG_MAX_BYTES, &buf, &len, err);
     if (st != KV_OK) goto cleanup;
-    if (sb.st_size > (off_t)KV_CONFIG_MAX_BYTES) {
-        st = kv_error_set(err, KV_ERR_INPUT, "%s: expected at most %u bytes, found %lld", path,
-                          KV_CONFIG_MAX_BYTES, (long long)sb.st_size);
-        goto cleanup;
-    }
-    size_t size = (size_t)sb.st_size;
-    buf = malloc(size + 1);
-    if (buf == NULL) {
-        st = kv_error_set(err, KV_ERR_INTERNAL, "%s: out of memory", path);
-        goto cleanup;
-    }
-    size_t got = 0;
-    while (got < size) {
-        ssize_t r = read(fd, buf + got, size - got);
-        if (r < 0 && errno == EINTR) continue;
-        if (r < 0) {
-            st = kv_error_set(err, KV_ERR_INPUT, "%s: cannot read: %s", path, strerror(errno));
-            goto cleanup;
-        }
-        if (r == 0) break; /* shrank while reading: parse what is there */
-        got += (size_t)r;
-    }
-    st = kv_config_parse(buf, got, path, out, err);
+    st = kv_config_parse(buf, len, path, out, err);
 
 cleanup:
     free(buf);
-    if (fd >= 0) close(fd);
     return st;
 }
 

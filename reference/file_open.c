@@ -66,6 +66,54 @@ cleanup:
     return st;
 }
 
+/* ---- reading ----------------------------------------------------------- */
+
+KvStatus kv_file_read_small(const char *path, size_t max_bytes, char **text, size_t *len,
+                            KvError *err) {
+    KvStatus st = KV_OK;
+    struct stat sb;
+    int fd = -1;
+    char *buf = NULL;
+    *text = NULL;
+    *len = 0;
+
+    st = kv_file_open_regular(path, &fd, &sb, err);
+    if (st != KV_OK) goto cleanup;
+    /* A regular file's st_size is never negative, so the unsigned compare
+     * holds for any max_bytes (an off_t cast of a large one could wrap). */
+    if ((uintmax_t)sb.st_size > (uintmax_t)max_bytes) {
+        st = kv_error_set(err, KV_ERR_INPUT, "%s: expected at most %zu bytes, found %lld", path,
+                          max_bytes, (long long)sb.st_size);
+        goto cleanup;
+    }
+    size_t size = (size_t)sb.st_size;
+    buf = malloc(size + 1);
+    if (buf == NULL) {
+        st = kv_error_set(err, KV_ERR_INTERNAL, "%s: out of memory", path);
+        goto cleanup;
+    }
+    size_t got = 0;
+    while (got < size) {
+        ssize_t r = read(fd, buf + got, size - got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) {
+            st = kv_error_set(err, KV_ERR_INPUT, "%s: cannot read: %s", path, strerror(errno));
+            goto cleanup;
+        }
+        if (r == 0) break; /* shrank while reading: the caller gets what is there */
+        got += (size_t)r;
+    }
+    buf[got] = '\0';
+    *text = buf;
+    *len = got;
+    buf = NULL;
+
+cleanup:
+    free(buf);
+    if (fd >= 0) close(fd);
+    return st;
+}
+
 /* ---- JSON text --------------------------------------------------------- */
 
 /* The length (1 to 4) of the well-formed UTF-8 sequence at p, avail bytes

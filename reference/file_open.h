@@ -1,8 +1,9 @@
 /* file_open.h: what the config.json and safetensors loaders share about their
  * input files: opening a file that must be a regular file (without blocking on
- * a FIFO or a device), and the checks on JSON text that cJSON does not make
- * but Python's json (transformers) and serde_json (safetensors) do, so that
- * kvrepro never reads a file differently from them. */
+ * a FIFO or a device), reading a small one (config.json, the shard index)
+ * whole, and the checks on JSON text that cJSON does not make but Python's
+ * json (transformers) and serde_json (safetensors) do, so that kvrepro never
+ * reads a file differently from them. */
 #ifndef KV_FILE_OPEN_H
 #define KV_FILE_OPEN_H
 
@@ -20,6 +21,17 @@
  * device could stream forever). On failure *fd is -1, nothing is left open,
  * and the status is KV_ERR_INPUT naming the path. */
 KvStatus kv_file_open_regular(const char *path, int *fd, struct stat *sb, KvError *err);
+
+/* Reads the whole of the regular file at path (opened as kv_file_open_regular
+ * does) into *text, malloc'd and NUL-terminated, its length in *len (the NUL
+ * not counted). A file above max_bytes is refused before anything is read:
+ * KV_ERR_INPUT "<path>: expected at most <max_bytes> bytes, found <size>".
+ * A file that shrinks while being read gives what was there (*len < the size
+ * stat saw); one that grows gives the size stat saw. Out of memory is
+ * KV_ERR_INTERNAL "<path>: out of memory", a failed read KV_ERR_INPUT
+ * "<path>: cannot read: <strerror>". On failure *text is NULL and *len 0. */
+KvStatus kv_file_read_small(const char *path, size_t max_bytes, char **text, size_t *len,
+                            KvError *err);
 
 /* Checks len bytes of JSON text for what cJSON accepts but the reference
  * readers refuse or read differently:

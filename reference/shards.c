@@ -17,7 +17,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 /* One weight_map entry as read: both strings point into the cJSON tree. */
 typedef struct {
@@ -55,50 +54,6 @@ static bool shards_path_join(char *buf, size_t size, const char *dir, const char
     const char *sep = (n > 0 && dir[n - 1] == '/') ? "" : "/";
     int w = snprintf(buf, size, "%s%s%s", dir, sep, name);
     return w >= 0 && (size_t)w < size;
-}
-
-/* The whole index file, NUL-terminated, into *text (malloc'd). */
-static KvStatus index_read(const char *path, char **text, size_t *len, KvError *err) {
-    KvStatus st = KV_OK;
-    struct stat sb;
-    int fd = -1;
-    char *buf = NULL;
-    *text = NULL;
-    *len = 0;
-
-    st = kv_file_open_regular(path, &fd, &sb, err);
-    if (st != KV_OK) goto cleanup;
-    if (sb.st_size > (off_t)KV_SHARDS_MAX_INDEX_BYTES) {
-        st = kv_error_set(err, KV_ERR_INPUT, "%s: expected at most %u bytes, found %lld", path,
-                          KV_SHARDS_MAX_INDEX_BYTES, (long long)sb.st_size);
-        goto cleanup;
-    }
-    size_t size = (size_t)sb.st_size;
-    buf = malloc(size + 1);
-    if (buf == NULL) {
-        st = kv_error_set(err, KV_ERR_INTERNAL, "%s: out of memory", path);
-        goto cleanup;
-    }
-    size_t got = 0;
-    while (got < size) {
-        ssize_t r = read(fd, buf + got, size - got);
-        if (r < 0 && errno == EINTR) continue;
-        if (r < 0) {
-            st = kv_error_set(err, KV_ERR_INPUT, "%s: cannot read: %s", path, strerror(errno));
-            goto cleanup;
-        }
-        if (r == 0) break; /* shrank while reading: parse what is there */
-        got += (size_t)r;
-    }
-    buf[got] = '\0';
-    *text = buf;
-    *len = got;
-    buf = NULL;
-
-cleanup:
-    free(buf);
-    if (fd >= 0) close(fd);
-    return st;
 }
 
 /* Parses the index text into its root object, with every check config.json
@@ -344,7 +299,7 @@ KvStatus kv_shards_open(const char *dir, const char *index_path, KvShards *out, 
 
     memset(out, 0, sizeof *out);
     snprintf(out->label, sizeof out->label, "%s", index_path);
-    st = index_read(index_path, &text, &len, err);
+    st = kv_file_read_small(index_path, KV_SHARDS_MAX_INDEX_BYTES, &text, &len, err);
     if (st != KV_OK) goto cleanup;
     st = index_parse(text, len, out->label, &root, err);
     if (st != KV_OK) goto cleanup;

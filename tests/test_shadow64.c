@@ -10,8 +10,9 @@
  *     exceeds KV_SHADOW_TIE_MARGIN; the decode helper's per-step numbers are
  *     those of the test's own row-by-row comparison;
  *   - goldens: the shadow teacher-forced over transformers' sequences
- *     (fixtures/hf/, read as tests/test_golden.c does) is within the
- *     tolerance the fp32 reference meets there, KV_GOLDEN_MAX_REL_ERR;
+ *     (fixtures/hf/, read by tests/golden_read.c as test_golden.c reads
+ *     them) is within the tolerance the fp32 reference meets there,
+ *     KV_GOLDEN_MAX_REL_ERR;
  *   - causality: the logits of a prefix are bitwise those of the longer
  *     sequence, whatever `from` is;
  *   - bad inputs give KV_ERR_INPUT with a message.
@@ -27,6 +28,7 @@
 
 #include "decode.h"
 #include "fixture.h"
+#include "golden_read.h"
 #include "model.h"
 #include "scenario.h"
 #include "shadow64.h"
@@ -196,77 +198,6 @@ END_TEST
 
 static const char *const k_golden_families[] = {"gemma2", "mistral"};
 
-typedef struct {
-    char name[64];
-    int64_t batch, prompt_len, steps, vocab;
-    int32_t *input_ids; /* (B, P) */
-    uint8_t *mask;      /* (B, P) */
-    int32_t *tokens;    /* (N, B) */
-    float *logits;      /* (N, B, V) */
-} Golden;
-
-static void golden_free(Golden *g) {
-    free(g->input_ids);
-    free(g->mask);
-    free(g->tokens);
-    free(g->logits);
-    memset(g, 0, sizeof *g);
-}
-
-/* Dataset `name` of group gid, of rank `rank`, into a malloc'd buffer of
- * mem_type; dims receives the shape. */
-static void *h5_read(hid_t gid, const char *name, hid_t mem_type, size_t elem, int rank,
-                     hsize_t *dims) {
-    hid_t d = H5Dopen2(gid, name, H5P_DEFAULT);
-    ck_assert_msg(d >= 0, "golden: dataset '%s' missing", name);
-    hid_t sp = H5Dget_space(d);
-    ck_assert_int_eq(H5Sget_simple_extent_ndims(sp), rank);
-    H5Sget_simple_extent_dims(sp, dims, NULL);
-    size_t n = 1;
-    for (int i = 0; i < rank; i++) n *= (size_t)dims[i];
-    void *buf = malloc(n * elem);
-    ck_assert_ptr_nonnull(buf);
-    ck_assert_msg(H5Dread(d, mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf) >= 0,
-                  "golden: reading '%s' failed", name);
-    H5Sclose(sp);
-    H5Dclose(d);
-    return buf;
-}
-
-static void golden_read(hid_t file, const char *scenario, Golden *g) {
-    char path[128];
-    snprintf(path, sizeof path, "/scenarios/%.100s", scenario);
-    hid_t gid = H5Gopen2(file, path, H5P_DEFAULT);
-    ck_assert_msg(gid >= 0, "golden: group %s missing", path);
-    hsize_t d2[2], d3[3], dt[2], dm[2];
-    memset(g, 0, sizeof *g);
-    snprintf(g->name, sizeof g->name, "%.63s", scenario);
-    g->input_ids = h5_read(gid, "input_ids", H5T_NATIVE_INT32, 4, 2, d2);
-    g->mask = h5_read(gid, "attention_mask", H5T_NATIVE_UINT8, 1, 2, dm);
-    g->tokens = h5_read(gid, "tokens", H5T_NATIVE_INT32, 4, 2, dt);
-    g->logits = h5_read(gid, "logits", H5T_NATIVE_FLOAT, 4, 3, d3);
-    H5Gclose(gid);
-    g->batch = (int64_t)d2[0];
-    g->prompt_len = (int64_t)d2[1];
-    g->steps = (int64_t)d3[0];
-    g->vocab = (int64_t)d3[2];
-    ck_assert(dm[0] == d2[0] && dm[1] == d2[1]);
-    ck_assert(dt[0] == d3[0] && dt[1] == d2[0] && d3[1] == d2[0]);
-}
-
-static herr_t collect_name(hid_t g, const char *name, const H5L_info_t *info, void *op) {
-    (void)g;
-    (void)info;
-    char (*names)[64] = op;
-    for (int i = 0; i < 16; i++) {
-        if (names[i][0] == '\0') {
-            snprintf(names[i], 64, "%.63s", name);
-            return 0;
-        }
-    }
-    return -1;
-}
-
 /* max over (step, row) of max |a - b| / max |b|, both float32. */
 static double rel_error_f32(const float *a /* (steps, batch, vocab) */,
                             const float *b /* (steps, batch, vocab) */, int64_t steps,
@@ -297,21 +228,14 @@ START_TEST(test_shadow_golden) {
     KvModel m;
     KvError err = {{0}};
     ck_assert_msg(kv_model_load_dir(dir, &m, &err) == KV_OK, "%s", err.msg);
-    H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
-    hid_t f = H5Fopen(h5path, H5F_ACC_RDONLY, H5P_DEFAULT);
-    ck_assert_msg(f >= 0, "cannot open %s", h5path);
     char names[16][64];
-    memset(names, 0, sizeof names);
-    hid_t sg = H5Gopen2(f, "/scenarios", H5P_DEFAULT);
-    ck_assert_msg(sg >= 0, "%s: no /scenarios group", h5path);
-    ck_assert(H5Literate(sg, H5_INDEX_NAME, H5_ITER_INC, NULL, collect_name, names) >= 0);
-    H5Gclose(sg);
+    hid_t f = kv_golden_open(h5path, names);
 
     int n_scen = 0;
     double worst_sh_hf = 0.0, worst_ref_sh = 0.0, worst_ref_hf = 0.0;
     for (int s = 0; s < 16 && names[s][0] != '\0'; s++, n_scen++) {
-        Golden g;
-        golden_read(f, names[s], &g);
+        KvGolden g;
+        kv_golden_read(f, names[s], &g);
         ck_assert_int_eq(g.vocab, m.config.vocab_size);
         KvDecodeSpec spec = {
             .batch = g.batch,
@@ -347,7 +271,7 @@ START_TEST(test_shadow_golden) {
         worst_ref_sh = ref_sh > worst_ref_sh ? ref_sh : worst_ref_sh;
         worst_ref_hf = ref_hf > worst_ref_hf ? ref_hf : worst_ref_hf;
         kv_decode_result_free(&r);
-        golden_free(&g);
+        kv_golden_free(&g);
     }
     fprintf(stderr, "shadow golden %s: %d scenarios, max rel error: transformers vs shadow %.3g, "
                     "fp32 reference vs shadow %.3g, fp32 reference vs transformers %.3g\n",
