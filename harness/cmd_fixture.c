@@ -18,13 +18,15 @@
 static void fixture_usage(FILE *f) {
     fprintf(f,
             "usage: kvrepro fixture --family gemma2|mistral --out DIR [--seed N] "
-            "[--size tiny|medium]\n\n"
+            "[--size tiny|medium|125m]\n\n"
             "Writes DIR/config.json and DIR/model.safetensors (F32), generated from the seed\n"
             "with kvrepro's own PRNG (SplitMix64 streams keyed by tensor name; see\n"
             "reference/prng.h), so the same seed gives the same bytes on every machine.\n"
             "  tiny:   vocab 512, hidden 128, 4 layers, 4 heads / 2 kv heads, head_dim 32,\n"
             "          window 16 (tests)\n"
             "  medium: about 100M parameters (benchmarks; ~400 MB, do not commit)\n"
+            "  125m:   mistral only: hidden 768, 12 layers, vocab 32000, 124.7M parameters\n"
+            "          (the long calibration check; ~500 MB, do not commit)\n"
             "  --seed N   weight seed (default %llu)\n"
             "Prints the smallest top-1 margin over the default decode.\n",
             (unsigned long long)KV_FIXTURE_DEFAULT_SEED);
@@ -116,8 +118,9 @@ int kv_cmd_fixture(int argc, char **argv) {
     if (!bad) {
         if (strcmp(size_s, "tiny") == 0) size = KV_SIZE_TINY;
         else if (strcmp(size_s, "medium") == 0) size = KV_SIZE_MEDIUM;
+        else if (strcmp(size_s, "125m") == 0) size = KV_SIZE_125M;
         else {
-            fprintf(stderr, "kvrepro fixture: --size: expected tiny or medium, found '%s'\n",
+            fprintf(stderr, "kvrepro fixture: --size: expected tiny, medium or 125m, found '%s'\n",
                     size_s);
             bad = true;
         }

@@ -65,7 +65,8 @@ static void gate_usage(FILE *f) {
             "variant and replays bitwise), prints one line per run and a final\n"
             "'N passed, N failed, N skipped' line.\n\n"
             "  --model DIR       a Hugging Face checkpoint directory (gemma2, mistral, llama)\n"
-            "  --fixture NAME    gemma2-tiny, mistral-tiny, gemma2-medium, mistral-medium\n"
+            "  --fixture NAME    gemma2-tiny, mistral-tiny, gemma2-medium, mistral-medium,\n"
+            "                    mistral-125m\n"
             "                    (default: gemma2-tiny and mistral-tiny)\n"
             "  --scenarios LIST  comma-separated, default all: short_prompt_crosses_window,\n"
             "                    prompt_w_minus_1, prompt_w, prompt_w_plus_1,\n"
@@ -108,7 +109,8 @@ static void gate_usage(FILE *f) {
             "                    CPU reference decodes their prompts with --model DIR, and each\n"
             "                    run is compared with it (within tolerances, tie-aware), with its\n"
             "                    repeat 0 (bitwise), its eager mode (within tolerances) and its\n"
-            "                    graph budget; no scenario, variant, backend, mode, repeat,\n"
+            "                    graph budget; max_rel_err is calibrated per prompt batch as\n"
+            "                    above (--tol, --no-calibrate apply); no scenario, variant, backend, mode, repeat,\n"
             "                    prompts, fault or shard option may be given with it\n"
             "  --timings         record wall times (the report is then not byte-reproducible)\n"
             "  --full-logits-max-vocab N\n"
@@ -695,6 +697,7 @@ int kv_cmd_gate(int argc, char **argv) {
         const KvExternalOptions x = {
             .model_dir = a.models[0], .paths = a.externals, .n_paths = a.n_external,
             .report_path = a.report_path, .junit_path = a.junit_path, .tol = o.tol,
+            .tol_max_rel_err_set = o.tol_max_rel_err_set, .calibrate = o.calibrate,
             .weight_seed = a.seed, .prompt_seed = o.prompt_seed,
             .full_logits_max_vocab = o.full_logits_max_vocab, .quiet = a.quiet,
             .verbose = a.verbose, .timings = o.timings,
@@ -722,15 +725,7 @@ int kv_cmd_gate(int argc, char **argv) {
     }
     kv_gate_fill_root(&rep, a.seed, o.prompt_seed, o.shard_i, o.shard_n);
     st = gate_query_backends(&o, &rep, &err);
-    if (st == KV_OK) st = kv_tolerances_record(&o.tol, &rep, &err);
-    if (st == KV_OK && o.tol_max_rel_err_set) {
-        snprintf(rep.tolerances[0].reason, sizeof rep.tolerances[0].reason,
-                 "set by --tol: overrides calibration in every unit");
-    } else if (st == KV_OK && o.calibrate) {
-        snprintf(rep.tolerances[0].reason, sizeof rep.tolerances[0].reason,
-                 "not used: each (model, scenario) is judged by its calibrated "
-                 "max_rel_err@MODEL/SCENARIO (--no-calibrate uses this)");
-    }
+    if (st == KV_OK) st = kv_gate_record_tolerances(&o, &rep, &err);
     if (st != KV_OK) goto cleanup;
     if (!a.quiet) gate_print_header(&a, &o, &rep);
     /* Everything that can be refused is refused before the first decode. */

@@ -37,6 +37,7 @@ typedef struct {
     int64_t leader;  /* index into ExtRuns */
     int64_t ref;     /* its reference run's index in the report */
     char skip[256];  /* "" or why its reference comparisons are skipped */
+    KvTolerances tol; /* its tolerances: calibrated on its reference decode, or o->tol */
 } ExtGroup;
 
 static void ext_runs_free(ExtRuns *e) {
@@ -255,6 +256,7 @@ static KvStatus ext_run_references(const ExtRuns *e, ExtGroup *groups, int64_t n
         KvComparison fin;
         KvStatus st = kv_gate_run_reference(m, model_name, &sc, &go, rep, &groups[g].ref, &fin,
                                             err);
+        groups[g].tol = o->tol;
         if (st != KV_OK) {
             char where[700];
             ext_where(e, groups[g].leader, where, sizeof where);
@@ -269,6 +271,46 @@ static KvStatus ext_run_references(const ExtRuns *e, ExtGroup *groups, int64_t n
             snprintf(groups[g].skip, sizeof groups[g].skip, "not compared: the reference is not "
                      "finite (step %lld, probe %.64s)", (long long)fin.first_step,
                      fin.first_probe >= 0 ? ref->probe_names[fin.first_probe] : "logits");
+        }
+    }
+    return KV_OK;
+}
+
+/* The calibration of each group (o->calibrate; kv_gate_calibrate): its
+ * ensemble members go to the end of rep, after the external runs, so the
+ * reference runs keep indices [0, n_groups) and the external runs follow
+ * them in file order; groups[g].tol becomes the group's tolerances. */
+static KvStatus ext_calibrate(ExtGroup *groups, int64_t n_groups, const KvModel *m,
+                              const char *model_name, const KvExternalOptions *o, KvReport *rep,
+                              KvError *err) {
+    const KvGateOptions go = {
+        .tol = o->tol,
+        .tol_max_rel_err_set = o->tol_max_rel_err_set,
+        .calibrate = o->calibrate,
+        .timings = o->timings,
+        .progress = KV_PROGRESS_OFF,
+        .shard_i = 1,
+        .shard_n = 1,
+        .full_logits_max_vocab = o->full_logits_max_vocab,
+    };
+    for (int64_t g = 0; g < n_groups && o->calibrate; g++) {
+        const KvRun *r = &rep->runs[groups[g].ref];
+        const KvScenario sc = {
+            .batch = r->batch,
+            .prompt_len = r->prompt_len,
+            .prompt = r->prompt, /* borrowed: each member copies what it records */
+            .real = r->prompt_real,
+            .new_tokens = r->steps,
+            .prefill_chunk = 0,
+        };
+        KvScenario named = sc;
+        snprintf(named.name, sizeof named.name, "%.63s", r->scenario);
+        KvStatus st = kv_gate_calibrate(m, model_name, &named, &go, groups[g].ref,
+                                        groups[g].skip[0] == '\0', rep, &groups[g].tol, err);
+        if (st != KV_OK) return st;
+        if (!o->quiet && groups[g].skip[0] == '\0') {
+            printf("calibrated %s: max_rel_err %g\n", named.name, groups[g].tol.max_rel_err);
+            fflush(stdout);
         }
     }
     return KV_OK;
@@ -295,8 +337,9 @@ static int64_t ext_find_twin(const KvReport *rep, int64_t lo, int64_t hi, const 
 
 /* The comparisons of external run x (gate_external.h gives the list). */
 static KvStatus ext_compare_run(KvReport *rep, int64_t x, int64_t lo, int64_t hi,
-                                const ExtGroup *g, const KvTolerances *tol, KvError *err) {
+                                const ExtGroup *g, KvError *err) {
     const KvRun *run = &rep->runs[x];
+    const KvTolerances *tol = &g->tol;
     KvComparison c;
     kv_compare_outputs(&rep->runs[g->ref], run, tol, KV_CMP_REFERENCE, g->ref, x, &c);
     if (g->skip[0] != '\0') {
@@ -354,8 +397,14 @@ static void ext_print_header(const KvExternalOptions *o, const ExtRuns *e, const
                engine != NULL ? " (" : "", engine != NULL ? engine : "",
                engine != NULL ? ")" : "");
     }
-    printf("reference: %lld CPU decode%s (one per prompt batch); tolerances: max_rel_err %g, "
-           "tie_margin %g\n", (long long)n_groups, n_groups == 1 ? "" : "s", o->tol.max_rel_err,
+    char mre[64];
+    if (o->calibrate && !o->tol_max_rel_err_set) {
+        snprintf(mre, sizeof mre, "calibrated per prompt batch");
+    } else {
+        snprintf(mre, sizeof mre, "%g", o->tol.max_rel_err);
+    }
+    printf("reference: %lld CPU decode%s (one per prompt batch); tolerances: max_rel_err %s, "
+           "tie_margin %g\n", (long long)n_groups, n_groups == 1 ? "" : "s", mre,
            o->tol.tie_margin);
     fflush(stdout);
 }
@@ -408,9 +457,9 @@ static KvStatus ext_append_runs(KvReport *rep, ExtRuns *e, KvError *err) {
  * the summary table; the count line comes once the output files are
  * written (kv_gate_external). *failed says whether a comparison failed. */
 static KvStatus ext_judge(const KvExternalOptions *o, const ExtGroup *groups,
-                          const int64_t *group_of, int64_t first_ext, KvReport *rep,
-                          bool *failed, KvError *err) {
-    const int64_t hi = rep->n_runs;
+                          const int64_t *group_of, int64_t first_ext, int64_t end_ext,
+                          KvReport *rep, bool *failed, KvError *err) {
+    const int64_t hi = end_ext;
     for (int64_t x = first_ext; x < hi; x++) {
         if (rep->runs[x].skipped) {
             /* its SKIP row says why; a run the engine could not complete
@@ -422,14 +471,16 @@ static KvStatus ext_judge(const KvExternalOptions *o, const ExtGroup *groups,
             if (st != KV_OK) return st;
             continue;
         }
-        const KvStatus st = ext_compare_run(rep, x, first_ext, hi, &groups[group_of[x - first_ext]],
-                                            &o->tol, err);
+        const KvStatus st = ext_compare_run(rep, x, first_ext, hi,
+                                            &groups[group_of[x - first_ext]], err);
         if (st != KV_OK) return st;
     }
     /* Every comparison is made: large vocabularies now keep only their
      * top-k logits, as in the matrix gate (the external runs keep what
      * their engine stored). */
-    for (int64_t i = 0; i < first_ext; i++) {
+    for (int64_t i = 0; i < rep->n_runs; i++) {
+        if (i == first_ext) i = end_ext; /* the references, then the calibration members */
+        if (i >= rep->n_runs) break;
         if (rep->runs[i].vocab <= o->full_logits_max_vocab || rep->runs[i].logits == NULL) continue;
         const KvStatus st = kv_gate_keep_topk(&rep->runs[i], err);
         if (st != KV_OK) return st;
@@ -478,15 +529,22 @@ int kv_gate_external(const KvExternalOptions *o) {
     /* only the CPU reference runs here */
     snprintf(rep.device, sizeof rep.device, "cpu only");
     rep.model_hash = kv_model_hash(&m);
-    st = kv_tolerances_record(&o->tol, &rep, &err);
+    {
+        const KvGateOptions go = {.tol = o->tol, .tol_max_rel_err_set = o->tol_max_rel_err_set,
+                                  .calibrate = o->calibrate};
+        st = kv_gate_record_tolerances(&go, &rep, &err);
+    }
     if (st != KV_OK) goto cleanup;
     if (!o->quiet) ext_print_header(o, &e, &m, model_name, rep.model_hash, n_groups);
     st = ext_run_references(&e, groups, n_groups, &m, model_name, o, &rep, &err);
     if (st == KV_OK) st = ext_check_reference_labels(&rep, rep.n_runs, &e, &err);
     if (st != KV_OK) goto cleanup;
-    const int64_t first_ext = rep.n_runs;
+    const int64_t first_ext = rep.n_runs, end_ext = first_ext + e.n;
     st = ext_append_runs(&rep, &e, &err);
-    if (st == KV_OK) st = ext_judge(o, groups, group_of, first_ext, &rep, &failed, &err);
+    if (st == KV_OK) st = ext_calibrate(groups, n_groups, &m, model_name, o, &rep, &err);
+    if (st == KV_OK) {
+        st = ext_judge(o, groups, group_of, first_ext, end_ext, &rep, &failed, &err);
+    }
     /* the count line last, once the files are safely written, as in the
      * matrix gate */
     if (st == KV_OK) {

@@ -21,6 +21,9 @@ typedef struct {
     const char *report_path;          /* --report, or NULL */
     const char *junit_path;           /* --junit, or NULL */
     KvTolerances tol;                 /* the defaults with every --tol applied */
+    bool tol_max_rel_err_set;         /* --tol max_rel_err given: it overrides calibration */
+    bool calibrate;                   /* calibrate max_rel_err per prompt batch (matrix.h
+                                       * kv_gate_calibrate); --no-calibrate: o->tol as is */
     uint64_t weight_seed, prompt_seed; /* stored in the report as given */
     int64_t full_logits_max_vocab;    /* above it the reference runs keep top-k (after all
                                        * comparisons), as in the matrix gate */
@@ -33,6 +36,15 @@ typedef struct {
  * a prompt the model cannot take, two prompt batches under one scenario
  * name: the message names the file, the run and the field, and nothing is
  * written), 3 for an internal error.
+ *
+ * Calibration (o->calibrate): after each group's reference decode, the
+ * reduction-order ensemble and the fp64 shadow of that decode set the
+ * group's max_rel_err (kv_gate_calibrate: the members and the three
+ * tolerances are in the report), used by its reference and
+ * compiled_vs_eager comparisons: another engine's fp32 run differs from the
+ * reference by rounding alone, and how much depends on the model and the
+ * prompts, so a constant set on the tiny fixtures would cry wolf at real
+ * size or let bugs through on small models.
  *
  * Comparisons, for each external run X that was not skipped, in this order:
  *   - reference (0): X vs the CPU reference of its (scenario, steps,
@@ -47,7 +59,8 @@ typedef struct {
  * A twin that was skipped counts as absent. A skipped X has no comparison
  * and shows as SKIP with its reason. The report holds the reference runs
  * first (with their finite checks), then the external runs in file order
- * with all they recorded. */
+ * with all they recorded, then each group's calibration members
+ * (`reference~ORDER`, with their reference and finite comparisons). */
 int kv_gate_external(const KvExternalOptions *o);
 
 #endif

@@ -393,22 +393,23 @@ static KvStatus add_tolerance(KvReport *rep, const char *name, double value, con
     return KV_OK;
 }
 
-/* The calibration ensemble of one unit (ensemble.h, DESIGN §6): the
- * reference again under each valid reduction order, each compared with the
- * canonical reference. Their largest relative logit error is the spread a
- * correct implementation shows on this model and these prompts; the
- * reference's own error against its fp64 shadow (shadow64.h) is the
- * yardstick of how far fp32 may be from exact. The unit's max_rel_err is
- * the larger of KV_CAL_SPREAD_MULT x spread and KV_CAL_FP64_MULT x the fp64
- * error, never below KV_CAL_FLOOR (compare.h says why), unless --tol
- * max_rel_err set it; all three numbers are recorded per unit. The members, their
- * comparisons (judged by the calibrated tolerance: a member flipping a
- * token above the tie margin fails) and the value used, with its reason,
- * go into the report. A non-finite reference calibrates nothing (*tol =
- * o->tol: its candidates are skipped anyway). */
-static KvStatus run_ensemble(const KvModel *m, const char *model_name, const KvScenario *sc,
-                             const KvGateOptions *o, int64_t ref, bool ref_finite, KvReport *rep,
-                             KvTolerances *tol, KvError *err) {
+KvStatus kv_gate_record_tolerances(const KvGateOptions *o, KvReport *rep, KvError *err) {
+    KvStatus st = kv_tolerances_record(&o->tol, rep, err);
+    if (st != KV_OK) return st;
+    char *reason = rep->tolerances[0].reason; /* max_rel_err (kv_tolerances_record) */
+    const size_t n = sizeof rep->tolerances[0].reason;
+    if (o->tol_max_rel_err_set) {
+        snprintf(reason, n, "set by --tol: overrides calibration in every unit");
+    } else if (o->calibrate) {
+        snprintf(reason, n, "not used: each (model, scenario) is judged by its calibrated "
+                 "max_rel_err@MODEL/SCENARIO (--no-calibrate uses this)");
+    }
+    return KV_OK;
+}
+
+KvStatus kv_gate_calibrate(const KvModel *m, const char *model_name, const KvScenario *sc,
+                           const KvGateOptions *o, int64_t ref, bool ref_finite, KvReport *rep,
+                           KvTolerances *tol, KvError *err) {
     KvStatus st = KV_OK;
     *tol = o->tol;
     if (!o->calibrate || !ref_finite) return KV_OK;
@@ -432,11 +433,15 @@ static KvStatus run_ensemble(const KvModel *m, const char *model_name, const KvS
         if (c.max_rel_err > spread) spread = c.max_rel_err; /* NaN never wins */
         progress_line(o, &rep->runs[members[i]]);
     }
-    /* The yardstick: the reference's own error against its fp64 shadow. */
-    const KvRun *r = &rep->runs[ref];
+    /* The yardstick: the reference's own error against its fp64 shadow,
+     * recorded per step on the reference run. */
+    KvRun *r = &rep->runs[ref];
     double fp64 = 0.0;
+    free(r->fp64_rel_err);
+    r->fp64_rel_err = malloc((size_t)(r->steps > 0 ? r->steps : 1) * sizeof *r->fp64_rel_err);
+    if (r->fp64_rel_err == NULL) return kv_error_set(err, KV_ERR_INTERNAL, "out of memory");
     st = kv_shadow64_rel_error(m, r->batch, r->prompt_len, r->prompt, r->prompt_real, r->steps,
-                               r->tokens, r->logits, NULL, &fp64, err);
+                               r->tokens, r->logits, r->fp64_rel_err, &fp64, err);
     if (st != KV_OK) return st;
     double cal = KV_CAL_SPREAD_MULT * spread;
     if (KV_CAL_FP64_MULT * fp64 > cal) cal = KV_CAL_FP64_MULT * fp64;
@@ -480,7 +485,8 @@ static KvStatus run_scenario(const KvModel *m, const char *model_name, const KvS
     KvStatus st = kv_gate_run_reference(m, model_name, sc, o, rep, &ref, &fin, err);
     if (st != KV_OK) return st;
     KvTolerances tol;
-    st = run_ensemble(m, model_name, sc, o, ref, fin.verdict != KV_VERDICT_FAIL, rep, &tol, err);
+    st = kv_gate_calibrate(m, model_name, sc, o, ref, fin.verdict != KV_VERDICT_FAIL, rep, &tol,
+                           err);
     if (st != KV_OK) return st;
 
     /* A reference that is not finite has nothing to judge candidates by:

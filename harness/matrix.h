@@ -112,6 +112,32 @@ KvStatus kv_gate_run_reference(const KvModel *m, const char *model_name, const K
                                const KvGateOptions *o, KvReport *rep, int64_t *ref,
                                KvComparison *fin, KvError *err);
 
+/* kv_tolerances_record of o->tol, with the root max_rel_err's reason
+ * saying whether it is used: set by --tol (it overrides calibration), not
+ * used (calibrated per unit), or the value itself (--no-calibrate). */
+KvStatus kv_gate_record_tolerances(const KvGateOptions *o, KvReport *rep, KvError *err);
+
+/* The calibration ensemble of one unit (ensemble.h, DESIGN §6): the
+ * reference run rep->runs[ref] again under each valid reduction order,
+ * each compared with it. Their largest relative logit error is the spread a
+ * correct implementation shows on this model and these prompts; the
+ * reference's own error against its fp64 shadow (shadow64.h) is the
+ * yardstick of how far fp32 may be from exact, recorded per step on the
+ * reference run (KvRun.fp64_rel_err). *tol is o->tol with max_rel_err set
+ * to the larger of KV_CAL_SPREAD_MULT x spread and KV_CAL_FP64_MULT x the
+ * fp64 error, never below KV_CAL_FLOOR (compare.h says why), unless
+ * o->tol_max_rel_err_set (--tol max_rel_err overrides, and the report says
+ * what calibration would have given). The members, their reference and
+ * finite comparisons (judged by the calibrated tolerance: a member flipping
+ * a token above the tie margin fails) and three tolerances per unit
+ * (spread@M/S, fp64_err@M/S, max_rel_err@M/S, each with its reason) go into
+ * rep. Nothing is run when !o->calibrate or !ref_finite (a reference that
+ * is not finite has nothing to calibrate): *tol = o->tol. The reference run
+ * must hold full logits. */
+KvStatus kv_gate_calibrate(const KvModel *m, const char *model_name, const KvScenario *sc,
+                           const KvGateOptions *o, int64_t ref, bool ref_finite, KvReport *rep,
+                           KvTolerances *tol, KvError *err);
+
 /* Replaces a run's full logits by each row's KV_TOPK largest (descending,
  * ties to the lowest id); logits_hash still identifies the full rows. */
 KvStatus kv_gate_keep_topk(KvRun *r, KvError *err);

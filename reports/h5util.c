@@ -348,6 +348,7 @@ void h5_attr_fields_unset(const AttrTable *t, void *base) {
         uint8_t: DATA_U8,                                                                          \
         uint64_t: DATA_U64,                                                                        \
         float: DATA_F32,                                                                           \
+        double: DATA_F64,                                                                          \
         char *: DATA_NAME)
 /* The array KvRun.f, its kind and element size from its type. */
 #define DATASET(f)                                                                                 \
@@ -373,6 +374,7 @@ static const RunDataset RUN_SETS[] = {
     {DATASET(margins), .shape = SHAPE_ROWS, .held = HELD_ALWAYS},
     {DATASET(probe_names), .shape = SHAPE_NAMES, .held = HELD_ALWAYS},
     {DATASET(probe_hash), .shape = SHAPE_PROBES, .held = HELD_ALWAYS},
+    {DATASET(fp64_rel_err), .shape = SHAPE_STEPS, .held = HELD_IF_SET},
 };
 
 const RunDatasetTable H5_RUN_DATASETS = {RUN_SETS, N_OF(RUN_SETS)};
@@ -383,6 +385,7 @@ bool h5_run_holds(const KvRun *r, const RunDataset *d) {
     case HELD_ALWAYS: return true;
     case HELD_FULL_LOGITS: return r->topk == 0;
     case HELD_TOPK: return r->topk > 0;
+    case HELD_IF_SET: return *(void *const *)((const char *)r + d->offset) != NULL;
     }
     return false;
 }
@@ -404,6 +407,7 @@ int h5_run_shape(const KvRun *r, RunShape s, hsize_t *dims) {
     case SHAPE_TOPK: return h5_dims(dims, 3, S, B, K);
     case SHAPE_NAMES: return h5_dims(dims, 1, NP, 0, 0);
     case SHAPE_PROBES: return h5_dims(dims, 3, S, NP, B);
+    case SHAPE_STEPS: return h5_dims(dims, 1, S, 0, 0);
     }
     return 0;
 }

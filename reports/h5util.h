@@ -199,6 +199,7 @@ typedef enum {
     SHAPE_TOPK,   /* (S, B, K) */
     SHAPE_NAMES,  /* (NP) */
     SHAPE_PROBES, /* (S, NP, B) */
+    SHAPE_STEPS,  /* (S) */
 } RunShape;
 
 typedef enum {
@@ -206,11 +207,14 @@ typedef enum {
     DATA_U8,   /* uint8_t */
     DATA_U64,  /* uint64_t */
     DATA_F32,  /* float */
+    DATA_F64,  /* double */
     DATA_NAME, /* char[KV_NAME_LEN]: a fixed-length string */
 } DataKind;
 
-/* Which runs store a dataset; a skipped run stores none. */
-typedef enum { HELD_ALWAYS, HELD_FULL_LOGITS, HELD_TOPK } RunHeld;
+/* Which runs store a dataset; a skipped run stores none. HELD_IF_SET: an
+ * optional array, written when the run has it (pointer not NULL) and read
+ * when the file has it (absent: NULL). */
+typedef enum { HELD_ALWAYS, HELD_FULL_LOGITS, HELD_TOPK, HELD_IF_SET } RunHeld;
 
 typedef struct {
     const char *name;
@@ -231,7 +235,8 @@ typedef struct {
 
 extern const RunDatasetTable H5_RUN_DATASETS;
 
-/* Whether run r stores dataset d. */
+/* Whether run r stores dataset d (HELD_IF_SET: whether r has the array,
+ * so a reader asks the file instead). */
 bool h5_run_holds(const KvRun *r, const RunDataset *d);
 
 /* Shape s for run r's sizes into dims (room for 3); returns the rank. The

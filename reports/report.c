@@ -42,6 +42,7 @@ void kv_run_free(KvRun *r) {
     free(r->margins);
     free(r->probe_names);
     free(r->probe_hash);
+    free(r->fp64_rel_err);
     memset(r, 0, sizeof *r);
 }
 

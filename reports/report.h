@@ -58,6 +58,11 @@ typedef struct {
     int64_t n_probes;
     char (*probe_names)[KV_NAME_LEN]; /* (n_probes) e.g. "embed", "layer2.q", "logits" */
     uint64_t *probe_hash;        /* (steps, n_probes, batch) FNV-1a 64 per probe row */
+    /* Optional (NULL = not recorded; written only when set): on a calibrated
+     * reference run, step s's max over rows of the relative logit error
+     * against the fp64 shadow (shadow64.h), the yardstick the unit's
+     * tolerance is built from (DESIGN §6). */
+    double *fp64_rel_err;        /* (steps) or NULL */
     int64_t graphs_captured;
     int64_t replays_checked;
     int64_t replay_mismatch_step; /* -1 when none */

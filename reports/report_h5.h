@@ -35,8 +35,11 @@
 /* Top-k logits kept per row when full logits are not stored: the gate keeps
  * 16. */
 #define KV_REPORT_MAX_TOPK ((int64_t)1 << 10)
-/* Named tolerances in /tolerances: the comparator has two (DESIGN §6). */
-#define KV_REPORT_MAX_TOLERANCES ((int64_t)1 << 10)
+/* Named tolerances in /tolerances: the comparator's two (DESIGN §6), plus
+ * three per calibrated unit (spread@, fp64_err@, max_rel_err@), and a
+ * calibrated unit records at least four runs (the reference and the
+ * ensemble), so a report within KV_REPORT_MAX_RUNS holds fewer than this. */
+#define KV_REPORT_MAX_TOLERANCES ((int64_t)1 << 18)
 /* Comparisons per run: the matrix compares a candidate run with at most 4
  * others (reference, replay, graph_vs_eager, variant_vs_variant; or repeat),
  * so /comparisons has at most 4 rows per run; the cap allows 16. */

@@ -440,7 +440,9 @@ static herr_t h5r_scan_link(hid_t g, const char *name, const H5L_info_t *info, v
     if (s->names == NULL && s->run != NULL) {
         for (size_t k = 0; k < H5_RUN_DATASETS.n && !allowed; k++) {
             const RunDataset *d = &H5_RUN_DATASETS.sets[k];
-            allowed = strcmp(d->name, name) == 0 && h5_run_holds(s->run, d);
+            /* an optional array may be there or not: the reader asks the file */
+            allowed = strcmp(d->name, name) == 0 &&
+                      (d->held == HELD_IF_SET ? !s->run->skipped : h5_run_holds(s->run, d));
         }
     } else if (s->names == NULL) {
         allowed = is_run_name(name, s->n_runs);
@@ -1018,7 +1020,15 @@ static KvStatus h5r_summary(hid_t file, const KvReport *rep, ReportCtx *c) {
 static KvStatus h5r_run_datasets(hid_t g, const char *objpath, KvRun *r, ReportCtx *c) {
     for (size_t k = 0; k < H5_RUN_DATASETS.n; k++) {
         const RunDataset *d = &H5_RUN_DATASETS.sets[k];
-        if (!h5_run_holds(r, d)) continue;
+        if (d->held == HELD_IF_SET) {
+            if (r->skipped) continue;
+            const htri_t there = H5Lexists(g, d->name, H5P_DEFAULT);
+            if (there < 0) return h5_fail(c, KV_ERR_INPUT, "%s/%s: cannot look up", objpath,
+                                          d->name);
+            if (there == 0) continue; /* not recorded: stays NULL */
+        } else if (!h5_run_holds(r, d)) {
+            continue;
+        }
         hsize_t dims[3];
         const int rank = h5_run_shape(r, d->shape, dims);
         H5T_class_t cls = H5T_NO_CLASS;
@@ -1039,6 +1049,10 @@ static KvStatus h5r_run_datasets(hid_t g, const char *objpath, KvRun *r, ReportC
         case DATA_F32:
             cls = H5T_FLOAT;
             mem_type = H5T_NATIVE_FLOAT;
+            break;
+        case DATA_F64:
+            cls = H5T_FLOAT;
+            mem_type = H5T_NATIVE_DOUBLE;
             break;
         case DATA_NAME: cls = H5T_STRING; break; /* h5r_strings makes the memory type */
         }

@@ -75,6 +75,7 @@ static size_t run_shape_count(const KvRun *r, const RunCounts *n, RunShape s) {
     case SHAPE_TOPK: return n->rows * (size_t)r->topk; /* topk <= vocab: at most n->logits */
     case SHAPE_NAMES: return (size_t)r->n_probes;
     case SHAPE_PROBES: return n->probes;
+    case SHAPE_STEPS: return (size_t)r->steps;
     }
     return 0;
 }
@@ -537,6 +538,10 @@ static KvStatus h5w_run_dataset(hid_t g, const char *objpath, const KvRun *r, co
     case DATA_F32:
         file_type = H5T_IEEE_F32LE;
         mem_type = H5T_NATIVE_FLOAT;
+        break;
+    case DATA_F64:
+        file_type = H5T_IEEE_F64LE;
+        mem_type = H5T_NATIVE_DOUBLE;
         break;
     case DATA_NAME: /* (n_probes), which report_validate bounded */
         return h5w_strings(g, objpath, d->name, rank, dims, data, d->elem, (size_t)dims[0], c);

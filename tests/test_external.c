@@ -272,17 +272,43 @@ START_TEST(test_copy_passes) {
     snprintf(junit, sizeof junit, "%s/r.xml", fx.dir);
     ck_assert_int_eq(kvrepro("gate", "--model", EXT_MODEL_DIR, "--external", ext, "--report",
                              rep_path, "--junit", junit, NULL), 0);
-    EXPECT_OUT("4 passed, 0 failed, 1 skipped");
+    /* 1 reference, 3 external runs and 3 calibration members pass */
+    EXPECT_OUT("7 passed, 0 failed, 1 skipped");
     EXPECT_OUT("reduce-overhead needs a CUDA device");
+    EXPECT_OUT("max_rel_err calibrated per prompt batch");
+    EXPECT_OUT("calibrated short: max_rel_err ");
     /* the count line last, once both files are written */
     char tail[1400];
-    snprintf(tail, sizeof tail, "\nreport: %s\njunit: %s\n4 passed, 0 failed, 1 skipped\n",
+    snprintf(tail, sizeof tail, "\nreport: %s\njunit: %s\n7 passed, 0 failed, 1 skipped\n",
              rep_path, junit);
     const size_t lo = strlen(out), lt = strlen(tail);
     ck_assert_msg(lo >= lt && strcmp(out + lo - lt, tail) == 0,
                   "expected the output to end in:%s\nfound:\n%s", tail, out);
     KvReport rep = read_report(rep_path);
-    ck_assert_int_eq(rep.n_runs, 5);
+    ck_assert_int_eq(rep.n_runs, 8);
+    /* the calibration last: three members, the unit's three tolerances, the
+     * fp64 yardstick per step on the reference; the external runs are judged
+     * by the calibrated max_rel_err */
+    for (int64_t i = 5; i < 8; i++) {
+        ck_assert_msg(strncmp(rep.runs[i].variant, "reference~", 10) == 0, "%s",
+                      rep.runs[i].variant);
+        const KvComparison *mc = find_cmp(&rep, KV_CMP_REFERENCE, i);
+        ck_assert(mc != NULL && mc->verdict == KV_VERDICT_PASS && mc->run_a == 0);
+    }
+    ck_assert_ptr_nonnull(rep.runs[0].fp64_rel_err);
+    double cal = -1.0;
+    for (int64_t t = 0; t < rep.n_tolerances; t++) {
+        if (strcmp(rep.tolerances[t].name, "max_rel_err@mistral/short") == 0) {
+            cal = rep.tolerances[t].value;
+        }
+    }
+    ck_assert_msg(cal > 0.0 && cal < 1e-4, "calibrated max_rel_err %g", cal);
+    {
+        char within[64];
+        snprintf(within, sizeof within, "within max_rel_err %g", cal);
+        const KvComparison *rc = find_cmp(&rep, KV_CMP_REFERENCE, 3);
+        ck_assert_msg(strstr(rc->message, within) != NULL, "%s (want %s)", rc->message, within);
+    }
     /* the reference first, named by the model directory and the scenario */
     ck_assert_str_eq(rep.runs[0].variant, "reference");
     ck_assert_str_eq(rep.runs[0].model, "mistral");
@@ -360,7 +386,17 @@ START_TEST(test_copy_passes) {
     /* --quiet: the count line only */
     ck_assert_int_eq(kvrepro("gate", "--model", EXT_MODEL_DIR, "--external", ext, "--quiet", NULL),
                      0);
-    ck_assert_str_eq(out, "4 passed, 0 failed, 1 skipped\n");
+    ck_assert_str_eq(out, "7 passed, 0 failed, 1 skipped\n");
+    /* --no-calibrate: no members, the fixed default */
+    ck_assert_int_eq(kvrepro("gate", "--model", EXT_MODEL_DIR, "--external", ext, "--no-calibrate",
+                             "--report", rep_path, NULL), 0);
+    EXPECT_OUT("tolerances: max_rel_err 0.0001,");
+    EXPECT_OUT("4 passed, 0 failed, 1 skipped");
+    rep = read_report(rep_path);
+    ck_assert_int_eq(rep.n_runs, 5);
+    ck_assert_int_eq(rep.n_tolerances, 2);
+    ck_assert_ptr_null(rep.runs[0].fp64_rel_err);
+    kv_report_free(&rep);
 }
 END_TEST
 
@@ -378,9 +414,9 @@ START_TEST(test_two_files_two_groups) {
     ck_assert_int_eq(kvrepro("gate", "--model", EXT_MODEL_DIR, "--external", fa, "--external",
                              fb, "--report", rep_path, NULL), 0);
     EXPECT_OUT("reference: 2 CPU decodes");
-    EXPECT_OUT("5 passed, 0 failed, 0 skipped");
+    EXPECT_OUT("11 passed, 0 failed, 0 skipped"); /* with two groups' 3 members each */
     KvReport rep = read_report(rep_path);
-    ck_assert_int_eq(rep.n_runs, 5);
+    ck_assert_int_eq(rep.n_runs, 11);
     ck_assert_str_eq(rep.runs[0].variant, "reference");
     ck_assert_str_eq(rep.runs[0].scenario, "short");
     ck_assert_int_eq(rep.runs[0].steps, EXT_STEPS);
@@ -477,7 +513,7 @@ START_TEST(test_logit_beyond_tolerance_fails_reference) {
     ck_assert_int_eq(kvrepro("gate", "--model", EXT_MODEL_DIR, "--external", ext, "--report",
                              rep_path, NULL), 1);
     EXPECT_OUT("logits beyond max_rel_err at step 2 row 1");
-    EXPECT_OUT("1 passed, 1 failed, 0 skipped"); /* the reference run passes */
+    EXPECT_OUT("4 passed, 1 failed, 0 skipped"); /* the reference run and its members pass */
 }
 END_TEST
 
@@ -546,7 +582,7 @@ START_TEST(test_graphs_over_budget_fail) {
     const char *ext = ext_write("ext.h5", runs, 2);
     ck_assert_int_eq(kvrepro("gate", "--model", EXT_MODEL_DIR, "--external", ext, NULL), 1);
     EXPECT_OUT("graph_budget: 9 decode graphs (8 recompiles), budget 1: the decode recompiles");
-    EXPECT_OUT("2 passed, 1 failed, 0 skipped");
+    EXPECT_OUT("5 passed, 1 failed, 0 skipped");
 }
 END_TEST
 

@@ -199,6 +199,9 @@ static void build_report(KvReport *rep) {
     /* the optional attributes of another engine's run: unset in run 0 (and
      * the skipped run 2), set in run 1 */
     rep->runs[0].recompiles = rep->runs[0].graph_budget = -1;
+    /* the optional per-step fp64 error: on run 0 (a calibrated reference) only */
+    rep->runs[0].fp64_rel_err = test_alloc(T_STEPS * sizeof(double));
+    for (int s = 0; s < T_STEPS; s++) rep->runs[0].fp64_rel_err[s] = (s + 1) / 3.0e6;
     snprintf(rep->runs[1].engine, sizeof rep->runs[1].engine, "transformers 5.23.0, fp32");
     rep->runs[1].recompiles = 3;
     rep->runs[1].graph_budget = 1;
@@ -311,6 +314,12 @@ static void assert_same_run(const KvRun *a, const KvRun *b, int64_t i) {
     }
     SAME_BYTES(a->probe_hash, b->probe_hash, SB * (size_t)a->n_probes * sizeof(uint64_t),
                "probe_hash");
+    if (a->fp64_rel_err == NULL) {
+        ck_assert_msg(b->fp64_rel_err == NULL, "%s.fp64_rel_err: read back from nothing", what);
+    } else {
+        SAME_BYTES(a->fp64_rel_err, b->fp64_rel_err, (size_t)a->steps * sizeof(double),
+                   "fp64_rel_err");
+    }
 }
 
 static bool same_double(double a, double b) { return memcmp(&a, &b, sizeof a) == 0; }
@@ -397,6 +406,9 @@ START_TEST(test_optional_attrs_only_when_set) {
             ck_assert_msg(H5Aexists(g, names[k]) == (run == 1), "%s: attribute %s", g_name,
                           names[k]);
         }
+        /* the optional dataset: only where the run has it */
+        ck_assert_msg(H5Lexists(g, "fp64_rel_err", H5P_DEFAULT) == (run == 0),
+                      "%s: dataset fp64_rel_err", g_name);
         H5Gclose(g);
     }
     H5Fclose(f);
@@ -409,6 +421,9 @@ START_TEST(test_optional_attrs_only_when_set) {
     ck_assert_int_eq(back.runs[1].recompiles, 3);
     ck_assert_int_eq(back.runs[1].graph_budget, 1);
     ck_assert_str_eq(back.runs[1].engine, "transformers 5.23.0, fp32");
+    ck_assert_ptr_nonnull(back.runs[0].fp64_rel_err);
+    ck_assert(back.runs[0].fp64_rel_err[T_STEPS - 1] == T_STEPS / 3.0e6);
+    ck_assert_ptr_null(back.runs[1].fp64_rel_err);
     kv_report_free(&back);
 }
 END_TEST
@@ -1277,7 +1292,7 @@ START_TEST(test_refuse_table_10m_rows) {
 
     write_synthetic("tolerances10m.h5", path, sizeof path);
     replace_table_rows(path, "tolerances", 10000000);
-    assert_read_refused_bounded(path, "/tolerances: expected at most 1024 rows");
+    assert_read_refused_bounded(path, "/tolerances: expected at most 262144 rows");
 
     /* the right row count, but nothing stored */
     write_synthetic("summary_unwritten.h5", path, sizeof path);
