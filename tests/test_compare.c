@@ -227,6 +227,35 @@ START_TEST(test_near_tie_flip_is_reported_not_failed) {
 }
 END_TEST
 
+/* The boundary of "near-tie" (DESIGN §6): a flip where the reference's
+ * margin equals tie_margin exactly is still a near-tie (<=), one float step
+ * above it is a real flip; for kv_compare_reference and kv_compare_outputs
+ * alike (issue 20's mutation 11, `<` for `<=`, passed every check). */
+START_TEST(test_near_tie_boundary_inclusive) {
+    KvTolerances t = kv_tolerances_default();
+    t.tie_margin = 0.015625; /* 2^-6: exact in float and double */
+    for (int fn = 0; fn < 2; fn++) {
+        for (int above = 0; above < 2; above++) {
+            KvRun ref = make_run(), cand = copy_run(&ref);
+            ref.margins[1 * B + 0] = above ? nextafterf(0.015625f, 1.0f) : 0.015625f;
+            cand.tokens[1 * B + 0] = (ref.tokens[1 * B + 0] + 1) % V;
+            KvComparison c;
+            if (fn == 0) {
+                kv_compare_reference(&ref, &cand, &t, 0, 1, &c);
+            } else {
+                kv_compare_outputs(&ref, &cand, &t, KV_CMP_REFERENCE, 0, 1, &c);
+            }
+            ck_assert_msg(c.verdict == (above ? KV_VERDICT_FAIL : KV_VERDICT_PASS),
+                          "fn %d, margin %s tie_margin: %s", fn, above ? "above" : "equal to",
+                          c.message);
+            ck_assert_int_eq(c.near_ties, above ? 0 : 1);
+            kv_run_free(&ref);
+            kv_run_free(&cand);
+        }
+    }
+}
+END_TEST
+
 START_TEST(test_real_flip_fails) {
     KvRun ref = make_run(), cand = copy_run(&ref);
     cand.tokens[2 * B + 1] = (ref.tokens[2 * B + 1] + 3) % V; /* margin 1.0 >> tie margin */
@@ -358,6 +387,7 @@ int main(void) {
     tcase_add_test(tc, test_finite_check);
     tcase_add_test(tc, test_bitwise_names_first_probe);
     tcase_add_test(tc, test_near_tie_flip_is_reported_not_failed);
+    tcase_add_test(tc, test_near_tie_boundary_inclusive);
     tcase_add_test(tc, test_real_flip_fails);
     tcase_add_test(tc, test_tolerance_breach_fails_and_metrics);
     tcase_add_test(tc, test_replay_and_skip);
