@@ -204,13 +204,12 @@ static KvStatus parse_window(const ConfigCtx *c, int64_t *out, bool *missing) {
     return KV_OK;
 }
 
-static KvStatus parse_layer_types(const ConfigCtx *c, KvConfig *cfg) {
+/* layer_types into cfg->layer_sliding; *given false (and nothing set) when
+ * the key is absent: the family's config class derives it then. */
+static KvStatus parse_layer_types(const ConfigCtx *c, KvConfig *cfg, bool *given) {
     const cJSON *lt = field_get(c, "layer_types");
-    if (lt == NULL) {
-        /* Gemma2Config's default: sliding on even layers, full on odd. */
-        for (int64_t i = 0; i < cfg->num_layers; i++) cfg->layer_sliding[i] = (i % 2 == 0);
-        return KV_OK;
-    }
+    *given = lt != NULL;
+    if (lt == NULL) return KV_OK;
     if (!cJSON_IsArray(lt) || cJSON_GetArraySize(lt) != cfg->num_layers) {
         char expected[96];
         snprintf(expected, sizeof expected, "an array of %" PRId64 " strings (num_hidden_layers)",
@@ -272,12 +271,48 @@ static KvStatus check_sizes(const ConfigCtx *c, const KvConfig *cfg) {
     return KV_OK;
 }
 
+/* Which qwen2 layers slide (Qwen2Config.__init__): sliding_window is kept
+ * only when use_sliding_window (default false); without layer_types, the
+ * layers at index >= max_window_layers (default 28) slide when there is a
+ * window. An explicit layer_types wins, but a sliding_attention layer with
+ * no window is refused (transformers builds that model and then fails in
+ * its first forward). No sliding layer: sliding_window 0. */
+static KvStatus parse_qwen2_layers(const ConfigCtx *c, KvConfig *cfg) {
+    bool use = false, missing = false, given = false;
+    int64_t max_window_layers = 28;
+    KvStatus st = field_bool(c, "use_sliding_window", false, &use);
+    if (st != KV_OK) return st;
+    st = parse_window(c, &cfg->sliding_window, &missing);
+    if (st != KV_OK) return st;
+    st = field_int(c, "max_window_layers", 0, KV_CONFIG_MAX_POSITIONS, 28, &max_window_layers);
+    if (st != KV_OK) return st;
+    if (!use) cfg->sliding_window = 0;
+    st = parse_layer_types(c, cfg, &given);
+    if (st != KV_OK) return st;
+    bool any = false;
+    for (int64_t i = 0; i < cfg->num_layers; i++) {
+        if (!given) cfg->layer_sliding[i] = cfg->sliding_window > 0 && i >= max_window_layers;
+        if (cfg->layer_sliding[i] && cfg->sliding_window == 0) {
+            char expected[160];
+            snprintf(expected, sizeof expected,
+                     "true with an integer sliding_window (layer_types[%" PRId64
+                     "] is sliding_attention)", i);
+            return field_error(c, "use_sliding_window", expected,
+                               cJSON_GetObjectItemCaseSensitive(c->root, "use_sliding_window"));
+        }
+        any = any || cfg->layer_sliding[i];
+    }
+    if (!any) cfg->sliding_window = 0;
+    cfg->sliding_window_defaulted = any && missing;
+    return KV_OK;
+}
+
 static KvStatus parse_root(const ConfigCtx *c, KvConfig *cfg) {
     KvStatus st;
     const cJSON *mt = cJSON_GetObjectItemCaseSensitive(c->root, "model_type");
     if (!cJSON_IsString(mt)) {
-        return field_error(c, "model_type", "a string (\"gemma2\", \"mistral\" or \"llama\")",
-                           mt);
+        return field_error(c, "model_type",
+                           "a string (\"gemma2\", \"mistral\", \"llama\" or \"qwen2\")", mt);
     }
     bool llama = false;
     if (strcmp(mt->valuestring, "gemma2") == 0) {
@@ -287,8 +322,12 @@ static KvStatus parse_root(const ConfigCtx *c, KvConfig *cfg) {
     } else if (strcmp(mt->valuestring, "llama") == 0) {
         cfg->family = KV_FAMILY_MISTRAL;
         llama = true;
+    } else if (strcmp(mt->valuestring, "qwen2") == 0) {
+        cfg->family = KV_FAMILY_QWEN2;
+        cfg->attn_qkv_bias = true; /* Qwen2Attention: q/k/v with bias, o_proj without */
     } else {
-        return field_error(c, "model_type", "\"gemma2\", \"mistral\" or \"llama\"", mt);
+        return field_error(c, "model_type", "\"gemma2\", \"mistral\", \"llama\" or \"qwen2\"",
+                           mt);
     }
     snprintf(cfg->model_type, sizeof cfg->model_type, "%s", mt->valuestring);
     bool gemma = cfg->family == KV_FAMILY_GEMMA2;
@@ -356,7 +395,8 @@ static KvStatus parse_root(const ConfigCtx *c, KvConfig *cfg) {
                             c->label, found);
     }
 
-    int64_t def_pos = gemma ? 8192 : (llama ? 2048 : 131072);
+    const bool qwen2 = cfg->family == KV_FAMILY_QWEN2;
+    int64_t def_pos = gemma ? 8192 : (llama ? 2048 : (qwen2 ? 32768 : 131072));
     st = field_int(c, "max_position_embeddings", 1, KV_CONFIG_MAX_POSITIONS, def_pos,
                    &cfg->max_position_embeddings);
     if (st != KV_OK) return st;
@@ -375,8 +415,11 @@ static KvStatus parse_root(const ConfigCtx *c, KvConfig *cfg) {
         bool missing = false;
         st = parse_window(c, &cfg->sliding_window, &missing);
         if (st != KV_OK) return st;
-        st = parse_layer_types(c, cfg);
+        bool given = false;
+        st = parse_layer_types(c, cfg, &given);
         if (st != KV_OK) return st;
+        /* Gemma2Config's default: sliding on even layers, full on odd. */
+        for (int64_t i = 0; i < cfg->num_layers && !given; i++) cfg->layer_sliding[i] = i % 2 == 0;
         for (int64_t i = 0; i < cfg->num_layers; i++) {
             if (cfg->layer_sliding[i]) cfg->sliding_window_defaulted = missing;
             if (cfg->layer_sliding[i] && cfg->sliding_window == 0) {
@@ -387,6 +430,9 @@ static KvStatus parse_root(const ConfigCtx *c, KvConfig *cfg) {
                                    cJSON_GetObjectItemCaseSensitive(c->root, "sliding_window"));
             }
         }
+    } else if (cfg->family == KV_FAMILY_QWEN2) {
+        st = parse_qwen2_layers(c, cfg);
+        if (st != KV_OK) return st;
     } else {
         if (llama) {
             cfg->sliding_window = 0; /* LlamaConfig has no window */
@@ -526,18 +572,35 @@ static bool add_double_or_null(cJSON *o, const char *name, double v) {
     return add_double(o, name, v);
 }
 
+/* "layer_types": one "sliding_attention" / "full_attention" per layer. */
+static bool add_layer_types(cJSON *o, const KvConfig *cfg) {
+    cJSON *lt = cJSON_AddArrayToObject(o, "layer_types");
+    bool ok = lt != NULL;
+    for (int64_t i = 0; ok && i < cfg->num_layers && i < KV_MAX_LAYERS; i++) {
+        cJSON *s = cJSON_CreateString(cfg->layer_sliding[i] ? "sliding_attention"
+                                                             : "full_attention");
+        ok = s != NULL && cJSON_AddItemToArray(lt, s);
+        if (!ok) cJSON_Delete(s);
+    }
+    return ok;
+}
+
 char *kv_config_to_json(const KvConfig *cfg) {
     char *text = NULL;
     cJSON *o = cJSON_CreateObject();
     if (o == NULL) return NULL;
     bool gemma = cfg->family == KV_FAMILY_GEMMA2;
+    const bool qwen2 = cfg->family == KV_FAMILY_QWEN2;
     /* model_type as written, unless it does not fit the family (a config
      * built in code), or llama was given a window llama cannot express. */
-    const char *mt = gemma ? "gemma2" : "mistral";
-    if (!gemma && strcmp(cfg->model_type, "llama") == 0 && cfg->sliding_window == 0) mt = "llama";
-    const char *arch = gemma ? "Gemma2ForCausalLM"
-                             : (strcmp(mt, "llama") == 0 ? "LlamaForCausalLM"
-                                                         : "MistralForCausalLM");
+    const char *mt = gemma ? "gemma2" : (qwen2 ? "qwen2" : "mistral");
+    if (!gemma && !qwen2 && strcmp(cfg->model_type, "llama") == 0 && cfg->sliding_window == 0) {
+        mt = "llama";
+    }
+    const char *arch = gemma   ? "Gemma2ForCausalLM"
+                       : qwen2 ? "Qwen2ForCausalLM"
+                               : (strcmp(mt, "llama") == 0 ? "LlamaForCausalLM"
+                                                           : "MistralForCausalLM");
     cJSON *archs = cJSON_AddArrayToObject(o, "architectures");
     cJSON *arch_s = cJSON_CreateString(arch);
     bool ok = archs != NULL && arch_s != NULL && cJSON_AddItemToArray(archs, arch_s);
@@ -554,7 +617,7 @@ char *kv_config_to_json(const KvConfig *cfg) {
     ok = ok && add_double(o, "rms_norm_eps", cfg->rms_norm_eps);
     ok = ok && add_double(o, "rope_theta", cfg->rope_theta);
     ok = ok && cJSON_AddBoolToObject(o, "tie_word_embeddings", cfg->tie_word_embeddings) != NULL;
-    ok = ok && cJSON_AddFalseToObject(o, "attention_bias") != NULL;
+    if (!qwen2) ok = ok && cJSON_AddFalseToObject(o, "attention_bias") != NULL;
     ok = ok && cJSON_AddNullToObject(o, "rope_scaling") != NULL;
     if (gemma) {
         ok = ok && cJSON_AddStringToObject(o, "hidden_activation", "gelu_pytorch_tanh") != NULL;
@@ -564,21 +627,21 @@ char *kv_config_to_json(const KvConfig *cfg) {
         ok = ok && add_double_or_null(o, "final_logit_softcapping", cfg->final_logit_softcapping);
         ok = ok && (cfg->sliding_window > 0 ? add_int(o, "sliding_window", cfg->sliding_window)
                                             : cJSON_AddNullToObject(o, "sliding_window") != NULL);
-        cJSON *lt = ok ? cJSON_AddArrayToObject(o, "layer_types") : NULL;
-        ok = lt != NULL;
-        for (int64_t i = 0; ok && i < cfg->num_layers && i < KV_MAX_LAYERS; i++) {
-            cJSON *s = cJSON_CreateString(cfg->layer_sliding[i] ? "sliding_attention"
-                                                                 : "full_attention");
-            ok = s != NULL && cJSON_AddItemToArray(lt, s);
-            if (!ok) cJSON_Delete(s);
-        }
+        ok = ok && add_layer_types(o, cfg);
     } else {
         ok = ok && cJSON_AddStringToObject(o, "hidden_act", "silu") != NULL;
         ok = ok && cJSON_AddFalseToObject(o, "mlp_bias") != NULL;
-        if (strcmp(mt, "mistral") == 0) {
+        if (strcmp(mt, "mistral") == 0 || qwen2) {
             ok = ok &&
                  (cfg->sliding_window > 0 ? add_int(o, "sliding_window", cfg->sliding_window)
                                           : cJSON_AddNullToObject(o, "sliding_window") != NULL);
+        }
+        if (qwen2) {
+            /* the layers as they are: layer_types wins over max_window_layers */
+            ok = ok &&
+                 cJSON_AddBoolToObject(o, "use_sliding_window", cfg->sliding_window > 0) != NULL;
+            ok = ok && add_int(o, "max_window_layers", cfg->num_layers);
+            ok = ok && add_layer_types(o, cfg);
         }
     }
     ok = ok && cJSON_AddStringToObject(o, "torch_dtype", "float32") != NULL;
@@ -606,6 +669,8 @@ const char *kv_family_name(KvFamily f) {
         return "gemma2";
     case KV_FAMILY_MISTRAL:
         return "mistral";
+    case KV_FAMILY_QWEN2:
+        return "qwen2";
     }
     return "unknown";
 }

@@ -1,7 +1,8 @@
 /* config.h: the model configuration read from a Hugging Face config.json.
  *
- * Two families (DESIGN §1): gemma2 and mistral (llama is accepted as mistral
- * without a sliding window). Every field is validated on load; a bad field
+ * Three families (DESIGN §1): gemma2, mistral (llama is accepted as mistral
+ * without a sliding window) and qwen2 (mistral's layer with q/k/v biases;
+ * the layers at index >= max_window_layers slide when use_sliding_window). Every field is validated on load; a bad field
  * gives KV_ERR_INPUT with a message naming the file and the field. Every size
  * has a stated bound (below) that admits every real checkpoint, so nothing is
  * sized from an absurd value. */
@@ -48,11 +49,11 @@
  * 10485760 (llama-4-scout); 1.6x the largest. Nothing is sized from it. */
 #define KV_CONFIG_MAX_POSITIONS 16777216
 
-typedef enum { KV_FAMILY_GEMMA2 = 0, KV_FAMILY_MISTRAL = 1 } KvFamily;
+typedef enum { KV_FAMILY_GEMMA2 = 0, KV_FAMILY_MISTRAL = 1, KV_FAMILY_QWEN2 = 2 } KvFamily;
 
 typedef struct {
     KvFamily family;
-    char model_type[32];          /* as written: "gemma2", "mistral" or "llama" */
+    char model_type[32];          /* as written: "gemma2", "mistral", "llama" or "qwen2" */
     int64_t vocab_size;
     int64_t hidden_size;
     int64_t intermediate_size;
@@ -72,6 +73,7 @@ typedef struct {
     double attn_logit_softcapping;  /* gemma2; 0 = off */
     double final_logit_softcapping; /* gemma2; 0 = off */
     bool tie_word_embeddings;
+    bool attn_qkv_bias;           /* q/k/v projections add a bias (qwen2; o_proj has none) */
     uint8_t layer_sliding[KV_MAX_LAYERS]; /* (num_layers) 1 = sliding_attention */
 } KvConfig;
 

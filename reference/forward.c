@@ -544,6 +544,21 @@ static void op_matmul_multi(const void *ap) {
 }
 
 
+/* y[r, :] += b for every row: a projection's bias (qwen2's q/k/v), added
+ * after the matmul, as torch's linear adds it to the finished product. */
+typedef struct {
+    float *y;       /* (rows, out) */
+    const float *b; /* (out) */
+    int64_t rows, out;
+} ArgsBias;
+
+static void op_bias_rows(const void *ap) {
+    const ArgsBias *a = ap;
+    for (int64_t r = 0; r < a->rows; r++) {
+        for (int64_t i = 0; i < a->out; i++) a->y[r * a->out + i] += a->b[i];
+    }
+}
+
 static void op_rope(const void *ap) {
     const ArgsStepN *a = ap;
     KvRefState *s = a->s;
@@ -827,6 +842,12 @@ static void launch_layer(KvRefState *s, int64_t layer, int64_t n) {
     ArgsMatmulMulti qkv = {s->xn, {w->wq, w->wk, w->wv}, {s->q, s->kn, s->vn},
                            {q_dim, kv_dim, kv_dim}, rows, hidden, 3, mm};
     kv_stream_launch(st, op_matmul_multi, &qkv, sizeof qkv);
+    if (c->attn_qkv_bias) {
+        const ArgsBias bias[3] = {{s->q, w->bq, rows, q_dim},
+                                  {s->kn, w->bk, rows, kv_dim},
+                                  {s->vn, w->bv, rows, kv_dim}};
+        for (int j = 0; j < 3; j++) kv_stream_launch(st, op_bias_rows, &bias[j], sizeof bias[j]);
+    }
     ArgsStepN rope = {s, n};
     kv_stream_launch(st, op_rope, &rope, sizeof rope);
     launch_probe(s, kv_probe_index(layer, KV_PROBE_Q), s->q, n * q_dim * (int64_t)sizeof(float));

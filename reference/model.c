@@ -21,7 +21,7 @@
 #include "prng.h"
 
 /* Tensors per layer at most (gemma2: 4 norms + 7 matrices). */
-#define KV_TENSORS_PER_LAYER 11
+#define KV_TENSORS_PER_LAYER 14
 
 /* ---- tensors a checkpoint may hold that the reference does not read ---- */
 
@@ -47,7 +47,10 @@ static const KvIgnoredTensor kv_ignored_tensors[] = {
      * never reads a stored lm_head.weight (an exporter that writes every
      * parameter saves the tied copy too); the reference uses the embedding likewise, whatever the file
      * holds (the corpus case model_tied_lm_head_ignored). */
-    {"lm_head.weight", KV_FAMILY_BIT(KV_FAMILY_GEMMA2) | KV_FAMILY_BIT(KV_FAMILY_MISTRAL), true},
+    {"lm_head.weight",
+     KV_FAMILY_BIT(KV_FAMILY_GEMMA2) | KV_FAMILY_BIT(KV_FAMILY_MISTRAL) |
+         KV_FAMILY_BIT(KV_FAMILY_QWEN2),
+     true},
     /* RoPE inverse frequencies: Llama checkpoints written by transformers
      * before inv_freq became a non-persistent buffer (transformers PR
      * #24998, July 2023, released in 4.32) carry one per layer (llama-2's
@@ -197,27 +200,32 @@ static KvStatus bind_all(ModelBinder *b, KvError *err) {
     for (int64_t i = 0; i < c->num_layers; i++) {
         KvLayerWeights *L = &m->layers[i];
         char n[KV_ST_MAX_NAME];
-        /* Each entry: suffix, rank, dims, destination; gemma2-only ones last. */
+        /* Each entry: suffix, rank, dims, destination, and whether this
+         * family has it (gemma2's extra norms, qwen2's q/k/v biases). */
         struct {
             const char *suffix;
             int rank;
             int64_t d0, d1;
             const float **dst;
+            bool used;
         } spec[KV_TENSORS_PER_LAYER] = {
-            {"input_layernorm.weight", 1, h, 0, &L->input_norm},
-            {"post_attention_layernorm.weight", 1, h, 0, &L->post_attn_norm},
-            {"self_attn.q_proj.weight", 2, q_dim, h, &L->wq},
-            {"self_attn.k_proj.weight", 2, kv_dim, h, &L->wk},
-            {"self_attn.v_proj.weight", 2, kv_dim, h, &L->wv},
-            {"self_attn.o_proj.weight", 2, h, q_dim, &L->wo},
-            {"mlp.gate_proj.weight", 2, c->intermediate_size, h, &L->w_gate},
-            {"mlp.up_proj.weight", 2, c->intermediate_size, h, &L->w_up},
-            {"mlp.down_proj.weight", 2, h, c->intermediate_size, &L->w_down},
-            {"pre_feedforward_layernorm.weight", 1, h, 0, &L->pre_ffw_norm},
-            {"post_feedforward_layernorm.weight", 1, h, 0, &L->post_ffw_norm},
+            {"input_layernorm.weight", 1, h, 0, &L->input_norm, true},
+            {"post_attention_layernorm.weight", 1, h, 0, &L->post_attn_norm, true},
+            {"self_attn.q_proj.weight", 2, q_dim, h, &L->wq, true},
+            {"self_attn.k_proj.weight", 2, kv_dim, h, &L->wk, true},
+            {"self_attn.v_proj.weight", 2, kv_dim, h, &L->wv, true},
+            {"self_attn.o_proj.weight", 2, h, q_dim, &L->wo, true},
+            {"mlp.gate_proj.weight", 2, c->intermediate_size, h, &L->w_gate, true},
+            {"mlp.up_proj.weight", 2, c->intermediate_size, h, &L->w_up, true},
+            {"mlp.down_proj.weight", 2, h, c->intermediate_size, &L->w_down, true},
+            {"pre_feedforward_layernorm.weight", 1, h, 0, &L->pre_ffw_norm, gemma},
+            {"post_feedforward_layernorm.weight", 1, h, 0, &L->post_ffw_norm, gemma},
+            {"self_attn.q_proj.bias", 1, q_dim, 0, &L->bq, c->attn_qkv_bias},
+            {"self_attn.k_proj.bias", 1, kv_dim, 0, &L->bk, c->attn_qkv_bias},
+            {"self_attn.v_proj.bias", 1, kv_dim, 0, &L->bv, c->attn_qkv_bias},
         };
-        int n_spec = gemma ? KV_TENSORS_PER_LAYER : KV_TENSORS_PER_LAYER - 2;
-        for (int k = 0; k < n_spec; k++) {
+        for (int k = 0; k < KV_TENSORS_PER_LAYER; k++) {
+            if (!spec[k].used) continue;
             snprintf(n, sizeof n, "model.layers.%" PRId64 ".%s", i, spec[k].suffix);
             st = bind_tensor(b, n, spec[k].rank, spec[k].d0, spec[k].d1, spec[k].dst, err);
             if (st != KV_OK) return st;
@@ -234,7 +242,8 @@ static KvStatus bind_all(ModelBinder *b, KvError *err) {
         if (st != KV_OK) return st;
     }
 
-    uint64_t norms = (uint64_t)(gemma ? 4 : 2) * (uint64_t)h;
+    uint64_t norms = (uint64_t)(gemma ? 4 : 2) * (uint64_t)h +
+                     (c->attn_qkv_bias ? (uint64_t)(q_dim + 2 * kv_dim) : 0); /* and biases */
     uint64_t per_layer = 2 * (uint64_t)q_dim * (uint64_t)h + 2 * (uint64_t)kv_dim * (uint64_t)h +
                          3 * (uint64_t)c->intermediate_size * (uint64_t)h + norms;
     /* What one decode step streams: every layer, the final norm and the
@@ -450,6 +459,9 @@ uint64_t kv_model_hash(const KvModel *m) {
         x = hash_floats(x, L->wk, kv_dim * h);
         x = hash_floats(x, L->wv, kv_dim * h);
         x = hash_floats(x, L->wo, h * q_dim);
+        x = hash_floats(x, L->bq, q_dim); /* qwen2's biases; NULL (skipped) otherwise */
+        x = hash_floats(x, L->bk, kv_dim);
+        x = hash_floats(x, L->bv, kv_dim);
         x = hash_floats(x, L->w_gate, inter * h);
         x = hash_floats(x, L->w_up, inter * h);
         x = hash_floats(x, L->w_down, h * inter);

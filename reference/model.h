@@ -25,6 +25,9 @@ typedef struct {
     const float *wk;             /* (num_kv_heads * head_dim, hidden) */
     const float *wv;             /* (num_kv_heads * head_dim, hidden) */
     const float *wo;             /* (hidden, num_heads * head_dim) */
+    const float *bq;             /* (num_heads * head_dim) qwen2 q_proj.bias; NULL otherwise */
+    const float *bk;             /* (num_kv_heads * head_dim) qwen2 k_proj.bias; NULL otherwise */
+    const float *bv;             /* (num_kv_heads * head_dim) qwen2 v_proj.bias; NULL otherwise */
     const float *w_gate;         /* (intermediate, hidden) */
     const float *w_up;           /* (intermediate, hidden) */
     const float *w_down;         /* (hidden, intermediate) */

@@ -219,6 +219,14 @@ static void shadow_add(double *x /* (count) */, const double *y /* (count) */, i
     for (int64_t i = 0; i < count; i++) x[i] += y[i];
 }
 
+/* y[r, :] += b (the bias as stored, a model constant). */
+static void shadow_bias(double *y /* (rows, out) */, const float *b /* (out) */, int64_t rows,
+                        int64_t out) {
+    for (int64_t r = 0; r < rows; r++) {
+        for (int64_t i = 0; i < out; i++) y[r * out + i] += (double)b[i];
+    }
+}
+
 /* One decoder layer over all n positions (forward.c's launch_layer). */
 static void shadow_layer(const KvConfig *c, const KvLayerWeights *w, ShadowState *s,
                          int64_t layer, int64_t n) {
@@ -232,6 +240,11 @@ static void shadow_layer(const KvConfig *c, const KvLayerWeights *w, ShadowState
     shadow_matmul(s->xn, w->wq, n, hidden, q_dim, s->q);
     shadow_matmul(s->xn, w->wk, n, hidden, kv_dim, s->k);
     shadow_matmul(s->xn, w->wv, n, hidden, kv_dim, s->v);
+    if (c->attn_qkv_bias) { /* qwen2: after the product, as torch's linear */
+        shadow_bias(s->q, w->bq, n, q_dim);
+        shadow_bias(s->k, w->bk, n, kv_dim);
+        shadow_bias(s->v, w->bv, n, kv_dim);
+    }
     shadow_rope(c, s, s->q, n, c->num_heads);
     shadow_rope(c, s, s->k, n, c->num_kv_heads);
     shadow_attention(c, s, layer, n);

@@ -13,7 +13,8 @@
  * embedding (gemma2: times sqrt(hidden)), RMSNorm (gemma2 (1 + w), else w),
  * RoPE with positions counted over real tokens, GQA, attention scale and
  * softcap, sliding windows per layer (q - W < k <= q), gemma2's extra norms,
- * GeGLU / SwiGLU, final norm, tied or untied lm_head, final softcap.
+ * qwen2's q/k/v biases, GeGLU / SwiGLU, final norm, tied or untied lm_head,
+ * final softcap.
  *
  * What is double and what is not: every value computed from the activations
  * (sums, norms, angles, cos/sin, tanh, exp, softmax) is double, with plain

@@ -42,7 +42,7 @@
  * the greedy token legitimately: ~100x the largest absolute logit error. */
 #define KV_GOLDEN_TIE_MARGIN 1e-4
 
-static const char *const k_families[] = {"gemma2", "mistral"};
+static const char *const k_families[] = {"gemma2", "mistral", "qwen2"};
 
 /* One family: every scenario in its golden file. */
 START_TEST(test_golden_family) {
@@ -179,7 +179,7 @@ int main(void) {
     Suite *s = suite_create("golden");
     TCase *tc = tcase_create("transformers");
     tcase_set_timeout(tc, 120);
-    tcase_add_loop_test(tc, test_golden_family, 0, 2);
+    tcase_add_loop_test(tc, test_golden_family, 0, (int)(sizeof k_families / sizeof k_families[0]));
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

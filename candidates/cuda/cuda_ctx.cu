@@ -139,7 +139,7 @@ static KvStatus cuda_ctx_upload(KvCudaCtx *ctx, KvError *err) {
     const size_t q_dim = (size_t)ctx->q_dim, kv_dim = (size_t)ctx->kv_dim;
     const size_t vocab = (size_t)ctx->vocab;
     const bool tied = m->lm_head == m->embed;
-    const size_t max_up = 3 + 11 * (size_t)ctx->n_layers;
+    const size_t max_up = 3 + 14 * (size_t)ctx->n_layers; /* KvCudaLayer's 14 arrays */
     CudaUpload *up = (CudaUpload *)calloc(max_up, sizeof *up);
     size_t n_up = 0, total = 0, off = 0;
     if (up == NULL) return kv_error_set(err, KV_ERR_INTERNAL, "cuda: out of host memory");
@@ -163,6 +163,10 @@ static KvStatus cuda_ctx_upload(KvCudaCtx *ctx, KvError *err) {
         cuda_upload_add(up, &n_up, w->wk, kv_dim * hidden, &d->wk);
         cuda_upload_add(up, &n_up, w->wv, kv_dim * hidden, &d->wv);
         cuda_upload_add(up, &n_up, w->wo, hidden * q_dim, &d->wo);
+        /* qwen2 only; NULL otherwise */
+        cuda_upload_add(up, &n_up, w->bq, q_dim, &d->bq);
+        cuda_upload_add(up, &n_up, w->bk, kv_dim, &d->bk);
+        cuda_upload_add(up, &n_up, w->bv, kv_dim, &d->bv);
         cuda_upload_add(up, &n_up, w->w_gate, inter * hidden, &d->w_gate);
         cuda_upload_add(up, &n_up, w->w_up, inter * hidden, &d->w_up);
         cuda_upload_add(up, &n_up, w->w_down, hidden * inter, &d->w_down);

@@ -48,6 +48,11 @@ static KvStatus cuda_launch_layer(KvCudaCtx *ctx, int64_t l, int64_t n, KvError 
     KV_TRY(kv_cuda_gemm(ctx, ctx->xn, w->wq, ctx->q, rows, hidden, q_dim, err));
     KV_TRY(kv_cuda_gemm(ctx, ctx->xn, w->wk, ctx->kn, rows, hidden, kv_dim, err));
     KV_TRY(kv_cuda_gemm(ctx, ctx->xn, w->wv, ctx->vn, rows, hidden, kv_dim, err));
+    if (w->bq != NULL) { /* qwen2's q/k/v biases */
+        KV_TRY(kv_cuda_bias_rows(ctx, ctx->q, w->bq, rows, q_dim, err));
+        KV_TRY(kv_cuda_bias_rows(ctx, ctx->kn, w->bk, rows, kv_dim, err));
+        KV_TRY(kv_cuda_bias_rows(ctx, ctx->vn, w->bv, rows, kv_dim, err));
+    }
     KV_TRY(kv_cuda_rope(ctx, n, err));
     KV_TRY(kv_cuda_probe(ctx, kv_probe_index(l, KV_PROBE_Q), ctx->q, n * q_dim * fbytes, err));
     KV_TRY(kv_cuda_probe(ctx, kv_probe_index(l, KV_PROBE_K), ctx->kn, n * kv_dim * fbytes, err));

@@ -72,6 +72,9 @@ typedef struct {
     const float *wk;             /* (kv_dim, hidden) */
     const float *wv;             /* (kv_dim, hidden) */
     const float *wo;             /* (hidden, q_dim) */
+    const float *bq;             /* (q_dim) qwen2 only, else NULL */
+    const float *bk;             /* (kv_dim) qwen2 only, else NULL */
+    const float *bv;             /* (kv_dim) qwen2 only, else NULL */
     const float *w_gate;         /* (inter, hidden) */
     const float *w_up;           /* (inter, hidden) */
     const float *w_down;         /* (hidden, inter) */
@@ -323,6 +326,10 @@ KvStatus kv_cuda_gather_variant(KvCudaCtx *ctx, int64_t layer, int64_t n, int64_
 KvStatus kv_cuda_attend(KvCudaCtx *ctx, int64_t layer, int64_t n, const float *kbase,
                         const float *vbase, int64_t row_stride, KvError *err);
 KvStatus kv_cuda_add(KvCudaCtx *ctx, float *x, const float *y, int64_t count, KvError *err);
+/* y[r, :] += b for rows r < rows: a projection's bias after its GEMM (one
+ * rounding, as op_bias_rows). */
+KvStatus kv_cuda_bias_rows(KvCudaCtx *ctx, float *y /* (rows, out) */,
+                           const float *b /* (out) */, int64_t rows, int64_t out, KvError *err);
 KvStatus kv_cuda_glu(KvCudaCtx *ctx, int64_t count, KvError *err);
 KvStatus kv_cuda_softcap(KvCudaCtx *ctx, float *x, int64_t count, float cap, KvError *err);
 KvStatus kv_cuda_argmax_advance(KvCudaCtx *ctx, int64_t n, KvError *err);

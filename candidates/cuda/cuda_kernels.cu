@@ -645,6 +645,25 @@ cleanup:
     return st;
 }
 
+static __global__ void kv_bias_rows_kernel(float *__restrict__ y /* (rows, out) */,
+                                           const float *__restrict__ b /* (out) */,
+                                           int64_t count, int64_t out) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < count;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        y[i] = y[i] + b[i % out];
+    }
+}
+
+KvStatus kv_cuda_bias_rows(KvCudaCtx *ctx, float *y, const float *b, int64_t rows, int64_t out,
+                           KvError *err) {
+    KvStatus st = KV_OK;
+    const int64_t count = rows * out;
+    KV_LAUNCH(ctx, kv_bias_rows_kernel, kv_cuda_blocks(count, KV_CUDA_EW_THREADS),
+              KV_CUDA_EW_THREADS, 0, y, b, count, out);
+cleanup:
+    return st;
+}
+
 /* gate = act(gate) * up: gemma2 GeGLU with the tanh gelu
  * (0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))), mistral SwiGLU
  * (x / (1 + exp(-x))), the constants and operation order of kvmath.c. */
