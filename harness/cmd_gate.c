@@ -567,12 +567,14 @@ cleanup:
 
 /* Without --model or --fixture the gate runs the two tiny fixtures. */
 static void gate_default_models(GateArgs *a) {
-    static const char *const k_default_models[] = {"gemma2-tiny", "mistral-tiny"};
+    static const char *const k_default_models[] = {"gemma2-tiny", "mistral-tiny", "qwen2-tiny"};
+    const int n = (int)(sizeof k_default_models / sizeof k_default_models[0]);
     if (a->n_models == 0) {
-        a->models[0] = k_default_models[0];
-        a->models[1] = k_default_models[1];
-        a->model_is_dir[0] = a->model_is_dir[1] = false;
-        a->n_models = 2;
+        for (int i = 0; i < n; i++) {
+            a->models[i] = k_default_models[i];
+            a->model_is_dir[i] = false;
+        }
+        a->n_models = n;
     }
 }
 

@@ -44,6 +44,11 @@ void corpus_config(KvFamily family, KvConfig *out) {
         c.final_logit_softcapping = 30.0;
         c.tie_word_embeddings = true;
         for (int64_t i = 0; i < c.num_layers; i++) c.layer_sliding[i] = i % 2 == 0;
+    } else if (family == KV_FAMILY_QWEN2) {
+        /* layer 0 full, the rest sliding; q/k/v biases */
+        snprintf(c.model_type, sizeof c.model_type, "qwen2");
+        c.attn_qkv_bias = true;
+        for (int64_t i = 0; i < c.num_layers; i++) c.layer_sliding[i] = i >= 1;
     } else {
         snprintf(c.model_type, sizeof c.model_type, "mistral");
         c.rms_norm_eps = 1e-5;
@@ -75,6 +80,11 @@ size_t corpus_tensors(const KvConfig *cfg, CorpusTensor *out) {
         tensor_add(out, &n, LNAME("self_attn.k_proj.weight"), 2, kv, h);
         tensor_add(out, &n, LNAME("self_attn.v_proj.weight"), 2, kv, h);
         tensor_add(out, &n, LNAME("self_attn.o_proj.weight"), 2, h, q);
+        if (cfg->attn_qkv_bias) {
+            tensor_add(out, &n, LNAME("self_attn.q_proj.bias"), 1, q, 0);
+            tensor_add(out, &n, LNAME("self_attn.k_proj.bias"), 1, kv, 0);
+            tensor_add(out, &n, LNAME("self_attn.v_proj.bias"), 1, kv, 0);
+        }
         tensor_add(out, &n, LNAME("post_attention_layernorm.weight"), 1, h, 0);
         if (cfg->family == KV_FAMILY_GEMMA2) {
             tensor_add(out, &n, LNAME("pre_feedforward_layernorm.weight"), 1, h, 0);
@@ -685,6 +695,14 @@ static void m_cfg_head_dim_inexact(CorpusInput *in) {
     obj_remove(in->config, "head_dim");
     config_set(in, "num_attention_heads", "3");
 }
+/* qwen2: a sliding layer named without use_sliding_window (transformers
+ * builds it and fails in the first forward); a missing bias. */
+static void m_cfg_qwen2_sliding_without_window(CorpusInput *in) {
+    config_set(in, "use_sliding_window", "false");
+}
+static void m_st_qwen2_missing_bias(CorpusInput *in) {
+    tensor_drop(in, "model.layers.1.self_attn.k_proj.bias");
+}
 static void m_cfg_attention_bias(CorpusInput *in) { config_set(in, "attention_bias", "true"); }
 static void m_cfg_mlp_bias(CorpusInput *in) { config_set(in, "mlp_bias", "true"); }
 static void m_cfg_gemma_activation(CorpusInput *in) {
@@ -757,6 +775,7 @@ static void m_cfg_nulls_ok(CorpusInput *in) {
 #define ST "model.safetensors"
 #define CF "config.json"
 #define G KV_FAMILY_GEMMA2
+#define Q KV_FAMILY_QWEN2
 #define M KV_FAMILY_MISTRAL
 #define BAD KV_ERR_INPUT
 /* A tensor the model does not bind: the file parsed (the format allows it)
@@ -854,7 +873,7 @@ const CorpusCase corpus_cases[] = {
     {"cfg_empty", M, m_cfg_empty, BAD, CF, {"valid JSON"}},
     {"cfg_trailing_data", G, m_cfg_trailing, BAD, CF, {"trailing"}},
     {"cfg_missing_model_type", G, m_cfg_missing_model_type, BAD, CF, {"'model_type'", "missing"}},
-    {"cfg_unknown_model_type", M, m_cfg_unknown_model_type, BAD, CF, {"'model_type'", "\"gemma2\", \"mistral\" or \"llama\"", "\"bert\""}},
+    {"cfg_unknown_model_type", M, m_cfg_unknown_model_type, BAD, CF, {"'model_type'", "\"gemma2\", \"mistral\", \"llama\" or \"qwen2\"", "\"bert\""}},
     {"cfg_string_field", G, m_cfg_string_field, BAD, CF, {"'hidden_size'", "integer", "the string \"128\""}},
     {"cfg_fractional_field", G, m_cfg_fraction, BAD, CF, {"'intermediate_size'", "integer", "32.5"}},
     {"cfg_negative_size", M, m_cfg_negative, BAD, CF, {"'vocab_size'", "integer in [2,", "-64"}},
@@ -877,6 +896,8 @@ const CorpusCase corpus_cases[] = {
     {"cfg_head_dim_vs_tensors", G, m_cfg_head_dim_shape, BAD, ST, {"'" Q0 "'", "expected shape [8, 16]", "found [16, 16]"}},
     {"cfg_head_dim_inexact_default", M, m_cfg_head_dim_inexact, BAD, CF, {"'head_dim'", "divisible", "(3)"}},
     {"cfg_attention_bias", G, m_cfg_attention_bias, BAD, CF, {"'attention_bias'", "false", "true"}},
+    {"cfg_qwen2_sliding_without_window", Q, m_cfg_qwen2_sliding_without_window, BAD, CF, {"'use_sliding_window'", "layer_types[1] is sliding_attention", "false"}},
+    {"model_qwen2_missing_bias", Q, m_st_qwen2_missing_bias, BAD, ST, {"model.layers.1.self_attn.k_proj.bias"}},
     {"cfg_mlp_bias", M, m_cfg_mlp_bias, BAD, CF, {"'mlp_bias'", "false", "true"}},
     {"cfg_gemma2_activation", G, m_cfg_gemma_activation, BAD, CF, {"'hidden_activation'", "gelu_pytorch_tanh", "\"gelu\""}},
     {"cfg_gemma2_hidden_act_fallback", G, m_cfg_gemma_hidden_act_only, BAD, CF, {"'hidden_act'", "gelu_pytorch_tanh", "\"relu\""}},

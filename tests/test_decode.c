@@ -23,7 +23,8 @@
 
 #define TEST_SEED KV_FIXTURE_DEFAULT_SEED
 #define TEST_PROMPT_SEED 7ULL
-static const char *const k_families[] = {"gemma2-tiny", "mistral-tiny"};
+static const char *const k_families[] = {"gemma2-tiny", "mistral-tiny", "qwen2-tiny"};
+#define N_FAM ((int)(sizeof k_families / sizeof k_families[0]))
 
 /* One prompt of len tokens from [1, vocab), seeded. */
 static int32_t *make_prompt(int64_t len, uint64_t seed, int64_t vocab) {
@@ -368,16 +369,16 @@ static Suite *decode_suite(void) {
     Suite *s = suite_create("decode");
     TCase *tc = tcase_create("determinism");
     tcase_set_timeout(tc, 120);
-    tcase_add_loop_test(tc, test_repeat_and_threads_bitwise, 0, 2 * (int)N_SHAPES);
-    tcase_add_loop_test(tc, test_chunked_prefill_bitwise, 0, 2);
-    tcase_add_loop_test(tc, test_padded_row_equals_alone, 0, 2);
+    tcase_add_loop_test(tc, test_repeat_and_threads_bitwise, 0, N_FAM * (int)N_SHAPES);
+    tcase_add_loop_test(tc, test_chunked_prefill_bitwise, 0, N_FAM);
+    tcase_add_loop_test(tc, test_padded_row_equals_alone, 0, N_FAM);
     suite_add_tcase(s, tc);
     TCase *sem = tcase_create("semantics");
     tcase_set_timeout(sem, 120);
-    tcase_add_loop_test(sem, test_window_boundary, 0, 2);
-    tcase_add_loop_test(sem, test_margins_clear_of_ties, 0, 2);
+    tcase_add_loop_test(sem, test_window_boundary, 0, N_FAM);
+    tcase_add_loop_test(sem, test_margins_clear_of_ties, 0, N_FAM);
     tcase_add_test(sem, test_bad_tokens_rejected);
-    tcase_add_loop_test(sem, test_nonfinite_located, 0, 2);
+    tcase_add_loop_test(sem, test_nonfinite_located, 0, N_FAM);
     suite_add_tcase(s, sem);
     return s;
 }

@@ -819,7 +819,7 @@ START_TEST(test_config_roundtrip) {
     roundtrip(&c);
 
     /* the fixture configurations (fixtures/fixture.c) */
-    for (int f = 0; f < 2; f++) {
+    for (int f = 0; f <= KV_FAMILY_QWEN2; f++) {
         for (int size = 0; size < 2; size++) {
             KvError err;
             ck_assert_int_eq(kv_fixture_config((KvFamily)f, (KvFixtureSize)size, &c, &err),

@@ -40,7 +40,9 @@
 #include "mutation.h"
 #include "scenario.h"
 
-static const char *const k_families[] = {"gemma2-tiny", "mistral-tiny"};
+/* the default gate's models (cmd_gate.c) */
+static const char *const k_families[] = {"gemma2-tiny", "mistral-tiny", "qwen2-tiny"};
+#define N_FAM ((int)(sizeof k_families / sizeof k_families[0]))
 
 /* The options `kvrepro gate` runs with when given none (cmd_gate.c), CPU
  * only: CUDA runs are skipped without a device and cannot catch anything. */
@@ -69,7 +71,7 @@ static KvMutationPass gate_pass(unsigned faults) {
     memset(&rep, 0, sizeof rep);
     KvMutationPass p = {.faults = faults, .first_fail = -1};
     int unit = 0;
-    for (int f = 0; f < 2; f++) {
+    for (int f = 0; f < N_FAM; f++) {
         KvFixtureModel fx;
         KvError err = {{0}};
         ck_assert_msg(kv_fixture_load(k_families[f], KV_FIXTURE_DEFAULT_SEED, &fx, &err) == KV_OK,
@@ -176,7 +178,7 @@ START_TEST(test_bisect_locates_fault) {
     const KvFaultInfo *f = &kv_fault_all(&n)[_i];
     const FaultSite *site = &k_sites[_i];
     ck_assert_str_eq(site->fault, f->name);
-    for (int fam = 0; fam < 2; fam++) {
+    for (int fam = 0; fam < N_FAM; fam++) {
         KvFixtureModel fx;
         KvScenario sc;
         KvError err = {{0}};
@@ -281,7 +283,7 @@ START_TEST(test_bisect_walks_back_hidden_hashes) {
     while (fi < n && strcmp(all[fi].name, fault) != 0) fi++;
     ck_assert_int_lt(fi, n);
     const FaultSite *site = &k_sites[fi];
-    for (int fam = 0; fam < 2; fam++) {
+    for (int fam = 0; fam < N_FAM; fam++) {
         KvFixtureModel fx;
         KvScenario sc;
         KvError err = {{0}};

@@ -45,7 +45,8 @@
 /* test_golden.c's tolerance for the fp32 reference against transformers. */
 #define KV_GOLDEN_MAX_REL_ERR 1e-5
 
-static const char *const k_families[] = {"gemma2-tiny", "mistral-tiny"};
+static const char *const k_families[] = {"gemma2-tiny", "mistral-tiny", "qwen2-tiny"};
+#define N_FAM ((int)(sizeof k_families / sizeof k_families[0]))
 static const char *const k_scenarios[] = {"short_prompt_crosses_window",
                                           "prefill_longer_than_window", "left_padded_batch",
                                           "chunked_prefill"};
@@ -196,7 +197,7 @@ END_TEST
 
 /* ---- transformers goldens (fixtures/hf/, layout in its README) ---- */
 
-static const char *const k_golden_families[] = {"gemma2", "mistral"};
+static const char *const k_golden_families[] = {"gemma2", "mistral", "qwen2"};
 
 /* max over (step, row) of max |a - b| / max |b|, both float32. */
 static double rel_error_f32(const float *a /* (steps, batch, vocab) */,
@@ -433,13 +434,13 @@ int main(void) {
     Suite *s = suite_create("shadow64");
     TCase *tc = tcase_create("fixtures");
     tcase_set_timeout(tc, 120);
-    tcase_add_loop_test(tc, test_shadow_fixture, 0, 2 * N_SCENARIOS);
-    tcase_add_loop_test(tc, test_shadow_causal, 0, 2);
+    tcase_add_loop_test(tc, test_shadow_fixture, 0, N_FAM * N_SCENARIOS);
+    tcase_add_loop_test(tc, test_shadow_causal, 0, N_FAM);
     tcase_add_test(tc, test_shadow_bad_input);
     suite_add_tcase(s, tc);
     TCase *tg = tcase_create("golden");
     tcase_set_timeout(tg, 120);
-    tcase_add_loop_test(tg, test_shadow_golden, 0, 2);
+    tcase_add_loop_test(tg, test_shadow_golden, 0, 3);
     suite_add_tcase(s, tg);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

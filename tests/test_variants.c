@@ -21,7 +21,8 @@
 #define TEST_SEED KV_FIXTURE_DEFAULT_SEED
 #define TEST_PROMPT_SEED 11ULL
 #define N_VARIANTS 6
-static const char *const k_families[] = {"gemma2-tiny", "mistral-tiny"};
+static const char *const k_families[] = {"gemma2-tiny", "mistral-tiny", "qwen2-tiny"};
+#define N_FAM ((int)(sizeof k_families / sizeof k_families[0]))
 
 /* The scenarios are the gate's own (harness/scenario.c), so this suite
  * checks exactly what `kvrepro gate` runs. */
@@ -332,9 +333,9 @@ int main(void) {
     Suite *s = suite_create("variants");
     TCase *tc = tcase_create("cpu");
     tcase_set_timeout(tc, 300);
-    tcase_add_loop_test(tc, test_variants_bitwise, 0, 2 * N_SCENARIOS);
-    tcase_add_loop_test(tc, test_variants_multi_token, 0, 8);
-    tcase_add_loop_test(tc, test_graph_freezes_scalars, 0, 2);
+    tcase_add_loop_test(tc, test_variants_bitwise, 0, N_FAM * N_SCENARIOS);
+    tcase_add_loop_test(tc, test_variants_multi_token, 0, N_FAM * 4);
+    tcase_add_loop_test(tc, test_graph_freezes_scalars, 0, N_FAM);
     tcase_add_loop_test(tc, test_replay_check_catches_nondeterminism, 0, 2);
     tcase_add_loop_test(tc, test_sentinel_write_fails_forward, 0, N_VARIANTS);
     suite_add_tcase(s, tc);
