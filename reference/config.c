@@ -126,12 +126,14 @@ static KvStatus field_softcap(const ConfigCtx *c, const char *name, double def, 
     return st;
 }
 
-/* The activation: hidden_activation (gemma2's field) wins over hidden_act. */
+/* The activation: hidden_activation (gemma2's and gemma3's field) wins over
+ * hidden_act. */
 static KvStatus check_activation(const ConfigCtx *c, KvFamily family) {
-    const char *want = family == KV_FAMILY_GEMMA2 ? "gelu_pytorch_tanh" : "silu";
+    const bool gemma = family == KV_FAMILY_GEMMA2 || family == KV_FAMILY_GEMMA3;
+    const char *want = gemma ? "gelu_pytorch_tanh" : "silu";
     const char *name = "hidden_act";
     const cJSON *it = NULL;
-    if (family == KV_FAMILY_GEMMA2) {
+    if (gemma) {
         it = field_get(c, "hidden_activation");
         if (it != NULL) name = "hidden_activation";
     }
@@ -271,6 +273,67 @@ static KvStatus check_sizes(const ConfigCtx *c, const KvConfig *cfg) {
     return KV_OK;
 }
 
+/* One gemma3 rope_parameters entry (rope_parameters.KEY): rope_type
+ * "default" (or absent), rope_theta a finite number > 0 (absent: *theta
+ * kept). */
+static KvStatus parse_rope_entry(const ConfigCtx *c, const cJSON *params, const char *key,
+                                 double *theta) {
+    char name[96];
+    const cJSON *e = cJSON_GetObjectItemCaseSensitive(params, key);
+    if (e == NULL || cJSON_IsNull(e)) return KV_OK;
+    snprintf(name, sizeof name, "rope_parameters.%s", key);
+    if (!cJSON_IsObject(e)) return field_error(c, name, "an object {rope_type, rope_theta}", e);
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(e, "rope_type");
+    if (type != NULL && !cJSON_IsNull(type) &&
+        !(cJSON_IsString(type) && strcmp(type->valuestring, "default") == 0)) {
+        snprintf(name, sizeof name, "rope_parameters.%s.rope_type", key);
+        return field_error(c, name, "\"default\" (RoPE scaling is not supported)", type);
+    }
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(e, "rope_theta");
+    if (t == NULL || cJSON_IsNull(t)) return KV_OK;
+    if (!cJSON_IsNumber(t) || !isfinite(t->valuedouble) || !(t->valuedouble > 0.0)) {
+        snprintf(name, sizeof name, "rope_parameters.%s.rope_theta", key);
+        return field_error(c, name, "a finite number > 0", t);
+    }
+    *theta = t->valuedouble;
+    return KV_OK;
+}
+
+/* Gemma3TextConfig's RoPE: one base per layer type. The legacy fields
+ * rope_theta (full_attention layers, default 1e6) and rope_local_base_freq
+ * (sliding_attention layers, default 1e4), or transformers 5's nested
+ * rope_parameters {"sliding_attention": {...}, "full_attention": {...}},
+ * which wins where it gives a value. rope_scaling (e.g. Gemma-3 4B's linear
+ * factor 8 on the full layers) is refused, not ignored. */
+static KvStatus parse_gemma3_rope(const ConfigCtx *c, KvConfig *cfg) {
+    const cJSON *scaling = field_get(c, "rope_scaling");
+    if (scaling != NULL) {
+        return field_error(c, "rope_scaling", "null (RoPE scaling is not supported)", scaling);
+    }
+    KvStatus st = field_double(c, "rope_theta", 1000000.0, true, &cfg->rope_theta);
+    if (st == KV_OK) {
+        st = field_double(c, "rope_local_base_freq", 10000.0, true, &cfg->rope_theta_local);
+    }
+    if (st != KV_OK) return st;
+    const cJSON *params = field_get(c, "rope_parameters");
+    if (params == NULL) return KV_OK;
+    if (!cJSON_IsObject(params)) {
+        return field_error(c, "rope_parameters",
+                           "an object {sliding_attention: {...}, full_attention: {...}}", params);
+    }
+    for (const cJSON *it = params->child; it != NULL; it = it->next) {
+        if (strcmp(it->string, "sliding_attention") != 0 &&
+            strcmp(it->string, "full_attention") != 0) {
+            char name[96];
+            snprintf(name, sizeof name, "rope_parameters.%.60s", it->string);
+            return field_error(c, name, "only the keys sliding_attention and full_attention", it);
+        }
+    }
+    st = parse_rope_entry(c, params, "full_attention", &cfg->rope_theta);
+    if (st != KV_OK) return st;
+    return parse_rope_entry(c, params, "sliding_attention", &cfg->rope_theta_local);
+}
+
 /* Which qwen2 layers slide (Qwen2Config.__init__): sliding_window is kept
  * only when use_sliding_window (default false); without layer_types, the
  * layers at index >= max_window_layers (default 28) slide when there is a
@@ -312,7 +375,8 @@ static KvStatus parse_root(const ConfigCtx *c, KvConfig *cfg) {
     const cJSON *mt = cJSON_GetObjectItemCaseSensitive(c->root, "model_type");
     if (!cJSON_IsString(mt)) {
         return field_error(c, "model_type",
-                           "a string (\"gemma2\", \"mistral\", \"llama\" or \"qwen2\")", mt);
+                           "a string (\"gemma2\", \"gemma3_text\", \"mistral\", \"llama\" or "
+                           "\"qwen2\")", mt);
     }
     bool llama = false;
     if (strcmp(mt->valuestring, "gemma2") == 0) {
@@ -325,14 +389,18 @@ static KvStatus parse_root(const ConfigCtx *c, KvConfig *cfg) {
     } else if (strcmp(mt->valuestring, "qwen2") == 0) {
         cfg->family = KV_FAMILY_QWEN2;
         cfg->attn_qkv_bias = true; /* Qwen2Attention: q/k/v with bias, o_proj without */
+    } else if (strcmp(mt->valuestring, "gemma3_text") == 0) {
+        cfg->family = KV_FAMILY_GEMMA3;
+        cfg->qk_norm = true; /* Gemma3Attention: q_norm, k_norm before RoPE */
     } else {
-        return field_error(c, "model_type", "\"gemma2\", \"mistral\", \"llama\" or \"qwen2\"",
-                           mt);
+        return field_error(c, "model_type",
+                           "\"gemma2\", \"gemma3_text\", \"mistral\", \"llama\" or \"qwen2\"", mt);
     }
     snprintf(cfg->model_type, sizeof cfg->model_type, "%s", mt->valuestring);
-    bool gemma = cfg->family == KV_FAMILY_GEMMA2;
+    bool gemma = kv_config_gemma_style(cfg);
+    const bool gemma3 = cfg->family == KV_FAMILY_GEMMA3;
 
-    st = parse_rope(c, &cfg->rope_theta);
+    st = gemma3 ? parse_gemma3_rope(c, cfg) : parse_rope(c, &cfg->rope_theta);
     if (st != KV_OK) return st;
     st = field_must_be_false(c, "attention_bias", "attention biases are not supported");
     if (st != KV_OK) return st;
@@ -396,7 +464,7 @@ static KvStatus parse_root(const ConfigCtx *c, KvConfig *cfg) {
     }
 
     const bool qwen2 = cfg->family == KV_FAMILY_QWEN2;
-    int64_t def_pos = gemma ? 8192 : (llama ? 2048 : (qwen2 ? 32768 : 131072));
+    int64_t def_pos = gemma3 ? 131072 : gemma ? 8192 : (llama ? 2048 : (qwen2 ? 32768 : 131072));
     st = field_int(c, "max_position_embeddings", 1, KV_CONFIG_MAX_POSITIONS, def_pos,
                    &cfg->max_position_embeddings);
     if (st != KV_OK) return st;
@@ -408,9 +476,23 @@ static KvStatus parse_root(const ConfigCtx *c, KvConfig *cfg) {
     if (gemma) {
         st = field_double(c, "query_pre_attn_scalar", 256.0, true, &cfg->query_pre_attn_scalar);
         if (st != KV_OK) return st;
-        st = field_softcap(c, "attn_logit_softcapping", 50.0, &cfg->attn_logit_softcapping);
-        if (st != KV_OK) return st;
-        st = field_softcap(c, "final_logit_softcapping", 30.0, &cfg->final_logit_softcapping);
+        if (gemma3) {
+            /* Gemma3Attention stores attn_logit_softcapping but never passes
+             * it to the attention (transformers 5.23, modeling_gemma3.py):
+             * a value here would be ignored there, so it is refused rather
+             * than guessed at. */
+            st = field_must_be_false(c, "attn_logit_softcapping",
+                                     "transformers' Gemma3 attention does not apply it");
+            if (st != KV_OK) return st;
+            st = field_must_be_false(c, "use_bidirectional_attention",
+                                     "bidirectional attention is not a causal decoder");
+            if (st != KV_OK) return st;
+        } else {
+            st = field_softcap(c, "attn_logit_softcapping", 50.0, &cfg->attn_logit_softcapping);
+            if (st != KV_OK) return st;
+        }
+        st = field_softcap(c, "final_logit_softcapping", gemma3 ? 0.0 : 30.0,
+                           &cfg->final_logit_softcapping);
         if (st != KV_OK) return st;
         bool missing = false;
         st = parse_window(c, &cfg->sliding_window, &missing);
@@ -418,8 +500,16 @@ static KvStatus parse_root(const ConfigCtx *c, KvConfig *cfg) {
         bool given = false;
         st = parse_layer_types(c, cfg, &given);
         if (st != KV_OK) return st;
-        /* Gemma2Config's default: sliding on even layers, full on odd. */
-        for (int64_t i = 0; i < cfg->num_layers && !given; i++) cfg->layer_sliding[i] = i % 2 == 0;
+        int64_t pattern = 6;
+        if (gemma3) {
+            st = field_int(c, "sliding_window_pattern", 1, KV_MAX_LAYERS, 6, &pattern);
+            if (st != KV_OK) return st;
+        }
+        for (int64_t i = 0; i < cfg->num_layers && !given; i++) {
+            /* Gemma2Config: sliding on even layers, full on odd; Gemma3TextConfig:
+             * every sliding_window_pattern-th layer full, the rest sliding */
+            cfg->layer_sliding[i] = gemma3 ? (i + 1) % pattern != 0 : i % 2 == 0;
+        }
         for (int64_t i = 0; i < cfg->num_layers; i++) {
             if (cfg->layer_sliding[i]) cfg->sliding_window_defaulted = missing;
             if (cfg->layer_sliding[i] && cfg->sliding_window == 0) {
@@ -589,15 +679,17 @@ char *kv_config_to_json(const KvConfig *cfg) {
     char *text = NULL;
     cJSON *o = cJSON_CreateObject();
     if (o == NULL) return NULL;
-    bool gemma = cfg->family == KV_FAMILY_GEMMA2;
+    bool gemma = kv_config_gemma_style(cfg);
     const bool qwen2 = cfg->family == KV_FAMILY_QWEN2;
+    const bool gemma3 = cfg->family == KV_FAMILY_GEMMA3;
     /* model_type as written, unless it does not fit the family (a config
      * built in code), or llama was given a window llama cannot express. */
-    const char *mt = gemma ? "gemma2" : (qwen2 ? "qwen2" : "mistral");
+    const char *mt = gemma3 ? "gemma3_text" : gemma ? "gemma2" : (qwen2 ? "qwen2" : "mistral");
     if (!gemma && !qwen2 && strcmp(cfg->model_type, "llama") == 0 && cfg->sliding_window == 0) {
         mt = "llama";
     }
-    const char *arch = gemma   ? "Gemma2ForCausalLM"
+    const char *arch = gemma3  ? "Gemma3ForCausalLM"
+                       : gemma ? "Gemma2ForCausalLM"
                        : qwen2 ? "Qwen2ForCausalLM"
                                : (strcmp(mt, "llama") == 0 ? "LlamaForCausalLM"
                                                            : "MistralForCausalLM");
@@ -623,6 +715,12 @@ char *kv_config_to_json(const KvConfig *cfg) {
         ok = ok && cJSON_AddStringToObject(o, "hidden_activation", "gelu_pytorch_tanh") != NULL;
         ok = ok && cJSON_AddStringToObject(o, "hidden_act", "gelu_pytorch_tanh") != NULL;
         ok = ok && add_double(o, "query_pre_attn_scalar", cfg->query_pre_attn_scalar);
+        if (gemma3) {
+            /* the legacy fields: rope_theta is the full layers' base */
+            ok = ok && add_double(o, "rope_local_base_freq",
+                                  cfg->rope_theta_local > 0.0 ? cfg->rope_theta_local
+                                                              : cfg->rope_theta);
+        }
         ok = ok && add_double_or_null(o, "attn_logit_softcapping", cfg->attn_logit_softcapping);
         ok = ok && add_double_or_null(o, "final_logit_softcapping", cfg->final_logit_softcapping);
         ok = ok && (cfg->sliding_window > 0 ? add_int(o, "sliding_window", cfg->sliding_window)
@@ -653,9 +751,19 @@ char *kv_config_to_json(const KvConfig *cfg) {
 float kv_config_attn_scale(const KvConfig *cfg) {
     /* transformers computes the scale as a Python float (double) and torch
      * rounds it to float32 when it multiplies the scores. */
-    double base = cfg->family == KV_FAMILY_GEMMA2 ? cfg->query_pre_attn_scalar
-                                                  : (double)cfg->head_dim;
+    double base = kv_config_gemma_style(cfg) ? cfg->query_pre_attn_scalar
+                                             : (double)cfg->head_dim;
     return (float)pow(base, -0.5);
+}
+
+bool kv_config_gemma_style(const KvConfig *cfg) {
+    return cfg->family == KV_FAMILY_GEMMA2 || cfg->family == KV_FAMILY_GEMMA3;
+}
+
+double kv_config_layer_rope_theta(const KvConfig *cfg, int64_t layer) {
+    const bool sliding = layer >= 0 && layer < cfg->num_layers && layer < KV_MAX_LAYERS &&
+                         cfg->layer_sliding[layer];
+    return sliding && cfg->rope_theta_local > 0.0 ? cfg->rope_theta_local : cfg->rope_theta;
 }
 
 int64_t kv_config_layer_window(const KvConfig *cfg, int64_t layer) {
@@ -671,6 +779,8 @@ const char *kv_family_name(KvFamily f) {
         return "mistral";
     case KV_FAMILY_QWEN2:
         return "qwen2";
+    case KV_FAMILY_GEMMA3:
+        return "gemma3_text";
     }
     return "unknown";
 }

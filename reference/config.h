@@ -1,8 +1,10 @@
 /* config.h: the model configuration read from a Hugging Face config.json.
  *
- * Three families (DESIGN §1): gemma2, mistral (llama is accepted as mistral
- * without a sliding window) and qwen2 (mistral's layer with q/k/v biases;
- * the layers at index >= max_window_layers slide when use_sliding_window). Every field is validated on load; a bad field
+ * Four families (DESIGN §1): gemma2, gemma3_text (gemma2's layer with
+ * q_norm/k_norm, a RoPE base of its own on sliding layers, no attention
+ * softcap), mistral (llama is accepted as mistral without a sliding window)
+ * and qwen2 (mistral's layer with q/k/v biases; the layers at index >=
+ * max_window_layers slide when use_sliding_window). Every field is validated on load; a bad field
  * gives KV_ERR_INPUT with a message naming the file and the field. Every size
  * has a stated bound (below) that admits every real checkpoint, so nothing is
  * sized from an absurd value. */
@@ -49,11 +51,17 @@
  * 10485760 (llama-4-scout); 1.6x the largest. Nothing is sized from it. */
 #define KV_CONFIG_MAX_POSITIONS 16777216
 
-typedef enum { KV_FAMILY_GEMMA2 = 0, KV_FAMILY_MISTRAL = 1, KV_FAMILY_QWEN2 = 2 } KvFamily;
+typedef enum {
+    KV_FAMILY_GEMMA2 = 0,
+    KV_FAMILY_MISTRAL = 1,
+    KV_FAMILY_QWEN2 = 2,
+    KV_FAMILY_GEMMA3 = 3, /* model_type gemma3_text (Gemma3ForCausalLM) */
+} KvFamily;
 
 typedef struct {
     KvFamily family;
-    char model_type[32];          /* as written: "gemma2", "mistral", "llama" or "qwen2" */
+    char model_type[32];          /* as written: "gemma2", "gemma3_text", "mistral", "llama"
+                                   * or "qwen2" */
     int64_t vocab_size;
     int64_t hidden_size;
     int64_t intermediate_size;
@@ -68,12 +76,18 @@ typedef struct {
                                     * written down, so callers should say which one was used */
     int64_t max_position_embeddings;
     double rms_norm_eps;
-    double rope_theta;            /* rope_theta or rope_parameters.rope_theta */
-    double query_pre_attn_scalar; /* gemma2: scores scaled by this^-0.5 */
-    double attn_logit_softcapping;  /* gemma2; 0 = off */
-    double final_logit_softcapping; /* gemma2; 0 = off */
+    double rope_theta;            /* rope_theta or rope_parameters.rope_theta (gemma3: of the
+                                   * full_attention layers) */
+    double rope_theta_local;      /* gemma3: the sliding_attention layers' RoPE base
+                                   * (rope_local_base_freq); 0 = rope_theta on every layer */
+    double query_pre_attn_scalar; /* gemma2/3: scores scaled by this^-0.5 */
+    double attn_logit_softcapping;  /* gemma2; 0 = off (always off for gemma3, whose attention
+                                     * in transformers does not apply it) */
+    double final_logit_softcapping; /* gemma2/3; 0 = off */
     bool tie_word_embeddings;
     bool attn_qkv_bias;           /* q/k/v projections add a bias (qwen2; o_proj has none) */
+    bool qk_norm;                 /* gemma3: q_norm/k_norm, (1 + w) RMSNorm per head over
+                                   * head_dim, after the projections and before RoPE */
     uint8_t layer_sliding[KV_MAX_LAYERS]; /* (num_layers) 1 = sliding_attention */
 } KvConfig;
 
@@ -93,6 +107,16 @@ char *kv_config_to_json(const KvConfig *cfg);
 /* The attention score scale: query_pre_attn_scalar^-0.5 (gemma2) or
  * head_dim^-0.5 (mistral), rounded to float as torch applies it. */
 float kv_config_attn_scale(const KvConfig *cfg);
+
+/* Gemma-style layers (gemma2, gemma3): embeddings times sqrt(hidden),
+ * RMSNorm with (1 + w), four norms per layer (post-attention and the
+ * feed-forward pair around the MLP), GeGLU with the tanh gelu, scores
+ * scaled by query_pre_attn_scalar^-0.5. */
+bool kv_config_gemma_style(const KvConfig *cfg);
+
+/* The RoPE base of layer `layer`: rope_theta_local on gemma3's sliding
+ * layers (when set), rope_theta otherwise. */
+double kv_config_layer_rope_theta(const KvConfig *cfg, int64_t layer);
 
 /* The window of layer `layer`: cfg->sliding_window for sliding layers, 0 (no
  * window) for full-attention layers. */

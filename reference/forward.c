@@ -39,6 +39,7 @@ void kv_ref_state_free(KvRefState *s) {
     free(s->real);
     free(s->n_real);
     free(s->inv_freq);
+    free(s->inv_freq_local);
     free(s->x);
     free(s->xn);
     free(s->q);
@@ -127,6 +128,15 @@ KvStatus kv_ref_state_init(KvRefState *s, const KvModel *m, int64_t batch, int64
                             (long long)batch, (long long)max_len);
     }
     kv_rope_inv_freq(c->head_dim, c->rope_theta, s->inv_freq);
+    if (c->rope_theta_local > 0.0) {
+        /* gemma3: the sliding layers' own base */
+        s->inv_freq_local = kv_alloc_floats(c->head_dim / 2);
+        if (s->inv_freq_local == NULL) {
+            kv_ref_state_free(s);
+            return kv_error_set(err, KV_ERR_INTERNAL, "reference state: out of memory");
+        }
+        kv_rope_inv_freq(c->head_dim, c->rope_theta_local, s->inv_freq_local);
+    }
     if (variant != NULL) {
         s->variant = variant;
         s->caches = calloc((size_t)c->num_layers, sizeof *s->caches);
@@ -456,8 +466,8 @@ static void op_embed(const void *ap) {
     KvRefState *s = a->s;
     const KvConfig *c = &s->model->config;
     const int64_t hidden = c->hidden_size;
-    const bool gemma = c->family == KV_FAMILY_GEMMA2;
-    /* gemma2 scales embeddings by sqrt(hidden) rounded to the activation
+    const bool gemma = kv_config_gemma_style(c);
+    /* gemma2/3 scale embeddings by sqrt(hidden) rounded to the activation
      * dtype (F32), as torch.tensor(hidden**0.5, dtype=...) does. */
     const float normalizer = gemma ? (float)sqrt((double)hidden) : 1.0f;
     for (int64_t r = 0; r < s->batch * a->n; r++) {
@@ -478,7 +488,7 @@ typedef struct {
 
 static void op_norm_rows(const void *ap) {
     const ArgsNorm *a = ap;
-    const bool offset = a->c->family == KV_FAMILY_GEMMA2;
+    const bool offset = kv_config_gemma_style(a->c);
     const int64_t h = a->c->hidden_size;
     for (int64_t r = 0; r < a->rows; r++) {
         kv_rmsnorm(a->in + r * h, a->w, h, (float)a->c->rms_norm_eps, offset, a->out + r * h);
@@ -559,8 +569,41 @@ static void op_bias_rows(const void *ap) {
     }
 }
 
+/* gemma3's q_norm / k_norm: a (1 + w) RMSNorm over each head's head_dim
+ * values of q and of the new keys, in place, before RoPE. */
+typedef struct {
+    KvRefState *s;
+    int64_t n;
+    const float *q_norm; /* (head_dim) */
+    const float *k_norm; /* (head_dim) */
+} ArgsQkNorm;
+
+static void op_qk_norm(const void *ap) {
+    const ArgsQkNorm *a = ap;
+    KvRefState *s = a->s;
+    const KvConfig *c = &s->model->config;
+    const int64_t hd = c->head_dim;
+    const float eps = (float)c->rms_norm_eps;
+    for (int64_t r = 0; r < s->batch * a->n; r++) {
+        for (int64_t h = 0; h < c->num_heads; h++) {
+            float *x = s->q + (r * c->num_heads + h) * hd; /* (head_dim) */
+            kv_rmsnorm(x, a->q_norm, hd, eps, true, x);
+        }
+        for (int64_t h = 0; h < c->num_kv_heads; h++) {
+            float *x = s->kn + (r * c->num_kv_heads + h) * hd; /* (head_dim) */
+            kv_rmsnorm(x, a->k_norm, hd, eps, true, x);
+        }
+    }
+}
+
+typedef struct {
+    KvRefState *s;
+    int64_t n;
+    const float *inv_freq; /* (head_dim / 2) the layer's: gemma3's sliding layers have their own */
+} ArgsRope;
+
 static void op_rope(const void *ap) {
-    const ArgsStepN *a = ap;
+    const ArgsRope *a = ap;
     KvRefState *s = a->s;
     const KvConfig *c = &s->model->config;
     const int64_t hd = c->head_dim;
@@ -568,10 +611,10 @@ static void op_rope(const void *ap) {
     const int64_t kv_dim = c->num_kv_heads * hd;
     for (int64_t r = 0; r < s->batch * a->n; r++) {
         for (int64_t h = 0; h < c->num_heads; h++) {
-            kv_rope_apply(s->q + r * q_dim + h * hd, hd, s->inv_freq, s->qpos[r]);
+            kv_rope_apply(s->q + r * q_dim + h * hd, hd, a->inv_freq, s->qpos[r]);
         }
         for (int64_t h = 0; h < c->num_kv_heads; h++) {
-            kv_rope_apply(s->kn + r * kv_dim + h * hd, hd, s->inv_freq, s->qpos[r]);
+            kv_rope_apply(s->kn + r * kv_dim + h * hd, hd, a->inv_freq, s->qpos[r]);
         }
     }
 }
@@ -764,7 +807,7 @@ typedef struct {
     float *gate;     /* (count) in: gate projection, out: act(gate) * up */
     const float *up; /* (count) */
     int64_t count;
-    bool gelu;       /* gemma2 GeGLU (tanh gelu); else SwiGLU (silu) */
+    bool gelu;       /* gemma2/3 GeGLU (tanh gelu); else SwiGLU (silu) */
 } ArgsGlu;
 
 /* A transcendental (tanh, exp) costs about as much as this many
@@ -792,7 +835,7 @@ static void op_final(const void *ap) {
     const int64_t hidden = c->hidden_size;
     for (int64_t b = 0; b < s->batch; b++) {
         kv_rmsnorm(s->x + (b * a->n + a->n - 1) * hidden, m->final_norm, hidden,
-                   (float)c->rms_norm_eps, c->family == KV_FAMILY_GEMMA2, s->last + b * hidden);
+                   (float)c->rms_norm_eps, kv_config_gemma_style(c), s->last + b * hidden);
     }
     matmul_by(s->last, m->lm_head, s->batch, hidden, c->vocab_size, s->logits, matmul_kind(s));
     if (c->final_logit_softcapping > 0.0) {
@@ -833,7 +876,7 @@ static void launch_layer(KvRefState *s, int64_t layer, int64_t n) {
     const int64_t q_dim = c->num_heads * hd;
     const int64_t hidden = c->hidden_size;
     const int64_t inter = c->intermediate_size;
-    const bool gemma = c->family == KV_FAMILY_GEMMA2;
+    const bool gemma = kv_config_gemma_style(c);
     KvStream *st = &s->stream;
 
     ArgsNorm norm_in = {c, s->x, w->input_norm, s->xn, rows};
@@ -848,7 +891,12 @@ static void launch_layer(KvRefState *s, int64_t layer, int64_t n) {
                                   {s->vn, w->bv, rows, kv_dim}};
         for (int j = 0; j < 3; j++) kv_stream_launch(st, op_bias_rows, &bias[j], sizeof bias[j]);
     }
-    ArgsStepN rope = {s, n};
+    if (c->qk_norm) {
+        const ArgsQkNorm qk = {s, n, w->q_norm, w->k_norm};
+        kv_stream_launch(st, op_qk_norm, &qk, sizeof qk);
+    }
+    const bool local = s->inv_freq_local != NULL && c->layer_sliding[layer];
+    ArgsRope rope = {s, n, local ? s->inv_freq_local : s->inv_freq};
     kv_stream_launch(st, op_rope, &rope, sizeof rope);
     launch_probe(s, kv_probe_index(layer, KV_PROBE_Q), s->q, n * q_dim * (int64_t)sizeof(float));
     launch_probe(s, kv_probe_index(layer, KV_PROBE_K), s->kn, n * kv_dim * (int64_t)sizeof(float));

@@ -53,7 +53,8 @@ typedef struct {
     float *v;           /* (num_layers, B, max_len, num_kv_heads * head_dim) */
     uint8_t *real;      /* (B, max_len) 1 when the slot holds a real (non-pad) token */
     int64_t *n_real;    /* (B) real tokens seen so far = next RoPE position */
-    float *inv_freq;    /* (head_dim / 2) */
+    float *inv_freq;    /* (head_dim / 2) rope_theta's */
+    float *inv_freq_local; /* (head_dim / 2) gemma3's sliding layers' (rope_theta_local), or NULL */
     /* scratch, sized for max_chunk tokens per row: */
     float *x;           /* (B * max_chunk, hidden) residual stream */
     float *xn;          /* (B * max_chunk, hidden) normed input */

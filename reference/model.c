@@ -20,8 +20,8 @@
 
 #include "prng.h"
 
-/* Tensors per layer at most (gemma2: 4 norms + 7 matrices). */
-#define KV_TENSORS_PER_LAYER 14
+/* Tensors per layer at most (4 norms + 7 matrices + 3 biases + 2 head norms). */
+#define KV_TENSORS_PER_LAYER 16
 
 /* ---- tensors a checkpoint may hold that the reference does not read ---- */
 
@@ -49,7 +49,7 @@ static const KvIgnoredTensor kv_ignored_tensors[] = {
      * holds (the corpus case model_tied_lm_head_ignored). */
     {"lm_head.weight",
      KV_FAMILY_BIT(KV_FAMILY_GEMMA2) | KV_FAMILY_BIT(KV_FAMILY_MISTRAL) |
-         KV_FAMILY_BIT(KV_FAMILY_QWEN2),
+         KV_FAMILY_BIT(KV_FAMILY_QWEN2) | KV_FAMILY_BIT(KV_FAMILY_GEMMA3),
      true},
     /* RoPE inverse frequencies: Llama checkpoints written by transformers
      * before inv_freq became a non-persistent buffer (transformers PR
@@ -185,7 +185,7 @@ static KvStatus bind_all(ModelBinder *b, KvError *err) {
     int64_t h = c->hidden_size;
     int64_t q_dim = c->num_heads * c->head_dim;
     int64_t kv_dim = c->num_kv_heads * c->head_dim;
-    bool gemma = c->family == KV_FAMILY_GEMMA2;
+    bool gemma = kv_config_gemma_style(c);
     size_t max_owned = 3 + (size_t)c->num_layers * KV_TENSORS_PER_LAYER;
 
     m->owned = calloc(max_owned, sizeof *m->owned);
@@ -201,7 +201,7 @@ static KvStatus bind_all(ModelBinder *b, KvError *err) {
         KvLayerWeights *L = &m->layers[i];
         char n[KV_ST_MAX_NAME];
         /* Each entry: suffix, rank, dims, destination, and whether this
-         * family has it (gemma2's extra norms, qwen2's q/k/v biases). */
+         * family has it (gemma2/3 extra norms, qwen2 q/k/v biases, gemma3 q/k norms). */
         struct {
             const char *suffix;
             int rank;
@@ -223,6 +223,8 @@ static KvStatus bind_all(ModelBinder *b, KvError *err) {
             {"self_attn.q_proj.bias", 1, q_dim, 0, &L->bq, c->attn_qkv_bias},
             {"self_attn.k_proj.bias", 1, kv_dim, 0, &L->bk, c->attn_qkv_bias},
             {"self_attn.v_proj.bias", 1, kv_dim, 0, &L->bv, c->attn_qkv_bias},
+            {"self_attn.q_norm.weight", 1, c->head_dim, 0, &L->q_norm, c->qk_norm},
+            {"self_attn.k_norm.weight", 1, c->head_dim, 0, &L->k_norm, c->qk_norm},
         };
         for (int k = 0; k < KV_TENSORS_PER_LAYER; k++) {
             if (!spec[k].used) continue;
@@ -243,7 +245,8 @@ static KvStatus bind_all(ModelBinder *b, KvError *err) {
     }
 
     uint64_t norms = (uint64_t)(gemma ? 4 : 2) * (uint64_t)h +
-                     (c->attn_qkv_bias ? (uint64_t)(q_dim + 2 * kv_dim) : 0); /* and biases */
+                     (c->attn_qkv_bias ? (uint64_t)(q_dim + 2 * kv_dim) : 0) + /* biases */
+                     (c->qk_norm ? 2 * (uint64_t)c->head_dim : 0);              /* q/k norms */
     uint64_t per_layer = 2 * (uint64_t)q_dim * (uint64_t)h + 2 * (uint64_t)kv_dim * (uint64_t)h +
                          3 * (uint64_t)c->intermediate_size * (uint64_t)h + norms;
     /* What one decode step streams: every layer, the final norm and the
@@ -462,6 +465,8 @@ uint64_t kv_model_hash(const KvModel *m) {
         x = hash_floats(x, L->bq, q_dim); /* qwen2's biases; NULL (skipped) otherwise */
         x = hash_floats(x, L->bk, kv_dim);
         x = hash_floats(x, L->bv, kv_dim);
+        x = hash_floats(x, L->q_norm, c->head_dim); /* gemma3's; NULL (skipped) otherwise */
+        x = hash_floats(x, L->k_norm, c->head_dim);
         x = hash_floats(x, L->w_gate, inter * h);
         x = hash_floats(x, L->w_up, inter * h);
         x = hash_floats(x, L->w_down, h * inter);

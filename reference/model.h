@@ -19,8 +19,8 @@
 typedef struct {
     const float *input_norm;     /* (hidden) input_layernorm */
     const float *post_attn_norm; /* (hidden) post_attention_layernorm */
-    const float *pre_ffw_norm;   /* (hidden) gemma2 pre_feedforward_layernorm; NULL for mistral */
-    const float *post_ffw_norm;  /* (hidden) gemma2 post_feedforward_layernorm; NULL for mistral */
+    const float *pre_ffw_norm;   /* (hidden) gemma2/3 pre_feedforward_layernorm; else NULL */
+    const float *post_ffw_norm;  /* (hidden) gemma2/3 post_feedforward_layernorm; else NULL */
     const float *wq;             /* (num_heads * head_dim, hidden) */
     const float *wk;             /* (num_kv_heads * head_dim, hidden) */
     const float *wv;             /* (num_kv_heads * head_dim, hidden) */
@@ -28,6 +28,8 @@ typedef struct {
     const float *bq;             /* (num_heads * head_dim) qwen2 q_proj.bias; NULL otherwise */
     const float *bk;             /* (num_kv_heads * head_dim) qwen2 k_proj.bias; NULL otherwise */
     const float *bv;             /* (num_kv_heads * head_dim) qwen2 v_proj.bias; NULL otherwise */
+    const float *q_norm;         /* (head_dim) gemma3 self_attn.q_norm; NULL otherwise */
+    const float *k_norm;         /* (head_dim) gemma3 self_attn.k_norm; NULL otherwise */
     const float *w_gate;         /* (intermediate, hidden) */
     const float *w_up;           /* (intermediate, hidden) */
     const float *w_down;         /* (hidden, intermediate) */

@@ -23,8 +23,9 @@ typedef struct {
     double *tmp;    /* (n, hidden) o_proj / down_proj output */
     double *gate;   /* (n, intermediate) in: gate projection, out: act(gate) * up */
     double *up;     /* (n, intermediate) */
-    double *cos_t;  /* (n, head_dim / 2) cos(position * inv_freq[i]) */
-    double *sin_t;  /* (n, head_dim / 2) */
+    double *cos_t;  /* (2, n, head_dim / 2) cos(position * inv_freq[i]): [0] rope_theta's,
+                     * [1] the sliding layers' (gemma3's rope_theta_local, else the same) */
+    double *sin_t;  /* (2, n, head_dim / 2) */
     double *scores; /* (num_heads, n) one query's scores per head */
     double *last;   /* (1, hidden) one position's final-normed state */
 } ShadowState;
@@ -68,8 +69,8 @@ static bool shadow_state_init(ShadowState *s, const KvConfig *c, int64_t n) {
     s->tmp = shadow_alloc(n, c->hidden_size);
     s->gate = shadow_alloc(n, c->intermediate_size);
     s->up = shadow_alloc(n, c->intermediate_size);
-    s->cos_t = shadow_alloc(n, c->head_dim / 2);
-    s->sin_t = shadow_alloc(n, c->head_dim / 2);
+    s->cos_t = shadow_alloc(2 * n, c->head_dim / 2);
+    s->sin_t = shadow_alloc(2 * n, c->head_dim / 2);
     s->scores = shadow_alloc(c->num_heads, n);
     s->last = shadow_alloc(1, c->hidden_size);
     return s->x && s->xn && s->q && s->k && s->v && s->att && s->tmp && s->gate && s->up &&
@@ -114,7 +115,17 @@ static void shadow_norm_rows(const KvConfig *c, const double *in /* (rows, hidde
      * as the reference does: a model constant, kept as float32. */
     const double eps = (double)(float)c->rms_norm_eps;
     for (int64_t r = 0; r < rows; r++) {
-        shadow_rmsnorm(in + r * h, w, h, eps, c->family == KV_FAMILY_GEMMA2, out + r * h);
+        shadow_rmsnorm(in + r * h, w, h, eps, kv_config_gemma_style(c), out + r * h);
+    }
+}
+
+/* gemma3's q_norm / k_norm: a (1 + w) RMSNorm of each of `rows` head
+ * vectors (head_dim values each) in place. */
+static void shadow_norm_heads(const KvConfig *c, double *x /* (rows, head_dim) */,
+                              const float *w /* (head_dim) */, int64_t rows) {
+    const int64_t hd = c->head_dim;
+    for (int64_t r = 0; r < rows; r++) {
+        shadow_rmsnorm(x + r * hd, w, hd, (double)(float)c->rms_norm_eps, true, x + r * hd);
     }
 }
 
@@ -136,11 +147,12 @@ static double shadow_silu(double x) {
 /* RoPE tables: position p (the p-th real token) rotates pair i by
  * p * inv_freq[i]. inv_freq is transformers' float32 one (kv_rope_inv_freq),
  * a model constant; the angle and its cos/sin are double. */
-static void shadow_rope_tables(const KvConfig *c, int64_t n, double *cos_t /* (n, head_dim / 2) */,
+static void shadow_rope_tables(const KvConfig *c, double theta, int64_t n,
+                               double *cos_t /* (n, head_dim / 2) */,
                                double *sin_t /* (n, head_dim / 2) */) {
     const int64_t half = c->head_dim / 2;
     float inv_f[KV_CONFIG_MAX_HEAD_DIM / 2]; /* (head_dim / 2) */
-    kv_rope_inv_freq(c->head_dim, c->rope_theta, inv_f);
+    kv_rope_inv_freq(c->head_dim, theta, inv_f);
     for (int64_t p = 0; p < n; p++) {
         for (int64_t i = 0; i < half; i++) {
             const double angle = (double)p * (double)inv_f[i];
@@ -152,7 +164,8 @@ static void shadow_rope_tables(const KvConfig *c, int64_t n, double *cos_t /* (n
 
 /* Rotates `heads` head vectors of every position in place (rotate_half,
  * non-interleaved, as kv_rope_apply). */
-static void shadow_rope(const KvConfig *c, const ShadowState *s, double *x /* (n, heads, hd) */,
+static void shadow_rope(const KvConfig *c, const double *cos_t /* (n, hd / 2) */,
+                        const double *sin_t /* (n, hd / 2) */, double *x /* (n, heads, hd) */,
                         int64_t n, int64_t heads) {
     const int64_t hd = c->head_dim;
     const int64_t half = hd / 2;
@@ -160,8 +173,8 @@ static void shadow_rope(const KvConfig *c, const ShadowState *s, double *x /* (n
         for (int64_t h = 0; h < heads; h++) {
             double *xh = x + (p * heads + h) * hd; /* (hd) */
             for (int64_t i = 0; i < half; i++) {
-                const double cs = s->cos_t[p * half + i];
-                const double sn = s->sin_t[p * half + i];
+                const double cs = cos_t[p * half + i];
+                const double sn = sin_t[p * half + i];
                 const double a = xh[i];
                 const double b = xh[i + half];
                 xh[i] = a * cs - b * sn;
@@ -234,7 +247,7 @@ static void shadow_layer(const KvConfig *c, const KvLayerWeights *w, ShadowState
     const int64_t inter = c->intermediate_size;
     const int64_t q_dim = c->num_heads * c->head_dim;
     const int64_t kv_dim = c->num_kv_heads * c->head_dim;
-    const bool gemma = c->family == KV_FAMILY_GEMMA2;
+    const bool gemma = kv_config_gemma_style(c);
 
     shadow_norm_rows(c, s->x, w->input_norm, n, s->xn);
     shadow_matmul(s->xn, w->wq, n, hidden, q_dim, s->q);
@@ -245,8 +258,14 @@ static void shadow_layer(const KvConfig *c, const KvLayerWeights *w, ShadowState
         shadow_bias(s->k, w->bk, n, kv_dim);
         shadow_bias(s->v, w->bv, n, kv_dim);
     }
-    shadow_rope(c, s, s->q, n, c->num_heads);
-    shadow_rope(c, s, s->k, n, c->num_kv_heads);
+    if (c->qk_norm) { /* gemma3: (1 + w) per head, before RoPE */
+        shadow_norm_heads(c, s->q, w->q_norm, n * c->num_heads);
+        shadow_norm_heads(c, s->k, w->k_norm, n * c->num_kv_heads);
+    }
+    /* the layer's table: [1] on sliding layers (gemma3's own base) */
+    const size_t tab = c->layer_sliding[layer] ? (size_t)(n * (c->head_dim / 2)) : 0;
+    shadow_rope(c, s->cos_t + tab, s->sin_t + tab, s->q, n, c->num_heads);
+    shadow_rope(c, s->cos_t + tab, s->sin_t + tab, s->k, n, c->num_kv_heads);
     shadow_attention(c, s, layer, n);
     shadow_matmul(s->att, w->wo, n, q_dim, hidden, s->tmp);
     if (gemma) {
@@ -302,12 +321,15 @@ KvStatus kv_shadow64_logits(const KvModel *m, const int32_t *tokens, int64_t n, 
      * dtype (float32 for these checkpoints), as forward.c's op_embed and
      * transformers' embed_scale do: part of the model, kept as float32. */
     const double normalizer =
-        c->family == KV_FAMILY_GEMMA2 ? (double)(float)sqrt((double)hidden) : 1.0;
+        kv_config_gemma_style(c) ? (double)(float)sqrt((double)hidden) : 1.0;
     for (int64_t p = 0; p < n; p++) {
         const float *e = m->embed + (int64_t)tokens[p] * hidden; /* (hidden) */
         for (int64_t i = 0; i < hidden; i++) s.x[p * hidden + i] = (double)e[i] * normalizer;
     }
-    shadow_rope_tables(c, n, s.cos_t, s.sin_t);
+    const size_t tab = (size_t)(n * (c->head_dim / 2));
+    shadow_rope_tables(c, c->rope_theta, n, s.cos_t, s.sin_t);
+    shadow_rope_tables(c, c->rope_theta_local > 0.0 ? c->rope_theta_local : c->rope_theta, n,
+                       s.cos_t + tab, s.sin_t + tab);
     for (int64_t l = 0; l < c->num_layers; l++) shadow_layer(c, &m->layers[l], &s, l, n);
     /* Final norm, lm_head and softcap only where logits are asked for. */
     const double final_cap = (double)(float)c->final_logit_softcapping;
