@@ -44,6 +44,17 @@ void corpus_config(KvFamily family, KvConfig *out) {
         c.final_logit_softcapping = 30.0;
         c.tie_word_embeddings = true;
         for (int64_t i = 0; i < c.num_layers; i++) c.layer_sliding[i] = i % 2 == 0;
+    } else if (family == KV_FAMILY_GEMMA3) {
+        /* gemma2's base with q/k norms, a RoPE base per layer kind, no
+         * attention softcap */
+        snprintf(c.model_type, sizeof c.model_type, "gemma3_text");
+        c.query_pre_attn_scalar = 8.0;
+        c.final_logit_softcapping = 30.0;
+        c.tie_word_embeddings = true;
+        c.qk_norm = true;
+        c.rope_theta = 1000000.0;
+        c.rope_theta_local = 10000.0;
+        for (int64_t i = 0; i < c.num_layers; i++) c.layer_sliding[i] = i % 2 == 0;
     } else if (family == KV_FAMILY_QWEN2) {
         /* layer 0 full, the rest sliding; q/k/v biases */
         snprintf(c.model_type, sizeof c.model_type, "qwen2");
@@ -86,7 +97,11 @@ size_t corpus_tensors(const KvConfig *cfg, CorpusTensor *out) {
             tensor_add(out, &n, LNAME("self_attn.v_proj.bias"), 1, kv, 0);
         }
         tensor_add(out, &n, LNAME("post_attention_layernorm.weight"), 1, h, 0);
-        if (cfg->family == KV_FAMILY_GEMMA2) {
+        if (cfg->qk_norm) {
+            tensor_add(out, &n, LNAME("self_attn.q_norm.weight"), 1, cfg->head_dim, 0);
+            tensor_add(out, &n, LNAME("self_attn.k_norm.weight"), 1, cfg->head_dim, 0);
+        }
+        if (kv_config_gemma_style(cfg)) {
             tensor_add(out, &n, LNAME("pre_feedforward_layernorm.weight"), 1, h, 0);
             tensor_add(out, &n, LNAME("post_feedforward_layernorm.weight"), 1, h, 0);
         }
@@ -703,6 +718,20 @@ static void m_cfg_qwen2_sliding_without_window(CorpusInput *in) {
 static void m_st_qwen2_missing_bias(CorpusInput *in) {
     tensor_drop(in, "model.layers.1.self_attn.k_proj.bias");
 }
+/* gemma3: an attention softcap transformers would not apply; a RoPE
+ * scaling; an unknown layer kind in rope_parameters; a missing k_norm. */
+static void m_cfg_gemma3_attn_softcap(CorpusInput *in) {
+    config_set(in, "attn_logit_softcapping", "50.0");
+}
+static void m_cfg_gemma3_rope_scaling(CorpusInput *in) {
+    config_set(in, "rope_scaling", "{\"rope_type\": \"linear\", \"factor\": 8.0}");
+}
+static void m_cfg_gemma3_rope_params_key(CorpusInput *in) {
+    config_set(in, "rope_parameters", "{\"chunked_attention\": {\"rope_theta\": 10000.0}}");
+}
+static void m_st_gemma3_missing_k_norm(CorpusInput *in) {
+    tensor_drop(in, "model.layers.1.self_attn.k_norm.weight");
+}
 static void m_cfg_attention_bias(CorpusInput *in) { config_set(in, "attention_bias", "true"); }
 static void m_cfg_mlp_bias(CorpusInput *in) { config_set(in, "mlp_bias", "true"); }
 static void m_cfg_gemma_activation(CorpusInput *in) {
@@ -776,6 +805,7 @@ static void m_cfg_nulls_ok(CorpusInput *in) {
 #define CF "config.json"
 #define G KV_FAMILY_GEMMA2
 #define Q KV_FAMILY_QWEN2
+#define G3 KV_FAMILY_GEMMA3
 #define M KV_FAMILY_MISTRAL
 #define BAD KV_ERR_INPUT
 /* A tensor the model does not bind: the file parsed (the format allows it)
@@ -873,7 +903,7 @@ const CorpusCase corpus_cases[] = {
     {"cfg_empty", M, m_cfg_empty, BAD, CF, {"valid JSON"}},
     {"cfg_trailing_data", G, m_cfg_trailing, BAD, CF, {"trailing"}},
     {"cfg_missing_model_type", G, m_cfg_missing_model_type, BAD, CF, {"'model_type'", "missing"}},
-    {"cfg_unknown_model_type", M, m_cfg_unknown_model_type, BAD, CF, {"'model_type'", "\"gemma2\", \"mistral\", \"llama\" or \"qwen2\"", "\"bert\""}},
+    {"cfg_unknown_model_type", M, m_cfg_unknown_model_type, BAD, CF, {"'model_type'", "\"gemma2\", \"gemma3_text\", \"mistral\", \"llama\" or \"qwen2\"", "\"bert\""}},
     {"cfg_string_field", G, m_cfg_string_field, BAD, CF, {"'hidden_size'", "integer", "the string \"128\""}},
     {"cfg_fractional_field", G, m_cfg_fraction, BAD, CF, {"'intermediate_size'", "integer", "32.5"}},
     {"cfg_negative_size", M, m_cfg_negative, BAD, CF, {"'vocab_size'", "integer in [2,", "-64"}},
@@ -898,6 +928,10 @@ const CorpusCase corpus_cases[] = {
     {"cfg_attention_bias", G, m_cfg_attention_bias, BAD, CF, {"'attention_bias'", "false", "true"}},
     {"cfg_qwen2_sliding_without_window", Q, m_cfg_qwen2_sliding_without_window, BAD, CF, {"'use_sliding_window'", "layer_types[1] is sliding_attention", "false"}},
     {"model_qwen2_missing_bias", Q, m_st_qwen2_missing_bias, BAD, ST, {"model.layers.1.self_attn.k_proj.bias"}},
+    {"cfg_gemma3_attn_softcap", G3, m_cfg_gemma3_attn_softcap, BAD, CF, {"'attn_logit_softcapping'", "does not apply it", "50"}},
+    {"cfg_gemma3_rope_scaling", G3, m_cfg_gemma3_rope_scaling, BAD, CF, {"'rope_scaling'", "not supported"}},
+    {"cfg_gemma3_rope_parameters_key", G3, m_cfg_gemma3_rope_params_key, BAD, CF, {"'rope_parameters.chunked_attention'", "sliding_attention and full_attention"}},
+    {"model_gemma3_missing_k_norm", G3, m_st_gemma3_missing_k_norm, BAD, ST, {"model.layers.1.self_attn.k_norm.weight"}},
     {"cfg_mlp_bias", M, m_cfg_mlp_bias, BAD, CF, {"'mlp_bias'", "false", "true"}},
     {"cfg_gemma2_activation", G, m_cfg_gemma_activation, BAD, CF, {"'hidden_activation'", "gelu_pytorch_tanh", "\"gelu\""}},
     {"cfg_gemma2_hidden_act_fallback", G, m_cfg_gemma_hidden_act_only, BAD, CF, {"'hidden_act'", "gelu_pytorch_tanh", "\"relu\""}},

@@ -23,7 +23,7 @@
 
 #define TEST_SEED KV_FIXTURE_DEFAULT_SEED
 #define TEST_PROMPT_SEED 7ULL
-static const char *const k_families[] = {"gemma2-tiny", "mistral-tiny", "qwen2-tiny"};
+static const char *const k_families[] = {"gemma2-tiny", "mistral-tiny", "qwen2-tiny", "gemma3-tiny"};
 #define N_FAM ((int)(sizeof k_families / sizeof k_families[0]))
 
 /* One prompt of len tokens from [1, vocab), seeded. */
@@ -198,9 +198,10 @@ START_TEST(test_window_boundary) {
     int32_t *p = make_prompt(P, TEST_PROMPT_SEED, V);
     int64_t len = P;
     KvDecodeResult win = run_decode(&f.model, &p, &len, 1, 2 * W, 0);
-    KvModel full = f.model; /* shallow copy: same weights, no window */
-    full.config.sliding_window = 0;
-    for (int64_t l = 0; l < full.config.num_layers; l++) full.config.layer_sliding[l] = 0;
+    /* Shallow copy: same weights, a window no query reaches past. The layer
+     * kinds stay (gemma3's sliding layers keep their own RoPE base). */
+    KvModel full = f.model;
+    full.config.sliding_window = KV_CONFIG_MAX_WINDOW;
     /* Teacher-force the windowed tokens so both runs see the same inputs. */
     int32_t *forced = malloc((size_t)(P + 2 * W) * sizeof *forced);
     ck_assert_ptr_nonnull(forced);

@@ -819,7 +819,7 @@ START_TEST(test_config_roundtrip) {
     roundtrip(&c);
 
     /* the fixture configurations (fixtures/fixture.c) */
-    for (int f = 0; f <= KV_FAMILY_QWEN2; f++) {
+    for (int f = 0; f <= KV_FAMILY_GEMMA3; f++) {
         for (int size = 0; size < 2; size++) {
             KvError err;
             ck_assert_int_eq(kv_fixture_config((KvFamily)f, (KvFixtureSize)size, &c, &err),
@@ -831,6 +831,62 @@ START_TEST(test_config_roundtrip) {
 END_TEST
 
 /* The JSON kv_config_to_json writes carries what transformers reads. */
+/* What Gemma3TextConfig and Qwen2Config derive when config.json is
+ * silent: gemma3's full layers every sliding_window_pattern-th (default 6),
+ * its two RoPE bases from the legacy fields or the nested rope_parameters
+ * (which wins), no attention softcap; qwen2's sliding layers from
+ * max_window_layers only with use_sliding_window. */
+START_TEST(test_config_family_defaults) {
+    static const char *const g3 =
+        "{\"model_type\": \"gemma3_text\", \"vocab_size\": 64, \"hidden_size\": 16, "
+        "\"intermediate_size\": 32, \"num_hidden_layers\": 12, \"num_attention_heads\": 2, "
+        "\"head_dim\": 8, \"sliding_window\": 4}";
+    KvConfig c;
+    KvError err = {{0}};
+    ck_assert_msg(kv_config_parse(g3, strlen(g3), "g3.json", &c, &err) == KV_OK, "%s", err.msg);
+    for (int64_t i = 0; i < 12; i++) ck_assert_int_eq(c.layer_sliding[i], i % 6 != 5);
+    ck_assert(c.rope_theta == 1e6 && c.rope_theta_local == 1e4 && c.qk_norm);
+    ck_assert(kv_config_layer_rope_theta(&c, 0) == 1e4 && kv_config_layer_rope_theta(&c, 5) == 1e6);
+    ck_assert(c.attn_logit_softcapping == 0.0 && c.final_logit_softcapping == 0.0);
+    ck_assert(c.tie_word_embeddings && kv_config_gemma_style(&c));
+    static const char *const g3n =
+        "{\"model_type\": \"gemma3_text\", \"vocab_size\": 64, \"hidden_size\": 16, "
+        "\"intermediate_size\": 32, \"num_hidden_layers\": 4, \"num_attention_heads\": 2, "
+        "\"head_dim\": 8, \"sliding_window\": 4, \"sliding_window_pattern\": 2, "
+        "\"rope_theta\": 5e5, \"rope_parameters\": {\"sliding_attention\": {\"rope_type\": "
+        "\"default\", \"rope_theta\": 2e4}, \"full_attention\": {\"rope_type\": \"default\", "
+        "\"rope_theta\": 3e6}}}";
+    ck_assert_msg(kv_config_parse(g3n, strlen(g3n), "g3n.json", &c, &err) == KV_OK, "%s",
+                  err.msg);
+    for (int64_t i = 0; i < 4; i++) ck_assert_int_eq(c.layer_sliding[i], i % 2 == 0);
+    ck_assert(c.rope_theta == 3e6 && c.rope_theta_local == 2e4);
+    /* the round trip keeps both bases and the layer kinds */
+    char *json = kv_config_to_json(&c);
+    KvConfig back;
+    ck_assert_msg(kv_config_parse(json, strlen(json), "back.json", &back, &err) == KV_OK, "%s",
+                  err.msg);
+    ck_assert(back.rope_theta == 3e6 && back.rope_theta_local == 2e4 && back.qk_norm);
+    ck_assert_mem_eq(back.layer_sliding, c.layer_sliding, 4);
+    free(json);
+
+    static const char *const q2 =
+        "{\"model_type\": \"qwen2\", \"vocab_size\": 64, \"hidden_size\": 16, "
+        "\"intermediate_size\": 32, \"num_hidden_layers\": 4, \"num_attention_heads\": 2, "
+        "\"sliding_window\": 4, \"max_window_layers\": 3%s}";
+    char q2_text[512];
+    snprintf(q2_text, sizeof q2_text, q2, "");
+    ck_assert_msg(kv_config_parse(q2_text, strlen(q2_text), "q2.json", &c, &err) == KV_OK, "%s",
+                  err.msg);
+    ck_assert(c.sliding_window == 0 && c.attn_qkv_bias); /* use_sliding_window defaults false */
+    for (int64_t i = 0; i < 4; i++) ck_assert_int_eq(c.layer_sliding[i], 0);
+    snprintf(q2_text, sizeof q2_text, q2, ", \"use_sliding_window\": true");
+    ck_assert_msg(kv_config_parse(q2_text, strlen(q2_text), "q2.json", &c, &err) == KV_OK, "%s",
+                  err.msg);
+    ck_assert_int_eq(c.sliding_window, 4);
+    for (int64_t i = 0; i < 4; i++) ck_assert_int_eq(c.layer_sliding[i], i >= 3);
+}
+END_TEST
+
 START_TEST(test_config_json_fields) {
     KvConfig c;
     corpus_config(KV_FAMILY_GEMMA2, &c);
@@ -1857,6 +1913,7 @@ static Suite *loader_suite(void) {
     tcase_add_test(tc, test_json_keys);
     tcase_add_test(tc, test_config_roundtrip);
     tcase_add_test(tc, test_config_json_fields);
+    tcase_add_test(tc, test_config_family_defaults);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("safetensors");

@@ -41,7 +41,7 @@
 #include "scenario.h"
 
 /* the default gate's models (cmd_gate.c) */
-static const char *const k_families[] = {"gemma2-tiny", "mistral-tiny", "qwen2-tiny"};
+static const char *const k_families[] = {"gemma2-tiny", "mistral-tiny", "qwen2-tiny", "gemma3-tiny"};
 #define N_FAM ((int)(sizeof k_families / sizeof k_families[0]))
 
 /* The options `kvrepro gate` runs with when given none (cmd_gate.c), CPU

@@ -45,7 +45,7 @@
 /* test_golden.c's tolerance for the fp32 reference against transformers. */
 #define KV_GOLDEN_MAX_REL_ERR 1e-5
 
-static const char *const k_families[] = {"gemma2-tiny", "mistral-tiny", "qwen2-tiny"};
+static const char *const k_families[] = {"gemma2-tiny", "mistral-tiny", "qwen2-tiny", "gemma3-tiny"};
 #define N_FAM ((int)(sizeof k_families / sizeof k_families[0]))
 static const char *const k_scenarios[] = {"short_prompt_crosses_window",
                                           "prefill_longer_than_window", "left_padded_batch",
@@ -197,7 +197,7 @@ END_TEST
 
 /* ---- transformers goldens (fixtures/hf/, layout in its README) ---- */
 
-static const char *const k_golden_families[] = {"gemma2", "mistral", "qwen2"};
+static const char *const k_golden_families[] = {"gemma2", "mistral", "qwen2", "gemma3_text"};
 
 /* max over (step, row) of max |a - b| / max |b|, both float32. */
 static double rel_error_f32(const float *a /* (steps, batch, vocab) */,
@@ -440,7 +440,7 @@ int main(void) {
     suite_add_tcase(s, tc);
     TCase *tg = tcase_create("golden");
     tcase_set_timeout(tg, 120);
-    tcase_add_loop_test(tg, test_shadow_golden, 0, 3);
+    tcase_add_loop_test(tg, test_shadow_golden, 0, 4);
     suite_add_tcase(s, tg);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

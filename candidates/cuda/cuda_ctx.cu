@@ -139,7 +139,7 @@ static KvStatus cuda_ctx_upload(KvCudaCtx *ctx, KvError *err) {
     const size_t q_dim = (size_t)ctx->q_dim, kv_dim = (size_t)ctx->kv_dim;
     const size_t vocab = (size_t)ctx->vocab;
     const bool tied = m->lm_head == m->embed;
-    const size_t max_up = 3 + 14 * (size_t)ctx->n_layers; /* KvCudaLayer's 14 arrays */
+    const size_t max_up = 3 + 16 * (size_t)ctx->n_layers; /* KvCudaLayer's 16 arrays */
     CudaUpload *up = (CudaUpload *)calloc(max_up, sizeof *up);
     size_t n_up = 0, total = 0, off = 0;
     if (up == NULL) return kv_error_set(err, KV_ERR_INTERNAL, "cuda: out of host memory");
@@ -167,6 +167,9 @@ static KvStatus cuda_ctx_upload(KvCudaCtx *ctx, KvError *err) {
         cuda_upload_add(up, &n_up, w->bq, q_dim, &d->bq);
         cuda_upload_add(up, &n_up, w->bk, kv_dim, &d->bk);
         cuda_upload_add(up, &n_up, w->bv, kv_dim, &d->bv);
+        /* gemma3 only; NULL otherwise */
+        cuda_upload_add(up, &n_up, w->q_norm, (size_t)ctx->hd, &d->q_norm);
+        cuda_upload_add(up, &n_up, w->k_norm, (size_t)ctx->hd, &d->k_norm);
         cuda_upload_add(up, &n_up, w->w_gate, inter * hidden, &d->w_gate);
         cuda_upload_add(up, &n_up, w->w_up, inter * hidden, &d->w_up);
         cuda_upload_add(up, &n_up, w->w_down, hidden * inter, &d->w_down);
@@ -206,7 +209,8 @@ static KvStatus cuda_ctx_alloc_state(KvCudaCtx *ctx, KvError *err) {
     const int64_t L = ctx->n_layers, B = ctx->B;
     const int64_t rows = B * ctx->max_chunk;
     const size_t static_bytes = (size_t)(B * ctx->max_len * ctx->kv_dim) * sizeof(float);
-    float *inv = (float *)calloc((size_t)(ctx->hd / 2 > 0 ? ctx->hd / 2 : 1), sizeof *inv);
+    /* (2, hd / 2): rope_theta's, then the sliding layers' */
+    float *inv = (float *)calloc((size_t)(ctx->hd > 0 ? ctx->hd : 1), sizeof *inv);
     ctx->kc = (float **)calloc((size_t)L, sizeof *ctx->kc);
     ctx->vc = (float **)calloc((size_t)L, sizeof *ctx->vc);
     ctx->snap_kc = (float **)calloc((size_t)L, sizeof *ctx->snap_kc);
@@ -246,7 +250,7 @@ static KvStatus cuda_ctx_alloc_state(KvCudaCtx *ctx, KvError *err) {
     KV_ALLOC(ctx->snap_tok_in, rows * (int64_t)sizeof(int32_t));
     KV_ALLOC(ctx->snap_real_in, rows);
 
-    KV_ALLOC(ctx->inv_freq, (ctx->hd / 2) * (int64_t)sizeof(float));
+    KV_ALLOC(ctx->inv_freq, 2 * (ctx->hd / 2) * (int64_t)sizeof(float));
     KV_ALLOC(ctx->x, rows * ctx->hidden * (int64_t)sizeof(float));
     KV_ALLOC(ctx->xn, rows * ctx->hidden * (int64_t)sizeof(float));
     KV_ALLOC(ctx->q, rows * ctx->q_dim * (int64_t)sizeof(float));
@@ -272,7 +276,11 @@ static KvStatus cuda_ctx_alloc_state(KvCudaCtx *ctx, KvError *err) {
     /* The host's inverse frequencies (kvmath.c), so both backends rotate by
      * the same F32 constants. */
     kv_rope_inv_freq(ctx->hd, ctx->c->rope_theta, inv);
-    KV_CUDA_CHECK(cudaMemcpy(ctx->inv_freq, inv, (size_t)(ctx->hd / 2) * sizeof(float),
+    kv_rope_inv_freq(ctx->hd,
+                     ctx->c->rope_theta_local > 0.0 ? ctx->c->rope_theta_local
+                                                    : ctx->c->rope_theta,
+                     inv + ctx->hd / 2);
+    KV_CUDA_CHECK(cudaMemcpy(ctx->inv_freq, inv, 2 * (size_t)(ctx->hd / 2) * sizeof(float),
                              cudaMemcpyHostToDevice));
 cleanup:
     free(inv);
@@ -346,7 +354,7 @@ KvStatus kv_cuda_ctx_create(KvCudaCtx *ctx, const KvModel *m, int64_t B, int64_t
     ctx->inter = c->intermediate_size;
     ctx->vocab = c->vocab_size;
     ctx->n_layers = c->num_layers;
-    ctx->gemma = c->family == KV_FAMILY_GEMMA2;
+    ctx->gemma = kv_config_gemma_style(c);
     ctx->eps = (float)c->rms_norm_eps;
     ctx->scale = kv_config_attn_scale(c);
     ctx->attn_cap = (float)c->attn_logit_softcapping;

@@ -53,7 +53,12 @@ static KvStatus cuda_launch_layer(KvCudaCtx *ctx, int64_t l, int64_t n, KvError 
         KV_TRY(kv_cuda_bias_rows(ctx, ctx->kn, w->bk, rows, kv_dim, err));
         KV_TRY(kv_cuda_bias_rows(ctx, ctx->vn, w->bv, rows, kv_dim, err));
     }
-    KV_TRY(kv_cuda_rope(ctx, n, err));
+    if (w->q_norm != NULL) { /* gemma3: per head, before RoPE */
+        KV_TRY(kv_cuda_rmsnorm_heads(ctx, ctx->q, w->q_norm, rows * ctx->n_heads, ctx->hd, err));
+        KV_TRY(kv_cuda_rmsnorm_heads(ctx, ctx->kn, w->k_norm, rows * ctx->n_kv_heads, ctx->hd,
+                                     err));
+    }
+    KV_TRY(kv_cuda_rope(ctx, n, l, err));
     KV_TRY(kv_cuda_probe(ctx, kv_probe_index(l, KV_PROBE_Q), ctx->q, n * q_dim * fbytes, err));
     KV_TRY(kv_cuda_probe(ctx, kv_probe_index(l, KV_PROBE_K), ctx->kn, n * kv_dim * fbytes, err));
     KV_TRY(kv_cuda_probe(ctx, kv_probe_index(l, KV_PROBE_V), ctx->vn, n * kv_dim * fbytes, err));

@@ -75,6 +75,8 @@ typedef struct {
     const float *bq;             /* (q_dim) qwen2 only, else NULL */
     const float *bk;             /* (kv_dim) qwen2 only, else NULL */
     const float *bv;             /* (kv_dim) qwen2 only, else NULL */
+    const float *q_norm;         /* (hd) gemma3 only, else NULL */
+    const float *k_norm;         /* (hd) gemma3 only, else NULL */
     const float *w_gate;         /* (inter, hidden) */
     const float *w_up;           /* (inter, hidden) */
     const float *w_down;         /* (hidden, inter) */
@@ -135,7 +137,8 @@ typedef struct {
     uint8_t *snap_real_in;
 
     /* Scratch, sized for max_chunk tokens per row. */
-    float *inv_freq;         /* (hd / 2) */
+    float *inv_freq;         /* (2, hd / 2) [0] rope_theta's, [1] the sliding layers' (gemma3's
+                              * rope_theta_local; else the same values) */
     float *x;                /* (B * max_chunk, hidden) residual stream */
     float *xn;               /* (B * max_chunk, hidden) */
     float *q;                /* (B * max_chunk, q_dim) */
@@ -316,7 +319,13 @@ KvStatus kv_cuda_embed(KvCudaCtx *ctx, int64_t n, KvError *err);
  * in_stride (floats); out may equal in. */
 KvStatus kv_cuda_rmsnorm(KvCudaCtx *ctx, const float *in, int64_t in_stride, const float *w,
                          float *out, int64_t out_stride, int64_t rows, KvError *err);
-KvStatus kv_cuda_rope(KvCudaCtx *ctx, int64_t n, KvError *err);
+/* RoPE on q and the new keys with layer `layer`'s inverse frequencies. */
+KvStatus kv_cuda_rope(KvCudaCtx *ctx, int64_t n, int64_t layer, KvError *err);
+/* gemma3's q_norm / k_norm: a (1 + w) RMSNorm of each of `rows` vectors of
+ * `width` (= hd) floats, in place. */
+KvStatus kv_cuda_rmsnorm_heads(KvCudaCtx *ctx, float *x /* (rows, width) */,
+                               const float *w /* (width) */, int64_t rows, int64_t width,
+                               KvError *err);
 KvStatus kv_cuda_store_static(KvCudaCtx *ctx, int64_t layer, int64_t n, KvError *err);
 /* Visible keys of each new query in ascending position into gidx/nkeys. */
 KvStatus kv_cuda_gather_static(KvCudaCtx *ctx, int64_t layer, int64_t n, KvError *err);

@@ -241,6 +241,16 @@ cleanup:
     return st;
 }
 
+KvStatus kv_cuda_rmsnorm_heads(KvCudaCtx *ctx, float *x, const float *w, int64_t rows,
+                               int64_t width, KvError *err) {
+    KvStatus st = KV_OK;
+    /* each block reads its row whole before it writes it: in place is safe */
+    KV_LAUNCH(ctx, kv_rmsnorm_kernel, (unsigned int)rows, KV_CUDA_NORM_THREADS, 0, x, width, w, x,
+              width, width, ctx->eps, 1);
+cleanup:
+    return st;
+}
+
 /* ---- RoPE ---- */
 
 /* kv_rope_apply on every head of q and of the new keys: non-interleaved
@@ -269,12 +279,14 @@ static __global__ void kv_rope_kernel(float *__restrict__ q /* (rows, n_heads * 
     }
 }
 
-KvStatus kv_cuda_rope(KvCudaCtx *ctx, int64_t n, KvError *err) {
+KvStatus kv_cuda_rope(KvCudaCtx *ctx, int64_t n, int64_t layer, KvError *err) {
     KvStatus st = KV_OK;
     const int64_t rows = ctx->B * n;
     const int64_t count = rows * (ctx->n_heads + ctx->n_kv_heads) * (ctx->hd / 2);
+    const bool sliding = layer >= 0 && layer < ctx->n_layers && ctx->c->layer_sliding[layer];
+    const float *inv_freq = ctx->inv_freq + (sliding ? ctx->hd / 2 : 0);
     KV_LAUNCH(ctx, kv_rope_kernel, kv_cuda_blocks(count, KV_CUDA_EW_THREADS), KV_CUDA_EW_THREADS,
-              0, ctx->q, ctx->kn, ctx->qpos, ctx->inv_freq, rows, ctx->n_heads, ctx->n_kv_heads,
+              0, ctx->q, ctx->kn, ctx->qpos, inv_freq, rows, ctx->n_heads, ctx->n_kv_heads,
               ctx->hd);
 cleanup:
     return st;

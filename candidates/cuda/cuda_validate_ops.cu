@@ -191,7 +191,7 @@ KvStatus kv_val_embed(KvValRun *v, KvError *err) {
     const KvCudaCtx saved = *ctx;
     const KvModel *m = v->m;
     const int64_t n = ctx->max_chunk, rows = ctx->B * n, H = ctx->hidden, V = ctx->vocab;
-    const bool gemma = m->config.family == KV_FAMILY_GEMMA2;
+    const bool gemma = kv_config_gemma_style(&m->config);
     const float normalizer = gemma ? (float)sqrt((double)H) : 1.0f;
     KvCudaValidateOp *op = NULL;
     KvValBuf x = {};
@@ -466,10 +466,10 @@ KvStatus kv_val_rope(KvValRun *v, KvError *err) {
     ctx->q = (float *)qb.p;
     ctx->kn = (float *)kb.p;
 
-    KV_TRY(kv_cuda_rope(ctx, n, err));
+    KV_TRY(kv_cuda_rope(ctx, n, 0, err)); /* layer 0's frequencies */
 
-    /* The same F32 inverse frequencies the context uploaded. */
-    kv_rope_inv_freq(hd, c->rope_theta, inv);
+    /* The same F32 inverse frequencies the context uploaded for layer 0. */
+    kv_rope_inv_freq(hd, kv_config_layer_rope_theta(c, 0), inv);
     memcpy(qw, q, (size_t)(rows * qd) * sizeof(float));
     memcpy(kw, k, (size_t)(rows * kd) * sizeof(float));
     for (int64_t r = 0; r < rows; r++) {
