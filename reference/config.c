@@ -334,6 +334,109 @@ static KvStatus parse_gemma3_rope(const ConfigCtx *c, KvConfig *cfg) {
     return parse_rope_entry(c, params, "sliding_attention", &cfg->rope_theta_local);
 }
 
+/* A number field of a rope object (rope_parameters or rope_scaling): *out
+ * kept when absent or null; otherwise finite and > 0. */
+static KvStatus rope_number(const ConfigCtx *c, const cJSON *o, const char *obj, const char *key,
+                            double *out) {
+    const cJSON *it = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (it == NULL || cJSON_IsNull(it)) return KV_OK;
+    if (!cJSON_IsNumber(it) || !isfinite(it->valuedouble) || !(it->valuedouble > 0.0)) {
+        char name[96];
+        snprintf(name, sizeof name, "%s.%s", obj, key);
+        return field_error(c, name, "a finite number > 0", it);
+    }
+    *out = it->valuedouble;
+    return KV_OK;
+}
+
+/* GptOssConfig's RoPE: rope_parameters (transformers 5) or the legacy
+ * rope_theta + rope_scaling, rope_type "yarn" (GptOssConfig's default when
+ * neither is given: factor 32, beta_fast 32, beta_slow 1, truncate false,
+ * original_max_position_embeddings 4096, theta 150000) or "default". YaRN's
+ * attention factor is attention_factor when given, else 0.1 ln(factor) + 1
+ * (factor > 1); mscale / mscale_all_dim are refused (no gpt_oss uses them).
+ * A given rope object without "truncate" truncates: transformers reads it
+ * with a default of true. */
+static KvStatus parse_gpt_oss_rope(const ConfigCtx *c, KvConfig *cfg) {
+    KvStatus st = field_double(c, "rope_theta", 150000.0, true, &cfg->rope_theta);
+    if (st != KV_OK) return st;
+    const char *obj = "rope_scaling";
+    const cJSON *p = field_get(c, obj);
+    if (p == NULL) {
+        obj = "rope_parameters";
+        p = field_get(c, obj);
+    }
+    cfg->rope_yarn = true;
+    cfg->rope_factor = 32.0;
+    cfg->rope_beta_fast = 32.0;
+    cfg->rope_beta_slow = 1.0;
+    cfg->rope_truncate = false;
+    cfg->rope_orig_max_pos = 4096.0;
+    cfg->rope_attention_factor = 0.0;
+    if (p != NULL) {
+        if (!cJSON_IsObject(p)) return field_error(c, obj, "an object {rope_type, ...}", p);
+        const cJSON *type = cJSON_GetObjectItemCaseSensitive(p, "rope_type");
+        if (type == NULL || cJSON_IsNull(type)) type = cJSON_GetObjectItemCaseSensitive(p, "type");
+        char name[96];
+        snprintf(name, sizeof name, "%s.rope_type", obj);
+        if (!cJSON_IsString(type) || (strcmp(type->valuestring, "yarn") != 0 &&
+                                      strcmp(type->valuestring, "default") != 0)) {
+            return field_error(c, name, "\"yarn\" or \"default\"", type);
+        }
+        cfg->rope_yarn = strcmp(type->valuestring, "yarn") == 0;
+        static const char *const refused[] = {"mscale", "mscale_all_dim"};
+        for (int k = 0; k < 2; k++) {
+            const cJSON *it = cJSON_GetObjectItemCaseSensitive(p, refused[k]);
+            if (it != NULL && !cJSON_IsNull(it)) {
+                snprintf(name, sizeof name, "%s.%s", obj, refused[k]);
+                return field_error(c, name, "absent (not supported)", it);
+            }
+        }
+        const cJSON *tr = cJSON_GetObjectItemCaseSensitive(p, "truncate");
+        cfg->rope_truncate = true;
+        if (tr != NULL && !cJSON_IsNull(tr)) {
+            if (!cJSON_IsBool(tr)) {
+                snprintf(name, sizeof name, "%s.truncate", obj);
+                return field_error(c, name, "true or false", tr);
+            }
+            cfg->rope_truncate = cJSON_IsTrue(tr);
+        }
+        if ((st = rope_number(c, p, obj, "rope_theta", &cfg->rope_theta)) != KV_OK ||
+            (st = rope_number(c, p, obj, "factor", &cfg->rope_factor)) != KV_OK ||
+            (st = rope_number(c, p, obj, "beta_fast", &cfg->rope_beta_fast)) != KV_OK ||
+            (st = rope_number(c, p, obj, "beta_slow", &cfg->rope_beta_slow)) != KV_OK ||
+            (st = rope_number(c, p, obj, "original_max_position_embeddings",
+                              &cfg->rope_orig_max_pos)) != KV_OK ||
+            (st = rope_number(c, p, obj, "attention_factor", &cfg->rope_attention_factor)) !=
+                KV_OK) {
+            return st;
+        }
+    }
+    if (!cfg->rope_yarn) {
+        cfg->rope_attention_factor = 1.0;
+    } else if (cfg->rope_attention_factor == 0.0) {
+        cfg->rope_attention_factor =
+            cfg->rope_factor <= 1.0 ? 1.0 : 0.1 * log(cfg->rope_factor) + 1.0;
+    }
+    return KV_OK;
+}
+
+/* GptOssConfig's MoE: num_local_experts (alias num_experts, default 128),
+ * num_experts_per_tok (default 4, at most the experts), swiglu_limit (7),
+ * swiglu_alpha (1.702). */
+static KvStatus parse_gpt_oss_experts(const ConfigCtx *c, KvConfig *cfg) {
+    const char *ne = field_get(c, "num_local_experts") != NULL ? "num_local_experts"
+                                                                : "num_experts";
+    KvStatus st = field_int(c, ne, 1, KV_CONFIG_MAX_EXPERTS, 128, &cfg->num_experts);
+    if (st != KV_OK) return st;
+    st = field_int(c, "num_experts_per_tok", 1, cfg->num_experts,
+                   cfg->num_experts < 4 ? cfg->num_experts : 4, &cfg->experts_per_tok);
+    if (st != KV_OK) return st;
+    st = field_double(c, "swiglu_limit", 7.0, true, &cfg->swiglu_limit);
+    if (st != KV_OK) return st;
+    return field_double(c, "swiglu_alpha", 1.702, true, &cfg->swiglu_alpha);
+}
+
 /* Which qwen2 layers slide (Qwen2Config.__init__): sliding_window is kept
  * only when use_sliding_window (default false); without layer_types, the
  * layers at index >= max_window_layers (default 28) slide when there is a
@@ -375,8 +478,8 @@ static KvStatus parse_root(const ConfigCtx *c, KvConfig *cfg) {
     const cJSON *mt = cJSON_GetObjectItemCaseSensitive(c->root, "model_type");
     if (!cJSON_IsString(mt)) {
         return field_error(c, "model_type",
-                           "a string (\"gemma2\", \"gemma3_text\", \"mistral\", \"llama\" or "
-                           "\"qwen2\")", mt);
+                           "a string (\"gemma2\", \"gemma3_text\", \"gpt_oss\", \"mistral\", "
+                           "\"llama\" or \"qwen2\")", mt);
     }
     bool llama = false;
     if (strcmp(mt->valuestring, "gemma2") == 0) {
@@ -392,17 +495,33 @@ static KvStatus parse_root(const ConfigCtx *c, KvConfig *cfg) {
     } else if (strcmp(mt->valuestring, "gemma3_text") == 0) {
         cfg->family = KV_FAMILY_GEMMA3;
         cfg->qk_norm = true; /* Gemma3Attention: q_norm, k_norm before RoPE */
+    } else if (strcmp(mt->valuestring, "gpt_oss") == 0) {
+        cfg->family = KV_FAMILY_GPT_OSS;
+        cfg->attn_sinks = true;
     } else {
         return field_error(c, "model_type",
-                           "\"gemma2\", \"gemma3_text\", \"mistral\", \"llama\" or \"qwen2\"", mt);
+                           "\"gemma2\", \"gemma3_text\", \"gpt_oss\", \"mistral\", \"llama\" or "
+                           "\"qwen2\"", mt);
     }
     snprintf(cfg->model_type, sizeof cfg->model_type, "%s", mt->valuestring);
     bool gemma = kv_config_gemma_style(cfg);
     const bool gemma3 = cfg->family == KV_FAMILY_GEMMA3;
 
-    st = gemma3 ? parse_gemma3_rope(c, cfg) : parse_rope(c, &cfg->rope_theta);
+    const bool gpt_oss = cfg->family == KV_FAMILY_GPT_OSS;
+    cfg->rope_attention_factor = 1.0;
+    st = gemma3    ? parse_gemma3_rope(c, cfg)
+         : gpt_oss ? parse_gpt_oss_rope(c, cfg)
+                   : parse_rope(c, &cfg->rope_theta);
     if (st != KV_OK) return st;
-    st = field_must_be_false(c, "attention_bias", "attention biases are not supported");
+    if (gpt_oss) {
+        /* GptOssConfig.attention_bias (default true): q, k, v and o */
+        bool bias = true;
+        st = field_bool(c, "attention_bias", true, &bias);
+        if (st == KV_OK) st = parse_gpt_oss_experts(c, cfg);
+        cfg->attn_qkv_bias = cfg->attn_o_bias = bias;
+    } else {
+        st = field_must_be_false(c, "attention_bias", "attention biases are not supported");
+    }
     if (st != KV_OK) return st;
     st = field_must_be_false(c, "mlp_bias", "MLP biases are not supported");
     if (st != KV_OK) return st;
@@ -432,7 +551,7 @@ static KvStatus parse_root(const ConfigCtx *c, KvConfig *cfg) {
     }
 
     const cJSON *hd = field_get(c, "head_dim");
-    if (hd == NULL && !gemma) {
+    if (hd == NULL && !gemma && !gpt_oss) {
         /* MistralConfig/LlamaConfig: hidden_size // num_attention_heads; an
          * inexact split would leave part of hidden_size unused, so refuse. */
         if (cfg->hidden_size % cfg->num_heads != 0) {
@@ -451,7 +570,8 @@ static KvStatus parse_root(const ConfigCtx *c, KvConfig *cfg) {
                                 cfg->hidden_size, cfg->num_heads);
         }
     } else {
-        st = field_int(c, "head_dim", 1, KV_CONFIG_MAX_HEAD_DIM, 256, &cfg->head_dim);
+        st = field_int(c, "head_dim", 1, KV_CONFIG_MAX_HEAD_DIM, gpt_oss ? 64 : 256,
+                       &cfg->head_dim);
         if (st != KV_OK) return st;
     }
     if (cfg->head_dim % 2 != 0) {
@@ -523,6 +643,21 @@ static KvStatus parse_root(const ConfigCtx *c, KvConfig *cfg) {
     } else if (cfg->family == KV_FAMILY_QWEN2) {
         st = parse_qwen2_layers(c, cfg);
         if (st != KV_OK) return st;
+    } else if (gpt_oss) {
+        /* GptOssConfig: window 128, even layers sliding, odd full */
+        bool missing = false, given = false;
+        st = parse_window(c, &cfg->sliding_window, &missing);
+        if (st == KV_OK && missing) cfg->sliding_window = 128;
+        if (st == KV_OK) st = parse_layer_types(c, cfg, &given);
+        if (st != KV_OK) return st;
+        for (int64_t i = 0; i < cfg->num_layers; i++) {
+            if (!given) cfg->layer_sliding[i] = i % 2 == 0;
+            if (cfg->layer_sliding[i] && cfg->sliding_window == 0) {
+                return field_error(c, "sliding_window", "an integer >= 1 (a layer slides)",
+                                   cJSON_GetObjectItemCaseSensitive(c->root, "sliding_window"));
+            }
+            if (cfg->layer_sliding[i]) cfg->sliding_window_defaulted = missing;
+        }
     } else {
         if (llama) {
             cfg->sliding_window = 0; /* LlamaConfig has no window */
@@ -682,13 +817,18 @@ char *kv_config_to_json(const KvConfig *cfg) {
     bool gemma = kv_config_gemma_style(cfg);
     const bool qwen2 = cfg->family == KV_FAMILY_QWEN2;
     const bool gemma3 = cfg->family == KV_FAMILY_GEMMA3;
+    const bool gpt_oss = cfg->family == KV_FAMILY_GPT_OSS;
     /* model_type as written, unless it does not fit the family (a config
      * built in code), or llama was given a window llama cannot express. */
-    const char *mt = gemma3 ? "gemma3_text" : gemma ? "gemma2" : (qwen2 ? "qwen2" : "mistral");
-    if (!gemma && !qwen2 && strcmp(cfg->model_type, "llama") == 0 && cfg->sliding_window == 0) {
+    const char *mt = gemma3    ? "gemma3_text"
+                     : gemma   ? "gemma2"
+                     : gpt_oss ? "gpt_oss"
+                               : (qwen2 ? "qwen2" : "mistral");
+    if (!gemma && !qwen2 && !gpt_oss && strcmp(cfg->model_type, "llama") == 0 && cfg->sliding_window == 0) {
         mt = "llama";
     }
-    const char *arch = gemma3  ? "Gemma3ForCausalLM"
+    const char *arch = gemma3    ? "Gemma3ForCausalLM"
+                       : gpt_oss ? "GptOssForCausalLM"
                        : gemma ? "Gemma2ForCausalLM"
                        : qwen2 ? "Qwen2ForCausalLM"
                                : (strcmp(mt, "llama") == 0 ? "LlamaForCausalLM"
@@ -709,7 +849,11 @@ char *kv_config_to_json(const KvConfig *cfg) {
     ok = ok && add_double(o, "rms_norm_eps", cfg->rms_norm_eps);
     ok = ok && add_double(o, "rope_theta", cfg->rope_theta);
     ok = ok && cJSON_AddBoolToObject(o, "tie_word_embeddings", cfg->tie_word_embeddings) != NULL;
-    if (!qwen2) ok = ok && cJSON_AddFalseToObject(o, "attention_bias") != NULL;
+    if (gpt_oss) {
+        ok = ok && cJSON_AddBoolToObject(o, "attention_bias", cfg->attn_o_bias) != NULL;
+    } else if (!qwen2) {
+        ok = ok && cJSON_AddFalseToObject(o, "attention_bias") != NULL;
+    }
     ok = ok && cJSON_AddNullToObject(o, "rope_scaling") != NULL;
     if (gemma) {
         ok = ok && cJSON_AddStringToObject(o, "hidden_activation", "gelu_pytorch_tanh") != NULL;
@@ -729,10 +873,33 @@ char *kv_config_to_json(const KvConfig *cfg) {
     } else {
         ok = ok && cJSON_AddStringToObject(o, "hidden_act", "silu") != NULL;
         ok = ok && cJSON_AddFalseToObject(o, "mlp_bias") != NULL;
-        if (strcmp(mt, "mistral") == 0 || qwen2) {
+        if ((strcmp(mt, "mistral") == 0 || qwen2) && !gpt_oss) {
             ok = ok &&
                  (cfg->sliding_window > 0 ? add_int(o, "sliding_window", cfg->sliding_window)
                                           : cJSON_AddNullToObject(o, "sliding_window") != NULL);
+        }
+        if (gpt_oss) {
+            ok = ok && add_int(o, "num_local_experts", cfg->num_experts);
+            ok = ok && add_int(o, "num_experts_per_tok", cfg->experts_per_tok);
+            ok = ok && add_double(o, "swiglu_limit", cfg->swiglu_limit);
+            ok = ok && add_double(o, "swiglu_alpha", cfg->swiglu_alpha);
+            ok = ok && (cfg->sliding_window > 0
+                            ? add_int(o, "sliding_window", cfg->sliding_window)
+                            : cJSON_AddNullToObject(o, "sliding_window") != NULL);
+            ok = ok && add_layer_types(o, cfg);
+            cJSON *rp = ok ? cJSON_AddObjectToObject(o, "rope_parameters") : NULL;
+            ok = rp != NULL &&
+                 cJSON_AddStringToObject(rp, "rope_type", cfg->rope_yarn ? "yarn" : "default");
+            ok = ok && add_double(rp, "rope_theta", cfg->rope_theta);
+            if (cfg->rope_yarn) {
+                ok = ok && add_double(rp, "factor", cfg->rope_factor);
+                ok = ok && add_double(rp, "beta_fast", cfg->rope_beta_fast);
+                ok = ok && add_double(rp, "beta_slow", cfg->rope_beta_slow);
+                ok = ok && cJSON_AddBoolToObject(rp, "truncate", cfg->rope_truncate) != NULL;
+                ok = ok && add_double(rp, "original_max_position_embeddings",
+                                      cfg->rope_orig_max_pos);
+                ok = ok && add_double(rp, "attention_factor", cfg->rope_attention_factor);
+            }
         }
         if (qwen2) {
             /* the layers as they are: layer_types wins over max_window_layers */
@@ -781,6 +948,8 @@ const char *kv_family_name(KvFamily f) {
         return "qwen2";
     case KV_FAMILY_GEMMA3:
         return "gemma3_text";
+    case KV_FAMILY_GPT_OSS:
+        return "gpt_oss";
     }
     return "unknown";
 }

@@ -56,7 +56,11 @@ typedef enum {
     KV_FAMILY_MISTRAL = 1,
     KV_FAMILY_QWEN2 = 2,
     KV_FAMILY_GEMMA3 = 3, /* model_type gemma3_text (Gemma3ForCausalLM) */
+    KV_FAMILY_GPT_OSS = 4, /* model_type gpt_oss (GptOssForCausalLM) */
 } KvFamily;
+
+/* Most experts a gpt_oss layer may have, and may pick per token. */
+#define KV_CONFIG_MAX_EXPERTS 4096
 
 typedef struct {
     KvFamily family;
@@ -88,6 +92,23 @@ typedef struct {
     bool attn_qkv_bias;           /* q/k/v projections add a bias (qwen2; o_proj has none) */
     bool qk_norm;                 /* gemma3: q_norm/k_norm, (1 + w) RMSNorm per head over
                                    * head_dim, after the projections and before RoPE */
+    bool attn_o_bias;             /* gpt_oss: o_proj adds a bias too (attention_bias) */
+    bool attn_sinks;              /* gpt_oss: a learned logit per query head joins each
+                                   * softmax as an extra column, dropped after */
+    /* YaRN RoPE (gpt_oss's rope_parameters, rope_type "yarn"): inv_freq
+     * blends interpolated and extrapolated frequencies over a ramp, and cos,
+     * sin are multiplied by rope_attention_factor. */
+    bool rope_yarn;
+    double rope_factor, rope_beta_fast, rope_beta_slow, rope_orig_max_pos;
+    bool rope_truncate;
+    double rope_attention_factor; /* 1 without YaRN */
+    /* gpt_oss's MoE MLP (num_experts > 0): a router with bias picks
+     * experts_per_tok experts per token, softmax over their logits; each
+     * expert is a clamped SwiGLU with interleaved gate/up columns and biases;
+     * intermediate_size is an expert's width. */
+    int64_t num_experts;          /* num_local_experts; 0 = dense MLP */
+    int64_t experts_per_tok;      /* num_experts_per_tok */
+    double swiglu_limit, swiglu_alpha;
     uint8_t layer_sliding[KV_MAX_LAYERS]; /* (num_layers) 1 = sliding_attention */
 } KvConfig;
 

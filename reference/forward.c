@@ -40,6 +40,12 @@ void kv_ref_state_free(KvRefState *s) {
     free(s->n_real);
     free(s->inv_freq);
     free(s->inv_freq_local);
+    free(s->moe_logits);
+    free(s->moe_pick);
+    free(s->moe_weight);
+    free(s->moe_gu);
+    free(s->moe_h);
+    free(s->moe_out);
     free(s->x);
     free(s->xn);
     free(s->q);
@@ -94,6 +100,19 @@ KvStatus kv_ref_state_init(KvRefState *s, const KvModel *m, int64_t batch, int64
     s->real = calloc((size_t)(batch * max_len), 1);
     s->n_real = calloc((size_t)batch, sizeof(int64_t));
     s->inv_freq = kv_alloc_floats(c->head_dim / 2);
+    if (c->num_experts > 0) {
+        s->moe_logits = kv_alloc_floats(c->num_experts);
+        s->moe_pick = calloc((size_t)c->experts_per_tok, sizeof *s->moe_pick);
+        s->moe_weight = kv_alloc_floats(c->experts_per_tok);
+        s->moe_gu = kv_alloc_floats(2 * c->intermediate_size);
+        s->moe_h = kv_alloc_floats(c->intermediate_size);
+        s->moe_out = kv_alloc_floats(c->hidden_size);
+        if (!s->moe_logits || !s->moe_pick || !s->moe_weight || !s->moe_gu || !s->moe_h ||
+            !s->moe_out) {
+            kv_ref_state_free(s);
+            return kv_error_set(err, KV_ERR_INTERNAL, "reference state: out of memory (experts)");
+        }
+    }
     s->x = kv_alloc_floats(rows * c->hidden_size);
     s->xn = kv_alloc_floats(rows * c->hidden_size);
     s->q = kv_alloc_floats(rows * q_dim);
@@ -127,7 +146,8 @@ KvStatus kv_ref_state_init(KvRefState *s, const KvModel *m, int64_t batch, int64
                             "reference state: out of memory (batch %lld, max_len %lld)",
                             (long long)batch, (long long)max_len);
     }
-    kv_rope_inv_freq(c->head_dim, c->rope_theta, s->inv_freq);
+    kv_rope_layer_inv_freq(c, -1, s->inv_freq); /* rope_theta's (YaRN's for gpt_oss) */
+    s->rope_scale = kv_rope_scale(c);
     if (c->rope_theta_local > 0.0) {
         /* gemma3: the sliding layers' own base */
         s->inv_freq_local = kv_alloc_floats(c->head_dim / 2);
@@ -196,8 +216,8 @@ static int64_t fault_mask_window(const KvRefState *s, int64_t window) {
  * (ensemble order KV_ORDER_KEYS_REVERSED, or the planted
  * KV_FAULT_ATOMIC_REDUCTION), the same keys summed in descending order. */
 static void attend_keys(const float *q, const float **gk, const float **gv, int64_t nk,
-                        int64_t hd, float scale, float cap, float *scores, float *out,
-                        bool reversed) {
+                        int64_t hd, float scale, float cap, const float *sink, float *scores,
+                        float *out, bool reversed) {
     for (int64_t i = 0; reversed && i < nk / 2; i++) {
         const float *tk = gk[i], *tv = gv[i];
         gk[i] = gk[nk - 1 - i];
@@ -205,7 +225,11 @@ static void attend_keys(const float *q, const float **gk, const float **gv, int6
         gk[nk - 1 - i] = tk;
         gv[nk - 1 - i] = tv;
     }
-    kv_attend(q, gk, gv, nk, hd, scale, cap, scores, out);
+    if (sink != NULL) {
+        kv_attend_sink(q, gk, gv, nk, hd, scale, *sink, scores, out); /* gpt_oss */
+    } else {
+        kv_attend(q, gk, gv, nk, hd, scale, cap, scores, out);
+    }
 }
 
 /* ---- probes ---- */
@@ -600,6 +624,7 @@ typedef struct {
     KvRefState *s;
     int64_t n;
     const float *inv_freq; /* (head_dim / 2) the layer's: gemma3's sliding layers have their own */
+    float scale;           /* on cos and sin: YaRN's attention factor, else 1 */
 } ArgsRope;
 
 static void op_rope(const void *ap) {
@@ -611,10 +636,11 @@ static void op_rope(const void *ap) {
     const int64_t kv_dim = c->num_kv_heads * hd;
     for (int64_t r = 0; r < s->batch * a->n; r++) {
         for (int64_t h = 0; h < c->num_heads; h++) {
-            kv_rope_apply(s->q + r * q_dim + h * hd, hd, a->inv_freq, s->qpos[r]);
+            kv_rope_apply_scaled(s->q + r * q_dim + h * hd, hd, a->inv_freq, s->qpos[r], a->scale);
         }
         for (int64_t h = 0; h < c->num_kv_heads; h++) {
-            kv_rope_apply(s->kn + r * kv_dim + h * hd, hd, a->inv_freq, s->qpos[r]);
+            kv_rope_apply_scaled(s->kn + r * kv_dim + h * hd, hd, a->inv_freq, s->qpos[r],
+                                 a->scale);
         }
     }
 }
@@ -649,6 +675,7 @@ static void op_attn_static(const void *ap) {
     const int64_t kv_dim = c->num_kv_heads * hd;
     const int64_t q_dim = c->num_heads * hd;
     const int64_t window = fault_mask_window(s, kv_config_layer_window(c, a->layer));
+    const float *sinks = s->model->layers[a->layer].sinks; /* (num_heads) gpt_oss, else NULL */
     const float scale = kv_config_attn_scale(c);
     const float cap = (float)c->attn_logit_softcapping;
     /* Descending key order: the ensemble order KV_ORDER_KEYS_REVERSED, or
@@ -679,7 +706,8 @@ static void op_attn_static(const void *ap) {
                     nk++;
                 }
                 attend_keys(s->q + r * q_dim + h * hd, gk, gv, nk, hd, scale, cap,
-                            s->scores + h * s->max_keys, s->att + r * q_dim + h * hd, reversed);
+                            sinks != NULL ? &sinks[h] : NULL, s->scores + h * s->max_keys,
+                            s->att + r * q_dim + h * hd, reversed);
             }
         }
     }
@@ -719,6 +747,7 @@ static void op_attn_variant(const void *ap) {
     const int64_t kv_dim = c->num_kv_heads * hd;
     const int64_t q_dim = c->num_heads * hd;
     const int64_t window = fault_mask_window(s, kv_config_layer_window(c, a->layer));
+    const float *sinks = s->model->layers[a->layer].sinks; /* (num_heads) gpt_oss, else NULL */
     const float scale = kv_config_attn_scale(c);
     const float cap = (float)c->attn_logit_softcapping;
     /* Descending key order: the ensemble order KV_ORDER_KEYS_REVERSED, or
@@ -786,7 +815,8 @@ static void op_attn_variant(const void *ap) {
                     gp[j + 1] = pi;
                 }
                 attend_keys(s->q + r * q_dim + h * hd, gk, gv, nk, hd, scale, cap,
-                            s->scores + h * s->max_keys, s->att + r * q_dim + h * hd, reversed);
+                            sinks != NULL ? &sinks[h] : NULL, s->scores + h * s->max_keys,
+                            s->att + r * q_dim + h * hd, reversed);
             }
         }
     }
@@ -866,6 +896,73 @@ static void op_argmax_advance(const void *ap) {
 
 /* ---- one forward of n tokens as a sequence of ops ---- */
 
+/* gpt_oss's MoE block (GptOssMLP with experts_implementation "eager"),
+ * s->xn (rows, hidden) into s->tmp (rows, hidden), one token at a time:
+ *   router logits = W_r x + b_r; the experts_per_tok largest, by descending
+ *   logit (ties to the lowest id: torch.topk leaves CPU ties unordered, so
+ *   a tie at the cut is a coin toss there); their softmax weights in F32;
+ *   then, over the chosen experts in ascending expert id (the eager loop's
+ *   order, not the rank order), gu = W_gu x + b_gu with gate = gu[2j],
+ *   up = gu[2j + 1], gate = min(gate, limit), up = clamp(up, -limit, limit),
+ *   h = (up + 1) * gate * sigmoid(alpha * gate), out = W_d h + b_d, and
+ *   acc = acc + out * weight, starting from 0. */
+typedef struct {
+    KvRefState *s;
+    const KvLayerWeights *w;
+    int64_t rows;
+    int kind; /* MM_* */
+} ArgsMoe;
+
+static void op_moe(const void *ap) {
+    const ArgsMoe *a = ap;
+    KvRefState *s = a->s;
+    const KvConfig *c = &s->model->config;
+    const KvLayerWeights *w = a->w;
+    const int64_t H = c->hidden_size, I = c->intermediate_size, E = c->num_experts;
+    const int64_t K = c->experts_per_tok;
+    const float limit = (float)c->swiglu_limit, alpha = (float)c->swiglu_alpha;
+    for (int64_t r = 0; r < a->rows; r++) {
+        const float *x = s->xn + r * H; /* (hidden) */
+        float *acc = s->tmp + r * H;    /* (hidden) */
+        matmul_by(x, w->router_w, 1, H, E, s->moe_logits, a->kind);
+        for (int64_t e = 0; e < E; e++) s->moe_logits[e] = s->moe_logits[e] + w->router_b[e];
+        /* top-k by descending logit, ties to the lowest id */
+        for (int64_t k = 0; k < K; k++) {
+            int64_t best = -1;
+            for (int64_t e = 0; e < E; e++) {
+                bool taken = false;
+                for (int64_t j = 0; j < k && !taken; j++) taken = s->moe_pick[j] == e;
+                if (!taken && (best < 0 || s->moe_logits[e] > s->moe_logits[best])) best = e;
+            }
+            s->moe_pick[k] = best;
+            s->moe_weight[k] = s->moe_logits[best];
+        }
+        kv_softmax(s->moe_weight, K);
+        for (int64_t i = 0; i < H; i++) acc[i] = 0.0f;
+        for (int64_t e = 0; e < E; e++) {
+            int64_t rank = -1;
+            for (int64_t k = 0; k < K; k++) {
+                if (s->moe_pick[k] == e) rank = k;
+            }
+            if (rank < 0) continue; /* not chosen for this token */
+            matmul_by(x, w->experts_gate_up + e * 2 * I * H, 1, H, 2 * I, s->moe_gu, a->kind);
+            const float *bgu = w->experts_gate_up_b + e * 2 * I; /* (2I) */
+            for (int64_t j = 0; j < I; j++) {
+                float gate = s->moe_gu[2 * j] + bgu[2 * j];
+                float up = s->moe_gu[2 * j + 1] + bgu[2 * j + 1];
+                gate = gate > limit ? limit : gate;
+                up = up > limit ? limit : (up < -limit ? -limit : up);
+                const float glu = gate * (1.0f / (1.0f + expf(-(gate * alpha))));
+                s->moe_h[j] = (up + 1.0f) * glu;
+            }
+            matmul_by(s->moe_h, w->experts_down + e * H * I, 1, I, H, s->moe_out, a->kind);
+            const float *bd = w->experts_down_b + e * H; /* (hidden) */
+            const float weight = s->moe_weight[rank];
+            for (int64_t i = 0; i < H; i++) acc[i] = acc[i] + (s->moe_out[i] + bd[i]) * weight;
+        }
+    }
+}
+
 static void launch_layer(KvRefState *s, int64_t layer, int64_t n) {
     const KvModel *m = s->model;
     const KvConfig *c = &m->config;
@@ -896,7 +993,7 @@ static void launch_layer(KvRefState *s, int64_t layer, int64_t n) {
         kv_stream_launch(st, op_qk_norm, &qk, sizeof qk);
     }
     const bool local = s->inv_freq_local != NULL && c->layer_sliding[layer];
-    ArgsRope rope = {s, n, local ? s->inv_freq_local : s->inv_freq};
+    ArgsRope rope = {s, n, local ? s->inv_freq_local : s->inv_freq, s->rope_scale};
     kv_stream_launch(st, op_rope, &rope, sizeof rope);
     launch_probe(s, kv_probe_index(layer, KV_PROBE_Q), s->q, n * q_dim * (int64_t)sizeof(float));
     launch_probe(s, kv_probe_index(layer, KV_PROBE_K), s->kn, n * kv_dim * (int64_t)sizeof(float));
@@ -930,6 +1027,10 @@ static void launch_layer(KvRefState *s, int64_t layer, int64_t n) {
 
     ArgsMatmul mo = {s->att, w->wo, s->tmp, rows, q_dim, hidden, mm};
     kv_stream_launch(st, op_matmul, &mo, sizeof mo);
+    if (c->attn_o_bias) {
+        const ArgsBias bo = {s->tmp, w->bo, rows, hidden};
+        kv_stream_launch(st, op_bias_rows, &bo, sizeof bo);
+    }
     ArgsAdd add = {s->x, s->tmp, rows * hidden};
     if (gemma) {
         /* h = x + post_attention_layernorm(attn(...)) */
@@ -943,13 +1044,18 @@ static void launch_layer(KvRefState *s, int64_t layer, int64_t n) {
         ArgsNorm post = {c, s->x, w->post_attn_norm, s->xn, rows};
         kv_stream_launch(st, op_norm_rows, &post, sizeof post);
     }
-    ArgsMatmulMulti gu = {s->xn, {w->w_gate, w->w_up, NULL}, {s->gate, s->up, NULL},
-                          {inter, inter, 0}, rows, hidden, 2, mm};
-    kv_stream_launch(st, op_matmul_multi, &gu, sizeof gu);
-    ArgsGlu glu = {s->gate, s->up, rows * inter, gemma};
-    kv_stream_launch(st, op_glu, &glu, sizeof glu);
-    ArgsMatmul md = {s->gate, w->w_down, s->tmp, rows, inter, hidden, mm};
-    kv_stream_launch(st, op_matmul, &md, sizeof md);
+    if (c->num_experts > 0) {
+        const ArgsMoe moe = {s, w, rows, mm};
+        kv_stream_launch(st, op_moe, &moe, sizeof moe);
+    } else {
+        ArgsMatmulMulti gu = {s->xn, {w->w_gate, w->w_up, NULL}, {s->gate, s->up, NULL},
+                              {inter, inter, 0}, rows, hidden, 2, mm};
+        kv_stream_launch(st, op_matmul_multi, &gu, sizeof gu);
+        ArgsGlu glu = {s->gate, s->up, rows * inter, gemma};
+        kv_stream_launch(st, op_glu, &glu, sizeof glu);
+        ArgsMatmul md = {s->gate, w->w_down, s->tmp, rows, inter, hidden, mm};
+        kv_stream_launch(st, op_matmul, &md, sizeof md);
+    }
     if (gemma) {
         ArgsNorm post = {c, s->tmp, w->post_ffw_norm, s->tmp, rows};
         kv_stream_launch(st, op_norm_rows, &post, sizeof post);

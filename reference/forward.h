@@ -65,6 +65,14 @@ typedef struct {
     float *tmp;         /* (B * max_chunk, hidden) projection output */
     float *gate;        /* (B * max_chunk, intermediate) */
     float *up;          /* (B * max_chunk, intermediate) */
+    /* gpt_oss's MoE scratch (NULL for a dense MLP), one token at a time: */
+    float *moe_logits;  /* (num_experts) router logits */
+    int64_t *moe_pick;  /* (experts_per_tok) chosen experts, by descending logit */
+    float *moe_weight;  /* (experts_per_tok) their softmax weights */
+    float *moe_gu;      /* (2 * intermediate) one expert's interleaved gate/up */
+    float *moe_h;       /* (intermediate) its gated activation */
+    float *moe_out;     /* (hidden) its output */
+    float rope_scale;   /* kv_rope_scale: YaRN's attention factor on cos, sin; else 1 */
     int64_t *qpos;      /* (B * max_chunk) RoPE position of each new token */
     float *last;        /* (B, hidden) final-normed last position of each row */
     float *scores;      /* (num_heads, max_keys) softmax scratch, one row per head */

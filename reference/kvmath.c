@@ -262,12 +262,62 @@ void kv_rope_inv_freq(int64_t head_dim, double theta, float *inv_freq) {
     }
 }
 
+void kv_rope_inv_freq_yarn(int64_t head_dim, double theta, double factor, double beta_fast,
+                           double beta_slow, double orig_max_pos, bool truncate,
+                           float *inv_freq) {
+    /* transformers' _compute_yarn_parameters, op for op: the correction
+     * range in Python doubles, the ramp and the blend in F32 (a Python
+     * scalar meeting an F32 tensor is rounded to F32 first). */
+    const double dim = (double)head_dim;
+    const double two_pi = 2.0 * 3.14159265358979323846;
+    double low = dim * log(orig_max_pos / (beta_fast * two_pi)) / (2.0 * log(theta));
+    double high = dim * log(orig_max_pos / (beta_slow * two_pi)) / (2.0 * log(theta));
+    if (truncate) {
+        low = floor(low);
+        high = ceil(high);
+    }
+    if (low < 0.0) low = 0.0;
+    if (high > dim - 1.0) high = dim - 1.0;
+    if (low == high) high += 0.001; /* "Prevent singularity" */
+    const float f_low = (float)low, f_span = (float)(high - low), f_factor = (float)factor;
+    for (int64_t i = 0; i < head_dim / 2; i++) {
+        const float e = (float)(2 * i) / (float)head_dim;
+        const float pos_freq = powf((float)theta, e);
+        const float extra = 1.0f / pos_freq;
+        const float inter = 1.0f / (f_factor * pos_freq);
+        float ramp = ((float)i - f_low) / f_span;
+        ramp = ramp < 0.0f ? 0.0f : (ramp > 1.0f ? 1.0f : ramp);
+        const float extra_factor = 1.0f - ramp;
+        inv_freq[i] = inter * (1.0f - extra_factor) + extra * extra_factor;
+    }
+}
+
+void kv_rope_layer_inv_freq(const KvConfig *c, int64_t layer, float *inv_freq) {
+    if (c->rope_yarn) {
+        kv_rope_inv_freq_yarn(c->head_dim, c->rope_theta, c->rope_factor, c->rope_beta_fast,
+                              c->rope_beta_slow, c->rope_orig_max_pos, c->rope_truncate,
+                              inv_freq);
+    } else {
+        kv_rope_inv_freq(c->head_dim, kv_config_layer_rope_theta(c, layer), inv_freq);
+    }
+}
+
+float kv_rope_scale(const KvConfig *c) {
+    return c->rope_yarn ? (float)c->rope_attention_factor : 1.0f;
+}
+
 void kv_rope_apply(float *x, int64_t head_dim, const float *inv_freq, int64_t pos) {
+    kv_rope_apply_scaled(x, head_dim, inv_freq, pos, 1.0f);
+}
+
+void kv_rope_apply_scaled(float *x, int64_t head_dim, const float *inv_freq, int64_t pos,
+                          float scale) {
     int64_t h = head_dim / 2;
     for (int64_t i = 0; i < h; i++) {
         float angle = (float)pos * inv_freq[i];
-        float c = cosf(angle);
-        float s = sinf(angle);
+        /* YaRN's attention factor multiplies cos and sin (x 1 is exact) */
+        float c = cosf(angle) * scale;
+        float s = sinf(angle) * scale;
         float a = x[i];
         float b = x[i + h];
         /* q * cos + rotate_half(q) * sin, rotate_half(q) = cat(-q2, q1). */
@@ -302,6 +352,29 @@ void kv_softmax(float *x, int64_t n) {
         sum += x[i];
     }
     for (int64_t i = 0; i < n; i++) x[i] = x[i] / sum;
+}
+
+void kv_attend_sink(const float *q, const float *const *k, const float *const *v, int64_t nk,
+                    int64_t hd, float scale, float sink, float *scores, float *out) {
+    for (int64_t d = 0; d < hd; d++) out[d] = 0.0f;
+    /* gpt_oss (eager_attention_forward): the sink is a last column of the
+     * logits, the row max taken over it too, the softmax over n + 1 values
+     * (summed in column order, the sink last), the sink's share dropped. */
+    float mx = sink;
+    for (int64_t j = 0; j < nk; j++) {
+        scores[j] = kv_dot(q, k[j], hd) * scale;
+        mx = scores[j] > mx ? scores[j] : mx;
+    }
+    float sum = 0.0f;
+    for (int64_t j = 0; j < nk; j++) {
+        scores[j] = expf(scores[j] - mx);
+        sum += scores[j];
+    }
+    sum += expf(sink - mx);
+    for (int64_t j = 0; j < nk; j++) {
+        const float p = scores[j] / sum;
+        for (int64_t d = 0; d < hd; d++) out[d] += p * v[j][d];
+    }
 }
 
 void kv_attend(const float *q, const float *const *k, const float *const *v, int64_t nk,

@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #include "status.h"
+#include "config.h"
 
 /* Dot-product pattern: lane j (0 <= j < 16) accumulates a[i]*b[i] for every
  * i < n16 with i % 16 == j, in ascending i, where n16 = n rounded down to a
@@ -78,6 +79,31 @@ void kv_rope_inv_freq(int64_t head_dim, double theta, float *inv_freq /* (head_d
  *   out[i+h] = x[i+h] * cos(angle_i) + x[i]   * sin(angle_i). */
 void kv_rope_apply(float *x /* (head_dim) */, int64_t head_dim, const float *inv_freq, int64_t pos);
 
+/* kv_rope_apply with cos and sin each multiplied by `scale` in F32 first
+ * (YaRN's attention factor; scale 1 gives kv_rope_apply's bits). */
+void kv_rope_apply_scaled(float *x /* (head_dim) */, int64_t head_dim, const float *inv_freq,
+                          int64_t pos, float scale);
+
+/* YaRN's inverse frequencies (transformers' _compute_yarn_parameters):
+ * pos_freq_i = theta^(2i / head_dim) in F32; the correction range
+ * low/high = head_dim ln(orig / (beta 2 pi)) / (2 ln theta) in double for
+ * beta_fast/beta_slow (floor/ceil when truncate, clamped to [0, head_dim-1]);
+ * ramp_i = clamp((i - low) / (high - low), 0, 1) and
+ * inv_freq_i = 1/(factor pos_freq_i) * (1 - (1 - ramp_i)) + 1/pos_freq_i * (1 - ramp_i),
+ * all in F32 in that order. */
+void kv_rope_inv_freq_yarn(int64_t head_dim, double theta, double factor, double beta_fast,
+                           double beta_slow, double orig_max_pos, bool truncate,
+                           float *inv_freq /* (head_dim / 2) */);
+
+/* Layer `layer`'s inverse frequencies: YaRN (c->rope_yarn), else the default
+ * ones at the layer's base (kv_config_layer_rope_theta: gemma3's sliding
+ * layers have their own). */
+void kv_rope_layer_inv_freq(const KvConfig *c, int64_t layer, float *inv_freq /* (head_dim/2) */);
+
+/* What cos and sin are multiplied by: YaRN's attention factor rounded to
+ * F32, else 1. */
+float kv_rope_scale(const KvConfig *c);
+
 /* cap * tanh(x / cap); cap <= 0 means no softcap (returns x). */
 float kv_softcap(float x, float cap);
 
@@ -101,6 +127,14 @@ void kv_softmax(float *x /* (n) */, int64_t n);
 void kv_attend(const float *q /* (hd) */, const float *const *k /* (nk) -> (hd) */,
                const float *const *v /* (nk) -> (hd) */, int64_t nk, int64_t hd, float scale,
                float cap, float *scores /* (nk) */, float *out /* (hd) */);
+
+/* kv_attend with gpt_oss's attention sink and no softcap: the logit `sink`
+ * joins the softmax as a last column (in the max and the sum, summed after
+ * the keys) and its probability is dropped, so out = sum_j p_j v_j with
+ * sum_j p_j < 1. nk == 0 gives out = 0. */
+void kv_attend_sink(const float *q /* (hd) */, const float *const *k /* (nk) -> (hd) */,
+                    const float *const *v /* (nk) -> (hd) */, int64_t nk, int64_t hd,
+                    float scale, float sink, float *scores /* (nk) */, float *out /* (hd) */);
 
 /* GQA: the key/value head that query head `head` reads (transformers'
  * repeat_kv: consecutive groups of num_heads / num_kv_heads query heads). */

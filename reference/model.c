@@ -21,7 +21,7 @@
 #include "prng.h"
 
 /* Tensors per layer at most (4 norms + 7 matrices + 3 biases + 2 head norms). */
-#define KV_TENSORS_PER_LAYER 16
+#define KV_TENSORS_PER_LAYER 24
 
 /* ---- tensors a checkpoint may hold that the reference does not read ---- */
 
@@ -177,6 +177,63 @@ static KvStatus bind_tensor(ModelBinder *b, const char *name, int rank, int64_t 
     return KV_OK;
 }
 
+/* An expert stack [E, d1, d2] (gpt_oss's gate_up_proj, down_proj: x @ W
+ * per expert) as an owned F32 buffer (E, d2, d1): each expert's matrix
+ * transposed to the (out, in) layout every matmul here takes. */
+static KvStatus bind_experts(ModelBinder *b, const char *name, int64_t E, int64_t d1, int64_t d2,
+                             const float **dst, KvError *err) {
+    KvModel *m = b->m;
+    const KvSafetensors *st = NULL;
+    const KvTensorInfo *t = binder_find(b, name, &st);
+    if (t == NULL) {
+        return kv_error_set(err, KV_ERR_INPUT,
+                            "%s: tensor '%s': expected shape [%" PRId64 ", %" PRId64 ", %" PRId64
+                            "], found no such tensor (missing)",
+                            b->label, name, E, d1, d2);
+    }
+    if (!kv_dtype_loadable(t->dtype)) {
+        return kv_error_set(err, KV_ERR_INPUT,
+                            "%s: tensor '%s': expected dtype F32, F16 or BF16, found %s (not "
+                            "supported for weights; MXFP4 expert blocks must be dequantized "
+                            "first)",
+                            st->label, name, kv_dtype_name(t->dtype));
+    }
+    if (t->rank != 3 || t->shape[0] != E || t->shape[1] != d1 || t->shape[2] != d2) {
+        char found[160];
+        size_t used = (size_t)snprintf(found, sizeof found, "[");
+        for (int i = 0; i < t->rank && used < sizeof found; i++) {
+            used += (size_t)snprintf(found + used, sizeof found - used, "%s%" PRId64,
+                                     i ? ", " : "", t->shape[i]);
+        }
+        if (used < sizeof found) snprintf(found + used, sizeof found - used, "]");
+        return kv_error_set(err, KV_ERR_INPUT,
+                            "%s: tensor '%s': expected shape [%" PRId64 ", %" PRId64 ", %" PRId64
+                            "], found %s",
+                            st->label, name, E, d1, d2, found);
+    }
+    const size_t per = (size_t)d1 * (size_t)d2, numel = (size_t)E * per;
+    float *tmp = malloc(numel > 0 ? numel * sizeof(float) : 1);
+    float *buf = kv_big_alloc(numel > 0 ? numel * sizeof(float) : 1);
+    if (tmp == NULL || buf == NULL) {
+        free(tmp);
+        free(buf);
+        return kv_error_set(err, KV_ERR_INTERNAL, "%s: tensor '%s': out of memory", st->label,
+                            name);
+    }
+    kv_dtype_to_f32(t->dtype, st->data + t->begin, numel, tmp);
+    for (int64_t e = 0; e < E; e++) {
+        const float *src = tmp + (size_t)e * per;  /* (d1, d2) */
+        float *out = buf + (size_t)e * per;        /* (d2, d1) */
+        for (int64_t i = 0; i < d1; i++) {
+            for (int64_t j = 0; j < d2; j++) out[j * d1 + i] = src[i * d2 + j];
+        }
+    }
+    free(tmp);
+    m->owned[m->n_owned++] = buf;
+    *dst = buf;
+    return KV_OK;
+}
+
 /* Binds every weight of m->config from the checkpoint's files. */
 static KvStatus bind_all(ModelBinder *b, KvError *err) {
     KvModel *m = b->m;
@@ -186,6 +243,7 @@ static KvStatus bind_all(ModelBinder *b, KvError *err) {
     int64_t q_dim = c->num_heads * c->head_dim;
     int64_t kv_dim = c->num_kv_heads * c->head_dim;
     bool gemma = kv_config_gemma_style(c);
+    const bool moe = c->num_experts > 0;
     size_t max_owned = 3 + (size_t)c->num_layers * KV_TENSORS_PER_LAYER;
 
     m->owned = calloc(max_owned, sizeof *m->owned);
@@ -225,11 +283,30 @@ static KvStatus bind_all(ModelBinder *b, KvError *err) {
             {"self_attn.v_proj.bias", 1, kv_dim, 0, &L->bv, c->attn_qkv_bias},
             {"self_attn.q_norm.weight", 1, c->head_dim, 0, &L->q_norm, c->qk_norm},
             {"self_attn.k_norm.weight", 1, c->head_dim, 0, &L->k_norm, c->qk_norm},
+            {"self_attn.o_proj.bias", 1, h, 0, &L->bo, c->attn_o_bias},
+            {"self_attn.sinks", 1, c->num_heads, 0, &L->sinks, c->attn_sinks},
+            {"mlp.router.weight", 2, c->num_experts, h, &L->router_w, moe},
+            {"mlp.router.bias", 1, c->num_experts, 0, &L->router_b, moe},
+            {"mlp.experts.gate_up_proj_bias", 2, c->num_experts, 2 * c->intermediate_size,
+             &L->experts_gate_up_b, moe},
+            {"mlp.experts.down_proj_bias", 2, c->num_experts, h, &L->experts_down_b, moe},
         };
+        /* the dense MLP, or gpt_oss's experts instead */
+        for (int k = 6; k <= 8; k++) spec[k].used = !moe;
         for (int k = 0; k < KV_TENSORS_PER_LAYER; k++) {
             if (!spec[k].used) continue;
             snprintf(n, sizeof n, "model.layers.%" PRId64 ".%s", i, spec[k].suffix);
             st = bind_tensor(b, n, spec[k].rank, spec[k].d0, spec[k].d1, spec[k].dst, err);
+            if (st != KV_OK) return st;
+        }
+        if (moe) {
+            snprintf(n, sizeof n, "model.layers.%" PRId64 ".mlp.experts.gate_up_proj", i);
+            st = bind_experts(b, n, c->num_experts, h, 2 * c->intermediate_size,
+                              &L->experts_gate_up, err);
+            if (st != KV_OK) return st;
+            snprintf(n, sizeof n, "model.layers.%" PRId64 ".mlp.experts.down_proj", i);
+            st = bind_experts(b, n, c->num_experts, c->intermediate_size, h, &L->experts_down,
+                              err);
             if (st != KV_OK) return st;
         }
     }
@@ -247,8 +324,10 @@ static KvStatus bind_all(ModelBinder *b, KvError *err) {
     uint64_t norms = (uint64_t)(gemma ? 4 : 2) * (uint64_t)h +
                      (c->attn_qkv_bias ? (uint64_t)(q_dim + 2 * kv_dim) : 0) + /* biases */
                      (c->qk_norm ? 2 * (uint64_t)c->head_dim : 0);              /* q/k norms */
+    /* gpt_oss: every expert counted, as a prefill reads them all */
+    const uint64_t mlp_copies = moe ? (uint64_t)c->num_experts : 1;
     uint64_t per_layer = 2 * (uint64_t)q_dim * (uint64_t)h + 2 * (uint64_t)kv_dim * (uint64_t)h +
-                         3 * (uint64_t)c->intermediate_size * (uint64_t)h + norms;
+                         3 * mlp_copies * (uint64_t)c->intermediate_size * (uint64_t)h + norms;
     /* What one decode step streams: every layer, the final norm and the
      * (vocab, hidden) lm_head. The embedding is read whole only when it is
      * the lm_head (tied); untied, a step reads one row of it, not counted. */
@@ -467,6 +546,16 @@ uint64_t kv_model_hash(const KvModel *m) {
         x = hash_floats(x, L->bv, kv_dim);
         x = hash_floats(x, L->q_norm, c->head_dim); /* gemma3's; NULL (skipped) otherwise */
         x = hash_floats(x, L->k_norm, c->head_dim);
+        /* gpt_oss's (NULL, skipped, otherwise; experts as stored here) */
+        const int64_t E = c->num_experts;
+        x = hash_floats(x, L->bo, h);
+        x = hash_floats(x, L->sinks, c->num_heads);
+        x = hash_floats(x, L->router_w, E * h);
+        x = hash_floats(x, L->router_b, E);
+        x = hash_floats(x, L->experts_gate_up, E * 2 * inter * h);
+        x = hash_floats(x, L->experts_gate_up_b, E * 2 * inter);
+        x = hash_floats(x, L->experts_down, E * h * inter);
+        x = hash_floats(x, L->experts_down_b, E * h);
         x = hash_floats(x, L->w_gate, inter * h);
         x = hash_floats(x, L->w_up, inter * h);
         x = hash_floats(x, L->w_down, h * inter);

@@ -30,6 +30,18 @@ typedef struct {
     const float *bv;             /* (num_kv_heads * head_dim) qwen2 v_proj.bias; NULL otherwise */
     const float *q_norm;         /* (head_dim) gemma3 self_attn.q_norm; NULL otherwise */
     const float *k_norm;         /* (head_dim) gemma3 self_attn.k_norm; NULL otherwise */
+    /* gpt_oss only (NULL otherwise): */
+    const float *bo;             /* (hidden) o_proj.bias */
+    const float *sinks;          /* (num_heads) self_attn.sinks */
+    const float *router_w;       /* (num_experts, hidden) mlp.router.weight */
+    const float *router_b;       /* (num_experts) mlp.router.bias */
+    const float *experts_gate_up; /* (num_experts, 2 * intermediate, hidden): the file's
+                                   * gate_up_proj [E, hidden, 2I] transposed per expert, columns
+                                   * still interleaved (row 2j gate j, row 2j + 1 up j) */
+    const float *experts_gate_up_b; /* (num_experts, 2 * intermediate) */
+    const float *experts_down;   /* (num_experts, hidden, intermediate): down_proj [E, I, hidden]
+                                  * transposed per expert */
+    const float *experts_down_b; /* (num_experts, hidden) */
     const float *w_gate;         /* (intermediate, hidden) */
     const float *w_up;           /* (intermediate, hidden) */
     const float *w_down;         /* (hidden, intermediate) */

@@ -42,7 +42,7 @@
  * the greedy token legitimately: ~100x the largest absolute logit error. */
 #define KV_GOLDEN_TIE_MARGIN 1e-4
 
-static const char *const k_families[] = {"gemma2", "mistral", "qwen2", "gemma3_text"};
+static const char *const k_families[] = {"gemma2", "mistral", "qwen2", "gemma3_text", "gpt_oss"};
 
 /* One family: every scenario in its golden file. */
 START_TEST(test_golden_family) {

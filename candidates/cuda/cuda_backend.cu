@@ -57,6 +57,13 @@ static KvStatus cuda_create(const KvModel *m, const KvBackendSetup *setup, KvBac
                             "index_copy, cat_shift, roll, always_roll, ring or dynamic)",
                             setup->variant->name != NULL ? setup->variant->name : "(null)");
     }
+    /* gpt_oss (attention sinks, YaRN, the MoE block) has no GPU form yet:
+     * the backend is reported as unable to run it, with the reason. */
+    if (m->config.attn_sinks || m->config.rope_yarn || m->config.num_experts > 0) {
+        return kv_error_set(err, KV_SKIP,
+                            "cuda backend: %s (attention sinks, YaRN RoPE, experts) is not "
+                            "implemented on the GPU yet", kv_family_name(m->config.family));
+    }
     /* Ensemble orders calibrate tolerances on the CPU reference alone. */
     if (setup->order != 0) {
         return kv_error_set(err, KV_ERR_INPUT,
