@@ -23,11 +23,14 @@ typedef struct {
     double *tmp;    /* (n, hidden) o_proj / down_proj output */
     double *gate;   /* (n, intermediate) in: gate projection, out: act(gate) * up */
     double *up;     /* (n, intermediate) */
+    const float *layer_sinks; /* (num_heads) the current layer's gpt_oss sinks, or NULL */
     double *cos_t;  /* (2, n, head_dim / 2) cos(position * inv_freq[i]): [0] rope_theta's,
                      * [1] the sliding layers' (gemma3's rope_theta_local, else the same) */
     double *sin_t;  /* (2, n, head_dim / 2) */
     double *scores; /* (num_heads, n) one query's scores per head */
     double *last;   /* (1, hidden) one position's final-normed state */
+    /* gpt_oss's MoE, one position at a time (NULL for a dense MLP): */
+    double *moe;    /* (num_experts + 3 * intermediate + hidden + 2 * experts_per_tok) */
 } ShadowState;
 
 /* rows x cols doubles, NULL on overflow or out of memory (at least one, so
@@ -53,6 +56,7 @@ static void shadow_state_free(ShadowState *s) {
     free(s->sin_t);
     free(s->scores);
     free(s->last);
+    free(s->moe);
     memset(s, 0, sizeof *s);
 }
 
@@ -73,6 +77,11 @@ static bool shadow_state_init(ShadowState *s, const KvConfig *c, int64_t n) {
     s->sin_t = shadow_alloc(2 * n, c->head_dim / 2);
     s->scores = shadow_alloc(c->num_heads, n);
     s->last = shadow_alloc(1, c->hidden_size);
+    if (c->num_experts > 0) {
+        s->moe = shadow_alloc(1, c->num_experts + 3 * c->intermediate_size + c->hidden_size +
+                                     2 * c->experts_per_tok);
+        if (s->moe == NULL) return false;
+    }
     return s->x && s->xn && s->q && s->k && s->v && s->att && s->tmp && s->gate && s->up &&
            s->cos_t && s->sin_t && s->scores && s->last;
 }
@@ -147,17 +156,18 @@ static double shadow_silu(double x) {
 /* RoPE tables: position p (the p-th real token) rotates pair i by
  * p * inv_freq[i]. inv_freq is transformers' float32 one (kv_rope_inv_freq),
  * a model constant; the angle and its cos/sin are double. */
-static void shadow_rope_tables(const KvConfig *c, double theta, int64_t n,
-                               double *cos_t /* (n, head_dim / 2) */,
+static void shadow_rope_tables(const KvConfig *c, const float *inv_f /* (head_dim / 2) */,
+                               int64_t n, double *cos_t /* (n, head_dim / 2) */,
                                double *sin_t /* (n, head_dim / 2) */) {
     const int64_t half = c->head_dim / 2;
-    float inv_f[KV_CONFIG_MAX_HEAD_DIM / 2]; /* (head_dim / 2) */
-    kv_rope_inv_freq(c->head_dim, theta, inv_f);
+    /* YaRN's attention factor on cos and sin: a model constant, in float32
+     * as torch multiplies it (1 otherwise) */
+    const double scale = (double)kv_rope_scale(c);
     for (int64_t p = 0; p < n; p++) {
         for (int64_t i = 0; i < half; i++) {
             const double angle = (double)p * (double)inv_f[i];
-            cos_t[p * half + i] = cos(angle);
-            sin_t[p * half + i] = sin(angle);
+            cos_t[p * half + i] = cos(angle) * scale;
+            sin_t[p * half + i] = sin(angle) * scale;
         }
     }
 }
@@ -196,6 +206,7 @@ static void shadow_attention(const KvConfig *c, ShadowState *s, int64_t layer, i
      * constants rounded to float32, like every fp32 implementation's. */
     const double scale = (double)kv_config_attn_scale(c);
     const double cap = (double)(float)c->attn_logit_softcapping;
+    const float *sinks = s->layer_sinks; /* (num_heads) gpt_oss's, else NULL */
 #pragma omp parallel for schedule(static) \
     if (c->num_heads * n * n * hd >= kv_parallel_min_work())
     for (int64_t h = 0; h < c->num_heads; h++) {
@@ -205,7 +216,9 @@ static void shadow_attention(const KvConfig *c, ShadowState *s, int64_t layer, i
             const double *q = s->q + qp * q_dim + h * hd; /* (hd) */
             double *out = s->att + qp * q_dim + h * hd;   /* (hd) */
             const int64_t lo = window > 0 && qp - window + 1 > 0 ? qp - window + 1 : 0;
-            double mx = -INFINITY;
+            /* gpt_oss: the sink joins the max and the sum, its share dropped */
+            const double sink = sinks != NULL ? (double)sinks[h] : -INFINITY;
+            double mx = sink;
             for (int64_t kp = lo; kp <= qp; kp++) {
                 const double *k = s->k + kp * kv_dim + kvh * hd; /* (hd) */
                 double dot = 0.0;
@@ -218,6 +231,7 @@ static void shadow_attention(const KvConfig *c, ShadowState *s, int64_t layer, i
                 sc[kp] = exp(sc[kp] - mx);
                 sum += sc[kp];
             }
+            if (sinks != NULL) sum += exp(sink - mx);
             for (int64_t d = 0; d < hd; d++) out[d] = 0.0;
             for (int64_t kp = lo; kp <= qp; kp++) {
                 const double p = sc[kp] / sum;
@@ -237,6 +251,69 @@ static void shadow_bias(double *y /* (rows, out) */, const float *b /* (out) */,
                         int64_t out) {
     for (int64_t r = 0; r < rows; r++) {
         for (int64_t i = 0; i < out; i++) y[r * out + i] += (double)b[i];
+    }
+}
+
+/* gpt_oss's MoE block (forward.c's op_moe) in double, s->xn into s->tmp:
+ * router logits, the experts_per_tok largest (ties to the lowest id), their
+ * softmax, then the chosen experts in ascending id, each a clamped SwiGLU
+ * with its biases, weighted and summed. The limit and alpha are model
+ * constants taken in float32, as torch applies them. A router near-tie can
+ * pick other experts here than in fp32: the yardstick then reads high, on
+ * the safe side. */
+static void shadow_moe(const KvConfig *c, const KvLayerWeights *w, ShadowState *s, int64_t n) {
+    const int64_t H = c->hidden_size, I = c->intermediate_size, E = c->num_experts;
+    const int64_t K = c->experts_per_tok;
+    const double limit = (double)(float)c->swiglu_limit, alpha = (double)(float)c->swiglu_alpha;
+    double *logits = s->moe;      /* (E) */
+    double *gu = logits + E;      /* (2I) */
+    double *hh = gu + 2 * I;      /* (I) */
+    double *out = hh + I;         /* (H) */
+    double *weight = out + H;     /* (K) */
+    double *pick = weight + K;    /* (K) expert ids, as doubles */
+    for (int64_t p = 0; p < n; p++) {
+        const double *x = s->xn + p * H; /* (H) */
+        double *acc = s->tmp + p * H;    /* (H) */
+        shadow_matmul(x, w->router_w, 1, H, E, logits);
+        for (int64_t e = 0; e < E; e++) logits[e] += (double)w->router_b[e];
+        double mx = -INFINITY;
+        for (int64_t k = 0; k < K; k++) {
+            int64_t best = -1;
+            for (int64_t e = 0; e < E; e++) {
+                bool taken = false;
+                for (int64_t j = 0; j < k && !taken; j++) taken = (int64_t)pick[j] == e;
+                if (!taken && (best < 0 || logits[e] > logits[best])) best = e;
+            }
+            pick[k] = (double)best;
+            weight[k] = logits[best];
+            mx = weight[k] > mx ? weight[k] : mx;
+        }
+        double sum = 0.0;
+        for (int64_t k = 0; k < K; k++) {
+            weight[k] = exp(weight[k] - mx);
+            sum += weight[k];
+        }
+        for (int64_t i = 0; i < H; i++) acc[i] = 0.0;
+        for (int64_t e = 0; e < E; e++) {
+            int64_t rank = -1;
+            for (int64_t k = 0; k < K; k++) {
+                if ((int64_t)pick[k] == e) rank = k;
+            }
+            if (rank < 0) continue;
+            shadow_matmul(x, w->experts_gate_up + e * 2 * I * H, 1, H, 2 * I, gu);
+            const float *bgu = w->experts_gate_up_b + e * 2 * I; /* (2I) */
+            for (int64_t j = 0; j < I; j++) {
+                double gate = gu[2 * j] + (double)bgu[2 * j];
+                double up = gu[2 * j + 1] + (double)bgu[2 * j + 1];
+                gate = gate > limit ? limit : gate;
+                up = up > limit ? limit : (up < -limit ? -limit : up);
+                hh[j] = (up + 1.0) * (gate / (1.0 + exp(-(gate * alpha))));
+            }
+            shadow_matmul(hh, w->experts_down + e * H * I, 1, I, H, out);
+            const float *bd = w->experts_down_b + e * H; /* (H) */
+            const double wt = weight[rank] / sum;
+            for (int64_t i = 0; i < H; i++) acc[i] += (out[i] + (double)bd[i]) * wt;
+        }
     }
 }
 
@@ -266,8 +343,10 @@ static void shadow_layer(const KvConfig *c, const KvLayerWeights *w, ShadowState
     const size_t tab = c->layer_sliding[layer] ? (size_t)(n * (c->head_dim / 2)) : 0;
     shadow_rope(c, s->cos_t + tab, s->sin_t + tab, s->q, n, c->num_heads);
     shadow_rope(c, s->cos_t + tab, s->sin_t + tab, s->k, n, c->num_kv_heads);
+    s->layer_sinks = w->sinks;
     shadow_attention(c, s, layer, n);
     shadow_matmul(s->att, w->wo, n, q_dim, hidden, s->tmp);
+    if (c->attn_o_bias) shadow_bias(s->tmp, w->bo, n, hidden); /* gpt_oss */
     if (gemma) {
         /* h = x + post_attention_layernorm(attn(...)) */
         shadow_norm_rows(c, s->tmp, w->post_attn_norm, n, s->tmp);
@@ -277,13 +356,17 @@ static void shadow_layer(const KvConfig *c, const KvLayerWeights *w, ShadowState
         shadow_add(s->x, s->tmp, n * hidden);
         shadow_norm_rows(c, s->x, w->post_attn_norm, n, s->xn);
     }
-    shadow_matmul(s->xn, w->w_gate, n, hidden, inter, s->gate);
-    shadow_matmul(s->xn, w->w_up, n, hidden, inter, s->up);
-    for (int64_t i = 0; i < n * inter; i++) {
-        const double act = gemma ? shadow_gelu_tanh(s->gate[i]) : shadow_silu(s->gate[i]);
-        s->gate[i] = act * s->up[i];
+    if (c->num_experts > 0) {
+        shadow_moe(c, w, s, n);
+    } else {
+        shadow_matmul(s->xn, w->w_gate, n, hidden, inter, s->gate);
+        shadow_matmul(s->xn, w->w_up, n, hidden, inter, s->up);
+        for (int64_t i = 0; i < n * inter; i++) {
+            const double act = gemma ? shadow_gelu_tanh(s->gate[i]) : shadow_silu(s->gate[i]);
+            s->gate[i] = act * s->up[i];
+        }
+        shadow_matmul(s->gate, w->w_down, n, inter, hidden, s->tmp);
     }
-    shadow_matmul(s->gate, w->w_down, n, inter, hidden, s->tmp);
     if (gemma) shadow_norm_rows(c, s->tmp, w->post_ffw_norm, n, s->tmp);
     shadow_add(s->x, s->tmp, n * hidden);
 }
@@ -327,9 +410,11 @@ KvStatus kv_shadow64_logits(const KvModel *m, const int32_t *tokens, int64_t n, 
         for (int64_t i = 0; i < hidden; i++) s.x[p * hidden + i] = (double)e[i] * normalizer;
     }
     const size_t tab = (size_t)(n * (c->head_dim / 2));
-    shadow_rope_tables(c, c->rope_theta, n, s.cos_t, s.sin_t);
-    shadow_rope_tables(c, c->rope_theta_local > 0.0 ? c->rope_theta_local : c->rope_theta, n,
-                       s.cos_t + tab, s.sin_t + tab);
+    float inv_f[KV_CONFIG_MAX_HEAD_DIM / 2]; /* (head_dim / 2) transformers' float32 one */
+    kv_rope_layer_inv_freq(c, -1, inv_f);     /* rope_theta's (gpt_oss: YaRN's) */
+    shadow_rope_tables(c, inv_f, n, s.cos_t, s.sin_t);
+    if (c->rope_theta_local > 0.0) kv_rope_inv_freq(c->head_dim, c->rope_theta_local, inv_f);
+    shadow_rope_tables(c, inv_f, n, s.cos_t + tab, s.sin_t + tab);
     for (int64_t l = 0; l < c->num_layers; l++) shadow_layer(c, &m->layers[l], &s, l, n);
     /* Final norm, lm_head and softcap only where logits are asked for. */
     const double final_cap = (double)(float)c->final_logit_softcapping;

@@ -197,7 +197,7 @@ END_TEST
 
 /* ---- transformers goldens (fixtures/hf/, layout in its README) ---- */
 
-static const char *const k_golden_families[] = {"gemma2", "mistral", "qwen2", "gemma3_text"};
+static const char *const k_golden_families[] = {"gemma2", "mistral", "qwen2", "gemma3_text", "gpt_oss"};
 
 /* max over (step, row) of max |a - b| / max |b|, both float32. */
 static double rel_error_f32(const float *a /* (steps, batch, vocab) */,
@@ -440,7 +440,7 @@ int main(void) {
     suite_add_tcase(s, tc);
     TCase *tg = tcase_create("golden");
     tcase_set_timeout(tg, 120);
-    tcase_add_loop_test(tg, test_shadow_golden, 0, 4);
+    tcase_add_loop_test(tg, test_shadow_golden, 0, 5);
     suite_add_tcase(s, tg);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
