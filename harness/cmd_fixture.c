@@ -17,7 +17,7 @@
 
 static void fixture_usage(FILE *f) {
     fprintf(f,
-            "usage: kvrepro fixture --family gemma2|gemma3|mistral|qwen2 --out DIR [--seed N] "
+            "usage: kvrepro fixture --family gemma2|gemma3|gpt_oss|mistral|qwen2 --out DIR [--seed N] "
             "[--size tiny|medium|125m]\n\n"
             "Writes DIR/config.json and DIR/model.safetensors (F32), generated from the seed\n"
             "with kvrepro's own PRNG (SplitMix64 streams keyed by tensor name; see\n"
@@ -111,9 +111,10 @@ int kv_cmd_fixture(int argc, char **argv) {
         else if (strcmp(family_s, "mistral") == 0) family = KV_FAMILY_MISTRAL;
         else if (strcmp(family_s, "qwen2") == 0) family = KV_FAMILY_QWEN2;
         else if (strcmp(family_s, "gemma3") == 0) family = KV_FAMILY_GEMMA3;
+        else if (strcmp(family_s, "gpt_oss") == 0) family = KV_FAMILY_GPT_OSS;
         else {
-            fprintf(stderr, "kvrepro fixture: --family: expected gemma2, gemma3, mistral or "
-                    "qwen2, found '%s'\n",
+            fprintf(stderr, "kvrepro fixture: --family: expected gemma2, gemma3, gpt_oss, "
+                    "mistral or qwen2, found '%s'\n",
                     family_s);
             bad = true;
         }

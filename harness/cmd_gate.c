@@ -567,7 +567,7 @@ cleanup:
 
 /* Without --model or --fixture the gate runs the two tiny fixtures. */
 static void gate_default_models(GateArgs *a) {
-    static const char *const k_default_models[] = {"gemma2-tiny", "mistral-tiny", "qwen2-tiny", "gemma3-tiny"};
+    static const char *const k_default_models[] = {"gemma2-tiny", "mistral-tiny", "qwen2-tiny", "gemma3-tiny", "gpt_oss-tiny"};
     const int n = (int)(sizeof k_default_models / sizeof k_default_models[0]);
     if (a->n_models == 0) {
         for (int i = 0; i < n; i++) {

@@ -244,7 +244,9 @@ static KvStatus check_sizes(const ConfigCtx *c, const KvConfig *cfg) {
                __builtin_mul_overflow(cfg->vocab_size, cfg->hidden_size, &embed) ||
                __builtin_mul_overflow(q_dim, cfg->hidden_size, &attn_q) ||
                __builtin_mul_overflow(kv_dim, cfg->hidden_size, &attn_kv) ||
-               __builtin_mul_overflow(cfg->intermediate_size, cfg->hidden_size, &mlp);
+               __builtin_mul_overflow(cfg->intermediate_size, cfg->hidden_size, &mlp) ||
+               /* gpt_oss: every expert holds a whole MLP */
+               __builtin_mul_overflow(mlp, cfg->num_experts > 0 ? cfg->num_experts : 1, &mlp);
     /* q + k + v + o, gate + up + down, four norms. */
     if (!bad) {
         bad = __builtin_mul_overflow(attn_q, (int64_t)2, &layer) ||

@@ -22,7 +22,9 @@
  * admits every real checkpoint of the families kvrepro reads or plans to
  * (DESIGN §1) with a margin, and refuses what only a corrupt or hostile file
  * holds, before anything is sized from it. Within them all the weights
- * together are below 2^52 bytes, so every size product fits in int64. */
+ * of a dense model are below 2^52 bytes, so every size product fits in
+ * int64; gpt_oss's experts multiply the MLP by up to KV_CONFIG_MAX_EXPERTS,
+ * and the loader's size check refuses any product that would overflow. */
 
 /* Layers (the size of layer_sliding): real models have up to ~128
  * (llama-3.1-405B: 126). */

@@ -186,10 +186,18 @@ static KvStatus bind_experts(ModelBinder *b, const char *name, int64_t E, int64_
     const KvSafetensors *st = NULL;
     const KvTensorInfo *t = binder_find(b, name, &st);
     if (t == NULL) {
+        /* the released gpt-oss checkpoints store experts as MXFP4 blocks */
+        char blocks[KV_ST_MAX_NAME + 8];
+        snprintf(blocks, sizeof blocks, "%s_blocks", name);
+        const KvSafetensors *bf = NULL;
+        const bool mxfp4 = binder_find(b, blocks, &bf) != NULL;
         return kv_error_set(err, KV_ERR_INPUT,
                             "%s: tensor '%s': expected shape [%" PRId64 ", %" PRId64 ", %" PRId64
-                            "], found no such tensor (missing)",
-                            b->label, name, E, d1, d2);
+                            "], found %s",
+                            b->label, name, E, d1, d2,
+                            mxfp4 ? "only its MXFP4 form (_blocks, _scales): dequantize the "
+                                    "experts to BF16 or F32 first"
+                                  : "no such tensor (missing)");
     }
     if (!kv_dtype_loadable(t->dtype)) {
         return kv_error_set(err, KV_ERR_INPUT,

@@ -70,7 +70,7 @@ kv_expect_match("${err}" "max_rel_err=abc" "bad tolerance")
 kv_run(2 out err ${KVREPRO} gate --shard 3/2)
 kv_expect_match("${err}" "--shard: expected I/N" "bad shard")
 kv_run(2 out err ${KVREPRO} fixture --family gpt2 --out "${WORK}/x")
-kv_expect_match("${err}" "--family: expected gemma2, gemma3, mistral or qwen2, found 'gpt2'" "bad family")
+kv_expect_match("${err}" "--family: expected gemma2, gemma3, gpt_oss, mistral or qwen2, found 'gpt2'" "bad family")
 
 # A fixture written to disk is the same model as the fixture in memory.
 kv_run(0 out err ${KVREPRO} fixture --family gemma2 --seed 20261122 --out "${WORK}/g")

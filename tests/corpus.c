@@ -903,7 +903,7 @@ const CorpusCase corpus_cases[] = {
     {"cfg_empty", M, m_cfg_empty, BAD, CF, {"valid JSON"}},
     {"cfg_trailing_data", G, m_cfg_trailing, BAD, CF, {"trailing"}},
     {"cfg_missing_model_type", G, m_cfg_missing_model_type, BAD, CF, {"'model_type'", "missing"}},
-    {"cfg_unknown_model_type", M, m_cfg_unknown_model_type, BAD, CF, {"'model_type'", "\"gemma2\", \"gemma3_text\", \"mistral\", \"llama\" or \"qwen2\"", "\"bert\""}},
+    {"cfg_unknown_model_type", M, m_cfg_unknown_model_type, BAD, CF, {"'model_type'", "\"gemma2\", \"gemma3_text\", \"gpt_oss\", \"mistral\", \"llama\" or \"qwen2\"", "\"bert\""}},
     {"cfg_string_field", G, m_cfg_string_field, BAD, CF, {"'hidden_size'", "integer", "the string \"128\""}},
     {"cfg_fractional_field", G, m_cfg_fraction, BAD, CF, {"'intermediate_size'", "integer", "32.5"}},
     {"cfg_negative_size", M, m_cfg_negative, BAD, CF, {"'vocab_size'", "integer in [2,", "-64"}},

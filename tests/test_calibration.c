@@ -28,13 +28,13 @@
 #include "scenario.h"
 #include "shadow64.h"
 
-static const char *const k_tiny[] = {"gemma2-tiny", "mistral-tiny", "qwen2-tiny", "gemma3-tiny"};
+static const char *const k_tiny[] = {"gemma2-tiny", "mistral-tiny", "qwen2-tiny", "gemma3-tiny", "gpt_oss-tiny"};
 /* ~100M parameters, hidden 768 (`test_calibration medium`, label long). */
 static const char *const k_medium[] = {"gemma2-medium", "mistral-medium"};
 /* issue 14's 125M Mistral shape (`test_calibration 125m`, label long). */
 static const char *const k_125m[] = {"mistral-125m"};
 static const char *const *k_families = k_tiny; /* main picks the set */
-static int k_n_families = 4;
+static int k_n_families = 5;
 /* The tiny run calibrates each fault pass again and checks that the value
  * does not move (calibration runs the clean reference, never a candidate's
  * fault); the long runs reuse the clean pass's value (each calibration is

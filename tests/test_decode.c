@@ -23,7 +23,7 @@
 
 #define TEST_SEED KV_FIXTURE_DEFAULT_SEED
 #define TEST_PROMPT_SEED 7ULL
-static const char *const k_families[] = {"gemma2-tiny", "mistral-tiny", "qwen2-tiny", "gemma3-tiny"};
+static const char *const k_families[] = {"gemma2-tiny", "mistral-tiny", "qwen2-tiny", "gemma3-tiny", "gpt_oss-tiny"};
 #define N_FAM ((int)(sizeof k_families / sizeof k_families[0]))
 
 /* One prompt of len tokens from [1, vocab), seeded. */
@@ -347,8 +347,16 @@ START_TEST(test_nonfinite_located) {
     }
     emb[(int64_t)t * H] = saved;
 
-    float *down = (float *)(uintptr_t)m->layers[1].w_down; /* (hidden, intermediate) */
-    down[5] = INFINITY;
+    if (m->config.num_experts > 0) {
+        /* gpt_oss: every expert's down projection, so whichever the router
+         * picks (E, hidden, intermediate) */
+        const int64_t I = m->config.intermediate_size;
+        float *down = (float *)(uintptr_t)m->layers[1].experts_down;
+        for (int64_t e = 0; e < m->config.num_experts; e++) down[e * H * I + 5] = INFINITY;
+    } else {
+        float *down = (float *)(uintptr_t)m->layers[1].w_down; /* (hidden, intermediate) */
+        down[5] = INFINITY;
+    }
     for (int g = 0; g < 2; g++) {
         KvDecodeResult r = g == 0 ? probe_decode(m, p, len, NULL, KV_MODE_EAGER)
                                   : probe_decode(m, p, len, ring, KV_MODE_GRAPH);

@@ -23,6 +23,7 @@
 #include "corpus.h"
 #include "file_open.h"
 #include "fixture.h"
+#include "kvmath.h"
 #include "prng.h"
 
 /* A regression that blocks (a FIFO opened for reading) or goes quadratic
@@ -819,7 +820,7 @@ START_TEST(test_config_roundtrip) {
     roundtrip(&c);
 
     /* the fixture configurations (fixtures/fixture.c) */
-    for (int f = 0; f <= KV_FAMILY_GEMMA3; f++) {
+    for (int f = 0; f <= KV_FAMILY_GPT_OSS; f++) {
         for (int size = 0; size < 2; size++) {
             KvError err;
             ck_assert_int_eq(kv_fixture_config((KvFamily)f, (KvFixtureSize)size, &c, &err),
@@ -884,6 +885,42 @@ START_TEST(test_config_family_defaults) {
                   err.msg);
     ck_assert_int_eq(c.sliding_window, 4);
     for (int64_t i = 0; i < 4; i++) ck_assert_int_eq(c.layer_sliding[i], i >= 3);
+
+    /* gpt_oss: GptOssConfig's YaRN when no rope object is given (no
+     * truncation), window 128 on the even layers, biases, sinks */
+    static const char *const go =
+        "{\"model_type\": \"gpt_oss\", \"vocab_size\": 64, \"hidden_size\": 64, "
+        "\"intermediate_size\": 32, \"num_hidden_layers\": 4, \"num_attention_heads\": 1, "
+        "\"num_local_experts\": 4%s}";
+    char go_text[512];
+    snprintf(go_text, sizeof go_text, go, "");
+    ck_assert_msg(kv_config_parse(go_text, strlen(go_text), "go.json", &c, &err) == KV_OK, "%s",
+                  err.msg);
+    ck_assert(c.rope_yarn && c.rope_factor == 32.0 && !c.rope_truncate && c.rope_theta == 150000.0);
+    ck_assert(fabs(c.rope_attention_factor - (0.1 * log(32.0) + 1.0)) < 1e-15);
+    ck_assert(c.head_dim == 64 && c.sliding_window == 128 && c.experts_per_tok == 4);
+    ck_assert(c.attn_qkv_bias && c.attn_o_bias && c.attn_sinks && !c.tie_word_embeddings);
+    for (int64_t i = 0; i < 4; i++) ck_assert_int_eq(c.layer_sliding[i], i % 2 == 0);
+    /* inv_freq as transformers 5.23 computes it for this config on this
+     * machine (ROPE_INIT_FUNCTIONS["yarn"], printed to 9 digits); entries
+     * 6 and 10 are left out: torch's vectorized powf is 1 ulp off there
+     * (DESIGN §1) */
+    static const double want[] = {1.0, 0.689044297, 0.47478205, 0.327145875, 0.225418001,
+                                  0.155322984, -1, 0.0737445652, 0.0508132726, 0.0317056961};
+    float inv[32];
+    kv_rope_layer_inv_freq(&c, 0, inv);
+    for (int i = 0; i < 10; i++) {
+        if (want[i] < 0) continue;
+        ck_assert_msg(fabs(inv[i] - want[i]) <= 1e-8 + 2e-7 * want[i], "inv_freq[%d] %.9g, "
+                      "transformers %.9g", i, (double)inv[i], want[i]);
+    }
+    /* a given rope object without "truncate" truncates (transformers'
+     * default there) */
+    snprintf(go_text, sizeof go_text, go,
+             ", \"rope_parameters\": {\"rope_type\": \"yarn\", \"factor\": 8.0}");
+    ck_assert_msg(kv_config_parse(go_text, strlen(go_text), "go.json", &c, &err) == KV_OK, "%s",
+                  err.msg);
+    ck_assert(c.rope_truncate && c.rope_factor == 8.0);
 }
 END_TEST
 
@@ -1805,6 +1842,60 @@ END_TEST
  * refused naming the file, the tensor and the family; the ignore-listed ones
  * (saved rotary buffers for mistral, a stored lm_head.weight when tied) load
  * and leave the model unchanged. */
+/* gpt_oss checkpoints: the released MXFP4 expert blocks in place of the
+ * float stacks are refused, naming the tensor and saying to dequantize; a
+ * missing sink names the sink. */
+START_TEST(test_gpt_oss_checkpoint_refusals) {
+    char *json;
+    uint8_t *img;
+    size_t len;
+    fixture_tiny(KV_FAMILY_GPT_OSS, &json, &img, &len);
+    KvError err = {{0}};
+    KvSafetensors tab;
+    ck_assert_int_eq(kv_st_parse(img, len, "img", &tab, &err), KV_OK);
+    static const char *const gu = "model.layers.1.mlp.experts.gate_up_proj";
+    static const char *const sink = "model.layers.2.self_attn.sinks";
+    for (int c = 0; c < 2; c++) {
+        KvStWriteTensor *wt = test_alloc((tab.n_tensors + 2) * sizeof *wt);
+        static const uint8_t blocks[64] = {0x12};
+        size_t n = 0;
+        for (size_t i = 0; i < tab.n_tensors; i++) {
+            const char *name = tab.tensors[i].name;
+            if (strcmp(name, c == 0 ? gu : sink) == 0) continue;
+            memset(&wt[n], 0, sizeof wt[n]);
+            wt[n].name = name;
+            wt[n].dtype = tab.tensors[i].dtype;
+            wt[n].rank = tab.tensors[i].rank;
+            memcpy(wt[n].shape, tab.tensors[i].shape, sizeof wt[n].shape);
+            wt[n].data = tab.data + tab.tensors[i].begin;
+            n++;
+        }
+        if (c == 0) { /* MXFP4: U8 blocks [E, 2I, H/32, 16] (the scales left out) */
+            memset(&wt[n], 0, sizeof wt[n]);
+            wt[n].name = "model.layers.1.mlp.experts.gate_up_proj_blocks";
+            wt[n].dtype = KV_DTYPE_U8;
+            wt[n].rank = 1;
+            wt[n].shape[0] = 64;
+            wt[n].data = blocks;
+            n++;
+        }
+        uint8_t *ext;
+        size_t ext_len;
+        ck_assert_int_eq(kv_st_serialize(wt, n, &ext, &ext_len, &err), KV_OK);
+        free(wt);
+        KvModel m;
+        ck_assert_int_eq(kv_model_load_memory(json, strlen(json), ext, ext_len, "t", &m, &err),
+                         KV_ERR_INPUT);
+        ck_assert_msg(strstr(err.msg, c == 0 ? gu : sink) != NULL, "%s", err.msg);
+        ck_assert_msg(strstr(err.msg, c == 0 ? "MXFP4" : "missing") != NULL, "%s", err.msg);
+        free(ext);
+    }
+    kv_st_close(&tab);
+    free(json);
+    free(img);
+}
+END_TEST
+
 START_TEST(test_unused_tensors) {
     for (int f = 0; f < 2; f++) {
         KvFamily family = f == 0 ? KV_FAMILY_GEMMA2 : KV_FAMILY_MISTRAL;
@@ -1940,6 +2031,7 @@ static Suite *loader_suite(void) {
     tcase_add_test(tc, test_sharded_both_present);
     tcase_add_test(tc, test_sharded_errors);
     tcase_add_test(tc, test_unused_tensors);
+    tcase_add_test(tc, test_gpt_oss_checkpoint_refusals);
     suite_add_tcase(s, tc);
     return s;
 }

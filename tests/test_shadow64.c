@@ -45,7 +45,7 @@
 /* test_golden.c's tolerance for the fp32 reference against transformers. */
 #define KV_GOLDEN_MAX_REL_ERR 1e-5
 
-static const char *const k_families[] = {"gemma2-tiny", "mistral-tiny", "qwen2-tiny", "gemma3-tiny"};
+static const char *const k_families[] = {"gemma2-tiny", "mistral-tiny", "qwen2-tiny", "gemma3-tiny", "gpt_oss-tiny"};
 #define N_FAM ((int)(sizeof k_families / sizeof k_families[0]))
 static const char *const k_scenarios[] = {"short_prompt_crosses_window",
                                           "prefill_longer_than_window", "left_padded_batch",

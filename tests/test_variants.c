@@ -21,7 +21,7 @@
 #define TEST_SEED KV_FIXTURE_DEFAULT_SEED
 #define TEST_PROMPT_SEED 11ULL
 #define N_VARIANTS 6
-static const char *const k_families[] = {"gemma2-tiny", "mistral-tiny", "qwen2-tiny", "gemma3-tiny"};
+static const char *const k_families[] = {"gemma2-tiny", "mistral-tiny", "qwen2-tiny", "gemma3-tiny", "gpt_oss-tiny"};
 #define N_FAM ((int)(sizeof k_families / sizeof k_families[0]))
 
 /* The scenarios are the gate's own (harness/scenario.c), so this suite

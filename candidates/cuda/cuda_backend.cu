@@ -43,6 +43,15 @@ static void cuda_destroy(KvBackend *b) {
     free(r);
 }
 
+/* gpt_oss (attention sinks, YaRN, the MoE block) has no GPU form yet. */
+static bool cuda_supports(const KvModel *m, char *why, size_t n) {
+    const KvConfig *c = &m->config;
+    if (!c->attn_sinks && !c->rope_yarn && c->num_experts == 0) return true;
+    snprintf(why, n, "not run: the cuda backend does not implement %s yet (attention sinks, "
+             "YaRN RoPE, experts)", kv_family_name(c->family));
+    return false;
+}
+
 static KvStatus cuda_create(const KvModel *m, const KvBackendSetup *setup, KvBackend **out,
                             KvError *err) {
     KvStatus st = KV_OK;
@@ -57,12 +66,11 @@ static KvStatus cuda_create(const KvModel *m, const KvBackendSetup *setup, KvBac
                             "index_copy, cat_shift, roll, always_roll, ring or dynamic)",
                             setup->variant->name != NULL ? setup->variant->name : "(null)");
     }
-    /* gpt_oss (attention sinks, YaRN, the MoE block) has no GPU form yet:
-     * the backend is reported as unable to run it, with the reason. */
-    if (m->config.attn_sinks || m->config.rope_yarn || m->config.num_experts > 0) {
-        return kv_error_set(err, KV_SKIP,
-                            "cuda backend: %s (attention sinks, YaRN RoPE, experts) is not "
-                            "implemented on the GPU yet", kv_family_name(m->config.family));
+    {
+        char why[200];
+        if (!cuda_supports(m, why, sizeof why)) {
+            return kv_error_set(err, KV_ERR_INPUT, "cuda decode: %s", why);
+        }
     }
     /* Ensemble orders calibrate tolerances on the CPU reference alone. */
     if (setup->order != 0) {
@@ -222,4 +230,5 @@ extern "C" const KvBackendOps kv_backend_cuda = {
     /* .take_dump = */ NULL,
     /* .peek_dump = */ NULL,
     /* .stats = */ cuda_stats,
+    /* .supports = */ cuda_supports,
 };
