@@ -231,17 +231,26 @@ static KvStatus ext_group(const ExtRuns *e, ExtGroup **groups, int64_t *n_groups
  * (with its finite check). A reference that is not finite fails by its own
  * check; its group's reference comparisons are then skipped with the
  * reason instead of failing on the same NaN. */
-static KvStatus ext_run_references(const ExtRuns *e, ExtGroup *groups, int64_t n_groups,
-                                   const KvModel *m, const char *model_name,
-                                   const KvExternalOptions *o, KvReport *rep, KvError *err) {
+/* The matrix options the reference decodes and the calibration run with:
+ * no progress, one shard, the external gate's tolerances and settings. */
+static KvGateOptions ext_gate_options(const KvExternalOptions *o) {
     const KvGateOptions go = {
         .tol = o->tol,
+        .tol_max_rel_err_set = o->tol_max_rel_err_set,
+        .calibrate = o->calibrate,
         .timings = o->timings,
         .progress = KV_PROGRESS_OFF,
         .shard_i = 1,
         .shard_n = 1,
         .full_logits_max_vocab = o->full_logits_max_vocab,
     };
+    return go;
+}
+
+static KvStatus ext_run_references(const ExtRuns *e, ExtGroup *groups, int64_t n_groups,
+                                   const KvModel *m, const char *model_name,
+                                   const KvExternalOptions *o, KvReport *rep, KvError *err) {
+    const KvGateOptions go = ext_gate_options(o);
     for (int64_t g = 0; g < n_groups; g++) {
         const KvRun *l = &e->runs[groups[g].leader];
         KvScenario sc = {
@@ -283,16 +292,7 @@ static KvStatus ext_run_references(const ExtRuns *e, ExtGroup *groups, int64_t n
 static KvStatus ext_calibrate(ExtGroup *groups, int64_t n_groups, const KvModel *m,
                               const char *model_name, const KvExternalOptions *o, KvReport *rep,
                               KvError *err) {
-    const KvGateOptions go = {
-        .tol = o->tol,
-        .tol_max_rel_err_set = o->tol_max_rel_err_set,
-        .calibrate = o->calibrate,
-        .timings = o->timings,
-        .progress = KV_PROGRESS_OFF,
-        .shard_i = 1,
-        .shard_n = 1,
-        .full_logits_max_vocab = o->full_logits_max_vocab,
-    };
+    const KvGateOptions go = ext_gate_options(o);
     for (int64_t g = 0; g < n_groups && o->calibrate; g++) {
         const KvRun *r = &rep->runs[groups[g].ref];
         const KvScenario sc = {
@@ -530,8 +530,7 @@ int kv_gate_external(const KvExternalOptions *o) {
     snprintf(rep.device, sizeof rep.device, "cpu only");
     rep.model_hash = kv_model_hash(&m);
     {
-        const KvGateOptions go = {.tol = o->tol, .tol_max_rel_err_set = o->tol_max_rel_err_set,
-                                  .calibrate = o->calibrate};
+        const KvGateOptions go = ext_gate_options(o);
         st = kv_gate_record_tolerances(&go, &rep, &err);
     }
     if (st != KV_OK) goto cleanup;

@@ -123,6 +123,15 @@ static const KvTensorInfo *binder_find(ModelBinder *b, const char *name,
 }
 
 /* Resolves one tensor to an F32 pointer; rank 1 uses only d0. */
+/* "[d0, d1, ...]" of t's shape into buf (NUL-terminated, truncated to n). */
+static void shape_text(const KvTensorInfo *t, char *buf, size_t n) {
+    size_t used = (size_t)snprintf(buf, n, "[");
+    for (int i = 0; i < t->rank && used < n; i++) {
+        used += (size_t)snprintf(buf + used, n - used, "%s%" PRId64, i ? ", " : "", t->shape[i]);
+    }
+    if (used < n) snprintf(buf + used, n - used, "]");
+}
+
 static KvStatus bind_tensor(ModelBinder *b, const char *name, int rank, int64_t d0, int64_t d1,
                             const float **dst, KvError *err) {
     KvModel *m = b->m;
@@ -148,12 +157,7 @@ static KvStatus bind_tensor(ModelBinder *b, const char *name, int rank, int64_t 
     bool ok = t->rank == rank && t->shape[0] == d0 && (rank == 1 || t->shape[1] == d1);
     if (!ok) {
         char found[160];
-        size_t used = (size_t)snprintf(found, sizeof found, "[");
-        for (int i = 0; i < t->rank && used < sizeof found; i++) {
-            used += (size_t)snprintf(found + used, sizeof found - used, "%s%" PRId64,
-                                     i ? ", " : "", t->shape[i]);
-        }
-        if (used < sizeof found) snprintf(found + used, sizeof found - used, "]");
+        shape_text(t, found, sizeof found);
         return kv_error_set(err, KV_ERR_INPUT, "%s: tensor '%s': expected shape %s, found %s",
                             st->label, name, want, found);
     }
@@ -208,12 +212,7 @@ static KvStatus bind_experts(ModelBinder *b, const char *name, int64_t E, int64_
     }
     if (t->rank != 3 || t->shape[0] != E || t->shape[1] != d1 || t->shape[2] != d2) {
         char found[160];
-        size_t used = (size_t)snprintf(found, sizeof found, "[");
-        for (int i = 0; i < t->rank && used < sizeof found; i++) {
-            used += (size_t)snprintf(found + used, sizeof found - used, "%s%" PRId64,
-                                     i ? ", " : "", t->shape[i]);
-        }
-        if (used < sizeof found) snprintf(found + used, sizeof found - used, "]");
+        shape_text(t, found, sizeof found);
         return kv_error_set(err, KV_ERR_INPUT,
                             "%s: tensor '%s': expected shape [%" PRId64 ", %" PRId64 ", %" PRId64
                             "], found %s",
