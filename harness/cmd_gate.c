@@ -59,7 +59,7 @@ static void gate_usage(FILE *f) {
             "                    [--quiet | --verbose]\n"
             "       kvrepro gate --model DIR --external RUN.h5 [--external RUN.h5]...\n"
             "                    [--report PATH.h5] [--junit PATH.xml] [--tol NAME=VALUE]...\n"
-            "                    [--quiet | --verbose]\n\n"
+            "                    [--no-calibrate] [--quiet | --verbose]\n\n"
             "Runs the reference and every selected cache variant on every scenario, compares\n"
             "them (reference agreement within tolerances; repeats, graph vs eager, variant vs\n"
             "variant and replays bitwise), prints one line per run and a final\n"
