@@ -509,12 +509,6 @@ static KvStatus run_scenario(const KvModel *m, const char *model_name, const KvS
             snprintf(local, sizeof local, "%s", ref_skip);
             skip = local;
             skip_len = sizeof local;
-        } else if (gb->skip[0] == '\0' && gb->ops->supports != NULL &&
-                   !gb->ops->supports(m, local, sizeof local)) {
-            /* A family this backend does not implement: this model's runs
-             * on it are skipped with the reason, the backend stays usable. */
-            skip = local;
-            skip_len = sizeof local;
         }
         st = run_candidates(m, model_name, sc, o, &tol, gb->ops, ref, rep, skip, skip_len, err);
         if (st != KV_OK) return st;

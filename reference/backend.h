@@ -116,11 +116,6 @@ typedef struct {
     const KvProbeDump *(*peek_dump)(const KvBackend *b);
     /* Counters and device text of the run so far. */
     void (*stats)(const KvBackend *b, KvBackendStats *out);
-    /* Whether this backend implements model m's family; false with the
-     * reason in why (NUL-terminated, n bytes). NULL: every family. The gate
-     * asks before a model's runs, so an unsupported family skips that
-     * model's runs on this backend, not the backend for the other models. */
-    bool (*supports)(const KvModel *m, char *why, size_t n);
 } KvBackendOps;
 
 /* The CPU reference backend (backend_cpu.c). */

@@ -55,8 +55,9 @@
 #define KV_HAVE_CUDA 0
 #endif
 
-static const char *const k_families[] = {"gemma2-tiny", "mistral-tiny", "qwen2-tiny", "gemma3-tiny"};
-#define N_FAMILIES 4
+static const char *const k_families[] = {"gemma2-tiny", "mistral-tiny", "qwen2-tiny", "gemma3-tiny",
+                                          "gpt_oss-tiny"};
+#define N_FAMILIES 5
 /* The reference layout (NULL) and the six variants: index 0 is NULL. */
 #define N_IMPLS 7
 

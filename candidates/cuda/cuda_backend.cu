@@ -43,15 +43,6 @@ static void cuda_destroy(KvBackend *b) {
     free(r);
 }
 
-/* gpt_oss (attention sinks, YaRN, the MoE block) has no GPU form yet. */
-static bool cuda_supports(const KvModel *m, char *why, size_t n) {
-    const KvConfig *c = &m->config;
-    if (!c->attn_sinks && !c->rope_yarn && c->num_experts == 0) return true;
-    snprintf(why, n, "not run: the cuda backend does not implement %s yet (attention sinks, "
-             "YaRN RoPE, experts)", kv_family_name(c->family));
-    return false;
-}
-
 static KvStatus cuda_create(const KvModel *m, const KvBackendSetup *setup, KvBackend **out,
                             KvError *err) {
     KvStatus st = KV_OK;
@@ -65,12 +56,6 @@ static KvStatus cuda_create(const KvModel *m, const KvBackendSetup *setup, KvBac
                             "cuda decode: variant '%s' has no GPU implementation (expected "
                             "index_copy, cat_shift, roll, always_roll, ring or dynamic)",
                             setup->variant->name != NULL ? setup->variant->name : "(null)");
-    }
-    {
-        char why[200];
-        if (!cuda_supports(m, why, sizeof why)) {
-            return kv_error_set(err, KV_ERR_INPUT, "cuda decode: %s", why);
-        }
     }
     /* Ensemble orders calibrate tolerances on the CPU reference alone. */
     if (setup->order != 0) {
@@ -230,5 +215,4 @@ extern "C" const KvBackendOps kv_backend_cuda = {
     /* .take_dump = */ NULL,
     /* .peek_dump = */ NULL,
     /* .stats = */ cuda_stats,
-    /* .supports = */ cuda_supports,
 };

@@ -139,7 +139,7 @@ static KvStatus cuda_ctx_upload(KvCudaCtx *ctx, KvError *err) {
     const size_t q_dim = (size_t)ctx->q_dim, kv_dim = (size_t)ctx->kv_dim;
     const size_t vocab = (size_t)ctx->vocab;
     const bool tied = m->lm_head == m->embed;
-    const size_t max_up = 3 + 16 * (size_t)ctx->n_layers; /* KvCudaLayer's 16 arrays */
+    const size_t max_up = 3 + 24 * (size_t)ctx->n_layers; /* KvCudaLayer's 24 arrays */
     CudaUpload *up = (CudaUpload *)calloc(max_up, sizeof *up);
     size_t n_up = 0, total = 0, off = 0;
     if (up == NULL) return kv_error_set(err, KV_ERR_INTERNAL, "cuda: out of host memory");
@@ -170,6 +170,16 @@ static KvStatus cuda_ctx_upload(KvCudaCtx *ctx, KvError *err) {
         /* gemma3 only; NULL otherwise */
         cuda_upload_add(up, &n_up, w->q_norm, (size_t)ctx->hd, &d->q_norm);
         cuda_upload_add(up, &n_up, w->k_norm, (size_t)ctx->hd, &d->k_norm);
+        /* gpt_oss only; NULL otherwise */
+        const size_t E = (size_t)ctx->n_experts;
+        cuda_upload_add(up, &n_up, w->bo, hidden, &d->bo);
+        cuda_upload_add(up, &n_up, w->sinks, (size_t)ctx->n_heads, &d->sinks);
+        cuda_upload_add(up, &n_up, w->router_w, E * hidden, &d->router_w);
+        cuda_upload_add(up, &n_up, w->router_b, E, &d->router_b);
+        cuda_upload_add(up, &n_up, w->experts_gate_up, E * 2 * inter * hidden, &d->experts_gate_up);
+        cuda_upload_add(up, &n_up, w->experts_gate_up_b, E * 2 * inter, &d->experts_gate_up_b);
+        cuda_upload_add(up, &n_up, w->experts_down, E * hidden * inter, &d->experts_down);
+        cuda_upload_add(up, &n_up, w->experts_down_b, E * hidden, &d->experts_down_b);
         cuda_upload_add(up, &n_up, w->w_gate, inter * hidden, &d->w_gate);
         cuda_upload_add(up, &n_up, w->w_up, inter * hidden, &d->w_up);
         cuda_upload_add(up, &n_up, w->w_down, hidden * inter, &d->w_down);
@@ -260,6 +270,14 @@ static KvStatus cuda_ctx_alloc_state(KvCudaCtx *ctx, KvError *err) {
     KV_ALLOC(ctx->tmp, rows * ctx->hidden * (int64_t)sizeof(float));
     KV_ALLOC(ctx->gate, rows * ctx->inter * (int64_t)sizeof(float));
     KV_ALLOC(ctx->up, rows * ctx->inter * (int64_t)sizeof(float));
+    if (ctx->n_experts > 0) {
+        KV_ALLOC(ctx->moe_logits, rows * ctx->n_experts * (int64_t)sizeof(float));
+        KV_ALLOC(ctx->moe_weight, rows * ctx->n_experts * (int64_t)sizeof(float));
+        KV_ALLOC(ctx->moe_chosen, rows * ctx->n_experts);
+        KV_ALLOC(ctx->moe_gu, rows * 2 * ctx->inter * (int64_t)sizeof(float));
+        KV_ALLOC(ctx->moe_h, rows * ctx->inter * (int64_t)sizeof(float));
+        KV_ALLOC(ctx->moe_out, rows * ctx->hidden * (int64_t)sizeof(float));
+    }
     KV_ALLOC(ctx->qpos, rows * (int64_t)sizeof(int64_t));
     KV_ALLOC(ctx->gidx, rows * ctx->max_keys * (int64_t)sizeof(int32_t));
     KV_ALLOC(ctx->nkeys, rows * (int64_t)sizeof(int32_t));
@@ -275,11 +293,12 @@ static KvStatus cuda_ctx_alloc_state(KvCudaCtx *ctx, KvError *err) {
 
     /* The host's inverse frequencies (kvmath.c), so both backends rotate by
      * the same F32 constants. */
-    kv_rope_inv_freq(ctx->hd, ctx->c->rope_theta, inv);
-    kv_rope_inv_freq(ctx->hd,
-                     ctx->c->rope_theta_local > 0.0 ? ctx->c->rope_theta_local
-                                                    : ctx->c->rope_theta,
-                     inv + ctx->hd / 2);
+    kv_rope_layer_inv_freq(ctx->c, -1, inv); /* rope_theta's (gpt_oss: YaRN's) */
+    if (ctx->c->rope_theta_local > 0.0) {
+        kv_rope_inv_freq(ctx->hd, ctx->c->rope_theta_local, inv + ctx->hd / 2);
+    } else {
+        memcpy(inv + ctx->hd / 2, inv, (size_t)(ctx->hd / 2) * sizeof *inv);
+    }
     KV_CUDA_CHECK(cudaMemcpy(ctx->inv_freq, inv, 2 * (size_t)(ctx->hd / 2) * sizeof(float),
                              cudaMemcpyHostToDevice));
 cleanup:
@@ -357,6 +376,11 @@ KvStatus kv_cuda_ctx_create(KvCudaCtx *ctx, const KvModel *m, int64_t B, int64_t
     ctx->gemma = kv_config_gemma_style(c);
     ctx->eps = (float)c->rms_norm_eps;
     ctx->scale = kv_config_attn_scale(c);
+    ctx->rope_scale = kv_rope_scale(c);
+    ctx->n_experts = c->num_experts;
+    ctx->experts_per_tok = c->experts_per_tok;
+    ctx->swiglu_limit = (float)c->swiglu_limit;
+    ctx->swiglu_alpha = (float)c->swiglu_alpha;
     ctx->attn_cap = (float)c->attn_logit_softcapping;
     ctx->final_cap = (float)c->final_logit_softcapping;
     /* gemma2: sqrt(hidden) rounded to F32, as op_embed. */

@@ -77,6 +77,7 @@ static KvStatus cuda_launch_layer(KvCudaCtx *ctx, int64_t l, int64_t n, KvError 
     KV_TRY(kv_cuda_probe(ctx, kv_probe_index(l, KV_PROBE_ATTN), ctx->att, n * q_dim * fbytes, err));
 
     KV_TRY(kv_cuda_gemm(ctx, ctx->att, w->wo, ctx->tmp, rows, q_dim, hidden, err));
+    if (w->bo != NULL) KV_TRY(kv_cuda_bias_rows(ctx, ctx->tmp, w->bo, rows, hidden, err));
     if (ctx->gemma) {
         /* h = x + post_attention_layernorm(attn(...)) */
         KV_TRY(kv_cuda_rmsnorm(ctx, ctx->tmp, hidden, w->post_attn_norm, ctx->tmp, hidden, rows,
@@ -87,10 +88,14 @@ static KvStatus cuda_launch_layer(KvCudaCtx *ctx, int64_t l, int64_t n, KvError 
         KV_TRY(kv_cuda_add(ctx, ctx->x, ctx->tmp, rows * hidden, err));
         KV_TRY(kv_cuda_rmsnorm(ctx, ctx->x, hidden, w->post_attn_norm, ctx->xn, hidden, rows, err));
     }
-    KV_TRY(kv_cuda_gemm(ctx, ctx->xn, w->w_gate, ctx->gate, rows, hidden, inter, err));
-    KV_TRY(kv_cuda_gemm(ctx, ctx->xn, w->w_up, ctx->up, rows, hidden, inter, err));
-    KV_TRY(kv_cuda_glu(ctx, rows * inter, err));
-    KV_TRY(kv_cuda_gemm(ctx, ctx->gate, w->w_down, ctx->tmp, rows, inter, hidden, err));
+    if (ctx->n_experts > 0) {
+        KV_TRY(kv_cuda_moe(ctx, w, rows, err)); /* gpt_oss */
+    } else {
+        KV_TRY(kv_cuda_gemm(ctx, ctx->xn, w->w_gate, ctx->gate, rows, hidden, inter, err));
+        KV_TRY(kv_cuda_gemm(ctx, ctx->xn, w->w_up, ctx->up, rows, hidden, inter, err));
+        KV_TRY(kv_cuda_glu(ctx, rows * inter, err));
+        KV_TRY(kv_cuda_gemm(ctx, ctx->gate, w->w_down, ctx->tmp, rows, inter, hidden, err));
+    }
     if (ctx->gemma) {
         KV_TRY(kv_cuda_rmsnorm(ctx, ctx->tmp, hidden, w->post_ffw_norm, ctx->tmp, hidden, rows,
                                err));

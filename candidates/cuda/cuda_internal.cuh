@@ -77,6 +77,15 @@ typedef struct {
     const float *bv;             /* (kv_dim) qwen2 only, else NULL */
     const float *q_norm;         /* (hd) gemma3 only, else NULL */
     const float *k_norm;         /* (hd) gemma3 only, else NULL */
+    /* gpt_oss only, else NULL (layouts as KvLayerWeights): */
+    const float *bo;             /* (hidden) */
+    const float *sinks;          /* (n_heads) */
+    const float *router_w;       /* (E, hidden) */
+    const float *router_b;       /* (E) */
+    const float *experts_gate_up; /* (E, 2 * inter, hidden) interleaved gate/up rows */
+    const float *experts_gate_up_b; /* (E, 2 * inter) */
+    const float *experts_down;   /* (E, hidden, inter) */
+    const float *experts_down_b; /* (E, hidden) */
     const float *w_gate;         /* (inter, hidden) */
     const float *w_up;           /* (inter, hidden) */
     const float *w_down;         /* (hidden, inter) */
@@ -98,7 +107,12 @@ typedef struct {
     int64_t hidden, q_dim, kv_dim, inter, vocab, hd, n_heads, n_kv_heads, n_layers;
     int64_t window;  /* the config's sliding window W (0: none) */
     float eps, scale, attn_cap, final_cap, embed_scale;
+    float rope_scale;        /* on cos and sin: YaRN's attention factor (gpt_oss), else 1 */
     bool gemma;
+    /* gpt_oss's MoE (n_experts > 0): the router's picks and the experts'
+     * work, for every row at once */
+    int64_t n_experts, experts_per_tok;
+    float swiglu_limit, swiglu_alpha;
 
     /* Host mirror of what the host may know (DESIGN §4): its own count of
      * slots filled (regime choice only) and dynamic's shapes. */
@@ -148,6 +162,12 @@ typedef struct {
     float *tmp;              /* (B * max_chunk, hidden) */
     float *gate;             /* (B * max_chunk, inter) */
     float *up;               /* (B * max_chunk, inter) */
+    float *moe_logits;       /* (B * max_chunk, E) router logits; NULL without experts */
+    float *moe_weight;       /* (B * max_chunk, E) an expert's softmax weight, where chosen */
+    uint8_t *moe_chosen;     /* (B * max_chunk, E) 1 where the row chose the expert */
+    float *moe_gu;           /* (B * max_chunk, 2 * inter) one expert's gate/up */
+    float *moe_h;            /* (B * max_chunk, inter) its gated activation */
+    float *moe_out;          /* (B * max_chunk, hidden) one expert's output */
     int64_t *qpos;           /* (B * max_chunk) RoPE position per new token */
     int32_t *gidx;           /* (B * max_chunk, max_keys) visible keys per query, ascending
                               * position: >= 0 a cache slot, < 0 new token -(code + 1) */
@@ -340,6 +360,12 @@ KvStatus kv_cuda_add(KvCudaCtx *ctx, float *x, const float *y, int64_t count, Kv
 KvStatus kv_cuda_bias_rows(KvCudaCtx *ctx, float *y /* (rows, out) */,
                            const float *b /* (out) */, int64_t rows, int64_t out, KvError *err);
 KvStatus kv_cuda_glu(KvCudaCtx *ctx, int64_t count, KvError *err);
+/* gpt_oss's MoE block, ctx->xn (rows, hidden) into ctx->tmp, as op_moe:
+ * the router GEMM and bias, per row the top experts_per_tok (ties to the
+ * lowest id) and their F32 softmax, then every expert in ascending id
+ * over all rows (GEMMs), its clamped SwiGLU, and out + bias added times the
+ * weight into the rows that chose it. */
+KvStatus kv_cuda_moe(KvCudaCtx *ctx, const KvCudaLayer *w, int64_t rows, KvError *err);
 KvStatus kv_cuda_softcap(KvCudaCtx *ctx, float *x, int64_t count, float cap, KvError *err);
 KvStatus kv_cuda_argmax_advance(KvCudaCtx *ctx, int64_t n, KvError *err);
 /* probe_hash[idx, b] = fnv1a(base + b * per_row, per_row). */

@@ -259,7 +259,8 @@ static __global__ void kv_rope_kernel(float *__restrict__ q /* (rows, n_heads * 
                                float *__restrict__ k /* (rows, n_kv_heads * hd) */,
                                const int64_t *__restrict__ qpos /* (rows) */,
                                const float *__restrict__ inv_freq /* (hd / 2) */, int64_t rows,
-                               int64_t n_heads, int64_t n_kv_heads, int64_t hd) {
+                               int64_t n_heads, int64_t n_kv_heads, int64_t hd,
+                               float rope_scale) {
     const int64_t half = hd / 2;
     const int64_t heads = n_heads + n_kv_heads;
     const int64_t count = rows * heads * half;
@@ -270,8 +271,9 @@ static __global__ void kv_rope_kernel(float *__restrict__ q /* (rows, n_heads * 
         const int64_t j = i % half;
         float *x = h < n_heads ? q + (r * n_heads + h) * hd : k + (r * n_kv_heads + h - n_heads) * hd;
         const float angle = (float)qpos[r] * inv_freq[j];
-        const float c = cosf(angle);
-        const float s = sinf(angle);
+        /* YaRN's attention factor on cos and sin (x 1 is exact) */
+        const float c = cosf(angle) * rope_scale;
+        const float s = sinf(angle) * rope_scale;
         const float a = x[j];
         const float b = x[j + half];
         x[j] = a * c - b * s;
@@ -287,7 +289,7 @@ KvStatus kv_cuda_rope(KvCudaCtx *ctx, int64_t n, int64_t layer, KvError *err) {
     const float *inv_freq = ctx->inv_freq + (sliding ? ctx->hd / 2 : 0);
     KV_LAUNCH(ctx, kv_rope_kernel, kv_cuda_blocks(count, KV_CUDA_EW_THREADS), KV_CUDA_EW_THREADS,
               0, ctx->q, ctx->kn, ctx->qpos, inv_freq, rows, ctx->n_heads, ctx->n_kv_heads,
-              ctx->hd);
+              ctx->hd, ctx->rope_scale);
 cleanup:
     return st;
 }
@@ -550,7 +552,8 @@ static __global__ void kv_attend_kernel(const float *__restrict__ q /* (rows, n_
                                  int64_t n, int64_t n_heads, int64_t n_kv_heads, int64_t hd,
                                  float scale, float cap,
                                  const uint64_t *__restrict__ clock /* (1) or NULL */,
-                                 int64_t layer) {
+                                 int64_t layer,
+                                 const float *__restrict__ sinks /* (n_heads) or NULL */) {
     extern __shared__ float smem[]; /* qh (hd), acc (hd), red (T), pt (T) */
     __shared__ const float *vrow[KV_CUDA_ATTN_THREADS];
     float *qh = smem;
@@ -584,6 +587,8 @@ static __global__ void kv_attend_kernel(const float *__restrict__ q /* (rows, n_
         __syncthreads();
     }
     mx = red[0];
+    /* gpt_oss: the sink joins the max (kv_attend_sink) */
+    if (sinks != NULL) mx = sinks[h] > mx ? sinks[h] : mx;
     __syncthreads();
 
     float sum = 0.0f;
@@ -598,6 +603,8 @@ static __global__ void kv_attend_kernel(const float *__restrict__ q /* (rows, n_
         __syncthreads();
     }
     sum = red[0];
+    /* ... and the sum, after the keys; its share is dropped */
+    if (sinks != NULL) sum = sum + expf(sinks[h] - mx);
     __syncthreads();
 
     for (int64_t j0 = 0; j0 < nk; j0 += KV_CUDA_ATTN_THREADS) {
@@ -634,7 +641,7 @@ KvStatus kv_cuda_attend(KvCudaCtx *ctx, int64_t layer, int64_t n, const float *k
     KV_LAUNCH(ctx, kv_attend_kernel, (unsigned int)(ctx->B * n * ctx->n_heads),
               KV_CUDA_ATTN_THREADS, smem, ctx->q, kbase, vbase, row_stride, ctx->kn, ctx->vn,
               ctx->gidx, ctx->nkeys, ctx->max_keys, ctx->att, n, ctx->n_heads, ctx->n_kv_heads,
-              ctx->hd, ctx->scale, ctx->attn_cap, clock, layer);
+              ctx->hd, ctx->scale, ctx->attn_cap, clock, layer, ctx->layers[layer].sinks);
 cleanup:
     return st;
 }
@@ -672,6 +679,112 @@ KvStatus kv_cuda_bias_rows(KvCudaCtx *ctx, float *y, const float *b, int64_t row
     const int64_t count = rows * out;
     KV_LAUNCH(ctx, kv_bias_rows_kernel, kv_cuda_blocks(count, KV_CUDA_EW_THREADS),
               KV_CUDA_EW_THREADS, 0, y, b, count, out);
+cleanup:
+    return st;
+}
+
+/* ---- gpt_oss's MoE block ---- */
+
+/* One thread per row: the top K router logits (ties to the lowest id),
+ * their softmax in F32 summed in rank order (kv_softmax), into
+ * weight/chosen (rows, E); acc (rows, hidden) zeroed. */
+static __global__ void kv_moe_route_kernel(const float *__restrict__ logits /* (rows, E) */,
+                                           float *__restrict__ weight /* (rows, E) */,
+                                           uint8_t *__restrict__ chosen /* (rows, E) */,
+                                           float *__restrict__ acc /* (rows, hidden) */,
+                                           int64_t rows, int64_t E, int64_t K, int64_t hidden) {
+    const int64_t r = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    if (r >= rows) return;
+    const float *lg = logits + r * E;
+    uint8_t *ch = chosen + r * E;
+    float *wt = weight + r * E;
+    for (int64_t e = 0; e < E; e++) ch[e] = 0;
+    for (int64_t i = 0; i < hidden; i++) acc[r * hidden + i] = 0.0f;
+    /* pass 1: the picks, by descending logit; the top value is the max */
+    float mx = -INFINITY;
+    for (int64_t k = 0; k < K; k++) {
+        int64_t best = -1;
+        for (int64_t e = 0; e < E; e++) {
+            if (!ch[e] && (best < 0 || lg[e] > lg[best])) best = e;
+        }
+        ch[best] = (uint8_t)(k + 1); /* rank + 1 */
+        mx = k == 0 ? lg[best] : mx;
+    }
+    /* pass 2: exponentials and their sum in rank order */
+    float sum = 0.0f;
+    for (int64_t k = 1; k <= K; k++) {
+        for (int64_t e = 0; e < E; e++) {
+            if (ch[e] == (uint8_t)k) {
+                wt[e] = expf(lg[e] - mx);
+                sum = sum + wt[e];
+            }
+        }
+    }
+    for (int64_t e = 0; e < E; e++) {
+        if (ch[e]) wt[e] = wt[e] / sum;
+    }
+}
+
+/* h = (up + 1) * gate * sigmoid(alpha * gate) from one expert's
+ * interleaved gu (rows, 2I) plus its bias: gate = even column, up = odd,
+ * gate clamped above at limit, up to [-limit, limit] (op_moe's order). */
+static __global__ void kv_moe_glu_kernel(const float *__restrict__ gu /* (rows, 2I) */,
+                                         const float *__restrict__ b /* (2I) */,
+                                         float *__restrict__ h /* (rows, I) */, int64_t rows,
+                                         int64_t I, float limit, float alpha) {
+    const int64_t count = rows * I;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < count;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t r = i / I, j = i % I;
+        float gate = gu[r * 2 * I + 2 * j] + b[2 * j];
+        float up = gu[r * 2 * I + 2 * j + 1] + b[2 * j + 1];
+        gate = gate > limit ? limit : gate;
+        up = up > limit ? limit : (up < -limit ? -limit : up);
+        const float glu = gate * (1.0f / (1.0f + expf(-(gate * alpha))));
+        h[i] = (up + 1.0f) * glu;
+    }
+}
+
+/* acc[r, :] = acc[r, :] + (out[r, :] + b) * weight[r, e] where row r chose
+ * expert e (experts taken in ascending id by the caller). */
+static __global__ void kv_moe_accumulate_kernel(float *__restrict__ acc /* (rows, hidden) */,
+                                                const float *__restrict__ out /* (rows, hidden) */,
+                                                const float *__restrict__ b /* (hidden) */,
+                                                const float *__restrict__ weight /* (rows, E) */,
+                                                const uint8_t *__restrict__ chosen /* (rows, E) */,
+                                                int64_t rows, int64_t hidden, int64_t E,
+                                                int64_t e) {
+    const int64_t count = rows * hidden;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < count;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t r = i / hidden;
+        if (!chosen[r * E + e]) continue;
+        acc[i] = acc[i] + (out[i] + b[i % hidden]) * weight[r * E + e];
+    }
+}
+
+KvStatus kv_cuda_moe(KvCudaCtx *ctx, const KvCudaLayer *w, int64_t rows, KvError *err) {
+    KvStatus st = KV_OK;
+    const int64_t H = ctx->hidden, I = ctx->inter, E = ctx->n_experts;
+    KV_TRY(kv_cuda_gemm(ctx, ctx->xn, w->router_w, ctx->moe_logits, rows, H, E, err));
+    KV_TRY(kv_cuda_bias_rows(ctx, ctx->moe_logits, w->router_b, rows, E, err));
+    KV_LAUNCH(ctx, kv_moe_route_kernel, kv_cuda_blocks(rows, KV_CUDA_EW_THREADS),
+              KV_CUDA_EW_THREADS, 0, ctx->moe_logits, ctx->moe_weight, ctx->moe_chosen, ctx->tmp,
+              rows, E, ctx->experts_per_tok, H);
+    /* every expert over every row, in ascending id; rows that did not
+     * choose it take nothing from it */
+    for (int64_t e = 0; e < E; e++) {
+        KV_TRY(kv_cuda_gemm(ctx, ctx->xn, w->experts_gate_up + e * 2 * I * H, ctx->moe_gu, rows, H,
+                            2 * I, err));
+        KV_LAUNCH(ctx, kv_moe_glu_kernel, kv_cuda_blocks(rows * I, KV_CUDA_EW_THREADS),
+                  KV_CUDA_EW_THREADS, 0, ctx->moe_gu, w->experts_gate_up_b + e * 2 * I,
+                  ctx->moe_h, rows, I, ctx->swiglu_limit, ctx->swiglu_alpha);
+        KV_TRY(kv_cuda_gemm(ctx, ctx->moe_h, w->experts_down + e * H * I, ctx->moe_out, rows, I, H,
+                            err));
+        KV_LAUNCH(ctx, kv_moe_accumulate_kernel, kv_cuda_blocks(rows * H, KV_CUDA_EW_THREADS),
+                  KV_CUDA_EW_THREADS, 0, ctx->tmp, ctx->moe_out, w->experts_down_b + e * H,
+                  ctx->moe_weight, ctx->moe_chosen, rows, H, E, e);
+    }
 cleanup:
     return st;
 }
