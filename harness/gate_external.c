@@ -231,6 +231,22 @@ static KvStatus ext_group(const ExtRuns *e, ExtGroup **groups, int64_t *n_groups
  * (with its finite check). A reference that is not finite fails by its own
  * check; its group's reference comparisons are then skipped with the
  * reason instead of failing on the same NaN. */
+/* The scenario a run decoded: its prompt batch (borrowed: a decode copies
+ * what it records), its step count and its name, prefilled whole (the
+ * reference is bitwise the same for any chunking). */
+static KvScenario ext_scenario(const KvRun *r) {
+    KvScenario sc = {
+        .batch = r->batch,
+        .prompt_len = r->prompt_len,
+        .prompt = r->prompt,
+        .real = r->prompt_real,
+        .new_tokens = r->steps,
+        .prefill_chunk = 0,
+    };
+    snprintf(sc.name, sizeof sc.name, "%.63s", r->scenario);
+    return sc;
+}
+
 /* The matrix options the reference decodes and the calibration run with:
  * no progress, one shard, the external gate's tolerances and settings. */
 static KvGateOptions ext_gate_options(const KvExternalOptions *o) {
@@ -252,16 +268,7 @@ static KvStatus ext_run_references(const ExtRuns *e, ExtGroup *groups, int64_t n
                                    const KvExternalOptions *o, KvReport *rep, KvError *err) {
     const KvGateOptions go = ext_gate_options(o);
     for (int64_t g = 0; g < n_groups; g++) {
-        const KvRun *l = &e->runs[groups[g].leader];
-        KvScenario sc = {
-            .batch = l->batch,
-            .prompt_len = l->prompt_len,
-            .prompt = l->prompt,  /* borrowed: the decode copies what it records */
-            .real = l->prompt_real,
-            .new_tokens = l->steps,
-            .prefill_chunk = 0,   /* the reference is bitwise the same for any chunking */
-        };
-        snprintf(sc.name, sizeof sc.name, "%.63s", l->scenario);
+        const KvScenario sc = ext_scenario(&e->runs[groups[g].leader]);
         KvComparison fin;
         KvStatus st = kv_gate_run_reference(m, model_name, &sc, &go, rep, &groups[g].ref, &fin,
                                             err);
@@ -294,22 +301,12 @@ static KvStatus ext_calibrate(ExtGroup *groups, int64_t n_groups, const KvModel 
                               KvError *err) {
     const KvGateOptions go = ext_gate_options(o);
     for (int64_t g = 0; g < n_groups && o->calibrate; g++) {
-        const KvRun *r = &rep->runs[groups[g].ref];
-        const KvScenario sc = {
-            .batch = r->batch,
-            .prompt_len = r->prompt_len,
-            .prompt = r->prompt, /* borrowed: each member copies what it records */
-            .real = r->prompt_real,
-            .new_tokens = r->steps,
-            .prefill_chunk = 0,
-        };
-        KvScenario named = sc;
-        snprintf(named.name, sizeof named.name, "%.63s", r->scenario);
-        KvStatus st = kv_gate_calibrate(m, model_name, &named, &go, groups[g].ref,
+        const KvScenario sc = ext_scenario(&rep->runs[groups[g].ref]);
+        KvStatus st = kv_gate_calibrate(m, model_name, &sc, &go, groups[g].ref,
                                         groups[g].skip[0] == '\0', rep, &groups[g].tol, err);
         if (st != KV_OK) return st;
         if (!o->quiet && groups[g].skip[0] == '\0') {
-            printf("calibrated %s: max_rel_err %g\n", named.name, groups[g].tol.max_rel_err);
+            printf("calibrated %s: max_rel_err %g\n", sc.name, groups[g].tol.max_rel_err);
             fflush(stdout);
         }
     }
