@@ -8,6 +8,12 @@
 #include "fault.h"
 #include "junit.h"
 
+/* Whether comparison i pairs two runs of one backend. */
+static int mutation_same_backend(const KvReport *rep, int64_t i) {
+    const KvComparison *c = &rep->comparisons[i];
+    return strcmp(rep->runs[c->run_a].backend, rep->runs[c->run_b].backend) == 0;
+}
+
 void kv_mutation_account(KvMutationPass *p, const KvReport *rep, int64_t from, int64_t to) {
     for (int64_t i = from; i < to && i < rep->n_comparisons; i++) {
         const KvComparison *c = &rep->comparisons[i];
@@ -15,7 +21,15 @@ void kv_mutation_account(KvMutationPass *p, const KvReport *rep, int64_t from, i
         if (c->verdict != KV_VERDICT_FAIL) continue;
         p->failed++;
         p->kinds_failed |= 1u << (unsigned)c->kind;
-        if (p->first_fail < 0) p->first_fail = i;
+        /* The first failure names the divergence, but a failure between two
+         * backends (a CUDA candidate against the CPU reference) has its first
+         * bitwise difference at step 0's first probe, where the GEMMs round
+         * differently, wherever the fault acts: seen on the first GPU run.
+         * The first same-backend failure, when there is one, places it. */
+        if (p->first_fail < 0 ||
+            (!mutation_same_backend(rep, p->first_fail) && mutation_same_backend(rep, i))) {
+            p->first_fail = i;
+        }
     }
 }
 

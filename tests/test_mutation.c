@@ -501,6 +501,42 @@ START_TEST(test_gate_graph_budget) {
 }
 END_TEST
 
+/* The first failure shown for a fault is the first same-backend one when
+ * there is one: a CUDA run against the CPU reference first differs at step
+ * 0's first probe whatever the fault (first GPU run, docs/gpu-runs/). */
+START_TEST(test_mutation_prefers_same_backend) {
+    KvRun runs[3];
+    memset(runs, 0, sizeof runs);
+    snprintf(runs[0].backend, sizeof runs[0].backend, "cpu");
+    snprintf(runs[1].backend, sizeof runs[1].backend, "cuda");
+    snprintf(runs[2].backend, sizeof runs[2].backend, "cuda");
+    KvComparison cmp[4];
+    memset(cmp, 0, sizeof cmp);
+    cmp[0] = (KvComparison){.kind = KV_CMP_REFERENCE, .run_a = 0, .run_b = 1,
+                            .verdict = KV_VERDICT_PASS};
+    cmp[1] = (KvComparison){.kind = KV_CMP_REFERENCE, .run_a = 0, .run_b = 2,
+                            .verdict = KV_VERDICT_FAIL};
+    cmp[2] = (KvComparison){.kind = KV_CMP_VARIANT, .run_a = 1, .run_b = 2,
+                            .verdict = KV_VERDICT_FAIL};
+    cmp[3] = (KvComparison){.kind = KV_CMP_VARIANT, .run_a = 1, .run_b = 2,
+                            .verdict = KV_VERDICT_FAIL};
+    KvReport rep;
+    memset(&rep, 0, sizeof rep);
+    rep.runs = runs;
+    rep.n_runs = 3;
+    rep.comparisons = cmp;
+    rep.n_comparisons = 4;
+    KvMutationPass p = {.faults = 1, .first_fail = -1};
+    kv_mutation_account(&p, &rep, 0, 2);
+    ck_assert_int_eq(p.first_fail, 1); /* only a cross-backend failure so far */
+    kv_mutation_account(&p, &rep, 2, 4);
+    ck_assert_int_eq(p.first_fail, 2); /* the first same-backend one, kept */
+    ck_assert_int_eq(p.failed, 3);
+    ck_assert_int_eq(p.comparisons, 4);
+    ck_assert_uint_eq(p.kinds_failed, (1u << KV_CMP_REFERENCE) | (1u << KV_CMP_VARIANT));
+}
+END_TEST
+
 /* The scan order and bounds of kv_bisect_walk_back on made-up digests. */
 START_TEST(test_bisect_walk_back_order) {
     enum { S = 3, NP = 3 + 7 * 2, B = 2 }; /* two layers */
@@ -655,6 +691,7 @@ static Suite *mutation_suite(void) {
     tcase_add_test(tc, test_bisect_inputs_map);
     tcase_add_test(tc, test_round_tf32);
     tcase_add_test(tc, test_fault_catalog);
+    tcase_add_test(tc, test_mutation_prefers_same_backend);
     suite_add_tcase(s, tc);
     tc = tcase_create("bisect_walkback");
     tcase_set_timeout(tc, 600);
