@@ -35,7 +35,7 @@ struct KvSlidingCache {
      * gather through a permutation cannot run in place. */
     KvCacheSlots tmp;      /* W slots per row, same shape as cur */
     int64_t *indices;      /* (W) gather indices, recomputed from *total on every update */
-    unsigned faults;       /* planted: KV_FAULT_PREFILL_FIRST_W or 0 */
+    unsigned faults;       /* planted: KV_FAULT_PREFILL_FIRST_W, KV_FAULT_STATIC_LAYER or 0 */
 };
 
 static void index_copy_destroy(KvSlidingCache *c) {
@@ -131,6 +131,21 @@ static void index_copy_update(KvSlidingCache *c, const float *k_new, const float
     const int64_t p0 = *total; /* read now, as a graph reads device memory at replay */
     if (p0 < 0) return;        /* not a position: nothing sensible to store */
 
+    if (c->faults & KV_FAULT_STATIC_LAYER) {
+        /* Planted (fault.h): a static layer of W slots, StaticLayer.update's
+         * index_copy_ at cache_position with positions past the end clamped
+         * to W - 1. No shift: the gather is the identity. Rows in order, so
+         * of several rows clamped to W - 1 the last one stays. */
+        for (int64_t i = 0; i < W; i++) c->indices[i] = i;
+        index_copy_gather(c);
+        for (int64_t j = 0; j < n; j++) {
+            const int64_t p = p0 + j;
+            index_copy_put(c, p < W - 1 ? p : W - 1, k_new, v_new, real_new, n, j, p);
+        }
+        index_copy_commit(c);
+        return;
+    }
+
     if (n == 1) {
         /* transformers: to_shift = cache_position >= W; indices =
          * (arange(W) + to_shift) % W; k_out[:, :, clamp(pos, 0, W - 1)] = new. */
@@ -166,7 +181,7 @@ static void index_copy_update(KvSlidingCache *c, const float *k_new, const float
 
 static void index_copy_plant(KvSlidingCache *c, unsigned faults) {
     if (c == NULL || c->ops != &kv_cache_index_copy) return;
-    c->faults = faults & KV_FAULT_PREFILL_FIRST_W;
+    c->faults = faults & (KV_FAULT_PREFILL_FIRST_W | KV_FAULT_STATIC_LAYER);
 }
 
 static KvCacheView index_copy_view(const KvSlidingCache *c) {

@@ -100,7 +100,7 @@ static void gate_usage(FILE *f) {
             "                    stale_scalar, atomic_reduction, inplace_shift,\n"
             "                    window_off_by_one, prefill_first_w, unwritten_slot,\n"
             "                    no_recapture, tf32, recapture_every_step, ring_slot,\n"
-            "                    dynamic_keeps_w (the gate must then fail)\n"
+            "                    dynamic_keeps_w, static_layer (the gate must then fail)\n"
             "  --faults LIST|all mutation score: the matrix once clean and once per fault,\n"
             "                    into one report; prints per fault whether and how the gate\n"
             "                    caught it, 'mutation score: C/P' and 'false alarms: N'; exits\n"

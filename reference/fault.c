@@ -28,6 +28,8 @@ static const KvFaultInfo k_faults[KV_FAULT_COUNT] = {
      "the ring writes position p to slot (p + 1) % W (recorded there), attention reads p % W"},
     {KV_FAULT_DYNAMIC_KEEPS_W, "dynamic_keeps_w", "candidates/cache_dynamic.c", "cache",
      "the dynamic cache keeps W slots instead of W - 1 (recorded right)"},
+    {KV_FAULT_STATIC_LAYER, "static_layer", "candidates/cache_index_copy.c", "cache",
+     "the sliding layer exported as a static layer of W slots: writes clamped at W - 1"},
 };
 
 const KvFaultInfo *kv_fault_all(int *count) {

@@ -55,9 +55,16 @@ enum {
     /* cache_dynamic.c: W slots kept instead of W - 1 (transformers' window
      * off by one in DynamicSlidingWindowLayer), positions recorded right. */
     KV_FAULT_DYNAMIC_KEEPS_W = 1u << 10,
+    /* cache_index_copy.c: the sliding layer replaced by a static layer of W
+     * slots (transformers' export path swaps StaticSlidingWindowLayer for
+     * StaticLayer(max_cache_len), seed 004): no shift, position p written
+     * to slot min(p, W - 1) and recorded there, so slots 0..W-2 keep the
+     * first positions for ever and "generation beyond the window" reads
+     * garbage from the first step past W. */
+    KV_FAULT_STATIC_LAYER = 1u << 11,
 };
 
-#define KV_FAULT_COUNT 11
+#define KV_FAULT_COUNT 12
 
 typedef struct {
     unsigned bit;

@@ -472,6 +472,19 @@ START_TEST(test_planted_faults) {
     kv_decode_result_free(&a);
     kv_decode_result_free(&b);
 
+    /* static_layer: index_copy as a static layer of W slots (writes clamped
+     * at W - 1) reads the wrong keys from the first step past W, in a long
+     * prefill (several rows clamped to one slot) and in decode. */
+    for (int k = 0; k < 2; k++) {
+        snprintf(what, sizeof what, "%s static_layer %s", k_families[_i],
+                 k == 0 ? "short" : "long");
+        spec = make_spec(k == 0 ? &shrt : &lng, &kv_cache_index_copy, KV_MODE_GRAPH);
+        fault_pair(m, &spec, KV_FAULT_STATIC_LAYER, &a, &b, NULL, what);
+        ck_assert_msg(results_differ(&a, &b), "%s: no effect", what);
+        kv_decode_result_free(&a);
+        kv_decode_result_free(&b);
+    }
+
     /* no_recapture: cat_shift's filling graph replayed on a full cache. */
     snprintf(what, sizeof what, "%s no_recapture", k_families[_i]);
     spec = make_spec(&shrt, &kv_cache_cat_shift, KV_MODE_GRAPH);

@@ -132,6 +132,7 @@ static const FaultSite k_sites[KV_FAULT_COUNT] = {
     {"recapture_every_step", "ring", "short_prompt_crosses_window", KV_MODE_GRAPH},
     {"ring_slot", "ring", "short_prompt_crosses_window", KV_MODE_EAGER},
     {"dynamic_keeps_w", "dynamic", "short_prompt_crosses_window", KV_MODE_GRAPH},
+    {"static_layer", "index_copy", "short_prompt_crosses_window", KV_MODE_GRAPH},
 };
 
 /* A decode recorded as a KvRun (the fields bisect reads). */
@@ -501,6 +502,49 @@ START_TEST(test_gate_graph_budget) {
 }
 END_TEST
 
+/* static_layer (seed 004's export path) changes nothing while the positions
+ * fit in W slots and is seen at the first step past W: the decode step that
+ * feeds position W (prompt P, step s >= 1 feeds position P + s - 1). */
+START_TEST(test_static_layer_first_step_past_w) {
+    static const char *const scen[] = {"short_prompt_crosses_window", "prompt_w_minus_1"};
+    KvFixtureModel fx;
+    KvError err = {{0}};
+    ck_assert_msg(kv_fixture_load("mistral-tiny", KV_FIXTURE_DEFAULT_SEED, &fx, &err) == KV_OK,
+                  "%s", err.msg);
+    const int64_t w = fx.model.config.sliding_window;
+    for (int k = 0; k < 2; k++) {
+        KvScenario sc;
+        ck_assert_msg(kv_scenario_build(&fx.model.config, scen[k], KV_FIXTURE_DEFAULT_SEED, &sc,
+                                        &err) == KV_OK, "%s", err.msg);
+        KvDecodeSpec spec = {
+            .batch = sc.batch, .prompt_len = sc.prompt_len, .prompt = sc.prompt,
+            .prompt_real = sc.real, .new_tokens = sc.new_tokens,
+            .variant = &kv_cache_index_copy, .mode = KV_MODE_GRAPH,
+        };
+        KvDecodeResult clean, faulty;
+        ck_assert_msg(kv_decode_greedy(&fx.model, &spec, &clean, &err) == KV_OK, "%s", err.msg);
+        spec.faults = KV_FAULT_STATIC_LAYER;
+        ck_assert_msg(kv_decode_greedy(&fx.model, &spec, &faulty, &err) == KV_OK, "%s", err.msg);
+        const int64_t row = clean.batch * clean.vocab;
+        int64_t first = -1;
+        for (int64_t st = 0; st < clean.steps && first < 0; st++) {
+            if (memcmp(clean.logits + st * row, faulty.logits + st * row,
+                       (size_t)row * sizeof(float)) != 0) {
+                first = st;
+            }
+        }
+        ck_assert_msg(first >= 1 && sc.prompt_len + first - 1 == w,
+                      "%s: static_layer first changed step %lld (prompt %lld, W %lld): expected "
+                      "the step that feeds position W", scen[k], (long long)first,
+                      (long long)sc.prompt_len, (long long)w);
+        kv_decode_result_free(&clean);
+        kv_decode_result_free(&faulty);
+        kv_scenario_free(&sc);
+    }
+    kv_fixture_free(&fx);
+}
+END_TEST
+
 /* The first failure shown for a fault is the first same-backend one when
  * there is one: a CUDA run against the CPU reference first differs at step
  * 0's first probe whatever the fault (first GPU run, docs/gpu-runs/). */
@@ -692,6 +736,7 @@ static Suite *mutation_suite(void) {
     tcase_add_test(tc, test_round_tf32);
     tcase_add_test(tc, test_fault_catalog);
     tcase_add_test(tc, test_mutation_prefers_same_backend);
+    tcase_add_test(tc, test_static_layer_first_step_past_w);
     suite_add_tcase(s, tc);
     tc = tcase_create("bisect_walkback");
     tcase_set_timeout(tc, 600);

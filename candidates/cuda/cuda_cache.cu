@@ -24,7 +24,9 @@
  * wrong direction (positions stay right, as on the CPU); KV_FAULT_PREFILL_FIRST_W makes
  * index_copy store the first W rows of a long prefill at the last W's slots;
  * KV_FAULT_RING_SLOT puts position p in ring slot (p + 1) % W (recorded
- * there); KV_FAULT_DYNAMIC_KEEPS_W gives dynamic W slots (cuda_ctx.cu). */
+ * there); KV_FAULT_DYNAMIC_KEEPS_W gives dynamic W slots (cuda_ctx.cu);
+ * KV_FAULT_STATIC_LAYER makes index_copy a static layer: identity gather
+ * indices and writes at min(p, W - 1). */
 #include "cuda_internal.cuh"
 
 #include <math.h>
@@ -41,6 +43,10 @@ typedef enum {
     KV_PUT_RING = 2,
     /* The last m = min(n, W) rows into slots W - m ..: always_roll. */
     KV_PUT_RIGHT = 3,
+    /* Slot min(p0 + j, W - 1), of the rows clamped to W - 1 the last one
+     * only (no two threads write one slot): KV_FAULT_STATIC_LAYER's
+     * StaticLayer of W slots. */
+    KV_PUT_CLAMP = 4,
 } KvPutMode;
 
 /* How a roll kernel's shift is found. */
@@ -64,10 +70,13 @@ static __device__ __forceinline__ int64_t kv_dev_span_shift(int64_t p0, int64_t 
  * shift = (p0 >= W) for one token (transformers' to_shift), and
  * (first_new - first_old) % W for n > 1. */
 static __global__ void kv_cache_indices_kernel(int64_t *__restrict__ indices /* (W) */, int64_t W,
-                                        const int64_t *__restrict__ total, int64_t n) {
+                                        const int64_t *__restrict__ total, int64_t n,
+                                        int static_layer) {
     const int64_t p0 = *total;
     int64_t shift;
-    if (n == 1) {
+    if (static_layer) {
+        shift = 0; /* KV_FAULT_STATIC_LAYER: a static layer never shifts */
+    } else if (n == 1) {
         shift = p0 >= W ? 1 : 0;
     } else {
         const int64_t end = p0 + n;
@@ -183,6 +192,9 @@ static __global__ void kv_cache_put_kernel(KvCudaSlots dst, int64_t B, int64_t S
         } else if (mode == KV_PUT_RING) {
             if (j < n - m) continue;
             slot = (p0 + j + (fault ? 1 : 0)) % W;
+        } else if (mode == KV_PUT_CLAMP) {
+            if (p0 + j >= W - 1 && j != n - 1) continue;
+            slot = p0 + j < W - 1 ? p0 + j : W - 1;
         } else { /* KV_PUT_RIGHT */
             if (j < n - m) continue;
             slot = W - n + j;
@@ -364,11 +376,13 @@ static KvStatus cuda_update_index_copy(KvCudaCtx *ctx, KvCudaCache *c, int64_t n
     const int64_t W = c->window, S = c->slots;
     (void)full;
     (void)inplace;
-    KV_LAUNCH(ctx, kv_cache_indices_kernel, 1, 256, 0, c->indices, W, ctx->total, n);
+    const bool static_layer = (ctx->faults & KV_FAULT_STATIC_LAYER) != 0;
+    KV_LAUNCH(ctx, kv_cache_indices_kernel, 1, 256, 0, c->indices, W, ctx->total, n,
+              static_layer ? 1 : 0);
     KV_LAUNCH(ctx, kv_cache_gather_kernel,
               kv_cuda_blocks(ctx->B * W * ctx->kv_dim, KV_CUDA_EW_THREADS), KV_CUDA_EW_THREADS, 0,
               c->tmp, c->cur, c->indices, ctx->B, W, ctx->kv_dim);
-    KV_TRY(cache_put(ctx, c->tmp, S, W, n, KV_PUT_WINDOW_TAIL, 0,
+    KV_TRY(cache_put(ctx, c->tmp, S, W, n, static_layer ? KV_PUT_CLAMP : KV_PUT_WINDOW_TAIL, 0,
                      (ctx->faults & KV_FAULT_PREFILL_FIRST_W) != 0, err));
     KV_TRY(cache_commit(ctx, c, S, err));
 cleanup:
