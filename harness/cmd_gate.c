@@ -67,8 +67,9 @@ static void gate_usage(FILE *f) {
             "  --model DIR       a Hugging Face checkpoint directory (gemma2, gemma3_text,\n"
             "                    gpt_oss, mistral, llama, qwen2)\n"
             "  --fixture NAME    gemma2-tiny, mistral-tiny, qwen2-tiny, gemma3-tiny,\n"
-            "                    gpt_oss-tiny, gemma2-medium, mistral-medium, qwen2-medium,\n"
-            "                    gemma3-medium, mistral-125m (default: the five tiny ones)\n"
+            "                    gpt_oss-tiny, mistral_mixed-tiny (layer windows 4,16,4,16),\n"
+            "                    gemma2-medium, mistral-medium, qwen2-medium, gemma3-medium,\n"
+            "                    mistral-125m (default: the six tiny ones)\n"
             "  --scenarios LIST  comma-separated, default all: short_prompt_crosses_window,\n"
             "                    prompt_w_minus_1, prompt_w, prompt_w_plus_1,\n"
             "                    prefill_longer_than_window, left_padded_batch, chunked_prefill\n"
@@ -489,8 +490,10 @@ static KvStatus gate_check_work(const GateArgs *a, const KvGateOptions *o, KvErr
         st = kv_gate_work_add(&cfg, o, &unit, &w, err);
         if (st != KV_OK) return st;
         const size_t used = strlen(windows);
-        snprintf(windows + used, sizeof windows - used, "%s%.40s window %lld%s", i > 0 ? ", " : "",
-                 a->models[i], (long long)cfg.sliding_window,
+        char wt[96];
+        kv_config_window_text(&cfg, wt, sizeof wt);
+        snprintf(windows + used, sizeof windows - used, "%s%.40s %s%s", i > 0 ? ", " : "",
+                 a->models[i], wt,
                  cfg.sliding_window_defaulted ? " (no sliding_window in config.json: "
                                                 "transformers' default)" : "");
     }
@@ -537,9 +540,10 @@ static KvStatus gate_run_one_model(GateArgs *a, int i, KvGateOptions *o, int *un
     const uint64_t mh = kv_model_hash(m);
     if (i == 0) rep->model_hash = mh;
     if (!a->quiet) {
-        printf("model %s: %s, %lld layers, window %lld, weights fnv1a64 0x%016" PRIx64 "\n", name,
-               m->config.model_type, (long long)m->config.num_layers,
-               (long long)m->config.sliding_window, mh);
+        char wt[96];
+        kv_config_window_text(&m->config, wt, sizeof wt);
+        printf("model %s: %s, %lld layers, %s, weights fnv1a64 0x%016" PRIx64 "\n", name,
+               m->config.model_type, (long long)m->config.num_layers, wt, mh);
     }
     const KvScenario *custom = o->custom;
     for (int64_t k = 0; custom != NULL && k < custom->batch * custom->prompt_len; k++) {
@@ -566,9 +570,12 @@ cleanup:
     return st;
 }
 
-/* Without --model or --fixture the gate runs the two tiny fixtures. */
+/* Without --model or --fixture the gate runs the six tiny fixtures: the
+ * five families, and mistral with layers of different windows. */
 static void gate_default_models(GateArgs *a) {
-    static const char *const k_default_models[] = {"gemma2-tiny", "mistral-tiny", "qwen2-tiny", "gemma3-tiny", "gpt_oss-tiny"};
+    static const char *const k_default_models[] = {"gemma2-tiny",  "mistral-tiny",
+                                                   "qwen2-tiny",   "gemma3-tiny",
+                                                   "gpt_oss-tiny", "mistral_mixed-tiny"};
     const int n = (int)(sizeof k_default_models / sizeof k_default_models[0]);
     if (a->n_models == 0) {
         for (int i = 0; i < n; i++) {

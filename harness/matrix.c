@@ -49,18 +49,28 @@ static void run_identify(KvRun *r, const char *model, const char *scenario, cons
 
 /* The graph budget of a graph-mode decode of sc with `variant` (the
  * variant's own rule, KvCacheOps.graph_budget) on model m. The capture key
- * holds every sliding layer's regime and length, and every sliding layer
- * has the one window cfg->sliding_window (config.h), so the layers change
- * their keys at the same steps and the model needs what one layer needs;
- * a model without sliding layers never changes its key. */
+ * holds every sliding layer's regime and length. Layers of one window change
+ * their keys at the same steps, so a model whose sliding layers share one
+ * window needs what one layer needs. Layers of different windows (mistral's
+ * list form of sliding_window) change at their own steps: the budget is one
+ * graph plus every distinct window's re-captures, exact when their steps
+ * differ and an upper bound when some coincide, never more than one graph
+ * per decode step. A model without sliding layers never changes its key. */
 static int64_t run_graph_budget(const KvModel *m, const KvScenario *sc,
                                 const KvCacheOps *variant) {
     const int64_t decode_steps = sc->new_tokens - 1; /* step 0 comes from the prefill */
-    for (int64_t l = 0; l < m->config.num_layers; l++) {
+    if (decode_steps <= 0) return 0;
+    int64_t seen[KV_MAX_LAYERS];
+    int64_t n_seen = 0, recaptures = 0;
+    for (int64_t l = 0; l < m->config.num_layers && l < KV_MAX_LAYERS; l++) {
         const int64_t w = kv_config_layer_window(&m->config, l);
-        if (w > 0) return variant->graph_budget(w, sc->prompt_len, decode_steps);
+        bool again = w == 0;
+        for (int64_t k = 0; k < n_seen && !again; k++) again = seen[k] == w;
+        if (again) continue;
+        seen[n_seen++] = w;
+        recaptures += variant->graph_budget(w, sc->prompt_len, decode_steps) - 1;
     }
-    return decode_steps > 0 ? 1 : 0;
+    return 1 + (recaptures < decode_steps - 1 ? recaptures : decode_steps - 1);
 }
 
 /* Decodes sc on backend ops and fills run (identity already set). forced:

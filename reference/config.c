@@ -206,6 +206,46 @@ static KvStatus parse_window(const ConfigCtx *c, int64_t *out, bool *missing) {
     return KV_OK;
 }
 
+/* mistral's list form of sliding_window (Mistral's interleaved-window
+ * params, as vLLM reads them): entry i % len is layer i's window, an integer
+ * in [1, KV_CONFIG_MAX_WINDOW], or null for a full-attention layer. Sets
+ * layer_sliding, layer_window and sliding_window (the largest entry, 0 when
+ * every entry is null). */
+static KvStatus parse_window_list(const ConfigCtx *c, const cJSON *list, KvConfig *cfg) {
+    const int n = cJSON_GetArraySize(list);
+    if (n < 1 || n > cfg->num_layers) {
+        char expected[96];
+        snprintf(expected, sizeof expected, "an integer, null, or a list of 1 to %" PRId64
+                 " windows (num_hidden_layers)", cfg->num_layers);
+        return field_error(c, "sliding_window", expected, list);
+    }
+    int64_t wins[KV_MAX_LAYERS];
+    for (int k = 0; k < n; k++) {
+        const cJSON *it = cJSON_GetArrayItem(list, k);
+        if (cJSON_IsNull(it)) {
+            wins[k] = 0;
+            continue;
+        }
+        if (!json_is_int_in(it, 1.0, (double)KV_CONFIG_MAX_WINDOW)) {
+            char field[48], expected[64];
+            snprintf(field, sizeof field, "sliding_window[%d]", k);
+            snprintf(expected, sizeof expected, "an integer in [1, %d] or null (full attention)",
+                     KV_CONFIG_MAX_WINDOW);
+            return field_error(c, field, expected, it);
+        }
+        wins[k] = (int64_t)it->valuedouble;
+    }
+    cfg->sliding_window = 0;
+    for (int64_t i = 0; i < cfg->num_layers; i++) {
+        const int64_t w = wins[i % n];
+        cfg->layer_sliding[i] = w > 0;
+        cfg->layer_window[i] = w;
+        if (w > cfg->sliding_window) cfg->sliding_window = w;
+    }
+    cfg->sliding_window_defaulted = false;
+    return KV_OK;
+}
+
 /* layer_types into cfg->layer_sliding; *given false (and nothing set) when
  * the key is absent: the family's config class derives it then. */
 static KvStatus parse_layer_types(const ConfigCtx *c, KvConfig *cfg, bool *given) {
@@ -661,8 +701,12 @@ static KvStatus parse_root(const ConfigCtx *c, KvConfig *cfg) {
             if (cfg->layer_sliding[i]) cfg->sliding_window_defaulted = missing;
         }
     } else {
+        const cJSON *list = cJSON_GetObjectItemCaseSensitive(c->root, "sliding_window");
         if (llama) {
             cfg->sliding_window = 0; /* LlamaConfig has no window */
+        } else if (cJSON_IsArray(list)) {
+            st = parse_window_list(c, list, cfg);
+            return st != KV_OK ? st : check_sizes(c, cfg);
         } else {
             bool missing = false;
             st = parse_window(c, &cfg->sliding_window, &missing);
@@ -812,6 +856,28 @@ static bool add_layer_types(cJSON *o, const KvConfig *cfg) {
     return ok;
 }
 
+/* Whether a mistral config needs sliding_window's list form: a layer with
+ * its own window, or layers that do not all slide alike. */
+static bool needs_window_list(const KvConfig *cfg) {
+    for (int64_t i = 0; i < cfg->num_layers && i < KV_MAX_LAYERS; i++) {
+        if (cfg->layer_window[i] > 0 || cfg->layer_sliding[i] != cfg->layer_sliding[0]) return true;
+    }
+    return false;
+}
+
+/* sliding_window as one entry per layer: its window, or null (full). */
+static bool add_window_list(cJSON *o, const KvConfig *cfg) {
+    cJSON *l = cJSON_AddArrayToObject(o, "sliding_window");
+    bool ok = l != NULL;
+    for (int64_t i = 0; ok && i < cfg->num_layers && i < KV_MAX_LAYERS; i++) {
+        const int64_t w = kv_config_layer_window(cfg, i);
+        cJSON *e = w > 0 ? cJSON_CreateNumber((double)w) : cJSON_CreateNull();
+        ok = e != NULL && cJSON_AddItemToArray(l, e);
+        if (!ok) cJSON_Delete(e);
+    }
+    return ok;
+}
+
 char *kv_config_to_json(const KvConfig *cfg) {
     char *text = NULL;
     cJSON *o = cJSON_CreateObject();
@@ -875,7 +941,9 @@ char *kv_config_to_json(const KvConfig *cfg) {
     } else {
         ok = ok && cJSON_AddStringToObject(o, "hidden_act", "silu") != NULL;
         ok = ok && cJSON_AddFalseToObject(o, "mlp_bias") != NULL;
-        if ((strcmp(mt, "mistral") == 0 || qwen2) && !gpt_oss) {
+        if (strcmp(mt, "mistral") == 0 && needs_window_list(cfg)) {
+            ok = ok && add_window_list(o, cfg);
+        } else if ((strcmp(mt, "mistral") == 0 || qwen2) && !gpt_oss) {
             ok = ok &&
                  (cfg->sliding_window > 0 ? add_int(o, "sliding_window", cfg->sliding_window)
                                           : cJSON_AddNullToObject(o, "sliding_window") != NULL);
@@ -937,7 +1005,34 @@ double kv_config_layer_rope_theta(const KvConfig *cfg, int64_t layer) {
 
 int64_t kv_config_layer_window(const KvConfig *cfg, int64_t layer) {
     if (layer < 0 || layer >= cfg->num_layers || layer >= KV_MAX_LAYERS) return 0;
-    return cfg->layer_sliding[layer] ? cfg->sliding_window : 0;
+    if (!cfg->layer_sliding[layer]) return 0;
+    return cfg->layer_window[layer] > 0 ? cfg->layer_window[layer] : cfg->sliding_window;
+}
+
+void kv_config_window_text(const KvConfig *cfg, char *out, size_t n) {
+    if (n == 0) return;
+    if (!kv_config_mixed_windows(cfg)) {
+        snprintf(out, n, "window %" PRId64, cfg->sliding_window);
+        return;
+    }
+    int w = snprintf(out, n, "windows ");
+    size_t used = w > 0 ? (size_t)w : 0;
+    for (int64_t i = 0; i < cfg->num_layers && i < KV_MAX_LAYERS && used < n; i++) {
+        w = snprintf(out + used, n - used, "%s%" PRId64, i > 0 ? "," : "",
+                     kv_config_layer_window(cfg, i));
+        if (w < 0) return;
+        used += (size_t)w;
+    }
+}
+
+bool kv_config_mixed_windows(const KvConfig *cfg) {
+    for (int64_t i = 0; i < cfg->num_layers && i < KV_MAX_LAYERS; i++) {
+        if (cfg->layer_sliding[i] && cfg->layer_window[i] > 0 &&
+            cfg->layer_window[i] != cfg->sliding_window) {
+            return true;
+        }
+    }
+    return false;
 }
 
 const char *kv_family_name(KvFamily f) {

@@ -112,6 +112,13 @@ typedef struct {
     int64_t experts_per_tok;      /* num_experts_per_tok */
     double swiglu_limit, swiglu_alpha;
     uint8_t layer_sliding[KV_MAX_LAYERS]; /* (num_layers) 1 = sliding_attention */
+    /* (num_layers) a sliding layer's own window, or 0: the layer takes
+     * sliding_window. Set by mistral's list form of sliding_window (one
+     * entry per layer, repeated over the layers; null = full attention),
+     * Mistral's interleaved-window params and vLLM's reading of them; then
+     * sliding_window is the largest entry, the size caches and scenarios are
+     * planned for. */
+    int64_t layer_window[KV_MAX_LAYERS];
 } KvConfig;
 
 /* Parses config.json text (len bytes, need not be NUL-terminated). `label` is
@@ -141,9 +148,18 @@ bool kv_config_gemma_style(const KvConfig *cfg);
  * layers (when set), rope_theta otherwise. */
 double kv_config_layer_rope_theta(const KvConfig *cfg, int64_t layer);
 
-/* The window of layer `layer`: cfg->sliding_window for sliding layers, 0 (no
- * window) for full-attention layers. */
+/* The window of layer `layer`: its layer_window when set, else
+ * cfg->sliding_window, for sliding layers; 0 (no window) for full-attention
+ * layers. */
 int64_t kv_config_layer_window(const KvConfig *cfg, int64_t layer);
+
+/* Whether some sliding layer's window differs from sliding_window (the
+ * list form of sliding_window). */
+bool kv_config_mixed_windows(const KvConfig *cfg);
+
+/* "window W", or with mixed windows "windows W0,W1,..." per layer (0 = full
+ * attention), NUL-terminated and truncated to n. */
+void kv_config_window_text(const KvConfig *cfg, char *out, size_t n);
 
 const char *kv_family_name(KvFamily f);
 

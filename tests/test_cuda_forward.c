@@ -56,8 +56,8 @@
 #endif
 
 static const char *const k_families[] = {"gemma2-tiny", "mistral-tiny", "qwen2-tiny", "gemma3-tiny",
-                                          "gpt_oss-tiny"};
-#define N_FAMILIES 5
+                                          "gpt_oss-tiny", "mistral_mixed-tiny"};
+#define N_FAMILIES 6
 /* The reference layout (NULL) and the six variants: index 0 is NULL. */
 #define N_IMPLS 7
 

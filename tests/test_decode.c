@@ -184,6 +184,72 @@ START_TEST(test_padded_row_equals_alone) {
 }
 END_TEST
 
+/* First step whose logits differ between two models on the same forced
+ * tokens (prompt p of P tokens, steps new tokens). */
+static int64_t first_changed_step(const KvModel *a, const KvModel *b, const int32_t *p, int64_t P,
+                                  const int32_t *forced, int64_t steps) {
+    static const uint8_t real_one = 1;
+    uint8_t *real = malloc((size_t)P);
+    ck_assert_ptr_nonnull(real);
+    memset(real, real_one, (size_t)P);
+    KvDecodeSpec spec = {.batch = 1, .prompt_len = P, .prompt = p, .prompt_real = real,
+                         .new_tokens = steps, .forced = forced};
+    KvDecodeResult ra, rb;
+    KvError err = {{0}};
+    ck_assert_msg(kv_decode_greedy(a, &spec, &ra, &err) == KV_OK, "%s", err.msg);
+    ck_assert_msg(kv_decode_greedy(b, &spec, &rb, &err) == KV_OK, "%s", err.msg);
+    const int64_t V = ra.vocab;
+    int64_t first = -1;
+    for (int64_t s = 0; s < steps && first < 0; s++) {
+        if (memcmp(ra.logits + s * V, rb.logits + s * V, (size_t)V * sizeof(float)) != 0) first = s;
+    }
+    kv_decode_result_free(&ra);
+    kv_decode_result_free(&rb);
+    free(real);
+    return first;
+}
+
+/* mistral_mixed-tiny (windows 4, 16, 4, 16): against the same weights with
+ * one window 16 everywhere, the first changed step is the one whose query
+ * reaches past 4 (query slot P - 1 + s = 4); against windows 4, full, 4,
+ * full, the one whose query reaches past 16. Each layer keeps its own window. */
+START_TEST(test_mixed_windows_boundary) {
+    KvFixtureModel f;
+    KvError err = {{0}};
+    ck_assert_msg(kv_fixture_load("mistral_mixed-tiny", TEST_SEED, &f, &err) == KV_OK, "%s",
+                  err.msg);
+    const KvConfig *c = &f.model.config;
+    ck_assert(kv_config_mixed_windows(c));
+    const int64_t small = KV_FIXTURE_MIXED_SMALL_WINDOW, W = c->sliding_window, P = 2;
+    ck_assert_int_eq(kv_config_layer_window(c, 0), small);
+    ck_assert_int_eq(kv_config_layer_window(c, 1), W);
+    int32_t *p = make_prompt(P, TEST_PROMPT_SEED, c->vocab_size);
+    const int64_t steps = 2 * W;
+    int32_t *forced = malloc((size_t)steps * sizeof *forced);
+    ck_assert_ptr_nonnull(forced);
+    /* any fixed tokens: both models read the same inputs at every step */
+    for (int64_t s = 0; s < steps; s++) forced[s] = (int32_t)(1 + (s * 37) % (c->vocab_size - 1));
+    KvModel one = f.model; /* shallow: same weights, other windows */
+    for (int64_t l = 0; l < c->num_layers; l++) one.config.layer_window[l] = 0;
+    ck_assert(!kv_config_mixed_windows(&one.config));
+    int64_t first = first_changed_step(&f.model, &one, p, P, forced, steps);
+    ck_assert_msg(first == small - P + 1, "vs window %lld everywhere: first change at step %lld, "
+                  "expected %lld", (long long)W, (long long)first, (long long)(small - P + 1));
+    /* windows 4, full, 4, full: only the odd layers differ, from past 16 */
+    for (int64_t l = 0; l < c->num_layers; l++) {
+        one.config.layer_sliding[l] = l % 2 == 0;
+        one.config.layer_window[l] = l % 2 == 0 ? small : 0;
+    }
+    one.config.sliding_window = small;
+    first = first_changed_step(&f.model, &one, p, P, forced, steps);
+    ck_assert_msg(first == W - P + 1, "vs windows 4/full: first change at step %lld, expected "
+                  "%lld", (long long)first, (long long)(W - P + 1));
+    free(forced);
+    free(p);
+    kv_fixture_free(&f);
+}
+END_TEST
+
 /* With the window removed the logits agree exactly while the context fits
  * in W and differ from the first query that would drop a key: the query at
  * slot W (context W + 1) is the first whose window (q - W < k) excludes
@@ -385,6 +451,7 @@ static Suite *decode_suite(void) {
     TCase *sem = tcase_create("semantics");
     tcase_set_timeout(sem, 120);
     tcase_add_loop_test(sem, test_window_boundary, 0, N_FAM);
+    tcase_add_test(sem, test_mixed_windows_boundary);
     tcase_add_loop_test(sem, test_margins_clear_of_ties, 0, N_FAM);
     tcase_add_test(sem, test_bad_tokens_rejected);
     tcase_add_loop_test(sem, test_nonfinite_located, 0, N_FAM);

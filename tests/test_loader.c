@@ -832,6 +832,75 @@ START_TEST(test_config_roundtrip) {
 END_TEST
 
 /* The JSON kv_config_to_json writes carries what transformers reads. */
+/* mistral's list form of sliding_window (Mistral's interleaved windows, as
+ * vLLM reads them): entry i % len is layer i's window, null a full layer;
+ * sliding_window becomes the largest; the JSON round trip keeps it; bad
+ * entries are exit-2 errors naming the entry. */
+START_TEST(test_config_window_list) {
+    static const char *const base =
+        "{\"model_type\": \"mistral\", \"vocab_size\": 64, \"hidden_size\": 16, "
+        "\"intermediate_size\": 32, \"num_hidden_layers\": 6, \"num_attention_heads\": 2, "
+        "\"head_dim\": 8, \"sliding_window\": %s}";
+    char text[512];
+    KvConfig c;
+    KvError err = {{0}};
+    snprintf(text, sizeof text, base, "[4, 16, null]");
+    ck_assert_msg(kv_config_parse(text, strlen(text), "mixed.json", &c, &err) == KV_OK, "%s",
+                  err.msg);
+    static const int64_t want[6] = {4, 16, 0, 4, 16, 0};
+    for (int64_t i = 0; i < 6; i++) {
+        ck_assert_int_eq(kv_config_layer_window(&c, i), want[i]);
+        ck_assert_int_eq(c.layer_sliding[i], want[i] > 0);
+    }
+    ck_assert_int_eq(c.sliding_window, 16);
+    ck_assert(!c.sliding_window_defaulted && kv_config_mixed_windows(&c));
+    char wt[64];
+    kv_config_window_text(&c, wt, sizeof wt);
+    ck_assert_str_eq(wt, "windows 4,16,0,4,16,0");
+    char *json = kv_config_to_json(&c);
+    ck_assert_ptr_nonnull(json);
+    KvConfig back;
+    ck_assert_msg(kv_config_parse(json, strlen(json), "back.json", &back, &err) == KV_OK, "%s",
+                  err.msg);
+    free(json);
+    for (int64_t i = 0; i < 6; i++) {
+        ck_assert_int_eq(kv_config_layer_window(&back, i), want[i]);
+    }
+    ck_assert_int_eq(back.sliding_window, 16);
+    /* one window for every layer: not mixed, printed as before */
+    snprintf(text, sizeof text, base, "[8]");
+    ck_assert_msg(kv_config_parse(text, strlen(text), "one.json", &c, &err) == KV_OK, "%s",
+                  err.msg);
+    ck_assert(!kv_config_mixed_windows(&c) && c.sliding_window == 8);
+    kv_config_window_text(&c, wt, sizeof wt);
+    ck_assert_str_eq(wt, "window 8");
+    /* refusals */
+    static const struct {
+        const char *list, *needle;
+    } bad[] = {
+        {"[4, 0]", "field 'sliding_window[1]': expected an integer in [1, "},
+        {"[4, \"16\"]", "field 'sliding_window[1]'"},
+        {"[4.5]", "field 'sliding_window[0]'"},
+        {"[]", "field 'sliding_window': expected an integer, null, or a list of 1 to 6"},
+        {"[1, 2, 3, 4, 5, 6, 7]", "a list of 1 to 6 windows"},
+    };
+    for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+        snprintf(text, sizeof text, base, bad[k].list);
+        KvConfig z;
+        ck_assert_int_eq(kv_config_parse(text, strlen(text), "bad.json", &z, &err), KV_ERR_INPUT);
+        ck_assert_msg(strstr(err.msg, bad[k].needle) != NULL && strstr(err.msg, "bad.json"),
+                      "%s: %s", bad[k].list, err.msg);
+    }
+    /* other families keep the integer form */
+    static const char *const g2 =
+        "{\"model_type\": \"gemma2\", \"vocab_size\": 64, \"hidden_size\": 16, "
+        "\"intermediate_size\": 32, \"num_hidden_layers\": 2, \"num_attention_heads\": 2, "
+        "\"head_dim\": 8, \"sliding_window\": [4, 16]}";
+    ck_assert_int_eq(kv_config_parse(g2, strlen(g2), "g2.json", &c, &err), KV_ERR_INPUT);
+    ck_assert_msg(strstr(err.msg, "'sliding_window'") != NULL, "%s", err.msg);
+}
+END_TEST
+
 /* What Gemma3TextConfig and Qwen2Config derive when config.json is
  * silent: gemma3's full layers every sliding_window_pattern-th (default 6),
  * its two RoPE bases from the legacy fields or the nested rope_parameters
@@ -2005,6 +2074,7 @@ static Suite *loader_suite(void) {
     tcase_add_test(tc, test_config_roundtrip);
     tcase_add_test(tc, test_config_json_fields);
     tcase_add_test(tc, test_config_family_defaults);
+    tcase_add_test(tc, test_config_window_list);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("safetensors");
