@@ -24,6 +24,7 @@
 #include "prompts.h"
 #include "report.h"
 #include "scenario.h"
+#include "shard_env.h"
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -52,7 +53,7 @@ static void gate_usage(FILE *f) {
             "usage: kvrepro gate [--model DIR | --fixture NAME]... [--scenarios LIST]\n"
             "                    [--variants LIST] [--backends cpu,cuda] [--modes eager,graph]\n"
             "                    [--repeats N] [--report PATH.h5] [--junit PATH.xml]\n"
-            "                    [--shard I/N] [--tol NAME=VALUE]... [--prompts FILE\n"
+            "                    [--shard I/N|auto] [--tol NAME=VALUE]... [--prompts FILE\n"
             "                    --max-new-tokens N] [--seed N] [--prompt-seed N]\n"
             "                    [--replay-every N] [--fault LIST | --faults LIST|all]\n"
             "                    [--timings] [--allow-large-work] [--no-calibrate]\n"
@@ -82,6 +83,14 @@ static void gate_usage(FILE *f) {
             "  --report PATH     write the HDF5 report (reports/SCHEMA.md)\n"
             "  --junit PATH      write JUnit XML\n"
             "  --shard I/N       run the I-th of N shards of the (model, scenario) units\n"
+            "                    (unit u when u %% N == I - 1); `kvrepro merge` joins the\n"
+            "                    N reports\n"
+            "  --shard auto      take I/N from the environment, the first set of:\n"
+            "                    KVREPRO_SHARD=I/N; a Slurm array task (I =\n"
+            "                    SLURM_ARRAY_TASK_ID - SLURM_ARRAY_TASK_MIN + 1, N =\n"
+            "                    SLURM_ARRAY_TASK_COUNT, or MAX - MIN + 1; no step);\n"
+            "                    a GitLab parallel job (I = CI_NODE_INDEX, N =\n"
+            "                    CI_NODE_TOTAL). The log names the variables used\n"
             "  --tol NAME=VALUE  max_rel_err (default: calibrated per model and scenario,\n"
             "                    %d x the spread of the reference under %d other valid\n"
             "                    reduction orders), tie_margin (default %g); an explicit\n"
@@ -265,6 +274,8 @@ typedef struct {
     int n_external;
     const char *matrix_opt;  /* the first option given that shapes the matrix (or picks a
                               * fixture): refused with --external, which runs none */
+    char shard_source[sizeof ((KvShard *)0)->source]; /* the variables --shard auto took
+                                                        * the shard from; "" otherwise */
 } GateArgs;
 
 /* Records opt as the first matrix option given (for the refusal with
@@ -290,6 +301,12 @@ static bool gate_check_external_args(const GateArgs *a) {
         return false;
     }
     return true;
+}
+
+/* The process environment for kv_shard_from_env. */
+static const char *gate_getenv(const char *name, void *ctx) {
+    (void)ctx;
+    return getenv(name);
 }
 
 /* Parses argv into a and o; prints the problem and returns false on bad
@@ -414,14 +431,25 @@ static bool gate_parse_args(int argc, char **argv, GateArgs *a, KvGateOptions *o
             }
         } else if (kv_cli_take(argc, argv, &i, "--shard", &v, &bad)) {
             gate_note_matrix_opt(a, "--shard");
-            int si = 0, sn = 0;
-            char tail = 0;
-            if (!bad && (sscanf(v, "%d/%d%c", &si, &sn, &tail) != 2 || sn < 1 || si < 1 || si > sn)) {
-                fprintf(stderr, "kvrepro gate: --shard: expected I/N with 1 <= I <= N, found '%s'\n", v);
+            if (bad) break;
+            a->shard_source[0] = '\0'; /* the last --shard given wins */
+            KvShard shard;
+            KvError serr = {{0}};
+            if (strcmp(v, "auto") == 0) {
+                if (kv_shard_from_env(gate_getenv, NULL, &shard, &serr) != KV_OK) {
+                    fprintf(stderr, "kvrepro gate: --shard auto: %s\n", serr.msg);
+                    bad = true;
+                    break;
+                }
+                snprintf(a->shard_source, sizeof a->shard_source, "%s", shard.source);
+            } else if (!kv_shard_parse(v, &shard.index, &shard.count)) {
+                fprintf(stderr, "kvrepro gate: --shard: expected I/N with 1 <= I <= N, or auto, "
+                        "found '%s'\n", v);
                 bad = true;
+                break;
             }
-            o->shard_i = si;
-            o->shard_n = sn;
+            o->shard_i = shard.index;
+            o->shard_n = shard.count;
         } else if (kv_cli_take(argc, argv, &i, "--fault", &v, &bad)) {
             gate_note_matrix_opt(a, "--fault");
             if (bad) break;
@@ -612,9 +640,11 @@ static void gate_print_header(const GateArgs *a, const KvGateOptions *o, const K
         snprintf(rel, sizeof rel, "%g", o->tol.max_rel_err);
     }
     printf("seeds: weights %llu, prompts %llu; tolerances: max_rel_err %s, tie_margin %g; "
-           "shard %s\n",
+           "shard %s",
            (unsigned long long)a->seed, (unsigned long long)o->prompt_seed, rel,
            o->tol.tie_margin, rep->shard);
+    if (a->shard_source[0] != '\0') printf(" (from %s)", a->shard_source);
+    printf("\n");
 }
 
 /* The runs this shard will do over all passes: the progress total. */
@@ -738,6 +768,11 @@ int kv_cmd_gate(int argc, char **argv) {
     if (st == KV_OK) st = kv_gate_record_tolerances(&o, &rep, &err);
     if (st != KV_OK) goto cleanup;
     if (!a.quiet) gate_print_header(&a, &o, &rep);
+    /* --quiet prints no header, but a shard taken from the environment is
+     * still named: the log of a job that ran the wrong units must say so. */
+    if (a.quiet && a.shard_source[0] != '\0') {
+        fprintf(stderr, "kvrepro gate: shard %s (from %s)\n", rep.shard, a.shard_source);
+    }
     /* Everything that can be refused is refused before the first decode. */
     st = kv_gate_check_outputs(a.report_path, a.junit_path, &err);
     if (st == KV_OK) st = gate_check_work(&a, &o, &err);

@@ -343,14 +343,19 @@ endforeach()
 kv_run(0 out err ${KVREPRO} merge "${WORK}/merged.h5" "${WORK}/s1.h5" "${WORK}/s2.h5" "${WORK}/s3.h5")
 kv_run(0 all err ${KVREPRO} show "${WORK}/all.h5")
 kv_run(0 merged err ${KVREPRO} show "${WORK}/merged.h5")
-foreach(which all merged)
-  string(REPLACE "\n" ";" lines "${${which}}")
+# kv_show_rows(SHOW_TEXT OUT_VAR): the run rows of `kvrepro show`, sorted,
+# without the run index (it follows each merge input's order; the rest must
+# match).
+function(kv_show_rows text out_var)
+  string(REPLACE "\n" ";" lines "${text}")
   list(FILTER lines INCLUDE REGEX "(PASS|FAIL|SKIP)")
-  # the run index follows each input's order; the rest must match
   list(TRANSFORM lines REPLACE "^ *[0-9]+  " "")
   list(SORT lines)
-  list(LENGTH lines n_${which})
-  set(rows_${which} "${lines}")
+  set(${out_var} "${lines}" PARENT_SCOPE)
+endfunction()
+foreach(which all merged)
+  kv_show_rows("${${which}}" rows_${which})
+  list(LENGTH rows_${which} n_${which})
 endforeach()
 if(n_all EQUAL 0 OR NOT rows_all STREQUAL rows_merged)
   message(FATAL_ERROR "merged shards differ from the unsharded gate (${n_all} vs ${n_merged} rows)")
@@ -365,6 +370,71 @@ kv_expect_match("${err}" "shard 2/3 of a gate split 3 ways, but .*all.h5 is shar
 if(EXISTS "${WORK}/m3.h5" OR EXISTS "${WORK}/m4.h5")
   message(FATAL_ERROR "a refused merge left an output behind")
 endif()
+
+# --shard auto (issue 19): the shard from the variables a scheduler sets.
+# Every variable it reads is cleared first, so that a ctest run inside a
+# Slurm array task or a GitLab job sees only what each case sets.
+set(KV_SHARD_VARS KVREPRO_SHARD SLURM_ARRAY_TASK_ID SLURM_ARRAY_TASK_MIN SLURM_ARRAY_TASK_MAX
+    SLURM_ARRAY_TASK_COUNT SLURM_ARRAY_TASK_STEP CI_NODE_INDEX CI_NODE_TOTAL)
+list(TRANSFORM KV_SHARD_VARS PREPEND "--unset=" OUTPUT_VARIABLE kv_unset_shard)
+set(NO_SHARD_ENV ${CMAKE_COMMAND} -E env ${kv_unset_shard})
+kv_run(2 out err ${NO_SHARD_ENV} ${KVREPRO} gate ${SHARDED} --shard auto)
+kv_expect_match("${err}" "--shard auto: found none of KVREPRO_SHARD, SLURM_ARRAY_TASK_ID/COUNT, CI_NODE_INDEX/TOTAL"
+                "--shard auto with none of its variables")
+kv_expect_no_match("${out}" "passed" "--shard auto ran without a shard")
+# A Slurm array --array=0-2 (ids from 0): task id + 1 is the shard, named
+# with its variables even under --quiet, and each report is the explicit
+# --shard's byte for byte; merged, they are the unsharded gate.
+set(slurm_reports)
+foreach(id 0 1 2)
+  math(EXPR i "${id} + 1")
+  kv_run(0 out err ${NO_SHARD_ENV} SLURM_ARRAY_TASK_ID=${id} SLURM_ARRAY_TASK_MIN=0
+         SLURM_ARRAY_TASK_MAX=2 SLURM_ARRAY_TASK_COUNT=3 SLURM_ARRAY_TASK_STEP=1
+         ${KVREPRO} gate ${SHARDED} --shard auto --report "${WORK}/slurm${id}.h5")
+  kv_expect_match("${err}" "shard ${i}/3 \\(from SLURM_ARRAY_TASK_ID=${id}, SLURM_ARRAY_TASK_MIN=0, SLURM_ARRAY_TASK_COUNT=3\\)"
+                  "--shard auto names the Slurm variables it used")
+  file(SHA256 "${WORK}/slurm${id}.h5" auto_sum)
+  file(SHA256 "${WORK}/s${i}.h5" explicit_sum)
+  if(NOT auto_sum STREQUAL explicit_sum)
+    message(FATAL_ERROR "--shard auto as Slurm task ${id} differs from --shard ${i}/3")
+  endif()
+  list(APPEND slurm_reports "${WORK}/slurm${id}.h5")
+endforeach()
+kv_run(0 out err ${KVREPRO} merge "${WORK}/merged_slurm.h5" ${slurm_reports})
+kv_run(0 show_slurm err ${KVREPRO} show "${WORK}/merged_slurm.h5")
+kv_show_rows("${show_slurm}" rows_slurm)
+if(NOT rows_all STREQUAL rows_slurm)
+  message(FATAL_ERROR "merged Slurm --shard auto reports differ from the unsharded gate")
+endif()
+# A GitLab job with parallel: 2 (a split the explicit shards did not run;
+# CI_NODE_INDEX is 1-based); without --quiet the header names the source.
+set(SHARDED_LOUD ${SHARDED})
+list(REMOVE_ITEM SHARDED_LOUD --quiet)
+set(gitlab_reports)
+foreach(i 1 2)
+  kv_run(0 out err ${NO_SHARD_ENV} CI_NODE_INDEX=${i} CI_NODE_TOTAL=2
+         ${KVREPRO} gate ${SHARDED_LOUD} --shard auto --report "${WORK}/gitlab${i}.h5")
+  kv_expect_match("${out}" "; shard ${i}/2 \\(from CI_NODE_INDEX=${i}, CI_NODE_TOTAL=2\\)\n"
+                  "--shard auto names the GitLab variables it used")
+  list(APPEND gitlab_reports "${WORK}/gitlab${i}.h5")
+endforeach()
+kv_run(0 out err ${KVREPRO} merge "${WORK}/merged_gitlab.h5" ${gitlab_reports})
+kv_run(0 show_gitlab err ${KVREPRO} show "${WORK}/merged_gitlab.h5")
+kv_show_rows("${show_gitlab}" rows_gitlab)
+if(NOT rows_all STREQUAL rows_gitlab)
+  message(FATAL_ERROR "merged GitLab --shard auto reports differ from the unsharded gate")
+endif()
+# KVREPRO_SHARD comes first, and a bad value is refused (not passed over
+# for the next source); a Slurm step or a 0-based GitLab index is refused.
+kv_run(2 out err ${NO_SHARD_ENV} KVREPRO_SHARD=4/3 SLURM_ARRAY_TASK_ID=0 SLURM_ARRAY_TASK_MIN=0
+       SLURM_ARRAY_TASK_COUNT=3 ${KVREPRO} gate ${SHARDED} --shard auto)
+kv_expect_match("${err}" "--shard auto: KVREPRO_SHARD='4/3': expected I/N" "bad KVREPRO_SHARD")
+kv_run(2 out err ${NO_SHARD_ENV} SLURM_ARRAY_TASK_ID=2 SLURM_ARRAY_TASK_MIN=0 SLURM_ARRAY_TASK_MAX=4
+       SLURM_ARRAY_TASK_COUNT=3 SLURM_ARRAY_TASK_STEP=2 ${KVREPRO} gate ${SHARDED} --shard auto)
+kv_expect_match("${err}" "SLURM_ARRAY_TASK_STEP=2: expected 1; the array's task ids are not contiguous"
+                "Slurm array with a step")
+kv_run(2 out err ${NO_SHARD_ENV} CI_NODE_INDEX=0 CI_NODE_TOTAL=3 ${KVREPRO} gate ${SHARDED} --shard auto)
+kv_expect_match("${err}" "CI_NODE_INDEX=0: expected 1..CI_NODE_TOTAL=3" "0-based GitLab index")
 # show lists each run's index, which diff and bisect take as --run.
 kv_expect_match("${merged}" "\n *# +model +scenario" "show has the run index column")
 
