@@ -188,10 +188,9 @@ END_TEST
  * tokens (prompt p of P tokens, steps new tokens). */
 static int64_t first_changed_step(const KvModel *a, const KvModel *b, const int32_t *p, int64_t P,
                                   const int32_t *forced, int64_t steps) {
-    static const uint8_t real_one = 1;
     uint8_t *real = malloc((size_t)P);
     ck_assert_ptr_nonnull(real);
-    memset(real, real_one, (size_t)P);
+    memset(real, 1, (size_t)P); /* no pads */
     KvDecodeSpec spec = {.batch = 1, .prompt_len = P, .prompt = p, .prompt_real = real,
                          .new_tokens = steps, .forced = forced};
     KvDecodeResult ra, rb;
