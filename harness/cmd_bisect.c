@@ -78,7 +78,10 @@ static void bisect_print_tokens(const KvRun *a, const KvRun *b, int64_t step) {
                a->tokens[i] != b->tokens[i] ? " (differ)" : "");
     }
     printf("\n");
-    if (step > 0) {
+    if (step > 0 && a->switch_step > 0 && step == a->switch_step) {
+        printf("fed at step %" PRId64 ": the second request's suffix (%" PRId64 " tokens) after "
+               "its prefix entry was restored (prefix reuse)\n", step, a->suffix_len);
+    } else if (step > 0) {
         printf("fed at step %" PRId64 ":", step);
         for (int64_t r = 0; r < a->batch; r++) {
             const int64_t i = (step - 1) * a->batch + r;
@@ -411,7 +414,12 @@ static KvStatus bisect_rerun(const BisectJob *j, const KvBisectPoint *pt, KvErro
     }
     const KvConfig *c = &j->m->config;
     const int64_t kv_dim = c->num_kv_heads * c->head_dim;
-    const int64_t next = j->a->prompt_len + at.step; /* positions stored after the step */
+    /* positions stored after the step (a prefix-reuse run's second request
+     * restarts from its saved prefix at the switch) */
+    const KvRun *ra = j->a;
+    const int64_t next = ra->switch_step > 0 && at.step >= ra->switch_step
+                             ? ra->save_after + ra->suffix_len + (at.step - ra->switch_step)
+                             : ra->prompt_len + at.step;
     int64_t probes[3] = {at.probe, -1, -1};
     const int n_in = kv_bisect_inputs(NP, at.probe, probes + 1);
     KvBisectTensorOut tensors[3];

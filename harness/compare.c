@@ -191,6 +191,52 @@ void kv_compare_bitwise_outputs(const KvRun *a, const KvRun *b, KvCompareKind ki
     compare_bitwise(a, b, kind, a_index, b_index, false, out);
 }
 
+void kv_compare_fresh(const KvRun *reuse, const KvRun *fresh, int64_t offset, int64_t reuse_index,
+                      int64_t fresh_index, KvComparison *out) {
+    compare_init(out, KV_CMP_FRESH, reuse_index, fresh_index);
+    if (reuse->skipped || fresh->skipped) {
+        out->verdict = KV_VERDICT_SKIP;
+        snprintf(out->message, sizeof out->message, "skipped: %s",
+                 reuse->skipped ? reuse->skip_reason : fresh->skip_reason);
+        return;
+    }
+    const int64_t B = reuse->batch, V = reuse->vocab;
+    if (offset < 0 || fresh->steps + offset != reuse->steps || fresh->batch != B ||
+        fresh->vocab != V) {
+        out->verdict = KV_VERDICT_FAIL;
+        snprintf(out->message, sizeof out->message,
+                 "cannot compare: the fresh run has %lld steps x %lld rows x %lld vocab, the "
+                 "reused one %lld steps (switch at %lld) x %lld rows x %lld vocab",
+                 (long long)fresh->steps, (long long)fresh->batch, (long long)fresh->vocab,
+                 (long long)reuse->steps, (long long)offset, (long long)B, (long long)V);
+        return;
+    }
+    const bool full = reuse->logits != NULL && fresh->logits != NULL;
+    for (int64_t s = 0; s < fresh->steps; s++) {
+        for (int64_t b = 0; b < B; b++) {
+            const int64_t i = (s + offset) * B + b, j = s * B + b;
+            const bool same =
+                reuse->tokens[i] == fresh->tokens[j] &&
+                (full ? memcmp(reuse->logits + i * V, fresh->logits + j * V,
+                               (size_t)V * sizeof(float)) == 0
+                      : reuse->logits_hash[i] == fresh->logits_hash[j]);
+            if (same) continue;
+            out->verdict = KV_VERDICT_FAIL;
+            out->first_step = s + offset;
+            out->first_row = b;
+            snprintf(out->message, sizeof out->message,
+                     "the reused state differs from a fresh run of the same context at step "
+                     "%lld row %lld (%lld steps after the request switch): token %d vs %d%s",
+                     (long long)(s + offset), (long long)b, (long long)s, reuse->tokens[i],
+                     fresh->tokens[j], reuse->tokens[i] == fresh->tokens[j] ? ", logits differ" : "");
+            return;
+        }
+    }
+    snprintf(out->message, sizeof out->message,
+             "%lld steps after the request switch at step %lld bitwise equal to a fresh run",
+             (long long)fresh->steps, (long long)offset);
+}
+
 void kv_compare_replay(const KvRun *run, int64_t index, KvComparison *out) {
     compare_init(out, KV_CMP_REPLAY, index, index);
     if (run->skipped) {

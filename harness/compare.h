@@ -129,6 +129,17 @@ void kv_compare_repeat(const KvRun *first, const KvRun *run, int64_t first_index
  * skipped or records no budget (graph_budget < 0). */
 void kv_compare_graph_budget(const KvRun *run, int64_t index, KvComparison *out);
 
+/* A reused state against a fresh run of the same context (kind
+ * KV_CMP_FRESH, DESIGN §5): reuse's steps from `offset` on (the request
+ * switch of prefix_reuse_after_wrap) against fresh's steps from 0, logits
+ * and tokens bitwise (or logits hashes where either kept only top-k). The
+ * first differing (step, row) is named in reuse's numbering; no probe (the
+ * switch's forward and the fresh prefill hash different rows). Fails when
+ * the two do not line up (fresh's steps + offset != reuse's, another batch
+ * or vocabulary). */
+void kv_compare_fresh(const KvRun *reuse, const KvRun *fresh, int64_t offset, int64_t reuse_index,
+                      int64_t fresh_index, KvComparison *out);
+
 /* The replay check recorded in run (kind KV_CMP_REPLAY; a = b = index). */
 void kv_compare_replay(const KvRun *run, int64_t index, KvComparison *out);
 

@@ -87,6 +87,12 @@ static KvStatus run_decode(const KvModel *m, const KvScenario *sc, const KvCache
         .prompt_real = sc->real,
         .new_tokens = sc->new_tokens,
         .prefill_chunk = sc->prefill_chunk,
+        /* the script only when it switches inside this decode (what the
+         * run records, so a rerun from the report does the same) */
+        .save_after = kv_scenario_switches(sc) ? sc->save_after : 0,
+        .switch_step = kv_scenario_switches(sc) ? sc->switch_step : 0,
+        .suffix_len = kv_scenario_switches(sc) ? sc->suffix_len : 0,
+        .suffix = kv_scenario_switches(sc) ? sc->suffix : NULL,
         .forced = forced,
         .variant = variant,
         .mode = mode,
@@ -113,6 +119,17 @@ static KvStatus run_decode(const KvModel *m, const KvScenario *sc, const KvCache
     if (!run->prompt || !run->prompt_real || !run->logits_hash || !run->probe_names) {
         kv_decode_result_free(&res);
         return kv_error_set(err, KV_ERR_INTERNAL, "out of memory recording a run");
+    }
+    if (kv_scenario_switches(sc)) {
+        run->save_after = sc->save_after;
+        run->switch_step = sc->switch_step;
+        run->suffix_len = sc->suffix_len;
+        run->suffix = malloc((size_t)(B * sc->suffix_len) * sizeof *run->suffix);
+        if (run->suffix == NULL) {
+            kv_decode_result_free(&res);
+            return kv_error_set(err, KV_ERR_INTERNAL, "out of memory recording a run");
+        }
+        memcpy(run->suffix, sc->suffix, (size_t)(B * sc->suffix_len) * sizeof *run->suffix);
     }
     memcpy(run->prompt, sc->prompt, (size_t)(B * sc->prompt_len) * sizeof *run->prompt);
     memcpy(run->prompt_real, sc->real, (size_t)(B * sc->prompt_len));
@@ -450,8 +467,12 @@ KvStatus kv_gate_calibrate(const KvModel *m, const char *model_name, const KvSce
     free(r->fp64_rel_err);
     r->fp64_rel_err = malloc((size_t)(r->steps > 0 ? r->steps : 1) * sizeof *r->fp64_rel_err);
     if (r->fp64_rel_err == NULL) return kv_error_set(err, KV_ERR_INTERNAL, "out of memory");
-    st = kv_shadow64_rel_error(m, r->batch, r->prompt_len, r->prompt, r->prompt_real, r->steps,
-                               r->tokens, r->logits, r->fp64_rel_err, &fp64, err);
+    /* The shadow decodes one request: a prefix-reuse run's steps up to its
+     * switch (the second request's are the fresh twin's, judged bitwise). */
+    const int64_t shadow_steps = kv_scenario_switches(sc) ? sc->switch_step : r->steps;
+    for (int64_t i = shadow_steps; i < r->steps; i++) r->fp64_rel_err[i] = 0.0;
+    st = kv_shadow64_rel_error(m, r->batch, r->prompt_len, r->prompt, r->prompt_real,
+                               shadow_steps, r->tokens, r->logits, r->fp64_rel_err, &fp64, err);
     if (st != KV_OK) return st;
     double cal = KV_CAL_SPREAD_MULT * spread;
     if (KV_CAL_FP64_MULT * fp64 > cal) cal = KV_CAL_FP64_MULT * fp64;
@@ -488,12 +509,49 @@ KvStatus kv_gate_calibrate(const KvModel *m, const char *model_name, const KvSce
     return st;
 }
 
+/* The fresh twin of a prefix-reuse scenario (kv_scenario_fresh): the
+ * second request run from scratch on the CPU reference, its own run (with
+ * its finite check), and the reused reference run compared with it bitwise
+ * (KV_CMP_FRESH). Candidates are held to the reference, so this is what
+ * makes "the reused state equals a fresh run's" hold for every run. */
+static KvStatus run_fresh_twin(const KvModel *m, const char *model_name, const KvScenario *sc,
+                               const KvGateOptions *o, int64_t ref, KvReport *rep,
+                               KvError *err) {
+    KvScenario fresh;
+    KvStatus st = kv_scenario_fresh(sc, &fresh, err);
+    if (st != KV_OK) return st;
+    const int64_t idx = kv_gate_add_run(rep);
+    if (idx < 0) {
+        st = kv_error_set(err, KV_ERR_INTERNAL, "out of memory");
+        goto cleanup;
+    }
+    run_identify(&rep->runs[idx], model_name, fresh.name, "reference", "cpu", "eager", 0, 0);
+    st = run_decode(m, &fresh, NULL, KV_MODE_EAGER, o, NULL, &kv_backend_cpu, 0, &rep->runs[idx],
+                    err);
+    if (st != KV_OK) goto cleanup;
+    KvComparison c;
+    kv_compare_finite(&rep->runs[idx], idx, &c);
+    st = kv_gate_add_comparison(rep, &c, err);
+    if (st != KV_OK) goto cleanup;
+    kv_compare_fresh(&rep->runs[ref], &rep->runs[idx], sc->switch_step, ref, idx, &c);
+    st = kv_gate_add_comparison(rep, &c, err);
+    /* not counted in the progress total (units x runs per unit): the twin
+     * is a fraction of one reference decode */
+cleanup:
+    kv_scenario_free(&fresh);
+    return st;
+}
+
 static KvStatus run_scenario(const KvModel *m, const char *model_name, const KvScenario *sc,
                              const KvGateOptions *o, KvReport *rep, KvError *err) {
     int64_t ref = -1;
     KvComparison fin;
     KvStatus st = kv_gate_run_reference(m, model_name, sc, o, rep, &ref, &fin, err);
     if (st != KV_OK) return st;
+    if (kv_scenario_switches(sc)) {
+        st = run_fresh_twin(m, model_name, sc, o, ref, rep, err);
+        if (st != KV_OK) return st;
+    }
     KvTolerances tol;
     st = kv_gate_calibrate(m, model_name, sc, o, ref, fin.verdict != KV_VERDICT_FAIL, rep, &tol,
                            err);
@@ -584,7 +642,13 @@ KvStatus kv_gate_work_add(const KvConfig *cfg, const KvGateOptions *o, int *unit
                                 4.0 * qd * keys +
                                 2.0 * H * (double)cfg->vocab_size * (double)use->new_tokens;
         const double run_flop = (double)use->batch * row_flop;
-        /* the reference once, each candidate with its replayed steps */
+        /* the reference once, each candidate with its replayed steps; a
+         * prefix-reuse unit's fresh twin is about one more reference */
+        if (kv_scenario_switches(use)) {
+            w->decodes += 1;
+            w->tokens += use->batch * T;
+            w->flop += run_flop;
+        }
         w->decodes += per_unit;
         w->tokens += use->batch * (T + (per_unit - 1) * (T + replays)) ;
         w->flop += run_flop + (double)(per_unit - 1) * run_flop *

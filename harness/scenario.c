@@ -16,16 +16,25 @@ typedef struct {
     int64_t len_w[2];
     int64_t len_add[2];
     bool chunked; /* prefill in chunks of W / 2 + 1 */
+    bool reuse;   /* prefix reuse after wrap (kv_scenario_fresh) */
 } ScenarioDef;
 
 static const ScenarioDef k_defs[] = {
-    {"short_prompt_crosses_window", 1, {0, 0}, {5, 0}, false},
-    {"prompt_w_minus_1", 1, {1, 0}, {-1, 0}, false},
-    {"prompt_w", 1, {1, 0}, {0, 0}, false},
-    {"prompt_w_plus_1", 1, {1, 0}, {1, 0}, false},
-    {"prefill_longer_than_window", 1, {3, 0}, {0, 0}, false},
-    {"left_padded_batch", 2, {3, 0}, {0, 3}, false},
-    {"chunked_prefill", 1, {3, 0}, {0, 0}, true},
+    {"short_prompt_crosses_window", 1, {0, 0}, {5, 0}, false, false},
+    {"prompt_w_minus_1", 1, {1, 0}, {-1, 0}, false, false},
+    {"prompt_w", 1, {1, 0}, {0, 0}, false, false},
+    {"prompt_w_plus_1", 1, {1, 0}, {1, 0}, false, false},
+    {"prefill_longer_than_window", 1, {3, 0}, {0, 0}, false, false},
+    {"left_padded_batch", 2, {3, 0}, {0, 3}, false, false},
+    {"chunked_prefill", 1, {3, 0}, {0, 0}, true, false},
+    /* TRT-LLM PR #2983: a prefix-cache entry of a request's first W/2 + 1
+     * tokens (a shared system prompt) is reused by a second request after
+     * the first request's sliding cache has wrapped (its prompt is 1.5 W, and
+     * it decodes W/2 tokens before the switch). The second request's suffix
+     * of W/2 + 2 tokens crosses the window inside one forward. An engine
+     * whose entry aliases the live cyclic cache (planted: prefix_alias)
+     * reads the first request's later keys there. */
+    {"prefix_reuse_after_wrap", 1, {1, 0}, {0, 0}, false, true},
 };
 #define N_DEFS (int)(sizeof k_defs / sizeof k_defs[0])
 
@@ -59,7 +68,8 @@ KvStatus kv_scenario_build(const KvConfig *cfg, const char *name, uint64_t seed,
         return kv_error_set(err, KV_ERR_INPUT,
                             "scenario '%s': unknown; expected one of short_prompt_crosses_window, "
                             "prompt_w_minus_1, prompt_w, prompt_w_plus_1, "
-                            "prefill_longer_than_window, left_padded_batch, chunked_prefill",
+                            "prefill_longer_than_window, left_padded_batch, chunked_prefill, "
+                            "prefix_reuse_after_wrap",
                             name);
     }
     const int64_t w = cfg->sliding_window > 0 ? cfg->sliding_window : 16;
@@ -67,7 +77,7 @@ KvStatus kv_scenario_build(const KvConfig *cfg, const char *name, uint64_t seed,
     int64_t lens[2] = {0, 0};
     KvStatus st = KV_OK;
     for (int64_t b = 0; b < d->batch; b++) {
-        lens[b] = d->len_w[b] * w + d->len_add[b];
+        lens[b] = d->len_w[b] * w + d->len_add[b] + (d->reuse ? w / 2 : 0);
         if (lens[b] < 1) lens[b] = 1;
         rows[b] = malloc((size_t)lens[b] * sizeof(int32_t));
         if (rows[b] == NULL) {
@@ -91,6 +101,29 @@ KvStatus kv_scenario_build(const KvConfig *cfg, const char *name, uint64_t seed,
         out->seed = seed;
         out->prefill_chunk = d->chunked ? w / 2 + 1 : 0;
     }
+    if (d->reuse) {
+        /* The first request decodes W/2 tokens, the second 3 W + 1 after
+         * the switch (DESIGN §5: at least 3 W past the window). */
+        out->save_after = w / 2 + 1;
+        out->switch_step = w / 2;
+        out->new_tokens = out->switch_step + 3 * w + 1;
+        out->suffix_len = w / 2 + 2;
+        out->suffix = malloc((size_t)(d->batch * out->suffix_len) * sizeof *out->suffix);
+        if (out->suffix == NULL) {
+            st = kv_error_set(err, KV_ERR_INTERNAL, "scenario %s: out of memory", name);
+            kv_scenario_free(out);
+            goto cleanup;
+        }
+        for (int64_t b = 0; b < d->batch; b++) {
+            char stream[96];
+            snprintf(stream, sizeof stream, "scenario/%s/suffix%lld", name, (long long)b);
+            KvPrng g = kv_prng_stream(seed, stream);
+            for (int64_t i = 0; i < out->suffix_len; i++) {
+                out->suffix[b * out->suffix_len + i] =
+                    1 + (int32_t)kv_prng_below(&g, (uint32_t)(cfg->vocab_size - 1));
+            }
+        }
+    }
 cleanup:
     free(rows[0]);
     free(rows[1]);
@@ -101,9 +134,42 @@ KvStatus kv_scenario_default(const KvConfig *cfg, uint64_t seed, KvScenario *out
     return kv_scenario_build(cfg, k_defs[0].name, seed, out, err);
 }
 
+bool kv_scenario_switches(const KvScenario *sc) {
+    return sc->switch_step > 0 && sc->switch_step < sc->new_tokens && sc->suffix != NULL;
+}
+
+KvStatus kv_scenario_fresh(const KvScenario *sc, KvScenario *out, KvError *err) {
+    memset(out, 0, sizeof *out);
+    if (!kv_scenario_switches(sc)) {
+        return kv_error_set(err, KV_ERR_INPUT, "scenario %s: no request switch inside its %lld "
+                            "decode steps, so no fresh twin", sc->name, (long long)sc->new_tokens);
+    }
+    const int64_t B = sc->batch, P = sc->prompt_len, K = sc->save_after, S = sc->suffix_len;
+    const int64_t L = K + S;
+    out->prompt = malloc((size_t)(B * L) * sizeof *out->prompt); /* (B, L) */
+    out->real = malloc((size_t)(B * L));                          /* (B, L) */
+    if (out->prompt == NULL || out->real == NULL) {
+        kv_scenario_free(out);
+        return kv_error_set(err, KV_ERR_INTERNAL, "scenario %s: out of memory", sc->name);
+    }
+    for (int64_t b = 0; b < B; b++) {
+        memcpy(out->prompt + b * L, sc->prompt + b * P, (size_t)K * sizeof *out->prompt);
+        memcpy(out->real + b * L, sc->real + b * P, (size_t)K);
+        memcpy(out->prompt + b * L + K, sc->suffix + b * S, (size_t)S * sizeof *out->prompt);
+        memset(out->real + b * L + K, 1, (size_t)S);
+    }
+    snprintf(out->name, sizeof out->name, "%.56s.fresh", sc->name);
+    out->seed = sc->seed;
+    out->batch = B;
+    out->prompt_len = L;
+    out->new_tokens = sc->new_tokens - sc->switch_step;
+    return KV_OK;
+}
+
 void kv_scenario_free(KvScenario *s) {
     if (s == NULL) return;
     free(s->prompt);
     free(s->real);
+    free(s->suffix);
     memset(s, 0, sizeof *s);
 }

@@ -5,6 +5,7 @@
 #ifndef KV_SCENARIO_H
 #define KV_SCENARIO_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "config.h"
@@ -19,6 +20,15 @@ typedef struct {
     uint8_t *real;         /* (B, P) */
     int64_t new_tokens;
     int64_t prefill_chunk; /* 0 = whole prompt */
+    /* Prefix reuse (DESIGN §5, prefix_reuse_after_wrap); all 0 / NULL
+     * otherwise. The prefill saves a prefix-cache entry after its first
+     * save_after columns; at decode step switch_step a second request
+     * restores that entry and feeds its own suffix as one forward (step
+     * switch_step's logits are its last token's), then decodes on. */
+    int64_t save_after;
+    int64_t switch_step;
+    int64_t suffix_len;
+    int32_t *suffix;       /* (B, suffix_len) real tokens */
 } KvScenario;
 
 /* Names of the default set, in order; *count receives their number. */
@@ -36,6 +46,17 @@ KvStatus kv_scenario_custom(const char *name, const int32_t *const *prompts, con
 
 /* The first scenario of the set: a short prompt whose decode crosses W. */
 KvStatus kv_scenario_default(const KvConfig *cfg, uint64_t seed, KvScenario *out, KvError *err);
+
+/* The fresh twin of a prefix-reuse scenario: the second request run from
+ * scratch, its prompt the first save_after columns of sc's prompt plus the
+ * suffix, decoding the new_tokens - switch_step tokens that follow the
+ * switch, named "<name>.fresh". Its step j must equal sc's step
+ * switch_step + j bitwise (DESIGN §5). KV_ERR_INPUT when sc has no switch
+ * inside its decode (no script, or --max-new-tokens cut it off). */
+KvStatus kv_scenario_fresh(const KvScenario *sc, KvScenario *out, KvError *err);
+
+/* True when sc switches requests inside its decode (a fresh twin exists). */
+bool kv_scenario_switches(const KvScenario *sc);
 
 void kv_scenario_free(KvScenario *s);
 

@@ -32,7 +32,14 @@ typedef struct {
     unsigned order;             /* KV_ORDER_* bits (ensemble.h); 0 outside calibration */
     bool probes;                /* record probe hashes */
     bool dump_probes;           /* keep the last forward's full probe values (take_dump) */
+    bool prefix_slot;           /* snapshot slot KV_SNAP_PREFIX is used (prefix reuse) */
 } KvBackendSetup;
+
+/* Snapshot slots: the replay check's, and a prefix-cache entry held across
+ * many decode steps (and replay checks) until a second request reuses it. */
+#define KV_SNAP_REPLAY 0
+#define KV_SNAP_PREFIX 1
+#define KV_SNAP_SLOTS 2
 
 /* The last forward's outputs in host memory owned by the backend; valid
  * until the next call on it. */
@@ -95,10 +102,14 @@ typedef struct {
     KvStatus (*capture)(KvBackend *b, int64_t n, KvError *err);
     /* Runs the graph once; the host count advances by the captured n. */
     KvStatus (*replay)(KvBackend *b, KvError *err);
-    /* Saves / restores the persistent state and the host counts, for the
-     * replay check. */
-    KvStatus (*snapshot_save)(KvBackend *b, KvError *err);
-    KvStatus (*snapshot_load)(KvBackend *b, KvError *err);
+    /* Saves / restores the persistent state and the host counts in slot
+     * KV_SNAP_REPLAY (the replay check) or KV_SNAP_PREFIX (a prefix-cache
+     * entry; only when setup.prefix_slot). Under the planted fault
+     * KV_FAULT_PREFIX_ALIAS a KV_SNAP_PREFIX load restores everything but
+     * the sliding layers' slots: an entry that aliases the live cyclic
+     * cache. */
+    KvStatus (*snapshot_save)(KvBackend *b, int slot, KvError *err);
+    KvStatus (*snapshot_load)(KvBackend *b, int slot, KvError *err);
     /* The last forward's outputs (waits for them); KV_ERR_INTERNAL when the
      * backend saw a broken invariant (a sentinel overwritten, a device error
      * flag). */

@@ -12,9 +12,11 @@ typedef struct {
     KvRefState s;
     KvGraph graph;       /* the captured forward */
     int64_t graph_n;     /* tokens per forward of the captured graph */
-    unsigned char *snap; /* (snap_bytes) persistent state, for the replay check */
-    size_t snap_bytes;
-    int64_t snap_len;    /* the host count at the snapshot */
+    unsigned char *snap[KV_SNAP_SLOTS]; /* (snap_bytes) persistent state per slot */
+    size_t snap_bytes[KV_SNAP_SLOTS];
+    int64_t snap_len[KV_SNAP_SLOTS];    /* the host count at the snapshot */
+    bool prefix_slot;                   /* setup.prefix_slot */
+    unsigned faults;                    /* planted (KV_FAULT_PREFIX_ALIAS acts here) */
     int64_t eager_forwards, launches;
 } CpuRun;
 
@@ -32,7 +34,7 @@ static void cpu_destroy(KvBackend *b) {
     if (r == NULL) return;
     kv_graph_free(&r->graph);
     kv_ref_state_free(&r->s);
-    free(r->snap);
+    for (int i = 0; i < KV_SNAP_SLOTS; i++) free(r->snap[i]);
     free(r);
 }
 
@@ -46,6 +48,8 @@ static KvStatus cpu_create(const KvModel *m, const KvBackendSetup *setup, KvBack
                            setup->variant, err);
     if (st != KV_OK) goto cleanup;
     kv_ref_state_plant(&r->s, setup->faults);
+    r->faults = setup->faults;
+    r->prefix_slot = setup->prefix_slot;
     r->s.order = setup->order;
     r->s.probes = setup->probes;
     if (setup->probes && setup->dump_probes) {
@@ -130,12 +134,14 @@ static size_t cpu_snapshot_parts(KvRefState *s, SnapPart *parts) {
     return n;
 }
 
-/* save: state -> r->snap; else r->snap -> state. */
-static void cpu_snapshot_copy(CpuRun *r, bool save) {
+/* save: state -> r->snap[slot]; else r->snap[slot] -> state. alias (a
+ * load under KV_FAULT_PREFIX_ALIAS): the sliding caches' slots stay as they
+ * are, everything else is restored. */
+static void cpu_snapshot_copy(CpuRun *r, int slot, bool save, bool alias) {
     KvRefState *s = &r->s;
     SnapPart parts[8];
     const size_t n = cpu_snapshot_parts(s, parts);
-    unsigned char *at = r->snap;
+    unsigned char *at = r->snap[slot];
     for (size_t i = 0; i < n; i++) {
         if (save) {
             memcpy(at, parts[i].ptr, parts[i].bytes);
@@ -148,6 +154,8 @@ static void cpu_snapshot_copy(CpuRun *r, bool save) {
         if (s->caches[l] == NULL) continue;
         if (save) {
             kv_cache_snapshot_save(s->variant, s->caches[l], at);
+        } else if (alias) {
+            kv_cache_snapshot_load_counters(s->variant, s->caches[l], at);
         } else {
             kv_cache_snapshot_load(s->variant, s->caches[l], at);
         }
@@ -155,8 +163,17 @@ static void cpu_snapshot_copy(CpuRun *r, bool save) {
     }
 }
 
-static KvStatus cpu_snapshot_save(KvBackend *b, KvError *err) {
+/* A slot this run may use: the replay check's always, the prefix entry's
+ * when the setup asked for it. */
+static KvStatus cpu_snapshot_slot(const CpuRun *r, int slot, KvError *err) {
+    if (slot == KV_SNAP_REPLAY || (slot == KV_SNAP_PREFIX && r->prefix_slot)) return KV_OK;
+    return kv_error_set(err, KV_ERR_INTERNAL, "snapshot: slot %d not set up for this run", slot);
+}
+
+static KvStatus cpu_snapshot_save(KvBackend *b, int slot, KvError *err) {
     CpuRun *r = cpu_run(b);
+    KvStatus st = cpu_snapshot_slot(r, slot, err);
+    if (st != KV_OK) return st;
     KvRefState *s = &r->s;
     SnapPart parts[8];
     const size_t n = cpu_snapshot_parts(s, parts);
@@ -165,24 +182,27 @@ static KvStatus cpu_snapshot_save(KvBackend *b, KvError *err) {
     for (int64_t l = 0; s->caches != NULL && l < s->n_layers; l++) {
         if (s->caches[l] != NULL) need += kv_cache_snapshot_bytes(s->variant, s->caches[l]);
     }
-    if (r->snap == NULL || r->snap_bytes != need) {
-        free(r->snap);
-        r->snap = malloc(need > 0 ? need : 1);
-        r->snap_bytes = r->snap != NULL ? need : 0;
-        if (r->snap == NULL) {
+    if (r->snap[slot] == NULL || r->snap_bytes[slot] != need) {
+        free(r->snap[slot]);
+        r->snap[slot] = malloc(need > 0 ? need : 1);
+        r->snap_bytes[slot] = r->snap[slot] != NULL ? need : 0;
+        if (r->snap[slot] == NULL) {
             return kv_error_set(err, KV_ERR_INTERNAL, "snapshot: out of memory (%zu bytes)", need);
         }
     }
-    cpu_snapshot_copy(r, true);
-    r->snap_len = s->len;
+    cpu_snapshot_copy(r, slot, true, false);
+    r->snap_len[slot] = s->len;
     return KV_OK;
 }
 
-static KvStatus cpu_snapshot_load(KvBackend *b, KvError *err) {
+static KvStatus cpu_snapshot_load(KvBackend *b, int slot, KvError *err) {
     CpuRun *r = cpu_run(b);
-    if (r->snap == NULL) return kv_error_set(err, KV_ERR_INTERNAL, "snapshot: none saved");
-    cpu_snapshot_copy(r, false);
-    r->s.len = r->snap_len;
+    KvStatus st = cpu_snapshot_slot(r, slot, err);
+    if (st != KV_OK) return st;
+    if (r->snap[slot] == NULL) return kv_error_set(err, KV_ERR_INTERNAL, "snapshot: none saved");
+    const bool alias = slot == KV_SNAP_PREFIX && (r->faults & KV_FAULT_PREFIX_ALIAS);
+    cpu_snapshot_copy(r, slot, false, alias);
+    r->s.len = r->snap_len[slot];
     return KV_OK;
 }
 

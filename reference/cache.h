@@ -132,6 +132,10 @@ const KvCacheOps *kv_cache_find(const char *name);
 size_t kv_cache_snapshot_bytes(const KvCacheOps *ops, KvSlidingCache *c);
 void kv_cache_snapshot_save(const KvCacheOps *ops, KvSlidingCache *c, void *dst);
 void kv_cache_snapshot_load(const KvCacheOps *ops, KvSlidingCache *c, const void *src);
+/* Restores only the host counters of a snapshot, leaving the slots (K, V,
+ * real, recorded positions) as they are: the planted KV_FAULT_PREFIX_ALIAS,
+ * a prefix-cache entry that shares the live cache's slots. */
+void kv_cache_snapshot_load_counters(const KvCacheOps *ops, KvSlidingCache *c, const void *src);
 
 /* Sentinel-guarded buffers: KV_GUARD_FLOATS floats of a fixed bit pattern
  * before and after the n usable bytes. */

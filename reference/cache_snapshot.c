@@ -51,3 +51,11 @@ void kv_cache_snapshot_load(const KvCacheOps *ops, KvSlidingCache *c, const void
         in += n;
     }
 }
+
+void kv_cache_snapshot_load_counters(const KvCacheOps *ops, KvSlidingCache *c, const void *src) {
+    const KvCacheState st = ops->state(c);
+    const unsigned char *in = src;
+    for (int part = 0; part < 4; part++) in += snapshot_part_bytes(&st, part);
+    const size_t n = snapshot_part_bytes(&st, 4);
+    if (n > 0) memcpy(snapshot_part_ptr(&st, 4), in, n);
+}

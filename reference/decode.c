@@ -101,8 +101,34 @@ KvStatus kv_decode_check_spec(const KvModel *m, const KvDecodeSpec *sp, KvError 
                                 (long long)b);
         }
     }
-    return decode_check_tokens(m->config.vocab_size, sp->prompt, sp->prompt_real, sp->batch,
-                               sp->prompt_len, 0, err);
+    KvStatus st = decode_check_tokens(m->config.vocab_size, sp->prompt, sp->prompt_real,
+                                      sp->batch, sp->prompt_len, 0, err);
+    if (st != KV_OK || sp->switch_step == 0) return st;
+    if (sp->switch_step < 0 || sp->save_after < 1 || sp->save_after >= sp->prompt_len ||
+        sp->suffix_len < 1 || sp->suffix == NULL) {
+        return kv_error_set(err, KV_ERR_INPUT,
+                            "decode: prefix reuse: expected switch step >= 1, 1 <= save_after < "
+                            "prompt length %lld and a suffix of >= 1 tokens; found %lld, %lld, "
+                            "%lld tokens",
+                            (long long)sp->prompt_len, (long long)sp->switch_step,
+                            (long long)sp->save_after, (long long)sp->suffix_len);
+    }
+    /* the suffix is all real: the prefix ended on a real token (left padding) */
+    for (int64_t b = 0; b < sp->batch; b++) {
+        if (!sp->prompt_real[b * sp->prompt_len + sp->save_after - 1]) {
+            return kv_error_set(err, KV_ERR_INPUT,
+                                "decode: prefix reuse: row %lld: the prefix's last column %lld is "
+                                "a pad, so the suffix would follow a pad",
+                                (long long)b, (long long)(sp->save_after - 1));
+        }
+    }
+    uint8_t *real = malloc((size_t)(sp->batch * sp->suffix_len));
+    if (real == NULL) return kv_error_set(err, KV_ERR_INTERNAL, "decode: out of memory");
+    memset(real, 1, (size_t)(sp->batch * sp->suffix_len));
+    st = decode_check_tokens(m->config.vocab_size, sp->suffix, real, sp->batch, sp->suffix_len,
+                             sp->save_after, err);
+    free(real);
+    return st;
 }
 
 /* Moves the backend's non-finite probe record (the forward just run) into
@@ -175,13 +201,13 @@ static KvStatus decode_step(const KvBackendOps *ops, KvBackend *b, const KvModel
     const bool check = sp->replay_every > 0 && (step % sp->replay_every == 0 || last_unchecked);
     const int64_t runs = check ? (sp->replay_k > 0 ? sp->replay_k : KV_REPLAY_K) : 1;
     if (check) {
-        st = ops->snapshot_save(b, err);
+        st = ops->snapshot_save(b, KV_SNAP_REPLAY, err);
         if (st != KV_OK) return st;
         out->replays_checked++;
     }
     for (int64_t run = 0; run < runs; run++) {
         if (run > 0) {
-            st = ops->snapshot_load(b, err);
+            st = ops->snapshot_load(b, KV_SNAP_REPLAY, err);
             if (st != KV_OK) return st;
         }
         st = sp->mode == KV_MODE_GRAPH
@@ -203,6 +229,16 @@ static KvStatus decode_step(const KvBackendOps *ops, KvBackend *b, const KvModel
     return KV_OK;
 }
 
+/* Whether the spec has a prefix-reuse script: its prefill saves the prefix
+ * entry (also when the decode stops before the switch, so that a shorter
+ * rerun of a recorded run prefills in the same chunks). */
+static bool decode_scripted(const KvDecodeSpec *sp) { return sp->switch_step > 0; }
+
+/* Whether the spec switches requests inside its decode. */
+static bool decode_switches(const KvDecodeSpec *sp) {
+    return decode_scripted(sp) && sp->switch_step < sp->new_tokens;
+}
+
 /* The chunk a prefill forwards at once. */
 static int64_t decode_chunk(const KvDecodeSpec *sp) {
     return sp->prefill_chunk > 0 && sp->prefill_chunk < sp->prompt_len ? sp->prefill_chunk
@@ -213,14 +249,18 @@ KvStatus kv_decode_prefill(const KvBackendOps *ops, KvBackend *b, const KvDecode
                            KvDecodeResult *out, KvError *err) {
     KvStatus st = KV_OK;
     const int64_t B = sp->batch, P = sp->prompt_len, chunk = decode_chunk(sp);
+    /* A prefix-cache entry is saved after column save_after: the chunks stop
+     * there and start again after it (as a serving engine's prefix does). */
+    const int64_t save = decode_scripted(sp) && sp->save_after < P ? sp->save_after : 0;
     int32_t *tok = malloc((size_t)(B * chunk) * sizeof *tok); /* (B, chunk) */
     uint8_t *real = malloc((size_t)(B * chunk));               /* (B, chunk) */
     if (tok == NULL || real == NULL) {
         st = kv_error_set(err, KV_ERR_INTERNAL, "decode: out of memory for the prefill");
         goto cleanup;
     }
-    for (int64_t off = 0; off < P; off += chunk) {
-        const int64_t n = P - off < chunk ? P - off : chunk;
+    for (int64_t off = 0; off < P;) {
+        const int64_t end = save > off ? save : P;
+        const int64_t n = end - off < chunk ? end - off : chunk;
         for (int64_t row = 0; row < B; row++) {
             memcpy(tok + row * n, sp->prompt + row * P + off, (size_t)n * sizeof *tok);
             memcpy(real + row * n, sp->prompt_real + row * P + off, (size_t)n);
@@ -229,9 +269,30 @@ KvStatus kv_decode_prefill(const KvBackendOps *ops, KvBackend *b, const KvDecode
         if (st == KV_OK) st = ops->forward(b, n, err);
         if (st != KV_OK) goto cleanup;
         if (out != NULL) decode_note_nonfinite(ops, b, 0, out);
+        off += n;
+        if (off == save) {
+            st = ops->snapshot_save(b, KV_SNAP_PREFIX, err);
+            if (st != KV_OK) goto cleanup;
+        }
     }
 cleanup:
     free(tok);
+    free(real);
+    return st;
+}
+
+/* The request switch of a prefix-reuse spec at decode step `step`: the
+ * prefix entry restored, the suffix fed as one eager forward. */
+static KvStatus decode_switch(const KvBackendOps *ops, KvBackend *b, const KvDecodeSpec *sp,
+                              int64_t step, KvDecodeResult *out, KvError *err) {
+    const int64_t B = sp->batch, n = sp->suffix_len;
+    uint8_t *real = malloc((size_t)(B * n)); /* (B, n) */
+    if (real == NULL) return kv_error_set(err, KV_ERR_INTERNAL, "decode: out of memory");
+    memset(real, 1, (size_t)(B * n));
+    KvStatus st = ops->snapshot_load(b, KV_SNAP_PREFIX, err);
+    if (st == KV_OK) st = ops->set_input(b, sp->suffix, real, n, err);
+    if (st == KV_OK) st = ops->forward(b, n, err);
+    if (st == KV_OK) decode_note_nonfinite(ops, b, step, out);
     free(real);
     return st;
 }
@@ -256,11 +317,20 @@ KvStatus kv_decode_run(const KvBackendOps *ops, const KvModel *m, const KvDecode
     const int64_t V = m->config.vocab_size;
     const int64_t chunk = decode_chunk(sp);
     /* The last generated token is never fed back, so P + new_tokens - 1
-     * slots suffice. */
+     * slots suffice; a second request (prefix reuse) needs its prefix, its
+     * suffix and the steps after the switch. */
+    const bool switches = decode_switches(sp);
+    int64_t max_len = P + sp->new_tokens - 1, max_chunk = chunk;
+    if (switches) {
+        const int64_t second = sp->save_after + sp->suffix_len + sp->new_tokens - sp->switch_step - 1;
+        max_len = second > max_len ? second : max_len;
+        max_chunk = sp->suffix_len > max_chunk ? sp->suffix_len : max_chunk;
+    }
     const KvBackendSetup setup = {
         .batch = B,
-        .max_len = P + sp->new_tokens - 1,
-        .max_chunk = chunk,
+        .max_len = max_len,
+        .max_chunk = max_chunk,
+        .prefix_slot = decode_scripted(sp),
         .variant = sp->variant,
         .faults = sp->faults,
         .order = sp->order,
@@ -306,8 +376,12 @@ KvStatus kv_decode_run(const KvBackendOps *ops, const KvModel *m, const KvDecode
      * forward wrote into the backend's input, or the forced one copied over
      * it (a host-to-memory copy, as before a graph replay). */
     for (int64_t step = 1; step < sp->new_tokens; step++) {
-        st = decode_step(ops, b, m, sp, step, &runner, chunk_tok, chunk_real, first_logits, out,
-                         err);
+        if (switches && step == sp->switch_step) {
+            st = decode_switch(ops, b, sp, step, out, err);
+        } else {
+            st = decode_step(ops, b, m, sp, step, &runner, chunk_tok, chunk_real, first_logits,
+                             out, err);
+        }
         if (st == KV_OK) st = decode_record_step(ops, b, step, out, err);
         if (st != KV_OK) goto cleanup;
         decode_step_dump(ops, b, sp, step);

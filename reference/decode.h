@@ -29,6 +29,16 @@ typedef struct {
                                 * s > 0 feeds forced[s - 1] instead of the greedy token;
                                 * the result still records the greedy choice at each step.
                                 * Used to keep comparing after a flip at a near-tie. */
+    /* Prefix reuse (KvScenario's save_after..suffix; 0 / NULL: none): the
+     * prefill saves a prefix-cache entry (snapshot slot KV_SNAP_PREFIX)
+     * after its first save_after columns; at decode step switch_step
+     * (1 <= switch_step < new_tokens) the entry is restored and the
+     * suffix, (B, suffix_len) real tokens, is fed as one eager forward
+     * whose last token's logits are that step's. */
+    int64_t save_after;
+    int64_t switch_step;
+    int64_t suffix_len;
+    const int32_t *suffix;
     const KvCacheOps *variant; /* NULL: the reference; else the sliding-layer cache variant */
     KvExecMode mode;           /* eager (default) or graph */
     unsigned faults;           /* planted KV_FAULT_* bits (forward.h); 0 for clean runs */

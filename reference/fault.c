@@ -30,6 +30,8 @@ static const KvFaultInfo k_faults[KV_FAULT_COUNT] = {
      "the dynamic cache keeps W slots instead of W - 1 (recorded right)"},
     {KV_FAULT_STATIC_LAYER, "static_layer", "candidates/cache_index_copy.c", "cache",
      "the sliding layer exported as a static layer of W slots: writes clamped at W - 1"},
+    {KV_FAULT_PREFIX_ALIAS, "prefix_alias", "reference/backend_cpu.c cpu_snapshot_copy", "cache",
+     "a reused prefix-cache entry aliases the live cyclic cache: its slots were overwritten"},
 };
 
 const KvFaultInfo *kv_fault_all(int *count) {

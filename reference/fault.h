@@ -62,9 +62,14 @@ enum {
      * first positions for ever and "generation beyond the window" reads
      * garbage from the first step past W. */
     KV_FAULT_STATIC_LAYER = 1u << 11,
+    /* backend snapshot_load of KV_SNAP_PREFIX (backend.h): the prefix-cache
+     * entry aliases the live cyclic cache (TRT-LLM PR #2983), so restoring
+     * it brings back the positions and the counts but not the sliding
+     * layers' slots, which hold the first request's later tokens. */
+    KV_FAULT_PREFIX_ALIAS = 1u << 12,
 };
 
-#define KV_FAULT_COUNT 12
+#define KV_FAULT_COUNT 13
 
 typedef struct {
     unsigned bit;

@@ -280,6 +280,14 @@ static const AttrField RUN_FIELDS[] = {
      .cap_offset = offsetof(KvRun, vocab)},
     {FIELD(KvRun, fault), .optional = true},
     {FIELD(KvRun, prefill_chunk), .lo = 0, .hi = INT64_MAX, .optional = true},
+    /* a prefix-reuse run's script, only when set (every other run keeps
+     * the bytes it had) */
+    {FIELD(KvRun, save_after), .lo = 0, .hi = KV_REPORT_MAX_PROMPT_LEN, .optional = true,
+     .when_set = true, .unset = 0},
+    {FIELD(KvRun, switch_step), .lo = 0, .hi = KV_REPORT_MAX_STEPS, .optional = true,
+     .when_set = true, .unset = 0},
+    {FIELD(KvRun, suffix_len), .lo = 0, .hi = KV_REPORT_MAX_PROMPT_LEN, .optional = true,
+     .when_set = true, .unset = 0},
     /* written by another engine (`gate --external`), and only when set, so
      * that the runs of kvrepro's own gate keep the bytes they had before
      * these existed */
@@ -375,6 +383,7 @@ static const RunDataset RUN_SETS[] = {
     {DATASET(probe_names), .shape = SHAPE_NAMES, .held = HELD_ALWAYS},
     {DATASET(probe_hash), .shape = SHAPE_PROBES, .held = HELD_ALWAYS},
     {DATASET(fp64_rel_err), .shape = SHAPE_STEPS, .held = HELD_IF_SET},
+    {DATASET(suffix), .shape = SHAPE_SUFFIX, .held = HELD_IF_SET},
 };
 
 const RunDatasetTable H5_RUN_DATASETS = {RUN_SETS, N_OF(RUN_SETS)};
@@ -408,6 +417,7 @@ int h5_run_shape(const KvRun *r, RunShape s, hsize_t *dims) {
     case SHAPE_NAMES: return h5_dims(dims, 1, NP, 0, 0);
     case SHAPE_PROBES: return h5_dims(dims, 3, S, NP, B);
     case SHAPE_STEPS: return h5_dims(dims, 1, S, 0, 0);
+    case SHAPE_SUFFIX: return h5_dims(dims, 2, B, (hsize_t)r->suffix_len, 0);
     }
     return 0;
 }

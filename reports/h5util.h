@@ -200,6 +200,7 @@ typedef enum {
     SHAPE_NAMES,  /* (NP) */
     SHAPE_PROBES, /* (S, NP, B) */
     SHAPE_STEPS,  /* (S) */
+    SHAPE_SUFFIX, /* (B, suffix_len) */
 } RunShape;
 
 typedef enum {

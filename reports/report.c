@@ -34,6 +34,7 @@ void kv_run_free(KvRun *r) {
     if (r == NULL) return;
     free(r->prompt);
     free(r->prompt_real);
+    free(r->suffix);
     free(r->tokens);
     free(r->logits);
     free(r->topk_ids);

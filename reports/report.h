@@ -45,6 +45,13 @@ typedef struct {
     int64_t steps, batch, vocab;
     int64_t prompt_len;
     int64_t prefill_chunk;       /* tokens per prefill forward, 0 = the whole prompt at once */
+    /* A prefix-reuse run (DESIGN §5; 0 / NULL otherwise, and then not
+     * written): the prefill saved a prefix-cache entry after column
+     * save_after, and step switch_step restored it and fed the suffix. */
+    int64_t save_after;
+    int64_t switch_step;
+    int64_t suffix_len;
+    int32_t *suffix;             /* (batch, suffix_len) or NULL */
     int32_t *prompt;             /* (batch, prompt_len) left-padded ids */
     uint8_t *prompt_real;        /* (batch, prompt_len) */
     int32_t *tokens;             /* (steps, batch) greedy token per step */
@@ -88,8 +95,9 @@ typedef enum {
     KV_CMP_COMPILED = 6,  /* another engine's compiled mode vs its eager mode: tolerance +
                            * tie-aware tokens (compiled code may reorder float math) */
     KV_CMP_GRAPH_BUDGET = 7, /* one run (a = b): decode graphs captured within its budget */
+    KV_CMP_FRESH = 8,     /* a reused state vs a fresh run of the same context: bitwise */
 } KvCompareKind;
-#define KV_CMP_LAST KV_CMP_GRAPH_BUDGET
+#define KV_CMP_LAST KV_CMP_FRESH
 
 typedef struct {
     KvCompareKind kind;

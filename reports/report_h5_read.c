@@ -1105,6 +1105,20 @@ static KvStatus h5r_run(hid_t runs, int64_t i, int64_t n_runs, KvRun *r, ReportC
                         c);
     if (st != KV_OK) goto cleanup;
     st = h5r_run_datasets(g, objpath, r, c); /* none when skipped */
+    if (st != KV_OK) goto cleanup;
+    /* a prefix-reuse script is whole: its three attributes within the
+     * run's sizes and its suffix there (a run without one has none) */
+    if ((r->save_after != 0 || r->switch_step != 0 || r->suffix_len != 0 || r->suffix != NULL) &&
+        (r->save_after < 1 || r->save_after >= r->prompt_len || r->switch_step < 1 ||
+         r->switch_step >= r->steps || r->suffix_len < 1 || (r->suffix == NULL && !r->skipped))) {
+        st = h5_report_fail(c, KV_ERR_INPUT,
+                            "%s: a prefix-reuse script expects 1 <= save_after < prompt_len "
+                            "(%lld), 1 <= switch_step < steps (%lld) and a suffix dataset; found "
+                            "%lld, %lld, suffix_len %lld%s",
+                            objpath, (long long)r->prompt_len, (long long)r->steps,
+                            (long long)r->save_after, (long long)r->switch_step,
+                            (long long)r->suffix_len, r->suffix == NULL ? ", no suffix" : "");
+    }
 cleanup:
     h5_close(H5Gclose, g, objpath, &st, c);
     return st;

@@ -76,6 +76,7 @@ static size_t run_shape_count(const KvRun *r, const RunCounts *n, RunShape s) {
     case SHAPE_NAMES: return (size_t)r->n_probes;
     case SHAPE_PROBES: return n->probes;
     case SHAPE_STEPS: return (size_t)r->steps;
+    case SHAPE_SUFFIX: return (size_t)r->batch * (size_t)r->suffix_len; /* checked: validate */
     }
     return 0;
 }
@@ -123,6 +124,22 @@ static KvStatus report_validate(const KvReport *rep, ReportCtx *c) {
                                   "runs[%" PRId64 "].topk: expected 0..vocab (%" PRId64
                                   "), found %d",
                                   i, r->vocab, (int)r->topk);
+        }
+        /* a prefix-reuse script is whole or absent: its suffix held by the
+         * run, the switch and the saved prefix inside its sizes */
+        const bool script = r->save_after != 0 || r->switch_step != 0 || r->suffix_len != 0 ||
+                            r->suffix != NULL;
+        if (script && (r->save_after < 1 || r->save_after >= r->prompt_len ||
+                       r->switch_step < 1 || r->switch_step >= r->steps || r->suffix_len < 1 ||
+                       r->suffix_len > KV_REPORT_MAX_PROMPT_LEN ||
+                       (r->suffix == NULL && !r->skipped))) {
+            return h5_report_fail(c, KV_ERR_INPUT,
+                                  "runs[%" PRId64 "]: a prefix-reuse script expects 1 <= "
+                                  "save_after < prompt_len (%" PRId64 "), 1 <= switch_step < "
+                                  "steps (%" PRId64 ") and a suffix; found %" PRId64 ", %" PRId64
+                                  ", %" PRId64 " tokens%s",
+                                  i, r->prompt_len, r->steps, r->save_after, r->switch_step,
+                                  r->suffix_len, r->suffix == NULL ? ", none held" : "");
         }
         if (r->skipped) continue;
         for (size_t a = 0; a < H5_RUN_DATASETS.n; a++) {

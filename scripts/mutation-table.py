@@ -68,6 +68,7 @@ KINDS = (
     "finite",
     "compiled_vs_eager",
     "graph_budget",
+    "fresh_run",
 )
 FAIL_RE = re.compile(r"^FAIL \S+ \S+: .*? (" + "|".join(KINDS) + r"): ")
 CTEST_FAIL_RE = re.compile(

@@ -133,6 +133,7 @@ static const FaultSite k_sites[KV_FAULT_COUNT] = {
     {"ring_slot", "ring", "short_prompt_crosses_window", KV_MODE_EAGER},
     {"dynamic_keeps_w", "dynamic", "short_prompt_crosses_window", KV_MODE_GRAPH},
     {"static_layer", "index_copy", "short_prompt_crosses_window", KV_MODE_GRAPH},
+    {"prefix_alias", "ring", "prefix_reuse_after_wrap", KV_MODE_EAGER},
 };
 
 /* A decode recorded as a KvRun (the fields bisect reads). */
@@ -142,6 +143,8 @@ static void record_run(const KvModel *m, const KvScenario *sc, const FaultSite *
     KvDecodeSpec spec = {
         .batch = sc->batch, .prompt_len = sc->prompt_len, .prompt = sc->prompt,
         .prompt_real = sc->real, .new_tokens = sc->new_tokens, .prefill_chunk = sc->prefill_chunk,
+        .save_after = sc->save_after, .switch_step = sc->switch_step,
+        .suffix_len = sc->suffix_len, .suffix = sc->suffix,
         .variant = kv_cache_find(site->variant), .mode = site->mode, .faults = faults,
         .record_probes = true,
     };
@@ -157,6 +160,14 @@ static void record_run(const KvModel *m, const KvScenario *sc, const FaultSite *
     run->vocab = r.vocab;
     run->prompt_len = sc->prompt_len;
     run->prefill_chunk = sc->prefill_chunk;
+    run->save_after = sc->save_after;
+    run->switch_step = sc->switch_step;
+    run->suffix_len = sc->suffix_len;
+    if (sc->suffix != NULL) {
+        run->suffix = malloc((size_t)(sc->batch * sc->suffix_len) * sizeof *run->suffix);
+        ck_assert(run->suffix != NULL);
+        memcpy(run->suffix, sc->suffix, (size_t)(sc->batch * sc->suffix_len) * sizeof *run->suffix);
+    }
     run->prompt = malloc((size_t)(sc->batch * sc->prompt_len) * sizeof *run->prompt);
     run->prompt_real = malloc((size_t)(sc->batch * sc->prompt_len));
     run->probe_names = calloc((size_t)r.n_probes, sizeof *run->probe_names);

@@ -143,12 +143,12 @@ static KvStatus cuda_replay(KvBackend *b, KvError *err) {
     return KV_OK;
 }
 
-static KvStatus cuda_snapshot_save(KvBackend *b, KvError *err) {
-    return kv_cuda_snapshot(&cuda_run(b)->ctx, true, err);
+static KvStatus cuda_snapshot_save(KvBackend *b, int slot, KvError *err) {
+    return kv_cuda_snapshot(&cuda_run(b)->ctx, slot, true, err);
 }
 
-static KvStatus cuda_snapshot_load(KvBackend *b, KvError *err) {
-    return kv_cuda_snapshot(&cuda_run(b)->ctx, false, err);
+static KvStatus cuda_snapshot_load(KvBackend *b, int slot, KvError *err) {
+    return kv_cuda_snapshot(&cuda_run(b)->ctx, slot, false, err);
 }
 
 /* Copies the last forward's outputs to the host and checks the device error

@@ -80,8 +80,10 @@ void kv_cuda_ctx_destroy(KvCudaCtx *ctx) {
     free(ctx->layers);
     free(ctx->kc);
     free(ctx->vc);
-    free(ctx->snap_kc);
-    free(ctx->snap_vc);
+    for (int i = 0; i < KV_CUDA_SNAP_SLOTS; i++) {
+        free(ctx->snap_kc[i]);
+        free(ctx->snap_vc[i]);
+    }
     free(ctx->caches);
     if (ctx->stream != NULL) (void)cudaStreamDestroy(ctx->stream);
     (void)cudaGetLastError(); /* leave no error behind for the next run */
@@ -214,6 +216,38 @@ cleanup:
     return st;
 }
 
+/* The buffers of snapshot slot `slot`: a copy of every persistent device
+ * buffer. */
+static KvStatus cuda_snap_alloc(KvCudaCtx *ctx, int slot, KvError *err) {
+    KvStatus st = KV_OK;
+    const int64_t L = ctx->n_layers, B = ctx->B;
+    const int64_t rows = B * ctx->max_chunk;
+    const size_t static_bytes = (size_t)(B * ctx->max_len * ctx->kv_dim) * sizeof(float);
+    if (ctx->snap_ready[slot]) return KV_OK;
+    ctx->snap_kc[slot] = (float **)calloc((size_t)L, sizeof(float *));
+    ctx->snap_vc[slot] = (float **)calloc((size_t)L, sizeof(float *));
+    if (ctx->snap_kc[slot] == NULL || ctx->snap_vc[slot] == NULL) {
+        return kv_error_set(err, KV_ERR_INTERNAL, "cuda: out of host memory");
+    }
+    for (int64_t l = 0; l < L; l++) {
+        KvCudaCache *c = &ctx->caches[l];
+        if (ctx->kc[l] != NULL) {
+            KV_ALLOC(ctx->snap_kc[slot][l], static_bytes);
+            KV_ALLOC(ctx->snap_vc[slot][l], static_bytes);
+        } else {
+            KV_TRY(cuda_slots_alloc(ctx, &c->snap[slot], c->slots, err));
+        }
+    }
+    KV_ALLOC(ctx->snap_real[slot], B * ctx->max_len);
+    KV_ALLOC(ctx->snap_n_real[slot], B * (int64_t)sizeof(int64_t));
+    KV_ALLOC(ctx->snap_total[slot], sizeof(int64_t));
+    KV_ALLOC(ctx->snap_tok_in[slot], rows * (int64_t)sizeof(int32_t));
+    KV_ALLOC(ctx->snap_real_in[slot], rows);
+    ctx->snap_ready[slot] = true;
+cleanup:
+    return st;
+}
+
 static KvStatus cuda_ctx_alloc_state(KvCudaCtx *ctx, KvError *err) {
     KvStatus st = KV_OK;
     const int64_t L = ctx->n_layers, B = ctx->B;
@@ -223,11 +257,8 @@ static KvStatus cuda_ctx_alloc_state(KvCudaCtx *ctx, KvError *err) {
     float *inv = (float *)calloc((size_t)(ctx->hd > 0 ? ctx->hd : 1), sizeof *inv);
     ctx->kc = (float **)calloc((size_t)L, sizeof *ctx->kc);
     ctx->vc = (float **)calloc((size_t)L, sizeof *ctx->vc);
-    ctx->snap_kc = (float **)calloc((size_t)L, sizeof *ctx->snap_kc);
-    ctx->snap_vc = (float **)calloc((size_t)L, sizeof *ctx->snap_vc);
     ctx->caches = (KvCudaCache *)calloc((size_t)L, sizeof *ctx->caches);
-    if (inv == NULL || ctx->kc == NULL || ctx->vc == NULL || ctx->snap_kc == NULL ||
-        ctx->snap_vc == NULL || ctx->caches == NULL) {
+    if (inv == NULL || ctx->kc == NULL || ctx->vc == NULL || ctx->caches == NULL) {
         st = kv_error_set(err, KV_ERR_INTERNAL, "cuda: out of host memory");
         goto cleanup;
     }
@@ -237,8 +268,6 @@ static KvStatus cuda_ctx_alloc_state(KvCudaCtx *ctx, KvError *err) {
         if (ctx->variant == NULL || w == 0) {
             KV_ALLOC(ctx->kc[l], static_bytes);
             KV_ALLOC(ctx->vc[l], static_bytes);
-            KV_ALLOC(ctx->snap_kc[l], static_bytes);
-            KV_ALLOC(ctx->snap_vc[l], static_bytes);
             continue;
         }
         c->window = w;
@@ -246,7 +275,6 @@ static KvStatus cuda_ctx_alloc_state(KvCudaCtx *ctx, KvError *err) {
         c->slots = ctx->variant->host_shape && !(ctx->faults & KV_FAULT_DYNAMIC_KEEPS_W) ? w - 1 : w;
         KV_TRY(cuda_slots_alloc(ctx, &c->cur, c->slots, err));
         KV_TRY(cuda_slots_alloc(ctx, &c->tmp, c->slots, err));
-        KV_TRY(cuda_slots_alloc(ctx, &c->snap, c->slots, err));
         KV_ALLOC(c->indices, (size_t)w * sizeof(int64_t));
     }
     KV_ALLOC(ctx->real, B * ctx->max_len);
@@ -254,11 +282,7 @@ static KvStatus cuda_ctx_alloc_state(KvCudaCtx *ctx, KvError *err) {
     KV_ALLOC(ctx->total, sizeof(int64_t));
     KV_ALLOC(ctx->tok_in, rows * (int64_t)sizeof(int32_t));
     KV_ALLOC(ctx->real_in, rows);
-    KV_ALLOC(ctx->snap_real, B * ctx->max_len);
-    KV_ALLOC(ctx->snap_n_real, B * (int64_t)sizeof(int64_t));
-    KV_ALLOC(ctx->snap_total, sizeof(int64_t));
-    KV_ALLOC(ctx->snap_tok_in, rows * (int64_t)sizeof(int32_t));
-    KV_ALLOC(ctx->snap_real_in, rows);
+    KV_TRY(cuda_snap_alloc(ctx, KV_SNAP_REPLAY, err));
 
     KV_ALLOC(ctx->inv_freq, 2 * (ctx->hd / 2) * (int64_t)sizeof(float));
     KV_ALLOC(ctx->x, rows * ctx->hidden * (int64_t)sizeof(float));
@@ -428,11 +452,20 @@ cleanup:
 
 /* ---- replay-check snapshots ---- */
 
-KvStatus kv_cuda_snapshot(KvCudaCtx *ctx, bool save, KvError *err) {
+KvStatus kv_cuda_snapshot(KvCudaCtx *ctx, int slot, bool save, KvError *err) {
     KvStatus st = KV_OK;
     const int64_t B = ctx->B, D = ctx->kv_dim;
     const int64_t rows = B * ctx->max_chunk;
     const size_t static_bytes = (size_t)(B * ctx->max_len * D) * sizeof(float);
+    if (slot < 0 || slot >= KV_CUDA_SNAP_SLOTS) {
+        return kv_error_set(err, KV_ERR_INTERNAL, "cuda snapshot: no slot %d", slot);
+    }
+    if (!save && !ctx->snap_ready[slot]) {
+        return kv_error_set(err, KV_ERR_INTERNAL, "cuda snapshot: slot %d: none saved", slot);
+    }
+    /* the planted prefix_alias: the entry shares the sliding layers' slots */
+    const bool alias = !save && slot == KV_SNAP_PREFIX && (ctx->faults & KV_FAULT_PREFIX_ALIAS);
+    KV_TRY(cuda_snap_alloc(ctx, slot, err));
 #define KV_SNAP(live, copy, bytes)                                                                 \
     do {                                                                                           \
         if (save) {                                                                                \
@@ -444,31 +477,33 @@ KvStatus kv_cuda_snapshot(KvCudaCtx *ctx, bool save, KvError *err) {
     for (int64_t l = 0; l < ctx->n_layers; l++) {
         KvCudaCache *c = &ctx->caches[l];
         if (ctx->kc[l] != NULL) {
-            KV_SNAP(ctx->kc[l], ctx->snap_kc[l], static_bytes);
-            KV_SNAP(ctx->vc[l], ctx->snap_vc[l], static_bytes);
+            KV_SNAP(ctx->kc[l], ctx->snap_kc[slot][l], static_bytes);
+            KV_SNAP(ctx->vc[l], ctx->snap_vc[slot][l], static_bytes);
             continue;
         }
         const size_t fbytes = (size_t)(B * c->slots * D) * sizeof(float);
-        KV_SNAP(c->cur.k, c->snap.k, fbytes);
-        KV_SNAP(c->cur.v, c->snap.v, fbytes);
-        KV_SNAP(c->cur.real, c->snap.real, (size_t)(B * c->slots));
-        KV_SNAP(c->cur.pos, c->snap.pos, (size_t)c->slots * sizeof(int64_t));
+        if (!alias) {
+            KV_SNAP(c->cur.k, c->snap[slot].k, fbytes);
+            KV_SNAP(c->cur.v, c->snap[slot].v, fbytes);
+            KV_SNAP(c->cur.real, c->snap[slot].real, (size_t)(B * c->slots));
+            KV_SNAP(c->cur.pos, c->snap[slot].pos, (size_t)c->slots * sizeof(int64_t));
+        }
         if (save) {
-            c->snap_filled = c->filled;
+            c->snap_filled[slot] = c->filled;
         } else {
-            c->filled = c->snap_filled;
+            c->filled = c->snap_filled[slot];
         }
     }
-    KV_SNAP(ctx->real, ctx->snap_real, (size_t)(B * ctx->max_len));
-    KV_SNAP(ctx->n_real, ctx->snap_n_real, (size_t)B * sizeof(int64_t));
-    KV_SNAP(ctx->total, ctx->snap_total, sizeof(int64_t));
-    KV_SNAP(ctx->tok_in, ctx->snap_tok_in, (size_t)rows * sizeof(int32_t));
-    KV_SNAP(ctx->real_in, ctx->snap_real_in, (size_t)rows);
+    KV_SNAP(ctx->real, ctx->snap_real[slot], (size_t)(B * ctx->max_len));
+    KV_SNAP(ctx->n_real, ctx->snap_n_real[slot], (size_t)B * sizeof(int64_t));
+    KV_SNAP(ctx->total, ctx->snap_total[slot], sizeof(int64_t));
+    KV_SNAP(ctx->tok_in, ctx->snap_tok_in[slot], (size_t)rows * sizeof(int32_t));
+    KV_SNAP(ctx->real_in, ctx->snap_real_in[slot], (size_t)rows);
 #undef KV_SNAP
     if (save) {
-        ctx->snap_len = ctx->len;
+        ctx->snap_len[slot] = ctx->len;
     } else {
-        ctx->len = ctx->snap_len;
+        ctx->len = ctx->snap_len[slot];
     }
 cleanup:
     return st;

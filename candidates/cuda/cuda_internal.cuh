@@ -40,6 +40,9 @@ enum {
     KV_CUDA_DERR_KEYS = 1 << 2,  /* more visible keys than the gather buffer holds */
 };
 
+/* Snapshot slots (backend.h: KV_SNAP_REPLAY = 0, KV_SNAP_PREFIX = 1). */
+#define KV_CUDA_SNAP_SLOTS 2
+
 /* One set of slot buffers on the device (cache_internal.h's KvCacheSlots). */
 typedef struct {
     float *k;      /* (B, slots, kv_dim) */
@@ -58,8 +61,9 @@ typedef struct {
     int64_t *indices; /* (W) index_copy's gather indices, computed on the device */
     int64_t filled;  /* dynamic: slots holding a position (the tensor's shape), a host
                       * value as in transformers; part of the snapshot */
-    KvCudaSlots snap; /* snapshot of cur for the replay check */
-    int64_t snap_filled;
+    KvCudaSlots snap[KV_CUDA_SNAP_SLOTS]; /* snapshots of cur, per slot (backend.h's
+                                           * KV_SNAP_REPLAY, KV_SNAP_PREFIX) */
+    int64_t snap_filled[KV_CUDA_SNAP_SLOTS];
 } KvCudaCache;
 
 /* One layer's weights on the device. */
@@ -117,7 +121,7 @@ typedef struct {
     /* Host mirror of what the host may know (DESIGN §4): its own count of
      * slots filled (regime choice only) and dynamic's shapes. */
     int64_t len;
-    int64_t snap_len;
+    int64_t snap_len[KV_CUDA_SNAP_SLOTS];
 
     cudaStream_t stream;
     cublasHandle_t blas;
@@ -143,12 +147,15 @@ typedef struct {
     uint8_t *real_in;        /* (B, max_chunk) 0 marks a pad */
     KvCudaCache *caches;     /* (n_layers) variant caches; slots == 0 on full layers */
 
-    /* Snapshot copies of the persistent device state above. */
-    float **snap_kc, **snap_vc; /* (n_layers) */
-    uint8_t *snap_real;
-    int64_t *snap_n_real, *snap_total;
-    int32_t *snap_tok_in;
-    uint8_t *snap_real_in;
+    /* Snapshot copies of the persistent device state above, per slot: the
+     * replay check's allocated with the state, the prefix entry's at its
+     * first save (never inside a capture). */
+    float **snap_kc[KV_CUDA_SNAP_SLOTS], **snap_vc[KV_CUDA_SNAP_SLOTS]; /* (n_layers) */
+    uint8_t *snap_real[KV_CUDA_SNAP_SLOTS];
+    int64_t *snap_n_real[KV_CUDA_SNAP_SLOTS], *snap_total[KV_CUDA_SNAP_SLOTS];
+    int32_t *snap_tok_in[KV_CUDA_SNAP_SLOTS];
+    uint8_t *snap_real_in[KV_CUDA_SNAP_SLOTS];
+    bool snap_ready[KV_CUDA_SNAP_SLOTS]; /* the slot's buffers are allocated */
 
     /* Scratch, sized for max_chunk tokens per row. */
     float *inv_freq;         /* (2, hd / 2) [0] rope_theta's, [1] the sliding layers' (gemma3's
@@ -278,9 +285,11 @@ void kv_cuda_ctx_destroy(KvCudaCtx *ctx);
  * positions, inputs and error flags; the host count goes back to 0.
  * Synchronous. */
 KvStatus kv_cuda_ctx_reset_state(KvCudaCtx *ctx, KvError *err);
-/* save: persistent device state and host counts -> their snapshot copies;
- * else back (stream-ordered D2D copies). */
-KvStatus kv_cuda_snapshot(KvCudaCtx *ctx, bool save, KvError *err);
+/* save: persistent device state and host counts -> snapshot slot `slot`'s
+ * copies (allocated at its first save); else back (stream-ordered D2D
+ * copies). A KV_SNAP_PREFIX load under KV_FAULT_PREFIX_ALIAS leaves the
+ * sliding layers' slots as they are (an entry aliasing the live cache). */
+KvStatus kv_cuda_snapshot(KvCudaCtx *ctx, int slot, bool save, KvError *err);
 /* The error for device error flags raised by `when` (e.g. "position" 12). */
 KvStatus kv_cuda_dev_err_status(const KvCudaCtx *ctx, int32_t flags, const char *when,
                                 int64_t at, KvError *err);
