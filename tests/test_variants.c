@@ -72,6 +72,10 @@ static KvDecodeResult scenario_decode(const KvModel *m, const char *name,
         .prompt_real = sc.real,
         .new_tokens = sc.new_tokens,
         .prefill_chunk = sc.prefill_chunk,
+        .save_after = sc.save_after,
+        .switch_step = sc.switch_step,
+        .suffix_len = sc.suffix_len,
+        .suffix = sc.suffix,
         .variant = variant,
         .mode = mode,
         .faults = faults,
@@ -158,6 +162,81 @@ START_TEST(test_variants_bitwise) {
         }
     }
     kv_decode_result_free(&ref);
+    kv_fixture_free(&f);
+}
+END_TEST
+
+/* Prefix reuse after wrap (DESIGN §5): the second request, restored from
+ * the prefix entry and fed its suffix, is bitwise the same decode as that
+ * request run from scratch (the fresh twin), for the reference and every
+ * variant in both modes (the reference's equality with each variant is
+ * test_variants_bitwise's). Under the planted prefix_alias the first change
+ * is exactly the switch step: the entry's slots were overwritten by the
+ * first request after it wrapped. _i: family, then mistral_mixed-tiny. */
+START_TEST(test_prefix_reuse_equals_fresh) {
+    const char *fam = _i < N_FAM ? k_families[_i] : "mistral_mixed-tiny";
+    KvFixtureModel f;
+    KvError err = {{0}};
+    ck_assert_msg(kv_fixture_load(fam, TEST_SEED, &f, &err) == KV_OK, "%s", err.msg);
+    KvScenario sc, fresh;
+    ck_assert_msg(kv_scenario_build(&f.model.config, "prefix_reuse_after_wrap", TEST_PROMPT_SEED,
+                                    &sc, &err) == KV_OK, "%s", err.msg);
+    ck_assert(kv_scenario_switches(&sc));
+    const int64_t w = f.model.config.sliding_window;
+    /* the first request wraps before the switch; the suffix crosses W */
+    ck_assert_int_gt(sc.prompt_len, w);
+    ck_assert_int_lt(sc.save_after, w);
+    ck_assert_int_gt(sc.save_after + sc.suffix_len, w);
+    ck_assert_msg(kv_scenario_fresh(&sc, &fresh, &err) == KV_OK, "%s", err.msg);
+    ck_assert_int_eq(fresh.new_tokens, sc.new_tokens - sc.switch_step);
+    const int64_t V = f.model.config.vocab_size, K = sc.switch_step;
+    KvDecodeSpec fs = {.batch = 1, .prompt_len = fresh.prompt_len, .prompt = fresh.prompt,
+                       .prompt_real = fresh.real, .new_tokens = fresh.new_tokens};
+    KvDecodeResult twin;
+    ck_assert_msg(kv_decode_greedy(&f.model, &fs, &twin, &err) == KV_OK, "%s", err.msg);
+    int count = 0;
+    const KvCacheOps *const *all = kv_cache_all(&count);
+    for (int v = -1; v < count; v++) {
+        for (int mode = KV_MODE_EAGER; mode <= KV_MODE_GRAPH; mode++) {
+            if (v < 0 && mode == KV_MODE_GRAPH) continue;
+            const KvCacheOps *var = v < 0 ? NULL : all[v];
+            KvDecodeResult r = scenario_decode(&f.model, "prefix_reuse_after_wrap", var,
+                                               (KvExecMode)mode, 0, NULL, 5);
+            ck_assert_int_eq(r.steps, K + twin.steps);
+            for (int64_t s = 0; s < twin.steps; s++) {
+                ck_assert_msg(memcmp(r.logits + (s + K) * V, twin.logits + s * V,
+                                     (size_t)V * sizeof(float)) == 0 &&
+                                  r.tokens[s + K] == twin.tokens[s],
+                              "%s %s (%s): step %lld after the switch differs from the fresh run",
+                              fam, var ? var->name : "reference", mode ? "graph" : "eager",
+                              (long long)s);
+            }
+            kv_decode_result_free(&r);
+        }
+    }
+    /* prefix_alias on a wrapped variant: equal up to the switch, not at it */
+    KvDecodeResult clean = scenario_decode(&f.model, "prefix_reuse_after_wrap",
+                                           kv_cache_find("ring"), KV_MODE_EAGER, 0, NULL, 0);
+    KvDecodeResult alias =
+        scenario_decode(&f.model, "prefix_reuse_after_wrap", kv_cache_find("ring"), KV_MODE_EAGER,
+                        KV_FAULT_PREFIX_ALIAS, NULL, 0);
+    ck_assert_msg(memcmp(clean.logits, alias.logits, (size_t)(K * V) * sizeof(float)) == 0,
+                  "%s: prefix_alias changed a step before the switch", fam);
+    ck_assert_msg(memcmp(clean.logits + K * V, alias.logits + K * V, (size_t)V * sizeof(float)) != 0,
+                  "%s: prefix_alias left the switch step unchanged", fam);
+    kv_decode_result_free(&clean);
+    kv_decode_result_free(&alias);
+    /* A script the decode cannot follow is refused before the backend. */
+    KvDecodeSpec bad = {.batch = 1, .prompt_len = sc.prompt_len, .prompt = sc.prompt,
+                        .prompt_real = sc.real, .new_tokens = sc.new_tokens,
+                        .save_after = sc.prompt_len, .switch_step = K,
+                        .suffix_len = sc.suffix_len, .suffix = sc.suffix};
+    KvDecodeResult none;
+    ck_assert_int_eq(kv_decode_greedy(&f.model, &bad, &none, &err), KV_ERR_INPUT);
+    ck_assert_msg(strstr(err.msg, "save_after") != NULL, "%s", err.msg);
+    kv_decode_result_free(&twin);
+    kv_scenario_free(&fresh);
+    kv_scenario_free(&sc);
     kv_fixture_free(&f);
 }
 END_TEST
@@ -335,6 +414,7 @@ int main(void) {
     tcase_set_timeout(tc, 300);
     tcase_add_loop_test(tc, test_variants_bitwise, 0, N_FAM * N_SCENARIOS);
     tcase_add_loop_test(tc, test_variants_multi_token, 0, N_FAM * 4);
+    tcase_add_loop_test(tc, test_prefix_reuse_equals_fresh, 0, N_FAM + 1);
     tcase_add_loop_test(tc, test_graph_freezes_scalars, 0, N_FAM);
     tcase_add_loop_test(tc, test_replay_check_catches_nondeterminism, 0, 2);
     tcase_add_loop_test(tc, test_sentinel_write_fails_forward, 0, N_VARIANTS);
