@@ -776,6 +776,48 @@ static void assert_read_fails(const char *path, const char *part) {
     ck_assert_msg(report_is_zero(&out), "output not zeroed after a failed read");
 }
 
+/* A prefix-reuse run's script (DESIGN §5) survives the round trip; a run
+ * without one writes none of it; a partial script is refused on write and
+ * on read (a file whose suffix dataset was removed). */
+START_TEST(test_prefix_script_roundtrip) {
+    KvReport rep, back;
+    build_report(&rep);
+    KvRun *r = &rep.runs[0];
+    r->save_after = 1;
+    r->switch_step = 1;
+    r->suffix_len = 2;
+    r->suffix = test_alloc(T_BATCH * 2 * sizeof *r->suffix); /* (B, 2) */
+    for (int i = 0; i < T_BATCH * 2; i++) r->suffix[i] = 40 + i;
+    char path[PATH_MAX];
+    scratch_path(path, sizeof path, "script.h5");
+    KvError err = {{0}};
+    ck_assert_msg(kv_report_write_h5(&rep, path, &err) == KV_OK, "write: %s", err.msg);
+    report_poison(&back);
+    ck_assert_msg(kv_report_read_h5(path, &back, &err) == KV_OK, "read: %s", err.msg);
+    ck_assert_int_eq(back.runs[0].save_after, 1);
+    ck_assert_int_eq(back.runs[0].switch_step, 1);
+    ck_assert_int_eq(back.runs[0].suffix_len, 2);
+    ck_assert_ptr_nonnull(back.runs[0].suffix);
+    ck_assert_mem_eq(back.runs[0].suffix, r->suffix, T_BATCH * 2 * sizeof *r->suffix);
+    ck_assert_int_eq(back.runs[1].switch_step, 0);
+    ck_assert_ptr_null(back.runs[1].suffix);
+    kv_report_free(&back);
+    hid_t f = H5Fopen(path, H5F_ACC_RDWR, H5P_DEFAULT);
+    ck_assert_int_ge(f, 0);
+    hid_t g = H5Gopen2(f, "runs/0001", H5P_DEFAULT);
+    ck_assert_int_ge(g, 0);
+    ck_assert_int_eq(H5Aexists(g, "switch_step"), 0); /* not written when unset */
+    H5Gclose(g);
+    ck_assert_int_ge(H5Ldelete(f, "runs/0000/suffix", H5P_DEFAULT), 0);
+    H5Fclose(f);
+    assert_read_fails(path, "prefix-reuse script");
+    r->save_after = T_PLEN; /* outside the prompt */
+    scratch_path(path, sizeof path, "script_bad.h5");
+    assert_write_fails(&rep, path, KV_ERR_INPUT, "prefix-reuse script");
+    kv_report_free(&rep);
+}
+END_TEST
+
 START_TEST(test_read_missing_file) {
     char path[PATH_MAX];
     scratch_path(path, sizeof path, "absent.h5");
@@ -1845,6 +1887,7 @@ static Suite *report_suite(void) {
     TCase *rt = tcase_create("roundtrip");
     tcase_add_checked_fixture(rt, setup, teardown);
     tcase_add_test(rt, test_roundtrip_exact);
+    tcase_add_test(rt, test_prefix_script_roundtrip);
     tcase_add_test(rt, test_roundtrip_empty_shapes);
     tcase_add_test(rt, test_optional_attrs_only_when_set);
     tcase_add_test(rt, test_read_variable_length_attribute);
