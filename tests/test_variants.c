@@ -226,6 +226,17 @@ START_TEST(test_prefix_reuse_equals_fresh) {
                   "%s: prefix_alias left the switch step unchanged", fam);
     kv_decode_result_free(&clean);
     kv_decode_result_free(&alias);
+    /* seed 004's export-style static layer is caught here too (DESIGN §7):
+     * the first request is past W from its prefill on */
+    clean = scenario_decode(&f.model, "prefix_reuse_after_wrap", kv_cache_find("index_copy"),
+                            KV_MODE_EAGER, 0, NULL, 0);
+    KvDecodeResult fixed = scenario_decode(&f.model, "prefix_reuse_after_wrap",
+                                           kv_cache_find("index_copy"), KV_MODE_EAGER,
+                                           KV_FAULT_STATIC_LAYER, NULL, 0);
+    ck_assert_msg(memcmp(clean.logits, fixed.logits, (size_t)(clean.steps * V) * sizeof(float)) != 0,
+                  "%s: static_layer left prefix_reuse_after_wrap unchanged", fam);
+    kv_decode_result_free(&clean);
+    kv_decode_result_free(&fixed);
     /* A script the decode cannot follow is refused before the backend. */
     KvDecodeSpec bad = {.batch = 1, .prompt_len = sc.prompt_len, .prompt = sc.prompt,
                         .prompt_real = sc.real, .new_tokens = sc.new_tokens,
