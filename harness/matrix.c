@@ -80,6 +80,9 @@ static int64_t run_graph_budget(const KvModel *m, const KvScenario *sc,
 static KvStatus run_decode(const KvModel *m, const KvScenario *sc, const KvCacheOps *variant,
                            KvExecMode mode, const KvGateOptions *o, const int32_t *forced,
                            const KvBackendOps *ops, unsigned order, KvRun *run, KvError *err) {
+    /* the script only when it switches inside this decode (what the run
+     * records, so a rerun from the report does the same) */
+    const bool script = kv_scenario_switches(sc);
     KvDecodeSpec spec = {
         .batch = sc->batch,
         .prompt_len = sc->prompt_len,
@@ -87,12 +90,10 @@ static KvStatus run_decode(const KvModel *m, const KvScenario *sc, const KvCache
         .prompt_real = sc->real,
         .new_tokens = sc->new_tokens,
         .prefill_chunk = sc->prefill_chunk,
-        /* the script only when it switches inside this decode (what the
-         * run records, so a rerun from the report does the same) */
-        .save_after = kv_scenario_switches(sc) ? sc->save_after : 0,
-        .switch_step = kv_scenario_switches(sc) ? sc->switch_step : 0,
-        .suffix_len = kv_scenario_switches(sc) ? sc->suffix_len : 0,
-        .suffix = kv_scenario_switches(sc) ? sc->suffix : NULL,
+        .save_after = script ? sc->save_after : 0,
+        .switch_step = script ? sc->switch_step : 0,
+        .suffix_len = script ? sc->suffix_len : 0,
+        .suffix = script ? sc->suffix : NULL,
         .forced = forced,
         .variant = variant,
         .mode = mode,
@@ -120,7 +121,7 @@ static KvStatus run_decode(const KvModel *m, const KvScenario *sc, const KvCache
         kv_decode_result_free(&res);
         return kv_error_set(err, KV_ERR_INTERNAL, "out of memory recording a run");
     }
-    if (kv_scenario_switches(sc)) {
+    if (script) {
         run->save_after = sc->save_after;
         run->switch_step = sc->switch_step;
         run->suffix_len = sc->suffix_len;

@@ -388,6 +388,15 @@ static const RunDataset RUN_SETS[] = {
 
 const RunDatasetTable H5_RUN_DATASETS = {RUN_SETS, N_OF(RUN_SETS)};
 
+bool h5_run_script_ok(const KvRun *r) {
+    const bool any = r->save_after != 0 || r->switch_step != 0 || r->suffix_len != 0 ||
+                     r->suffix != NULL;
+    return !any || (r->save_after >= 1 && r->save_after < r->prompt_len && r->switch_step >= 1 &&
+                    r->switch_step < r->steps && r->suffix_len >= 1 &&
+                    r->suffix_len <= KV_REPORT_MAX_PROMPT_LEN &&
+                    (r->suffix != NULL || r->skipped));
+}
+
 bool h5_run_holds(const KvRun *r, const RunDataset *d) {
     if (r->skipped) return false;
     switch (d->held) {

@@ -240,6 +240,12 @@ extern const RunDatasetTable H5_RUN_DATASETS;
  * so a reader asks the file instead). */
 bool h5_run_holds(const KvRun *r, const RunDataset *d);
 
+/* A prefix-reuse script (save_after, switch_step, suffix_len, suffix) is
+ * absent or whole: 1 <= save_after < prompt_len, 1 <= switch_step < steps,
+ * 1 <= suffix_len <= KV_REPORT_MAX_PROMPT_LEN and, on a run that ran, its
+ * suffix held. The writer and the reader both refuse anything else. */
+bool h5_run_script_ok(const KvRun *r);
+
 /* Shape s for run r's sizes into dims (room for 3); returns the rank. The
  * sizes are converted as they are: the caller has checked them. */
 int h5_run_shape(const KvRun *r, RunShape s, hsize_t *dims);

@@ -1108,9 +1108,7 @@ static KvStatus h5r_run(hid_t runs, int64_t i, int64_t n_runs, KvRun *r, ReportC
     if (st != KV_OK) goto cleanup;
     /* a prefix-reuse script is whole: its three attributes within the
      * run's sizes and its suffix there (a run without one has none) */
-    if ((r->save_after != 0 || r->switch_step != 0 || r->suffix_len != 0 || r->suffix != NULL) &&
-        (r->save_after < 1 || r->save_after >= r->prompt_len || r->switch_step < 1 ||
-         r->switch_step >= r->steps || r->suffix_len < 1 || (r->suffix == NULL && !r->skipped))) {
+    if (!h5_run_script_ok(r)) {
         st = h5_report_fail(c, KV_ERR_INPUT,
                             "%s: a prefix-reuse script expects 1 <= save_after < prompt_len "
                             "(%lld), 1 <= switch_step < steps (%lld) and a suffix dataset; found "

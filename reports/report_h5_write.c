@@ -127,12 +127,7 @@ static KvStatus report_validate(const KvReport *rep, ReportCtx *c) {
         }
         /* a prefix-reuse script is whole or absent: its suffix held by the
          * run, the switch and the saved prefix inside its sizes */
-        const bool script = r->save_after != 0 || r->switch_step != 0 || r->suffix_len != 0 ||
-                            r->suffix != NULL;
-        if (script && (r->save_after < 1 || r->save_after >= r->prompt_len ||
-                       r->switch_step < 1 || r->switch_step >= r->steps || r->suffix_len < 1 ||
-                       r->suffix_len > KV_REPORT_MAX_PROMPT_LEN ||
-                       (r->suffix == NULL && !r->skipped))) {
+        if (!h5_run_script_ok(r)) {
             return h5_report_fail(c, KV_ERR_INPUT,
                                   "runs[%" PRId64 "]: a prefix-reuse script expects 1 <= "
                                   "save_after < prompt_len (%" PRId64 "), 1 <= switch_step < "
