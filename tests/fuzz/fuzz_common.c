@@ -119,9 +119,9 @@ void kv_fuzz_check_status(KvStatus st, const KvError *err, const char *what) {
 /* ---- the tiny model ---------------------------------------------------- */
 
 static void tensor_add(KvFuzzTensor *ts, size_t *n, int rank, int64_t d0, int64_t d1,
-                       const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+                       int64_t d2, const char *fmt, ...) __attribute__((format(printf, 7, 8)));
 static void tensor_add(KvFuzzTensor *ts, size_t *n, int rank, int64_t d0, int64_t d1,
-                       const char *fmt, ...) {
+                       int64_t d2, const char *fmt, ...) {
     KvFuzzTensor *t = &ts[(*n)++];
     va_list ap;
     va_start(ap, fmt);
@@ -130,31 +130,62 @@ static void tensor_add(KvFuzzTensor *ts, size_t *n, int rank, int64_t d0, int64_
     t->rank = rank;
     t->shape[0] = d0;
     t->shape[1] = d1;
+    t->shape[2] = d2;
 }
 
 size_t kv_fuzz_model_tensors(const KvConfig *cfg, KvFuzzTensor *out) {
     size_t n = 0;
-    const int64_t h = cfg->hidden_size, in = cfg->intermediate_size;
-    const int64_t q = cfg->num_heads * cfg->head_dim, kv = cfg->num_kv_heads * cfg->head_dim;
-    tensor_add(out, &n, 2, cfg->vocab_size, h, "model.embed_tokens.weight");
+    const int64_t h = cfg->hidden_size, in = cfg->intermediate_size, hd = cfg->head_dim;
+    const int64_t q = cfg->num_heads * hd, kv = cfg->num_kv_heads * hd, e = cfg->num_experts;
+    const bool gemma = cfg->family == KV_FAMILY_GEMMA2 || cfg->family == KV_FAMILY_GEMMA3;
+    /* Which optional tensors each family has, from transformers' modeling
+     * files (not from the parsed flags, so a flag set for the wrong family
+     * shows up as a load failure). */
+    const bool qkv_bias = cfg->family == KV_FAMILY_QWEN2 ||
+                          (cfg->family == KV_FAMILY_GPT_OSS && cfg->attn_qkv_bias);
+    const bool gpt_oss = cfg->family == KV_FAMILY_GPT_OSS;
+    tensor_add(out, &n, 2, cfg->vocab_size, h, 0, "model.embed_tokens.weight");
     for (int64_t l = 0; l < cfg->num_layers; l++) {
         const char *p = "model.layers.";
-        tensor_add(out, &n, 1, h, 0, "%s%" PRId64 ".input_layernorm.weight", p, l);
-        tensor_add(out, &n, 2, q, h, "%s%" PRId64 ".self_attn.q_proj.weight", p, l);
-        tensor_add(out, &n, 2, kv, h, "%s%" PRId64 ".self_attn.k_proj.weight", p, l);
-        tensor_add(out, &n, 2, kv, h, "%s%" PRId64 ".self_attn.v_proj.weight", p, l);
-        tensor_add(out, &n, 2, h, q, "%s%" PRId64 ".self_attn.o_proj.weight", p, l);
-        tensor_add(out, &n, 1, h, 0, "%s%" PRId64 ".post_attention_layernorm.weight", p, l);
-        if (cfg->family == KV_FAMILY_GEMMA2) {
-            tensor_add(out, &n, 1, h, 0, "%s%" PRId64 ".pre_feedforward_layernorm.weight", p, l);
-            tensor_add(out, &n, 1, h, 0, "%s%" PRId64 ".post_feedforward_layernorm.weight", p, l);
+        tensor_add(out, &n, 1, h, 0, 0, "%s%" PRId64 ".input_layernorm.weight", p, l);
+        tensor_add(out, &n, 2, q, h, 0, "%s%" PRId64 ".self_attn.q_proj.weight", p, l);
+        tensor_add(out, &n, 2, kv, h, 0, "%s%" PRId64 ".self_attn.k_proj.weight", p, l);
+        tensor_add(out, &n, 2, kv, h, 0, "%s%" PRId64 ".self_attn.v_proj.weight", p, l);
+        tensor_add(out, &n, 2, h, q, 0, "%s%" PRId64 ".self_attn.o_proj.weight", p, l);
+        if (qkv_bias) {
+            tensor_add(out, &n, 1, q, 0, 0, "%s%" PRId64 ".self_attn.q_proj.bias", p, l);
+            tensor_add(out, &n, 1, kv, 0, 0, "%s%" PRId64 ".self_attn.k_proj.bias", p, l);
+            tensor_add(out, &n, 1, kv, 0, 0, "%s%" PRId64 ".self_attn.v_proj.bias", p, l);
         }
-        tensor_add(out, &n, 2, in, h, "%s%" PRId64 ".mlp.gate_proj.weight", p, l);
-        tensor_add(out, &n, 2, in, h, "%s%" PRId64 ".mlp.up_proj.weight", p, l);
-        tensor_add(out, &n, 2, h, in, "%s%" PRId64 ".mlp.down_proj.weight", p, l);
+        if (gpt_oss && cfg->attn_o_bias) {
+            tensor_add(out, &n, 1, h, 0, 0, "%s%" PRId64 ".self_attn.o_proj.bias", p, l);
+        }
+        if (gpt_oss) tensor_add(out, &n, 1, cfg->num_heads, 0, 0, "%s%" PRId64 ".self_attn.sinks", p, l);
+        if (cfg->family == KV_FAMILY_GEMMA3) {
+            tensor_add(out, &n, 1, hd, 0, 0, "%s%" PRId64 ".self_attn.q_norm.weight", p, l);
+            tensor_add(out, &n, 1, hd, 0, 0, "%s%" PRId64 ".self_attn.k_norm.weight", p, l);
+        }
+        tensor_add(out, &n, 1, h, 0, 0, "%s%" PRId64 ".post_attention_layernorm.weight", p, l);
+        if (gemma) {
+            tensor_add(out, &n, 1, h, 0, 0, "%s%" PRId64 ".pre_feedforward_layernorm.weight", p, l);
+            tensor_add(out, &n, 1, h, 0, 0, "%s%" PRId64 ".post_feedforward_layernorm.weight", p, l);
+        }
+        if (gpt_oss) {
+            /* GptOssMLP: router (E, h) + bias; experts stored (E, in, out) */
+            tensor_add(out, &n, 2, e, h, 0, "%s%" PRId64 ".mlp.router.weight", p, l);
+            tensor_add(out, &n, 1, e, 0, 0, "%s%" PRId64 ".mlp.router.bias", p, l);
+            tensor_add(out, &n, 3, e, h, 2 * in, "%s%" PRId64 ".mlp.experts.gate_up_proj", p, l);
+            tensor_add(out, &n, 2, e, 2 * in, 0, "%s%" PRId64 ".mlp.experts.gate_up_proj_bias", p, l);
+            tensor_add(out, &n, 3, e, in, h, "%s%" PRId64 ".mlp.experts.down_proj", p, l);
+            tensor_add(out, &n, 2, e, h, 0, "%s%" PRId64 ".mlp.experts.down_proj_bias", p, l);
+        } else {
+            tensor_add(out, &n, 2, in, h, 0, "%s%" PRId64 ".mlp.gate_proj.weight", p, l);
+            tensor_add(out, &n, 2, in, h, 0, "%s%" PRId64 ".mlp.up_proj.weight", p, l);
+            tensor_add(out, &n, 2, h, in, 0, "%s%" PRId64 ".mlp.down_proj.weight", p, l);
+        }
     }
-    tensor_add(out, &n, 1, h, 0, "model.norm.weight");
-    if (!cfg->tie_word_embeddings) tensor_add(out, &n, 2, cfg->vocab_size, h, "lm_head.weight");
+    tensor_add(out, &n, 1, h, 0, 0, "model.norm.weight");
+    if (!cfg->tie_word_embeddings) tensor_add(out, &n, 2, cfg->vocab_size, h, 0, "lm_head.weight");
     return n;
 }
 
@@ -190,7 +221,8 @@ KvStatus kv_fuzz_model_image(const KvConfig *cfg, KvDtype dtype, uint8_t **img, 
     n = kv_fuzz_model_tensors(cfg, ts);
     const size_t esize = kv_dtype_size(dtype);
     for (size_t t = 0; t < n; t++) {
-        size_t numel = (size_t)ts[t].shape[0] * (size_t)(ts[t].rank == 2 ? ts[t].shape[1] : 1);
+        size_t numel = 1;
+        for (int d = 0; d < ts[t].rank; d++) numel *= (size_t)ts[t].shape[d];
         uint8_t *b = malloc(numel * esize + 1);
         if (b == NULL) {
             st = kv_error_set(err, KV_ERR_INTERNAL, "fuzz: out of memory");
@@ -214,8 +246,7 @@ KvStatus kv_fuzz_model_image(const KvConfig *cfg, KvDtype dtype, uint8_t **img, 
         w[t].name = ts[t].name;
         w[t].dtype = dtype;
         w[t].rank = ts[t].rank;
-        w[t].shape[0] = ts[t].shape[0];
-        w[t].shape[1] = ts[t].shape[1];
+        for (int d = 0; d < ts[t].rank; d++) w[t].shape[d] = ts[t].shape[d];
         w[t].data = b;
     }
     st = kv_st_serialize(w, n, img, len, err);

@@ -50,17 +50,20 @@ void kv_fuzz_check_status(KvStatus st, const KvError *err, const char *what);
 extern const char kv_fuzz_tiny_gemma2_json[];
 extern const char kv_fuzz_tiny_mistral_json[];
 
-/* Up to this many tensors for a config of num_layers layers. */
-#define KV_FUZZ_MAX_TENSORS(num_layers) (3 + 11 * (size_t)(num_layers))
+/* Up to this many tensors for a config of num_layers layers: per layer 4
+ * norms, 4 projections, 4 biases, 2 head norms, sinks and 6 MoE tensors. */
+#define KV_FUZZ_MAX_TENSORS(num_layers) (3 + 21 * (size_t)(num_layers))
 
 typedef struct {
     char name[KV_ST_MAX_NAME];
     int rank;
-    int64_t shape[2];
+    int64_t shape[3]; /* (rank) */
 } KvFuzzTensor;
 
 /* The tensors model.c binds for cfg, with the shapes it expects, in Hugging
- * Face order (embed, each layer, final norm, lm_head when untied). Written
+ * Face order (embed, each layer, final norm, lm_head when untied), for every
+ * family: gemma2/3's extra norms, gemma3's q/k norms, qwen2's and gpt_oss's
+ * biases, gpt_oss's sinks, router and expert stacks. Written
  * independently of model.c: a config that parses plus these tensors must
  * load. Returns the count; out holds KV_FUZZ_MAX_TENSORS(num_layers). */
 size_t kv_fuzz_model_tensors(const KvConfig *cfg, KvFuzzTensor *out);

@@ -45,25 +45,84 @@ static void check_same_config(const KvConfig *a, const KvConfig *b, const char *
     SAME(sliding_window);
     SAME(max_position_embeddings);
     SAME(tie_word_embeddings);
+    SAME(attn_qkv_bias);
+    SAME(qk_norm);
+    SAME(attn_o_bias);
+    SAME(attn_sinks);
+    SAME(rope_yarn);
+    SAME(rope_truncate);
+    SAME(num_experts);
+    SAME(experts_per_tok);
 #undef SAME
     /* Doubles bitwise: a round trip must not move a value by an ulp. */
-    const double da[] = {a->rms_norm_eps, a->rope_theta, a->query_pre_attn_scalar,
-                         a->attn_logit_softcapping, a->final_logit_softcapping};
-    const double db[] = {b->rms_norm_eps, b->rope_theta, b->query_pre_attn_scalar,
-                         b->attn_logit_softcapping, b->final_logit_softcapping};
-    static const char *const names[] = {"rms_norm_eps", "rope_theta", "query_pre_attn_scalar",
-                                        "attn_logit_softcapping", "final_logit_softcapping"};
+    const double da[] = {a->rms_norm_eps,          a->rope_theta,         a->rope_theta_local,
+                         a->query_pre_attn_scalar, a->attn_logit_softcapping,
+                         a->final_logit_softcapping, a->rope_factor,      a->rope_beta_fast,
+                         a->rope_beta_slow,        a->rope_orig_max_pos,  a->rope_attention_factor,
+                         a->swiglu_limit,          a->swiglu_alpha};
+    const double db[] = {b->rms_norm_eps,          b->rope_theta,         b->rope_theta_local,
+                         b->query_pre_attn_scalar, b->attn_logit_softcapping,
+                         b->final_logit_softcapping, b->rope_factor,      b->rope_beta_fast,
+                         b->rope_beta_slow,        b->rope_orig_max_pos,  b->rope_attention_factor,
+                         b->swiglu_limit,          b->swiglu_alpha};
+    static const char *const names[] = {
+        "rms_norm_eps",  "rope_theta",        "rope_theta_local", "query_pre_attn_scalar",
+        "attn_logit_softcapping", "final_logit_softcapping", "rope_factor", "rope_beta_fast",
+        "rope_beta_slow", "rope_orig_max_pos", "rope_attention_factor", "swiglu_limit",
+        "swiglu_alpha"};
     for (size_t i = 0; i < sizeof da / sizeof da[0]; i++) {
         KV_FUZZ_CHECK(memcmp(&da[i], &db[i], sizeof da[i]) == 0, "%s: field %s: %.17g vs %.17g",
                       what, names[i], da[i], db[i]);
     }
     KV_FUZZ_CHECK(memcmp(a->layer_sliding, b->layer_sliding, sizeof a->layer_sliding) == 0,
                   "%s: layer_sliding differs", what);
+    /* layer_window as the layers see it: a list that names every window
+     * and one that leaves them at sliding_window are the same model. */
+    for (int64_t i = 0; i < KV_MAX_LAYERS; i++) {
+        KV_FUZZ_CHECK(kv_config_layer_window(a, i) == kv_config_layer_window(b, i),
+                      "%s: layer %lld's window %lld vs %lld", what, (long long)i,
+                      (long long)kv_config_layer_window(a, i),
+                      (long long)kv_config_layer_window(b, i));
+    }
 }
 
 static void check_invariants(const KvConfig *c) {
-    KV_FUZZ_CHECK(c->family == KV_FAMILY_GEMMA2 || c->family == KV_FAMILY_MISTRAL, "family %d",
-                  (int)c->family);
+    KV_FUZZ_CHECK(c->family == KV_FAMILY_GEMMA2 || c->family == KV_FAMILY_MISTRAL ||
+                      c->family == KV_FAMILY_QWEN2 || c->family == KV_FAMILY_GEMMA3 ||
+                      c->family == KV_FAMILY_GPT_OSS,
+                  "family %d", (int)c->family);
+    /* The per-family flags: only the families that have them set them. */
+    KV_FUZZ_CHECK(!c->qk_norm || c->family == KV_FAMILY_GEMMA3, "qk_norm outside gemma3");
+    KV_FUZZ_CHECK(!c->attn_qkv_bias || c->family == KV_FAMILY_QWEN2 ||
+                      c->family == KV_FAMILY_GPT_OSS,
+                  "q/k/v biases outside qwen2 and gpt_oss");
+    KV_FUZZ_CHECK(c->family != KV_FAMILY_QWEN2 || c->attn_qkv_bias, "qwen2 without q/k/v biases");
+    KV_FUZZ_CHECK(c->attn_o_bias == (c->family == KV_FAMILY_GPT_OSS && c->attn_qkv_bias),
+                  "o_proj bias %d", c->attn_o_bias);
+    KV_FUZZ_CHECK(c->attn_sinks == (c->family == KV_FAMILY_GPT_OSS), "sinks %d", c->attn_sinks);
+    if (c->family == KV_FAMILY_GPT_OSS) {
+        KV_FUZZ_CHECK(c->num_experts >= 1 && c->num_experts <= KV_CONFIG_MAX_EXPERTS &&
+                          c->experts_per_tok >= 1 && c->experts_per_tok <= c->num_experts,
+                      "experts %lld, per token %lld", (long long)c->num_experts,
+                      (long long)c->experts_per_tok);
+        KV_FUZZ_CHECK(isfinite(c->swiglu_limit) && isfinite(c->swiglu_alpha), "swiglu %g %g",
+                      c->swiglu_limit, c->swiglu_alpha);
+    } else {
+        KV_FUZZ_CHECK(c->num_experts == 0 && c->experts_per_tok == 0, "experts outside gpt_oss");
+    }
+    KV_FUZZ_CHECK(c->rope_theta_local == 0 || (c->family == KV_FAMILY_GEMMA3 &&
+                                               isfinite(c->rope_theta_local) &&
+                                               c->rope_theta_local > 0),
+                  "rope_theta_local %g", c->rope_theta_local);
+    KV_FUZZ_CHECK(isfinite(c->rope_attention_factor) &&
+                      (c->rope_yarn || c->rope_attention_factor == 1.0),
+                  "rope_attention_factor %g", c->rope_attention_factor);
+    if (c->rope_yarn) {
+        KV_FUZZ_CHECK(c->family == KV_FAMILY_GPT_OSS, "YaRN outside gpt_oss");
+        KV_FUZZ_CHECK(isfinite(c->rope_factor) && isfinite(c->rope_beta_fast) &&
+                          isfinite(c->rope_beta_slow) && isfinite(c->rope_orig_max_pos),
+                      "YaRN parameters not finite");
+    }
     KV_FUZZ_CHECK(memchr(c->model_type, '\0', sizeof c->model_type) != NULL,
                   "model_type unterminated");
     KV_FUZZ_CHECK(c->vocab_size >= 1 && c->hidden_size >= 1 && c->intermediate_size >= 1 &&
@@ -90,8 +149,16 @@ static void check_invariants(const KvConfig *c) {
         KV_FUZZ_CHECK(i < c->num_layers || c->layer_sliding[i] == 0,
                       "layer_sliding set past num_layers");
         int64_t w = kv_config_layer_window(c, i);
-        KV_FUZZ_CHECK(w == (i < c->num_layers && c->layer_sliding[i] ? c->sliding_window : 0),
-                      "kv_config_layer_window(%lld) = %lld", (long long)i, (long long)w);
+        /* a sliding layer's own window (mistral's list form) or W; W is the largest */
+        KV_FUZZ_CHECK(c->layer_window[i] >= 0 && c->layer_window[i] <= c->sliding_window &&
+                          (c->layer_window[i] == 0 || (i < c->num_layers && c->layer_sliding[i])),
+                      "layer_window[%lld] = %lld (W %lld)", (long long)i,
+                      (long long)c->layer_window[i], (long long)c->sliding_window);
+        const int64_t want = i < c->num_layers && c->layer_sliding[i]
+                                 ? (c->layer_window[i] > 0 ? c->layer_window[i] : c->sliding_window)
+                                 : 0;
+        KV_FUZZ_CHECK(w == want, "kv_config_layer_window(%lld) = %lld", (long long)i,
+                      (long long)w);
         KV_FUZZ_CHECK(i >= c->num_layers || !c->layer_sliding[i] || c->sliding_window > 0,
                       "layer %lld slides with no window", (long long)i);
     }
@@ -106,7 +173,13 @@ static size_t small_weight_count(const KvConfig *c, size_t limit) {
     unsigned __int128 h = (unsigned __int128)c->hidden_size;
     unsigned __int128 q = (unsigned __int128)c->num_heads * (unsigned __int128)c->head_dim;
     unsigned __int128 kv = (unsigned __int128)c->num_kv_heads * (unsigned __int128)c->head_dim;
-    unsigned __int128 layer = 2 * q * h + 2 * kv * h + 3 * (unsigned __int128)c->intermediate_size * h + 4 * h;
+    const unsigned __int128 experts = c->num_experts > 0 ? (unsigned __int128)c->num_experts : 1;
+    /* projections, MLP (every expert; router and biases), norms, biases, sinks */
+    unsigned __int128 layer = 2 * q * h + 2 * kv * h +
+                              experts * (3 * (unsigned __int128)c->intermediate_size * h +
+                                         2 * (unsigned __int128)c->intermediate_size + 2 * h) +
+                              4 * h + q + 2 * kv + h + (unsigned __int128)c->num_heads +
+                              2 * (unsigned __int128)c->head_dim;
     unsigned __int128 all = layer * (unsigned __int128)c->num_layers +
                             2 * (unsigned __int128)c->vocab_size * h + h;
     return all <= limit ? (size_t)all : 0;

@@ -49,9 +49,45 @@ static void config_seeds(void) {
     put_text("config", "tiny-gemma2.json", kv_fuzz_tiny_gemma2_json);
     put_text("config", "tiny-mistral.json", kv_fuzz_tiny_mistral_json);
     /* What kv_config_to_json writes (every field explicit). */
-    const char *families[] = {kv_fuzz_tiny_gemma2_json, kv_fuzz_tiny_mistral_json};
-    const char *names[] = {"written-gemma2.json", "written-mistral.json"};
-    for (int f = 0; f < 2; f++) {
+    /* The families added after gemma2 and mistral, small enough that the
+     * target builds and loads their checkpoints: the seeds that reach their
+     * tensor lists and flags at once. */
+    static const char qwen2[] =
+        "{\"model_type\": \"qwen2\", \"vocab_size\": 8, \"hidden_size\": 4, "
+        "\"intermediate_size\": 4, \"num_hidden_layers\": 2, \"num_attention_heads\": 2, "
+        "\"num_key_value_heads\": 1, \"sliding_window\": 4, \"use_sliding_window\": true, "
+        "\"max_window_layers\": 1, \"tie_word_embeddings\": true}";
+    static const char gemma3[] =
+        "{\"model_type\": \"gemma3_text\", \"vocab_size\": 8, \"hidden_size\": 4, "
+        "\"intermediate_size\": 4, \"num_hidden_layers\": 2, \"num_attention_heads\": 2, "
+        "\"num_key_value_heads\": 1, \"head_dim\": 2, \"sliding_window\": 4, "
+        "\"layer_types\": [\"sliding_attention\", \"full_attention\"], "
+        "\"rope_local_base_freq\": 10000.0, \"rope_theta\": 1000000.0, "
+        "\"query_pre_attn_scalar\": 2, \"final_logit_softcapping\": null}";
+    static const char gpt_oss[] =
+        "{\"model_type\": \"gpt_oss\", \"vocab_size\": 8, \"hidden_size\": 4, "
+        "\"intermediate_size\": 2, \"num_hidden_layers\": 2, \"num_attention_heads\": 2, "
+        "\"num_key_value_heads\": 1, \"head_dim\": 2, \"sliding_window\": 4, "
+        "\"layer_types\": [\"sliding_attention\", \"full_attention\"], "
+        "\"num_local_experts\": 3, \"num_experts_per_tok\": 2, \"attention_bias\": true, "
+        "\"rope_parameters\": {\"rope_type\": \"yarn\", \"rope_theta\": 150000.0, "
+        "\"factor\": 32.0, \"beta_fast\": 32.0, \"beta_slow\": 1.0, "
+        "\"original_max_position_embeddings\": 4096, \"truncate\": false}, "
+        "\"tie_word_embeddings\": false}";
+    static const char mistral_mixed[] =
+        "{\"model_type\": \"mistral\", \"vocab_size\": 8, \"hidden_size\": 4, "
+        "\"intermediate_size\": 4, \"num_hidden_layers\": 3, \"num_attention_heads\": 2, "
+        "\"num_key_value_heads\": 1, \"head_dim\": 2, \"sliding_window\": [2, 4, null]}";
+    put_text("config", "tiny-qwen2.json", qwen2);
+    put_text("config", "tiny-gemma3.json", gemma3);
+    put_text("config", "tiny-gpt_oss.json", gpt_oss);
+    put_text("config", "tiny-mistral-mixed.json", mistral_mixed);
+    const char *families[] = {kv_fuzz_tiny_gemma2_json, kv_fuzz_tiny_mistral_json, qwen2,
+                              gemma3, gpt_oss, mistral_mixed};
+    const char *names[] = {"written-gemma2.json", "written-mistral.json", "written-qwen2.json",
+                           "written-gemma3.json", "written-gpt_oss.json",
+                           "written-mistral-mixed.json"};
+    for (int f = 0; f < 6; f++) {
         KvConfig cfg;
         KvError err = {{0}};
         if (kv_config_parse(families[f], strlen(families[f]), "seed", &cfg, &err) != KV_OK) {

@@ -16,7 +16,7 @@ for t in config safetensors report report_edit; do
 done
 KV_FUZZ_TMPDIR=$build/fuzz/scratch "$build/fuzz/fuzz_make_seeds" "$corpus"
 # The real checkpoints' configs (their safetensors are too large to mutate).
-for f in gemma2 mistral; do
+for f in gemma2 gemma3_text gpt_oss mistral qwen2; do
     cp "$root/fixtures/hf/$f/config.json" "$corpus/config/fixture-$f.json"
 done
 chmod 644 "$corpus"/*/*
