@@ -54,7 +54,7 @@
 #define GEMM_NR 4   /* weight rows (outputs) per micro-tile; 6 x 4 = 24 of 32 zmm */
 #define GEMM_MC 48  /* x rows per job: a multiple of GEMM_MR */
 #define GEMM_NC 64  /* outputs per job: a multiple of GEMM_NR */
-#define GEMM_KC 512 /* input elements per pass over a tile: a multiple of KV_DOT_LANES */
+#define GEMM_KC 1024 /* input elements per pass over a tile: a multiple of KV_DOT_LANES */
 
 /* As kvmath.c's KV_PREFETCH_BYTES (measured there): how far ahead a streamed
  * weight row is prefetched into L2 when there is one row block. Timing
@@ -127,7 +127,7 @@ const char *kv_gemm_path_name(KvGemmPath path) {
 /* kv_dot's step for 16 elements of row r against the 4 weight vectors:
  * lanes += x * w, product first rounded, operands in kv_dot's order. */
 #define GEMM_ROW_STEP(r)                                                                           \
-    xv = _mm512_loadu_ps(x##r + k);                                                                \
+    xv = _mm512_load_ps(xk + (r) * KV_DOT_LANES);                                                  \
     a##r##0 = _mm512_add_ps(a##r##0, _mm512_mul_ps(xv, w0));                                       \
     a##r##1 = _mm512_add_ps(a##r##1, _mm512_mul_ps(xv, w1));                                       \
     a##r##2 = _mm512_add_ps(a##r##2, _mm512_mul_ps(xv, w2));                                       \
@@ -139,10 +139,9 @@ const char *kv_gemm_path_name(KvGemmPath path) {
  * file comment). always_inline so each call site gets a copy with
  * `prefetch` constant. */
 GEMM_AVX512 __attribute__((always_inline)) static inline void
-gemm_tile_avx512(const float *const xp[GEMM_MR] /* -> (in) */,
+gemm_tile_avx512(const float *xpk /* (kc / 16, MR, 16), 64-byte aligned */,
                  const float *const wp[GEMM_NR] /* -> (in) */, int64_t k0, int64_t k1,
                  float acc[GEMM_MR * GEMM_NR][KV_DOT_LANES], bool first, bool prefetch) {
-    const float *x0 = xp[0], *x1 = xp[1], *x2 = xp[2], *x3 = xp[3], *x4 = xp[4], *x5 = xp[5];
     const float *v0 = wp[0], *v1 = wp[1], *v2 = wp[2], *v3 = wp[3];
     GEMM_ACC_DECL(0);
     GEMM_ACC_DECL(1);
@@ -165,7 +164,8 @@ gemm_tile_avx512(const float *const xp[GEMM_MR] /* -> (in) */,
         GEMM_ACC_LOAD(4);
         GEMM_ACC_LOAD(5);
     }
-    for (int64_t k = k0; k < k1; k += KV_DOT_LANES) {
+    const float *xk = xpk; /* the packed x vectors of step k */
+    for (int64_t k = k0; k < k1; k += KV_DOT_LANES, xk += GEMM_MR * KV_DOT_LANES) {
         if (prefetch) {
             /* Integer address arithmetic: no out-of-bounds pointer is
              * formed, and a prefetch never faults. */
@@ -206,49 +206,81 @@ GEMM_AVX512 static inline float gemm_lanes_sum_avx512(const float l[KV_DOT_LANES
     return _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1))); /* s0 + s1 */
 }
 
+/* The row block's x over [k0, k1) into xpk, (k / 16, MR, 16). */
+static void gemm_pack_x(const float *const xp[GEMM_MR] /* -> (in) */, int64_t k0, int64_t k1,
+                        float xpk[][GEMM_MR][KV_DOT_LANES]) {
+    for (int64_t k = k0; k < k1; k += KV_DOT_LANES) {
+        for (int i = 0; i < GEMM_MR; i++) {
+            memcpy(xpk[(k - k0) / KV_DOT_LANES][i], xp[i] + k, sizeof xpk[0][0]);
+        }
+    }
+}
+
 /* One job: rows [r0, r1) by outputs [o0, o1) of y = x w^T. */
 GEMM_AVX512 static void gemm_job_avx512(const float *x /* (rows, in) */, int64_t in,
                                         const float *w /* (out, in) */, int64_t out,
                                         float *y /* (rows, out) */, int64_t r0, int64_t r1,
                                         int64_t o0, int64_t o1) {
-    enum { BLOCKS = GEMM_MC / GEMM_MR };
-    /* (BLOCKS, MR * NR, 16): one row block's tile of lane accumulators each */
-    float acc[BLOCKS][GEMM_MR * GEMM_NR][KV_DOT_LANES] __attribute__((aligned(64)));
+    enum { TILES = GEMM_NC / GEMM_NR };
+    /* (TILES, MR * NR, 16): one row block's lane accumulators, tile by tile */
+    float acc[TILES][GEMM_MR * GEMM_NR][KV_DOT_LANES] __attribute__((aligned(64)));
+    /* (KC / 16, MR, 16): the row block's x for one pass, the MR vectors of a
+     * step side by side: aligned full-line loads from one stream (the
+     * activations' rows are not 64-byte aligned, and split loads cost the
+     * kernel ~10%, measured). */
+    float xpk[GEMM_KC / KV_DOT_LANES][GEMM_MR][KV_DOT_LANES] __attribute__((aligned(64)));
     const int64_t n16 = in - in % KV_DOT_LANES;
-    const int64_t nblk = (r1 - r0 + GEMM_MR - 1) / GEMM_MR;
-    const bool stream = nblk == 1;
-    const int64_t kc = stream ? n16 : GEMM_KC;
-    for (int64_t o = o0; o < o1; o += GEMM_NR) {
-        const float *wp[GEMM_NR]; /* -> (in) */
-        for (int c = 0; c < GEMM_NR; c++) {
-            const int64_t oc = o + c < o1 ? o + c : o1 - 1; /* past the edge: dropped */
-            wp[c] = w + oc * in;
+    const int64_t ntile = (o1 - o0 + GEMM_NR - 1) / GEMM_NR;
+    for (int64_t r = r0; r < r1; r += GEMM_MR) {
+        const float *xp[GEMM_MR]; /* -> (in) */
+        for (int i = 0; i < GEMM_MR; i++) {
+            xp[i] = x + (r + i < r1 ? r + i : r1 - 1) * in; /* past the edge: dropped */
         }
-        /* At least one pass, so in < 16 still zeroes the lanes. */
-        int64_t k0 = 0;
-        do {
-            const int64_t k1 = k0 + kc < n16 ? k0 + kc : n16;
-            for (int64_t b = 0; b < nblk; b++) {
-                const float *xp[GEMM_MR]; /* -> (in) */
-                for (int r = 0; r < GEMM_MR; r++) {
-                    int64_t xr = r0 + b * GEMM_MR + r;
-                    xp[r] = x + (xr < r1 ? xr : r1 - 1) * in; /* past the edge: dropped */
+        if (r1 - r0 > GEMM_MR) {
+            /* Several row blocks share the job's weights: pass by pass, the
+             * packed x (in L1) meets every tile's weights (in L2). */
+            int64_t k0 = 0; /* at least one pass, so in < 16 still zeroes the lanes */
+            do {
+                const int64_t k1 = k0 + GEMM_KC < n16 ? k0 + GEMM_KC : n16;
+                gemm_pack_x(xp, k0, k1, xpk);
+                for (int64_t t = 0; t < ntile; t++) {
+                    const int64_t o = o0 + t * GEMM_NR;
+                    const float *wp[GEMM_NR]; /* -> (in) */
+                    for (int c = 0; c < GEMM_NR; c++) {
+                        wp[c] = w + (o + c < o1 ? o + c : o1 - 1) * in; /* past the edge: dropped */
+                    }
+                    gemm_tile_avx512(&xpk[0][0][0], wp, k0, k1, acc[t], k0 == 0, false);
                 }
-                if (stream) {
-                    gemm_tile_avx512(xp, wp, k0, k1, acc[b], k0 == 0, true);
-                } else {
-                    gemm_tile_avx512(xp, wp, k0, k1, acc[b], k0 == 0, false);
+                k0 = k1;
+            } while (k0 < n16);
+        } else {
+            /* One row block: each weight row is read once, so stream the
+             * tiles' rows end to end, prefetched, repacking x per pass when
+             * `in` needs more than one (x is a few rows, in L1). */
+            int64_t packed = -1; /* k0 of the pass in xpk */
+            for (int64_t t = 0; t < ntile; t++) {
+                const int64_t o = o0 + t * GEMM_NR;
+                const float *wp[GEMM_NR]; /* -> (in) */
+                for (int c = 0; c < GEMM_NR; c++) {
+                    wp[c] = w + (o + c < o1 ? o + c : o1 - 1) * in; /* past the edge: dropped */
                 }
+                int64_t k0 = 0;
+                do {
+                    const int64_t k1 = k0 + GEMM_KC < n16 ? k0 + GEMM_KC : n16;
+                    if (packed != k0) gemm_pack_x(xp, k0, k1, xpk);
+                    packed = k0;
+                    gemm_tile_avx512(&xpk[0][0][0], wp, k0, k1, acc[t], k0 == 0, true);
+                    k0 = k1;
+                } while (k0 < n16);
             }
-            k0 = k1;
-        } while (k0 < n16);
-        for (int64_t b = 0; b < nblk; b++) {
-            for (int r = 0; r < GEMM_MR; r++) {
-                const int64_t xr = r0 + b * GEMM_MR + r;
-                if (xr >= r1) break;
-                for (int c = 0; c < GEMM_NR && o + c < o1; c++) {
-                    const float s = gemm_lanes_sum_avx512(acc[b][r * GEMM_NR + c]);
-                    y[xr * out + o + c] = kv_dot_tail(x + xr * in, wp[c], n16, in, s);
+        }
+        for (int i = 0; i < GEMM_MR && r + i < r1; i++) {
+            for (int64_t t = 0; t < ntile; t++) {
+                for (int c = 0; c < GEMM_NR; c++) {
+                    const int64_t o = o0 + t * GEMM_NR + c;
+                    if (o >= o1) break;
+                    const float s = gemm_lanes_sum_avx512(acc[t][i * GEMM_NR + c]);
+                    y[(r + i) * out + o] = kv_dot_tail(xp[i], w + o * in, n16, in, s);
                 }
             }
         }
