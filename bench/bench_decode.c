@@ -74,6 +74,8 @@ typedef struct {
     int64_t prefill_len;  /* the prefill figure's prompt; 0: no prefill figure */
     int prefill_only;     /* no copy test, no decode figure: for whole-process timing */
     KvGemmPath matmul;    /* rows > 1 matmul path */
+    const char *model_dir; /* --model: a checkpoint directory instead of the fixtures */
+    int64_t batch;        /* prompts per run (both figures) */
     int repeats;          /* timed runs of each kind; the best is reported */
     size_t copy_mib;
     uint64_t seed;        /* fixture weights */
@@ -390,107 +392,100 @@ static int bench_prefill_matmuls(const KvModel *m, int64_t rows, int repeats, do
 /* The prefill figure at the current thread count (see the file comment);
  * *keep receives the result (caller frees). */
 static int bench_prefill(const char *name, const KvModel *m, const BenchOptions *o, int nt,
-                         const int32_t *prompt /* (1, prefill_len) */,
-                         const uint8_t *real /* (1, prefill_len) */, double peak,
+                         const int32_t *prompt /* (batch, prefill_len) */,
+                         const uint8_t *real /* (batch, prefill_len) */, double peak,
                          KvDecodeResult *keep) {
-    KvDecodeSpec spec = {.batch = 1, .prompt_len = o->prefill_len, .prompt = prompt,
+    KvDecodeSpec spec = {.batch = o->batch, .prompt_len = o->prefill_len, .prompt = prompt,
                          .prompt_real = real, .new_tokens = 1, .prefill_chunk = 0};
+    const int64_t tokens = o->batch * o->prefill_len;
     double t;
     if (bench_decode_best(m, &spec, 1, &t, NULL) != 0) return 1; /* warm-up */
     if (bench_decode_best(m, &spec, o->repeats, &t, keep) != 0) return 1;
     double per_token, per_seq;
     bench_matmul_params(&m->config, &per_token, &per_seq);
-    const double flops = 2.0 * (per_token * (double)o->prefill_len + per_seq);
+    const double flops = 2.0 * (per_token * (double)tokens + per_seq * (double)o->batch);
     printf("%s threads=%d: prefill(%" PRId64 " tokens, matmul %s) %.2f ms: %.1f tokens/s, "
-           "%.2f GFLOP/s (2 x %.1fM matmul weights x tokens + 2 x %.1fM lm_head), "
+           "%.2f GFLOP/s (2 x %.1fM matmul weights x tokens + 2 x %.1fM lm_head x sequences), "
            "FMA-free peak %.1f GFLOP/s, ratio %.3f\n",
-           name, nt, o->prefill_len, kv_gemm_path_name(kv_gemm_path()), t * 1e3,
-           (double)o->prefill_len / t, flops / t / 1e9, per_token / 1e6, per_seq / 1e6,
-           peak / 1e9, flops / t / peak);
+           name, nt, tokens, kv_gemm_path_name(kv_gemm_path()), t * 1e3, (double)tokens / t,
+           flops / t / 1e9, per_token / 1e6, per_seq / 1e6, peak / 1e9, flops / t / peak);
     double tm;
-    if (bench_prefill_matmuls(m, o->prefill_len, o->repeats, &tm) != 0) return 1;
+    if (bench_prefill_matmuls(m, tokens, o->repeats, &tm) != 0) return 1;
     if (tm > 0.0) {
-        const double mflops = 2.0 * per_token * (double)o->prefill_len;
+        const double mflops = 2.0 * per_token * (double)tokens;
         printf("%s threads=%d: prefill's matmuls alone (%" PRId64 " rows, no lm_head) %.2f ms: "
                "%.2f GFLOP/s, ratio to the FMA-free peak %.3f; the rest of the prefill %.2f ms\n",
-               name, nt, o->prefill_len, tm * 1e3, mflops / tm / 1e9, mflops / tm / peak,
-               (t - tm) * 1e3);
+               name, nt, tokens, tm * 1e3, mflops / tm / 1e9, mflops / tm / peak, (t - tm) * 1e3);
     }
     return 0;
 }
 
-static int bench_family(const char *fixture_name, const BenchOptions *o, double copy_bw,
-                        const double *peaks /* (n_threads) */) {
-    KvFixtureModel fm;
-    KvError err = {{0}};
+/* `batch` prompts of `len` pseudo-random tokens (no padding): prompt and
+ * real are (batch, len), malloc'd (caller frees). 0 on out of memory. */
+static int bench_make_prompt(int64_t batch, int64_t len, uint64_t seed, int64_t vocab,
+                             int32_t **prompt, uint8_t **real) {
+    *prompt = malloc((size_t)(batch * len) * sizeof **prompt);
+    *real = malloc((size_t)(batch * len));
+    if (*prompt == NULL || *real == NULL) {
+        fprintf(stderr, "bench_decode: out of memory for a (%" PRId64 ", %" PRId64 ") prompt\n",
+                batch, len);
+        return 0;
+    }
+    KvPrng g = kv_prng_seed(seed);
+    for (int64_t i = 0; i < batch * len; i++) {
+        (*prompt)[i] = (int32_t)kv_prng_below(&g, (uint32_t)vocab);
+        (*real)[i] = 1;
+    }
+    return 1;
+}
+
+/* The figures for one loaded model (a fixture or --model DIR). */
+static int bench_model(const char *name, const KvModel *m, const BenchOptions *o, double copy_bw,
+                       const double *peaks /* (n_threads) */, double load_s) {
     int rc = 1;
-    int32_t *prompt = NULL;
-    uint8_t *real = NULL;
-    int32_t *pprompt = NULL; /* (1, prefill_len) */
-    uint8_t *preal = NULL;   /* (1, prefill_len) */
+    int32_t *prompt = NULL;  /* (batch, prompt_len) */
+    uint8_t *real = NULL;    /* (batch, prompt_len) */
+    int32_t *pprompt = NULL; /* (batch, prefill_len) */
+    uint8_t *preal = NULL;   /* (batch, prefill_len) */
     KvDecodeResult first, pfirst;
     int have_first = 0, first_threads = 0, have_pfirst = 0, pfirst_threads = 0;
-    memset(&fm, 0, sizeof fm);
     memset(&first, 0, sizeof first);
     memset(&pfirst, 0, sizeof pfirst);
-
-    double t0 = bench_now();
-    KvStatus st = kv_fixture_load(fixture_name, o->seed, &fm, &err);
-    if (st != KV_OK) {
-        fprintf(stderr, "bench_decode: kv_fixture_load(%s, seed %" PRIu64 ") failed (%d): %s\n",
-                fixture_name, o->seed, (int)st, err.msg);
-        return 1;
-    }
-    const KvModel *m = &fm.model;
     const KvConfig *c = &m->config;
-    printf("\n%s: built and loaded in %.2f s; %" PRId64 " layers, hidden %" PRId64
+    printf("\n%s: loaded in %.2f s; %" PRId64 " layers, hidden %" PRId64
            ", intermediate %" PRId64 ", heads %" PRId64 "/%" PRId64 " kv, head_dim %" PRId64
            ", vocab %" PRId64 ", window %" PRId64 "; weights read per token %" PRIu64
            " bytes (%.1fM F32 values)\n",
-           fixture_name, bench_now() - t0, c->num_layers, c->hidden_size, c->intermediate_size,
+           name, load_s, c->num_layers, c->hidden_size, c->intermediate_size,
            c->num_heads, c->num_kv_heads, c->head_dim, c->vocab_size, c->sliding_window,
            m->weight_bytes, (double)m->weight_bytes / 4e6);
 
-    prompt = malloc((size_t)o->prompt_len * sizeof *prompt); /* (1, P) */
-    real = malloc((size_t)o->prompt_len);                    /* (1, P) */
-    if (prompt == NULL || real == NULL) {
-        fprintf(stderr, "bench_decode: out of memory for the prompt\n");
+    if (!bench_make_prompt(o->batch, o->prompt_len, o->prompt_seed, c->vocab_size, &prompt,
+                           &real)) {
         goto cleanup;
     }
-    KvPrng g = kv_prng_seed(o->prompt_seed);
-    for (int64_t i = 0; i < o->prompt_len; i++) {
-        prompt[i] = (int32_t)kv_prng_below(&g, (uint32_t)c->vocab_size);
-        real[i] = 1;
+    if (o->prefill_len > 0 && !bench_make_prompt(o->batch, o->prefill_len, o->prompt_seed,
+                                                 c->vocab_size, &pprompt, &preal)) {
+        goto cleanup;
     }
-    if (o->prefill_len > 0) {
-        pprompt = malloc((size_t)o->prefill_len * sizeof *pprompt);
-        preal = malloc((size_t)o->prefill_len);
-        if (pprompt == NULL || preal == NULL) {
-            fprintf(stderr, "bench_decode: out of memory for the prefill prompt\n");
-            goto cleanup;
-        }
-        KvPrng gp = kv_prng_seed(o->prompt_seed);
-        for (int64_t i = 0; i < o->prefill_len; i++) {
-            pprompt[i] = (int32_t)kv_prng_below(&gp, (uint32_t)c->vocab_size);
-            preal[i] = 1;
-        }
-    }
-    KvDecodeSpec prefill = {.batch = 1, .prompt_len = o->prompt_len, .prompt = prompt,
+    KvDecodeSpec prefill = {.batch = o->batch, .prompt_len = o->prompt_len, .prompt = prompt,
                             .prompt_real = real, .new_tokens = 1, .prefill_chunk = 0};
     KvDecodeSpec full = prefill;
     full.new_tokens = o->new_tokens;
     int64_t decode_steps = o->new_tokens - 1;
+    double per_token, per_seq;
+    bench_matmul_params(c, &per_token, &per_seq);
 
     for (int ti = 0; ti < o->n_threads; ti++) {
         int nt = o->threads[ti];
         if (!bench_set_threads(nt)) {
-            printf("%s threads=%d: skipped (built without OpenMP)\n", fixture_name, nt);
+            printf("%s threads=%d: skipped (built without OpenMP)\n", name, nt);
             continue;
         }
         if (o->prefill_len > 0) {
             KvDecodeResult pres;
             memset(&pres, 0, sizeof pres);
-            if (bench_prefill(fixture_name, m, o, nt, pprompt, preal, peaks[ti], &pres) != 0) {
+            if (bench_prefill(name, m, o, nt, pprompt, preal, peaks[ti], &pres) != 0) {
                 goto cleanup;
             }
             /* DESIGN §4 for the rows > 1 path: the prefill's logits too. */
@@ -502,12 +497,12 @@ static int bench_family(const char *fixture_name, const BenchOptions *o, double 
                 size_t nlog = (size_t)(pres.steps * pres.batch * pres.vocab);
                 int same = pres.steps == pfirst.steps &&
                            memcmp(pres.logits, pfirst.logits, nlog * sizeof *pres.logits) == 0;
-                printf("%s threads=%d vs threads=%d: prefill logits bitwise %s\n", fixture_name,
-                       nt, pfirst_threads, same ? "identical" : "DIFFERENT");
+                printf("%s threads=%d vs threads=%d: prefill logits bitwise %s\n", name, nt,
+                       pfirst_threads, same ? "identical" : "DIFFERENT");
                 kv_decode_result_free(&pres);
                 if (!same) {
                     fprintf(stderr, "bench_decode: nondeterminism across thread counts in %s\n",
-                            fixture_name);
+                            name);
                     goto cleanup;
                 }
             }
@@ -523,15 +518,21 @@ static int bench_family(const char *fixture_name, const BenchOptions *o, double 
         double dt = tf - tp;
         if (dt <= 0.0) {
             printf("%s threads=%d: prefill %.2f ms, full %.2f ms: decode time not measurable\n",
-                   fixture_name, nt, tp * 1e3, tf * 1e3);
+                   name, nt, tp * 1e3, tf * 1e3);
         } else {
-            double tps = (double)decode_steps / dt;
-            double wbw = (double)m->weight_bytes * tps;
+            /* A step reads every weight once whatever the batch, and each of
+             * the batch's rows goes through every matmul and the lm_head. */
+            double sps = (double)decode_steps / dt;
+            double wbw = (double)m->weight_bytes * sps;
+            double dflops = 2.0 * (double)o->batch * (per_token + per_seq) * sps;
+            char batch_note[48] = "";
+            if (o->batch > 1) snprintf(batch_note, sizeof batch_note, " (batch %" PRId64 ")", o->batch);
             printf("%s threads=%d: prefill(%" PRId64 " tokens) %.2f ms, full %.2f ms -> decode %" PRId64
-                   " steps %.2f ms: %.2f tokens/s, %.2f ms/token, weights %.2f GB/s, copy %.2f "
-                   "GB/s, ratio %.3f\n",
-                   fixture_name, nt, o->prompt_len, tp * 1e3, tf * 1e3, decode_steps, dt * 1e3, tps,
-                   1e3 / tps, wbw / 1e9, copy_bw / 1e9, wbw / copy_bw);
+                   " steps %.2f ms: %.2f tokens/s%s, %.2f ms/%s, weights %.2f GB/s, copy %.2f "
+                   "GB/s, ratio %.3f; %.2f GFLOP/s, ratio to the FMA-free peak %.3f\n",
+                   name, nt, o->prompt_len * o->batch, tp * 1e3, tf * 1e3, decode_steps, dt * 1e3,
+                   sps * (double)o->batch, batch_note, 1e3 / sps, o->batch > 1 ? "step" : "token",
+                   wbw / 1e9, copy_bw / 1e9, wbw / copy_bw, dflops / 1e9, dflops / peaks[ti]);
         }
         /* DESIGN §4: the reference is bitwise the same for any thread count. */
         if (!have_first) {
@@ -540,22 +541,22 @@ static int bench_family(const char *fixture_name, const BenchOptions *o, double 
             first_threads = nt;
         } else {
             size_t nlog = (size_t)(res.steps * res.batch * res.vocab);
+            size_t ntok = (size_t)(res.steps * res.batch);
             int same = res.steps == first.steps &&
-                       memcmp(res.tokens, first.tokens, (size_t)res.steps * sizeof *res.tokens) == 0 &&
+                       memcmp(res.tokens, first.tokens, ntok * sizeof *res.tokens) == 0 &&
                        memcmp(res.logits, first.logits, nlog * sizeof *res.logits) == 0;
-            printf("%s threads=%d vs threads=%d: tokens and logits bitwise %s\n", fixture_name, nt,
+            printf("%s threads=%d vs threads=%d: tokens and logits bitwise %s\n", name, nt,
                    first_threads, same ? "identical" : "DIFFERENT");
             kv_decode_result_free(&res);
             if (!same) {
-                fprintf(stderr, "bench_decode: nondeterminism across thread counts in %s\n",
-                        fixture_name);
+                fprintf(stderr, "bench_decode: nondeterminism across thread counts in %s\n", name);
                 goto cleanup;
             }
         }
     }
     if (have_first) {
-        printf("%s tokens:", fixture_name);
-        for (int64_t s = 0; s < first.steps; s++) printf(" %" PRId32, first.tokens[s]);
+        printf("%s tokens%s:", name, first.batch > 1 ? " (row 0)" : "");
+        for (int64_t s = 0; s < first.steps; s++) printf(" %" PRId32, first.tokens[s * first.batch]);
         printf("\n");
     }
     rc = 0;
@@ -567,7 +568,41 @@ cleanup:
     free(real);
     free(pprompt);
     free(preal);
+    return rc;
+}
+
+static int bench_family(const char *fixture_name, const BenchOptions *o, double copy_bw,
+                        const double *peaks /* (n_threads) */) {
+    KvFixtureModel fm;
+    KvError err = {{0}};
+    memset(&fm, 0, sizeof fm);
+    double t0 = bench_now();
+    KvStatus st = kv_fixture_load(fixture_name, o->seed, &fm, &err);
+    if (st != KV_OK) {
+        fprintf(stderr, "bench_decode: kv_fixture_load(%s, seed %" PRIu64 ") failed (%d): %s\n",
+                fixture_name, o->seed, (int)st, err.msg);
+        return 1;
+    }
+    int rc = bench_model(fixture_name, &fm.model, o, copy_bw, peaks, bench_now() - t0);
     kv_fixture_free(&fm);
+    return rc;
+}
+
+/* --model DIR: a checkpoint directory (config.json + safetensors, single or
+ * sharded) through the project's loader. */
+static int bench_model_dir(const BenchOptions *o, double copy_bw,
+                           const double *peaks /* (n_threads) */) {
+    KvModel m;
+    KvError err = {{0}};
+    double t0 = bench_now();
+    KvStatus st = kv_model_load_dir(o->model_dir, &m, &err);
+    if (st != KV_OK) {
+        fprintf(stderr, "bench_decode: --model %s: cannot load (%d): %s\n", o->model_dir, (int)st,
+                err.msg);
+        return 1;
+    }
+    int rc = bench_model(o->model_dir, &m, o, copy_bw, peaks, bench_now() - t0);
+    kv_model_free(&m);
     return rc;
 }
 
@@ -578,7 +613,11 @@ static void bench_usage(FILE *f) {
             "usage: bench_decode [--family gemma2|mistral|both] [--threads LIST] [--new-tokens N]\n"
             "                    [--prompt-len P] [--repeats R] [--copy-mib M] [--seed S]\n"
             "                    [--prompt-seed S] [--prefill-len L] [--prefill-only]\n"
-            "                    [--matmul auto|portable|avx512] [--quick]\n"
+            "                    [--matmul auto|portable|avx512] [--batch B] [--quick]\n"
+            "       bench_decode --model DIR [--prompt-len L] [--batch B] [--new-tokens N] ...\n"
+            "  --model DIR      a checkpoint directory (config.json + safetensors) instead of\n"
+            "                   the medium fixtures; the prefill figure then uses --prompt-len\n"
+            "  --batch B        prompts per run, for both figures (default 1)\n"
             "  --threads LIST   comma-separated OpenMP thread counts (default 1,2)\n"
             "  --new-tokens N   tokens per run, >= 2 (default 32: 31 timed decode steps)\n"
             "  --prompt-len P   the decode figure's prompt (default 16)\n"
@@ -627,6 +666,7 @@ static int bench_parse(int argc, char **argv, BenchOptions *o) {
     o->prompt_len = 16;
     o->prefill_len = -1; /* default set below, by --quick */
     o->matmul = KV_GEMM_AUTO;
+    o->batch = 1;
     o->repeats = 3;
     o->copy_mib = BENCH_COPY_MIB_DEFAULT;
     o->seed = KV_FIXTURE_DEFAULT_SEED;
@@ -672,6 +712,10 @@ static int bench_parse(int argc, char **argv, BenchOptions *o) {
             o->new_tokens = n;
         } else if (strcmp(a, "--prompt-len") == 0 && bench_parse_i64(v, 1, &n)) {
             o->prompt_len = n;
+        } else if (strcmp(a, "--model") == 0) {
+            o->model_dir = v;
+        } else if (strcmp(a, "--batch") == 0 && bench_parse_i64(v, 1, &n) && n <= 4096) {
+            o->batch = n;
         } else if (strcmp(a, "--prefill-len") == 0 && bench_parse_i64(v, 0, &n)) {
             o->prefill_len = n;
         } else if (strcmp(a, "--matmul") == 0) {
@@ -700,7 +744,9 @@ static int bench_parse(int argc, char **argv, BenchOptions *o) {
         }
     }
     if (o->quick && !copy_set) o->copy_mib = BENCH_COPY_MIB_QUICK;
-    if (o->prefill_len < 0) o->prefill_len = o->quick ? 32 : 512;
+    /* With --model the prefill figure is the decode's own prompt unless
+     * asked otherwise. */
+    if (o->prefill_len < 0) o->prefill_len = o->model_dir != NULL ? o->prompt_len : o->quick ? 32 : 512;
     if (o->prefill_only && o->prefill_len == 0) {
         fprintf(stderr, "bench_decode: --prefill-only needs --prefill-len > 0\n");
         return 0;
@@ -725,10 +771,14 @@ int main(int argc, char **argv) {
         return 2;
     }
     const char *size = o.quick ? "tiny" : "medium";
-    printf("bench_decode: fixtures %s, weight seed %" PRIu64 ", prompt seed %" PRIu64
-           ", batch 1, prompt %" PRId64 " tokens, new tokens %" PRId64 " (%" PRId64
-           " timed decode steps), best of %d, threads",
-           size, o.seed, o.prompt_seed, o.prompt_len, o.new_tokens, o.new_tokens - 1, o.repeats);
+    if (o.model_dir != NULL) {
+        printf("bench_decode: model %s", o.model_dir);
+    } else {
+        printf("bench_decode: fixtures %s, weight seed %" PRIu64, size, o.seed);
+    }
+    printf(", prompt seed %" PRIu64 ", batch %" PRId64 ", prompt %" PRId64 " tokens, new tokens %" PRId64
+           " (%" PRId64 " timed decode steps), best of %d, threads",
+           o.prompt_seed, o.batch, o.prompt_len, o.new_tokens, o.new_tokens - 1, o.repeats);
     for (int i = 0; i < o.n_threads; i++) printf("%s%d", i ? "," : " ", o.threads[i]);
 #ifdef _OPENMP
     printf(", OpenMP %d (max threads %d)", _OPENMP, omp_get_max_threads());
@@ -760,6 +810,7 @@ int main(int argc, char **argv) {
         }
     }
 
+    if (o.model_dir != NULL) return bench_model_dir(&o, copy_bw, peaks) != 0;
     static const char *families[2] = {"gemma2", "mistral"};
     for (int f = 0; f < 2; f++) {
         if (!o.families[f]) continue;
