@@ -21,14 +21,18 @@
  * (kv_dot_tail). Each output is computed by one thread, start to end, so
  * the thread count and the blocking never change a bit.
  *
- * Cache blocking, per job (GEMM_MC x rows by GEMM_NC outputs of one matrix):
- * for each NR-output tile, for each KC block of `in`, for each MR block of
- * rows: the tile's weights (NR x KC, 8 KiB) stay in L1 across all the row
- * blocks, the job's x panel (MC x in) stays in L2 across the tiles, and the
- * lane accumulators of the tile (MC x NR x 16 floats, 12 KiB) live on the
- * stack. Jobs are the unit of OpenMP work. With a single row block (rows <=
+ * Blocking, per job (GEMM_MC x rows by GEMM_NC outputs of one matrix; jobs
+ * are the unit of OpenMP work): for each block of MR rows, for each pass over
+ * KC elements of `in`, the rows' x is packed (aligned, the MR vectors of a
+ * step side by side: 24 KiB, in L1) and meets every NR-output tile of the
+ * job, whose weights come from L2 (the job's NC x in block fits there); the
+ * tiles' lane accumulators (NC x MR x 16 floats, 24 KiB) wait on the stack
+ * between passes. Measured on the medium fixtures' shapes (in 768 and 2048)
+ * at one thread: this order (x in L1, weights from L2) 170-190 GFLOP/s; the
+ * weight tile held in L1 and x from L2 instead, 140-160; KC 512 or NC 32,
+ * 3-5% slower; MC 24 to 96 within noise. With a single row block (rows <=
  * MR: multi-token decode steps, small batches) there is no reuse to block
- * for: each weight row is streamed once, end to end, with kvmath.c's
+ * for: each tile's weight rows are streamed once, end to end, with kvmath.c's
  * software prefetch, as the memory-bound decode kernel does.
  *
  * Edges: a row block past the last row, or a tile past the last output,
@@ -50,11 +54,12 @@
 #define KV_GEMM_X86 0
 #endif
 
-#define GEMM_MR 6   /* x rows per micro-tile */
-#define GEMM_NR 4   /* weight rows (outputs) per micro-tile; 6 x 4 = 24 of 32 zmm */
-#define GEMM_MC 48  /* x rows per job: a multiple of GEMM_MR */
-#define GEMM_NC 64  /* outputs per job: a multiple of GEMM_NR */
-#define GEMM_KC 1024 /* input elements per pass over a tile: a multiple of KV_DOT_LANES */
+/* Timing only: no result depends on these. */
+#define GEMM_MR 6    /* x rows per micro-tile */
+#define GEMM_NR 4    /* weight rows (outputs) per micro-tile; 6 x 4 = 24 of the 32 zmm */
+#define GEMM_MC 48   /* x rows per job: a multiple of GEMM_MR */
+#define GEMM_NC 64   /* outputs per job: a multiple of GEMM_NR */
+#define GEMM_KC 1024 /* input elements per pass: a multiple of KV_DOT_LANES */
 
 /* As kvmath.c's KV_PREFETCH_BYTES (measured there): how far ahead a streamed
  * weight row is prefetched into L2 when there is one row block. Timing
@@ -287,14 +292,14 @@ GEMM_AVX512 static void gemm_job_avx512(const float *x /* (rows, in) */, int64_t
     }
 }
 
-#endif /* KV_GEMM_X86 */
-
 /* Jobs of one matrix: ceil(out / NC) output groups by ceil(rows / MC) row
  * blocks, numbered group-major so a thread's contiguous share of the static
  * schedule reads a contiguous share of the weights. */
 static int64_t gemm_jobs(int64_t rows, int64_t out) {
     return ((out + GEMM_NC - 1) / GEMM_NC) * ((rows + GEMM_MC - 1) / GEMM_MC);
 }
+
+#endif /* KV_GEMM_X86 */
 
 bool kv_gemm_multi(const float *x, int64_t rows, int64_t in, int count, const float *const *ws,
                    const int64_t *outs, float *const *ys) {
