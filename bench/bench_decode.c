@@ -14,6 +14,23 @@
  * best prefill-only run (new_tokens = 1: step 0's token comes from the
  * prefill), so only the one-token decode steps are counted.
  *
+ * Prefill: the best kv_decode_greedy with new_tokens = 1 over a longer prompt
+ * (--prefill-len, default 512; 32 with --quick), i.e. state setup, the
+ * prompt's forward pass and the last token's lm_head. It is reported as
+ * tokens/s and GFLOP/s, counting 2 flops (one multiply, one add) per weight
+ * of the matmuls each token goes through: every layer's q, k, v, o, gate, up
+ * and down projections (the routed experts' share for MoE) per prompt token,
+ * plus the lm_head once per sequence (only the last token's logits are
+ * computed). Attention scores and values, norms, RoPE and the embedding
+ * lookup are not counted. The figure is set against the machine's FMA-free
+ * fp32 peak, measured here: a loop of independent vector multiplies and adds
+ * held in registers (8 multiply and 8 add chains, AVX-512 when the CPU has
+ * it, else 6 + 6 on SSE), on each thread count, with multiply and add each
+ * counted as one flop per lane; the reference never uses FMA (DESIGN §4), so
+ * this, not the FMA peak, is what it could reach. --matmul picks the rows > 1
+ * matmul path (gemm.h) so the old and new prefill can be timed with one
+ * binary; all paths give the same bits.
+ *
  * Not a test and not run by ctest. --quick uses the tiny fixtures and a small
  * copy buffer so the whole program runs in about a second (a smoke test). */
 #include <errno.h>
@@ -29,8 +46,17 @@
 #include <omp.h>
 #endif
 
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define BENCH_X86 1
+#else
+#define BENCH_X86 0
+#endif
+
 #include "decode.h"
 #include "fixture.h"
+#include "gemm.h"
+#include "kvmath.h"
 #include "prng.h"
 
 #define BENCH_MAX_THREADS 64
@@ -44,7 +70,12 @@ typedef struct {
     int threads[BENCH_MAX_THREADS];
     int n_threads;
     int64_t new_tokens;   /* tokens generated per run; decode steps = new_tokens - 1 */
-    int64_t prompt_len;
+    int64_t prompt_len;   /* the decode figure's prompt */
+    int64_t prefill_len;  /* the prefill figure's prompt; 0: no prefill figure */
+    int prefill_only;     /* no copy test, no decode figure: for whole-process timing */
+    KvGemmPath matmul;    /* rows > 1 matmul path */
+    const char *model_dir; /* --model: a checkpoint directory instead of the fixtures */
+    int64_t batch;        /* prompts per run (both figures) */
     int repeats;          /* timed runs of each kind; the best is reported */
     size_t copy_mib;
     uint64_t seed;        /* fixture weights */
@@ -137,6 +168,129 @@ static int bench_copy_bandwidth(size_t mib, double *best_out) {
     return 0;
 }
 
+/* ---- FMA-free fp32 peak ------------------------------------------------ */
+
+#define BENCH_PEAK_ITERS 40000000 /* ~50 ms a run with AVX-512 */
+#define BENCH_PEAK_ITERS_QUICK 2000000
+#define BENCH_PEAK_REPS 5
+
+/* Multiplying by one and adding zero keep every chain's value (no overflow,
+ * no denormals); read from volatiles so the compiler cannot fold them. */
+static volatile float g_bench_one = 1.0f, g_bench_zero = 0.0f;
+
+#if BENCH_X86
+/* 8 multiply chains and 8 add chains of __m512, independent so the pipes'
+ * latency is covered: 256 flops an iteration. The empty asm statements make
+ * every chain a live register each iteration (without them GCC merges the
+ * identical chains). Returns a value that depends on every chain. */
+__attribute__((target("avx512f"), noinline)) static float bench_peak_avx512(int64_t iters) {
+    const __m512 one = _mm512_set1_ps(g_bench_one), zero = _mm512_set1_ps(g_bench_zero);
+    __m512 m0 = _mm512_set1_ps(1.0f), m1 = _mm512_set1_ps(2.0f), m2 = _mm512_set1_ps(3.0f);
+    __m512 m3 = _mm512_set1_ps(4.0f), m4 = _mm512_set1_ps(5.0f), m5 = _mm512_set1_ps(6.0f);
+    __m512 m6 = _mm512_set1_ps(7.0f), m7 = _mm512_set1_ps(8.0f);
+    __m512 a0 = m0, a1 = m1, a2 = m2, a3 = m3, a4 = m4, a5 = m5, a6 = m6, a7 = m7;
+    for (int64_t i = 0; i < iters; i++) {
+        m0 = _mm512_mul_ps(m0, one);
+        a0 = _mm512_add_ps(a0, zero);
+        m1 = _mm512_mul_ps(m1, one);
+        a1 = _mm512_add_ps(a1, zero);
+        m2 = _mm512_mul_ps(m2, one);
+        a2 = _mm512_add_ps(a2, zero);
+        m3 = _mm512_mul_ps(m3, one);
+        a3 = _mm512_add_ps(a3, zero);
+        m4 = _mm512_mul_ps(m4, one);
+        a4 = _mm512_add_ps(a4, zero);
+        m5 = _mm512_mul_ps(m5, one);
+        a5 = _mm512_add_ps(a5, zero);
+        m6 = _mm512_mul_ps(m6, one);
+        a6 = _mm512_add_ps(a6, zero);
+        m7 = _mm512_mul_ps(m7, one);
+        a7 = _mm512_add_ps(a7, zero);
+        __asm__ volatile("" : "+v"(m0), "+v"(m1), "+v"(m2), "+v"(m3), "+v"(m4), "+v"(m5),
+                         "+v"(m6), "+v"(m7));
+        __asm__ volatile("" : "+v"(a0), "+v"(a1), "+v"(a2), "+v"(a3), "+v"(a4), "+v"(a5),
+                         "+v"(a6), "+v"(a7));
+    }
+    const __m512 m = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(m0, m1), _mm512_add_ps(m2, m3)),
+                                   _mm512_add_ps(_mm512_add_ps(m4, m5), _mm512_add_ps(m6, m7)));
+    const __m512 a = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)),
+                                   _mm512_add_ps(_mm512_add_ps(a4, a5), _mm512_add_ps(a6, a7)));
+    float out[16];
+    _mm512_storeu_ps(out, _mm512_add_ps(m, a));
+    return out[0];
+}
+#endif
+
+typedef float BenchF4 __attribute__((vector_size(16)));
+
+/* The SSE form (any x86-64): 6 + 6 chains of 4 lanes, 48 flops an
+ * iteration, 12 of the 16 xmm registers. */
+__attribute__((noinline)) static float bench_peak_sse(int64_t iters) {
+    const BenchF4 one = {g_bench_one, g_bench_one, g_bench_one, g_bench_one};
+    const BenchF4 zero = one - one + g_bench_zero;
+    BenchF4 m0 = one * 1.0f, m1 = one * 2.0f, m2 = one * 3.0f, m3 = one * 4.0f;
+    BenchF4 m4 = one * 5.0f, m5 = one * 6.0f;
+    BenchF4 a0 = m0, a1 = m1, a2 = m2, a3 = m3, a4 = m4, a5 = m5;
+    for (int64_t i = 0; i < iters; i++) {
+        m0 = m0 * one;
+        a0 = a0 + zero;
+        m1 = m1 * one;
+        a1 = a1 + zero;
+        m2 = m2 * one;
+        a2 = a2 + zero;
+        m3 = m3 * one;
+        a3 = a3 + zero;
+        m4 = m4 * one;
+        a4 = a4 + zero;
+        m5 = m5 * one;
+        a5 = a5 + zero;
+#if BENCH_X86
+        __asm__ volatile("" : "+x"(m0), "+x"(m1), "+x"(m2), "+x"(m3), "+x"(m4), "+x"(m5));
+        __asm__ volatile("" : "+x"(a0), "+x"(a1), "+x"(a2), "+x"(a3), "+x"(a4), "+x"(a5));
+#endif
+    }
+    const BenchF4 t = (m0 + m1) + (m2 + m3) + (m4 + m5) + (a0 + a1) + (a2 + a3) + (a4 + a5);
+    return t[0];
+}
+
+static int bench_have_avx512(void) {
+#if BENCH_X86
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") != 0;
+#else
+    return 0;
+#endif
+}
+
+/* FMA-free fp32 peak in flops/s on `nthreads` threads, each running the
+ * loop: the best of BENCH_PEAK_REPS timed runs after a warm-up, total flops
+ * over the wall time of the parallel region. */
+static double bench_fp32_peak(int nthreads, int64_t iters, int avx512) {
+    const double flops_per_iter = avx512 ? 256.0 : 48.0;
+    double best = 1e30;
+    float sink = 0.0f;
+    for (int rep = 0; rep <= BENCH_PEAK_REPS; rep++) {
+        double t0 = bench_now();
+#ifdef _OPENMP
+#pragma omp parallel num_threads(nthreads) reduction(+ : sink)
+#endif
+        {
+#if BENCH_X86
+            sink += avx512 ? bench_peak_avx512(iters) : bench_peak_sse(iters);
+#else
+            sink += bench_peak_sse(iters);
+#endif
+        }
+        double t = bench_now() - t0;
+        if (rep > 0 && t < best) best = t; /* rep 0 is the warm-up */
+    }
+    if (sink == 0.0f) printf("(peak checksum 0)\n"); /* keeps the results live */
+#ifndef _OPENMP
+    nthreads = 1;
+#endif
+    return (double)nthreads * (double)iters * flops_per_iter / best;
+}
+
 /* ---- decode ------------------------------------------------------------ */
 
 static int bench_set_threads(int n) {
@@ -175,57 +329,185 @@ static int bench_decode_best(const KvModel *m, const KvDecodeSpec *spec, int rep
     return 0;
 }
 
-static int bench_family(const char *fixture_name, const BenchOptions *o, double copy_bw) {
-    KvFixtureModel fm;
-    KvError err = {{0}};
-    int rc = 1;
-    int32_t *prompt = NULL;
-    uint8_t *real = NULL;
-    KvDecodeResult first;
-    int have_first = 0, first_threads = 0;
-    memset(&fm, 0, sizeof fm);
-    memset(&first, 0, sizeof first);
+/* Weights a prompt token goes through in the layers' matmuls (q, k, v, o
+ * and the MLP's three projections, or the routed experts' and the router's
+ * for MoE), and the lm_head's, which a prefill applies once per sequence. */
+static void bench_matmul_params(const KvConfig *c, double *per_token, double *per_seq) {
+    const double h = (double)c->hidden_size, inter = (double)c->intermediate_size;
+    const double q = (double)(c->num_heads * c->head_dim);
+    const double kv = (double)(c->num_kv_heads * c->head_dim);
+    const double mlp = c->num_experts > 0
+                           ? (double)c->experts_per_tok * 3.0 * h * inter + (double)c->num_experts * h
+                           : 3.0 * h * inter;
+    *per_token = (double)c->num_layers * (h * (q + 2.0 * kv) + q * h + mlp);
+    *per_seq = (double)c->vocab_size * h;
+}
 
-    double t0 = bench_now();
-    KvStatus st = kv_fixture_load(fixture_name, o->seed, &fm, &err);
-    if (st != KV_OK) {
-        fprintf(stderr, "bench_decode: kv_fixture_load(%s, seed %" PRIu64 ") failed (%d): %s\n",
-                fixture_name, o->seed, (int)st, err.msg);
+/* The prefill's matmuls alone, as forward.c issues them for a chunk of
+ * `rows` tokens: per layer q, k, v in one kv_matmul_multi, o, gate and up in
+ * one, down; the model's own weights, calloc'd activations (as forward.c's)
+ * holding fixed values. What the GEMM reaches without attention, norms and
+ * allocation around it. Dense MLPs only: *seconds < 0 for MoE models. */
+static int bench_prefill_matmuls(const KvModel *m, int64_t rows, int repeats, double *seconds) {
+    const KvConfig *c = &m->config;
+    *seconds = -1.0;
+    if (c->num_experts > 0) return 0;
+    const int64_t h = c->hidden_size, inter = c->intermediate_size;
+    const int64_t q = c->num_heads * c->head_dim, kv = c->num_kv_heads * c->head_dim;
+    int64_t widest = h > inter ? h : inter;
+    widest = widest > q ? widest : q;
+    float *x = calloc((size_t)(rows * widest), sizeof *x); /* (rows, widest) */
+    float *ys[3];                                            /* (rows, widest) each */
+    for (int j = 0; j < 3; j++) ys[j] = calloc((size_t)(rows * widest), sizeof *ys[j]);
+    if (x == NULL || ys[0] == NULL || ys[1] == NULL || ys[2] == NULL) {
+        fprintf(stderr, "bench_decode: out of memory for the matmul figure\n");
+        free(x);
+        for (int j = 0; j < 3; j++) free(ys[j]);
         return 1;
     }
-    const KvModel *m = &fm.model;
+    for (int64_t i = 0; i < rows * widest; i++) x[i] = (float)(i % 251) / 251.0f - 0.5f;
+    double best = 1e30;
+    for (int rep = 0; rep <= repeats; rep++) { /* rep 0 is the warm-up */
+        double t0 = bench_now();
+        for (int64_t l = 0; l < c->num_layers; l++) {
+            const KvLayerWeights *w = &m->layers[l];
+            const float *qkv[3] = {w->wq, w->wk, w->wv};
+            const int64_t qkv_out[3] = {q, kv, kv};
+            kv_matmul_multi(x, rows, h, 3, qkv, qkv_out, ys);
+            kv_matmul(x, w->wo, rows, q, h, ys[0]);
+            const float *gu[2] = {w->w_gate, w->w_up};
+            const int64_t gu_out[2] = {inter, inter};
+            kv_matmul_multi(x, rows, h, 2, gu, gu_out, ys);
+            kv_matmul(x, w->w_down, rows, inter, h, ys[0]);
+        }
+        double t = bench_now() - t0;
+        if (rep > 0 && t < best) best = t;
+    }
+    free(x);
+    for (int j = 0; j < 3; j++) free(ys[j]);
+    *seconds = best;
+    return 0;
+}
+
+/* The prefill figure at the current thread count (see the file comment);
+ * *keep receives the result (caller frees). */
+static int bench_prefill(const char *name, const KvModel *m, const BenchOptions *o, int nt,
+                         const int32_t *prompt /* (batch, prefill_len) */,
+                         const uint8_t *real /* (batch, prefill_len) */, double peak,
+                         KvDecodeResult *keep) {
+    KvDecodeSpec spec = {.batch = o->batch, .prompt_len = o->prefill_len, .prompt = prompt,
+                         .prompt_real = real, .new_tokens = 1, .prefill_chunk = 0};
+    const int64_t tokens = o->batch * o->prefill_len;
+    double t;
+    if (bench_decode_best(m, &spec, 1, &t, NULL) != 0) return 1; /* warm-up */
+    if (bench_decode_best(m, &spec, o->repeats, &t, keep) != 0) return 1;
+    double per_token, per_seq;
+    bench_matmul_params(&m->config, &per_token, &per_seq);
+    const double flops = 2.0 * (per_token * (double)tokens + per_seq * (double)o->batch);
+    printf("%s threads=%d: prefill(%" PRId64 " tokens, matmul %s) %.2f ms: %.1f tokens/s, "
+           "%.2f GFLOP/s (2 x %.1fM matmul weights x tokens + 2 x %.1fM lm_head x sequences), "
+           "FMA-free peak %.1f GFLOP/s, ratio %.3f\n",
+           name, nt, tokens, kv_gemm_path_name(kv_gemm_path()), t * 1e3, (double)tokens / t,
+           flops / t / 1e9, per_token / 1e6, per_seq / 1e6, peak / 1e9, flops / t / peak);
+    double tm;
+    if (bench_prefill_matmuls(m, tokens, o->repeats, &tm) != 0) return 1;
+    if (tm > 0.0) {
+        const double mflops = 2.0 * per_token * (double)tokens;
+        printf("%s threads=%d: prefill's matmuls alone (%" PRId64 " rows, no lm_head) %.2f ms: "
+               "%.2f GFLOP/s, ratio to the FMA-free peak %.3f; the rest of the prefill %.2f ms\n",
+               name, nt, tokens, tm * 1e3, mflops / tm / 1e9, mflops / tm / peak, (t - tm) * 1e3);
+    }
+    return 0;
+}
+
+/* `batch` prompts of `len` pseudo-random tokens (no padding): prompt and
+ * real are (batch, len), malloc'd (caller frees). 0 on out of memory. */
+static int bench_make_prompt(int64_t batch, int64_t len, uint64_t seed, int64_t vocab,
+                             int32_t **prompt, uint8_t **real) {
+    *prompt = malloc((size_t)(batch * len) * sizeof **prompt);
+    *real = malloc((size_t)(batch * len));
+    if (*prompt == NULL || *real == NULL) {
+        fprintf(stderr, "bench_decode: out of memory for a (%" PRId64 ", %" PRId64 ") prompt\n",
+                batch, len);
+        return 0;
+    }
+    KvPrng g = kv_prng_seed(seed);
+    for (int64_t i = 0; i < batch * len; i++) {
+        (*prompt)[i] = (int32_t)kv_prng_below(&g, (uint32_t)vocab);
+        (*real)[i] = 1;
+    }
+    return 1;
+}
+
+/* The figures for one loaded model (a fixture or --model DIR). */
+static int bench_model(const char *name, const KvModel *m, const BenchOptions *o, double copy_bw,
+                       const double *peaks /* (n_threads) */, double load_s) {
+    int rc = 1;
+    int32_t *prompt = NULL;  /* (batch, prompt_len) */
+    uint8_t *real = NULL;    /* (batch, prompt_len) */
+    int32_t *pprompt = NULL; /* (batch, prefill_len) */
+    uint8_t *preal = NULL;   /* (batch, prefill_len) */
+    KvDecodeResult first, pfirst;
+    int have_first = 0, first_threads = 0, have_pfirst = 0, pfirst_threads = 0;
+    memset(&first, 0, sizeof first);
+    memset(&pfirst, 0, sizeof pfirst);
     const KvConfig *c = &m->config;
-    printf("\n%s: built and loaded in %.2f s; %" PRId64 " layers, hidden %" PRId64
+    printf("\n%s: loaded in %.2f s; %" PRId64 " layers, hidden %" PRId64
            ", intermediate %" PRId64 ", heads %" PRId64 "/%" PRId64 " kv, head_dim %" PRId64
            ", vocab %" PRId64 ", window %" PRId64 "; weights read per token %" PRIu64
            " bytes (%.1fM F32 values)\n",
-           fixture_name, bench_now() - t0, c->num_layers, c->hidden_size, c->intermediate_size,
+           name, load_s, c->num_layers, c->hidden_size, c->intermediate_size,
            c->num_heads, c->num_kv_heads, c->head_dim, c->vocab_size, c->sliding_window,
            m->weight_bytes, (double)m->weight_bytes / 4e6);
 
-    prompt = malloc((size_t)o->prompt_len * sizeof *prompt); /* (1, P) */
-    real = malloc((size_t)o->prompt_len);                    /* (1, P) */
-    if (prompt == NULL || real == NULL) {
-        fprintf(stderr, "bench_decode: out of memory for the prompt\n");
+    if (!bench_make_prompt(o->batch, o->prompt_len, o->prompt_seed, c->vocab_size, &prompt,
+                           &real)) {
         goto cleanup;
     }
-    KvPrng g = kv_prng_seed(o->prompt_seed);
-    for (int64_t i = 0; i < o->prompt_len; i++) {
-        prompt[i] = (int32_t)kv_prng_below(&g, (uint32_t)c->vocab_size);
-        real[i] = 1;
+    if (o->prefill_len > 0 && !bench_make_prompt(o->batch, o->prefill_len, o->prompt_seed,
+                                                 c->vocab_size, &pprompt, &preal)) {
+        goto cleanup;
     }
-    KvDecodeSpec prefill = {.batch = 1, .prompt_len = o->prompt_len, .prompt = prompt,
+    KvDecodeSpec prefill = {.batch = o->batch, .prompt_len = o->prompt_len, .prompt = prompt,
                             .prompt_real = real, .new_tokens = 1, .prefill_chunk = 0};
     KvDecodeSpec full = prefill;
     full.new_tokens = o->new_tokens;
     int64_t decode_steps = o->new_tokens - 1;
+    double per_token, per_seq;
+    bench_matmul_params(c, &per_token, &per_seq);
 
     for (int ti = 0; ti < o->n_threads; ti++) {
         int nt = o->threads[ti];
         if (!bench_set_threads(nt)) {
-            printf("%s threads=%d: skipped (built without OpenMP)\n", fixture_name, nt);
+            printf("%s threads=%d: skipped (built without OpenMP)\n", name, nt);
             continue;
         }
+        if (o->prefill_len > 0) {
+            KvDecodeResult pres;
+            memset(&pres, 0, sizeof pres);
+            if (bench_prefill(name, m, o, nt, pprompt, preal, peaks[ti], &pres) != 0) {
+                goto cleanup;
+            }
+            /* DESIGN §4 for the rows > 1 path: the prefill's logits too. */
+            if (!have_pfirst) {
+                pfirst = pres;
+                have_pfirst = 1;
+                pfirst_threads = nt;
+            } else {
+                size_t nlog = (size_t)(pres.steps * pres.batch * pres.vocab);
+                int same = pres.steps == pfirst.steps &&
+                           memcmp(pres.logits, pfirst.logits, nlog * sizeof *pres.logits) == 0;
+                printf("%s threads=%d vs threads=%d: prefill logits bitwise %s\n", name, nt,
+                       pfirst_threads, same ? "identical" : "DIFFERENT");
+                kv_decode_result_free(&pres);
+                if (!same) {
+                    fprintf(stderr, "bench_decode: nondeterminism across thread counts in %s\n",
+                            name);
+                    goto cleanup;
+                }
+            }
+        }
+        if (o->prefill_only) continue;
         double tp, tf;
         KvDecodeResult res;
         memset(&res, 0, sizeof res);
@@ -236,15 +518,21 @@ static int bench_family(const char *fixture_name, const BenchOptions *o, double 
         double dt = tf - tp;
         if (dt <= 0.0) {
             printf("%s threads=%d: prefill %.2f ms, full %.2f ms: decode time not measurable\n",
-                   fixture_name, nt, tp * 1e3, tf * 1e3);
+                   name, nt, tp * 1e3, tf * 1e3);
         } else {
-            double tps = (double)decode_steps / dt;
-            double wbw = (double)m->weight_bytes * tps;
+            /* A step reads every weight once whatever the batch, and each of
+             * the batch's rows goes through every matmul and the lm_head. */
+            double sps = (double)decode_steps / dt;
+            double wbw = (double)m->weight_bytes * sps;
+            double dflops = 2.0 * (double)o->batch * (per_token + per_seq) * sps;
+            char batch_note[48] = "";
+            if (o->batch > 1) snprintf(batch_note, sizeof batch_note, " (batch %" PRId64 ")", o->batch);
             printf("%s threads=%d: prefill(%" PRId64 " tokens) %.2f ms, full %.2f ms -> decode %" PRId64
-                   " steps %.2f ms: %.2f tokens/s, %.2f ms/token, weights %.2f GB/s, copy %.2f "
-                   "GB/s, ratio %.3f\n",
-                   fixture_name, nt, o->prompt_len, tp * 1e3, tf * 1e3, decode_steps, dt * 1e3, tps,
-                   1e3 / tps, wbw / 1e9, copy_bw / 1e9, wbw / copy_bw);
+                   " steps %.2f ms: %.2f tokens/s%s, %.2f ms/%s, weights %.2f GB/s, copy %.2f "
+                   "GB/s, ratio %.3f; %.2f GFLOP/s, ratio to the FMA-free peak %.3f\n",
+                   name, nt, o->prompt_len * o->batch, tp * 1e3, tf * 1e3, decode_steps, dt * 1e3,
+                   sps * (double)o->batch, batch_note, 1e3 / sps, o->batch > 1 ? "step" : "token",
+                   wbw / 1e9, copy_bw / 1e9, wbw / copy_bw, dflops / 1e9, dflops / peaks[ti]);
         }
         /* DESIGN §4: the reference is bitwise the same for any thread count. */
         if (!have_first) {
@@ -253,31 +541,68 @@ static int bench_family(const char *fixture_name, const BenchOptions *o, double 
             first_threads = nt;
         } else {
             size_t nlog = (size_t)(res.steps * res.batch * res.vocab);
+            size_t ntok = (size_t)(res.steps * res.batch);
             int same = res.steps == first.steps &&
-                       memcmp(res.tokens, first.tokens, (size_t)res.steps * sizeof *res.tokens) == 0 &&
+                       memcmp(res.tokens, first.tokens, ntok * sizeof *res.tokens) == 0 &&
                        memcmp(res.logits, first.logits, nlog * sizeof *res.logits) == 0;
-            printf("%s threads=%d vs threads=%d: tokens and logits bitwise %s\n", fixture_name, nt,
+            printf("%s threads=%d vs threads=%d: tokens and logits bitwise %s\n", name, nt,
                    first_threads, same ? "identical" : "DIFFERENT");
             kv_decode_result_free(&res);
             if (!same) {
-                fprintf(stderr, "bench_decode: nondeterminism across thread counts in %s\n",
-                        fixture_name);
+                fprintf(stderr, "bench_decode: nondeterminism across thread counts in %s\n", name);
                 goto cleanup;
             }
         }
     }
     if (have_first) {
-        printf("%s tokens:", fixture_name);
-        for (int64_t s = 0; s < first.steps; s++) printf(" %" PRId32, first.tokens[s]);
+        printf("%s tokens%s:", name, first.batch > 1 ? " (row 0)" : "");
+        for (int64_t s = 0; s < first.steps; s++) printf(" %" PRId32, first.tokens[s * first.batch]);
         printf("\n");
     }
     rc = 0;
 
 cleanup:
     if (have_first) kv_decode_result_free(&first);
+    if (have_pfirst) kv_decode_result_free(&pfirst);
     free(prompt);
     free(real);
+    free(pprompt);
+    free(preal);
+    return rc;
+}
+
+static int bench_family(const char *fixture_name, const BenchOptions *o, double copy_bw,
+                        const double *peaks /* (n_threads) */) {
+    KvFixtureModel fm;
+    KvError err = {{0}};
+    memset(&fm, 0, sizeof fm);
+    double t0 = bench_now();
+    KvStatus st = kv_fixture_load(fixture_name, o->seed, &fm, &err);
+    if (st != KV_OK) {
+        fprintf(stderr, "bench_decode: kv_fixture_load(%s, seed %" PRIu64 ") failed (%d): %s\n",
+                fixture_name, o->seed, (int)st, err.msg);
+        return 1;
+    }
+    int rc = bench_model(fixture_name, &fm.model, o, copy_bw, peaks, bench_now() - t0);
     kv_fixture_free(&fm);
+    return rc;
+}
+
+/* --model DIR: a checkpoint directory (config.json + safetensors, single or
+ * sharded) through the project's loader. */
+static int bench_model_dir(const BenchOptions *o, double copy_bw,
+                           const double *peaks /* (n_threads) */) {
+    KvModel m;
+    KvError err = {{0}};
+    double t0 = bench_now();
+    KvStatus st = kv_model_load_dir(o->model_dir, &m, &err);
+    if (st != KV_OK) {
+        fprintf(stderr, "bench_decode: --model %s: cannot load (%d): %s\n", o->model_dir, (int)st,
+                err.msg);
+        return 1;
+    }
+    int rc = bench_model(o->model_dir, &m, o, copy_bw, peaks, bench_now() - t0);
+    kv_model_free(&m);
     return rc;
 }
 
@@ -287,9 +612,20 @@ static void bench_usage(FILE *f) {
     fprintf(f,
             "usage: bench_decode [--family gemma2|mistral|both] [--threads LIST] [--new-tokens N]\n"
             "                    [--prompt-len P] [--repeats R] [--copy-mib M] [--seed S]\n"
-            "                    [--prompt-seed S] [--quick]\n"
+            "                    [--prompt-seed S] [--prefill-len L] [--prefill-only]\n"
+            "                    [--matmul auto|portable|avx512] [--batch B] [--quick]\n"
+            "       bench_decode --model DIR [--prompt-len L] [--batch B] [--new-tokens N] ...\n"
+            "  --model DIR      a checkpoint directory (config.json + safetensors) instead of\n"
+            "                   the medium fixtures; the prefill figure then uses --prompt-len\n"
+            "  --batch B        prompts per run, for both figures (default 1)\n"
             "  --threads LIST   comma-separated OpenMP thread counts (default 1,2)\n"
             "  --new-tokens N   tokens per run, >= 2 (default 32: 31 timed decode steps)\n"
+            "  --prompt-len P   the decode figure's prompt (default 16)\n"
+            "  --prefill-len L  the prefill figure's prompt (default 512, --quick 32; 0: none)\n"
+            "  --prefill-only   the prefill figure alone: no copy test, no decode figure\n"
+            "  --matmul PATH    the rows > 1 matmul (prefill): auto (default: the fastest\n"
+            "                   this CPU runs), portable (the per-output SSE kernel, as\n"
+            "                   before the GEMM) or avx512; every path gives the same bits\n"
             "  --quick          tiny fixtures, %d MiB copy test: a smoke test\n",
             BENCH_COPY_MIB_QUICK);
 }
@@ -328,6 +664,9 @@ static int bench_parse(int argc, char **argv, BenchOptions *o) {
     o->n_threads = 2;
     o->new_tokens = 32;
     o->prompt_len = 16;
+    o->prefill_len = -1; /* default set below, by --quick */
+    o->matmul = KV_GEMM_AUTO;
+    o->batch = 1;
     o->repeats = 3;
     o->copy_mib = BENCH_COPY_MIB_DEFAULT;
     o->seed = KV_FIXTURE_DEFAULT_SEED;
@@ -339,6 +678,10 @@ static int bench_parse(int argc, char **argv, BenchOptions *o) {
         int64_t n;
         if (strcmp(a, "--quick") == 0) {
             o->quick = 1;
+            continue;
+        }
+        if (strcmp(a, "--prefill-only") == 0) {
+            o->prefill_only = 1;
             continue;
         }
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) return 2;
@@ -369,6 +712,23 @@ static int bench_parse(int argc, char **argv, BenchOptions *o) {
             o->new_tokens = n;
         } else if (strcmp(a, "--prompt-len") == 0 && bench_parse_i64(v, 1, &n)) {
             o->prompt_len = n;
+        } else if (strcmp(a, "--model") == 0) {
+            o->model_dir = v;
+        } else if (strcmp(a, "--batch") == 0 && bench_parse_i64(v, 1, &n) && n <= 4096) {
+            o->batch = n;
+        } else if (strcmp(a, "--prefill-len") == 0 && bench_parse_i64(v, 0, &n)) {
+            o->prefill_len = n;
+        } else if (strcmp(a, "--matmul") == 0) {
+            if (strcmp(v, "auto") == 0) {
+                o->matmul = KV_GEMM_AUTO;
+            } else if (strcmp(v, "portable") == 0) {
+                o->matmul = KV_GEMM_PORTABLE;
+            } else if (strcmp(v, "avx512") == 0) {
+                o->matmul = KV_GEMM_AVX512;
+            } else {
+                fprintf(stderr, "bench_decode: --matmul: expected auto, portable or avx512, got '%s'\n", v);
+                return 0;
+            }
         } else if (strcmp(a, "--repeats") == 0 && bench_parse_i64(v, 1, &n) && n <= 1000) {
             o->repeats = (int)n;
         } else if (strcmp(a, "--copy-mib") == 0 && bench_parse_i64(v, 2, &n) && n <= 65536) {
@@ -384,6 +744,13 @@ static int bench_parse(int argc, char **argv, BenchOptions *o) {
         }
     }
     if (o->quick && !copy_set) o->copy_mib = BENCH_COPY_MIB_QUICK;
+    /* With --model the prefill figure is the decode's own prompt unless
+     * asked otherwise. */
+    if (o->prefill_len < 0) o->prefill_len = o->model_dir != NULL ? o->prompt_len : o->quick ? 32 : 512;
+    if (o->prefill_only && o->prefill_len == 0) {
+        fprintf(stderr, "bench_decode: --prefill-only needs --prefill-len > 0\n");
+        return 0;
+    }
     return 1;
 }
 
@@ -398,11 +765,20 @@ int main(int argc, char **argv) {
         bench_usage(stderr);
         return 2;
     }
+    if (kv_gemm_set_path(o.matmul) != KV_OK) {
+        fprintf(stderr, "bench_decode: --matmul %s: this CPU or build cannot run it\n",
+                kv_gemm_path_name(o.matmul));
+        return 2;
+    }
     const char *size = o.quick ? "tiny" : "medium";
-    printf("bench_decode: fixtures %s, weight seed %" PRIu64 ", prompt seed %" PRIu64
-           ", batch 1, prompt %" PRId64 " tokens, new tokens %" PRId64 " (%" PRId64
-           " timed decode steps), best of %d, threads",
-           size, o.seed, o.prompt_seed, o.prompt_len, o.new_tokens, o.new_tokens - 1, o.repeats);
+    if (o.model_dir != NULL) {
+        printf("bench_decode: model %s", o.model_dir);
+    } else {
+        printf("bench_decode: fixtures %s, weight seed %" PRIu64, size, o.seed);
+    }
+    printf(", prompt seed %" PRIu64 ", batch %" PRId64 ", prompt %" PRId64 " tokens, new tokens %" PRId64
+           " (%" PRId64 " timed decode steps), best of %d, threads",
+           o.prompt_seed, o.batch, o.prompt_len, o.new_tokens, o.new_tokens - 1, o.repeats);
     for (int i = 0; i < o.n_threads; i++) printf("%s%d", i ? "," : " ", o.threads[i]);
 #ifdef _OPENMP
     printf(", OpenMP %d (max threads %d)", _OPENMP, omp_get_max_threads());
@@ -410,17 +786,37 @@ int main(int argc, char **argv) {
     printf(", no OpenMP");
 #endif
     printf(", %ld online CPUs\n", sysconf(_SC_NPROCESSORS_ONLN));
+    printf("prefill figure: prompt %" PRId64 " tokens, rows > 1 matmul path %s\n", o.prefill_len,
+           kv_gemm_path_name(kv_gemm_path()));
 
     double copy_bw = 0.0;
-    if (bench_copy_bandwidth(o.copy_mib, &copy_bw) != 0) return 1;
-    printf("copy bandwidth (best): %.2f GB/s\n", copy_bw / 1e9);
+    if (!o.prefill_only) {
+        if (bench_copy_bandwidth(o.copy_mib, &copy_bw) != 0) return 1;
+        printf("copy bandwidth (best): %.2f GB/s\n", copy_bw / 1e9);
+    }
 
+    double peaks[BENCH_MAX_THREADS] = {0};
+    if (o.prefill_len > 0) {
+        const int avx512 = bench_have_avx512();
+        const int64_t iters = o.quick ? BENCH_PEAK_ITERS_QUICK : BENCH_PEAK_ITERS;
+        for (int i = 0; i < o.n_threads; i++) {
+            peaks[i] = bench_fp32_peak(o.threads[i], iters, avx512);
+            printf("FMA-free fp32 peak, %d thread%s: %.1f GFLOP/s (%s independent multiply "
+                   "and add chains in registers, %" PRId64 " iterations a thread, best of %d; "
+                   "a multiply and an add are one flop a lane each)\n",
+                   o.threads[i], o.threads[i] == 1 ? "" : "s", peaks[i] / 1e9,
+                   avx512 ? "AVX-512: 8 + 8 16-lane" : "SSE: 6 + 6 4-lane", iters,
+                   BENCH_PEAK_REPS);
+        }
+    }
+
+    if (o.model_dir != NULL) return bench_model_dir(&o, copy_bw, peaks) != 0;
     static const char *families[2] = {"gemma2", "mistral"};
     for (int f = 0; f < 2; f++) {
         if (!o.families[f]) continue;
         char name[64];
         snprintf(name, sizeof name, "%s-%s", families[f], size);
-        if (bench_family(name, &o, copy_bw) != 0) return 1;
+        if (bench_family(name, &o, copy_bw, peaks) != 0) return 1;
     }
     return 0;
 }

@@ -3,6 +3,8 @@
  * makes the reference bitwise reproducible for any thread count, so change
  * the header first if a pattern must change. */
 #include "kvmath.h"
+#include "gemm.h"
+#include "kvmath_lanes.h"
 
 #include <math.h>
 #include <stddef.h>
@@ -30,25 +32,6 @@ static inline KvF4 kv_load4(const float *p) {
     KvF4 v;
     memcpy(&v, p, sizeof v); /* unaligned load without UB */
     return v;
-}
-
-/* The contract's tree over the 16 lane sums: lane j += lane j+8, then j+4,
- * j+2, j+1, in scalar float adds. The one place the tree is written: kv_dot
- * and the matmul's row kernel both end here, so they agree bitwise. */
-static float kv_lanes_sum(const float l[KV_DOT_LANES]) {
-    float t[8];
-    for (int j = 0; j < 8; j++) t[j] = l[j] + l[j + 8];
-    float u[4];
-    for (int j = 0; j < 4; j++) u[j] = t[j] + t[j + 4];
-    const float s0 = u[0] + u[2];
-    const float s1 = u[1] + u[3];
-    return s0 + s1;
-}
-
-/* Tail of one row: elements n16 <= i < n, one by one, ascending. */
-static float kv_dot_tail(const float *x, const float *w, int64_t n16, int64_t n, float s) {
-    for (int64_t i = n16; i < n; i++) s += x[i] * w[i];
-    return s;
 }
 
 float kv_dot(const float *a, const float *b, int64_t n) {
@@ -160,6 +143,10 @@ static void kv_matmul_block(const float *x, const float *w, int64_t rows, int64_
 
 void kv_matmul_multi(const float *x, int64_t rows, int64_t in, int count,
                      const float *const *ws, const int64_t *outs, float *const *ys) {
+    /* Several rows share every weight load there: the blocked GEMM (gemm.c),
+     * bitwise the same outputs. One row (the decode matvec) is memory-bound
+     * and stays on the row kernel below, tuned for that. */
+    if (rows > 1 && kv_gemm_multi(x, rows, in, count, ws, outs, ys)) return;
     int64_t work = 0;
     for (int j = 0; j < count; j++) work += rows * in * outs[j];
 #pragma omp parallel if (work >= g_parallel_min_work)

@@ -36,7 +36,10 @@ float kv_dot(const float *a /* (n) */, const float *b /* (n) */, int64_t n);
 
 /* y[r, o] = dot(x[r, :], w[o, :]) for every row r and output o.
  * x: (rows, in), w: (out, in) row-major as torch Linear stores it, y: (rows, out).
- * Parallelised (OpenMP) over outputs only; each y element is one kv_dot. */
+ * Each y element is bitwise one kv_dot. One row (a decode step): the row
+ * kernel here, parallel (OpenMP) over blocks of outputs. Several rows: the
+ * blocked GEMM (gemm.h), parallel over blocks of outputs and rows, on the
+ * fastest path this CPU runs; the path never changes a bit. */
 void kv_matmul(const float *x, const float *w, int64_t rows, int64_t in, int64_t out, float *y);
 
 /* Several matmuls of the same input in one parallel region (q/k/v, gate/up):

@@ -14,6 +14,7 @@
 
 #include "decode.h"
 #include "fixture.h"
+#include "gemm.h"
 #include "kvmath.h"
 #include "prng.h"
 
@@ -97,6 +98,60 @@ static KvDecodeResult run_shape(const KvModel *m, const Shape *s, int64_t new_to
     free(p[1]);
     return r;
 }
+
+/* loop index i: family = i / N_SHAPES, shape = i % N_SHAPES. The rows > 1
+ * matmuls (prefill, the batch's steps, a chunked prefill) on the blocked
+ * AVX-512 GEMM and on the portable per-output kernel (gemm.h): the whole
+ * decode's logits bitwise the same, at 1 and 2 threads with every region
+ * parallel. Skipped, saying so, where the CPU has no AVX-512. */
+START_TEST(test_gemm_paths_bitwise) {
+    const char *fam = k_families[_i / (int)N_SHAPES];
+    const Shape *shape = &k_shapes[_i % (int)N_SHAPES];
+    if (!kv_gemm_path_supported(KV_GEMM_AVX512)) {
+        printf("test_gemm_paths_bitwise: skipped: this CPU or build has no AVX-512 path\n");
+        return;
+    }
+    KvFixtureModel f;
+    KvError err = {{0}};
+    ck_assert_msg(kv_fixture_load(fam, TEST_SEED, &f, &err) == KV_OK, "%s", err.msg);
+    const int64_t new_tokens = 2 * f.model.config.sliding_window + 4;
+    ck_assert_int_eq(kv_gemm_set_path(KV_GEMM_PORTABLE), KV_OK);
+    KvDecodeResult base = run_shape(&f.model, shape, new_tokens, 0);
+    KvDecodeResult chunked_base = run_shape(&f.model, shape, new_tokens, 4);
+    ck_assert_int_eq(kv_gemm_set_path(KV_GEMM_AVX512), KV_OK);
+    char what[160];
+#ifdef _OPENMP
+    const int saved = omp_get_max_threads();
+    kv_set_parallel_min_work(0);
+    const int threads[] = {1, 2};
+#else
+    const int threads[] = {1};
+#endif
+    for (size_t t = 0; t < sizeof threads / sizeof threads[0]; t++) {
+#ifdef _OPENMP
+        omp_set_num_threads(threads[t]);
+#endif
+        KvDecodeResult r = run_shape(&f.model, shape, new_tokens, 0);
+        snprintf(what, sizeof what, "%s %s: avx512 GEMM (%d threads) vs portable matmul", fam,
+                 shape->name, threads[t]);
+        assert_same(&base, &r, what);
+        kv_decode_result_free(&r);
+        r = run_shape(&f.model, shape, new_tokens, 4);
+        snprintf(what, sizeof what, "%s %s chunk 4: avx512 GEMM (%d threads) vs portable matmul",
+                 fam, shape->name, threads[t]);
+        assert_same(&chunked_base, &r, what);
+        kv_decode_result_free(&r);
+    }
+#ifdef _OPENMP
+    omp_set_num_threads(saved);
+    kv_set_parallel_min_work(KV_PARALLEL_MIN_WORK);
+#endif
+    ck_assert_int_eq(kv_gemm_set_path(KV_GEMM_AUTO), KV_OK);
+    kv_decode_result_free(&base);
+    kv_decode_result_free(&chunked_base);
+    kv_fixture_free(&f);
+}
+END_TEST
 
 /* loop index i: family = i / N_SHAPES, shape = i % N_SHAPES */
 START_TEST(test_repeat_and_threads_bitwise) {
@@ -444,6 +499,7 @@ static Suite *decode_suite(void) {
     TCase *tc = tcase_create("determinism");
     tcase_set_timeout(tc, 120);
     tcase_add_loop_test(tc, test_repeat_and_threads_bitwise, 0, N_FAM * (int)N_SHAPES);
+    tcase_add_loop_test(tc, test_gemm_paths_bitwise, 0, N_FAM * (int)N_SHAPES);
     tcase_add_loop_test(tc, test_chunked_prefill_bitwise, 0, N_FAM);
     tcase_add_loop_test(tc, test_padded_row_equals_alone, 0, N_FAM);
     suite_add_tcase(s, tc);

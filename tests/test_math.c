@@ -14,6 +14,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "gemm.h"
 #include "kvmath.h"
 
 /* ---- deterministic inputs ---------------------------------------------- */
@@ -233,6 +238,175 @@ START_TEST(test_matmul) {
         free(w);
         free(y);
     }
+}
+END_TEST
+
+/* ---- the blocked GEMM (gemm.h) ------------------------------------------ */
+
+/* Shapes around the GEMM's blocking (gemm.c: 6 x 4 micro-tiles, 48-row by
+ * 64-output jobs, 512-element passes over `in`): rows 1 (the decode kernel),
+ * below, at and past one row block and one job; in below, at and past one
+ * 16-lane block, with tails, and past several passes; out below, at and past
+ * one tile and one job. */
+static const int64_t GEMM_ROWS[] = {1, 2, 3, 5, 17, 64};
+static const int64_t GEMM_INS[] = {1, 15, 16, 17, 31, 64, 257, 2304};
+static const int64_t GEMM_OUTS[] = {1, 3, 7, 64, 130};
+#define N_GEMM_ROWS ((int)(sizeof GEMM_ROWS / sizeof GEMM_ROWS[0]))
+#define N_GEMM_INS ((int)(sizeof GEMM_INS / sizeof GEMM_INS[0]))
+#define N_GEMM_OUTS ((int)(sizeof GEMM_OUTS / sizeof GEMM_OUTS[0]))
+
+/* The paths every rows > 1 matmul can take, and the input kinds: plain
+ * values of mixed magnitude (so rounding depends on the order), sparse
+ * NaN / infinities / signed zeros / denormals, and x all denormal (denormal
+ * products and lane sums, which DAZ/FTZ would flush). */
+static const KvGemmPath GEMM_PATHS[] = {KV_GEMM_AVX512, KV_GEMM_PORTABLE};
+#define N_GEMM_PATHS 2
+enum { VAL_PLAIN, VAL_SPECIAL, VAL_DENORMAL, N_VAL_KINDS };
+static const char *const VAL_NAMES[] = {"plain", "special", "denormal"};
+
+static float gemm_value(TestRng *g, int kind, int is_x) {
+    const float plain = test_rng_sym(g) * (float)(1 << test_rng_int(g, 0, 12));
+    if (kind == VAL_DENORMAL) {
+        /* x in the denormal range (below 2^-126), w of order 1..2^8: the
+         * products and lane sums are denormal or barely normal. */
+        return is_x ? test_rng_sym(g) * 0x1p-127f * (float)(1 << test_rng_int(g, 0, 20)) : plain;
+    }
+    if (kind == VAL_SPECIAL) {
+        switch (test_rng_int(g, 0, 63)) {
+        case 0: return NAN;
+        case 1: return INFINITY;
+        case 2: return -INFINITY;
+        case 3: return -0.0f;
+        case 4: return 0x1p-140f;
+        default: return plain;
+        }
+    }
+    return plain;
+}
+
+/* Bitwise equality, except that any NaN matches any NaN: which NaN operand
+ * an operation returns (sign, payload) is left open by IEEE 754 and by C
+ * (GCC may commute x * w), and inf * 0 makes x86's negative default NaN. */
+static int gemm_same(float a, float b) {
+    return test_bits(a) == test_bits(b) || (isnan(a) && isnan(b));
+}
+
+/* One configuration (path, thread count, parallel threshold) over every
+ * shape: kv_matmul and kv_matmul_multi (three matrices of one input, as
+ * q/k/v) against kv_dot per element. y is poisoned first so a skipped
+ * element is seen. */
+static void gemm_check_shape(int64_t rows, int64_t in, int64_t out, int kind, KvGemmPath path,
+                             int threads, int64_t min_work) {
+    const uint64_t seed = TEST_SEED * 11 + (uint64_t)(rows * 1000003 + in * 1009 + out) +
+                          (uint64_t)kind;
+    TestRng g = test_rng_seed(seed);
+    const int64_t outs[3] = {out, out + 5, 3};
+    float *x = test_alloc(rows * in); /* (rows, in) */
+    float *w[3], *y[3], *want[3];    /* (outs[j], in), (rows, outs[j]) x 2 */
+    for (int64_t i = 0; i < rows * in; i++) x[i] = gemm_value(&g, kind, 1);
+    for (int j = 0; j < 3; j++) {
+        w[j] = test_alloc(outs[j] * in);
+        y[j] = test_alloc(rows * outs[j]);
+        want[j] = test_alloc(rows * outs[j]);
+        for (int64_t i = 0; i < outs[j] * in; i++) w[j][i] = gemm_value(&g, kind, 0);
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t o = 0; o < outs[j]; o++)
+                want[j][r * outs[j] + o] = kv_dot(x + r * in, w[j] + o * in, in);
+    }
+    for (int multi = 0; multi < 2; multi++) {
+        for (int j = 0; j < 3; j++)
+            for (int64_t i = 0; i < rows * outs[j]; i++) y[j][i] = 12345.0f;
+        if (multi) {
+            kv_matmul_multi(x, rows, in, 3, (const float *const *)w, outs, y);
+        } else {
+            kv_matmul(x, w[0], rows, in, out, y[0]);
+        }
+        for (int j = 0; j < (multi ? 3 : 1); j++) {
+            for (int64_t r = 0; r < rows; r++) {
+                for (int64_t o = 0; o < outs[j]; o++) {
+                    const float got = y[j][r * outs[j] + o], dot = want[j][r * outs[j] + o];
+                    EXPECT(gemm_same(got, dot),
+                           "%s (%lld,%lld,%lld) matrix %d, %s inputs, path %s, %d thread(s), "
+                           "min_work %lld, seed=%llu: y[%lld,%lld]=%.9g (0x%08x) is not bitwise "
+                           "kv_dot = %.9g (0x%08x)",
+                           multi ? "kv_matmul_multi" : "kv_matmul", (long long)rows,
+                           (long long)in, (long long)outs[j], j, VAL_NAMES[kind],
+                           kv_gemm_path_name(path), threads, (long long)min_work,
+                           (unsigned long long)seed, (long long)r, (long long)o, (double)got,
+                           test_bits(got), (double)dot, test_bits(dot));
+                }
+            }
+        }
+    }
+    free(x);
+    for (int j = 0; j < 3; j++) {
+        free(w[j]);
+        free(y[j]);
+        free(want[j]);
+    }
+}
+
+/* loop index i: path = i / N_VAL_KINDS, input kind = i % N_VAL_KINDS. Every
+ * shape, with 1 and 2 OpenMP threads, at the default parallel threshold (the
+ * small shapes run serially) and at 0 (every region parallel). */
+START_TEST(test_gemm_bitwise_kv_dot) {
+    const KvGemmPath path = GEMM_PATHS[_i / N_VAL_KINDS];
+    const int kind = _i % N_VAL_KINDS;
+    if (!kv_gemm_path_supported(path)) {
+        printf("test_gemm_bitwise_kv_dot: path %s skipped: this CPU or build cannot run it\n",
+               kv_gemm_path_name(path));
+        return;
+    }
+    ck_assert_int_eq(kv_gemm_set_path(path), KV_OK);
+    ck_assert_int_eq(kv_gemm_path(), path);
+#ifdef _OPENMP
+    const int saved = omp_get_max_threads();
+    const int thread_counts[] = {1, 2};
+#else
+    const int thread_counts[] = {1};
+#endif
+    const int64_t min_works[] = {KV_PARALLEL_MIN_WORK, 0};
+    for (size_t t = 0; t < sizeof thread_counts / sizeof thread_counts[0]; t++) {
+#ifdef _OPENMP
+        omp_set_num_threads(thread_counts[t]);
+#endif
+        for (int m = 0; m < 2; m++) {
+            kv_set_parallel_min_work(min_works[m]);
+            for (int a = 0; a < N_GEMM_ROWS; a++)
+                for (int b = 0; b < N_GEMM_INS; b++)
+                    for (int c = 0; c < N_GEMM_OUTS; c++)
+                        gemm_check_shape(GEMM_ROWS[a], GEMM_INS[b], GEMM_OUTS[c], kind, path,
+                                         thread_counts[t], min_works[m]);
+        }
+    }
+#ifdef _OPENMP
+    omp_set_num_threads(saved);
+#endif
+    kv_set_parallel_min_work(KV_PARALLEL_MIN_WORK);
+    ck_assert_int_eq(kv_gemm_set_path(KV_GEMM_AUTO), KV_OK);
+}
+END_TEST
+
+/* The path setter: AUTO resolves to the fastest supported path (never
+ * AUTO), a path the CPU cannot run and a value outside the enum are refused
+ * and leave the path as it was. */
+START_TEST(test_gemm_path_setter) {
+    ck_assert_int_eq(kv_gemm_set_path(KV_GEMM_AUTO), KV_OK);
+    const KvGemmPath autop = kv_gemm_path();
+    ck_assert_int_ne(autop, KV_GEMM_AUTO);
+    ck_assert_int_eq(autop, kv_gemm_path_supported(KV_GEMM_AVX512) ? KV_GEMM_AVX512
+                                                                    : KV_GEMM_PORTABLE);
+    ck_assert_int_eq(kv_gemm_set_path(KV_GEMM_PORTABLE), KV_OK);
+    ck_assert_int_eq(kv_gemm_path(), KV_GEMM_PORTABLE);
+    ck_assert_int_eq(kv_gemm_set_path((KvGemmPath)99), KV_ERR_INPUT);
+    ck_assert_int_eq(kv_gemm_path(), KV_GEMM_PORTABLE);
+    if (!kv_gemm_path_supported(KV_GEMM_AVX512)) {
+        ck_assert_int_eq(kv_gemm_set_path(KV_GEMM_AVX512), KV_ERR_INPUT);
+        ck_assert_int_eq(kv_gemm_path(), KV_GEMM_PORTABLE);
+    }
+    ck_assert_str_eq(kv_gemm_path_name(KV_GEMM_AVX512), "avx512");
+    ck_assert_str_eq(kv_gemm_path_name(KV_GEMM_PORTABLE), "portable");
+    ck_assert_int_eq(kv_gemm_set_path(KV_GEMM_AUTO), KV_OK);
 }
 END_TEST
 
@@ -743,6 +917,12 @@ static Suite *math_suite(void) {
     tcase_add_loop_test(dot, test_dot_lane_pattern_bitwise, 0, N_DOT_LENGTHS);
     tcase_add_test(dot, test_matmul);
     suite_add_tcase(s, dot);
+
+    TCase *gemm = tcase_create("gemm");
+    tcase_set_timeout(gemm, 120); /* 3 x 240 shapes x 8 configurations, up to 2304 x 130 */
+    tcase_add_loop_test(gemm, test_gemm_bitwise_kv_dot, 0, N_GEMM_PATHS * N_VAL_KINDS);
+    tcase_add_test(gemm, test_gemm_path_setter);
+    suite_add_tcase(s, gemm);
 
     TCase *norm = tcase_create("rmsnorm");
     tcase_add_test(norm, test_rmsnorm_forms);

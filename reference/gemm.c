@@ -1,0 +1,337 @@
+/* gemm.c: the blocked matmul for rows > 1 (gemm.h).
+ *
+ * Why it is fast: kvmath.c's row kernel computes each output as its own dot
+ * product with 4-wide SSE vectors, reloading x for every 4 outputs, so a long
+ * prefill runs at a fraction of what the cores can do. Here a micro-kernel
+ * keeps GEMM_MR x rows by GEMM_NR weight rows of outputs in registers, each
+ * output's 16 lanes in one __m512: per 16 input elements it loads MR + NR
+ * vectors and does MR * NR vector multiplies and adds, so it is bound by the
+ * floating-point pipes, not by loads.
+ *
+ * Why it is still bitwise kv_dot: output (r, o)'s accumulator is kv_dot's
+ * 16 lanes exactly: lane j gets x[r][i] * w[o][i] (one rounded multiply)
+ * added (one rounded add) for i % 16 == j in ascending i, starting from 0.
+ * An AVX-512 vmulps / vaddps is 16 independent IEEE single operations, the
+ * same ones the SSE form does 4 at a time (no FMA: -ffp-contract=off, no fma
+ * intrinsics; no DAZ/FTZ, so denormals behave the same). Splitting `in` into
+ * blocks of GEMM_KC elements (for cache reuse) stores the lanes to memory and
+ * reloads them between blocks, which changes no lane's sequence of adds.
+ * Each finished accumulator goes through the same tree (vector adds of the
+ * same operand pairs as kv_lanes_sum) and the same scalar tail
+ * (kv_dot_tail). Each output is computed by one thread, start to end, so
+ * the thread count and the blocking never change a bit.
+ *
+ * Blocking, per job (GEMM_MC x rows by GEMM_NC outputs of one matrix; jobs
+ * are the unit of OpenMP work): for each block of MR rows, for each pass over
+ * KC elements of `in`, the rows' x is packed (aligned, the MR vectors of a
+ * step side by side: 24 KiB, in L1) and meets every NR-output tile of the
+ * job, whose weights come from L2 (the job's NC x in block fits there); the
+ * tiles' lane accumulators (NC x MR x 16 floats, 24 KiB) wait on the stack
+ * between passes. Measured on the medium fixtures' shapes (in 768 and 2048)
+ * at one thread: this order (x in L1, weights from L2) 170-190 GFLOP/s; the
+ * weight tile held in L1 and x from L2 instead, 140-160; KC 512 or NC 32,
+ * 3-5% slower; MC 24 to 96 within noise. With a single row block (rows <=
+ * MR: multi-token decode steps, small batches) there is no reuse to block
+ * for: each tile's weight rows are streamed once, end to end, with kvmath.c's
+ * software prefetch, as the memory-bound decode kernel does.
+ *
+ * Edges: a row block past the last row, or a tile past the last output,
+ * reads the last valid row again (valid memory, same cost) and its results
+ * are dropped; so there is one kernel shape and no masked loads. */
+#include "gemm.h"
+
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "kvmath.h"
+#include "kvmath_lanes.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define KV_GEMM_X86 1
+#else
+#define KV_GEMM_X86 0
+#endif
+
+/* Timing only: no result depends on these. */
+#define GEMM_MR 6    /* x rows per micro-tile */
+#define GEMM_NR 4    /* weight rows (outputs) per micro-tile; 6 x 4 = 24 of the 32 zmm */
+#define GEMM_MC 48   /* x rows per job: a multiple of GEMM_MR */
+#define GEMM_NC 64   /* outputs per job: a multiple of GEMM_NR */
+#define GEMM_KC 1024 /* input elements per pass: a multiple of KV_DOT_LANES */
+
+/* As kvmath.c's KV_PREFETCH_BYTES (measured there): how far ahead a streamed
+ * weight row is prefetched into L2 when there is one row block. Timing
+ * only. */
+#define GEMM_PREFETCH_BYTES 8192
+
+static KvGemmPath g_gemm_path = KV_GEMM_AUTO;
+
+bool kv_gemm_path_supported(KvGemmPath path) {
+    switch (path) {
+    case KV_GEMM_AUTO:
+    case KV_GEMM_PORTABLE:
+        return true;
+    case KV_GEMM_AVX512:
+#if KV_GEMM_X86
+        __builtin_cpu_init();
+        return __builtin_cpu_supports("avx512f") != 0;
+#else
+        return false;
+#endif
+    }
+    return false;
+}
+
+KvStatus kv_gemm_set_path(KvGemmPath path) {
+    if (path != KV_GEMM_AUTO && path != KV_GEMM_PORTABLE && path != KV_GEMM_AVX512) {
+        return KV_ERR_INPUT;
+    }
+    if (!kv_gemm_path_supported(path)) return KV_ERR_INPUT;
+    g_gemm_path = path;
+    return KV_OK;
+}
+
+KvGemmPath kv_gemm_path(void) {
+    if (g_gemm_path != KV_GEMM_AUTO) return g_gemm_path;
+    return kv_gemm_path_supported(KV_GEMM_AVX512) ? KV_GEMM_AVX512 : KV_GEMM_PORTABLE;
+}
+
+const char *kv_gemm_path_name(KvGemmPath path) {
+    switch (path) {
+    case KV_GEMM_AUTO:
+        return "auto";
+    case KV_GEMM_PORTABLE:
+        return "portable";
+    case KV_GEMM_AVX512:
+        return "avx512";
+    }
+    return "unknown";
+}
+
+#if KV_GEMM_X86
+
+#define GEMM_AVX512 __attribute__((target("avx512f")))
+
+/* Accumulator of tile row r (0..5), column c (0..3). Named variables, not an
+ * array: at -O2 GCC keeps arrays of vectors on the stack (kvmath.c saw the
+ * same), and the 24 must stay in registers. */
+#define GEMM_ACC_DECL(r) __m512 a##r##0, a##r##1, a##r##2, a##r##3
+#define GEMM_ACC_ZERO(r) a##r##0 = a##r##1 = a##r##2 = a##r##3 = _mm512_setzero_ps()
+#define GEMM_ACC_LOAD(r)                                                                           \
+    a##r##0 = _mm512_load_ps(acc[(r) * GEMM_NR + 0]);                                              \
+    a##r##1 = _mm512_load_ps(acc[(r) * GEMM_NR + 1]);                                              \
+    a##r##2 = _mm512_load_ps(acc[(r) * GEMM_NR + 2]);                                              \
+    a##r##3 = _mm512_load_ps(acc[(r) * GEMM_NR + 3])
+#define GEMM_ACC_STORE(r)                                                                          \
+    _mm512_store_ps(acc[(r) * GEMM_NR + 0], a##r##0);                                              \
+    _mm512_store_ps(acc[(r) * GEMM_NR + 1], a##r##1);                                              \
+    _mm512_store_ps(acc[(r) * GEMM_NR + 2], a##r##2);                                              \
+    _mm512_store_ps(acc[(r) * GEMM_NR + 3], a##r##3)
+/* kv_dot's step for 16 elements of row r against the 4 weight vectors:
+ * lanes += x * w, product first rounded, operands in kv_dot's order. */
+#define GEMM_ROW_STEP(r)                                                                           \
+    xv = _mm512_load_ps(xk + (r) * KV_DOT_LANES);                                                  \
+    a##r##0 = _mm512_add_ps(a##r##0, _mm512_mul_ps(xv, w0));                                       \
+    a##r##1 = _mm512_add_ps(a##r##1, _mm512_mul_ps(xv, w1));                                       \
+    a##r##2 = _mm512_add_ps(a##r##2, _mm512_mul_ps(xv, w2));                                       \
+    a##r##3 = _mm512_add_ps(a##r##3, _mm512_mul_ps(xv, w3))
+
+/* One micro-tile over input elements [k0, k1) (multiples of 16): the lanes
+ * of 6 x rows by 4 weight rows, started from zero (`first`) or from acc,
+ * left in acc. prefetch: the weight rows are being streamed once (see the
+ * file comment). always_inline so each call site gets a copy with
+ * `prefetch` constant. */
+GEMM_AVX512 __attribute__((always_inline)) static inline void
+gemm_tile_avx512(const float *xpk /* (kc / 16, MR, 16), 64-byte aligned */,
+                 const float *const wp[GEMM_NR] /* -> (in) */, int64_t k0, int64_t k1,
+                 float acc[GEMM_MR * GEMM_NR][KV_DOT_LANES], bool first, bool prefetch) {
+    const float *v0 = wp[0], *v1 = wp[1], *v2 = wp[2], *v3 = wp[3];
+    GEMM_ACC_DECL(0);
+    GEMM_ACC_DECL(1);
+    GEMM_ACC_DECL(2);
+    GEMM_ACC_DECL(3);
+    GEMM_ACC_DECL(4);
+    GEMM_ACC_DECL(5);
+    if (first) {
+        GEMM_ACC_ZERO(0);
+        GEMM_ACC_ZERO(1);
+        GEMM_ACC_ZERO(2);
+        GEMM_ACC_ZERO(3);
+        GEMM_ACC_ZERO(4);
+        GEMM_ACC_ZERO(5);
+    } else {
+        GEMM_ACC_LOAD(0);
+        GEMM_ACC_LOAD(1);
+        GEMM_ACC_LOAD(2);
+        GEMM_ACC_LOAD(3);
+        GEMM_ACC_LOAD(4);
+        GEMM_ACC_LOAD(5);
+    }
+    const float *xk = xpk; /* the packed x vectors of step k */
+    for (int64_t k = k0; k < k1; k += KV_DOT_LANES, xk += GEMM_MR * KV_DOT_LANES) {
+        if (prefetch) {
+            /* Integer address arithmetic: no out-of-bounds pointer is
+             * formed, and a prefetch never faults. */
+            __builtin_prefetch((const void *)((uintptr_t)(v0 + k) + GEMM_PREFETCH_BYTES), 0, 2);
+            __builtin_prefetch((const void *)((uintptr_t)(v1 + k) + GEMM_PREFETCH_BYTES), 0, 2);
+            __builtin_prefetch((const void *)((uintptr_t)(v2 + k) + GEMM_PREFETCH_BYTES), 0, 2);
+            __builtin_prefetch((const void *)((uintptr_t)(v3 + k) + GEMM_PREFETCH_BYTES), 0, 2);
+        }
+        const __m512 w0 = _mm512_loadu_ps(v0 + k), w1 = _mm512_loadu_ps(v1 + k);
+        const __m512 w2 = _mm512_loadu_ps(v2 + k), w3 = _mm512_loadu_ps(v3 + k);
+        __m512 xv;
+        GEMM_ROW_STEP(0);
+        GEMM_ROW_STEP(1);
+        GEMM_ROW_STEP(2);
+        GEMM_ROW_STEP(3);
+        GEMM_ROW_STEP(4);
+        GEMM_ROW_STEP(5);
+    }
+    GEMM_ACC_STORE(0);
+    GEMM_ACC_STORE(1);
+    GEMM_ACC_STORE(2);
+    GEMM_ACC_STORE(3);
+    GEMM_ACC_STORE(4);
+    GEMM_ACC_STORE(5);
+}
+
+/* kv_lanes_sum's tree as vector adds: each add below is the tree's scalar
+ * add of the same two lanes in the same operand order (lane j + lane j+8,
+ * then j + j+4, then 0+2 and 1+3, then those two), an IEEE single add
+ * whether done alone or beside others. */
+GEMM_AVX512 static inline float gemm_lanes_sum_avx512(const float l[KV_DOT_LANES]) {
+    const __m512 v = _mm512_load_ps(l);
+    const __m256 lo = _mm512_castps512_ps256(v);
+    const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
+    const __m256 t = _mm256_add_ps(lo, hi); /* t[j] = l[j] + l[j+8] */
+    const __m128 u = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+    const __m128 s = _mm_add_ps(u, _mm_movehl_ps(u, u)); /* s0 = u0 + u2, s1 = u1 + u3 */
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1))); /* s0 + s1 */
+}
+
+/* The row block's x over [k0, k1) into xpk, (k / 16, MR, 16). */
+static void gemm_pack_x(const float *const xp[GEMM_MR] /* -> (in) */, int64_t k0, int64_t k1,
+                        float xpk[][GEMM_MR][KV_DOT_LANES]) {
+    for (int64_t k = k0; k < k1; k += KV_DOT_LANES) {
+        for (int i = 0; i < GEMM_MR; i++) {
+            memcpy(xpk[(k - k0) / KV_DOT_LANES][i], xp[i] + k, sizeof xpk[0][0]);
+        }
+    }
+}
+
+/* One job: rows [r0, r1) by outputs [o0, o1) of y = x w^T. */
+GEMM_AVX512 static void gemm_job_avx512(const float *x /* (rows, in) */, int64_t in,
+                                        const float *w /* (out, in) */, int64_t out,
+                                        float *y /* (rows, out) */, int64_t r0, int64_t r1,
+                                        int64_t o0, int64_t o1) {
+    enum { TILES = GEMM_NC / GEMM_NR };
+    /* (TILES, MR * NR, 16): one row block's lane accumulators, tile by tile */
+    float acc[TILES][GEMM_MR * GEMM_NR][KV_DOT_LANES] __attribute__((aligned(64)));
+    /* (KC / 16, MR, 16): the row block's x for one pass, the MR vectors of a
+     * step side by side: aligned full-line loads from one stream (the
+     * activations' rows are not 64-byte aligned, and split loads cost the
+     * kernel ~10%, measured). */
+    float xpk[GEMM_KC / KV_DOT_LANES][GEMM_MR][KV_DOT_LANES] __attribute__((aligned(64)));
+    const int64_t n16 = in - in % KV_DOT_LANES;
+    const int64_t ntile = (o1 - o0 + GEMM_NR - 1) / GEMM_NR;
+    for (int64_t r = r0; r < r1; r += GEMM_MR) {
+        const float *xp[GEMM_MR]; /* -> (in) */
+        for (int i = 0; i < GEMM_MR; i++) {
+            xp[i] = x + (r + i < r1 ? r + i : r1 - 1) * in; /* past the edge: dropped */
+        }
+        if (r1 - r0 > GEMM_MR) {
+            /* Several row blocks share the job's weights: pass by pass, the
+             * packed x (in L1) meets every tile's weights (in L2). */
+            int64_t k0 = 0; /* at least one pass, so in < 16 still zeroes the lanes */
+            do {
+                const int64_t k1 = k0 + GEMM_KC < n16 ? k0 + GEMM_KC : n16;
+                gemm_pack_x(xp, k0, k1, xpk);
+                for (int64_t t = 0; t < ntile; t++) {
+                    const int64_t o = o0 + t * GEMM_NR;
+                    const float *wp[GEMM_NR]; /* -> (in) */
+                    for (int c = 0; c < GEMM_NR; c++) {
+                        wp[c] = w + (o + c < o1 ? o + c : o1 - 1) * in; /* past the edge: dropped */
+                    }
+                    gemm_tile_avx512(&xpk[0][0][0], wp, k0, k1, acc[t], k0 == 0, false);
+                }
+                k0 = k1;
+            } while (k0 < n16);
+        } else {
+            /* One row block: each weight row is read once, so stream the
+             * tiles' rows end to end, prefetched, repacking x per pass when
+             * `in` needs more than one (x is a few rows, in L1). */
+            int64_t packed = -1; /* k0 of the pass in xpk */
+            for (int64_t t = 0; t < ntile; t++) {
+                const int64_t o = o0 + t * GEMM_NR;
+                const float *wp[GEMM_NR]; /* -> (in) */
+                for (int c = 0; c < GEMM_NR; c++) {
+                    wp[c] = w + (o + c < o1 ? o + c : o1 - 1) * in; /* past the edge: dropped */
+                }
+                int64_t k0 = 0;
+                do {
+                    const int64_t k1 = k0 + GEMM_KC < n16 ? k0 + GEMM_KC : n16;
+                    if (packed != k0) gemm_pack_x(xp, k0, k1, xpk);
+                    packed = k0;
+                    gemm_tile_avx512(&xpk[0][0][0], wp, k0, k1, acc[t], k0 == 0, true);
+                    k0 = k1;
+                } while (k0 < n16);
+            }
+        }
+        for (int i = 0; i < GEMM_MR && r + i < r1; i++) {
+            for (int64_t t = 0; t < ntile; t++) {
+                for (int c = 0; c < GEMM_NR; c++) {
+                    const int64_t o = o0 + t * GEMM_NR + c;
+                    if (o >= o1) break;
+                    const float s = gemm_lanes_sum_avx512(acc[t][i * GEMM_NR + c]);
+                    y[(r + i) * out + o] = kv_dot_tail(xp[i], w + o * in, n16, in, s);
+                }
+            }
+        }
+    }
+}
+
+/* Jobs of one matrix: ceil(out / NC) output groups by ceil(rows / MC) row
+ * blocks, numbered group-major so a thread's contiguous share of the static
+ * schedule reads a contiguous share of the weights. */
+static int64_t gemm_jobs(int64_t rows, int64_t out) {
+    return ((out + GEMM_NC - 1) / GEMM_NC) * ((rows + GEMM_MC - 1) / GEMM_MC);
+}
+
+#endif /* KV_GEMM_X86 */
+
+bool kv_gemm_multi(const float *x, int64_t rows, int64_t in, int count, const float *const *ws,
+                   const int64_t *outs, float *const *ys) {
+#if KV_GEMM_X86
+    if (kv_gemm_path() != KV_GEMM_AVX512) return false;
+    int64_t jobs = 0, work = 0;
+    for (int j = 0; j < count; j++) {
+        jobs += gemm_jobs(rows, outs[j]);
+        work += rows * in * outs[j];
+    }
+    const int64_t rblocks = (rows + GEMM_MC - 1) / GEMM_MC;
+    /* Every job writes its own outputs and each output is finished by the
+     * job that starts it, so the schedule decides only who computes what. */
+#pragma omp parallel for schedule(static) if (work >= kv_parallel_min_work())
+    for (int64_t q = 0; q < jobs; q++) {
+        int j = 0;
+        int64_t rest = q;
+        while (rest >= gemm_jobs(rows, outs[j])) rest -= gemm_jobs(rows, outs[j++]);
+        const int64_t g = rest / rblocks, rb = rest % rblocks;
+        const int64_t o0 = g * GEMM_NC, o1 = o0 + GEMM_NC < outs[j] ? o0 + GEMM_NC : outs[j];
+        const int64_t r0 = rb * GEMM_MC, r1 = r0 + GEMM_MC < rows ? r0 + GEMM_MC : rows;
+        gemm_job_avx512(x, in, ws[j], outs[j], ys[j], r0, r1, o0, o1);
+    }
+    return true;
+#else
+    (void)x;
+    (void)rows;
+    (void)in;
+    (void)count;
+    (void)ws;
+    (void)outs;
+    (void)ys;
+    return false;
+#endif
+}
