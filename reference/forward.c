@@ -24,6 +24,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
 #include "ensemble.h"
 #include "kvmath.h"
 #include "prng.h"
@@ -125,10 +129,16 @@ KvStatus kv_ref_state_init(KvRefState *s, const KvModel *m, int64_t batch, int64
     s->qpos = calloc((size_t)rows, sizeof(int64_t));
     s->last = kv_alloc_floats(batch * c->hidden_size);
     s->max_keys = max_len + c->sliding_window;
-    s->scores = kv_alloc_floats(c->num_heads * s->max_keys);
-    s->gk = calloc((size_t)(c->num_heads * s->max_keys), sizeof *s->gk);
-    s->gv = calloc((size_t)(c->num_heads * s->max_keys), sizeof *s->gv);
-    s->gpos = calloc((size_t)(c->num_heads * s->max_keys), sizeof *s->gpos);
+    s->n_scratch = c->num_heads;
+#ifdef _OPENMP
+    /* Enough slots for every thread at init; attention runs on at most
+     * n_scratch threads if the count grows later. */
+    if (omp_get_max_threads() > s->n_scratch) s->n_scratch = omp_get_max_threads();
+#endif
+    s->scores = kv_alloc_floats(s->n_scratch * s->max_keys);
+    s->gk = calloc((size_t)(s->n_scratch * s->max_keys), sizeof *s->gk);
+    s->gv = calloc((size_t)(s->n_scratch * s->max_keys), sizeof *s->gv);
+    s->gpos = calloc((size_t)(s->n_scratch * s->max_keys), sizeof *s->gpos);
     s->tok_in = calloc((size_t)rows, sizeof *s->tok_in);
     s->real_in = calloc((size_t)rows, 1);
     s->logits = kv_alloc_floats(batch * c->vocab_size);
@@ -645,6 +655,29 @@ static void op_rope(const void *ap) {
     }
 }
 
+/* Threads for an attention op of about `work` flops: 1 below the parallel
+ * threshold, else the team, at most one per scratch slot. */
+static int attn_threads(const KvRefState *s, int64_t work) {
+#ifdef _OPENMP
+    if (work < kv_parallel_min_work()) return 1;
+    int nt = omp_get_max_threads();
+    return nt > s->n_scratch ? (int)s->n_scratch : nt;
+#else
+    (void)s;
+    (void)work;
+    return 1;
+#endif
+}
+
+/* This thread's attention scratch slot. */
+static int64_t attn_slot(void) {
+#ifdef _OPENMP
+    return omp_get_thread_num();
+#else
+    return 0;
+#endif
+}
+
 /* Full (static) cache: store the new K/V at slot = position. */
 static void op_store_static(const void *ap) {
     const ArgsLayerN *a = ap;
@@ -685,30 +718,38 @@ static void op_attn_static(const void *ap) {
     const float *kc = s->k + a->layer * s->batch * s->max_len * kv_dim; /* (B, max_len, kv_dim) */
     const float *vc = s->v + a->layer * s->batch * s->max_len * kv_dim; /* (B, max_len, kv_dim) */
     const int64_t len = s->total_mem;
+    const int64_t n = a->n;
+    const int64_t items = s->batch * n * c->num_heads;
+    const int nt = attn_threads(s, 2 * items * (len + n) * hd);
 
-    for (int64_t b = 0; b < s->batch; b++) {
-        const uint8_t *real = s->real + b * s->max_len; /* (max_len) */
-        for (int64_t t = 0; t < a->n; t++) {
+    /* One item per (row, query, head), in any thread: each item's keys and
+     * sums are its own, so the bits do not depend on who runs it. Dynamic
+     * schedule: a later query sees more keys. */
+#pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+        const int64_t slot = attn_slot();
+        const float **gk = s->gk + slot * s->max_keys; /* (max_keys) */
+        const float **gv = s->gv + slot * s->max_keys; /* (max_keys) */
+        float *scores = s->scores + slot * s->max_keys; /* (max_keys) */
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t it = 0; it < items; it++) {
+            const int64_t h = it % c->num_heads;
+            const int64_t r = it / c->num_heads; /* b * n + t */
+            const int64_t b = r / n, t = r % n;
+            const uint8_t *real = s->real + b * s->max_len; /* (max_len) */
             const int64_t qs = len + t; /* the query's slot (= cache position) */
-            const int64_t r = b * a->n + t;
-#pragma omp parallel for schedule(static) \
-    if (2 * c->num_heads * (qs + 1) * hd >= kv_parallel_min_work())
-            for (int64_t h = 0; h < c->num_heads; h++) {
-                const int64_t kvh = kv_gqa_kv_head(h, c->num_heads, c->num_kv_heads);
-                const float **gk = s->gk + h * s->max_keys; /* (max_keys) */
-                const float **gv = s->gv + h * s->max_keys; /* (max_keys) */
-                int64_t nk = 0;
-                /* A pad query sees nothing; its output is never used. */
-                for (int64_t k = 0; real[qs] && k <= qs; k++) {
-                    if (!real[k] || !kv_window_visible(qs, k, window)) continue;
-                    gk[nk] = kc + (b * s->max_len + k) * kv_dim + kvh * hd;
-                    gv[nk] = vc + (b * s->max_len + k) * kv_dim + kvh * hd;
-                    nk++;
-                }
-                attend_keys(s->q + r * q_dim + h * hd, gk, gv, nk, hd, scale, cap,
-                            sinks != NULL ? &sinks[h] : NULL, s->scores + h * s->max_keys,
-                            s->att + r * q_dim + h * hd, reversed);
+            const int64_t kvh = kv_gqa_kv_head(h, c->num_heads, c->num_kv_heads);
+            int64_t nk = 0;
+            /* A pad query sees nothing; its output is never used. */
+            for (int64_t k = 0; real[qs] && k <= qs; k++) {
+                if (!real[k] || !kv_window_visible(qs, k, window)) continue;
+                gk[nk] = kc + (b * s->max_len + k) * kv_dim + kvh * hd;
+                gv[nk] = vc + (b * s->max_len + k) * kv_dim + kvh * hd;
+                nk++;
             }
+            attend_keys(s->q + r * q_dim + h * hd, gk, gv, nk, hd, scale, cap,
+                        sinks != NULL ? &sinks[h] : NULL, scores, s->att + r * q_dim + h * hd,
+                        reversed);
         }
     }
 }
@@ -768,56 +809,62 @@ static void op_attn_variant(const void *ap) {
     const int64_t cache_w = kv_config_layer_window(c, a->layer);
     const int64_t stored = a->include_new ? len : len + n;
 
-    for (int64_t b = 0; b < s->batch; b++) {
-        for (int64_t t = 0; t < n; t++) {
+    const int64_t items = s->batch * n * c->num_heads;
+    const int nt = attn_threads(s, 2 * items * (a->n_slots + n) * hd);
+
+    /* One item per (row, query, head), in any thread (see op_attn_static). */
+#pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+        const int64_t slot = attn_slot();
+        const float **gk = s->gk + slot * s->max_keys; /* (max_keys) */
+        const float **gv = s->gv + slot * s->max_keys; /* (max_keys) */
+        int64_t *gp = s->gpos + slot * s->max_keys;    /* (max_keys) */
+        float *scores = s->scores + slot * s->max_keys; /* (max_keys) */
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t it = 0; it < items; it++) {
+            const int64_t h = it % c->num_heads;
+            const int64_t r = it / c->num_heads; /* b * n + t */
+            const int64_t b = r / n, t = r % n;
             const int64_t qs = len + t;
-            const int64_t r = b * n + t;
             const bool q_real = s->real_in[r] != 0;
-#pragma omp parallel for schedule(static) \
-    if (2 * c->num_heads * (a->n_slots + n) * hd >= kv_parallel_min_work())
-            for (int64_t h = 0; h < c->num_heads; h++) {
-                const int64_t kvh = kv_gqa_kv_head(h, c->num_heads, c->num_kv_heads);
-                const float **gk = s->gk + h * s->max_keys; /* (max_keys) */
-                const float **gv = s->gv + h * s->max_keys; /* (max_keys) */
-                int64_t *gp = s->gpos + h * s->max_keys;    /* (max_keys) */
-                int64_t nk = 0;
-                for (int64_t i = 0; q_real && i < a->n_slots; i++) {
-                    const int64_t p = kv_layout_position(rule, cache_w, i, stored);
-                    if (!(p < 0 && unwritten)) {
-                        if (p < 0 || !view.real[b * view.row_stride + i]) continue;
-                        if (!kv_window_visible(qs, p, window)) continue;
-                    }
-                    gk[nk] = view.k + (b * view.row_stride + i) * view.dim + kvh * hd;
-                    gv[nk] = view.v + (b * view.row_stride + i) * view.dim + kvh * hd;
-                    gp[nk] = p;
-                    nk++;
+            const int64_t kvh = kv_gqa_kv_head(h, c->num_heads, c->num_kv_heads);
+            int64_t nk = 0;
+            for (int64_t i = 0; q_real && i < a->n_slots; i++) {
+                const int64_t p = kv_layout_position(rule, cache_w, i, stored);
+                if (!(p < 0 && unwritten)) {
+                    if (p < 0 || !view.real[b * view.row_stride + i]) continue;
+                    if (!kv_window_visible(qs, p, window)) continue;
                 }
-                for (int64_t u = 0; q_real && a->include_new && u <= t; u++) {
-                    if (!s->real_in[b * n + u] || !kv_window_visible(qs, len + u, window)) continue;
-                    gk[nk] = s->kn + (b * n + u) * kv_dim + kvh * hd;
-                    gv[nk] = s->vn + (b * n + u) * kv_dim + kvh * hd;
-                    gp[nk] = len + u;
-                    nk++;
-                }
-                /* Insertion sort by position (distinct): canonical key order. */
-                for (int64_t i = 1; i < nk; i++) {
-                    const float *ki = gk[i];
-                    const float *vi = gv[i];
-                    const int64_t pi = gp[i];
-                    int64_t j = i - 1;
-                    for (; j >= 0 && gp[j] > pi; j--) {
-                        gk[j + 1] = gk[j];
-                        gv[j + 1] = gv[j];
-                        gp[j + 1] = gp[j];
-                    }
-                    gk[j + 1] = ki;
-                    gv[j + 1] = vi;
-                    gp[j + 1] = pi;
-                }
-                attend_keys(s->q + r * q_dim + h * hd, gk, gv, nk, hd, scale, cap,
-                            sinks != NULL ? &sinks[h] : NULL, s->scores + h * s->max_keys,
-                            s->att + r * q_dim + h * hd, reversed);
+                gk[nk] = view.k + (b * view.row_stride + i) * view.dim + kvh * hd;
+                gv[nk] = view.v + (b * view.row_stride + i) * view.dim + kvh * hd;
+                gp[nk] = p;
+                nk++;
             }
+            for (int64_t u = 0; q_real && a->include_new && u <= t; u++) {
+                if (!s->real_in[b * n + u] || !kv_window_visible(qs, len + u, window)) continue;
+                gk[nk] = s->kn + (b * n + u) * kv_dim + kvh * hd;
+                gv[nk] = s->vn + (b * n + u) * kv_dim + kvh * hd;
+                gp[nk] = len + u;
+                nk++;
+            }
+            /* Insertion sort by position (distinct): canonical key order. */
+            for (int64_t i = 1; i < nk; i++) {
+                const float *ki = gk[i];
+                const float *vi = gv[i];
+                const int64_t pi = gp[i];
+                int64_t j = i - 1;
+                for (; j >= 0 && gp[j] > pi; j--) {
+                    gk[j + 1] = gk[j];
+                    gv[j + 1] = gv[j];
+                    gp[j + 1] = gp[j];
+                }
+                gk[j + 1] = ki;
+                gv[j + 1] = vi;
+                gp[j + 1] = pi;
+            }
+            attend_keys(s->q + r * q_dim + h * hd, gk, gv, nk, hd, scale, cap,
+                        sinks != NULL ? &sinks[h] : NULL, scores, s->att + r * q_dim + h * hd,
+                        reversed);
         }
     }
 }

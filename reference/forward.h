@@ -75,11 +75,14 @@ typedef struct {
     float rope_scale;   /* kv_rope_scale: YaRN's attention factor on cos, sin; else 1 */
     int64_t *qpos;      /* (B * max_chunk) RoPE position of each new token */
     float *last;        /* (B, hidden) final-normed last position of each row */
-    float *scores;      /* (num_heads, max_keys) softmax scratch, one row per head */
+    /* Attention scratch, one row per slot: attention runs (row, query, head)
+     * items in parallel and an item uses its thread's slot. */
+    int64_t n_scratch;  /* slots: at least num_heads and the threads at init */
+    float *scores;      /* (n_scratch, max_keys) softmax scratch */
     int64_t max_keys;   /* most keys one query can gather: max_len + window */
-    const float **gk;   /* (num_heads, max_keys) gathered key rows, ascending position */
-    const float **gv;   /* (num_heads, max_keys) gathered value rows */
-    int64_t *gpos;      /* (num_heads, max_keys) their positions */
+    const float **gk;   /* (n_scratch, max_keys) gathered key rows, ascending position */
+    const float **gv;   /* (n_scratch, max_keys) gathered value rows */
+    int64_t *gpos;      /* (n_scratch, max_keys) their positions */
     /* Step inputs and outputs in memory, as a captured graph sees them: */
     int32_t *tok_in;    /* (B, max_chunk) tokens of the next forward; argmax writes (B, 1) */
     uint8_t *real_in;   /* (B, max_chunk) 0 marks a pad */

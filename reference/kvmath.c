@@ -341,9 +341,45 @@ void kv_softmax(float *x, int64_t n) {
     for (int64_t i = 0; i < n; i++) x[i] = x[i] / sum;
 }
 
+/* out[d] = sum over j ascending of p[j] * v[j][d], from 0, one multiply and
+ * one add per term: the plain loop's bits for each d. Sixteen d's at a time
+ * in four vector registers across all keys (each output element is one
+ * lane, so the vector width cannot change a bit), then 4, then 1. */
+static void kv_weighted_sum(const float *p /* (nk) */, const float *const *v, int64_t nk,
+                            int64_t hd, float *out /* (hd) */) {
+    int64_t d = 0;
+    for (; d + 16 <= hd; d += 16) {
+        KvF4 a0 = {0.0f, 0.0f, 0.0f, 0.0f}, a1 = a0, a2 = a0, a3 = a0;
+        for (int64_t j = 0; j < nk; j++) {
+            const KvF4 pj = {p[j], p[j], p[j], p[j]};
+            const float *vj = v[j] + d;
+            a0 = a0 + pj * kv_load4(vj);
+            a1 = a1 + pj * kv_load4(vj + 4);
+            a2 = a2 + pj * kv_load4(vj + 8);
+            a3 = a3 + pj * kv_load4(vj + 12);
+        }
+        memcpy(out + d, &a0, 16);
+        memcpy(out + d + 4, &a1, 16);
+        memcpy(out + d + 8, &a2, 16);
+        memcpy(out + d + 12, &a3, 16);
+    }
+    for (; d + 4 <= hd; d += 4) {
+        KvF4 a0 = {0.0f, 0.0f, 0.0f, 0.0f};
+        for (int64_t j = 0; j < nk; j++) {
+            const KvF4 pj = {p[j], p[j], p[j], p[j]};
+            a0 = a0 + pj * kv_load4(v[j] + d);
+        }
+        memcpy(out + d, &a0, 16);
+    }
+    for (; d < hd; d++) {
+        float acc = 0.0f;
+        for (int64_t j = 0; j < nk; j++) acc = acc + p[j] * v[j][d];
+        out[d] = acc;
+    }
+}
+
 void kv_attend_sink(const float *q, const float *const *k, const float *const *v, int64_t nk,
                     int64_t hd, float scale, float sink, float *scores, float *out) {
-    for (int64_t d = 0; d < hd; d++) out[d] = 0.0f;
     /* gpt_oss (eager_attention_forward): the sink is a last column of the
      * logits, the row max taken over it too, the softmax over n + 1 values
      * (summed in column order, the sink last), the sink's share dropped. */
@@ -358,22 +394,19 @@ void kv_attend_sink(const float *q, const float *const *k, const float *const *v
         sum += scores[j];
     }
     sum += expf(sink - mx);
-    for (int64_t j = 0; j < nk; j++) {
-        const float p = scores[j] / sum;
-        for (int64_t d = 0; d < hd; d++) out[d] += p * v[j][d];
-    }
+    for (int64_t j = 0; j < nk; j++) scores[j] = scores[j] / sum;
+    kv_weighted_sum(scores, v, nk, hd, out);
 }
 
 void kv_attend(const float *q, const float *const *k, const float *const *v, int64_t nk,
                int64_t hd, float scale, float cap, float *scores, float *out) {
-    for (int64_t d = 0; d < hd; d++) out[d] = 0.0f;
-    if (nk == 0) return;
+    if (nk == 0) {
+        for (int64_t d = 0; d < hd; d++) out[d] = 0.0f;
+        return;
+    }
     for (int64_t j = 0; j < nk; j++) scores[j] = kv_softcap(kv_dot(q, k[j], hd) * scale, cap);
     kv_softmax(scores, nk);
-    for (int64_t j = 0; j < nk; j++) {
-        const float p = scores[j];
-        for (int64_t d = 0; d < hd; d++) out[d] += p * v[j][d];
-    }
+    kv_weighted_sum(scores, v, nk, hd, out);
 }
 
 int64_t kv_gqa_kv_head(int64_t head, int64_t num_heads, int64_t num_kv_heads) {
