@@ -535,7 +535,29 @@ typedef struct {
     float *y;       /* (rows, out) */
     int64_t rows, in, out;
     int kind;       /* MM_* below */
+    /* (rows) the chunk's real mask, rows = B * n, when pad rows may be
+     * skipped (pad_skip_mask); NULL: every row is computed. */
+    const uint8_t *real;
+    int64_t n;
 } ArgsMatmul;
+
+/* Left padding: the pad rows of a prefill chunk feed nothing a real token
+ * reads (attention skips pad keys and pad queries; each row's matmuls,
+ * norms and activations are its own), so their matmuls can be skipped
+ * without changing a real token's bits. Not while probes are recorded:
+ * a probe hashes every row of the chunk, pads too, and reports keep their
+ * bytes. Returns the mask to pass (real_in) or NULL. */
+static const uint8_t *pad_skip_mask(const KvRefState *s, int64_t n) {
+    return s->probes || n == 1 ? NULL : s->real_in;
+}
+
+/* The first real row of batch row b's chunk (n when it is all pad): rows
+ * are left-padded, so [first, n) are real (kv_ref_check_input). */
+static int64_t chunk_first_real(const uint8_t *real /* (B * n) */, int64_t b, int64_t n) {
+    int64_t f = 0;
+    while (f < n && !real[b * n + f]) f++;
+    return f;
+}
 
 /* How a matmul sums: the canonical pattern, TF32 inputs (planted
  * KV_FAULT_TF32) or one sequential accumulator (ensemble order
@@ -562,7 +584,20 @@ static void matmul_by(const float *x, const float *w, int64_t rows, int64_t in, 
 
 static void op_matmul(const void *ap) {
     const ArgsMatmul *a = ap;
-    matmul_by(a->x, a->w, a->rows, a->in, a->out, a->y, a->kind);
+    if (a->real == NULL) {
+        matmul_by(a->x, a->w, a->rows, a->in, a->out, a->y, a->kind);
+        return;
+    }
+    /* Per batch row, its real rows only; pad rows of y are zeroed so that
+     * what reads them (norms, the cache's pad slots) sees finite values. */
+    for (int64_t r0 = 0; r0 < a->rows; r0 += a->n) {
+        const int64_t f = chunk_first_real(a->real, r0 / a->n, a->n);
+        memset(a->y + r0 * a->out, 0, (size_t)(f * a->out) * sizeof(float));
+        if (f < a->n) {
+            matmul_by(a->x + (r0 + f) * a->in, a->w, a->n - f, a->in, a->out,
+                      a->y + (r0 + f) * a->out, a->kind);
+        }
+    }
 }
 
 /* Up to three projections of one input in one parallel region. */
@@ -574,16 +609,35 @@ typedef struct {
     int64_t rows, in;
     int count;
     int kind;           /* MM_* */
+    const uint8_t *real; /* (rows) as in ArgsMatmul, or NULL */
+    int64_t n;
 } ArgsMatmulMulti;
 
-static void op_matmul_multi(const void *ap) {
-    const ArgsMatmulMulti *a = ap;
+static void matmul_multi_rows(const ArgsMatmulMulti *a, int64_t r0, int64_t rows) {
+    const float *x = a->x + r0 * a->in; /* (rows, in) */
     if (a->kind == MM_CANONICAL) {
-        kv_matmul_multi(a->x, a->rows, a->in, a->count, a->w, a->out, a->y);
+        float *y[3] = {NULL, NULL, NULL};
+        for (int j = 0; j < a->count; j++) y[j] = a->y[j] + r0 * a->out[j];
+        kv_matmul_multi(x, rows, a->in, a->count, a->w, a->out, y);
         return;
     }
     for (int j = 0; j < a->count; j++) {
-        matmul_by(a->x, a->w[j], a->rows, a->in, a->out[j], a->y[j], a->kind);
+        matmul_by(x, a->w[j], rows, a->in, a->out[j], a->y[j] + r0 * a->out[j], a->kind);
+    }
+}
+
+static void op_matmul_multi(const void *ap) {
+    const ArgsMatmulMulti *a = ap;
+    if (a->real == NULL) {
+        matmul_multi_rows(a, 0, a->rows);
+        return;
+    }
+    for (int64_t r0 = 0; r0 < a->rows; r0 += a->n) { /* as op_matmul */
+        const int64_t f = chunk_first_real(a->real, r0 / a->n, a->n);
+        for (int j = 0; j < a->count; j++) {
+            memset(a->y[j] + r0 * a->out[j], 0, (size_t)(f * a->out[j]) * sizeof(float));
+        }
+        if (f < a->n) matmul_multi_rows(a, r0 + f, a->n - f);
     }
 }
 
@@ -1026,8 +1080,9 @@ static void launch_layer(KvRefState *s, int64_t layer, int64_t n) {
     ArgsNorm norm_in = {c, s->x, w->input_norm, s->xn, rows};
     kv_stream_launch(st, op_norm_rows, &norm_in, sizeof norm_in);
     const int mm = matmul_kind(s); /* MM_*: canonical, TF32 fault or ensemble order */
+    const uint8_t *skip = pad_skip_mask(s, n); /* (rows) or NULL */
     ArgsMatmulMulti qkv = {s->xn, {w->wq, w->wk, w->wv}, {s->q, s->kn, s->vn},
-                           {q_dim, kv_dim, kv_dim}, rows, hidden, 3, mm};
+                           {q_dim, kv_dim, kv_dim}, rows, hidden, 3, mm, skip, n};
     kv_stream_launch(st, op_matmul_multi, &qkv, sizeof qkv);
     if (c->attn_qkv_bias) {
         const ArgsBias bias[3] = {{s->q, w->bq, rows, q_dim},
@@ -1072,7 +1127,7 @@ static void launch_layer(KvRefState *s, int64_t layer, int64_t n) {
     }
     launch_probe(s, kv_probe_index(layer, KV_PROBE_ATTN), s->att, n * q_dim * (int64_t)sizeof(float));
 
-    ArgsMatmul mo = {s->att, w->wo, s->tmp, rows, q_dim, hidden, mm};
+    ArgsMatmul mo = {s->att, w->wo, s->tmp, rows, q_dim, hidden, mm, skip, n};
     kv_stream_launch(st, op_matmul, &mo, sizeof mo);
     if (c->attn_o_bias) {
         const ArgsBias bo = {s->tmp, w->bo, rows, hidden};
@@ -1096,11 +1151,11 @@ static void launch_layer(KvRefState *s, int64_t layer, int64_t n) {
         kv_stream_launch(st, op_moe, &moe, sizeof moe);
     } else {
         ArgsMatmulMulti gu = {s->xn, {w->w_gate, w->w_up, NULL}, {s->gate, s->up, NULL},
-                              {inter, inter, 0}, rows, hidden, 2, mm};
+                              {inter, inter, 0}, rows, hidden, 2, mm, skip, n};
         kv_stream_launch(st, op_matmul_multi, &gu, sizeof gu);
         ArgsGlu glu = {s->gate, s->up, rows * inter, gemma};
         kv_stream_launch(st, op_glu, &glu, sizeof glu);
-        ArgsMatmul md = {s->gate, w->w_down, s->tmp, rows, inter, hidden, mm};
+        ArgsMatmul md = {s->gate, w->w_down, s->tmp, rows, inter, hidden, mm, skip, n};
         kv_stream_launch(st, op_matmul, &md, sizeof md);
     }
     if (gemma) {

@@ -36,9 +36,11 @@ static int32_t *make_prompt(int64_t len, uint64_t seed, int64_t vocab) {
     return p;
 }
 
-/* Decodes `batch` prompts (left-padded) and returns the result. */
-static KvDecodeResult run_decode(const KvModel *m, int32_t **prompts, const int64_t *lens,
-                                 int64_t batch, int64_t new_tokens, int64_t chunk) {
+/* Decodes `batch` prompts (left-padded) and returns the result; probes
+ * recorded when `probes` (every pad row then computed: forward.c). */
+static KvDecodeResult run_decode_probes(const KvModel *m, int32_t **prompts, const int64_t *lens,
+                                        int64_t batch, int64_t new_tokens, int64_t chunk,
+                                        bool probes) {
     int32_t *tok = NULL;
     uint8_t *real = NULL;
     int64_t plen = 0;
@@ -47,13 +49,20 @@ static KvDecodeResult run_decode(const KvModel *m, int32_t **prompts, const int6
                                     &plen, &err);
     ck_assert_msg(st == KV_OK, "left pad: %s", err.msg);
     KvDecodeSpec spec = {.batch = batch, .prompt_len = plen, .prompt = tok, .prompt_real = real,
-                         .new_tokens = new_tokens, .prefill_chunk = chunk};
+                         .new_tokens = new_tokens, .prefill_chunk = chunk,
+                         .record_probes = probes};
     KvDecodeResult r = {0};
     st = kv_decode_greedy(m, &spec, &r, &err);
     ck_assert_msg(st == KV_OK, "decode: %s", err.msg);
     free(tok);
     free(real);
     return r;
+}
+
+/* Without probes: pad rows' matmuls skipped. */
+static KvDecodeResult run_decode(const KvModel *m, int32_t **prompts, const int64_t *lens,
+                                 int64_t batch, int64_t new_tokens, int64_t chunk) {
+    return run_decode_probes(m, prompts, lens, batch, new_tokens, chunk, false);
 }
 
 static void assert_same(const KvDecodeResult *a, const KvDecodeResult *b, const char *what) {
@@ -210,6 +219,33 @@ START_TEST(test_chunked_prefill_bitwise) {
         kv_decode_result_free(&r);
     }
     kv_decode_result_free(&whole);
+    kv_fixture_free(&f);
+}
+END_TEST
+
+/* Skipping the pad rows' matmuls (no probes) gives the bits of computing
+ * them (probes on), whole and chunked prefill (chunk 9: a chunk of the
+ * short row's pads and real tokens mixed; 1: one row at a time). */
+START_TEST(test_pad_skip_bitwise) {
+    KvFixtureModel f;
+    KvError err = {{0}};
+    ck_assert_msg(kv_fixture_load(k_families[_i], TEST_SEED, &f, &err) == KV_OK, "%s", err.msg);
+    const int64_t V = f.model.config.vocab_size;
+    int64_t lens[2] = {50, 13};
+    int32_t *p[2] = {make_prompt(50, TEST_PROMPT_SEED, V), make_prompt(13, TEST_PROMPT_SEED + 1, V)};
+    const int64_t chunks[] = {0, 9, 1};
+    for (size_t c = 0; c < 3; c++) {
+        KvDecodeResult all = run_decode_probes(&f.model, p, lens, 2, 20, chunks[c], true);
+        KvDecodeResult skip = run_decode_probes(&f.model, p, lens, 2, 20, chunks[c], false);
+        char what[96];
+        snprintf(what, sizeof what, "%s chunk %lld: pad rows skipped vs computed", k_families[_i],
+                 (long long)chunks[c]);
+        assert_same(&all, &skip, what);
+        kv_decode_result_free(&all);
+        kv_decode_result_free(&skip);
+    }
+    free(p[0]);
+    free(p[1]);
     kv_fixture_free(&f);
 }
 END_TEST
@@ -502,6 +538,7 @@ static Suite *decode_suite(void) {
     tcase_add_loop_test(tc, test_gemm_paths_bitwise, 0, N_FAM * (int)N_SHAPES);
     tcase_add_loop_test(tc, test_chunked_prefill_bitwise, 0, N_FAM);
     tcase_add_loop_test(tc, test_padded_row_equals_alone, 0, N_FAM);
+    tcase_add_loop_test(tc, test_pad_skip_bitwise, 0, N_FAM);
     suite_add_tcase(s, tc);
     TCase *sem = tcase_create("semantics");
     tcase_set_timeout(sem, 120);
