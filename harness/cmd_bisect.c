@@ -79,8 +79,11 @@ static void bisect_print_tokens(const KvRun *a, const KvRun *b, int64_t step) {
     }
     printf("\n");
     if (step > 0 && a->switch_step > 0 && step == a->switch_step) {
-        printf("fed at step %" PRId64 ": the second request's suffix (%" PRId64 " tokens) after "
-               "its prefix entry was restored (prefix reuse)\n", step, a->suffix_len);
+        /* prefix reuse (a second request) or a speculative rollback */
+        printf("fed at step %" PRId64 ": the state saved after %" PRId64 " prompt tokens "
+               "restored, then %" PRId64 " tokens in one forward (the run's suffix: a second "
+               "request's, or the accepted drafts after a rollback)\n",
+               step, a->save_after, a->suffix_len);
     } else if (step > 0) {
         printf("fed at step %" PRId64 ":", step);
         for (int64_t r = 0; r < a->batch; r++) {

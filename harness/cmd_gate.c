@@ -74,7 +74,7 @@ static void gate_usage(FILE *f) {
             "  --scenarios LIST  comma-separated, default all: short_prompt_crosses_window,\n"
             "                    prompt_w_minus_1, prompt_w, prompt_w_plus_1,\n"
             "                    prefill_longer_than_window, left_padded_batch, chunked_prefill,\n"
-            "                    prefix_reuse_after_wrap\n"
+            "                    prefix_reuse_after_wrap, speculative_rollback_past_window\n"
             "  --variants LIST   default all: index_copy, cat_shift, roll, always_roll, ring,\n"
             "                    dynamic\n"
             "  --backends LIST   default every backend built: cpu and cuda (cuda runs are\n"

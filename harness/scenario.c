@@ -16,17 +16,27 @@ typedef struct {
     int64_t len_w[2];
     int64_t len_add[2];
     bool chunked; /* prefill in chunks of W / 2 + 1 */
-    bool reuse;   /* prefix reuse after wrap (kv_scenario_fresh) */
+    int script;   /* SCRIPT_*: a request switch judged against a fresh twin */
 } ScenarioDef;
 
+enum {
+    SCRIPT_NONE = 0,
+    SCRIPT_PREFIX_REUSE = 1, /* prefix reuse after wrap (kv_scenario_fresh) */
+    SCRIPT_SPECULATIVE = 2,  /* speculative verification and rollback past W */
+};
+
+/* Draft tokens a speculative step verifies at once: W/4 + 1, at most 9
+ * (engines draft a handful), so that at least two are rejected. */
+static int64_t spec_drafts(int64_t w) { return w / 4 + 1 < 9 ? w / 4 + 1 : 9; }
+
 static const ScenarioDef k_defs[] = {
-    {"short_prompt_crosses_window", 1, {0, 0}, {5, 0}, false, false},
-    {"prompt_w_minus_1", 1, {1, 0}, {-1, 0}, false, false},
-    {"prompt_w", 1, {1, 0}, {0, 0}, false, false},
-    {"prompt_w_plus_1", 1, {1, 0}, {1, 0}, false, false},
-    {"prefill_longer_than_window", 1, {3, 0}, {0, 0}, false, false},
-    {"left_padded_batch", 2, {3, 0}, {0, 3}, false, false},
-    {"chunked_prefill", 1, {3, 0}, {0, 0}, true, false},
+    {"short_prompt_crosses_window", 1, {0, 0}, {5, 0}, false, SCRIPT_NONE},
+    {"prompt_w_minus_1", 1, {1, 0}, {-1, 0}, false, SCRIPT_NONE},
+    {"prompt_w", 1, {1, 0}, {0, 0}, false, SCRIPT_NONE},
+    {"prompt_w_plus_1", 1, {1, 0}, {1, 0}, false, SCRIPT_NONE},
+    {"prefill_longer_than_window", 1, {3, 0}, {0, 0}, false, SCRIPT_NONE},
+    {"left_padded_batch", 2, {3, 0}, {0, 3}, false, SCRIPT_NONE},
+    {"chunked_prefill", 1, {3, 0}, {0, 0}, true, SCRIPT_NONE},
     /* TRT-LLM PR #2983: a prefix-cache entry of a request's first W/2 + 1
      * tokens (a shared system prompt) is reused by a second request after
      * the first request's sliding cache has wrapped (its prompt is 1.5 W, and
@@ -34,7 +44,19 @@ static const ScenarioDef k_defs[] = {
      * of W/2 + 2 tokens crosses the window inside one forward. An engine
      * whose entry aliases the live cyclic cache (planted: prefix_alias)
      * reads the first request's later keys there. */
-    {"prefix_reuse_after_wrap", 1, {1, 0}, {0, 0}, false, true},
+    {"prefix_reuse_after_wrap", 1, {1, 0}, {0, 0}, false, SCRIPT_PREFIX_REUSE},
+    /* flashinfer #3864: speculative decoding past the window. At position
+     * 1.5 W (every sliding cache wrapped) k = spec_drafts(W) draft tokens
+     * are verified in one forward, which writes their keys over the oldest
+     * k slots of a cyclic cache; then the sequence rolls back to the first
+     * k / 2 drafts (the accepted prefix: scripted, not judged from the
+     * verification's per-position tokens) and decodes 3 W + 1 more. The
+     * rollback restores the state saved before the verification and feeds
+     * the accepted drafts again; an engine that only truncates positions
+     * (planted: prefix_alias) keeps the rejected drafts' keys in slots the
+     * window still needs. The decode after the rollback must equal the
+     * accepted context decoded from scratch. */
+    {"speculative_rollback_past_window", 1, {1, 0}, {0, 0}, false, SCRIPT_SPECULATIVE},
 };
 #define N_DEFS (int)(sizeof k_defs / sizeof k_defs[0])
 
@@ -69,7 +91,7 @@ KvStatus kv_scenario_build(const KvConfig *cfg, const char *name, uint64_t seed,
                             "scenario '%s': unknown; expected one of short_prompt_crosses_window, "
                             "prompt_w_minus_1, prompt_w, prompt_w_plus_1, "
                             "prefill_longer_than_window, left_padded_batch, chunked_prefill, "
-                            "prefix_reuse_after_wrap",
+                            "prefix_reuse_after_wrap, speculative_rollback_past_window",
                             name);
     }
     const int64_t w = cfg->sliding_window > 0 ? cfg->sliding_window : 16;
@@ -77,7 +99,9 @@ KvStatus kv_scenario_build(const KvConfig *cfg, const char *name, uint64_t seed,
     int64_t lens[2] = {0, 0};
     KvStatus st = KV_OK;
     for (int64_t b = 0; b < d->batch; b++) {
-        lens[b] = d->len_w[b] * w + d->len_add[b] + (d->reuse ? w / 2 : 0);
+        lens[b] = d->len_w[b] * w + d->len_add[b] +
+                  (d->script == SCRIPT_PREFIX_REUSE ? w / 2 : 0) +
+                  (d->script == SCRIPT_SPECULATIVE ? w / 2 + spec_drafts(w) : 0);
         if (lens[b] < 1) lens[b] = 1;
         rows[b] = malloc((size_t)lens[b] * sizeof(int32_t));
         if (rows[b] == NULL) {
@@ -101,7 +125,7 @@ KvStatus kv_scenario_build(const KvConfig *cfg, const char *name, uint64_t seed,
         out->seed = seed;
         out->prefill_chunk = d->chunked ? w / 2 + 1 : 0;
     }
-    if (d->reuse) {
+    if (d->script == SCRIPT_PREFIX_REUSE) {
         /* The first request decodes W/2 tokens, the second 3 W + 1 after
          * the switch (DESIGN §5: at least 3 W past the window). */
         out->save_after = w / 2 + 1;
@@ -122,6 +146,26 @@ KvStatus kv_scenario_build(const KvConfig *cfg, const char *name, uint64_t seed,
                 out->suffix[b * out->suffix_len + i] =
                     1 + (int32_t)kv_prng_below(&g, (uint32_t)(cfg->vocab_size - 1));
             }
+        }
+    } else if (d->script == SCRIPT_SPECULATIVE) {
+        /* The prompt's last k tokens are the drafts: the prefill saves the
+         * state before them and verifies them in one forward (step 0); step
+         * 1 rolls back and feeds the accepted k / 2 again, as one forward. */
+        const int64_t k = spec_drafts(w);
+        out->save_after = out->prompt_len - k;
+        out->switch_step = 1;
+        out->new_tokens = out->switch_step + 3 * w + 1;
+        out->suffix_len = k / 2;
+        out->suffix = malloc((size_t)(d->batch * out->suffix_len) * sizeof *out->suffix);
+        if (out->suffix == NULL) {
+            st = kv_error_set(err, KV_ERR_INTERNAL, "scenario %s: out of memory", name);
+            kv_scenario_free(out);
+            goto cleanup;
+        }
+        for (int64_t b = 0; b < d->batch; b++) {
+            memcpy(out->suffix + b * out->suffix_len,
+                   out->prompt + b * out->prompt_len + out->save_after,
+                   (size_t)out->suffix_len * sizeof *out->suffix);
         }
     }
 cleanup:

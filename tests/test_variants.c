@@ -166,27 +166,46 @@ START_TEST(test_variants_bitwise) {
 }
 END_TEST
 
-/* Prefix reuse after wrap (DESIGN §5): the second request, restored from
- * the prefix entry and fed its suffix, is bitwise the same decode as that
- * request run from scratch (the fresh twin), for the reference and every
- * variant in both modes (the reference's equality with each variant is
+/* The scripted scenarios (DESIGN §5), each judged against its fresh twin:
+ * prefix reuse after wrap (a second request restored from a prefix entry
+ * saved before the wrap, fed its suffix) and speculative rollback past the
+ * window (drafts verified at 1.5 W in one forward, rolled back to the
+ * accepted ones). The decode after the switch is bitwise the same as that
+ * context run from scratch, for the reference and every variant in both
+ * modes (the reference's equality with each variant is
  * test_variants_bitwise's). Under the planted prefix_alias the first change
- * is exactly the switch step: the entry's slots were overwritten by the
- * first request after it wrapped. _i: family, then mistral_mixed-tiny. */
+ * is exactly the switch step: the restored slots were overwritten after the
+ * save (by the first request's later tokens; by the rejected drafts).
+ * _i / 2: family, then mistral_mixed-tiny; _i % 2: the scenario. */
+static const char *const k_scripted[2] = {"prefix_reuse_after_wrap",
+                                          "speculative_rollback_past_window"};
+
 START_TEST(test_prefix_reuse_equals_fresh) {
-    const char *fam = _i < N_FAM ? k_families[_i] : "mistral_mixed-tiny";
+    const char *fam = _i / 2 < N_FAM ? k_families[_i / 2] : "mistral_mixed-tiny";
+    const char *name = k_scripted[_i % 2];
+    const bool spec = _i % 2 == 1;
     KvFixtureModel f;
     KvError err = {{0}};
     ck_assert_msg(kv_fixture_load(fam, TEST_SEED, &f, &err) == KV_OK, "%s", err.msg);
     KvScenario sc, fresh;
-    ck_assert_msg(kv_scenario_build(&f.model.config, "prefix_reuse_after_wrap", TEST_PROMPT_SEED,
-                                    &sc, &err) == KV_OK, "%s", err.msg);
+    ck_assert_msg(kv_scenario_build(&f.model.config, name, TEST_PROMPT_SEED, &sc, &err) == KV_OK,
+                  "%s", err.msg);
     ck_assert(kv_scenario_switches(&sc));
     const int64_t w = f.model.config.sliding_window;
-    /* the first request wraps before the switch; the suffix crosses W */
     ck_assert_int_gt(sc.prompt_len, w);
-    ck_assert_int_lt(sc.save_after, w);
-    ck_assert_int_gt(sc.save_after + sc.suffix_len, w);
+    if (!spec) {
+        /* the first request wraps before the switch; the suffix crosses W */
+        ck_assert_int_lt(sc.save_after, w);
+        ck_assert_int_gt(sc.save_after + sc.suffix_len, w);
+    } else {
+        /* saved past W, drafts verified at once, >= 2 rejected; the suffix
+         * is the accepted drafts; rollback right after the verification */
+        ck_assert_int_gt(sc.save_after, w);
+        ck_assert_int_ge(sc.prompt_len - sc.save_after, sc.suffix_len + 2);
+        ck_assert_int_eq(sc.switch_step, 1);
+        ck_assert(memcmp(sc.suffix, sc.prompt + sc.save_after,
+                         (size_t)sc.suffix_len * sizeof *sc.suffix) == 0);
+    }
     ck_assert_msg(kv_scenario_fresh(&sc, &fresh, &err) == KV_OK, "%s", err.msg);
     ck_assert_int_eq(fresh.new_tokens, sc.new_tokens - sc.switch_step);
     const int64_t V = f.model.config.vocab_size, K = sc.switch_step;
@@ -200,41 +219,41 @@ START_TEST(test_prefix_reuse_equals_fresh) {
         for (int mode = KV_MODE_EAGER; mode <= KV_MODE_GRAPH; mode++) {
             if (v < 0 && mode == KV_MODE_GRAPH) continue;
             const KvCacheOps *var = v < 0 ? NULL : all[v];
-            KvDecodeResult r = scenario_decode(&f.model, "prefix_reuse_after_wrap", var,
+            KvDecodeResult r = scenario_decode(&f.model, name, var,
                                                (KvExecMode)mode, 0, NULL, 5);
             ck_assert_int_eq(r.steps, K + twin.steps);
             for (int64_t s = 0; s < twin.steps; s++) {
                 ck_assert_msg(memcmp(r.logits + (s + K) * V, twin.logits + s * V,
                                      (size_t)V * sizeof(float)) == 0 &&
                                   r.tokens[s + K] == twin.tokens[s],
-                              "%s %s (%s): step %lld after the switch differs from the fresh run",
-                              fam, var ? var->name : "reference", mode ? "graph" : "eager",
+                              "%s %s %s (%s): step %lld after the switch differs from the fresh run",
+                              name, fam, var ? var->name : "reference", mode ? "graph" : "eager",
                               (long long)s);
             }
             kv_decode_result_free(&r);
         }
     }
     /* prefix_alias on a wrapped variant: equal up to the switch, not at it */
-    KvDecodeResult clean = scenario_decode(&f.model, "prefix_reuse_after_wrap",
+    KvDecodeResult clean = scenario_decode(&f.model, name,
                                            kv_cache_find("ring"), KV_MODE_EAGER, 0, NULL, 0);
     KvDecodeResult alias =
-        scenario_decode(&f.model, "prefix_reuse_after_wrap", kv_cache_find("ring"), KV_MODE_EAGER,
+        scenario_decode(&f.model, name, kv_cache_find("ring"), KV_MODE_EAGER,
                         KV_FAULT_PREFIX_ALIAS, NULL, 0);
     ck_assert_msg(memcmp(clean.logits, alias.logits, (size_t)(K * V) * sizeof(float)) == 0,
-                  "%s: prefix_alias changed a step before the switch", fam);
+                  "%s %s: prefix_alias changed a step before the switch", name, fam);
     ck_assert_msg(memcmp(clean.logits + K * V, alias.logits + K * V, (size_t)V * sizeof(float)) != 0,
-                  "%s: prefix_alias left the switch step unchanged", fam);
+                  "%s %s: prefix_alias left the switch step unchanged", name, fam);
     kv_decode_result_free(&clean);
     kv_decode_result_free(&alias);
     /* seed 004's export-style static layer is caught here too (DESIGN §7):
      * the first request is past W from its prefill on */
-    clean = scenario_decode(&f.model, "prefix_reuse_after_wrap", kv_cache_find("index_copy"),
+    clean = scenario_decode(&f.model, name, kv_cache_find("index_copy"),
                             KV_MODE_EAGER, 0, NULL, 0);
-    KvDecodeResult fixed = scenario_decode(&f.model, "prefix_reuse_after_wrap",
+    KvDecodeResult fixed = scenario_decode(&f.model, name,
                                            kv_cache_find("index_copy"), KV_MODE_EAGER,
                                            KV_FAULT_STATIC_LAYER, NULL, 0);
     ck_assert_msg(memcmp(clean.logits, fixed.logits, (size_t)(clean.steps * V) * sizeof(float)) != 0,
-                  "%s: static_layer left prefix_reuse_after_wrap unchanged", fam);
+                  "%s: static_layer left %s unchanged", fam, name);
     kv_decode_result_free(&clean);
     kv_decode_result_free(&fixed);
     /* A script the decode cannot follow is refused before the backend. */
@@ -425,7 +444,7 @@ int main(void) {
     tcase_set_timeout(tc, 300);
     tcase_add_loop_test(tc, test_variants_bitwise, 0, N_FAM * N_SCENARIOS);
     tcase_add_loop_test(tc, test_variants_multi_token, 0, N_FAM * 4);
-    tcase_add_loop_test(tc, test_prefix_reuse_equals_fresh, 0, N_FAM + 1);
+    tcase_add_loop_test(tc, test_prefix_reuse_equals_fresh, 0, 2 * (N_FAM + 1));
     tcase_add_loop_test(tc, test_graph_freezes_scalars, 0, N_FAM);
     tcase_add_loop_test(tc, test_replay_check_catches_nondeterminism, 0, 2);
     tcase_add_loop_test(tc, test_sentinel_write_fails_forward, 0, N_VARIANTS);
