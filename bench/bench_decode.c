@@ -32,7 +32,20 @@
  * binary; all paths give the same bits.
  *
  * Not a test and not run by ctest. --quick uses the tiny fixtures and a small
- * copy buffer so the whole program runs in about a second (a smoke test). */
+ * copy buffer so the whole program runs in about a second (a smoke test).
+ *
+ * --result-lines adds, beside the human lines (unchanged), one line per
+ * figure for scripts (bench/vs_torch.py), each `RESULT` then space-separated
+ * key=value pairs, values without spaces:
+ *   RESULT phase=prompt batch= len= seed= vocab= fnv1a64=    (the prompt's int32
+ *          ids, (batch, len) row-major, little-endian, FNV-1a 64)
+ *   RESULT phase=prefill threads= batch= tokens= seconds= flops=
+ *          matmul_weights_per_token= lm_head_weights= matmul=    (the rows > 1 path)
+ *   RESULT phase=decode threads= batch= steps= prefill_seconds= full_seconds=
+ *          seconds= flops_per_step=    (seconds <= 0: not measurable)
+ *   RESULT phase=tokens threads= row= ids=a,b,...    (the greedy tokens of the
+ *          first thread count, one line per batch row)
+ * Times are seconds and counts are flops (not GFLOP), both with %.9e. */
 #include <errno.h>
 #include <inttypes.h>
 #include <pthread.h>
@@ -81,6 +94,7 @@ typedef struct {
     uint64_t seed;        /* fixture weights */
     uint64_t prompt_seed; /* prompt token ids */
     int quick;
+    int result_lines;     /* --result-lines: also the RESULT lines (file comment) */
 } BenchOptions;
 
 static double bench_now(void) {
@@ -409,6 +423,12 @@ static int bench_prefill(const char *name, const KvModel *m, const BenchOptions 
            "FMA-free peak %.1f GFLOP/s, ratio %.3f\n",
            name, nt, tokens, kv_gemm_path_name(kv_gemm_path()), t * 1e3, (double)tokens / t,
            flops / t / 1e9, per_token / 1e6, per_seq / 1e6, peak / 1e9, flops / t / peak);
+    if (o->result_lines) {
+        printf("RESULT phase=prefill threads=%d batch=%" PRId64 " tokens=%" PRId64
+               " seconds=%.9e flops=%.9e matmul_weights_per_token=%.0f lm_head_weights=%.0f"
+               " matmul=%s\n",
+               nt, o->batch, tokens, t, flops, per_token, per_seq, kv_gemm_path_name(kv_gemm_path()));
+    }
     double tm;
     if (bench_prefill_matmuls(m, tokens, o->repeats, &tm) != 0) return 1;
     if (tm > 0.0) {
@@ -475,6 +495,14 @@ static int bench_model(const char *name, const KvModel *m, const BenchOptions *o
     int64_t decode_steps = o->new_tokens - 1;
     double per_token, per_seq;
     bench_matmul_params(c, &per_token, &per_seq);
+    if (o->result_lines) {
+        /* What a script needs to check it built the same prompt. */
+        uint64_t ph = kv_fnv1a(KV_FNV_OFFSET, prompt,
+                               (size_t)(o->batch * o->prompt_len) * sizeof *prompt);
+        printf("RESULT phase=prompt batch=%" PRId64 " len=%" PRId64 " seed=%" PRIu64
+               " vocab=%" PRId64 " fnv1a64=0x%016" PRIx64 "\n",
+               o->batch, o->prompt_len, o->prompt_seed, c->vocab_size, ph);
+    }
 
     for (int ti = 0; ti < o->n_threads; ti++) {
         int nt = o->threads[ti];
@@ -516,6 +544,12 @@ static int bench_model(const char *name, const KvModel *m, const BenchOptions *o
         if (bench_decode_best(m, &prefill, o->repeats, &tp, NULL) != 0) goto cleanup;
         if (bench_decode_best(m, &full, o->repeats, &tf, &res) != 0) goto cleanup;
         double dt = tf - tp;
+        if (o->result_lines) {
+            printf("RESULT phase=decode threads=%d batch=%" PRId64 " steps=%" PRId64
+                   " prefill_seconds=%.9e full_seconds=%.9e seconds=%.9e flops_per_step=%.9e\n",
+                   nt, o->batch, decode_steps, tp, tf, dt,
+                   2.0 * (double)o->batch * (per_token + per_seq));
+        }
         if (dt <= 0.0) {
             printf("%s threads=%d: prefill %.2f ms, full %.2f ms: decode time not measurable\n",
                    name, nt, tp * 1e3, tf * 1e3);
@@ -558,6 +592,13 @@ static int bench_model(const char *name, const KvModel *m, const BenchOptions *o
         printf("%s tokens%s:", name, first.batch > 1 ? " (row 0)" : "");
         for (int64_t s = 0; s < first.steps; s++) printf(" %" PRId32, first.tokens[s * first.batch]);
         printf("\n");
+        for (int64_t b = 0; o->result_lines && b < first.batch; b++) {
+            printf("RESULT phase=tokens threads=%d row=%" PRId64 " ids=", first_threads, b);
+            for (int64_t s = 0; s < first.steps; s++) {
+                printf("%s%" PRId32, s ? "," : "", first.tokens[s * first.batch + b]);
+            }
+            printf("\n");
+        }
     }
     rc = 0;
 
@@ -614,6 +655,7 @@ static void bench_usage(FILE *f) {
             "                    [--prompt-len P] [--repeats R] [--copy-mib M] [--seed S]\n"
             "                    [--prompt-seed S] [--prefill-len L] [--prefill-only]\n"
             "                    [--matmul auto|portable|avx512] [--batch B] [--quick]\n"
+            "                    [--result-lines]\n"
             "       bench_decode --model DIR [--prompt-len L] [--batch B] [--new-tokens N] ...\n"
             "  --model DIR      a checkpoint directory (config.json + safetensors) instead of\n"
             "                   the medium fixtures; the prefill figure then uses --prompt-len\n"
@@ -626,7 +668,9 @@ static void bench_usage(FILE *f) {
             "  --matmul PATH    the rows > 1 matmul (prefill): auto (default: the fastest\n"
             "                   this CPU runs), portable (the per-output SSE kernel, as\n"
             "                   before the GEMM) or avx512; every path gives the same bits\n"
-            "  --quick          tiny fixtures, %d MiB copy test: a smoke test\n",
+            "  --quick          tiny fixtures, %d MiB copy test: a smoke test\n"
+            "  --result-lines   also one machine-readable RESULT line per figure (see the\n"
+            "                   file comment; bench/vs_torch.py reads them)\n",
             BENCH_COPY_MIB_QUICK);
 }
 
@@ -682,6 +726,10 @@ static int bench_parse(int argc, char **argv, BenchOptions *o) {
         }
         if (strcmp(a, "--prefill-only") == 0) {
             o->prefill_only = 1;
+            continue;
+        }
+        if (strcmp(a, "--result-lines") == 0) {
+            o->result_lines = 1;
             continue;
         }
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) return 2;

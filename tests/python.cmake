@@ -8,7 +8,7 @@ function(kv_add_python_test name module)
     "if [ ! -x '${KV_VENV_PYTHON}' ]; then echo 'skipped: no ${KV_VENV_PYTHON}: run make test (or scripts/ensure-venv.sh) to create it'; exit 77; fi; exec '${KV_VENV_PYTHON}' -m unittest -v ${module}"
     WORKING_DIRECTORY ${CMAKE_SOURCE_DIR}/python/tests)
   set_tests_properties(${name} PROPERTIES LABELS "python;${ARGN}" SKIP_RETURN_CODE 77
-    ENVIRONMENT "PYTHONPATH=${CMAKE_SOURCE_DIR}/python;KVREPRO_BIN=$<TARGET_FILE:kvrepro>;OMP_NUM_THREADS=1;TORCHINDUCTOR_CACHE_DIR=${CMAKE_BINARY_DIR}/torchinductor"
+    ENVIRONMENT "PYTHONPATH=${CMAKE_SOURCE_DIR}/python;KVREPRO_BIN=$<TARGET_FILE:kvrepro>;KVREPRO_BENCH_DECODE=$<TARGET_FILE:bench_decode>;OMP_NUM_THREADS=1;TORCHINDUCTOR_CACHE_DIR=${CMAKE_BINARY_DIR}/torchinductor"
     TIMEOUT 900)
 endfunction()
 
@@ -17,3 +17,5 @@ kv_add_python_test(hf_eager test_hf_lane.EagerTest hf)
 kv_add_python_test(hf_compile test_hf_lane.CompileTest hf)
 kv_add_python_test(hf_broken test_hf_lane.BrokenLayerTest hf)
 kv_add_python_test(hf_plot test_plot)
+# bench/vs_torch.py, a benchmark: a smoke run (~4 s) that checks what it reads and builds, no timing.
+kv_add_python_test(bench_vs_torch test_vs_torch bench)
