@@ -811,13 +811,16 @@ cleanup:
 }
 
 /* The shortest decimal that strtod reads back to exactly d. cJSON's own
- * number printing only round-trips approximately. */
+ * number printing only round-trips approximately. An integral value keeps
+ * a ".0" (as Python's json writes floats): transformers 5 types fields such
+ * as final_logit_softcapping as float and refuses a config that writes 30. */
 static cJSON *json_exact_double(double d) {
     char buf[40];
     for (int prec = 15; prec <= 17; prec++) {
         snprintf(buf, sizeof buf, "%.*g", prec, d);
         if (strtod(buf, NULL) == d) break;
     }
+    if (strpbrk(buf, ".eEn") == NULL) strcat(buf, ".0"); /* at most 25 chars before */
     return cJSON_CreateRaw(buf);
 }
 
@@ -926,7 +929,12 @@ char *kv_config_to_json(const KvConfig *cfg) {
     if (gemma) {
         ok = ok && cJSON_AddStringToObject(o, "hidden_activation", "gelu_pytorch_tanh") != NULL;
         ok = ok && cJSON_AddStringToObject(o, "hidden_act", "gelu_pytorch_tanh") != NULL;
-        ok = ok && add_double(o, "query_pre_attn_scalar", cfg->query_pre_attn_scalar);
+        /* Gemma2Config/Gemma3TextConfig type it int (transformers 5 refuses
+         * 32.0); a fractional one (our parser takes it) stays a float */
+        const double qp = cfg->query_pre_attn_scalar;
+        ok = ok && (qp == floor(qp) && qp <= 9007199254740992.0
+                        ? add_int(o, "query_pre_attn_scalar", (int64_t)qp)
+                        : add_double(o, "query_pre_attn_scalar", qp));
         if (gemma3) {
             /* the legacy fields: rope_theta is the full layers' base */
             ok = ok && add_double(o, "rope_local_base_freq",

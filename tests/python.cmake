@@ -19,3 +19,5 @@ kv_add_python_test(hf_broken test_hf_lane.BrokenLayerTest hf)
 kv_add_python_test(hf_plot test_plot)
 # bench/vs_torch.py, a benchmark: a smoke run (~4 s) that checks what it reads and builds, no timing.
 kv_add_python_test(bench_vs_torch test_vs_torch bench)
+# kvrepro fixture's config.json read by transformers (its field types), every family.
+kv_add_python_test(hf_fixture_config test_fixture_config hf)
