@@ -9,6 +9,7 @@
  * the tensors, sorted by offset, tile the data section exactly: no gap, no
  * overlap, no trailing byte. A malformed file is KV_ERR_INPUT with a message
  * naming the file, the tensor and the field; nothing is allocated on failure. */
+#define _DEFAULT_SOURCE /* madvise, MADV_DONTNEED */
 #include "safetensors.h"
 #include "file_open.h"
 #include "json_describe.h"
@@ -149,6 +150,22 @@ void kv_f32_to_bf16(const float *src, size_t n, uint8_t *dst) {
         dst[2 * i] = (uint8_t)(b & 0xffu);
         dst[2 * i + 1] = (uint8_t)(b >> 8);
     }
+}
+
+void kv_st_release(const KvSafetensors *st, uint64_t begin, uint64_t end) {
+    if (st == NULL || st->map == NULL || begin >= end || end > st->data_len) return;
+    const long page_l = sysconf(_SC_PAGESIZE);
+    const uintptr_t page = page_l > 0 ? (uintptr_t)page_l : 4096u;
+    const uintptr_t map_lo = (uintptr_t)st->map, map_hi = map_lo + st->map_len;
+    /* Outward to whole pages: the map is a read-only private file mapping
+     * that is never written, so a dropped page holds no private data and a
+     * neighbouring tensor still used in place only faults back in from the
+     * page cache. */
+    uintptr_t lo = ((uintptr_t)(st->data + begin)) & ~(page - 1);
+    uintptr_t hi = ((uintptr_t)(st->data + end) + page - 1) & ~(page - 1);
+    if (lo < map_lo) lo = map_lo;
+    if (hi > map_hi) hi = map_hi;
+    if (hi > lo) (void)madvise((void *)lo, hi - lo, MADV_DONTNEED); /* advice only */
 }
 
 

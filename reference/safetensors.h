@@ -107,6 +107,15 @@ void kv_dtype_to_f32(KvDtype dt, const uint8_t *src, size_t n, float *dst);
  * Infinities stay infinite, NaN stays NaN (quiet). */
 void kv_f32_to_bf16(const float *src, size_t n, uint8_t *dst);
 
+/* Tells the kernel that the bytes [begin, end) of st's data section will not
+ * be read through the mapping again (converted into a buffer of their own):
+ * their pages leave the process's resident set now instead of staying mapped
+ * until kv_st_close. Only for a file opened with kv_st_open (a no-op for an
+ * in-memory image, whose bytes are the caller's); the bytes stay readable
+ * (they fault back in from the file), so a mistaken call costs time, not
+ * data. A range outside the data section is ignored. */
+void kv_st_release(const KvSafetensors *st, uint64_t begin, uint64_t end);
+
 /* One tensor for the writer. */
 typedef struct {
     const char *name;

@@ -2362,6 +2362,73 @@ START_TEST(test_fixture_2b_config) {
 }
 END_TEST
 
+/* Resident bytes of the mappings overlapping [p, p + len), as
+ * /proc/self/smaps counts them (pages mapped into this process); -1 when it
+ * cannot be read (not Linux). */
+static int64_t mapped_rss(const void *p, size_t len) {
+    FILE *f = fopen("/proc/self/smaps", "r");
+    if (f == NULL) return -1;
+    const uintptr_t lo = (uintptr_t)p, hi = lo + len;
+    char line[1024];
+    bool in = false, seen = false;
+    int64_t kib = 0;
+    while (fgets(line, sizeof line, f) != NULL) {
+        unsigned long a, b;
+        char perms[8];
+        long v;
+        if (sscanf(line, "%lx-%lx %7s", &a, &b, perms) == 3) {
+            in = a < hi && b > lo;
+            seen = seen || in;
+        } else if (in && sscanf(line, "Rss: %ld kB", &v) == 1) {
+            kib += v;
+        }
+    }
+    fclose(f);
+    return seen ? kib * 1024 : -1;
+}
+
+/* A converted (BF16) checkpoint does not keep its file's pages mapped once
+ * its tensors are F32 buffers of their own: after the load, the mapping
+ * holds little more than the header; an F32 one, used in place and read
+ * whole, keeps every page (so the measurement can tell them apart). */
+START_TEST(test_converted_map_released) {
+    KvConfig cfg;
+    KvError err = {{0}};
+    ck_assert_int_eq(kv_fixture_config(KV_FAMILY_GEMMA2, KV_SIZE_TINY, &cfg, &err), KV_OK);
+    for (int k = 0; k < 2; k++) {
+        const KvDtype dtype = k == 0 ? KV_DTYPE_BF16 : KV_DTYPE_F32;
+        TempDir t;
+        temp_make(&t);
+        uint64_t bytes = 0;
+        ck_assert_msg(kv_fixture_write_streamed(t.dir, &cfg, 3, dtype, &bytes, &err) == KV_OK,
+                      "%s", err.msg);
+        KvModel m;
+        ck_assert_msg(kv_model_load_dir(t.dir, &m, &err) == KV_OK, "%s", err.msg);
+        ck_assert_ptr_nonnull(m.st.map);
+        (void)kv_model_hash(&m); /* reads every weight */
+        const int64_t rss = mapped_rss(m.st.map, m.st.map_len);
+        if (rss < 0) {
+            printf("loader: converted_map_released: skipped, /proc/self/smaps unreadable\n");
+        } else if (dtype == KV_DTYPE_BF16) {
+            /* all converted: embedding (tied lm_head), final norm, 11 a layer */
+            ck_assert_uint_eq(m.n_owned, 2 + (size_t)cfg.num_layers * 11);
+            /* the header's pages, plus the kernel's fault-around (up to 64 KiB
+             * mapped beside a faulting page) at most */
+            const int64_t header = (int64_t)(m.st.data - (const uint8_t *)m.st.map);
+            ck_assert_msg(rss <= header + 4096 + 65536,
+                          "BF16 checkpoint: %" PRId64 " of %" PRIu64 " file bytes still mapped "
+                          "after conversion (header %" PRId64 ")", rss, bytes, header);
+        } else {
+            ck_assert_uint_eq(m.n_owned, 0);
+            ck_assert_msg(rss >= (int64_t)bytes - 4096, "F32 in place: %" PRId64 " of %" PRIu64
+                          " bytes mapped", rss, bytes);
+        }
+        kv_model_free(&m);
+        temp_remove(&t);
+    }
+}
+END_TEST
+
 static Suite *loader_suite(void) {
     Suite *s = suite_create("loader");
     TCase *tc = tcase_create("corpus");
@@ -2408,6 +2475,7 @@ static Suite *loader_suite(void) {
     tcase_add_test(tc, test_dir_loads);
     tcase_add_test(tc, test_dir_errors);
     tcase_add_test(tc, test_nonregular_inputs);
+    tcase_add_test(tc, test_converted_map_released);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("fixtures");
