@@ -31,6 +31,15 @@
  * matmul path (gemm.h) so the old and new prefill can be timed with one
  * binary; all paths give the same bits.
  *
+ * --short-len S makes the batch the seed report's left-padded one: row 0
+ * (every even row) the whole prompt, row 1 (every odd row) S real tokens
+ * left-padded to the same length (pads: token 0, real 0), as
+ * kv_batch_left_pad lays a batch out; both figures' prompts are padded alike.
+ * --once times one full decode per thread count (prefill + new tokens, no
+ * warm-up, no copy test, no prefill figure): at the seed's shape one run is
+ * minutes (bench/seed-shape.sh). The peak resident set (getrusage ru_maxrss)
+ * is printed after each model is loaded and at the end.
+ *
  * Not a test and not run by ctest. --quick uses the tiny fixtures and a small
  * copy buffer so the whole program runs in about a second (a smoke test).
  *
@@ -52,6 +61,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -89,6 +99,8 @@ typedef struct {
     KvGemmPath matmul;    /* rows > 1 matmul path */
     const char *model_dir; /* --model: a checkpoint directory instead of the fixtures */
     int64_t batch;        /* prompts per run (both figures) */
+    int64_t short_len;    /* > 0: odd rows hold this many real tokens, left-padded */
+    int once;             /* one untimed-warm-up-free full decode per thread count */
     int repeats;          /* timed runs of each kind; the best is reported */
     size_t copy_mib;
     uint64_t seed;        /* fixture weights */
@@ -96,6 +108,14 @@ typedef struct {
     int quick;
     int result_lines;     /* --result-lines: also the RESULT lines (file comment) */
 } BenchOptions;
+
+/* The process's peak resident set so far, in bytes (Linux reports
+ * ru_maxrss in KiB). */
+static double bench_peak_rss(void) {
+    struct rusage ru;
+    if (getrusage(RUSAGE_SELF, &ru) != 0) return -1.0;
+    return (double)ru.ru_maxrss * 1024.0;
+}
 
 static double bench_now(void) {
     struct timespec ts;
@@ -440,10 +460,13 @@ static int bench_prefill(const char *name, const KvModel *m, const BenchOptions 
     return 0;
 }
 
-/* `batch` prompts of `len` pseudo-random tokens (no padding): prompt and
- * real are (batch, len), malloc'd (caller frees). 0 on out of memory. */
-static int bench_make_prompt(int64_t batch, int64_t len, uint64_t seed, int64_t vocab,
-                             int32_t **prompt, uint8_t **real) {
+/* `batch` prompts of `len` pseudo-random tokens: prompt and real are
+ * (batch, len), malloc'd (caller frees). short_len > 0: every odd row keeps
+ * only its last short_len tokens, the rest pads (token 0, real 0: a
+ * left-padded batch as kv_batch_left_pad builds it); else no padding. 0 on
+ * out of memory. */
+static int bench_make_prompt(int64_t batch, int64_t len, int64_t short_len, uint64_t seed,
+                             int64_t vocab, int32_t **prompt, uint8_t **real) {
     *prompt = malloc((size_t)(batch * len) * sizeof **prompt);
     *real = malloc((size_t)(batch * len));
     if (*prompt == NULL || *real == NULL) {
@@ -456,7 +479,55 @@ static int bench_make_prompt(int64_t batch, int64_t len, uint64_t seed, int64_t 
         (*prompt)[i] = (int32_t)kv_prng_below(&g, (uint32_t)vocab);
         (*real)[i] = 1;
     }
+    for (int64_t b = 1; short_len > 0 && b < batch; b += 2) {
+        for (int64_t i = 0; i < len - short_len; i++) {
+            (*prompt)[b * len + i] = 0;
+            (*real)[b * len + i] = 0;
+        }
+    }
     return 1;
+}
+
+/* The decode figure at the current thread count: a warm-up, the best
+ * prefill-only run and the best full run; the decode steps' time is their
+ * difference. *res receives the last full run's result (caller frees). */
+static int bench_decode_figure(const char *name, const KvModel *m, const BenchOptions *o, int nt,
+                               const KvDecodeSpec *prefill, const KvDecodeSpec *full,
+                               double copy_bw, double peak, KvDecodeResult *res) {
+    double tp, tf;
+    const int64_t decode_steps = o->new_tokens - 1;
+    double per_token, per_seq;
+    bench_matmul_params(&m->config, &per_token, &per_seq);
+    /* Warm-up: caches, page tables, OpenMP thread pool. */
+    if (bench_decode_best(m, prefill, 1, &tp, NULL) != 0) return 1;
+    if (bench_decode_best(m, prefill, o->repeats, &tp, NULL) != 0) return 1;
+    if (bench_decode_best(m, full, o->repeats, &tf, res) != 0) return 1;
+    double dt = tf - tp;
+    if (o->result_lines) {
+        printf("RESULT phase=decode threads=%d batch=%" PRId64 " steps=%" PRId64
+               " prefill_seconds=%.9e full_seconds=%.9e seconds=%.9e flops_per_step=%.9e\n",
+               nt, o->batch, decode_steps, tp, tf, dt,
+               2.0 * (double)o->batch * (per_token + per_seq));
+    }
+    if (dt <= 0.0) {
+        printf("%s threads=%d: prefill %.2f ms, full %.2f ms: decode time not measurable\n",
+               name, nt, tp * 1e3, tf * 1e3);
+    } else {
+        /* A step reads every weight once whatever the batch, and each of
+         * the batch's rows goes through every matmul and the lm_head. */
+        double sps = (double)decode_steps / dt;
+        double wbw = (double)m->weight_bytes * sps;
+        double dflops = 2.0 * (double)o->batch * (per_token + per_seq) * sps;
+        char batch_note[48] = "";
+        if (o->batch > 1) snprintf(batch_note, sizeof batch_note, " (batch %" PRId64 ")", o->batch);
+        printf("%s threads=%d: prefill(%" PRId64 " tokens) %.2f ms, full %.2f ms -> decode %" PRId64
+               " steps %.2f ms: %.2f tokens/s%s, %.2f ms/%s, weights %.2f GB/s, copy %.2f "
+               "GB/s, ratio %.3f; %.2f GFLOP/s, ratio to the FMA-free peak %.3f\n",
+               name, nt, o->prompt_len * o->batch, tp * 1e3, tf * 1e3, decode_steps, dt * 1e3,
+               sps * (double)o->batch, batch_note, 1e3 / sps, o->batch > 1 ? "step" : "token",
+               wbw / 1e9, copy_bw / 1e9, wbw / copy_bw, dflops / 1e9, dflops / peak);
+    }
+    return 0;
 }
 
 /* The figures for one loaded model (a fixture or --model DIR). */
@@ -479,22 +550,22 @@ static int bench_model(const char *name, const KvModel *m, const BenchOptions *o
            name, load_s, c->num_layers, c->hidden_size, c->intermediate_size,
            c->num_heads, c->num_kv_heads, c->head_dim, c->vocab_size, c->sliding_window,
            m->weight_bytes, (double)m->weight_bytes / 4e6);
+    printf("%s: peak RSS after loading %.2f GiB (getrusage ru_maxrss)\n", name,
+           bench_peak_rss() / 1073741824.0);
 
-    if (!bench_make_prompt(o->batch, o->prompt_len, o->prompt_seed, c->vocab_size, &prompt,
-                           &real)) {
+    if (!bench_make_prompt(o->batch, o->prompt_len, o->short_len, o->prompt_seed, c->vocab_size,
+                           &prompt, &real)) {
         goto cleanup;
     }
-    if (o->prefill_len > 0 && !bench_make_prompt(o->batch, o->prefill_len, o->prompt_seed,
-                                                 c->vocab_size, &pprompt, &preal)) {
+    if (o->prefill_len > 0 &&
+        !bench_make_prompt(o->batch, o->prefill_len, o->short_len, o->prompt_seed, c->vocab_size,
+                           &pprompt, &preal)) {
         goto cleanup;
     }
     KvDecodeSpec prefill = {.batch = o->batch, .prompt_len = o->prompt_len, .prompt = prompt,
                             .prompt_real = real, .new_tokens = 1, .prefill_chunk = 0};
     KvDecodeSpec full = prefill;
     full.new_tokens = o->new_tokens;
-    int64_t decode_steps = o->new_tokens - 1;
-    double per_token, per_seq;
-    bench_matmul_params(c, &per_token, &per_seq);
     if (o->result_lines) {
         /* What a script needs to check it built the same prompt. */
         uint64_t ph = kv_fnv1a(KV_FNV_OFFSET, prompt,
@@ -536,37 +607,18 @@ static int bench_model(const char *name, const KvModel *m, const BenchOptions *o
             }
         }
         if (o->prefill_only) continue;
-        double tp, tf;
+        double tf;
         KvDecodeResult res;
         memset(&res, 0, sizeof res);
-        /* Warm-up: caches, page tables, OpenMP thread pool. */
-        if (bench_decode_best(m, &prefill, 1, &tp, NULL) != 0) goto cleanup;
-        if (bench_decode_best(m, &prefill, o->repeats, &tp, NULL) != 0) goto cleanup;
-        if (bench_decode_best(m, &full, o->repeats, &tf, &res) != 0) goto cleanup;
-        double dt = tf - tp;
-        if (o->result_lines) {
-            printf("RESULT phase=decode threads=%d batch=%" PRId64 " steps=%" PRId64
-                   " prefill_seconds=%.9e full_seconds=%.9e seconds=%.9e flops_per_step=%.9e\n",
-                   nt, o->batch, decode_steps, tp, tf, dt,
-                   2.0 * (double)o->batch * (per_token + per_seq));
-        }
-        if (dt <= 0.0) {
-            printf("%s threads=%d: prefill %.2f ms, full %.2f ms: decode time not measurable\n",
-                   name, nt, tp * 1e3, tf * 1e3);
-        } else {
-            /* A step reads every weight once whatever the batch, and each of
-             * the batch's rows goes through every matmul and the lm_head. */
-            double sps = (double)decode_steps / dt;
-            double wbw = (double)m->weight_bytes * sps;
-            double dflops = 2.0 * (double)o->batch * (per_token + per_seq) * sps;
-            char batch_note[48] = "";
-            if (o->batch > 1) snprintf(batch_note, sizeof batch_note, " (batch %" PRId64 ")", o->batch);
-            printf("%s threads=%d: prefill(%" PRId64 " tokens) %.2f ms, full %.2f ms -> decode %" PRId64
-                   " steps %.2f ms: %.2f tokens/s%s, %.2f ms/%s, weights %.2f GB/s, copy %.2f "
-                   "GB/s, ratio %.3f; %.2f GFLOP/s, ratio to the FMA-free peak %.3f\n",
-                   name, nt, o->prompt_len * o->batch, tp * 1e3, tf * 1e3, decode_steps, dt * 1e3,
-                   sps * (double)o->batch, batch_note, 1e3 / sps, o->batch > 1 ? "step" : "token",
-                   wbw / 1e9, copy_bw / 1e9, wbw / copy_bw, dflops / 1e9, dflops / peaks[ti]);
+        if (o->once) {
+            /* one run, cold: what a user of the reference waits for */
+            if (bench_decode_best(m, &full, 1, &tf, &res) != 0) goto cleanup;
+            printf("%s threads=%d: one full decode (batch %" PRId64 " x prompt %" PRId64
+                   " tokens + %" PRId64 " new tokens, no warm-up) %.2f s\n",
+                   name, nt, o->batch, o->prompt_len, o->new_tokens, tf);
+        } else if (bench_decode_figure(name, m, o, nt, &prefill, &full, copy_bw, peaks[ti],
+                                       &res) != 0) {
+            goto cleanup;
         }
         /* DESIGN §4: the reference is bitwise the same for any thread count. */
         if (!have_first) {
@@ -592,6 +644,13 @@ static int bench_model(const char *name, const KvModel *m, const BenchOptions *o
         printf("%s tokens%s:", name, first.batch > 1 ? " (row 0)" : "");
         for (int64_t s = 0; s < first.steps; s++) printf(" %" PRId32, first.tokens[s * first.batch]);
         printf("\n");
+        if (o->short_len > 0 && first.batch > 1) { /* the left-padded row */
+            printf("%s tokens (row 1, %" PRId64 " real prompt tokens):", name, o->short_len);
+            for (int64_t s = 0; s < first.steps; s++) {
+                printf(" %" PRId32, first.tokens[s * first.batch + 1]);
+            }
+            printf("\n");
+        }
         for (int64_t b = 0; o->result_lines && b < first.batch; b++) {
             printf("RESULT phase=tokens threads=%d row=%" PRId64 " ids=", first_threads, b);
             for (int64_t s = 0; s < first.steps; s++) {
@@ -654,12 +713,18 @@ static void bench_usage(FILE *f) {
             "usage: bench_decode [--family gemma2|mistral|both] [--threads LIST] [--new-tokens N]\n"
             "                    [--prompt-len P] [--repeats R] [--copy-mib M] [--seed S]\n"
             "                    [--prompt-seed S] [--prefill-len L] [--prefill-only]\n"
-            "                    [--matmul auto|portable|avx512] [--batch B] [--quick]\n"
-            "                    [--result-lines]\n"
+            "                    [--matmul auto|portable|avx512] [--batch B] [--short-len S]\n"
+            "                    [--once] [--quick] [--result-lines]\n"
             "       bench_decode --model DIR [--prompt-len L] [--batch B] [--new-tokens N] ...\n"
             "  --model DIR      a checkpoint directory (config.json + safetensors) instead of\n"
             "                   the medium fixtures; the prefill figure then uses --prompt-len\n"
             "  --batch B        prompts per run, for both figures (default 1)\n"
+            "  --short-len S    a left-padded batch (the seed report's): odd rows hold S real\n"
+            "                   tokens left-padded to the prompt length; needs --batch >= 2\n"
+            "                   and S below both figures' prompt lengths\n"
+            "  --once           one full decode per thread count, timed cold (no warm-up,\n"
+            "                   no copy test, no prefill figure): for shapes where a run\n"
+            "                   takes minutes\n"
             "  --threads LIST   comma-separated OpenMP thread counts (default 1,2)\n"
             "  --new-tokens N   tokens per run, >= 2 (default 32: 31 timed decode steps)\n"
             "  --prompt-len P   the decode figure's prompt (default 16)\n"
@@ -732,6 +797,10 @@ static int bench_parse(int argc, char **argv, BenchOptions *o) {
             o->result_lines = 1;
             continue;
         }
+        if (strcmp(a, "--once") == 0) {
+            o->once = 1;
+            continue;
+        }
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) return 2;
         if (v == NULL) {
             fprintf(stderr, "bench_decode: %s needs a value\n", a);
@@ -764,6 +833,8 @@ static int bench_parse(int argc, char **argv, BenchOptions *o) {
             o->model_dir = v;
         } else if (strcmp(a, "--batch") == 0 && bench_parse_i64(v, 1, &n) && n <= 4096) {
             o->batch = n;
+        } else if (strcmp(a, "--short-len") == 0 && bench_parse_i64(v, 1, &n)) {
+            o->short_len = n;
         } else if (strcmp(a, "--prefill-len") == 0 && bench_parse_i64(v, 0, &n)) {
             o->prefill_len = n;
         } else if (strcmp(a, "--matmul") == 0) {
@@ -795,9 +866,29 @@ static int bench_parse(int argc, char **argv, BenchOptions *o) {
     /* With --model the prefill figure is the decode's own prompt unless
      * asked otherwise. */
     if (o->prefill_len < 0) o->prefill_len = o->model_dir != NULL ? o->prompt_len : o->quick ? 32 : 512;
+    if (o->once) o->prefill_len = 0; /* --once: the decode figure's one run only */
     if (o->prefill_only && o->prefill_len == 0) {
-        fprintf(stderr, "bench_decode: --prefill-only needs --prefill-len > 0\n");
+        fprintf(stderr, "bench_decode: --prefill-only needs --prefill-len > 0%s\n",
+                o->once ? " and no --once" : "");
         return 0;
+    }
+    if (o->short_len > 0) {
+        if (o->batch < 2) {
+            fprintf(stderr, "bench_decode: --short-len %" PRId64 ": needs --batch 2 or more (odd "
+                    "rows are the short prompts), found --batch %" PRId64 "\n",
+                    o->short_len, o->batch);
+            return 0;
+        }
+        const int64_t shortest = o->prefill_len > 0 && o->prefill_len < o->prompt_len
+                                     ? o->prefill_len
+                                     : o->prompt_len;
+        if (o->short_len >= shortest) {
+            fprintf(stderr, "bench_decode: --short-len %" PRId64 ": expected fewer tokens than "
+                    "the %s (%" PRId64 "), so the short rows are left-padded\n",
+                    o->short_len, shortest == o->prompt_len ? "--prompt-len" : "--prefill-len",
+                    shortest);
+            return 0;
+        }
     }
     return 1;
 }
@@ -826,7 +917,8 @@ int main(int argc, char **argv) {
     }
     printf(", prompt seed %" PRIu64 ", batch %" PRId64 ", prompt %" PRId64 " tokens, new tokens %" PRId64
            " (%" PRId64 " timed decode steps), best of %d, threads",
-           o.prompt_seed, o.batch, o.prompt_len, o.new_tokens, o.new_tokens - 1, o.repeats);
+           o.prompt_seed, o.batch, o.prompt_len, o.new_tokens, o.new_tokens - 1,
+           o.once ? 1 : o.repeats);
     for (int i = 0; i < o.n_threads; i++) printf("%s%d", i ? "," : " ", o.threads[i]);
 #ifdef _OPENMP
     printf(", OpenMP %d (max threads %d)", _OPENMP, omp_get_max_threads());
@@ -834,11 +926,22 @@ int main(int argc, char **argv) {
     printf(", no OpenMP");
 #endif
     printf(", %ld online CPUs\n", sysconf(_SC_NPROCESSORS_ONLN));
-    printf("prefill figure: prompt %" PRId64 " tokens, rows > 1 matmul path %s\n", o.prefill_len,
-           kv_gemm_path_name(kv_gemm_path()));
+    if (o.prefill_len > 0) {
+        printf("prefill figure: prompt %" PRId64 " tokens, rows > 1 matmul path %s\n",
+               o.prefill_len, kv_gemm_path_name(kv_gemm_path()));
+    } else {
+        printf("prefill figure: none; rows > 1 matmul path %s\n",
+               kv_gemm_path_name(kv_gemm_path()));
+    }
+
+    if (o.short_len > 0) {
+        printf("left-padded batch: even rows %" PRId64 " real tokens, odd rows %" PRId64
+               " real tokens after %" PRId64 " pads\n",
+               o.prompt_len, o.short_len, o.prompt_len - o.short_len);
+    }
 
     double copy_bw = 0.0;
-    if (!o.prefill_only) {
+    if (!o.prefill_only && !o.once) {
         if (bench_copy_bandwidth(o.copy_mib, &copy_bw) != 0) return 1;
         printf("copy bandwidth (best): %.2f GB/s\n", copy_bw / 1e9);
     }
@@ -858,13 +961,21 @@ int main(int argc, char **argv) {
         }
     }
 
-    if (o.model_dir != NULL) return bench_model_dir(&o, copy_bw, peaks) != 0;
-    static const char *families[2] = {"gemma2", "mistral"};
-    for (int f = 0; f < 2; f++) {
-        if (!o.families[f]) continue;
-        char name[64];
-        snprintf(name, sizeof name, "%s-%s", families[f], size);
-        if (bench_family(name, &o, copy_bw, peaks) != 0) return 1;
+    int rc = 0;
+    if (o.model_dir != NULL) {
+        rc = bench_model_dir(&o, copy_bw, peaks) != 0;
+    } else {
+        static const char *families[2] = {"gemma2", "mistral"};
+        for (int f = 0; f < 2 && rc == 0; f++) {
+            if (!o.families[f]) continue;
+            char name[64];
+            snprintf(name, sizeof name, "%s-%s", families[f], size);
+            rc = bench_family(name, &o, copy_bw, peaks) != 0;
+        }
     }
-    return 0;
+    /* Last, so a log's final line says what the whole run needed. */
+    const double rss = bench_peak_rss();
+    printf("peak RSS: %.2f GiB (%.0f KiB, getrusage ru_maxrss)\n", rss / 1073741824.0,
+           rss / 1024.0);
+    return rc;
 }

@@ -9,6 +9,7 @@
  * the tensors, sorted by offset, tile the data section exactly: no gap, no
  * overlap, no trailing byte. A malformed file is KV_ERR_INPUT with a message
  * naming the file, the tensor and the field; nothing is allocated on failure. */
+#define _DEFAULT_SOURCE /* madvise, MADV_DONTNEED */
 #include "safetensors.h"
 #include "file_open.h"
 #include "json_describe.h"
@@ -132,6 +133,39 @@ void kv_dtype_to_f32(KvDtype dt, const uint8_t *src, size_t n, float *dst) {
         for (size_t i = 0; i < n; i++) dst[i] = NAN;
         return;
     }
+}
+
+void kv_f32_to_bf16(const float *src, size_t n, uint8_t *dst) {
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, &src[i], sizeof u);
+        uint32_t b;
+        if ((u & 0x7fffffffu) > 0x7f800000u) {
+            b = (u >> 16) | 0x0040u; /* NaN stays NaN: quiet, sign and top payload kept */
+        } else {
+            /* round to nearest, ties to even, as torch's .to(torch.bfloat16);
+             * a finite value past the largest bfloat16 rounds to infinity */
+            b = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+        }
+        dst[2 * i] = (uint8_t)(b & 0xffu);
+        dst[2 * i + 1] = (uint8_t)(b >> 8);
+    }
+}
+
+void kv_st_release(const KvSafetensors *st, uint64_t begin, uint64_t end) {
+    if (st == NULL || st->map == NULL || begin >= end || end > st->data_len) return;
+    const long page_l = sysconf(_SC_PAGESIZE);
+    const uintptr_t page = page_l > 0 ? (uintptr_t)page_l : 4096u;
+    const uintptr_t map_lo = (uintptr_t)st->map, map_hi = map_lo + st->map_len;
+    /* Outward to whole pages: the map is a read-only private file mapping
+     * that is never written, so a dropped page holds no private data and a
+     * neighbouring tensor still used in place only faults back in from the
+     * page cache. */
+    uintptr_t lo = ((uintptr_t)(st->data + begin)) & ~(page - 1);
+    uintptr_t hi = ((uintptr_t)(st->data + end) + page - 1) & ~(page - 1);
+    if (lo < map_lo) lo = map_lo;
+    if (hi > map_hi) hi = map_hi;
+    if (hi > lo) (void)madvise((void *)lo, hi - lo, MADV_DONTNEED); /* advice only */
 }
 
 
@@ -603,18 +637,24 @@ static cJSON *json_raw_u64(uint64_t v) {
     return cJSON_CreateRaw(buf);
 }
 
-KvStatus kv_st_serialize(const KvStWriteTensor *tensors, size_t n, uint8_t **out, size_t *out_len,
-                         KvError *err) {
+/* The header of a safetensors file for tensors (in the given order): the
+ * 8-byte length, the JSON text and the spaces that put the data section at a
+ * multiple of 8, as one malloc'd prefix. need_data: a tensor with bytes must
+ * have its data pointer (the in-memory serialiser copies from it; a streaming
+ * writer produces the bytes itself). */
+static KvStatus st_header_build(const KvStWriteTensor *tensors, size_t n, bool need_data,
+                                uint8_t **prefix_out, size_t *prefix_len, uint64_t *data_len_out,
+                                uint64_t *nbytes_out /* (n) or NULL */, KvError *err) {
     KvStatus st = KV_OK;
     uint64_t *nbytes = NULL;
     const char **names = NULL;
     cJSON *root = NULL;
     char *header = NULL;
-    uint8_t *img = NULL;
-    size_t img_len = 0;
+    uint8_t *prefix = NULL;
 
-    *out = NULL;
-    *out_len = 0;
+    *prefix_out = NULL;
+    *prefix_len = 0;
+    *data_len_out = 0;
     nbytes = calloc(n > 0 ? n : 1, sizeof *nbytes);
     names = calloc(n > 0 ? n : 1, sizeof *names);
     root = cJSON_CreateObject();
@@ -665,7 +705,7 @@ KvStatus kv_st_serialize(const KvStWriteTensor *tensors, size_t n, uint8_t **out
                               t->name);
             goto cleanup;
         }
-        if (nbytes[i] > 0 && t->data == NULL) {
+        if (need_data && nbytes[i] > 0 && t->data == NULL) {
             st = kv_error_set(err, KV_ERR_INPUT,
                               "safetensors writer: tensor '%s': expected data, found NULL",
                               t->name);
@@ -717,22 +757,63 @@ KvStatus kv_st_serialize(const KvStWriteTensor *tensors, size_t n, uint8_t **out
 
     size_t hlen = strlen(header);
     size_t pad = (8 - (8 + hlen) % 8) % 8; /* data section starts 8-aligned */
-    uint64_t total = 8 + (uint64_t)hlen + pad + data_len;
-    if (total > (uint64_t)SIZE_MAX) goto oom;
-    img_len = (size_t)total;
-    img = kv_big_alloc(img_len); /* weights are streamed every decode step */
-    if (img == NULL) goto oom;
+    size_t plen = 8 + hlen + pad;
+    prefix = malloc(plen);
+    if (prefix == NULL) goto oom;
     uint64_t n_hdr = hlen + pad;
-    for (int b = 0; b < 8; b++) img[b] = (uint8_t)(n_hdr >> (8 * b));
-    memcpy(img + 8, header, hlen);
-    memset(img + 8 + hlen, ' ', pad);
-    uint8_t *dst = img + 8 + hlen + pad;
+    for (int b = 0; b < 8; b++) prefix[b] = (uint8_t)(n_hdr >> (8 * b));
+    memcpy(prefix + 8, header, hlen);
+    memset(prefix + 8 + hlen, ' ', pad);
+    if (nbytes_out != NULL && n > 0) memcpy(nbytes_out, nbytes, n * sizeof *nbytes);
+    *prefix_out = prefix;
+    *prefix_len = plen;
+    *data_len_out = data_len;
+    prefix = NULL;
+    goto cleanup;
+
+oom:
+    st = kv_error_set(err, KV_ERR_INTERNAL, "safetensors writer: out of memory");
+cleanup:
+    free(prefix);
+    free(header);
+    cJSON_Delete(root);
+    free(names);
+    free(nbytes);
+    return st;
+}
+
+KvStatus kv_st_header(const KvStWriteTensor *tensors, size_t n, uint8_t **prefix,
+                      size_t *prefix_len, uint64_t *data_len, KvError *err) {
+    return st_header_build(tensors, n, false, prefix, prefix_len, data_len, NULL, err);
+}
+
+KvStatus kv_st_serialize(const KvStWriteTensor *tensors, size_t n, uint8_t **out, size_t *out_len,
+                         KvError *err) {
+    KvStatus st = KV_OK;
+    uint64_t *nbytes = NULL;
+    uint8_t *prefix = NULL;
+    uint8_t *img = NULL;
+    size_t plen = 0;
+    uint64_t data_len = 0;
+
+    *out = NULL;
+    *out_len = 0;
+    nbytes = calloc(n > 0 ? n : 1, sizeof *nbytes);
+    if (nbytes == NULL) goto oom;
+    st = st_header_build(tensors, n, true, &prefix, &plen, &data_len, nbytes, err);
+    if (st != KV_OK) goto cleanup;
+    uint64_t total = (uint64_t)plen + data_len;
+    if (total > (uint64_t)SIZE_MAX) goto oom;
+    img = kv_big_alloc((size_t)total); /* weights are streamed every decode step */
+    if (img == NULL) goto oom;
+    memcpy(img, prefix, plen);
+    uint8_t *dst = img + plen;
     for (size_t i = 0; i < n; i++) {
         if (nbytes[i] > 0) memcpy(dst, tensors[i].data, (size_t)nbytes[i]);
         dst += nbytes[i];
     }
     *out = img;
-    *out_len = img_len;
+    *out_len = (size_t)total;
     img = NULL;
     goto cleanup;
 
@@ -740,9 +821,7 @@ oom:
     st = kv_error_set(err, KV_ERR_INTERNAL, "safetensors writer: out of memory");
 cleanup:
     free(img);
-    free(header);
-    cJSON_Delete(root);
-    free(names);
+    free(prefix);
     free(nbytes);
     return st;
 }

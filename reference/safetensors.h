@@ -102,6 +102,20 @@ bool kv_dtype_from_name(const char *name, KvDtype *out);
  * Only for loadable dtypes; any other dtype fills dst with NaN. */
 void kv_dtype_to_f32(KvDtype dt, const uint8_t *src, size_t n, float *dst);
 
+/* Rounds n F32 values to BF16 (round to nearest, ties to even: what torch's
+ * .to(torch.bfloat16) gives), written little-endian at dst (any alignment).
+ * Infinities stay infinite, NaN stays NaN (quiet). */
+void kv_f32_to_bf16(const float *src, size_t n, uint8_t *dst);
+
+/* Tells the kernel that the bytes [begin, end) of st's data section will not
+ * be read through the mapping again (converted into a buffer of their own):
+ * their pages leave the process's resident set now instead of staying mapped
+ * until kv_st_close. Only for a file opened with kv_st_open (a no-op for an
+ * in-memory image, whose bytes are the caller's); the bytes stay readable
+ * (they fault back in from the file), so a mistaken call costs time, not
+ * data. A range outside the data section is ignored. */
+void kv_st_release(const KvSafetensors *st, uint64_t begin, uint64_t end);
+
 /* One tensor for the writer. */
 typedef struct {
     const char *name;
@@ -119,5 +133,13 @@ typedef struct {
  * shorter than KV_ST_MAX_NAME; dtypes whole-byte. */
 KvStatus kv_st_serialize(const KvStWriteTensor *tensors, size_t n, uint8_t **out, size_t *out_len,
                          KvError *err);
+
+/* The bytes kv_st_serialize would put before the data section (the 8-byte
+ * header length, the JSON header, the padding) as a malloc'd *prefix, and
+ * the data section's length: for a writer that streams each tensor's bytes
+ * after it, in the given order (tensors' data may be NULL). The same checks
+ * as kv_st_serialize but for the data pointers. */
+KvStatus kv_st_header(const KvStWriteTensor *tensors, size_t n, uint8_t **prefix,
+                      size_t *prefix_len, uint64_t *data_len, KvError *err);
 
 #endif

@@ -72,6 +72,23 @@ kv_expect_match("${err}" "--shard: expected I/N" "bad shard")
 kv_run(2 out err ${KVREPRO} fixture --family gpt2 --out "${WORK}/x")
 kv_expect_match("${err}" "--family: expected gemma2, gemma3, gpt_oss, mistral or qwen2, found 'gpt2'" "bad family")
 
+# The 2b size (gemma-2-2b's shape, issue 17) is listed, gemma2 only, and
+# never built in memory; bad --size and --dtype values name the option.
+kv_run(0 out err ${KVREPRO} fixture --help)
+kv_expect_match("${out}" "2b: +gemma2 only: google/gemma-2-2b's shape" "fixture --help lists 2b")
+kv_run(2 out err ${KVREPRO} fixture --family gemma2 --size 3b --out "${WORK}/x")
+kv_expect_match("${err}" "--size: expected tiny, medium, 125m or 2b, found '3b'" "bad size")
+kv_run(2 out err ${KVREPRO} fixture --family gemma2 --dtype f16 --out "${WORK}/x")
+kv_expect_match("${err}" "--dtype: expected f32 or bf16, found 'f16'" "bad dtype")
+kv_run(2 out err ${KVREPRO} fixture --family mistral --size 2b --out "${WORK}/x")
+kv_expect_match("${err}" "the 2b size is gemma-2-2b's shape, gemma2 only" "2b for mistral")
+kv_run(2 out err ${KVREPRO} gate --fixture gemma2-2b)
+kv_expect_match("${err}" "fixture 'gemma2-2b': too large to build in memory .*--size 2b"
+                "2b is not an in-memory fixture")
+if(EXISTS "${WORK}/x")
+  message(FATAL_ERROR "a refused fixture command created ${WORK}/x")
+endif()
+
 # A fixture written to disk is the same model as the fixture in memory.
 kv_run(0 out err ${KVREPRO} fixture --family gemma2 --seed 20261122 --out "${WORK}/g")
 kv_expect_match("${out}" "min top-1 margin: [0-9]" "fixture prints the margin")
@@ -85,6 +102,26 @@ if(h_disk STREQUAL "" OR NOT h_disk STREQUAL h_mem OR NOT h_disk MATCHES "${h_fi
   message(FATAL_ERROR "disk vs memory fixture differ: '${h_disk}' vs '${h_mem}' vs '${h_fixture}'")
 endif()
 kv_expect_match("${mem}" "[0-9]+ passed, 0 failed, [0-9]+ skipped" "gate summary line")
+# A full disk while writing a fixture (`ulimit -f`, SIGXFSZ ignored, so
+# write() fails with EFBIG as ENOSPC makes it fail): exit 2 naming the file,
+# the fixture already there byte for byte, no temporary.
+file(READ "${WORK}/g/model.safetensors" before HEX)
+kv_run(2 out err sh -c "ulimit -f 1000 && trap '' XFSZ && exec \"$@\"" sh
+       ${KVREPRO} fixture --family gemma2 --seed 7 --out "${WORK}/g")
+kv_expect_match("${err}" "${WORK}/g/model.safetensors: cannot write: File too large"
+                "fixture on a full disk names the file")
+file(READ "${WORK}/g/model.safetensors" after HEX)
+if(NOT before STREQUAL after)
+  message(FATAL_ERROR "fixture on a full disk changed ${WORK}/g/model.safetensors")
+endif()
+file(GLOB left "${WORK}/g/.*.tmp")
+if(left)
+  message(FATAL_ERROR "fixture on a full disk left ${left}")
+endif()
+# BF16: the file is half the size and loads as a model that decodes.
+kv_run(0 out err ${KVREPRO} fixture --family gemma2 --dtype bf16 --out "${WORK}/gbf16")
+kv_expect_match("${out}" "\\(gemma2 tiny, BF16, seed 20261122, 1320008 bytes" "bf16 fixture")
+kv_expect_match("${out}" "min top-1 margin: [0-9]" "bf16 fixture decodes")
 # No device: one line says why; the table has no row per skipped cuda run
 # (the report and JUnit keep them: `show` prints every row).
 kv_expect_match("${mem}" "\ncuda: skipped, no device: [^\n]*(cudaGetDeviceCount|built without CUDA)"

@@ -11,9 +11,11 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -2048,6 +2050,385 @@ START_TEST(test_unused_tensors) {
 }
 END_TEST
 
+/* ---- fixtures streamed to disk (issue 17) ------------------------------ */
+
+/* x rounded to BF16 bits, by distance: the two BF16 neighbours of x (its
+ * bits truncated, and one unit further out) and the nearer in double
+ * arithmetic, the one with an even last bit on a tie. Independent of
+ * kv_f32_to_bf16's integer trick. Finite x only. */
+static uint16_t ref_round_bf16(float x) {
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    const uint32_t lo = u & 0xffff0000u, hi = lo + 0x10000u;
+    float flo, fhi;
+    memcpy(&flo, &lo, sizeof flo);
+    if ((hi & 0x7f800000u) == 0x7f800000u) {
+        fhi = x < 0 ? -INFINITY : INFINITY; /* one past the largest: infinity */
+    } else {
+        memcpy(&fhi, &hi, sizeof fhi);
+    }
+    const double dlo = fabs((double)x - (double)flo);
+    /* beyond the largest BF16, the distance to "infinity" is to 2^128, as
+     * IEEE rounding counts it */
+    const double dhi = isinf(fhi) ? fabs(ldexp(x < 0 ? -1.0 : 1.0, 128) - (double)x)
+                                  : fabs((double)fhi - (double)x);
+    if (dlo < dhi) return (uint16_t)(lo >> 16);
+    if (dhi < dlo) return (uint16_t)(hi >> 16);
+    return (uint16_t)(((lo >> 16) & 1u) == 0 ? lo >> 16 : hi >> 16);
+}
+
+START_TEST(test_f32_to_bf16) {
+    uint8_t out[2 * 8];
+    /* every BF16 value comes back as itself; NaNs stay NaN */
+    for (uint32_t b = 0; b < 65536; b++) {
+        const float f = ref_bf16((uint16_t)b);
+        kv_f32_to_bf16(&f, 1, out + 1); /* odd address: any alignment */
+        const uint16_t got = (uint16_t)(out[1] | (out[2] << 8));
+        if (isnan(f)) {
+            EXPECT(isnan(ref_bf16(got)), "BF16 NaN 0x%04x became 0x%04x", b, got);
+        } else {
+            EXPECT(got == b, "BF16 0x%04x: round trip gave 0x%04x", b, got);
+        }
+    }
+    /* ties to even, and the nearest otherwise */
+    static const uint32_t bits[] = {
+        0x3f808000u, /* 1 + 2^-8: tie, 1.0's last bit even -> 0x3f80 */
+        0x3f818000u, /* tie between 0x3f81 and 0x3f82 -> 0x3f82 */
+        0x3f808001u, /* just above the tie -> 0x3f81 */
+        0xbf807fffu, /* just below the tie, negative -> 0xbf80 */
+        0x7f7fffffu, /* the largest float: past the largest BF16 -> inf */
+        0x00008000u, /* subnormal tie -> 0 */
+        0x00018000u, /* subnormal tie -> 0x0002 */
+        0x7f7f7fffu, /* just below the largest BF16's upper tie -> 0x7f7f */
+    };
+    static const uint16_t want[] = {0x3f80, 0x3f82, 0x3f81, 0xbf80, 0x7f80, 0x0000, 0x0002,
+                                    0x7f7f};
+    float f[8];
+    memcpy(f, bits, sizeof f);
+    kv_f32_to_bf16(f, 8, out);
+    for (int i = 0; i < 8; i++) {
+        const uint16_t got = (uint16_t)(out[2 * i] | (out[2 * i + 1] << 8));
+        ck_assert_msg(got == want[i] && got == ref_round_bf16(f[i]),
+                      "0x%08x: expected 0x%04x (reference 0x%04x), found 0x%04x", bits[i],
+                      want[i], ref_round_bf16(f[i]), got);
+    }
+    /* pseudo-random finite floats of every exponent */
+    KvPrng g = kv_prng_seed(17);
+    for (int i = 0; i < 200000; i++) {
+        uint32_t u = (uint32_t)kv_prng_next(&g);
+        if ((u & 0x7f800000u) == 0x7f800000u) continue;
+        float x;
+        memcpy(&x, &u, sizeof x);
+        kv_f32_to_bf16(&x, 1, out);
+        const uint16_t got = (uint16_t)(out[0] | (out[1] << 8));
+        EXPECT(got == ref_round_bf16(x), "0x%08x: expected 0x%04x, found 0x%04x", u,
+               ref_round_bf16(x), got);
+    }
+    const float inf = INFINITY, ninf = -INFINITY;
+    kv_f32_to_bf16(&inf, 1, out);
+    ck_assert(out[0] == 0x80 && out[1] == 0x7f);
+    kv_f32_to_bf16(&ninf, 1, out);
+    ck_assert(out[0] == 0x80 && out[1] == 0xff);
+}
+END_TEST
+
+/* The whole of a file (caller frees); *len its size. */
+static uint8_t *read_whole(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    ck_assert_msg(f != NULL, "%s: %s", path, strerror(errno));
+    ck_assert_int_eq(fseek(f, 0, SEEK_END), 0);
+    long n = ftell(f);
+    ck_assert_int_ge(n, 0);
+    ck_assert_int_eq(fseek(f, 0, SEEK_SET), 0);
+    uint8_t *buf = test_alloc((size_t)n);
+    ck_assert_uint_eq(fread(buf, 1, (size_t)n, f), (size_t)n);
+    fclose(f);
+    *len = (size_t)n;
+    return buf;
+}
+
+static bool path_exists(const char *path) {
+    struct stat sb;
+    return stat(path, &sb) == 0;
+}
+
+/* The tiny fixtures of every family, each in F32 and BF16. */
+static const struct {
+    KvFamily family;
+    KvFixtureSize size;
+} k_stream_fixtures[] = {
+    {KV_FAMILY_GEMMA2, KV_SIZE_TINY},  {KV_FAMILY_MISTRAL, KV_SIZE_TINY},
+    {KV_FAMILY_QWEN2, KV_SIZE_TINY},   {KV_FAMILY_GEMMA3, KV_SIZE_TINY},
+    {KV_FAMILY_GPT_OSS, KV_SIZE_TINY}, {KV_FAMILY_MISTRAL, KV_SIZE_TINY_MIXED},
+};
+#define K_STREAM_CASES ((int)(2 * sizeof k_stream_fixtures / sizeof k_stream_fixtures[0]))
+
+/* The streaming writer's files are byte for byte the in-memory builder's
+ * image and config.json (the big fixtures can only be streamed, so what
+ * the tiny ones show here is what stands for them); the BF16 file holds
+ * each F32 value rounded to nearest even, and nothing is left beside. */
+START_TEST(test_fixture_streamed_bytes) {
+    const KvFamily family = k_stream_fixtures[_i / 2].family;
+    const KvFixtureSize size = k_stream_fixtures[_i / 2].size;
+    const KvDtype dtype = _i % 2 == 0 ? KV_DTYPE_F32 : KV_DTYPE_BF16;
+    KvConfig cfg;
+    KvError err = {{0}};
+    ck_assert_int_eq(kv_fixture_config(family, size, &cfg, &err), KV_OK);
+    uint8_t *img = NULL;
+    size_t img_len = 0;
+    char *json = NULL;
+    const uint64_t seed = 1234567 + (uint64_t)_i;
+    ck_assert_msg(kv_fixture_build_dtype(&cfg, seed, dtype, &img, &img_len, &json, &err) == KV_OK,
+                  "%s", err.msg);
+
+    TempDir t;
+    temp_make(&t);
+    uint64_t file_bytes = 0;
+    KvStatus s = kv_fixture_write_streamed(t.dir, &cfg, seed, dtype, &file_bytes, &err);
+    ck_assert_msg(s == KV_OK, "%s", err.msg);
+    ck_assert_uint_eq(file_bytes, img_len);
+    char p[512];
+    size_t len = 0;
+    temp_path(&t, "model.safetensors", p, sizeof p);
+    uint8_t *disk = read_whole(p, &len);
+    ck_assert_uint_eq(len, img_len);
+    size_t first = 0;
+    while (first < len && disk[first] == img[first]) first++;
+    ck_assert_msg(first == len, "%s %s %s: streamed file differs from the in-memory image at byte "
+                  "%zu of %zu", kv_family_name(family), size == KV_SIZE_TINY ? "tiny" : "mixed",
+                  kv_dtype_name(dtype), first, len);
+    free(disk);
+    temp_path(&t, "config.json", p, sizeof p);
+    uint8_t *cj = read_whole(p, &len);
+    ck_assert_uint_eq(len, strlen(json));
+    ck_assert_int_eq(memcmp(cj, json, len), 0);
+    free(cj);
+    temp_path(&t, ".model.safetensors.tmp", p, sizeof p);
+    ck_assert_msg(!path_exists(p), "%s left behind", p);
+    temp_path(&t, ".config.json.tmp", p, sizeof p);
+    ck_assert_msg(!path_exists(p), "%s left behind", p);
+
+    if (dtype == KV_DTYPE_BF16) {
+        /* the stored values are the F32 fixture's, rounded */
+        KvModel mb, mf;
+        uint8_t *fimg = NULL;
+        size_t fimg_len = 0;
+        char *fjson = NULL;
+        ck_assert_int_eq(kv_fixture_build(&cfg, seed, &fimg, &fimg_len, &fjson, &err), KV_OK);
+        ck_assert_msg(kv_model_load_memory(fjson, strlen(fjson), fimg, fimg_len, "f32", &mf,
+                                           &err) == KV_OK, "%s", err.msg);
+        ck_assert_msg(kv_model_load_dir(t.dir, &mb, &err) == KV_OK, "%s", err.msg);
+        const int64_t n = cfg.vocab_size * cfg.hidden_size;
+        for (int64_t i = 0; i < n; i++) {
+            const uint16_t want = ref_round_bf16(mf.embed[i]);
+            EXPECT(same_float(mb.embed[i], ref_bf16(want)), "embed[%" PRId64 "]: %a -> %a, "
+                   "expected %a", i, (double)mf.embed[i], (double)mb.embed[i],
+                   (double)ref_bf16(want));
+        }
+        for (int64_t i = 0; i < cfg.hidden_size; i++) {
+            EXPECT(same_float(mb.final_norm[i], ref_bf16(ref_round_bf16(mf.final_norm[i]))),
+                   "final_norm[%" PRId64 "]", i);
+        }
+        ck_assert(same_float(mb.layers[1].wv[7], ref_bf16(ref_round_bf16(mf.layers[1].wv[7]))));
+        kv_model_free(&mb);
+        kv_model_free(&mf);
+        free(fimg);
+        free(fjson);
+    }
+    temp_remove(&t);
+    free(img);
+    free(json);
+}
+END_TEST
+
+/* Refusals of the streaming writer and of the 2b size: an unwritable
+ * directory, a dtype it does not write, a file that cannot grow (a full
+ * disk, as RLIMIT_FSIZE makes it) with the previous fixture left intact and
+ * no temporary; 2b for any family but gemma2, and as an in-memory name. */
+START_TEST(test_fixture_stream_refusals) {
+    KvConfig cfg;
+    KvError err = {{0}};
+    ck_assert_int_eq(kv_fixture_config(KV_FAMILY_GEMMA2, KV_SIZE_TINY, &cfg, &err), KV_OK);
+    TempDir t;
+    temp_make(&t);
+    char p[512], q[600];
+
+    /* a directory below a regular file */
+    temp_write(&t, "config.json", "{}", 2);
+    temp_path(&t, "config.json", p, sizeof p);
+    snprintf(q, sizeof q, "%s/sub", p);
+    ck_assert_int_eq(kv_fixture_write_streamed(q, &cfg, 1, KV_DTYPE_F32, NULL, &err),
+                     KV_ERR_INPUT);
+    ck_assert_msg(strstr(err.msg, q) != NULL && strstr(err.msg, "cannot create directory"),
+                  "%s", err.msg);
+    ck_assert_int_eq(kv_fixture_write_streamed(p, &cfg, 1, KV_DTYPE_F32, NULL, &err),
+                     KV_ERR_INPUT);
+    ck_assert_msg(strstr(err.msg, "not a directory") != NULL, "%s", err.msg);
+    unlink(p);
+
+    /* only F32 and BF16 */
+    ck_assert_int_eq(kv_fixture_write_streamed(t.dir, &cfg, 1, KV_DTYPE_F16, NULL, &err),
+                     KV_ERR_INPUT);
+    ck_assert_msg(strstr(err.msg, "expected F32 or BF16, found F16") != NULL, "%s", err.msg);
+    uint8_t *img = NULL;
+    size_t img_len = 0;
+    char *json = NULL;
+    ck_assert_int_eq(kv_fixture_build_dtype(&cfg, 1, KV_DTYPE_I32, &img, &img_len, &json, &err),
+                     KV_ERR_INPUT);
+    ck_assert_ptr_null(img);
+
+    /* a full disk midway: the previous fixture stays, byte for byte */
+    uint64_t before_len = 0;
+    ck_assert_int_eq(kv_fixture_write_streamed(t.dir, &cfg, 1, KV_DTYPE_F32, &before_len, &err),
+                     KV_OK);
+    temp_path(&t, "model.safetensors", p, sizeof p);
+    size_t len = 0;
+    uint8_t *before = read_whole(p, &len);
+    struct rlimit old;
+    ck_assert_int_eq(getrlimit(RLIMIT_FSIZE, &old), 0);
+    struct rlimit small = old;
+    small.rlim_cur = 100000; /* the tiny file is 2.6 MB */
+    void (*old_xfsz)(int) = signal(SIGXFSZ, SIG_IGN); /* write() fails with EFBIG instead */
+    ck_assert_int_eq(setrlimit(RLIMIT_FSIZE, &small), 0);
+    KvStatus s = kv_fixture_write_streamed(t.dir, &cfg, 2, KV_DTYPE_F32, NULL, &err);
+    ck_assert_int_eq(setrlimit(RLIMIT_FSIZE, &old), 0);
+    signal(SIGXFSZ, old_xfsz);
+    ck_assert_int_eq(s, KV_ERR_INPUT);
+    ck_assert_msg(strstr(err.msg, p) != NULL && strstr(err.msg, "cannot write: File too large"),
+                  "%s", err.msg);
+    size_t after_len = 0;
+    uint8_t *after = read_whole(p, &after_len);
+    ck_assert_uint_eq(after_len, len);
+    ck_assert_int_eq(memcmp(before, after, len), 0);
+    temp_path(&t, ".model.safetensors.tmp", q, sizeof q);
+    ck_assert_msg(!path_exists(q), "%s left behind", q);
+    free(before);
+    free(after);
+    temp_remove(&t);
+
+    /* 2b: gemma2 only, and never built in memory */
+    for (int f = 0; f <= KV_FAMILY_GPT_OSS; f++) {
+        if (f == KV_FAMILY_GEMMA2) continue;
+        ck_assert_int_eq(kv_fixture_config((KvFamily)f, KV_SIZE_2B, &cfg, &err), KV_ERR_INPUT);
+        ck_assert_msg(strstr(err.msg, "2b size") != NULL && strstr(err.msg, "gemma2 only"),
+                      "%s", err.msg);
+    }
+    KvFamily fam;
+    KvFixtureSize size;
+    ck_assert_int_eq(kv_fixture_lookup("gemma2-2b", &fam, &size, &err), KV_ERR_INPUT);
+    ck_assert_msg(strstr(err.msg, "--size 2b") != NULL && strstr(err.msg, "--model DIR"), "%s",
+                  err.msg);
+}
+END_TEST
+
+/* 2b is google/gemma-2-2b's Gemma2Config, and survives config.json. */
+START_TEST(test_fixture_2b_config) {
+    KvConfig c, back;
+    KvError err = {{0}};
+    ck_assert_int_eq(kv_fixture_config(KV_FAMILY_GEMMA2, KV_SIZE_2B, &c, &err), KV_OK);
+    ck_assert_int_eq(c.vocab_size, 256000);
+    ck_assert_int_eq(c.hidden_size, 2304);
+    ck_assert_int_eq(c.intermediate_size, 9216);
+    ck_assert_int_eq(c.num_layers, 26);
+    ck_assert_int_eq(c.num_heads, 8);
+    ck_assert_int_eq(c.num_kv_heads, 4);
+    ck_assert_int_eq(c.head_dim, 256);
+    ck_assert_int_eq(c.sliding_window, 4096);
+    ck_assert_int_eq(c.max_position_embeddings, 8192);
+    ck_assert(c.query_pre_attn_scalar == 256.0);
+    ck_assert(c.attn_logit_softcapping == 50.0 && c.final_logit_softcapping == 30.0);
+    ck_assert(c.rms_norm_eps == 1e-6 && c.rope_theta == 10000.0);
+    ck_assert(c.tie_word_embeddings);
+    for (int64_t i = 0; i < c.num_layers; i++) {
+        ck_assert_int_eq(c.layer_sliding[i], i % 2 == 0); /* sliding, full, sliding, ... */
+    }
+    /* gemma-2-2b's parameter count: embedding + 26 layers + final norm */
+    const int64_t h = 2304, layer = 2048 * h * 2 + 1024 * h * 2 + 3 * 9216 * h + 4 * h;
+    ck_assert_int_eq(256000 * h + 26 * layer + h, 2614341888LL);
+    ck_assert_int_eq(kv_fixture_default_dtype(KV_SIZE_2B), KV_DTYPE_BF16);
+    ck_assert_int_eq(kv_fixture_default_dtype(KV_SIZE_MEDIUM), KV_DTYPE_F32);
+    ck_assert_int_eq(kv_fixture_default_dtype(KV_SIZE_TINY), KV_DTYPE_F32);
+    char *json = kv_config_to_json(&c);
+    ck_assert_ptr_nonnull(json);
+    ck_assert_msg(kv_config_parse(json, strlen(json), "2b/config.json", &back, &err) == KV_OK,
+                  "%s", err.msg);
+    ck_assert_int_eq(back.sliding_window, 4096);
+    ck_assert_int_eq(memcmp(back.layer_sliding, c.layer_sliding, sizeof c.layer_sliding), 0);
+    ck_assert(back.attn_logit_softcapping == 50.0 && back.final_logit_softcapping == 30.0);
+    ck_assert(back.query_pre_attn_scalar == 256.0);
+    ck_assert_int_eq(back.vocab_size, 256000);
+    ck_assert_int_eq(back.max_position_embeddings, 8192);
+    free(json);
+}
+END_TEST
+
+/* Resident bytes of the mappings overlapping [p, p + len), as
+ * /proc/self/smaps counts them (pages mapped into this process); -1 when it
+ * cannot be read (not Linux). */
+static int64_t mapped_rss(const void *p, size_t len) {
+    FILE *f = fopen("/proc/self/smaps", "r");
+    if (f == NULL) return -1;
+    const uintptr_t lo = (uintptr_t)p, hi = lo + len;
+    char line[1024];
+    bool in = false, seen = false;
+    int64_t kib = 0;
+    while (fgets(line, sizeof line, f) != NULL) {
+        unsigned long a, b;
+        char perms[8];
+        long v;
+        if (sscanf(line, "%lx-%lx %7s", &a, &b, perms) == 3) {
+            in = a < hi && b > lo;
+            seen = seen || in;
+        } else if (in && sscanf(line, "Rss: %ld kB", &v) == 1) {
+            kib += v;
+        }
+    }
+    fclose(f);
+    return seen ? kib * 1024 : -1;
+}
+
+/* A converted (BF16) checkpoint does not keep its file's pages mapped once
+ * its tensors are F32 buffers of their own: after the load, the mapping
+ * holds little more than the header; an F32 one, used in place and read
+ * whole, keeps every page (so the measurement can tell them apart). */
+START_TEST(test_converted_map_released) {
+    KvConfig cfg;
+    KvError err = {{0}};
+    ck_assert_int_eq(kv_fixture_config(KV_FAMILY_GEMMA2, KV_SIZE_TINY, &cfg, &err), KV_OK);
+    for (int k = 0; k < 2; k++) {
+        const KvDtype dtype = k == 0 ? KV_DTYPE_BF16 : KV_DTYPE_F32;
+        TempDir t;
+        temp_make(&t);
+        uint64_t bytes = 0;
+        ck_assert_msg(kv_fixture_write_streamed(t.dir, &cfg, 3, dtype, &bytes, &err) == KV_OK,
+                      "%s", err.msg);
+        KvModel m;
+        ck_assert_msg(kv_model_load_dir(t.dir, &m, &err) == KV_OK, "%s", err.msg);
+        ck_assert_ptr_nonnull(m.st.map);
+        (void)kv_model_hash(&m); /* reads every weight */
+        const int64_t rss = mapped_rss(m.st.map, m.st.map_len);
+        if (rss < 0) {
+            printf("loader: converted_map_released: skipped, /proc/self/smaps unreadable\n");
+        } else if (dtype == KV_DTYPE_BF16) {
+            /* all converted: embedding (tied lm_head), final norm, 11 a layer */
+            ck_assert_uint_eq(m.n_owned, 2 + (size_t)cfg.num_layers * 11);
+            /* the header's pages, plus the kernel's fault-around (up to 64 KiB
+             * mapped beside a faulting page) at most */
+            const int64_t header = (int64_t)(m.st.data - (const uint8_t *)m.st.map);
+            ck_assert_msg(rss <= header + 4096 + 65536,
+                          "BF16 checkpoint: %" PRId64 " of %" PRIu64 " file bytes still mapped "
+                          "after conversion (header %" PRId64 ")", rss, bytes, header);
+        } else {
+            ck_assert_uint_eq(m.n_owned, 0);
+            ck_assert_msg(rss >= (int64_t)bytes - 4096, "F32 in place: %" PRId64 " of %" PRIu64
+                          " bytes mapped", rss, bytes);
+        }
+        kv_model_free(&m);
+        temp_remove(&t);
+    }
+}
+END_TEST
+
 static Suite *loader_suite(void) {
     Suite *s = suite_create("loader");
     TCase *tc = tcase_create("corpus");
@@ -2094,6 +2475,14 @@ static Suite *loader_suite(void) {
     tcase_add_test(tc, test_dir_loads);
     tcase_add_test(tc, test_dir_errors);
     tcase_add_test(tc, test_nonregular_inputs);
+    tcase_add_test(tc, test_converted_map_released);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("fixtures");
+    tcase_add_test(tc, test_f32_to_bf16);
+    tcase_add_loop_test(tc, test_fixture_streamed_bytes, 0, K_STREAM_CASES);
+    tcase_add_test(tc, test_fixture_stream_refusals);
+    tcase_add_test(tc, test_fixture_2b_config);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("shards");
