@@ -26,6 +26,14 @@
  * limit is 65535); dense storage would bring in fractal heaps and B-trees,
  * which buy nothing at our sizes and are more bytes to keep deterministic. */
 #define KV_H5_MAX_COMPACT 65535
+/* Except /runs in a report of more runs than this: a compact link is found
+ * by a scan of the group's object header, so adding n of them costs n^2 (a
+ * `gate --faults all` report, ~30000 runs, spent over half an hour in
+ * H5O__alloc). Such a report's /runs keeps its links in dense storage (a
+ * B-tree; the same bytes for the same report). The group's settings are
+ * part of its bytes, so every report of at most this many runs (a default
+ * gate has under 3000) keeps the bytes it had (test_gate_bytes). */
+#define KV_H5_RUNS_DENSE_ABOVE 8192
 /* The writer's in-memory file grows by this much at a time (the core
  * driver's increment): large enough that a gate report needs few
  * reallocations, small enough to waste little on a tiny one. */
@@ -563,12 +571,19 @@ static KvStatus h5w_run_dataset(hid_t g, const char *objpath, const KvRun *r, co
 
 static KvStatus h5w_runs(hid_t file, hid_t gcpl, const KvReport *rep, ReportCtx *c) {
     KvStatus st = KV_OK;
-    hid_t runs = H5I_INVALID_HID, g = H5I_INVALID_HID;
+    hid_t runs = H5I_INVALID_HID, g = H5I_INVALID_HID, runs_gcpl = H5I_INVALID_HID;
     int64_t *twin = calloc(rep->n_runs > 0 ? (size_t)rep->n_runs : 1, sizeof *twin);
     if (twin == NULL) return h5_report_fail(c, KV_ERR_INTERNAL, "out of memory");
     st = h5w_logits_twins(rep, twin, c);
     if (st != KV_OK) goto cleanup;
-    runs = H5Gcreate2(file, "runs", H5P_DEFAULT, gcpl, H5P_DEFAULT);
+    runs_gcpl = H5Pcopy(gcpl);
+    if (runs_gcpl < 0 ||
+        (rep->n_runs > KV_H5_RUNS_DENSE_ABOVE &&
+         H5Pset_link_phase_change(runs_gcpl, 8, 6) < 0)) { /* HDF5's defaults */
+        st = h5_fail(c, KV_ERR_INTERNAL, "/runs: cannot set up its properties");
+        goto cleanup;
+    }
+    runs = H5Gcreate2(file, "runs", H5P_DEFAULT, runs_gcpl, H5P_DEFAULT);
     if (runs < 0) {
         st = h5_fail(c, KV_ERR_INTERNAL, "/runs: cannot create");
         goto cleanup;
@@ -597,6 +612,7 @@ static KvStatus h5w_runs(hid_t file, hid_t gcpl, const KvReport *rep, ReportCtx 
 cleanup:
     h5_close(H5Gclose, g, "run group", &st, c);
     h5_close(H5Gclose, runs, "/runs", &st, c);
+    h5_close(H5Pclose, runs_gcpl, "/runs properties", &st, c);
     free(twin);
     return st;
 }

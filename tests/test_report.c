@@ -779,6 +779,47 @@ static void assert_read_fails(const char *path, const char *part) {
 /* A prefix-reuse run's script (DESIGN §5) survives the round trip; a run
  * without one writes none of it; a partial script is refused on write and
  * on read (a file whose suffix dataset was removed). */
+/* /runs's link storage as written: compact (every report of at most 8192
+ * runs, as before) or dense (more: a compact group's n links cost n^2 to
+ * add). */
+static H5G_storage_type_t runs_storage(const char *path) {
+    hid_t f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
+    ck_assert(f >= 0);
+    H5G_info_t info;
+    ck_assert(H5Gget_info_by_name(f, "runs", &info, H5P_DEFAULT) >= 0);
+    ck_assert(H5Fclose(f) >= 0);
+    return info.storage_type;
+}
+
+START_TEST(test_many_runs_roundtrip) {
+    KvReport rep, back;
+    build_report(&rep);
+    char path[PATH_MAX];
+    KvError err = {{0}};
+    scratch_path(path, sizeof path, "few.h5");
+    ck_assert_msg(kv_report_write_h5(&rep, path, &err) == KV_OK, "write: %s", err.msg);
+    ck_assert_int_eq(runs_storage(path), H5G_STORAGE_TYPE_COMPACT);
+    /* 9000 runs: the skipped run (attributes only) repeated */
+    const int64_t n = 9000;
+    KvRun *runs = realloc(rep.runs, (size_t)n * sizeof *runs);
+    ck_assert_ptr_nonnull(runs);
+    rep.runs = runs;
+    for (int64_t i = 3; i < n; i++) {
+        rep.runs[i] = rep.runs[2];
+        rep.runs[i].repeat = (int32_t)i;
+    }
+    rep.n_runs = n;
+    scratch_path(path, sizeof path, "many.h5");
+    ck_assert_msg(kv_report_write_h5(&rep, path, &err) == KV_OK, "write: %s", err.msg);
+    ck_assert_int_eq(runs_storage(path), H5G_STORAGE_TYPE_DENSE);
+    report_poison(&back);
+    ck_assert_msg(kv_report_read_h5(path, &back, &err) == KV_OK, "read: %s", err.msg);
+    assert_same_report(&rep, &back);
+    kv_report_free(&back);
+    kv_report_free(&rep);
+}
+END_TEST
+
 START_TEST(test_prefix_script_roundtrip) {
     KvReport rep, back;
     build_report(&rep);
@@ -1888,6 +1929,7 @@ static Suite *report_suite(void) {
     tcase_add_checked_fixture(rt, setup, teardown);
     tcase_add_test(rt, test_roundtrip_exact);
     tcase_add_test(rt, test_prefix_script_roundtrip);
+    tcase_add_test(rt, test_many_runs_roundtrip);
     tcase_add_test(rt, test_roundtrip_empty_shapes);
     tcase_add_test(rt, test_optional_attrs_only_when_set);
     tcase_add_test(rt, test_read_variable_length_attribute);
