@@ -125,13 +125,19 @@ KvStatus kv_scenario_build(const KvConfig *cfg, const char *name, uint64_t seed,
         out->seed = seed;
         out->prefill_chunk = d->chunked ? w / 2 + 1 : 0;
     }
-    if (d->script == SCRIPT_PREFIX_REUSE) {
-        /* The first request decodes W/2 tokens, the second 3 W + 1 after
-         * the switch (DESIGN §5: at least 3 W past the window). */
-        out->save_after = w / 2 + 1;
-        out->switch_step = w / 2;
+    if (d->script != SCRIPT_NONE) {
+        const bool reuse = d->script == SCRIPT_PREFIX_REUSE;
+        /* Prefix reuse: the first request decodes W/2 tokens, the second
+         * 3 W + 1 after the switch (DESIGN §5: at least 3 W past the
+         * window). Speculative: the prompt's last k tokens are the drafts,
+         * the prefill saves the state before them and verifies them in one
+         * forward (step 0); step 1 rolls back and feeds the accepted k / 2
+         * again, as one forward. */
+        const int64_t k = spec_drafts(w);
+        out->save_after = reuse ? w / 2 + 1 : out->prompt_len - k;
+        out->switch_step = reuse ? w / 2 : 1;
         out->new_tokens = out->switch_step + 3 * w + 1;
-        out->suffix_len = w / 2 + 2;
+        out->suffix_len = reuse ? w / 2 + 2 : k / 2;
         out->suffix = malloc((size_t)(d->batch * out->suffix_len) * sizeof *out->suffix);
         if (out->suffix == NULL) {
             st = kv_error_set(err, KV_ERR_INTERNAL, "scenario %s: out of memory", name);
@@ -139,33 +145,18 @@ KvStatus kv_scenario_build(const KvConfig *cfg, const char *name, uint64_t seed,
             goto cleanup;
         }
         for (int64_t b = 0; b < d->batch; b++) {
+            int32_t *suffix = out->suffix + b * out->suffix_len; /* (suffix_len) */
+            if (!reuse) { /* the accepted drafts */
+                memcpy(suffix, out->prompt + b * out->prompt_len + out->save_after,
+                       (size_t)out->suffix_len * sizeof *suffix);
+                continue;
+            }
             char stream[96];
             snprintf(stream, sizeof stream, "scenario/%s/suffix%lld", name, (long long)b);
             KvPrng g = kv_prng_stream(seed, stream);
             for (int64_t i = 0; i < out->suffix_len; i++) {
-                out->suffix[b * out->suffix_len + i] =
-                    1 + (int32_t)kv_prng_below(&g, (uint32_t)(cfg->vocab_size - 1));
+                suffix[i] = 1 + (int32_t)kv_prng_below(&g, (uint32_t)(cfg->vocab_size - 1));
             }
-        }
-    } else if (d->script == SCRIPT_SPECULATIVE) {
-        /* The prompt's last k tokens are the drafts: the prefill saves the
-         * state before them and verifies them in one forward (step 0); step
-         * 1 rolls back and feeds the accepted k / 2 again, as one forward. */
-        const int64_t k = spec_drafts(w);
-        out->save_after = out->prompt_len - k;
-        out->switch_step = 1;
-        out->new_tokens = out->switch_step + 3 * w + 1;
-        out->suffix_len = k / 2;
-        out->suffix = malloc((size_t)(d->batch * out->suffix_len) * sizeof *out->suffix);
-        if (out->suffix == NULL) {
-            st = kv_error_set(err, KV_ERR_INTERNAL, "scenario %s: out of memory", name);
-            kv_scenario_free(out);
-            goto cleanup;
-        }
-        for (int64_t b = 0; b < d->batch; b++) {
-            memcpy(out->suffix + b * out->suffix_len,
-                   out->prompt + b * out->prompt_len + out->save_after,
-                   (size_t)out->suffix_len * sizeof *out->suffix);
         }
     }
 cleanup:

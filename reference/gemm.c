@@ -44,8 +44,8 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "kvmath.h"
 #include "kvmath_lanes.h"
+#include "kvparallel.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>

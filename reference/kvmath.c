@@ -12,16 +12,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int64_t g_parallel_min_work = KV_PARALLEL_MIN_WORK;
-
-void kv_set_parallel_min_work(int64_t work) {
-    g_parallel_min_work = work < 0 ? 0 : work;
-}
-
-int64_t kv_parallel_min_work(void) {
-    return g_parallel_min_work;
-}
-
 /* Four 4-wide vectors hold the 16 lanes: vector v, element e is lane
  * 4v + e. GCC vector types make the SIMD explicit instead of hoping the
  * auto-vectorizer keeps the lanes in registers (at -O2 it kept them in
@@ -149,7 +139,7 @@ void kv_matmul_multi(const float *x, int64_t rows, int64_t in, int count,
     if (rows > 1 && kv_gemm_multi(x, rows, in, count, ws, outs, ys)) return;
     int64_t work = 0;
     for (int j = 0; j < count; j++) work += rows * in * outs[j];
-#pragma omp parallel if (work >= g_parallel_min_work)
+#pragma omp parallel if (work >= kv_parallel_min_work())
     {
         for (int j = 0; j < count; j++) {
             const int64_t blocks = outs[j] / KV_MM_ROWS;
@@ -191,7 +181,7 @@ KvStatus kv_matmul_tf32(const float *x, const float *w, int64_t rows, int64_t in
     for (int64_t i = 0; i < rows * in; i++) xr[i] = kv_round_tf32(x[i]);
     bool oom = false;
     /* Each output is one kv_dot of rounded rows, whichever thread runs it. */
-#pragma omp parallel if (rows * in * out >= g_parallel_min_work)
+#pragma omp parallel if (rows * in * out >= kv_parallel_min_work())
     {
         float *wr = malloc((size_t)(in > 0 ? in : 1) * sizeof *wr); /* (in) */
         if (wr == NULL) {
@@ -212,7 +202,7 @@ KvStatus kv_matmul_tf32(const float *x, const float *w, int64_t rows, int64_t in
 
 void kv_matmul_sequential(const float *x, const float *w, int64_t rows, int64_t in, int64_t out,
                           float *y) {
-#pragma omp parallel for schedule(static) if (rows * in * out >= g_parallel_min_work)
+#pragma omp parallel for schedule(static) if (rows * in * out >= kv_parallel_min_work())
     for (int64_t o = 0; o < out; o++) {
         for (int64_t r = 0; r < rows; r++) {
             float acc = 0.0f;

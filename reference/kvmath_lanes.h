@@ -13,7 +13,7 @@
 
 #include <stdint.h>
 
-#include "kvmath.h"
+#include "kvparallel.h"
 
 /* The contract's tree over the 16 lane sums: lane j += lane j+8, then j+4,
  * j+2, j+1, in scalar float adds. gemm.c's AVX-512 finish writes the same
