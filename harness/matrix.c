@@ -60,6 +60,10 @@ static int64_t run_graph_budget(const KvModel *m, const KvScenario *sc,
                                 const KvCacheOps *variant) {
     const int64_t decode_steps = sc->new_tokens - 1; /* step 0 comes from the prefill */
     if (decode_steps <= 0) return 0;
+    /* A right-padded batch (per-row positions): each row's caches change
+     * their keys at the row's own steps, from the row's own prompt length
+     * (its columns up to its last real token); else one length for all. */
+    const bool per_row = kv_decode_right_padded(sc->real, sc->batch, sc->prompt_len);
     int64_t seen[KV_MAX_LAYERS];
     int64_t n_seen = 0, recaptures = 0;
     for (int64_t l = 0; l < m->config.num_layers && l < KV_MAX_LAYERS; l++) {
@@ -68,7 +72,11 @@ static int64_t run_graph_budget(const KvModel *m, const KvScenario *sc,
         for (int64_t k = 0; k < n_seen && !again; k++) again = seen[k] == w;
         if (again) continue;
         seen[n_seen++] = w;
-        recaptures += variant->graph_budget(w, sc->prompt_len, decode_steps) - 1;
+        for (int64_t b = 0; b < (per_row ? sc->batch : 1); b++) {
+            int64_t len = sc->prompt_len;
+            while (per_row && len > 1 && !sc->real[b * sc->prompt_len + len - 1]) len--;
+            recaptures += variant->graph_budget(w, len, decode_steps) - 1;
+        }
     }
     return 1 + (recaptures < decode_steps - 1 ? recaptures : decode_steps - 1);
 }
@@ -288,6 +296,15 @@ static KvStatus run_candidates(const KvModel *m, const char *model_name, const K
     if (tab.index == NULL) return kv_error_set(err, KV_ERR_INTERNAL, "out of memory");
     for (int64_t i = 0; i < (int64_t)o->n_variants * 2 * o->repeats; i++) tab.index[i] = -1;
 
+    /* A right-padded scenario needs per-row positions: on a backend without
+     * them its runs are skipped with the reason, and later scenarios still
+     * run there (skip stays as it was). */
+    char row_skip[256] = "";
+    if (!ops->per_row && kv_decode_right_padded(sc->real, sc->batch, sc->prompt_len)) {
+        snprintf(row_skip, sizeof row_skip,
+                 "the %s backend does not run rows at different positions (right padding) yet",
+                 bname);
+    }
     for (int v = 0; v < o->n_variants; v++) {
         bool forcing = false; /* this variant's runs on this backend feed the reference's tokens */
         for (int mi = 0; mi < 2; mi++) {
@@ -301,11 +318,13 @@ static KvStatus run_candidates(const KvModel *m, const char *model_name, const K
                 KvRun *run = &rep->runs[idx];
                 run_identify(run, model_name, sc->name, o->variants[v]->name, bname,
                              k_mode_name[mi], k, o->faults);
-                if (skip[0] != '\0') {
-                    /* No device: recorded as skipped, with the reason, never
-                     * as passed (one entry per variant and mode). */
+                if (skip[0] != '\0' || row_skip[0] != '\0') {
+                    /* No device (or no per-row positions): recorded as
+                     * skipped, with the reason, never as passed (one entry
+                     * per variant and mode). */
                     run->skipped = true;
-                    snprintf(run->skip_reason, sizeof run->skip_reason, "%s", skip);
+                    snprintf(run->skip_reason, sizeof run->skip_reason, "%s",
+                             skip[0] != '\0' ? skip : row_skip);
                     break;
                 }
                 st = run_decode(m, sc, o->variants[v], (KvExecMode)modes[mi], o,

@@ -9,14 +9,18 @@
 #include "decode.h"
 #include "prng.h"
 
-/* Prompt b has len_w[b] * W + len_add[b] tokens. */
+#define MAX_ROWS 4
+
+/* Prompt b has len_w[b] * W + len_add[b] tokens (len_half[b] * W / 2 more). */
 typedef struct {
     const char *name;
     int64_t batch;
-    int64_t len_w[2];
-    int64_t len_add[2];
+    int64_t len_w[MAX_ROWS];
+    int64_t len_add[MAX_ROWS];
     bool chunked; /* prefill in chunks of W / 2 + 1 */
     int script;   /* SCRIPT_*: a request switch judged against a fresh twin */
+    bool right;   /* right-padded: rows at their own positions (DESIGN §2) */
+    int64_t len_half[MAX_ROWS];
 } ScenarioDef;
 
 enum {
@@ -30,13 +34,13 @@ enum {
 static int64_t spec_drafts(int64_t w) { return w / 4 + 1 < 9 ? w / 4 + 1 : 9; }
 
 static const ScenarioDef k_defs[] = {
-    {"short_prompt_crosses_window", 1, {0, 0}, {5, 0}, false, SCRIPT_NONE},
-    {"prompt_w_minus_1", 1, {1, 0}, {-1, 0}, false, SCRIPT_NONE},
-    {"prompt_w", 1, {1, 0}, {0, 0}, false, SCRIPT_NONE},
-    {"prompt_w_plus_1", 1, {1, 0}, {1, 0}, false, SCRIPT_NONE},
-    {"prefill_longer_than_window", 1, {3, 0}, {0, 0}, false, SCRIPT_NONE},
-    {"left_padded_batch", 2, {3, 0}, {0, 3}, false, SCRIPT_NONE},
-    {"chunked_prefill", 1, {3, 0}, {0, 0}, true, SCRIPT_NONE},
+    {"short_prompt_crosses_window", 1, {0, 0}, {5, 0}, false, SCRIPT_NONE, false, {0}},
+    {"prompt_w_minus_1", 1, {1, 0}, {-1, 0}, false, SCRIPT_NONE, false, {0}},
+    {"prompt_w", 1, {1, 0}, {0, 0}, false, SCRIPT_NONE, false, {0}},
+    {"prompt_w_plus_1", 1, {1, 0}, {1, 0}, false, SCRIPT_NONE, false, {0}},
+    {"prefill_longer_than_window", 1, {3, 0}, {0, 0}, false, SCRIPT_NONE, false, {0}},
+    {"left_padded_batch", 2, {3, 0}, {0, 3}, false, SCRIPT_NONE, false, {0}},
+    {"chunked_prefill", 1, {3, 0}, {0, 0}, true, SCRIPT_NONE, false, {0}},
     /* TRT-LLM PR #2983: a prefix-cache entry of a request's first W/2 + 1
      * tokens (a shared system prompt) is reused by a second request after
      * the first request's sliding cache has wrapped (its prompt is 1.5 W, and
@@ -44,7 +48,7 @@ static const ScenarioDef k_defs[] = {
      * of W/2 + 2 tokens crosses the window inside one forward. An engine
      * whose entry aliases the live cyclic cache (planted: prefix_alias)
      * reads the first request's later keys there. */
-    {"prefix_reuse_after_wrap", 1, {1, 0}, {0, 0}, false, SCRIPT_PREFIX_REUSE},
+    {"prefix_reuse_after_wrap", 1, {1, 0}, {0, 0}, false, SCRIPT_PREFIX_REUSE, false, {0}},
     /* flashinfer #3864: speculative decoding past the window. At position
      * 1.5 W (every sliding cache wrapped) k = spec_drafts(W) draft tokens
      * are verified in one forward, which writes their keys over the oldest
@@ -56,7 +60,21 @@ static const ScenarioDef k_defs[] = {
      * (planted: prefix_alias) keeps the rejected drafts' keys in slots the
      * window still needs. The decode after the rollback must equal the
      * accepted context decoded from scratch. */
-    {"speculative_rollback_past_window", 1, {1, 0}, {0, 0}, false, SCRIPT_SPECULATIVE},
+    {"speculative_rollback_past_window", 1, {1, 0}, {0, 0}, false, SCRIPT_SPECULATIVE, false, {0}},
+    /* Seed 002's static-shape loop: a batch right-padded to a fixed length
+     * (a whole number of chunks), prefilled in chunks of one fixed shape
+     * (W / 2 + 1; a row whose prompt has ended feeds a chunk of pads), then
+     * a fixed-count decode. Each row writes at its own position (prompt
+     * length + step), so the rows' sliding caches wrap at different steps;
+     * every row must equal the row run alone. An engine that stores the
+     * right pads as positions (planted: pad_slots) pushes real keys out of
+     * the window. */
+    {"right_padded_static_loop", 3, {1, 0, 0}, {3, 1, 2}, true, SCRIPT_NONE, true, {0, 1, 0}},
+    /* llama.cpp #14097: parallel sequences at different positions in one
+     * batch: prompts of 2 W + 3, W - 1, W / 2 and 1 tokens (right-padded,
+     * one prefill), so the rows cross the window at decode steps 1, W / 2
+     * and W - 1 while the first is long past it. */
+    {"parallel_positions", 4, {2, 1, 0, 0}, {3, -1, 0, 1}, false, SCRIPT_NONE, true, {0, 0, 1, 0}},
 };
 #define N_DEFS (int)(sizeof k_defs / sizeof k_defs[0])
 
@@ -69,10 +87,37 @@ const char *const *kv_scenario_names(int *count) {
 
 KvStatus kv_scenario_custom(const char *name, const int32_t *const *prompts, const int64_t *lens,
                             int64_t batch, int64_t new_tokens, KvScenario *out, KvError *err) {
+    return kv_scenario_custom_padded(name, prompts, lens, batch, new_tokens, false, 0, out, err);
+}
+
+KvStatus kv_scenario_custom_padded(const char *name, const int32_t *const *prompts,
+                                   const int64_t *lens, int64_t batch, int64_t new_tokens,
+                                   bool right, int64_t pad_to, KvScenario *out, KvError *err) {
     memset(out, 0, sizeof *out);
-    KvStatus st = kv_batch_left_pad(prompts, lens, batch, 0, &out->prompt, &out->real,
-                                    &out->prompt_len, err);
+    KvStatus st = kv_batch_pad(prompts, lens, batch, 0, right, &out->prompt, &out->real,
+                               &out->prompt_len, err);
     if (st != KV_OK) return st;
+    if (right && pad_to > 1 && out->prompt_len % pad_to != 0) {
+        /* A static shape: pads to a whole number of chunks. */
+        const int64_t P = out->prompt_len, L = (P + pad_to - 1) / pad_to * pad_to;
+        int32_t *tok = calloc((size_t)(batch * L), sizeof *tok); /* (B, L), pad id 0 */
+        uint8_t *real = calloc((size_t)(batch * L), 1);           /* (B, L) */
+        if (tok == NULL || real == NULL) {
+            free(tok);
+            free(real);
+            kv_scenario_free(out);
+            return kv_error_set(err, KV_ERR_INTERNAL, "scenario %s: out of memory", name);
+        }
+        for (int64_t b = 0; b < batch; b++) {
+            memcpy(tok + b * L, out->prompt + b * P, (size_t)P * sizeof *tok);
+            memcpy(real + b * L, out->real + b * P, (size_t)P);
+        }
+        free(out->prompt);
+        free(out->real);
+        out->prompt = tok;
+        out->real = real;
+        out->prompt_len = L;
+    }
     snprintf(out->name, sizeof out->name, "%s", name);
     out->batch = batch;
     out->new_tokens = new_tokens;
@@ -91,15 +136,16 @@ KvStatus kv_scenario_build(const KvConfig *cfg, const char *name, uint64_t seed,
                             "scenario '%s': unknown; expected one of short_prompt_crosses_window, "
                             "prompt_w_minus_1, prompt_w, prompt_w_plus_1, "
                             "prefill_longer_than_window, left_padded_batch, chunked_prefill, "
-                            "prefix_reuse_after_wrap, speculative_rollback_past_window",
+                            "prefix_reuse_after_wrap, speculative_rollback_past_window, "
+                            "right_padded_static_loop, parallel_positions",
                             name);
     }
     const int64_t w = cfg->sliding_window > 0 ? cfg->sliding_window : 16;
-    int32_t *rows[2] = {NULL, NULL};
-    int64_t lens[2] = {0, 0};
+    int32_t *rows[MAX_ROWS] = {NULL};
+    int64_t lens[MAX_ROWS] = {0};
     KvStatus st = KV_OK;
     for (int64_t b = 0; b < d->batch; b++) {
-        lens[b] = d->len_w[b] * w + d->len_add[b] +
+        lens[b] = d->len_w[b] * w + d->len_add[b] + d->len_half[b] * (w / 2) +
                   (d->script == SCRIPT_PREFIX_REUSE ? w / 2 : 0) +
                   (d->script == SCRIPT_SPECULATIVE ? w / 2 + spec_drafts(w) : 0);
         if (lens[b] < 1) lens[b] = 1;
@@ -116,14 +162,22 @@ KvStatus kv_scenario_build(const KvConfig *cfg, const char *name, uint64_t seed,
         }
     }
     {
-        int64_t longest = lens[0] > lens[1] ? lens[0] : lens[1];
-        /* Cross the window if the prompt does not, then 3 x W more steps. */
-        int64_t to_window = longest < w ? w - longest : 0;
-        st = kv_scenario_custom(name, (const int32_t *const *)rows, lens, d->batch,
-                                to_window + 3 * w + 1, out, err);
+        int64_t longest = 0, shortest = lens[0];
+        for (int64_t b = 0; b < d->batch; b++) {
+            longest = lens[b] > longest ? lens[b] : longest;
+            shortest = lens[b] < shortest ? lens[b] : shortest;
+        }
+        /* Cross the window if the prompt does not (every row, when each has
+         * its own position), then 3 x W more steps. */
+        const int64_t first = d->right ? shortest : longest;
+        const int64_t to_window = first < w ? w - first : 0;
+        const int64_t chunk = d->chunked ? w / 2 + 1 : 0;
+        st = kv_scenario_custom_padded(name, (const int32_t *const *)rows, lens, d->batch,
+                                       to_window + 3 * w + 1, d->right,
+                                       d->right ? chunk : 0, out, err);
         if (st != KV_OK) goto cleanup;
         out->seed = seed;
-        out->prefill_chunk = d->chunked ? w / 2 + 1 : 0;
+        out->prefill_chunk = chunk;
     }
     if (d->script != SCRIPT_NONE) {
         const bool reuse = d->script == SCRIPT_PREFIX_REUSE;
@@ -160,8 +214,7 @@ KvStatus kv_scenario_build(const KvConfig *cfg, const char *name, uint64_t seed,
         }
     }
 cleanup:
-    free(rows[0]);
-    free(rows[1]);
+    for (int b = 0; b < MAX_ROWS; b++) free(rows[b]);
     return st;
 }
 

@@ -16,7 +16,7 @@ typedef struct {
     uint64_t seed;         /* prompt token seed (printed with every result) */
     int64_t batch;         /* B */
     int64_t prompt_len;    /* P, padded */
-    int32_t *prompt;       /* (B, P) left-padded */
+    int32_t *prompt;       /* (B, P) left-padded, or right-padded (per-row positions) */
     uint8_t *real;         /* (B, P) */
     int64_t new_tokens;
     int64_t prefill_chunk; /* 0 = whole prompt */
@@ -43,6 +43,13 @@ KvStatus kv_scenario_build(const KvConfig *cfg, const char *name, uint64_t seed,
  * decoding new_tokens tokens. */
 KvStatus kv_scenario_custom(const char *name, const int32_t *const *prompts, const int64_t *lens,
                             int64_t batch, int64_t new_tokens, KvScenario *out, KvError *err);
+
+/* The same, left- or (right) right-padded; a right-padded batch is padded
+ * further to a multiple of pad_to columns when pad_to > 1 (a static shape
+ * of whole chunks). */
+KvStatus kv_scenario_custom_padded(const char *name, const int32_t *const *prompts,
+                                   const int64_t *lens, int64_t batch, int64_t new_tokens,
+                                   bool right, int64_t pad_to, KvScenario *out, KvError *err);
 
 /* The first scenario of the set: a short prompt whose decode crosses W. */
 KvStatus kv_scenario_default(const KvConfig *cfg, uint64_t seed, KvScenario *out, KvError *err);

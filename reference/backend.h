@@ -33,6 +33,8 @@ typedef struct {
     bool probes;                /* record probe hashes */
     bool dump_probes;           /* keep the last forward's full probe values (take_dump) */
     bool prefix_slot;           /* snapshot slot KV_SNAP_PREFIX is used (prefix reuse) */
+    bool per_row;               /* rows sit at different positions (right padding, DESIGN §2);
+                                 * only for a backend whose per_row is true */
 } KvBackendSetup;
 
 /* Snapshot slots: the replay check's, and a prefix-cache entry held across
@@ -73,6 +75,9 @@ typedef struct {
     const char *name; /* "cpu", "cuda": the report's backend column */
     bool host;        /* computes on this machine's CPU (its work counts against the gate's
                        * CPU budget) */
+    bool per_row;     /* runs rows at different positions (setup.per_row: right padding);
+                       * a scenario that needs them is skipped, with the reason, on a
+                       * backend without */
 
     /* Whether the backend can run here: KV_OK and a description of the
      * device, KV_SKIP with why not (no device, built without it), an error

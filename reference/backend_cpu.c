@@ -48,6 +48,10 @@ static KvStatus cpu_create(const KvModel *m, const KvBackendSetup *setup, KvBack
                            setup->variant, err);
     if (st != KV_OK) goto cleanup;
     kv_ref_state_plant(&r->s, setup->faults);
+    if (setup->per_row) {
+        st = kv_ref_state_set_per_row(&r->s, err);
+        if (st != KV_OK) goto cleanup;
+    }
     r->faults = setup->faults;
     r->prefix_slot = setup->prefix_slot;
     r->s.order = setup->order;
@@ -90,10 +94,18 @@ static KvStatus cpu_forward(KvBackend *b, int64_t n, KvError *err) {
 static void cpu_layer_key(const KvBackend *b, int64_t layer, int64_t n, int64_t *regime,
                           int64_t *slots) {
     const KvRefState *s = &cpu_run_const(b)->s;
-    const KvSlidingCache *c = s->caches != NULL ? s->caches[layer] : NULL;
     (void)n; /* a variant's view before the update is the attended length */
-    *regime = c != NULL ? s->variant->regime(c, s->len) : 0;
-    *slots = c != NULL ? s->variant->view(c).n_slots : 0;
+    *regime = 0;
+    *slots = 0;
+    /* With per-row positions each row's cache has its own regime and
+     * length; both only grow during a decode, so their sums change exactly
+     * when one of them does. */
+    for (int64_t r = 0; r < (s->per_row ? s->batch : 1); r++) {
+        const KvSlidingCache *c = kv_ref_cache(s, layer, r, NULL);
+        if (c == NULL) continue;
+        *regime += s->variant->regime(c, s->len - s->lag[r]);
+        *slots += s->variant->view(c).n_slots;
+    }
 }
 
 static KvStatus cpu_capture(KvBackend *b, int64_t n, KvError *err) {
@@ -129,6 +141,7 @@ static size_t cpu_snapshot_parts(KvRefState *s, SnapPart *parts) {
     parts[n++] = (SnapPart){s->real, (size_t)(s->batch * s->max_len)};
     parts[n++] = (SnapPart){s->n_real, (size_t)s->batch * sizeof(int64_t)};
     parts[n++] = (SnapPart){&s->total_mem, sizeof s->total_mem};
+    parts[n++] = (SnapPart){s->lag, (size_t)s->batch * sizeof(int64_t)};
     parts[n++] = (SnapPart){s->tok_in, rows * sizeof(int32_t)};
     parts[n++] = (SnapPart){s->real_in, rows};
     return n;
@@ -139,7 +152,7 @@ static size_t cpu_snapshot_parts(KvRefState *s, SnapPart *parts) {
  * are, everything else is restored. */
 static void cpu_snapshot_copy(CpuRun *r, int slot, bool save, bool alias) {
     KvRefState *s = &r->s;
-    SnapPart parts[8];
+    SnapPart parts[9];
     const size_t n = cpu_snapshot_parts(s, parts);
     unsigned char *at = r->snap[slot];
     for (size_t i = 0; i < n; i++) {
@@ -150,16 +163,16 @@ static void cpu_snapshot_copy(CpuRun *r, int slot, bool save, bool alias) {
         }
         at += parts[i].bytes;
     }
-    for (int64_t l = 0; s->caches != NULL && l < s->n_layers; l++) {
-        if (s->caches[l] == NULL) continue;
+    for (int64_t i = 0; s->caches != NULL && i < s->n_caches; i++) {
+        if (s->caches[i] == NULL) continue;
         if (save) {
-            kv_cache_snapshot_save(s->variant, s->caches[l], at);
+            kv_cache_snapshot_save(s->variant, s->caches[i], at);
         } else if (alias) {
-            kv_cache_snapshot_load_counters(s->variant, s->caches[l], at);
+            kv_cache_snapshot_load_counters(s->variant, s->caches[i], at);
         } else {
-            kv_cache_snapshot_load(s->variant, s->caches[l], at);
+            kv_cache_snapshot_load(s->variant, s->caches[i], at);
         }
-        at += kv_cache_snapshot_bytes(s->variant, s->caches[l]);
+        at += kv_cache_snapshot_bytes(s->variant, s->caches[i]);
     }
 }
 
@@ -175,12 +188,12 @@ static KvStatus cpu_snapshot_save(KvBackend *b, int slot, KvError *err) {
     KvStatus st = cpu_snapshot_slot(r, slot, err);
     if (st != KV_OK) return st;
     KvRefState *s = &r->s;
-    SnapPart parts[8];
+    SnapPart parts[9];
     const size_t n = cpu_snapshot_parts(s, parts);
     size_t need = 0;
     for (size_t i = 0; i < n; i++) need += parts[i].bytes;
-    for (int64_t l = 0; s->caches != NULL && l < s->n_layers; l++) {
-        if (s->caches[l] != NULL) need += kv_cache_snapshot_bytes(s->variant, s->caches[l]);
+    for (int64_t i = 0; s->caches != NULL && i < s->n_caches; i++) {
+        if (s->caches[i] != NULL) need += kv_cache_snapshot_bytes(s->variant, s->caches[i]);
     }
     if (r->snap[slot] == NULL || r->snap_bytes[slot] != need) {
         free(r->snap[slot]);
@@ -252,6 +265,7 @@ static void cpu_stats(const KvBackend *b, KvBackendStats *out) {
 const KvBackendOps kv_backend_cpu = {
     .name = "cpu",
     .host = true,
+    .per_row = true,
     .query = cpu_query,
     .create = cpu_create,
     .destroy = cpu_destroy,

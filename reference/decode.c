@@ -1,5 +1,5 @@
-/* decode.c: the one decode driver: greedy decoding of a left-padded batch
- * on any backend (backend.h): prefill (whole or in chunks), then one token
+/* decode.c: the one decode driver: greedy decoding of a left-padded (or,
+ * with per-row positions, right-padded) batch on any backend (backend.h): prefill (whole or in chunks), then one token
  * per step, eager or through the graph runner, with teacher forcing, the
  * replay check and the recording of every step. */
 #include "decode.h"
@@ -12,6 +12,12 @@
 KvStatus kv_batch_left_pad(const int32_t *const *prompts, const int64_t *lens, int64_t batch,
                            int32_t pad_id, int32_t **prompt, uint8_t **real, int64_t *prompt_len,
                            KvError *err) {
+    return kv_batch_pad(prompts, lens, batch, pad_id, false, prompt, real, prompt_len, err);
+}
+
+KvStatus kv_batch_pad(const int32_t *const *prompts, const int64_t *lens, int64_t batch,
+                      int32_t pad_id, bool right, int32_t **prompt, uint8_t **real,
+                      int64_t *prompt_len, KvError *err) {
     *prompt = NULL;
     *real = NULL;
     *prompt_len = 0;
@@ -31,10 +37,12 @@ KvStatus kv_batch_left_pad(const int32_t *const *prompts, const int64_t *lens, i
         return kv_error_set(err, KV_ERR_INTERNAL, "prompts: out of memory");
     }
     for (int64_t b = 0; b < batch; b++) {
-        int64_t pad = p - lens[b];
+        /* the row's tokens start at column first */
+        const int64_t first = right ? 0 : p - lens[b];
         for (int64_t i = 0; i < p; i++) {
-            tok[b * p + i] = i < pad ? pad_id : prompts[b][i - pad];
-            rl[b * p + i] = i < pad ? 0 : 1;
+            const bool is_real = i >= first && i < first + lens[b];
+            tok[b * p + i] = is_real ? prompts[b][i - first] : pad_id;
+            rl[b * p + i] = is_real ? 1 : 0;
         }
     }
     *prompt = tok;
@@ -53,13 +61,30 @@ void kv_decode_result_free(KvDecodeResult *r) {
     memset(r, 0, sizeof *r);
 }
 
-/* Checks n tokens per row, tokens (B, n) and real (B, n), starting at
- * cache position pos0: ids inside the vocabulary, and left padding (no pad
- * after a real token within the call). */
-static KvStatus decode_check_tokens(int64_t vocab, const int32_t *tokens, const uint8_t *real,
-                                    int64_t batch, int64_t n, int64_t pos0, KvError *err) {
+bool kv_decode_right_padded(const uint8_t *real, int64_t batch, int64_t n) {
     for (int64_t b = 0; b < batch; b++) {
         bool seen_real = false;
+        for (int64_t t = 0; t < n; t++) {
+            if (real[b * n + t]) {
+                seen_real = true;
+            } else if (seen_real) {
+                return true;
+            }
+        }
+    }
+    return false;
+}
+
+/* Checks n tokens per row, tokens (B, n) and real (B, n), starting at
+ * cache position pos0: ids inside the vocabulary, and the padding: left
+ * padding (no pad after a real token within the call), or with `right` a
+ * row of left pads, real tokens and trailing pads (no real token after a
+ * trailing pad). */
+static KvStatus decode_check_tokens(int64_t vocab, const int32_t *tokens, const uint8_t *real,
+                                    int64_t batch, int64_t n, int64_t pos0, bool right,
+                                    KvError *err) {
+    for (int64_t b = 0; b < batch; b++) {
+        bool seen_real = false, trailing = false;
         for (int64_t t = 0; t < n; t++) {
             const int32_t tok = tokens[b * n + t];
             if (tok < 0 || tok >= vocab) {
@@ -69,7 +94,16 @@ static KvStatus decode_check_tokens(int64_t vocab, const int32_t *tokens, const 
                                     (long long)b, (long long)(pos0 + t), (long long)vocab, tok);
             }
             if (real[b * n + t]) {
+                if (trailing) {
+                    return kv_error_set(err, KV_ERR_INPUT,
+                                        "tokens: row %lld column %lld: a real token after a "
+                                        "trailing pad (a right-padded row is left pads, real "
+                                        "tokens, then pads)",
+                                        (long long)b, (long long)(pos0 + t));
+                }
                 seen_real = true;
+            } else if (seen_real && right) {
+                trailing = true;
             } else if (seen_real) {
                 return kv_error_set(err, KV_ERR_INPUT,
                                     "tokens: row %lld position %lld: a pad after a real token "
@@ -91,19 +125,31 @@ KvStatus kv_decode_check_spec(const KvModel *m, const KvDecodeSpec *sp, KvError 
                             (long long)sp->new_tokens, (long long)sp->prefill_chunk,
                             sp->prompt == NULL || sp->prompt_real == NULL ? "none" : "given");
     }
+    /* Right padding (per-row positions): each row's logits start the decode
+     * from its own last real token, wherever its prompt ends. */
+    const bool right = kv_decode_right_padded(sp->prompt_real, sp->batch, sp->prompt_len);
     for (int64_t b = 0; b < sp->batch; b++) {
+        bool any = false;
+        for (int64_t t = 0; t < sp->prompt_len; t++) any = any || sp->prompt_real[b * sp->prompt_len + t];
         /* Left padding puts every row's last prompt token in the last column,
          * whose logits start the decode. */
-        if (!sp->prompt_real[b * sp->prompt_len + sp->prompt_len - 1]) {
+        if (!any || (!right && !sp->prompt_real[b * sp->prompt_len + sp->prompt_len - 1])) {
             return kv_error_set(err, KV_ERR_INPUT,
-                                "decode: prompt row %lld: expected a real token in the last "
-                                "column (left padding), found a pad",
-                                (long long)b);
+                                "decode: prompt row %lld: expected %s, found %s",
+                                (long long)b,
+                                right ? "at least one real token"
+                                      : "a real token in the last column (left padding)",
+                                any ? "a pad" : "only pads");
         }
     }
     KvStatus st = decode_check_tokens(m->config.vocab_size, sp->prompt, sp->prompt_real,
-                                      sp->batch, sp->prompt_len, 0, err);
+                                      sp->batch, sp->prompt_len, 0, right, err);
     if (st != KV_OK || sp->switch_step == 0) return st;
+    if (right) {
+        return kv_error_set(err, KV_ERR_INPUT,
+                            "decode: a right-padded prompt with a request switch (prefix reuse "
+                            "or speculative rollback) is not supported");
+    }
     if (sp->switch_step < 0 || sp->save_after < 1 || sp->save_after >= sp->prompt_len ||
         sp->suffix_len < 1 || sp->suffix == NULL) {
         return kv_error_set(err, KV_ERR_INPUT,
@@ -126,7 +172,7 @@ KvStatus kv_decode_check_spec(const KvModel *m, const KvDecodeSpec *sp, KvError 
     if (real == NULL) return kv_error_set(err, KV_ERR_INTERNAL, "decode: out of memory");
     memset(real, 1, (size_t)(sp->batch * sp->suffix_len));
     st = decode_check_tokens(m->config.vocab_size, sp->suffix, real, sp->batch, sp->suffix_len,
-                             sp->save_after, err);
+                             sp->save_after, false, err);
     free(real);
     return st;
 }
@@ -191,7 +237,7 @@ static KvStatus decode_step(const KvBackendOps *ops, KvBackend *b, const KvModel
             tok[b] = sp->forced[(step - 1) * B + b];
             real[b] = 1;
         }
-        st = decode_check_tokens(V, tok, real, B, 1, sp->prompt_len + step - 1, err);
+        st = decode_check_tokens(V, tok, real, B, 1, sp->prompt_len + step - 1, false, err);
         if (st == KV_OK) st = ops->set_input(b, tok, real, 1, err);
         if (st != KV_OK) return st;
     }
@@ -336,7 +382,15 @@ KvStatus kv_decode_run(const KvBackendOps *ops, const KvModel *m, const KvDecode
         .order = sp->order,
         .probes = sp->record_probes,
         .dump_probes = sp->record_probes && sp->dump_probes,
+        .per_row = kv_decode_right_padded(sp->prompt_real, B, P),
     };
+    if (setup.per_row && !ops->per_row) {
+        st = kv_error_set(err, KV_ERR_INPUT,
+                          "decode: a right-padded prompt needs per-row positions, which the %s "
+                          "backend does not have",
+                          ops->name);
+        goto cleanup;
+    }
     st = ops->create(m, &setup, &b, err);
     if (st != KV_OK) goto cleanup;
 

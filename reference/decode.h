@@ -83,11 +83,20 @@ typedef struct {
     float nonfinite_value;
 } KvDecodeResult;
 
+/* True when a row of real (B, n) has a pad after a real token: a
+ * right-padded batch, which runs with per-row positions (DESIGN §2). */
+bool kv_decode_right_padded(const uint8_t *real, int64_t batch, int64_t n);
+
 /* Builds a left-padded batch from `batch` prompts of the given lengths.
  * prompt: (B, P) and real: (B, P) are malloc'd; pads hold pad_id. */
 KvStatus kv_batch_left_pad(const int32_t *const *prompts, const int64_t *lens, int64_t batch,
                            int32_t pad_id, int32_t **prompt, uint8_t **real, int64_t *prompt_len,
                            KvError *err);
+/* The same, left- or (right) right-padded: a right-padded row's tokens
+ * start in column 0 and pads fill the rest (DESIGN §2). */
+KvStatus kv_batch_pad(const int32_t *const *prompts, const int64_t *lens, int64_t batch,
+                      int32_t pad_id, bool right, int32_t **prompt, uint8_t **real,
+                      int64_t *prompt_len, KvError *err);
 
 /* The replay check's runs per checked step when replay_k <= 0. */
 #define KV_REPLAY_K 3

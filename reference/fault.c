@@ -32,6 +32,8 @@ static const KvFaultInfo k_faults[KV_FAULT_COUNT] = {
      "the sliding layer exported as a static layer of W slots: writes clamped at W - 1"},
     {KV_FAULT_PREFIX_ALIAS, "prefix_alias", "reference/backend_cpu.c cpu_snapshot_copy", "cache",
      "a reused prefix-cache entry aliases the live cyclic cache: its slots were overwritten"},
+    {KV_FAULT_PAD_SLOTS, "pad_slots", "reference/forward.c op_positions", "cache",
+     "right pads take slots and positions: they crowd real keys out of the window"},
 };
 
 const KvFaultInfo *kv_fault_all(int *count) {

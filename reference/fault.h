@@ -67,9 +67,15 @@ enum {
      * it brings back the positions and the counts but not the sliding
      * layers' slots, which hold the first request's later tokens. */
     KV_FAULT_PREFIX_ALIAS = 1u << 12,
+    /* forward.c op_positions: a right-padded row's trailing pads take slots
+     * and positions, as a static-shape loop that writes its whole padded
+     * chunk into the cache and advances every row by the padded length
+     * (seed 002). The pads are masked but fill the window, so a sliding
+     * layer sees fewer real keys than the row run alone. */
+    KV_FAULT_PAD_SLOTS = 1u << 13,
 };
 
-#define KV_FAULT_COUNT 13
+#define KV_FAULT_COUNT 14
 
 typedef struct {
     unsigned bit;

@@ -36,6 +36,67 @@ static void *kv_alloc_floats(int64_t n) {
     return calloc((size_t)(n > 0 ? n : 1), sizeof(float));
 }
 
+static void ref_free_caches(KvRefState *s) {
+    if (s->caches != NULL) {
+        for (int64_t i = 0; i < s->n_caches; i++) {
+            if (s->caches[i] != NULL) s->variant->destroy(s->caches[i]);
+        }
+        free(s->caches);
+    }
+    s->caches = NULL;
+    s->n_caches = 0;
+}
+
+/* Creates every sliding layer's cache(s) for s->variant: one of B rows per
+ * layer, or with per_row one single-row cache per row (each row then keeps
+ * its own count of stored positions). Full layers keep the static cache. */
+static KvStatus ref_create_caches(KvRefState *s, KvError *err) {
+    const KvConfig *c = &s->model->config;
+    const int64_t kv_dim = c->num_kv_heads * c->head_dim;
+    s->cache_rows = s->per_row ? s->batch : 1;
+    s->caches = calloc((size_t)(c->num_layers * s->cache_rows), sizeof *s->caches);
+    if (s->caches == NULL) {
+        return kv_error_set(err, KV_ERR_INTERNAL, "reference state: out of memory");
+    }
+    s->n_caches = c->num_layers * s->cache_rows;
+    for (int64_t l = 0; l < c->num_layers; l++) {
+        const int64_t w = kv_config_layer_window(c, l);
+        if (w == 0) continue; /* full layers keep the static cache */
+        for (int64_t r = 0; r < s->cache_rows; r++) {
+            KvSlidingCache **slot = &s->caches[l * s->cache_rows + r];
+            KvStatus st = s->variant->create(s->per_row ? 1 : s->batch, w, kv_dim, slot, err);
+            if (st != KV_OK) {
+                kv_error_prefix(err, s->variant->name);
+                return st;
+            }
+            s->variant->reset(*slot);
+        }
+    }
+    return KV_OK;
+}
+
+KvSlidingCache *kv_ref_cache(const KvRefState *s, int64_t layer, int64_t b, int64_t *view_row) {
+    if (view_row != NULL) *view_row = s->per_row ? 0 : b;
+    if (s->caches == NULL || layer < 0 || layer >= s->n_layers) return NULL;
+    return s->caches[layer * s->cache_rows + (s->per_row ? b : 0)];
+}
+
+KvStatus kv_ref_state_set_per_row(KvRefState *s, KvError *err) {
+    if (s->batch > KV_PER_ROW_MAX || s->len != 0) {
+        return kv_error_set(err, KV_ERR_INPUT,
+                            "per-row positions: expected at most %d rows before the first "
+                            "forward, found %lld rows after %lld slots",
+                            KV_PER_ROW_MAX, (long long)s->batch, (long long)s->len);
+    }
+    if (s->per_row) return KV_OK;
+    s->per_row = true;
+    if (s->variant == NULL) return KV_OK;
+    ref_free_caches(s);
+    KvStatus st = ref_create_caches(s, err);
+    if (st == KV_OK) kv_ref_state_plant(s, s->faults);
+    return st;
+}
+
 void kv_ref_state_free(KvRefState *s) {
     if (s == NULL) return;
     free(s->k);
@@ -72,12 +133,10 @@ void kv_ref_state_free(KvRefState *s) {
     free(s->margin);
     free(s->probe_hash);
     kv_probe_dump_free(&s->dump);
-    if (s->caches != NULL) {
-        for (int64_t l = 0; l < s->n_layers; l++) {
-            if (s->caches[l] != NULL) s->variant->destroy(s->caches[l]);
-        }
-        free(s->caches);
-    }
+    free(s->lag);
+    free(s->row_pos);
+    free(s->row_n);
+    ref_free_caches(s);
     memset(s, 0, sizeof *s);
 }
 
@@ -103,6 +162,9 @@ KvStatus kv_ref_state_init(KvRefState *s, const KvModel *m, int64_t batch, int64
     s->v = kv_alloc_floats(c->num_layers * batch * max_len * kv_dim);
     s->real = calloc((size_t)(batch * max_len), 1);
     s->n_real = calloc((size_t)batch, sizeof(int64_t));
+    s->lag = calloc((size_t)batch, sizeof(int64_t));
+    s->row_pos = calloc((size_t)batch, sizeof(int64_t));
+    s->row_n = calloc((size_t)batch, sizeof(int64_t));
     s->inv_freq = kv_alloc_floats(c->head_dim / 2);
     if (c->num_experts > 0) {
         s->moe_logits = kv_alloc_floats(c->num_experts);
@@ -150,7 +212,7 @@ KvStatus kv_ref_state_init(KvRefState *s, const KvModel *m, int64_t batch, int64
     if (!s->k || !s->v || !s->real || !s->n_real || !s->inv_freq || !s->x || !s->xn || !s->q ||
         !s->kn || !s->vn || !s->att || !s->tmp || !s->gate || !s->up || !s->qpos || !s->last ||
         !s->scores || !s->gk || !s->gv || !s->gpos || !s->tok_in || !s->real_in || !s->logits ||
-        !s->next_tok || !s->margin || !s->probe_hash) {
+        !s->next_tok || !s->margin || !s->probe_hash || !s->lag || !s->row_pos || !s->row_n) {
         kv_ref_state_free(s);
         return kv_error_set(err, KV_ERR_INTERNAL,
                             "reference state: out of memory (batch %lld, max_len %lld)",
@@ -169,21 +231,10 @@ KvStatus kv_ref_state_init(KvRefState *s, const KvModel *m, int64_t batch, int64
     }
     if (variant != NULL) {
         s->variant = variant;
-        s->caches = calloc((size_t)c->num_layers, sizeof *s->caches);
-        if (s->caches == NULL) {
+        KvStatus st = ref_create_caches(s, err);
+        if (st != KV_OK) {
             kv_ref_state_free(s);
-            return kv_error_set(err, KV_ERR_INTERNAL, "reference state: out of memory");
-        }
-        for (int64_t l = 0; l < c->num_layers; l++) {
-            int64_t w = kv_config_layer_window(c, l);
-            if (w == 0) continue; /* full layers keep the static cache */
-            KvStatus st = variant->create(batch, w, kv_dim, &s->caches[l], err);
-            if (st != KV_OK) {
-                kv_error_prefix(err, variant->name);
-                kv_ref_state_free(s);
-                return st;
-            }
-            variant->reset(s->caches[l]);
+            return st;
         }
     }
     return KV_OK;
@@ -191,9 +242,9 @@ KvStatus kv_ref_state_init(KvRefState *s, const KvModel *m, int64_t batch, int64
 
 void kv_ref_state_plant(KvRefState *s, unsigned faults) {
     s->faults = faults;
-    for (int64_t l = 0; s->caches != NULL && l < s->n_layers; l++) {
-        if (s->caches[l] != NULL && s->variant->plant != NULL) {
-            s->variant->plant(s->caches[l], faults);
+    for (int64_t i = 0; s->caches != NULL && i < s->n_caches; i++) {
+        if (s->caches[i] != NULL && s->variant->plant != NULL) {
+            s->variant->plant(s->caches[i], faults);
         }
     }
 }
@@ -402,23 +453,31 @@ static void op_probe_cache(const void *ap) {
     const KvConfig *c = &s->model->config;
     const int64_t kv_dim = c->num_kv_heads * c->head_dim;
     const int64_t window = kv_config_layer_window(c, a->layer);
-    const int64_t next = s->total_mem + a->n; /* the next query's position */
-    const int64_t lo = window > 0 && next - window + 1 > 0 ? next - window + 1 : 0;
     const size_t row_bytes = (size_t)kv_dim * sizeof(float);
-    KvSlidingCache *cache = s->caches != NULL ? s->caches[a->layer] : NULL;
-    KvCacheView view = {0};
-    if (cache != NULL) view = s->variant->view(cache);
     /* Slots are found by the layout rule with every position up to next
      * stored (the probe runs after the update), as attention finds them. */
     const KvLayoutRule rule = s->variant != NULL ? s->variant->layout : KV_LAYOUT_LEFT_ALIGNED;
     const int64_t idx = kv_probe_index(a->layer, KV_PROBE_CACHE);
-    float *dense = NULL; /* (B, next - lo, 2, kv_dim) for the dump, NaN = not held */
-    if (s->dump.data != NULL && (next - lo) * 2 * kv_dim <= s->dump.cap[idx]) {
-        s->dump.len[idx] = (next - lo) * 2 * kv_dim;
+    /* The widest row's span (rows differ with per-row positions). */
+    int64_t span = 0;
+    for (int64_t b = 0; b < s->batch; b++) {
+        const int64_t next = s->row_pos[b] + s->row_n[b];
+        const int64_t lo = window > 0 && next - window + 1 > 0 ? next - window + 1 : 0;
+        if (next - lo > span) span = next - lo;
+    }
+    float *dense = NULL; /* (B, span, 2, kv_dim) for the dump, NaN = not held */
+    if (s->dump.data != NULL && span * 2 * kv_dim <= s->dump.cap[idx]) {
+        s->dump.len[idx] = span * 2 * kv_dim;
         dense = s->dump.data[idx];
         for (int64_t i = 0; i < s->batch * s->dump.len[idx]; i++) dense[i] = NAN;
     }
     for (int64_t b = 0; b < s->batch; b++) {
+        const int64_t next = s->row_pos[b] + s->row_n[b]; /* the row's next query position */
+        const int64_t lo = window > 0 && next - window + 1 > 0 ? next - window + 1 : 0;
+        int64_t vb = b; /* the row inside the cache's view */
+        KvSlidingCache *cache = kv_ref_cache(s, a->layer, b, &vb);
+        KvCacheView view = {0};
+        if (cache != NULL) view = s->variant->view(cache);
         uint64_t h = KV_FNV_OFFSET;
         for (int64_t p = lo; p < next; p++) {
             const float *k = NULL, *v = NULL;
@@ -431,10 +490,10 @@ static void op_probe_cache(const void *ap) {
             } else {
                 for (int64_t i = 0; i < view.n_slots; i++) {
                     if (kv_layout_position(rule, window, i, next) != p ||
-                        !view.real[b * view.row_stride + i])
+                        !view.real[vb * view.row_stride + i])
                         continue;
-                    k = view.k + (b * view.row_stride + i) * view.dim;
-                    v = view.v + (b * view.row_stride + i) * view.dim;
+                    k = view.k + (vb * view.row_stride + i) * view.dim;
+                    v = view.v + (vb * view.row_stride + i) * view.dim;
                     recorded = view.pos[i];
                     break;
                 }
@@ -479,13 +538,29 @@ static void op_positions(const void *ap) {
         s->total_mem = a->host_len;
     }
     const int64_t len = s->total_mem;
+    /* Planted KV_FAULT_PAD_SLOTS: trailing pads are stored like left pads. */
+    const bool pad_slots = (s->faults & KV_FAULT_PAD_SLOTS) != 0;
     for (int64_t b = 0; b < s->batch; b++) {
+        const int64_t pos = len - s->lag[b]; /* the row's positions so far */
+        bool seen = s->n_real[b] > 0;
+        int64_t m = 0; /* tokens that take a position */
+        s->row_pos[b] = pos;
         for (int64_t t = 0; t < a->n; t++) {
             const int64_t r = b * a->n + t;
             const uint8_t is_real = s->real_in[r] ? 1 : 0;
-            s->real[b * s->max_len + len + t] = is_real;
+            if (!is_real && seen && !pad_slots) {
+                /* A trailing pad: static-shape filler, no slot, no position
+                 * (only real tokens precede it in this forward, and none
+                 * follows: kv_ref_check_input). */
+                s->qpos[r] = 0;
+                continue;
+            }
+            seen = seen || is_real;
+            s->real[b * s->max_len + pos + m] = is_real;
             s->qpos[r] = is_real ? s->n_real[b]++ : 0;
+            m++;
         }
+        s->row_n[b] = m;
     }
 }
 
@@ -551,8 +626,10 @@ static const uint8_t *pad_skip_mask(const KvRefState *s, int64_t n) {
     return s->probes || n == 1 ? NULL : s->real_in;
 }
 
-/* The first real row of batch row b's chunk (n when it is all pad): rows
- * are left-padded, so [first, n) are real (kv_ref_check_input). */
+/* The first real row of batch row b's chunk (n when it is all pad): every
+ * real row of the chunk is in [first, n) (kv_ref_check_input: left pads
+ * before, with per-row positions trailing pads after, which are computed
+ * and never read). */
 static int64_t chunk_first_real(const uint8_t *real /* (B * n) */, int64_t b, int64_t n) {
     int64_t f = 0;
     while (f < n && !real[b * n + f]) f++;
@@ -741,8 +818,8 @@ static void op_store_static(const void *ap) {
     float *kc = s->k + a->layer * s->batch * s->max_len * kv_dim; /* (B, max_len, kv_dim) */
     float *vc = s->v + a->layer * s->batch * s->max_len * kv_dim; /* (B, max_len, kv_dim) */
     for (int64_t b = 0; b < s->batch; b++) {
-        for (int64_t t = 0; t < a->n; t++) {
-            const int64_t slot = s->total_mem + t;
+        for (int64_t t = 0; t < s->row_n[b]; t++) {
+            const int64_t slot = s->row_pos[b] + t;
             memcpy(kc + (b * s->max_len + slot) * kv_dim, s->kn + (b * a->n + t) * kv_dim,
                    (size_t)kv_dim * sizeof(float));
             memcpy(vc + (b * s->max_len + slot) * kv_dim, s->vn + (b * a->n + t) * kv_dim,
@@ -791,11 +868,13 @@ static void op_attn_static(const void *ap) {
             const int64_t r = it / c->num_heads; /* b * n + t */
             const int64_t b = r / n, t = r % n;
             const uint8_t *real = s->real + b * s->max_len; /* (max_len) */
-            const int64_t qs = len + t; /* the query's slot (= cache position) */
+            const int64_t qs = s->row_pos[b] + t; /* the query's slot (= cache position) */
             const int64_t kvh = kv_gqa_kv_head(h, c->num_heads, c->num_kv_heads);
             int64_t nk = 0;
-            /* A pad query sees nothing; its output is never used. */
-            for (int64_t k = 0; real[qs] && k <= qs; k++) {
+            /* A pad query (left or trailing) sees nothing; its output is
+             * never used. */
+            const bool q_real = t < s->row_n[b] && real[qs];
+            for (int64_t k = 0; q_real && k <= qs; k++) {
                 if (!real[k] || !kv_window_visible(qs, k, window)) continue;
                 gk[nk] = kc + (b * s->max_len + k) * kv_dim + kvh * hd;
                 gv[nk] = vc + (b * s->max_len + k) * kv_dim + kvh * hd;
@@ -813,13 +892,27 @@ static void op_attn_static(const void *ap) {
 typedef struct {
     KvRefState *s;
     int64_t layer, n, host_total;
+    /* per_row: each row's host count (positions stored), frozen likewise */
+    int64_t host_rows[KV_PER_ROW_MAX];
 } ArgsCacheUpdate;
 
 static void op_cache_update(const void *ap) {
     const ArgsCacheUpdate *a = ap;
     KvRefState *s = a->s;
-    s->variant->update(s->caches[a->layer], s->kn, s->vn, s->real_in, a->n, &s->total_mem,
-                       a->host_total);
+    if (!s->per_row) {
+        s->variant->update(s->caches[a->layer], s->kn, s->vn, s->real_in, a->n, &s->total_mem,
+                           a->host_total);
+        return;
+    }
+    /* Each row's own cache takes the row's tokens that take positions (its
+     * first row_n), at the row's own position from memory. */
+    const int64_t kv_dim = s->model->config.num_kv_heads * s->model->config.head_dim;
+    for (int64_t b = 0; b < s->batch; b++) {
+        if (s->row_n[b] < 1) continue;
+        s->variant->update(kv_ref_cache(s, a->layer, b, NULL), s->kn + b * a->n * kv_dim,
+                           s->vn + b * a->n * kv_dim, s->real_in + b * a->n, s->row_n[b],
+                           &s->row_pos[b], a->host_rows[b]);
+    }
 }
 
 /* Attention over a variant's view of a sliding layer plus (include_new) the
@@ -852,8 +945,12 @@ static void op_attn_variant(const void *ap) {
     /* KV_FAULT_UNWRITTEN_SLOT: the mask forgets slot validity, so an empty
      * slot (position -1, NaN since reset) is gathered like a key. */
     const bool unwritten = (s->faults & KV_FAULT_UNWRITTEN_SLOT) != 0;
-    const KvCacheView view = s->variant->view(s->caches[a->layer]);
-    const int64_t len = s->total_mem;
+    /* Each row's view: the layer's one cache, or the row's own (per_row). */
+    KvCacheView views[KV_PER_ROW_MAX];
+    const int64_t n_views = s->per_row ? s->batch : 1;
+    for (int64_t i = 0; i < n_views; i++) {
+        views[i] = s->variant->view(kv_ref_cache(s, a->layer, i, NULL));
+    }
     const int64_t n = a->n;
     /* Slot i's position by the variant's layout rule (layout.h), as a real
      * kernel finds it: positions stored so far are len, plus this step's n
@@ -861,7 +958,6 @@ static void op_attn_variant(const void *ap) {
      * read here; the cache probe checks it. */
     const KvLayoutRule rule = s->variant->layout;
     const int64_t cache_w = kv_config_layer_window(c, a->layer);
-    const int64_t stored = a->include_new ? len : len + n;
 
     const int64_t items = s->batch * n * c->num_heads;
     const int nt = attn_threads(s, 2 * items * (a->n_slots + n) * hd);
@@ -879,18 +975,25 @@ static void op_attn_variant(const void *ap) {
             const int64_t h = it % c->num_heads;
             const int64_t r = it / c->num_heads; /* b * n + t */
             const int64_t b = r / n, t = r % n;
+            const int64_t len = s->row_pos[b]; /* the row's positions before this forward */
+            const int64_t stored = a->include_new ? len : len + s->row_n[b];
+            const KvCacheView *view = &views[s->per_row ? b : 0];
+            const int64_t vb = s->per_row ? 0 : b; /* the row inside the view */
+            /* n_slots is baked at capture (the widest row's with per_row:
+             * a shorter row's extra slots are empty by its rule) */
+            const int64_t n_slots = a->n_slots < view->row_stride ? a->n_slots : view->row_stride;
             const int64_t qs = len + t;
-            const bool q_real = s->real_in[r] != 0;
+            const bool q_real = s->real_in[r] != 0 && t < s->row_n[b];
             const int64_t kvh = kv_gqa_kv_head(h, c->num_heads, c->num_kv_heads);
             int64_t nk = 0;
-            for (int64_t i = 0; q_real && i < a->n_slots; i++) {
+            for (int64_t i = 0; q_real && i < n_slots; i++) {
                 const int64_t p = kv_layout_position(rule, cache_w, i, stored);
                 if (!(p < 0 && unwritten)) {
-                    if (p < 0 || !view.real[b * view.row_stride + i]) continue;
+                    if (p < 0 || !view->real[vb * view->row_stride + i]) continue;
                     if (!kv_window_visible(qs, p, window)) continue;
                 }
-                gk[nk] = view.k + (b * view.row_stride + i) * view.dim + kvh * hd;
-                gv[nk] = view.v + (b * view.row_stride + i) * view.dim + kvh * hd;
+                gk[nk] = view->k + (vb * view->row_stride + i) * view->dim + kvh * hd;
+                gv[nk] = view->v + (vb * view->row_stride + i) * view->dim + kvh * hd;
                 gp[nk] = p;
                 nk++;
             }
@@ -965,7 +1068,10 @@ static void op_final(const void *ap) {
     const KvConfig *c = &m->config;
     const int64_t hidden = c->hidden_size;
     for (int64_t b = 0; b < s->batch; b++) {
-        kv_rmsnorm(s->x + (b * a->n + a->n - 1) * hidden, m->final_norm, hidden,
+        /* The row's last token that took a position; a row of only trailing
+         * pads keeps its last one (and so its logits). */
+        if (s->row_n[b] < 1) continue;
+        kv_rmsnorm(s->x + (b * a->n + s->row_n[b] - 1) * hidden, m->final_norm, hidden,
                    (float)c->rms_norm_eps, kv_config_gemma_style(c), s->last + b * hidden);
     }
     matmul_by(s->last, m->lm_head, s->batch, hidden, c->vocab_size, s->logits, matmul_kind(s));
@@ -991,6 +1097,7 @@ static void op_argmax_advance(const void *ap) {
         s->next_tok[b] = kv_argmax(s->logits + b * vocab, vocab, &s->margin[b]);
         s->tok_in[b] = s->next_tok[b]; /* the next step's (B, 1) input */
         s->real_in[b] = 1;
+        s->lag[b] += a->n - s->row_n[b]; /* trailing pads take no position */
     }
     s->total_mem += a->n;
 }
@@ -1101,19 +1208,27 @@ static void launch_layer(KvRefState *s, int64_t layer, int64_t n) {
     launch_probe(s, kv_probe_index(layer, KV_PROBE_K), s->kn, n * kv_dim * (int64_t)sizeof(float));
     launch_probe(s, kv_probe_index(layer, KV_PROBE_V), s->vn, n * kv_dim * (int64_t)sizeof(float));
 
-    KvSlidingCache *cache = s->caches != NULL ? s->caches[layer] : NULL;
+    KvSlidingCache *cache = kv_ref_cache(s, layer, 0, NULL);
     if (cache != NULL) {
         /* A variant's sliding layer: its own update and view (DESIGN §3).
          * n == 1 takes the variant's fast path; n > 1 attends over the
          * cached keys plus the new ones, then stores the last min(W, seen). */
         const KvCacheOps *ops = s->variant;
         const bool after = n == 1 && ops->one_token_order == KV_ATTEND_AFTER_UPDATE;
-        ArgsCacheUpdate up = {s, layer, n, s->len};
-        if (after) kv_stream_launch(st, op_cache_update, &up, sizeof up);
+        ArgsCacheUpdate up = {s, layer, n, s->len, {0}};
         /* The attended length is read now, at launch: a graph bakes it in.
          * Fixed-size variants always expose W slots; dynamic attends before
-         * its update, so this is the length the step really attends over. */
-        ArgsAttnVariant att = {s, layer, n, ops->view(cache).n_slots, !after};
+         * its update, so this is the length the step really attends over
+         * (with per-row positions the widest row's). */
+        int64_t n_slots = 0;
+        for (int64_t b = 0; b < (s->per_row ? s->batch : 1); b++) {
+            const int64_t v = ops->view(kv_ref_cache(s, layer, b, NULL)).n_slots;
+            if (v > n_slots) n_slots = v;
+            /* the host's own count of the row's positions */
+            if (s->per_row) up.host_rows[b] = s->len - s->lag[b];
+        }
+        if (after) kv_stream_launch(st, op_cache_update, &up, sizeof up);
+        ArgsAttnVariant att = {s, layer, n, n_slots, !after};
         kv_stream_launch(st, op_attn_variant, &att, sizeof att);
         if (!after) kv_stream_launch(st, op_cache_update, &up, sizeof up);
     } else {
@@ -1194,6 +1309,7 @@ KvStatus kv_ref_check_input(const KvRefState *s, const int32_t *tokens, const ui
     }
     for (int64_t b = 0; b < s->batch; b++) {
         bool seen_real = s->n_real[b] > 0;
+        bool trailing = false; /* a trailing pad seen in this forward (per_row) */
         for (int64_t t = 0; t < n; t++) {
             const int32_t tok = tokens[b * n + t];
             if (tok < 0 || tok >= c->vocab_size) {
@@ -1204,11 +1320,21 @@ KvStatus kv_ref_check_input(const KvRefState *s, const int32_t *tokens, const ui
                                     (long long)c->vocab_size, tok);
             }
             if (real[b * n + t]) {
+                if (trailing) {
+                    return kv_error_set(err, KV_ERR_INPUT,
+                                        "tokens: row %lld column %lld: a real token after a "
+                                        "trailing pad in one forward (a right-padded row ends "
+                                        "its forward in pads)",
+                                        (long long)b, (long long)(s->len + t));
+                }
                 seen_real = true;
+            } else if (seen_real && s->per_row) {
+                trailing = true;
             } else if (seen_real) {
                 return kv_error_set(err, KV_ERR_INPUT,
                                     "tokens: row %lld position %lld: a pad after a real token "
-                                    "(batches must be left-padded)",
+                                    "(batches must be left-padded; right padding needs "
+                                    "per-row positions)",
                                     (long long)b, (long long)(s->len + t));
             }
         }
@@ -1218,8 +1344,9 @@ KvStatus kv_ref_check_input(const KvRefState *s, const int32_t *tokens, const ui
 
 KvStatus kv_ref_check_sentinels(const KvRefState *s, int64_t n, KvError *err) {
     if (s->caches == NULL) return KV_OK;
-    for (int64_t l = 0; l < s->n_layers; l++) {
-        if (s->caches[l] != NULL && !s->variant->sentinels_ok(s->caches[l])) {
+    for (int64_t i = 0; i < s->n_caches; i++) {
+        const int64_t l = i / s->cache_rows;
+        if (s->caches[i] != NULL && !s->variant->sentinels_ok(s->caches[i])) {
             return kv_error_set(err, KV_ERR_INTERNAL,
                                 "%s: layer %lld: a cache sentinel region was overwritten while "
                                 "storing positions %lld..%lld (out-of-bounds write)",

@@ -5,7 +5,10 @@
  * this is the "obviously right" layout every cache variant is compared with.
  * Batches are left-padded: each row has the same number of slots; pad slots
  * are never visible as keys, and a row's RoPE position is the number of real
- * tokens before it.
+ * tokens before it. With per-row positions (kv_ref_state_set_per_row) rows
+ * may also be right-padded (DESIGN §2): a pad after a row's first real token
+ * is static-shape filler that takes no slot and no position, so rows sit at
+ * different positions (row b's slot = position = len - lag[b]).
  *
  * With a cache variant (cache.h), sliding layers keep their K/V in
  * the variant's W slots instead and attention reads the variant's view; full
@@ -102,11 +105,27 @@ typedef struct {
     int64_t nonfinite_probe, nonfinite_row, nonfinite_index;
     float nonfinite_value;
     const KvCacheOps *variant;  /* NULL: the reference (every layer in the static cache) */
-    KvSlidingCache **caches;    /* (num_layers) the variant's cache per sliding layer, else NULL */
-    int64_t n_layers;   /* entries in caches */
-    int64_t total_mem;  /* positions stored so far, in memory: ops read it at execution
-                         * (the value a CUDA graph would read from device memory) */
+    KvSlidingCache **caches;    /* (num_layers, cache_rows) the variant's cache(s) per sliding
+                                 * layer, else NULL */
+    int64_t n_layers;   /* num_layers */
+    int64_t total_mem;  /* columns fed so far, in memory: ops read it at execution
+                         * (the value a CUDA graph would read from device memory); a row's
+                         * positions are total_mem - lag[b] */
+    /* Per-row positions (right padding, DESIGN §2). Without them every row
+     * has lag 0 and row_n = n, so row_pos = total_mem for every row. */
+    bool per_row;       /* rows may sit at different positions: each sliding layer keeps
+                         * one single-row cache per row (cache_rows = B) */
+    int64_t cache_rows; /* caches per layer: 1, or B with per_row */
+    int64_t n_caches;   /* entries in caches: n_layers * cache_rows */
+    int64_t *lag;       /* (B) trailing pads of row b so far (no slot, no position) */
+    int64_t *row_pos;   /* (B) positions row b had stored before this forward */
+    int64_t *row_n;     /* (B) tokens of this forward that take positions in row b (all but
+                         * its trailing pads) */
 } KvRefState;
+
+/* Most rows of a per-row state: the host's per-row counts travel by value in
+ * a captured op's arguments. */
+#define KV_PER_ROW_MAX 8
 
 /* Allocates a state for `batch` rows of up to max_len slots, taking up to
  * max_chunk tokens per forward call. variant NULL: the reference; else
@@ -114,6 +133,17 @@ typedef struct {
 KvStatus kv_ref_state_init(KvRefState *s, const KvModel *m, int64_t batch, int64_t max_len,
                            int64_t max_chunk, const KvCacheOps *variant, KvError *err);
 void kv_ref_state_free(KvRefState *s);
+
+/* Switches the state to per-row positions before its first forward: every
+ * sliding layer's cache becomes one single-row cache per row, and forwards
+ * may right-pad (kv_ref_check_input). KV_ERR_INPUT for more than
+ * KV_PER_ROW_MAX rows or after a forward. */
+KvStatus kv_ref_state_set_per_row(KvRefState *s, KvError *err);
+
+/* Layer l's variant cache serving row b (the layer's only cache without
+ * per-row positions), or NULL on a layer without one; *view_row receives b's
+ * row inside that cache's view. */
+KvSlidingCache *kv_ref_cache(const KvRefState *s, int64_t layer, int64_t b, int64_t *view_row);
 
 /* Plants faults (fault.h bits) in the state and in every variant cache
  * that implements one of them; 0 makes the state clean again. */
@@ -127,8 +157,10 @@ void kv_ref_nonfinite_reset(KvRefState *s);
 KvStatus kv_ref_dump_enable(KvRefState *s, KvError *err);
 
 /* Appends n tokens to every row (slots len .. len+n-1) and runs the model.
- * tokens: (B, n); real: (B, n) 0 marks a pad (left padding only: a pad never
- * follows a real token in a row). logits: (B, vocab), the logits of each
+ * tokens: (B, n); real: (B, n) 0 marks a pad (left padding: a pad never
+ * follows a real token in a row; with per-row positions a row may end its
+ * forward in trailing pads, after which no real token follows in the same
+ * forward; a row with no token that takes a position keeps its logits). logits: (B, vocab), the logits of each
  * row's last new token (after the final softcap). With a variant, every
  * cache's sentinel regions are checked after the call: an out-of-bounds
  * write is KV_ERR_INTERNAL naming the layer and the variant. */

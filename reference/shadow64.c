@@ -438,17 +438,20 @@ static KvStatus shadow_check_decode(const KvModel *m, int64_t batch, int64_t pro
                                     const float *logits /* (steps, B, vocab) */, KvError *err) {
     const int64_t vocab = m->config.vocab_size;
     for (int64_t b = 0; b < batch; b++) {
-        bool seen_real = false;
+        /* Left pads, real tokens, then (right padding) trailing pads: the
+         * shadow runs the row alone on its real tokens either way. */
+        bool seen_real = false, trailing = false;
         for (int64_t i = 0; i < prompt_len; i++) {
             const int32_t tok = prompt[b * prompt_len + i];
             if (!real[b * prompt_len + i]) {
-                if (seen_real) {
-                    return kv_error_set(err, KV_ERR_INPUT,
-                                        "shadow64: prompt row %lld position %lld: a pad after a "
-                                        "real token (batches must be left-padded)",
-                                        (long long)b, (long long)i);
-                }
+                trailing = trailing || seen_real;
                 continue;
+            }
+            if (trailing) {
+                return kv_error_set(err, KV_ERR_INPUT,
+                                    "shadow64: prompt row %lld position %lld: a real token after "
+                                    "a trailing pad (rows are left pads, real tokens, then pads)",
+                                    (long long)b, (long long)i);
             }
             seen_real = true;
             if (tok < 0 || tok >= vocab) {
@@ -458,10 +461,10 @@ static KvStatus shadow_check_decode(const KvModel *m, int64_t batch, int64_t pro
                                     (long long)b, (long long)i, (long long)vocab, tok);
             }
         }
-        if (!real[b * prompt_len + prompt_len - 1]) {
+        if (!seen_real) {
             return kv_error_set(err, KV_ERR_INPUT,
-                                "shadow64: prompt row %lld: expected a real token in the last "
-                                "column (left padding), found a pad",
+                                "shadow64: prompt row %lld: expected at least one real token, "
+                                "found only pads",
                                 (long long)b);
         }
     }

@@ -57,10 +57,41 @@ static int64_t expected_captures(const KvCacheOps *v, int64_t prompt_len, int64_
     return 1;
 }
 
+/* The same for a right-padded batch (per-row positions): the capture key
+ * sums the rows' regimes and attended lengths, so it changes at every step
+ * where some row's changes. lens: (B) each row's positions after the
+ * prefill. */
+static int64_t expected_captures_rows(const KvCacheOps *v, const int64_t *lens, int64_t batch,
+                                      int64_t steps, int64_t w) {
+    if (steps <= 1) return 0;
+    int64_t captures = 0, prev = -1;
+    for (int64_t s = 1; s < steps; s++) {
+        int64_t key = 0;
+        for (int64_t b = 0; b < batch; b++) {
+            const int64_t total = lens[b] + s - 1;
+            if (v->host_branch) key += total >= w ? 1 : 0;
+            if (v->one_token_order == KV_ATTEND_BEFORE_UPDATE) key += total < w - 1 ? total : w - 1;
+        }
+        if (key != prev) captures++;
+        prev = key;
+    }
+    return captures;
+}
+
+/* Each row's positions after the prefill of a (B, P) prompt: its columns up
+ * to its last real token (all P when left-padded). */
+static void row_lengths(const uint8_t *real, int64_t batch, int64_t P, int64_t *lens) {
+    const bool right = kv_decode_right_padded(real, batch, P);
+    for (int64_t b = 0; b < batch; b++) {
+        lens[b] = P;
+        while (right && lens[b] > 1 && !real[b * P + lens[b] - 1]) lens[b]--;
+    }
+}
+
 static KvDecodeResult scenario_decode(const KvModel *m, const char *name,
                                       const KvCacheOps *variant, KvExecMode mode,
                                       unsigned faults, int64_t *prompt_len,
-                                      int64_t replay_every) {
+                                      int64_t replay_every, int64_t *row_lens /* (B) or NULL */) {
     KvScenario sc;
     KvError err = {{0}};
     ck_assert_msg(kv_scenario_build(&m->config, name, TEST_PROMPT_SEED, &sc, &err) == KV_OK, "%s",
@@ -83,6 +114,7 @@ static KvDecodeResult scenario_decode(const KvModel *m, const char *name,
         .record_probes = true,
     };
     if (prompt_len != NULL) *prompt_len = sc.prompt_len;
+    if (row_lens != NULL) row_lengths(sc.real, sc.batch, sc.prompt_len, row_lens);
     KvDecodeResult r;
     KvStatus st = kv_decode_greedy(m, &spec, &r, &err);
     ck_assert_msg(st == KV_OK, "%s %s: %s", name, variant ? variant->name : "reference", err.msg);
@@ -98,8 +130,10 @@ START_TEST(test_variants_bitwise) {
     KvError err = {{0}};
     ck_assert_msg(kv_fixture_load(fam, TEST_SEED, &f, &err) == KV_OK, "%s", err.msg);
     const int64_t w = f.model.config.sliding_window;
-    int64_t plen = 0;
-    KvDecodeResult ref = scenario_decode(&f.model, sc, NULL, KV_MODE_EAGER, 0, &plen, 0);
+    int64_t plen = 0, lens[8] = {0};
+    KvDecodeResult ref = scenario_decode(&f.model, sc, NULL, KV_MODE_EAGER, 0, &plen, 0, lens);
+    bool per_row = false; /* right-padded: rows at their own positions */
+    for (int64_t b = 0; b < ref.batch; b++) per_row = per_row || lens[b] != plen;
     int count = 0;
     const KvCacheOps *const *all = kv_cache_all(&count);
     ck_assert_int_eq(count, N_VARIANTS);
@@ -107,7 +141,7 @@ START_TEST(test_variants_bitwise) {
     for (int v = 0; v < count; v++) {
         for (int mode = KV_MODE_EAGER; mode <= KV_MODE_GRAPH; mode++) {
             /* Replay check every 7th step: K = 3 runs from one snapshot. */
-            KvDecodeResult r = scenario_decode(&f.model, sc, all[v], (KvExecMode)mode, 0, NULL, 7);
+            KvDecodeResult r = scenario_decode(&f.model, sc, all[v], (KvExecMode)mode, 0, NULL, 7, NULL);
             ck_assert_msg(r.replays_checked > 0 && r.replay_mismatch_step < 0,
                           "%s %s %s (%s): replay check: %lld steps checked, mismatch at %lld",
                           fam, sc, all[v]->name, mode_name[mode],
@@ -143,17 +177,23 @@ START_TEST(test_variants_bitwise) {
                                  i / (size_t)(ref.n_probes * ref.batch), i % (size_t)ref.batch);
                 }
             }
-            const int64_t want = mode == KV_MODE_GRAPH
-                                     ? expected_captures(all[v], plen, ref.steps, w) : 0;
+            const int64_t want =
+                mode != KV_MODE_GRAPH ? 0
+                : per_row ? expected_captures_rows(all[v], lens, ref.batch, ref.steps, w)
+                          : expected_captures(all[v], plen, ref.steps, w);
             ck_assert_msg(r.graphs_captured == want,
                           "%s %s %s (%s): %lld graph captures, expected %lld", fam, sc,
                           all[v]->name, mode_name[mode], (long long)r.graphs_captured,
                           (long long)want);
             /* The budget the gate judges graph runs by (KvCacheOps.graph_budget)
              * holds for every clean decode; dynamic's is exact. */
-            const int64_t budget = all[v]->graph_budget(w, plen, ref.steps - 1);
+            int64_t budget = 1;
+            for (int64_t b = 0; b < (per_row ? ref.batch : 1); b++) {
+                budget += all[v]->graph_budget(w, per_row ? lens[b] : plen, ref.steps - 1) - 1;
+            }
+            /* exact for dynamic on one row; rows' changes may coincide */
             ck_assert_msg(r.graphs_captured <= budget &&
-                              (!all[v]->host_shape || mode != KV_MODE_GRAPH ||
+                              (!all[v]->host_shape || mode != KV_MODE_GRAPH || per_row ||
                                r.graphs_captured == budget),
                           "%s %s %s (%s): %lld graph captures, budget %lld", fam, sc,
                           all[v]->name, mode_name[mode], (long long)r.graphs_captured,
@@ -220,7 +260,7 @@ START_TEST(test_prefix_reuse_equals_fresh) {
             if (v < 0 && mode == KV_MODE_GRAPH) continue;
             const KvCacheOps *var = v < 0 ? NULL : all[v];
             KvDecodeResult r = scenario_decode(&f.model, name, var,
-                                               (KvExecMode)mode, 0, NULL, 5);
+                                               (KvExecMode)mode, 0, NULL, 5, NULL);
             ck_assert_int_eq(r.steps, K + twin.steps);
             for (int64_t s = 0; s < twin.steps; s++) {
                 ck_assert_msg(memcmp(r.logits + (s + K) * V, twin.logits + s * V,
@@ -235,10 +275,10 @@ START_TEST(test_prefix_reuse_equals_fresh) {
     }
     /* prefix_alias on a wrapped variant: equal up to the switch, not at it */
     KvDecodeResult clean = scenario_decode(&f.model, name,
-                                           kv_cache_find("ring"), KV_MODE_EAGER, 0, NULL, 0);
+                                           kv_cache_find("ring"), KV_MODE_EAGER, 0, NULL, 0, NULL);
     KvDecodeResult alias =
         scenario_decode(&f.model, name, kv_cache_find("ring"), KV_MODE_EAGER,
-                        KV_FAULT_PREFIX_ALIAS, NULL, 0);
+                        KV_FAULT_PREFIX_ALIAS, NULL, 0, NULL);
     ck_assert_msg(memcmp(clean.logits, alias.logits, (size_t)(K * V) * sizeof(float)) == 0,
                   "%s %s: prefix_alias changed a step before the switch", name, fam);
     ck_assert_msg(memcmp(clean.logits + K * V, alias.logits + K * V, (size_t)V * sizeof(float)) != 0,
@@ -248,10 +288,10 @@ START_TEST(test_prefix_reuse_equals_fresh) {
     /* seed 004's export-style static layer is caught here too (DESIGN §7):
      * the first request is past W from its prefill on */
     clean = scenario_decode(&f.model, name, kv_cache_find("index_copy"),
-                            KV_MODE_EAGER, 0, NULL, 0);
+                            KV_MODE_EAGER, 0, NULL, 0, NULL);
     KvDecodeResult fixed = scenario_decode(&f.model, name,
                                            kv_cache_find("index_copy"), KV_MODE_EAGER,
-                                           KV_FAULT_STATIC_LAYER, NULL, 0);
+                                           KV_FAULT_STATIC_LAYER, NULL, 0, NULL);
     ck_assert_msg(memcmp(clean.logits, fixed.logits, (size_t)(clean.steps * V) * sizeof(float)) != 0,
                   "%s: static_layer left %s unchanged", fam, name);
     kv_decode_result_free(&clean);
@@ -290,7 +330,7 @@ START_TEST(test_variants_multi_token) {
     KvScenario scen;
     ck_assert(kv_scenario_build(&m->config, sc, TEST_PROMPT_SEED, &scen, &err) == KV_OK);
     int64_t plen = 0;
-    KvDecodeResult greedy = scenario_decode(m, sc, NULL, KV_MODE_EAGER, 0, &plen, 0);
+    KvDecodeResult greedy = scenario_decode(m, sc, NULL, KV_MODE_EAGER, 0, &plen, 0, NULL);
     /* prompt + continuation, fed as: the prompt at once, then k at a time */
     const int64_t total = plen + greedy.steps;
     int32_t *seq = malloc((size_t)total * sizeof *seq);
@@ -370,9 +410,9 @@ START_TEST(test_graph_freezes_scalars) {
     const char *sc = "prefill_longer_than_window"; /* no re-capture during the decode */
     const KvCacheOps *ring = kv_cache_find("ring");
     ck_assert_ptr_nonnull(ring);
-    KvDecodeResult clean = scenario_decode(&f.model, sc, ring, KV_MODE_GRAPH, 0, NULL, 0);
-    KvDecodeResult eager = scenario_decode(&f.model, sc, ring, KV_MODE_EAGER, KV_FAULT_STALE_SCALAR, NULL, 0);
-    KvDecodeResult graph = scenario_decode(&f.model, sc, ring, KV_MODE_GRAPH, KV_FAULT_STALE_SCALAR, NULL, 0);
+    KvDecodeResult clean = scenario_decode(&f.model, sc, ring, KV_MODE_GRAPH, 0, NULL, 0, NULL);
+    KvDecodeResult eager = scenario_decode(&f.model, sc, ring, KV_MODE_EAGER, KV_FAULT_STALE_SCALAR, NULL, 0, NULL);
+    KvDecodeResult graph = scenario_decode(&f.model, sc, ring, KV_MODE_GRAPH, KV_FAULT_STALE_SCALAR, NULL, 0, NULL);
     const size_t per = (size_t)(clean.batch * clean.vocab) * sizeof(float);
     ck_assert_msg(memcmp(clean.logits, eager.logits, per * (size_t)clean.steps) == 0,
                   "the stale scalar must be invisible in eager mode");
@@ -400,7 +440,7 @@ START_TEST(test_replay_check_catches_nondeterminism) {
     ck_assert_msg(kv_fixture_load("mistral-tiny", TEST_SEED, &f, &err) == KV_OK, "%s", err.msg);
     const KvCacheOps *ring = kv_cache_find("ring");
     KvDecodeResult r = scenario_decode(&f.model, "short_prompt_crosses_window", ring, (KvExecMode)_i,
-                                       KV_FAULT_ATOMIC_REDUCTION, NULL, 4);
+                                       KV_FAULT_ATOMIC_REDUCTION, NULL, 4, NULL);
     ck_assert_msg(r.replay_mismatch_step == 4,
                   "replay check should flag step 4 (the first checked), flagged %lld",
                   (long long)r.replay_mismatch_step);

@@ -111,7 +111,7 @@ extern "C" KvStatus kv_cuda_bench_decode(const KvModel *m, const KvDecodeSpec *s
         const KvBackendSetup setup = {
             sp->batch, P + sp->new_tokens - 1,
             sp->prefill_chunk > 0 && sp->prefill_chunk < P ? sp->prefill_chunk : P,
-            sp->variant, sp->faults, sp->order, false, false, false,
+            sp->variant, sp->faults, sp->order, false, false, false, false,
         };
         KV_TRY(ops->create(m, &setup, &b, err));
     }
