@@ -71,10 +71,12 @@ static void gate_usage(FILE *f) {
             "                    gpt_oss-tiny, mistral_mixed-tiny (layer windows 4,16,4,16),\n"
             "                    gemma2-medium, mistral-medium, qwen2-medium, gemma3-medium,\n"
             "                    mistral-125m (default: the six tiny ones)\n"
-            "  --scenarios LIST  comma-separated, default all: short_prompt_crosses_window,\n"
+            "  --scenarios LIST  comma-separated, default: short_prompt_crosses_window,\n"
             "                    prompt_w_minus_1, prompt_w, prompt_w_plus_1,\n"
             "                    prefill_longer_than_window, left_padded_batch, chunked_prefill,\n"
-            "                    prefix_reuse_after_wrap, speculative_rollback_past_window\n"
+            "                    prefix_reuse_after_wrap, speculative_rollback_past_window;\n"
+            "                    `extended` adds the right-padded right_padded_static_loop and\n"
+            "                    parallel_positions (cpu only so far; --faults runs them too)\n"
             "  --variants LIST   default all: index_copy, cat_shift, roll, always_roll, ring,\n"
             "                    dynamic\n"
             "  --backends LIST   default every backend built: cpu and cuda (cuda runs are\n"
@@ -315,12 +317,17 @@ static const char *gate_getenv(const char *name, void *ctx) {
 static bool gate_parse_args(int argc, char **argv, GateArgs *a, KvGateOptions *o, bool *help) {
     static const char *const k_modes[] = {"eager", "graph"};
     int n_known = 0, n_all = 0, picked[KV_GATE_MAX_LIST], n_picked = 0;
-    const char *const *known = kv_scenario_names(&n_known);
+    /* Any scenario may be named; the default is the default set, and
+     * `extended` (or --faults without --scenarios) adds the extended ones. */
+    int n_default = 0;
+    const char *const *defaults = kv_scenario_names(&n_default);
+    const char *const *known = kv_scenario_all_names(&n_known);
+    bool scen_given = false;
     const KvCacheOps *const *all = kv_cache_all(&n_all);
     const char *variant_names[KV_GATE_MAX_LIST];
     for (int k = 0; k < n_all && k < KV_GATE_MAX_LIST; k++) variant_names[k] = all[k]->name;
-    for (int k = 0; k < n_known && k < KV_GATE_MAX_LIST; k++) a->scen_names[k] = known[k];
-    o->n_scenarios = n_known;
+    for (int k = 0; k < n_default && k < KV_GATE_MAX_LIST; k++) a->scen_names[k] = defaults[k];
+    o->n_scenarios = n_default;
     for (int k = 0; k < n_all && k < KV_GATE_MAX_LIST; k++) a->variants[k] = all[k];
     o->n_variants = n_all;
     int n_be = 0;
@@ -375,6 +382,14 @@ static bool gate_parse_args(int argc, char **argv, GateArgs *a, KvGateOptions *o
             a->externals[a->n_external++] = v;
         } else if (kv_cli_take(argc, argv, &i, "--scenarios", &v, &bad)) {
             gate_note_matrix_opt(a, "--scenarios");
+            scen_given = true;
+            if (!bad && strcmp(v, "extended") == 0) {
+                for (int k = 0; k < n_known && k < KV_GATE_MAX_LIST; k++) {
+                    a->scen_names[k] = known[k];
+                }
+                o->n_scenarios = n_known;
+                continue;
+            }
             bad = bad || !gate_parse_names("--scenarios", v, known, n_known, picked, &n_picked);
             for (int k = 0; k < n_picked && !bad; k++) a->scen_names[k] = known[picked[k]];
             if (!bad) o->n_scenarios = n_picked;
@@ -483,6 +498,12 @@ static bool gate_parse_args(int argc, char **argv, GateArgs *a, KvGateOptions *o
         bad = true;
     }
     if (!bad && !gate_check_external_args(a)) bad = true;
+    if (!bad && a->mutation && !scen_given) {
+        /* The mutation score covers every planted fault, and pad_slots acts
+         * only on the extended (right-padded) scenarios. */
+        for (int k = 0; k < n_known && k < KV_GATE_MAX_LIST; k++) a->scen_names[k] = known[k];
+        o->n_scenarios = n_known;
+    }
     o->scenarios = a->scen_names;
     o->variants = a->variants;
     o->max_new_tokens = (int64_t)a->max_new;

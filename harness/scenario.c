@@ -21,6 +21,7 @@ typedef struct {
     int script;   /* SCRIPT_*: a request switch judged against a fresh twin */
     bool right;   /* right-padded: rows at their own positions (DESIGN §2) */
     int64_t len_half[MAX_ROWS];
+    bool extended; /* in the extended set only (kv_scenario_all_names) */
 } ScenarioDef;
 
 enum {
@@ -34,13 +35,13 @@ enum {
 static int64_t spec_drafts(int64_t w) { return w / 4 + 1 < 9 ? w / 4 + 1 : 9; }
 
 static const ScenarioDef k_defs[] = {
-    {"short_prompt_crosses_window", 1, {0, 0}, {5, 0}, false, SCRIPT_NONE, false, {0}},
-    {"prompt_w_minus_1", 1, {1, 0}, {-1, 0}, false, SCRIPT_NONE, false, {0}},
-    {"prompt_w", 1, {1, 0}, {0, 0}, false, SCRIPT_NONE, false, {0}},
-    {"prompt_w_plus_1", 1, {1, 0}, {1, 0}, false, SCRIPT_NONE, false, {0}},
-    {"prefill_longer_than_window", 1, {3, 0}, {0, 0}, false, SCRIPT_NONE, false, {0}},
-    {"left_padded_batch", 2, {3, 0}, {0, 3}, false, SCRIPT_NONE, false, {0}},
-    {"chunked_prefill", 1, {3, 0}, {0, 0}, true, SCRIPT_NONE, false, {0}},
+    {"short_prompt_crosses_window", 1, {0, 0}, {5, 0}, false, SCRIPT_NONE, false, {0}, false},
+    {"prompt_w_minus_1", 1, {1, 0}, {-1, 0}, false, SCRIPT_NONE, false, {0}, false},
+    {"prompt_w", 1, {1, 0}, {0, 0}, false, SCRIPT_NONE, false, {0}, false},
+    {"prompt_w_plus_1", 1, {1, 0}, {1, 0}, false, SCRIPT_NONE, false, {0}, false},
+    {"prefill_longer_than_window", 1, {3, 0}, {0, 0}, false, SCRIPT_NONE, false, {0}, false},
+    {"left_padded_batch", 2, {3, 0}, {0, 3}, false, SCRIPT_NONE, false, {0}, false},
+    {"chunked_prefill", 1, {3, 0}, {0, 0}, true, SCRIPT_NONE, false, {0}, false},
     /* TRT-LLM PR #2983: a prefix-cache entry of a request's first W/2 + 1
      * tokens (a shared system prompt) is reused by a second request after
      * the first request's sliding cache has wrapped (its prompt is 1.5 W, and
@@ -48,7 +49,7 @@ static const ScenarioDef k_defs[] = {
      * of W/2 + 2 tokens crosses the window inside one forward. An engine
      * whose entry aliases the live cyclic cache (planted: prefix_alias)
      * reads the first request's later keys there. */
-    {"prefix_reuse_after_wrap", 1, {1, 0}, {0, 0}, false, SCRIPT_PREFIX_REUSE, false, {0}},
+    {"prefix_reuse_after_wrap", 1, {1, 0}, {0, 0}, false, SCRIPT_PREFIX_REUSE, false, {0}, false},
     /* flashinfer #3864: speculative decoding past the window. At position
      * 1.5 W (every sliding cache wrapped) k = spec_drafts(W) draft tokens
      * are verified in one forward, which writes their keys over the oldest
@@ -60,7 +61,7 @@ static const ScenarioDef k_defs[] = {
      * (planted: prefix_alias) keeps the rejected drafts' keys in slots the
      * window still needs. The decode after the rollback must equal the
      * accepted context decoded from scratch. */
-    {"speculative_rollback_past_window", 1, {1, 0}, {0, 0}, false, SCRIPT_SPECULATIVE, false, {0}},
+    {"speculative_rollback_past_window", 1, {1, 0}, {0, 0}, false, SCRIPT_SPECULATIVE, false, {0}, false},
     /* Seed 002's static-shape loop: a batch right-padded to a fixed length
      * (a whole number of chunks), prefilled in chunks of one fixed shape
      * (W / 2 + 1; a row whose prompt has ended feeds a chunk of pads), then
@@ -69,16 +70,29 @@ static const ScenarioDef k_defs[] = {
      * every row must equal the row run alone. An engine that stores the
      * right pads as positions (planted: pad_slots) pushes real keys out of
      * the window. */
-    {"right_padded_static_loop", 3, {1, 0, 0}, {3, 1, 2}, true, SCRIPT_NONE, true, {0, 1, 0}},
+    {"right_padded_static_loop", 3, {1, 0, 0}, {3, 1, 2}, true, SCRIPT_NONE, true, {0, 1, 0},
+     true},
     /* llama.cpp #14097: parallel sequences at different positions in one
      * batch: prompts of 2 W + 3, W - 1, W / 2 and 1 tokens (right-padded,
      * one prefill), so the rows cross the window at decode steps 1, W / 2
      * and W - 1 while the first is long past it. */
-    {"parallel_positions", 4, {2, 1, 0, 0}, {3, -1, 0, 1}, false, SCRIPT_NONE, true, {0, 0, 1, 0}},
+    {"parallel_positions", 4, {2, 1, 0, 0}, {3, -1, 0, 1}, false, SCRIPT_NONE, true, {0, 0, 1, 0},
+     true},
 };
 #define N_DEFS (int)(sizeof k_defs / sizeof k_defs[0])
 
+/* The extended scenarios follow the default ones in k_defs. */
 const char *const *kv_scenario_names(int *count) {
+    static const char *names[N_DEFS];
+    int n = 0;
+    for (int i = 0; i < N_DEFS; i++) {
+        if (!k_defs[i].extended) names[n++] = k_defs[i].name;
+    }
+    *count = n;
+    return names;
+}
+
+const char *const *kv_scenario_all_names(int *count) {
     static const char *names[N_DEFS];
     for (int i = 0; i < N_DEFS; i++) names[i] = k_defs[i].name;
     *count = N_DEFS;
@@ -162,15 +176,12 @@ KvStatus kv_scenario_build(const KvConfig *cfg, const char *name, uint64_t seed,
         }
     }
     {
-        int64_t longest = 0, shortest = lens[0];
-        for (int64_t b = 0; b < d->batch; b++) {
-            longest = lens[b] > longest ? lens[b] : longest;
-            shortest = lens[b] < shortest ? lens[b] : shortest;
-        }
-        /* Cross the window if the prompt does not (every row, when each has
-         * its own position), then 3 x W more steps. */
-        const int64_t first = d->right ? shortest : longest;
-        const int64_t to_window = first < w ? w - first : 0;
+        int64_t longest = 0;
+        for (int64_t b = 0; b < d->batch; b++) longest = lens[b] > longest ? lens[b] : longest;
+        /* Cross the window if the prompt does not, then 3 x W more steps
+         * (right-padded rows at their own positions: a short row crosses W
+         * within the first W steps and decodes 2 W past it). */
+        const int64_t to_window = longest < w ? w - longest : 0;
         const int64_t chunk = d->chunked ? w / 2 + 1 : 0;
         st = kv_scenario_custom_padded(name, (const int32_t *const *)rows, lens, d->batch,
                                        to_window + 3 * w + 1, d->right,

@@ -34,6 +34,11 @@ typedef struct {
 /* Names of the default set, in order; *count receives their number. */
 const char *const *kv_scenario_names(int *count);
 
+/* The default set followed by the extended scenarios (`--scenarios
+ * extended`): the right-padded ones (DESIGN §5), kept out of the default
+ * gate for its time. *count receives their number. */
+const char *const *kv_scenario_all_names(int *count);
+
 /* Builds scenario `name` for cfg (W = the window, or 16 without one).
  * Unknown name: KV_ERR_INPUT listing the known ones. */
 KvStatus kv_scenario_build(const KvConfig *cfg, const char *name, uint64_t seed, KvScenario *out,

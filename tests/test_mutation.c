@@ -49,20 +49,35 @@ static const char *const k_families[] = {"gemma2-tiny", "mistral-tiny", "qwen2-t
  * only: CUDA runs are skipped without a device and cannot catch anything.
  * A fault pass leaves out the scripted scenarios (prefix_reuse_after_wrap,
  * speculative_rollback_past_window: the default set's last two), which only
- * prefix_alias needs, to keep the fault passes inside the suite's time
- * budget; the clean pass and prefix_alias's run them. That the existing
+ * prefix_alias needs, and the extended (right-padded) ones, which only
+ * pad_slots needs (its pass runs those alone), to keep the fault passes
+ * inside the suite's time budget; the clean pass runs all of them. That the existing
  * faults are caught there too is `gate --faults all`'s and test_variants'
  * (static_layer). */
 static KvGateOptions default_gate(unsigned faults, const KvCacheOps *const *variants,
                                   int n_variants) {
     /* Read only: the CPU backend never skips, so nothing writes its reason. */
     static KvGateBackend cpu_only = {&kv_backend_cpu, ""};
-    int n_scen = 0;
-    const char *const *scen = kv_scenario_names(&n_scen);
-    if (faults != 0 && !(faults & KV_FAULT_PREFIX_ALIAS)) {
-        ck_assert_str_eq(scen[n_scen - 2], "prefix_reuse_after_wrap");
-        ck_assert_str_eq(scen[n_scen - 1], "speculative_rollback_past_window");
-        n_scen -= 2;
+    int n_scen = 0, n_default = 0;
+    const char *const *scen = kv_scenario_all_names(&n_scen);
+    kv_scenario_names(&n_default);
+    if (faults & KV_FAULT_PAD_SLOTS) {
+        /* only the extended, right-padded scenarios have right pads */
+        ck_assert_str_eq(scen[n_default], "right_padded_static_loop");
+        return (KvGateOptions){
+            .scenarios = scen + n_default, .n_scenarios = n_scen - n_default,
+            .variants = variants, .n_variants = n_variants, .backends = &cpu_only,
+            .n_backends = 1, .eager = true, .graph = true, .repeats = 3, .replay_every = 5,
+            .faults = faults, .tol = kv_tolerances_default(), .calibrate = true,
+            .prompt_seed = KV_FIXTURE_DEFAULT_SEED, .shard_i = 1, .shard_n = 1,
+            .full_logits_max_vocab = KV_FULL_LOGITS_MAX_VOCAB,
+        };
+    }
+    if (faults != 0) {
+        /* the default set only, without its scripted last two */
+        ck_assert_str_eq(scen[n_default - 2], "prefix_reuse_after_wrap");
+        ck_assert_str_eq(scen[n_default - 1], "speculative_rollback_past_window");
+        n_scen = n_default - ((faults & KV_FAULT_PREFIX_ALIAS) ? 0 : 2);
     }
     return (KvGateOptions){
         .scenarios = scen, .n_scenarios = n_scen, .variants = variants,
@@ -145,6 +160,7 @@ static const FaultSite k_sites[KV_FAULT_COUNT] = {
     {"dynamic_keeps_w", "dynamic", "short_prompt_crosses_window", KV_MODE_GRAPH},
     {"static_layer", "index_copy", "short_prompt_crosses_window", KV_MODE_GRAPH},
     {"prefix_alias", "ring", "prefix_reuse_after_wrap", KV_MODE_EAGER},
+    {"pad_slots", "ring", "right_padded_static_loop", KV_MODE_EAGER},
 };
 
 /* A decode recorded as a KvRun (the fields bisect reads). */

@@ -14,6 +14,7 @@
 #include "cache.h"
 #include "decode.h"
 #include "forward.h"
+#include "fault.h"
 #include "fixture.h"
 #include "prng.h"
 #include "scenario.h"
@@ -24,18 +25,18 @@
 static const char *const k_families[] = {"gemma2-tiny", "mistral-tiny", "qwen2-tiny", "gemma3-tiny", "gpt_oss-tiny"};
 #define N_FAM ((int)(sizeof k_families / sizeof k_families[0]))
 
-/* The scenarios are the gate's own (harness/scenario.c), so this suite
- * checks exactly what `kvrepro gate` runs. */
+/* The scenarios are the gate's own (harness/scenario.c), the extended ones
+ * included, so this suite checks exactly what `kvrepro gate` runs. */
 static int n_scenarios(void) {
     int n = 0;
-    kv_scenario_names(&n);
+    kv_scenario_all_names(&n);
     return n;
 }
 #define N_SCENARIOS n_scenarios()
 
 static const char *scenario_name(int i) {
     int n = 0;
-    return kv_scenario_names(&n)[i];
+    return kv_scenario_all_names(&n)[i];
 }
 
 /* The captures a graph-mode decode must make (issue 4): 1 for variants
@@ -311,6 +312,107 @@ START_TEST(test_prefix_reuse_equals_fresh) {
 }
 END_TEST
 
+/* The right-padded scenarios (DESIGN §2, §5: seed 002's static-shape loop
+ * and llama.cpp #14097's parallel sequences): every row of the batch is
+ * bitwise the row decoded alone (its real tokens, no pads), so rows at
+ * different positions keep their own windows; the variants' equality with
+ * the batched reference is test_variants_bitwise's. The rows sit at
+ * different positions and cross W at different decode steps. Under the
+ * planted pad_slots (right pads stored as positions) a row with trailing
+ * pads differs from its clean run, and the export-style static_layer is
+ * caught too. _i / 2: family, then mistral_mixed-tiny; _i % 2: scenario. */
+static const char *const k_right_padded[2] = {"right_padded_static_loop", "parallel_positions"};
+
+START_TEST(test_right_padded_rows_equal_alone) {
+    const char *fam = _i / 2 < N_FAM ? k_families[_i / 2] : "mistral_mixed-tiny";
+    const char *name = k_right_padded[_i % 2];
+    KvFixtureModel f;
+    KvError err = {{0}};
+    ck_assert_msg(kv_fixture_load(fam, TEST_SEED, &f, &err) == KV_OK, "%s", err.msg);
+    KvScenario sc;
+    ck_assert_msg(kv_scenario_build(&f.model.config, name, TEST_PROMPT_SEED, &sc, &err) == KV_OK,
+                  "%s", err.msg);
+    const int64_t B = sc.batch, P = sc.prompt_len, V = f.model.config.vocab_size;
+    const int64_t w = f.model.config.sliding_window;
+    ck_assert(kv_decode_right_padded(sc.real, B, P));
+    int64_t lens[8] = {0};
+    row_lengths(sc.real, B, P, lens);
+    /* the rows cross W at different steps, every one inside the decode */
+    for (int64_t b = 0; b < B; b++) {
+        ck_assert_int_lt(lens[b] + sc.new_tokens - 1, P + sc.new_tokens);
+        ck_assert_int_gt(lens[b] + sc.new_tokens - 1, w);
+        for (int64_t c = 0; c < b; c++) ck_assert_int_ne(lens[b], lens[c]);
+    }
+    if (sc.prefill_chunk > 0) ck_assert_int_eq(P % sc.prefill_chunk, 0); /* one chunk shape */
+    KvDecodeResult both = scenario_decode(&f.model, name, NULL, KV_MODE_EAGER, 0, NULL, 0, NULL);
+    ck_assert_int_eq(both.steps, sc.new_tokens);
+    for (int64_t b = 0; b < B; b++) {
+        KvDecodeSpec one = {.batch = 1, .prompt_len = lens[b], .prompt = sc.prompt + b * P,
+                            .prompt_real = sc.real + b * P, .new_tokens = sc.new_tokens};
+        KvDecodeResult alone;
+        ck_assert_msg(kv_decode_greedy(&f.model, &one, &alone, &err) == KV_OK, "%s", err.msg);
+        for (int64_t s = 0; s < sc.new_tokens; s++) {
+            ck_assert_msg(memcmp(alone.logits + s * V, both.logits + (s * B + b) * V,
+                                 (size_t)V * sizeof(float)) == 0 &&
+                              alone.tokens[s] == both.tokens[s * B + b],
+                          "%s %s: row %lld differs from decoding it alone at step %lld", fam,
+                          name, (long long)b, (long long)s);
+        }
+        kv_decode_result_free(&alone);
+    }
+    /* the planted faults this scenario must catch, on one variant each */
+    static const struct {
+        unsigned fault;
+        const char *variant;
+    } k_caught[] = {{KV_FAULT_PAD_SLOTS, "ring"}, {KV_FAULT_PAD_SLOTS, "cat_shift"},
+                    {KV_FAULT_STATIC_LAYER, "index_copy"}, {KV_FAULT_STALE_SCALAR, "ring"}};
+    for (size_t k = 0; k < sizeof k_caught / sizeof k_caught[0]; k++) {
+        const KvCacheOps *var = kv_cache_find(k_caught[k].variant);
+        const KvExecMode mode =
+            k_caught[k].fault == KV_FAULT_STALE_SCALAR ? KV_MODE_GRAPH : KV_MODE_EAGER;
+        KvDecodeResult bad =
+            scenario_decode(&f.model, name, var, mode, k_caught[k].fault, NULL, 0, NULL);
+        char fname[64];
+        kv_fault_names(k_caught[k].fault, fname, sizeof fname);
+        ck_assert_msg(memcmp(bad.logits, both.logits,
+                             (size_t)(both.steps * B * V) * sizeof(float)) != 0,
+                      "%s %s: planted %s on %s left every logit unchanged", fam, name, fname,
+                      var->name);
+        kv_decode_result_free(&bad);
+    }
+    kv_decode_result_free(&both);
+    kv_scenario_free(&sc);
+    kv_fixture_free(&f);
+}
+END_TEST
+
+/* Right padding's input rules (DESIGN §2): a real token after a trailing
+ * pad in one forward is refused, and a state without per-row positions
+ * refuses a right-padded row (it would store the pads as positions). */
+START_TEST(test_right_padding_rules) {
+    KvFixtureModel f;
+    KvError err = {{0}};
+    ck_assert_msg(kv_fixture_load("mistral-tiny", TEST_SEED, &f, &err) == KV_OK, "%s", err.msg);
+    KvRefState st;
+    const int32_t tok[2 * 4] = {5, 6, 0, 7, 5, 6, 7, 8};
+    const uint8_t gap[2 * 4] = {1, 1, 0, 1, 1, 1, 1, 1};   /* row 0: real after a pad */
+    const uint8_t right[2 * 4] = {1, 1, 0, 0, 1, 1, 1, 1}; /* row 0 right-padded */
+    ck_assert(kv_ref_state_init(&st, &f.model, 2, 16, 4, kv_cache_find("ring"), &err) == KV_OK);
+    ck_assert_int_eq(kv_ref_forward(&f.model, &st, tok, right, 4, NULL, &err), KV_ERR_INPUT);
+    ck_assert_msg(strstr(err.msg, "per-row positions") != NULL, "%s", err.msg);
+    ck_assert_int_eq(kv_ref_state_set_per_row(&st, &err), KV_OK);
+    ck_assert_int_eq(kv_ref_forward(&f.model, &st, tok, gap, 4, NULL, &err), KV_ERR_INPUT);
+    ck_assert_msg(strstr(err.msg, "trailing pad") != NULL, "%s", err.msg);
+    ck_assert_int_eq(kv_ref_forward(&f.model, &st, tok, right, 4, NULL, &err), KV_OK);
+    /* row 0 stored 2 positions, row 1 four; a later switch is refused */
+    ck_assert_int_eq(st.lag[0], 2);
+    ck_assert_int_eq(st.lag[1], 0);
+    ck_assert_int_eq(kv_ref_state_set_per_row(&st, &err), KV_ERR_INPUT);
+    kv_ref_state_free(&st);
+    kv_fixture_free(&f);
+}
+END_TEST
+
 /* Multi-token decode (DESIGN §3: any n >= 1 at any point): the reference's
  * own greedy continuation is fed back k tokens per forward (k = 2, 3), as a
  * speculative verifier would, eagerly and through a captured k-token graph;
@@ -485,6 +587,8 @@ int main(void) {
     tcase_add_loop_test(tc, test_variants_bitwise, 0, N_FAM * N_SCENARIOS);
     tcase_add_loop_test(tc, test_variants_multi_token, 0, N_FAM * 4);
     tcase_add_loop_test(tc, test_prefix_reuse_equals_fresh, 0, 2 * (N_FAM + 1));
+    tcase_add_loop_test(tc, test_right_padded_rows_equal_alone, 0, 2 * (N_FAM + 1));
+    tcase_add_test(tc, test_right_padding_rules);
     tcase_add_loop_test(tc, test_graph_freezes_scalars, 0, N_FAM);
     tcase_add_loop_test(tc, test_replay_check_catches_nondeterminism, 0, 2);
     tcase_add_loop_test(tc, test_sentinel_write_fails_forward, 0, N_VARIANTS);
