@@ -413,20 +413,32 @@ START_TEST(test_bad_tokens_rejected) {
     KvFixtureModel f;
     KvError err = {{0}};
     ck_assert_msg(kv_fixture_load("mistral-tiny", TEST_SEED, &f, &err) == KV_OK, "%s", err.msg);
-    int32_t tok[2] = {3, 512};
-    uint8_t real[2] = {1, 1};
-    KvDecodeSpec spec = {.batch = 1, .prompt_len = 2, .prompt = tok, .prompt_real = real,
+    int32_t tok[3] = {3, 512, 5};
+    uint8_t real[3] = {1, 1, 1};
+    KvDecodeSpec spec = {.batch = 1, .prompt_len = 3, .prompt = tok, .prompt_real = real,
                          .new_tokens = 4};
     KvDecodeResult r;
     ck_assert_int_eq(kv_decode_greedy(&f.model, &spec, &r, &err), KV_ERR_INPUT);
     ck_assert_msg(strstr(err.msg, "512") != NULL && strstr(err.msg, "[0, 512)") != NULL, "%s", err.msg);
     ck_assert_ptr_null(r.logits);
     tok[1] = 4;
-    real[1] = 0; /* right padding */
+    real[1] = 0; /* a real token after a trailing pad */
     ck_assert_int_eq(kv_decode_greedy(&f.model, &spec, &r, &err), KV_ERR_INPUT);
-    ck_assert_msg(strstr(err.msg, "left padding") != NULL, "%s", err.msg);
+    ck_assert_msg(strstr(err.msg, "trailing pad") != NULL, "%s", err.msg);
+    real[0] = real[1] = real[2] = 0; /* only pads */
+    ck_assert_int_eq(kv_decode_greedy(&f.model, &spec, &r, &err), KV_ERR_INPUT);
+    ck_assert_msg(strstr(err.msg, "only pads") != NULL, "%s", err.msg);
+    /* right padding (DESIGN §2) is the row alone: [3, pad, pad] == [3] */
     real[0] = 1;
-    real[1] = 1;
+    KvDecodeResult padded, alone;
+    ck_assert_msg(kv_decode_greedy(&f.model, &spec, &padded, &err) == KV_OK, "%s", err.msg);
+    KvDecodeSpec one = {.batch = 1, .prompt_len = 1, .prompt = tok, .prompt_real = real,
+                        .new_tokens = 4};
+    ck_assert_msg(kv_decode_greedy(&f.model, &one, &alone, &err) == KV_OK, "%s", err.msg);
+    ck_assert(memcmp(padded.logits, alone.logits, (size_t)(4 * 512) * sizeof(float)) == 0);
+    kv_decode_result_free(&padded);
+    kv_decode_result_free(&alone);
+    real[1] = real[2] = 1;
     spec.new_tokens = 0;
     ck_assert_int_eq(kv_decode_greedy(&f.model, &spec, &r, &err), KV_ERR_INPUT);
     kv_fixture_free(&f);

@@ -381,9 +381,13 @@ START_TEST(test_shadow_bad_input) {
     real[4] = 0; /* row 1: real, pad, real: not left-padded */
     EXPECT_INPUT(kv_shadow64_rel_error(m, 2, 3, prompt, real, 2, fed, logits, per, &rel, err_));
     real[4] = 1;
-    real[5] = 0; /* row 1 ends in a pad */
+    real[5] = 0; /* row 1 ends in a pad: right padding (DESIGN §2), the row alone */
+    ck_assert_msg(kv_shadow64_rel_error(m, 2, 3, prompt, real, 2, fed, logits, per, &rel, &err) ==
+                      KV_OK,
+                  "%s", err.msg);
+    real[3] = real[4] = 0; /* row 1 all pads */
     EXPECT_INPUT(kv_shadow64_rel_error(m, 2, 3, prompt, real, 2, fed, logits, per, &rel, err_));
-    real[5] = 1;
+    real[3] = real[4] = real[5] = 1;
     prompt[4] = V; /* a real prompt token out of range */
     EXPECT_INPUT(kv_shadow64_rel_error(m, 2, 3, prompt, real, 2, fed, logits, per, &rel, err_));
     prompt[4] = 8;
