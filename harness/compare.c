@@ -383,6 +383,87 @@ static void least_passing(char *buf, size_t n, double max_rel, double max_flip_m
              max_flip_margin);
 }
 
+void kv_compare_shifted(const KvRun *shifted, const KvRun *fresh, int64_t offset,
+                        const KvTolerances *t, int64_t shifted_index, int64_t fresh_index,
+                        KvComparison *out) {
+    compare_init(out, KV_CMP_SHIFT, shifted_index, fresh_index);
+    if (compare_skipped(shifted, fresh, out)) return;
+    const int64_t B = shifted->batch, V = shifted->vocab;
+    if (offset < 1 || fresh->steps + offset != shifted->steps || fresh->batch != B ||
+        fresh->vocab != V || shifted->logits == NULL || fresh->logits == NULL) {
+        out->verdict = KV_VERDICT_FAIL;
+        snprintf(out->message, sizeof out->message,
+                 "cannot compare: the fresh run has %lld steps x %lld rows x %lld vocab%s, the "
+                 "shifted run %lld x %lld x %lld%s from step %lld",
+                 (long long)fresh->steps, (long long)fresh->batch, (long long)fresh->vocab,
+                 fresh->logits == NULL ? " (top-k only)" : "", (long long)shifted->steps,
+                 (long long)B, (long long)V, shifted->logits == NULL ? " (top-k only)" : "",
+                 (long long)offset);
+        return;
+    }
+    double se = 0.0, ss = 0.0, flip_margin = 0.0;
+    int64_t agree = 0;
+    const char *fail_what = NULL;
+    for (int64_t j = 0; j < fresh->steps; j++) {
+        for (int64_t b = 0; b < B; b++) {
+            const int64_t fi = j * B + b, si = (offset + j) * B + b;
+            const float *r = fresh->logits + fi * V;
+            const float *c = shifted->logits + si * V;
+            const char *what = NULL;
+            bool finite = true;
+            for (int64_t v = 0; v < V && finite; v++) finite = isfinite(r[v]) && isfinite(c[v]);
+            if (!finite) {
+                what = "non-finite logit";
+            } else {
+                RowError e;
+                row_error(r, c, V, true, &se, &ss, &e);
+                const double rel = e.max_abs / (e.max_ref > 0.0 ? e.max_ref : 1.0);
+                out->max_abs_err = e.max_abs > out->max_abs_err ? e.max_abs : out->max_abs_err;
+                out->max_rel_err = rel > out->max_rel_err ? rel : out->max_rel_err;
+                out->kl = e.kl > out->kl ? e.kl : out->kl;
+                if (fresh->tokens[fi] == shifted->tokens[si]) {
+                    agree++;
+                } else {
+                    flip_margin = fresh->margins[fi] > flip_margin ? fresh->margins[fi]
+                                                                   : flip_margin;
+                    if (fresh->margins[fi] <= t->tie_margin) {
+                        out->near_ties++;
+                    } else {
+                        what = "token flip above the tie margin";
+                    }
+                }
+                if (rel > t->max_rel_err) what = "logits beyond the shift's max_rel_err";
+            }
+            if (what != NULL && fail_what == NULL) {
+                fail_what = what;
+                out->first_step = offset + j;
+                out->first_row = b;
+            }
+        }
+    }
+    out->nmse = ss > 0.0 ? se / ss : 0.0;
+    out->top1_agreement = 100.0 * (double)agree / (double)(fresh->steps * B);
+    char least[96];
+    least_passing(least, sizeof least, out->max_rel_err, flip_margin);
+    if (fail_what != NULL) {
+        out->verdict = KV_VERDICT_FAIL;
+        const int64_t si = out->first_step * B + out->first_row;
+        const int64_t fi = (out->first_step - offset) * B + out->first_row;
+        snprintf(out->message, sizeof out->message,
+                 "the shifted context differs from a fresh run of it: %s at step %lld row %lld "
+                 "(tokens %d vs fresh %d; max rel err %.3g > %g%s)",
+                 fail_what, (long long)out->first_step, (long long)out->first_row,
+                 shifted->tokens[si], fresh->tokens[fi], out->max_rel_err, t->max_rel_err, least);
+        return;
+    }
+    snprintf(out->message, sizeof out->message,
+             "%lld steps after the context shift at step %lld agree with a fresh run of the "
+             "shifted context within max_rel_err %.3g: max rel err %.3g, top-1 %.1f%%, %lld "
+             "near-ties%s",
+             (long long)fresh->steps, (long long)offset, t->max_rel_err, out->max_rel_err,
+             out->top1_agreement, (long long)out->near_ties, least);
+}
+
 void kv_compare_reference(const KvRun *ref, const KvRun *cand, const KvTolerances *t,
                           int64_t ref_index, int64_t cand_index, KvComparison *out) {
     compare_init(out, KV_CMP_REFERENCE, ref_index, cand_index);

@@ -137,6 +137,20 @@ void kv_compare_graph_budget(const KvRun *run, int64_t index, KvComparison *out)
  * switch's forward and the fresh prefill hash different rows). Fails when
  * the two do not line up (fresh's steps + offset != reuse's, another batch
  * or vocabulary). */
+/* A context-shifted run against a fresh run of the shifted context (kind
+ * KV_CMP_SHIFT, DESIGN §5): shifted's steps from `offset` (the shift step)
+ * on against fresh's steps from 0, teacher-forced with shifted's tokens so
+ * a near-tie flip does not end the comparison. The rule of
+ * kv_compare_reference with t's tolerances (fresh is the baseline: its
+ * margins decide a near-tie): a non-finite logit, a logit error above
+ * max_rel_err relative to fresh's largest |logit| of the row, or a token
+ * flip above tie_margin fails. The first failing (step, row) is named in
+ * shifted's numbering, no probe (the shifted and fresh forwards hash
+ * different positions). Fails when the two do not line up. */
+void kv_compare_shifted(const KvRun *shifted, const KvRun *fresh, int64_t offset,
+                        const KvTolerances *t, int64_t shifted_index, int64_t fresh_index,
+                        KvComparison *out);
+
 void kv_compare_fresh(const KvRun *reuse, const KvRun *fresh, int64_t offset, int64_t reuse_index,
                       int64_t fresh_index, KvComparison *out);
 

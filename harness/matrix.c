@@ -102,6 +102,9 @@ static KvStatus run_decode(const KvModel *m, const KvScenario *sc, const KvCache
         .switch_step = script ? sc->switch_step : 0,
         .suffix_len = script ? sc->suffix_len : 0,
         .suffix = script ? sc->suffix : NULL,
+        .shift_step = sc->shift_step,
+        .shift_keep = sc->shift_keep,
+        .shift_drop = sc->shift_drop,
         .forced = forced,
         .variant = variant,
         .mode = mode,
@@ -140,6 +143,9 @@ static KvStatus run_decode(const KvModel *m, const KvScenario *sc, const KvCache
         }
         memcpy(run->suffix, sc->suffix, (size_t)(B * sc->suffix_len) * sizeof *run->suffix);
     }
+    run->shift_step = sc->shift_step;
+    run->shift_keep = sc->shift_keep;
+    run->shift_drop = sc->shift_drop;
     memcpy(run->prompt, sc->prompt, (size_t)(B * sc->prompt_len) * sizeof *run->prompt);
     memcpy(run->prompt_real, sc->real, (size_t)(B * sc->prompt_len));
     for (int64_t i = 0; i < S * B; i++) {
@@ -304,6 +310,8 @@ static KvStatus run_candidates(const KvModel *m, const char *model_name, const K
         snprintf(row_skip, sizeof row_skip,
                  "the %s backend does not run rows at different positions (right padding) yet",
                  bname);
+    } else if (ops->shift == NULL && kv_scenario_shifts(sc)) {
+        snprintf(row_skip, sizeof row_skip, "the %s backend does not shift a context yet", bname);
     }
     for (int v = 0; v < o->n_variants; v++) {
         bool forcing = false; /* this variant's runs on this backend feed the reference's tokens */
@@ -489,7 +497,9 @@ KvStatus kv_gate_calibrate(const KvModel *m, const char *model_name, const KvSce
     if (r->fp64_rel_err == NULL) return kv_error_set(err, KV_ERR_INTERNAL, "out of memory");
     /* The shadow decodes one request: a prefix-reuse run's steps up to its
      * switch (the second request's are the fresh twin's, judged bitwise). */
-    const int64_t shadow_steps = kv_scenario_switches(sc) ? sc->switch_step : r->steps;
+    const int64_t shadow_steps = kv_scenario_switches(sc) ? sc->switch_step
+                                 : kv_scenario_shifts(sc) ? sc->shift_step
+                                                          : r->steps;
     for (int64_t i = shadow_steps; i < r->steps; i++) r->fp64_rel_err[i] = 0.0;
     st = kv_shadow64_rel_error(m, r->batch, r->prompt_len, r->prompt, r->prompt_real,
                                shadow_steps, r->tokens, r->logits, r->fp64_rel_err, &fp64, err);
@@ -562,6 +572,59 @@ cleanup:
     return st;
 }
 
+/* The fresh twin of a context-shift scenario (kv_scenario_shift_fresh):
+ * the shifted context run from scratch on the CPU reference, teacher-forced
+ * with the reference's later tokens, its finite check, and the shifted
+ * reference run compared with it within the shift's tolerance
+ * (KV_CMP_SHIFT; candidates are held to the shifted reference bitwise). On
+ * a model with a full-attention layer the comparison is recorded as
+ * skipped with the reason (kv_scenario_shift_judged) and nothing runs. */
+static KvStatus run_shift_twin(const KvModel *m, const char *model_name, const KvScenario *sc,
+                               const KvGateOptions *o, const KvTolerances *tol, int64_t ref,
+                               KvReport *rep, KvError *err) {
+    KvComparison c;
+    char why[256];
+    if (!kv_scenario_shift_judged(&m->config, why, sizeof why)) {
+        memset(&c, 0, sizeof c);
+        c.kind = KV_CMP_SHIFT;
+        c.run_a = c.run_b = ref;
+        c.first_step = c.first_row = c.first_probe = -1;
+        c.verdict = KV_VERDICT_SKIP;
+        snprintf(c.message, sizeof c.message, "%s", why);
+        return kv_gate_add_comparison(rep, &c, err);
+    }
+    KvScenario fresh;
+    int32_t *forced = NULL;
+    KvStatus st = kv_scenario_shift_fresh(sc, rep->runs[ref].tokens, &fresh, &forced, err);
+    if (st != KV_OK) return st;
+    const int64_t idx = kv_gate_add_run(rep);
+    if (idx < 0) {
+        st = kv_error_set(err, KV_ERR_INTERNAL, "out of memory");
+        goto cleanup;
+    }
+    run_identify(&rep->runs[idx], model_name, fresh.name, "reference", "cpu", "eager", 0, 0);
+    st = run_decode(m, &fresh, NULL, KV_MODE_EAGER, o, forced, &kv_backend_cpu, 0,
+                    &rep->runs[idx], err);
+    if (st != KV_OK) goto cleanup;
+    kv_compare_finite(&rep->runs[idx], idx, &c);
+    st = kv_gate_add_comparison(rep, &c, err);
+    if (st != KV_OK) goto cleanup;
+    /* The scenario's own tolerance: the shifted run re-rotates stored keys
+     * (RoPE(p), then RoPE(-d)) where the fresh run rotates once (RoPE(p -
+     * d)), an fp32 rounding of the angle and the rotation of the kind the
+     * fp64 error measures, so |shifted - fresh| <= |shifted - exact| +
+     * |fresh - exact| is about twice it; the calibrated max_rel_err allows 8
+     * x (DESIGN §6). Measured on the tiny fixtures: 6.7e-7 and 8.9e-7
+     * against a calibrated 2e-5; a shift without re-rotation moves logits
+     * by 0.1 or more. */
+    kv_compare_shifted(&rep->runs[ref], &rep->runs[idx], sc->shift_step, tol, ref, idx, &c);
+    st = kv_gate_add_comparison(rep, &c, err);
+cleanup:
+    free(forced);
+    kv_scenario_free(&fresh);
+    return st;
+}
+
 static KvStatus run_scenario(const KvModel *m, const char *model_name, const KvScenario *sc,
                              const KvGateOptions *o, KvReport *rep, KvError *err) {
     int64_t ref = -1;
@@ -576,6 +639,10 @@ static KvStatus run_scenario(const KvModel *m, const char *model_name, const KvS
     st = kv_gate_calibrate(m, model_name, sc, o, ref, fin.verdict != KV_VERDICT_FAIL, rep, &tol,
                            err);
     if (st != KV_OK) return st;
+    if (kv_scenario_shifts(sc) && fin.verdict != KV_VERDICT_FAIL) {
+        st = run_shift_twin(m, model_name, sc, o, &tol, ref, rep, err);
+        if (st != KV_OK) return st;
+    }
 
     /* A reference that is not finite has nothing to judge candidates by:
      * its own check fails the gate, and the candidates of this scenario are
@@ -664,7 +731,7 @@ KvStatus kv_gate_work_add(const KvConfig *cfg, const KvGateOptions *o, int *unit
         const double run_flop = (double)use->batch * row_flop;
         /* the reference once, each candidate with its replayed steps; a
          * prefix-reuse unit's fresh twin is about one more reference */
-        if (kv_scenario_switches(use)) {
+        if (kv_scenario_switches(use) || kv_scenario_shifts(use)) {
             w->decodes += 1;
             w->tokens += use->batch * T;
             w->flop += run_flop;

@@ -28,7 +28,46 @@ enum {
     SCRIPT_NONE = 0,
     SCRIPT_PREFIX_REUSE = 1, /* prefix reuse after wrap (kv_scenario_fresh) */
     SCRIPT_SPECULATIVE = 2,  /* speculative verification and rollback past W */
+    SCRIPT_CONTEXT_SHIFT = 3, /* a context shift mid-decode (kv_scenario_shift_fresh) */
 };
+
+/* The largest layer window (16 without one), and the receptive field of
+ * the stack below the last layer: how many positions back a key of the
+ * last layer still depends on, sum of (w_l - 1) over the other layers,
+ * when every layer slides; 0 when one is full (the field is unbounded and
+ * a shift is not judged against a fresh run, kv_scenario_shift_judged). */
+static int64_t shift_window(const KvConfig *cfg) {
+    int64_t w_max = 0;
+    for (int64_t l = 0; l < cfg->num_layers; l++) {
+        const int64_t w = kv_config_layer_window(cfg, l);
+        w_max = w > w_max ? w : w_max;
+    }
+    return w_max > 0 ? w_max : 16;
+}
+
+static int64_t shift_receptive(const KvConfig *cfg) {
+    int64_t field = 0;
+    for (int64_t l = 0; l < cfg->num_layers; l++) {
+        const int64_t w = kv_config_layer_window(cfg, l);
+        if (w == 0) return 0;
+        if (l + 1 < cfg->num_layers) field += w - 1;
+    }
+    return field;
+}
+
+bool kv_scenario_shift_judged(const KvConfig *cfg, char *why, size_t why_len) {
+    for (int64_t l = 0; l < cfg->num_layers; l++) {
+        if (kv_config_layer_window(cfg, l) == 0) {
+            snprintf(why, why_len, "not judged against a fresh run: layer %lld attends the whole "
+                     "context, so the kept tokens' states still hold what the dropped ones "
+                     "contributed (a shift approximates a fresh run there by design)",
+                     (long long)l);
+            return false;
+        }
+    }
+    if (why_len > 0) why[0] = '\0';
+    return true;
+}
 
 /* Draft tokens a speculative step verifies at once: W/4 + 1, at most 9
  * (engines draft a handful), so that at least two are rejected. */
@@ -78,6 +117,19 @@ static const ScenarioDef k_defs[] = {
      * and W - 1 while the first is long past it. */
     {"parallel_positions", 4, {2, 1, 0, 0}, {3, -1, 0, 1}, false, SCRIPT_NONE, true, {0, 0, 1, 0},
      true},
+    /* llama.cpp #12357 (Gemma 3 gibberish after a context shift): at
+     * decode step W/2 + 1 the context is shifted as an engine does when it
+     * is full: the first W/4 positions are kept (a system prompt), the next
+     * 1.5 W + 1 dropped (not a multiple of any window, so a ring's slots
+     * must move), the rest moved down with their keys re-rotated; then
+     * 3 W + 1 more steps. The context before the shift is long enough that
+     * the dropped span lies beyond the receptive field of every key still
+     * read when every layer slides, so the decode after the shift must
+     * match the shifted context run from scratch within the shift's
+     * tolerance; every variant must match the reference's shift bitwise.
+     * An engine that leaves each slot in its cell (planted: shift_cells)
+     * reads the wrong keys through the ring's p % W. */
+    {"context_shift", 1, {0}, {0}, false, SCRIPT_CONTEXT_SHIFT, false, {0}, true},
 };
 #define N_DEFS (int)(sizeof k_defs / sizeof k_defs[0])
 
@@ -151,10 +203,15 @@ KvStatus kv_scenario_build(const KvConfig *cfg, const char *name, uint64_t seed,
                             "prompt_w_minus_1, prompt_w, prompt_w_plus_1, "
                             "prefill_longer_than_window, left_padded_batch, chunked_prefill, "
                             "prefix_reuse_after_wrap, speculative_rollback_past_window, "
-                            "right_padded_static_loop, parallel_positions",
+                            "right_padded_static_loop, parallel_positions, context_shift",
                             name);
     }
     const int64_t w = cfg->sliding_window > 0 ? cfg->sliding_window : 16;
+    /* A context shift's keep, drop and step, and the positions stored
+     * before it: keep + drop + the largest window + the receptive field. */
+    const int64_t ws = shift_window(cfg);
+    const int64_t sh_keep = ws / 4 > 0 ? ws / 4 : 1, sh_drop = ws + ws / 2 + 1, sh_step = ws / 2 + 1;
+    const int64_t sh_stored = sh_keep + sh_drop + ws + shift_receptive(cfg);
     int32_t *rows[MAX_ROWS] = {NULL};
     int64_t lens[MAX_ROWS] = {0};
     KvStatus st = KV_OK;
@@ -162,6 +219,7 @@ KvStatus kv_scenario_build(const KvConfig *cfg, const char *name, uint64_t seed,
         lens[b] = d->len_w[b] * w + d->len_add[b] + d->len_half[b] * (w / 2) +
                   (d->script == SCRIPT_PREFIX_REUSE ? w / 2 : 0) +
                   (d->script == SCRIPT_SPECULATIVE ? w / 2 + spec_drafts(w) : 0);
+        if (d->script == SCRIPT_CONTEXT_SHIFT) lens[b] = sh_stored - (sh_step - 1);
         if (lens[b] < 1) lens[b] = 1;
         rows[b] = malloc((size_t)lens[b] * sizeof(int32_t));
         if (rows[b] == NULL) {
@@ -190,7 +248,12 @@ KvStatus kv_scenario_build(const KvConfig *cfg, const char *name, uint64_t seed,
         out->seed = seed;
         out->prefill_chunk = chunk;
     }
-    if (d->script != SCRIPT_NONE) {
+    if (d->script == SCRIPT_CONTEXT_SHIFT) {
+        out->shift_step = sh_step;
+        out->shift_keep = sh_keep;
+        out->shift_drop = sh_drop;
+        out->new_tokens = sh_step + 3 * ws + 1;
+    } else if (d->script != SCRIPT_NONE) {
         const bool reuse = d->script == SCRIPT_PREFIX_REUSE;
         /* Prefix reuse: the first request decodes W/2 tokens, the second
          * 3 W + 1 after the switch (DESIGN §5: at least 3 W past the
@@ -231,6 +294,57 @@ cleanup:
 
 KvStatus kv_scenario_default(const KvConfig *cfg, uint64_t seed, KvScenario *out, KvError *err) {
     return kv_scenario_build(cfg, k_defs[0].name, seed, out, err);
+}
+
+bool kv_scenario_shifts(const KvScenario *sc) {
+    return sc->shift_step > 0 && sc->shift_step < sc->new_tokens && sc->shift_drop > 0;
+}
+
+KvStatus kv_scenario_shift_fresh(const KvScenario *sc, const int32_t *tokens, KvScenario *out,
+                                 int32_t **forced, KvError *err) {
+    memset(out, 0, sizeof *out);
+    *forced = NULL;
+    if (!kv_scenario_shifts(sc)) {
+        return kv_error_set(err, KV_ERR_INPUT, "scenario %s: no context shift inside its %lld "
+                            "decode steps, so no fresh twin", sc->name, (long long)sc->new_tokens);
+    }
+    const int64_t B = sc->batch, P = sc->prompt_len, s0 = sc->shift_step;
+    const int64_t K = sc->shift_keep, D = sc->shift_drop;
+    const int64_t T = P + s0 - 1; /* positions stored before the shift */
+    const int64_t L = T - D + 1;  /* the context after it, with the token step s0 feeds */
+    const int64_t S = sc->new_tokens - s0;
+    if (K + D > T) {
+        return kv_error_set(err, KV_ERR_INPUT, "scenario %s: keep %lld + drop %lld exceed the "
+                            "%lld positions stored before the shift", sc->name, (long long)K,
+                            (long long)D, (long long)T);
+    }
+    out->prompt = malloc((size_t)(B * L) * sizeof *out->prompt); /* (B, L) */
+    out->real = malloc((size_t)(B * L));                          /* (B, L) */
+    *forced = malloc((size_t)(B * S) * sizeof **forced);          /* (S, B) */
+    if (out->prompt == NULL || out->real == NULL || *forced == NULL) {
+        kv_scenario_free(out);
+        free(*forced);
+        *forced = NULL;
+        return kv_error_set(err, KV_ERR_INTERNAL, "scenario %s: out of memory", sc->name);
+    }
+    for (int64_t b = 0; b < B; b++) {
+        int64_t j = 0;
+        /* context column t: the prompt, then the token step t - P + 1 fed
+         * (the greedy token of step t - P) */
+        for (int64_t t = 0; t <= T; t++) {
+            if (t >= K && t < K + D) continue;
+            out->prompt[b * L + j] = t < P ? sc->prompt[b * P + t] : tokens[(t - P) * B + b];
+            out->real[b * L + j] = t < P ? sc->real[b * P + t] : 1;
+            j++;
+        }
+    }
+    for (int64_t i = 0; i < S * B; i++) (*forced)[i] = tokens[s0 * B + i];
+    snprintf(out->name, sizeof out->name, "%.56s.fresh", sc->name);
+    out->seed = sc->seed;
+    out->batch = B;
+    out->prompt_len = L;
+    out->new_tokens = S;
+    return KV_OK;
 }
 
 bool kv_scenario_switches(const KvScenario *sc) {

@@ -6,6 +6,7 @@
 #define KV_SCENARIO_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "config.h"
@@ -29,6 +30,13 @@ typedef struct {
     int64_t switch_step;
     int64_t suffix_len;
     int32_t *suffix;       /* (B, suffix_len) real tokens */
+    /* Context shift (DESIGN §5, context_shift); all 0 otherwise: before
+     * decode step shift_step's forward, positions shift_keep .. shift_keep
+     * + shift_drop - 1 are dropped and the later ones move down, keys
+     * re-rotated (kv_ref_shift). */
+    int64_t shift_step;
+    int64_t shift_keep;
+    int64_t shift_drop;
 } KvScenario;
 
 /* Names of the default set, in order; *count receives their number. */
@@ -66,6 +74,31 @@ KvStatus kv_scenario_default(const KvConfig *cfg, uint64_t seed, KvScenario *out
  * switch_step + j bitwise (DESIGN §5). KV_ERR_INPUT when sc has no switch
  * inside its decode (no script, or --max-new-tokens cut it off). */
 KvStatus kv_scenario_fresh(const KvScenario *sc, KvScenario *out, KvError *err);
+
+/* True when sc shifts its context inside its decode. */
+bool kv_scenario_shifts(const KvScenario *sc);
+
+/* The fresh twin of a context-shift scenario: the context as it stands
+ * after the shift, run from scratch. Its prompt is the kept prefix, then
+ * the context after the dropped span (sc's prompt followed by the tokens
+ * its decode fed before the shift, from `tokens`, (sc->new_tokens, B): a
+ * run's greedy tokens), then the token the shift step feeds; it decodes
+ * the new_tokens - shift_step steps from there, and *forced
+ * ((new_tokens - shift_step, B), malloc'd) feeds `tokens`' later steps so
+ * the two stay comparable past a near-tie flip. Its step j is sc's step
+ * shift_step + j (comparison shifted_vs_fresh, within a tolerance: RoPE
+ * re-applied is not RoPE recomputed). Named "<name>.fresh". KV_ERR_INPUT
+ * when sc does not shift inside its decode. */
+KvStatus kv_scenario_shift_fresh(const KvScenario *sc, const int32_t *tokens, KvScenario *out,
+                                 int32_t **forced, KvError *err);
+
+/* Whether a context shift of cfg's model can be judged against a fresh run:
+ * only when every layer slides, and only when the dropped span lies beyond
+ * the receptive field of every key still read (the scenario is built so).
+ * A full-attention layer's hidden states keep what the dropped tokens
+ * contributed, so on such a model a shifted run is an approximation of the
+ * fresh one by design, not by rounding; *why receives the reason. */
+bool kv_scenario_shift_judged(const KvConfig *cfg, char *why, size_t why_len);
 
 /* True when sc switches requests inside its decode (a fresh twin exists). */
 bool kv_scenario_switches(const KvScenario *sc);

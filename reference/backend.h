@@ -121,6 +121,12 @@ typedef struct {
     KvStatus (*read_step)(KvBackend *b, KvBackendStep *out, KvError *err);
 
     /* Optional (NULL when the backend has none): */
+    /* Context shift (forward.h kv_ref_shift, DESIGN §5) of the persistent
+     * state between two forwards: positions keep .. keep + drop - 1 dropped,
+     * the later ones moved down and their keys re-rotated; the host count
+     * goes down by drop. NULL: a scenario with a context shift is skipped
+     * on this backend, with the reason. */
+    KvStatus (*shift)(KvBackend *b, int64_t keep, int64_t drop, KvError *err);
     /* Moves the first non-finite probe value since the last take into *out
      * and forgets it; false when every probe value was finite. NULL: this
      * backend does not check its probes for NaN. */

@@ -123,6 +123,12 @@ static KvStatus cpu_replay(KvBackend *b, KvError *err) {
     return cpu_advance(&r->s, r->graph_n, err);
 }
 
+static KvStatus cpu_shift(KvBackend *b, int64_t keep, int64_t drop, KvError *err) {
+    KvRefState *s = &cpu_run(b)->s;
+    KvStatus st = kv_ref_shift(s, keep, drop, err);
+    return st == KV_OK ? kv_ref_check_sentinels(s, 0, err) : st;
+}
+
 /* ---- snapshots: the persistent parts of the state, then each cache ---- */
 
 typedef struct {
@@ -277,6 +283,7 @@ const KvBackendOps kv_backend_cpu = {
     .snapshot_save = cpu_snapshot_save,
     .snapshot_load = cpu_snapshot_load,
     .read_step = cpu_read_step,
+    .shift = cpu_shift,
     .take_nonfinite = cpu_take_nonfinite,
     .take_dump = cpu_take_dump,
     .peek_dump = cpu_peek_dump,

@@ -115,6 +115,34 @@ static KvStatus decode_check_tokens(int64_t vocab, const int32_t *tokens, const 
     return KV_OK;
 }
 
+/* A context-shift script: whole, alone, on left padding, and within what
+ * the sliding caches still hold when it happens (kv_ref_shift's rule: the
+ * positions stored then, less the largest window, cover keep + drop). */
+static KvStatus decode_check_shift(const KvConfig *c, const KvDecodeSpec *sp, bool right,
+                                   KvError *err) {
+    int64_t w_max = 0;
+    for (int64_t l = 0; l < c->num_layers; l++) {
+        const int64_t w = kv_config_layer_window(c, l);
+        w_max = w > w_max ? w : w_max;
+    }
+    const int64_t stored = sp->prompt_len + sp->shift_step - 1; /* positions before the shift */
+    if (right || sp->switch_step != 0) {
+        return kv_error_set(err, KV_ERR_INPUT,
+                            "decode: a context shift with %s is not supported",
+                            right ? "a right-padded prompt" : "a request switch");
+    }
+    if (sp->shift_step < 1 || sp->shift_keep < 0 || sp->shift_drop < 1 ||
+        sp->shift_keep + sp->shift_drop > stored - w_max) {
+        return kv_error_set(err, KV_ERR_INPUT,
+                            "decode: context shift: expected shift step >= 1, keep >= 0, drop >= "
+                            "1 and keep + drop <= the %lld positions stored before the shift - "
+                            "the largest window %lld; found step %lld, keep %lld, drop %lld",
+                            (long long)stored, (long long)w_max, (long long)sp->shift_step,
+                            (long long)sp->shift_keep, (long long)sp->shift_drop);
+    }
+    return KV_OK;
+}
+
 KvStatus kv_decode_check_spec(const KvModel *m, const KvDecodeSpec *sp, KvError *err) {
     if (sp->batch < 1 || sp->prompt_len < 1 || sp->new_tokens < 1 || sp->prefill_chunk < 0 ||
         sp->prompt == NULL || sp->prompt_real == NULL) {
@@ -144,6 +172,9 @@ KvStatus kv_decode_check_spec(const KvModel *m, const KvDecodeSpec *sp, KvError 
     }
     KvStatus st = decode_check_tokens(m->config.vocab_size, sp->prompt, sp->prompt_real,
                                       sp->batch, sp->prompt_len, 0, right, err);
+    if (st == KV_OK && (sp->shift_step != 0 || sp->shift_keep != 0 || sp->shift_drop != 0)) {
+        st = decode_check_shift(&m->config, sp, right, err);
+    }
     if (st != KV_OK || sp->switch_step == 0) return st;
     if (right) {
         return kv_error_set(err, KV_ERR_INPUT,
@@ -384,6 +415,13 @@ KvStatus kv_decode_run(const KvBackendOps *ops, const KvModel *m, const KvDecode
         .dump_probes = sp->record_probes && sp->dump_probes,
         .per_row = kv_decode_right_padded(sp->prompt_real, B, P),
     };
+    const bool shifts = sp->shift_step > 0 && sp->shift_step < sp->new_tokens;
+    if (shifts && ops->shift == NULL) {
+        st = kv_error_set(err, KV_ERR_INPUT,
+                          "decode: a context shift is not implemented on the %s backend",
+                          ops->name);
+        goto cleanup;
+    }
     if (setup.per_row && !ops->per_row) {
         st = kv_error_set(err, KV_ERR_INPUT,
                           "decode: a right-padded prompt needs per-row positions, which the %s "
@@ -430,6 +468,12 @@ KvStatus kv_decode_run(const KvBackendOps *ops, const KvModel *m, const KvDecode
      * forward wrote into the backend's input, or the forced one copied over
      * it (a host-to-memory copy, as before a graph replay). */
     for (int64_t step = 1; step < sp->new_tokens; step++) {
+        if (shifts && step == sp->shift_step) {
+            /* between two forwards, as an engine shifts when its context
+             * is full; the step then feeds its token at the new position */
+            st = ops->shift(b, sp->shift_keep, sp->shift_drop, err);
+            if (st != KV_OK) goto cleanup;
+        }
         if (switches && step == sp->switch_step) {
             st = decode_switch(ops, b, sp, step, out, err);
         } else {

@@ -39,6 +39,14 @@ typedef struct {
     int64_t switch_step;
     int64_t suffix_len;
     const int32_t *suffix;
+    /* Context shift (KvScenario's shift_*; 0: none): before decode step
+     * shift_step's forward (1 <= shift_step; none when the decode stops
+     * first) the backend drops positions shift_keep .. shift_keep +
+     * shift_drop - 1 and moves the later ones down (backend.h shift). Not
+     * with a prefix-reuse script or right padding. */
+    int64_t shift_step;
+    int64_t shift_keep;
+    int64_t shift_drop;
     const KvCacheOps *variant; /* NULL: the reference; else the sliding-layer cache variant */
     KvExecMode mode;           /* eager (default) or graph */
     unsigned faults;           /* planted KV_FAULT_* bits (forward.h); 0 for clean runs */

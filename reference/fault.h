@@ -73,9 +73,15 @@ enum {
      * (seed 002). The pads are masked but fill the window, so a sliding
      * layer sees fewer real keys than the row run alone. */
     KV_FAULT_PAD_SLOTS = 1u << 13,
+    /* shift.c kv_ref_shift: a context shift relabels and re-rotates the
+     * cached keys but leaves every sliding slot where it was, as an engine
+     * that takes the window by cell index (llama.cpp #12357, the Gemma 3
+     * gibberish after a context shift). Only a layout whose slot depends on
+     * the absolute position (the ring's p % W) then reads the wrong keys. */
+    KV_FAULT_SHIFT_CELLS = 1u << 14,
 };
 
-#define KV_FAULT_COUNT 14
+#define KV_FAULT_COUNT 15
 
 typedef struct {
     unsigned bit;

@@ -145,6 +145,22 @@ KvStatus kv_ref_state_set_per_row(KvRefState *s, KvError *err);
  * row inside that cache's view. */
 KvSlidingCache *kv_ref_cache(const KvRefState *s, int64_t layer, int64_t b, int64_t *view_row);
 
+/* Context shift (DESIGN §5, llama.cpp #12357): drops positions keep ..
+ * keep + drop - 1 of every row and moves the later ones down by drop, as
+ * an engine does when its context is full. Every key that moves is
+ * re-rotated by RoPE(-d) in place (d: the real tokens dropped from its
+ * row), with the layer's own inverse frequencies and no YaRN factor (the
+ * stored key already carries it). The static cache is compacted; each
+ * sliding layer's variant cache is re-laid by the variant's layout rule
+ * (layout.h) for the new count, so a ring's slot p % W becomes
+ * (p - drop) % W. The host count, the count in memory and each row's RoPE
+ * position go down with it. KV_ERR_INPUT for per-row positions, keep < 0,
+ * drop < 1, or keep + drop > len - W (W the largest window): every
+ * position a sliding layer still holds must survive the shift, and the kept
+ * prefix must lie outside the next query's window, or the shifted state
+ * would need keys the sliding caches have already evicted. */
+KvStatus kv_ref_shift(KvRefState *s, int64_t keep, int64_t drop, KvError *err);
+
 /* Plants faults (fault.h bits) in the state and in every variant cache
  * that implements one of them; 0 makes the state clean again. */
 void kv_ref_state_plant(KvRefState *s, unsigned faults);

@@ -288,6 +288,13 @@ static const AttrField RUN_FIELDS[] = {
      .when_set = true, .unset = 0},
     {FIELD(KvRun, suffix_len), .lo = 0, .hi = KV_REPORT_MAX_PROMPT_LEN, .optional = true,
      .when_set = true, .unset = 0},
+    /* a context-shift run's script, only when set */
+    {FIELD(KvRun, shift_step), .lo = 0, .hi = KV_REPORT_MAX_STEPS, .optional = true,
+     .when_set = true, .unset = 0},
+    {FIELD(KvRun, shift_keep), .lo = 0, .hi = KV_REPORT_MAX_PROMPT_LEN + KV_REPORT_MAX_STEPS,
+     .optional = true, .when_set = true, .unset = 0},
+    {FIELD(KvRun, shift_drop), .lo = 0, .hi = KV_REPORT_MAX_PROMPT_LEN + KV_REPORT_MAX_STEPS,
+     .optional = true, .when_set = true, .unset = 0},
     /* written by another engine (`gate --external`), and only when set, so
      * that the runs of kvrepro's own gate keep the bytes they had before
      * these existed */
@@ -389,6 +396,14 @@ static const RunDataset RUN_SETS[] = {
 const RunDatasetTable H5_RUN_DATASETS = {RUN_SETS, N_OF(RUN_SETS)};
 
 bool h5_run_script_ok(const KvRun *r) {
+    /* a context shift: whole, alone, and inside the positions stored
+     * before it (the decode's own rule, less the window it cannot see) */
+    const bool shift = r->shift_step != 0 || r->shift_keep != 0 || r->shift_drop != 0;
+    if (shift && (r->shift_step < 1 || r->shift_drop < 1 || r->shift_keep < 0 ||
+                  r->switch_step != 0 ||
+                  r->shift_keep + r->shift_drop > r->prompt_len + r->shift_step - 1)) {
+        return false;
+    }
     const bool any = r->save_after != 0 || r->switch_step != 0 || r->suffix_len != 0 ||
                      r->suffix != NULL;
     return !any || (r->save_after >= 1 && r->save_after < r->prompt_len && r->switch_step >= 1 &&

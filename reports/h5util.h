@@ -240,7 +240,10 @@ extern const RunDatasetTable H5_RUN_DATASETS;
  * so a reader asks the file instead). */
 bool h5_run_holds(const KvRun *r, const RunDataset *d);
 
-/* A prefix-reuse script (save_after, switch_step, suffix_len, suffix) is
+/* A context-shift script (shift_step, shift_keep, shift_drop) is absent or
+ * whole: shift_step >= 1, shift_drop >= 1, no request switch and keep +
+ * drop within the prompt_len + shift_step - 1 positions stored before it.
+ * A prefix-reuse script (save_after, switch_step, suffix_len, suffix) is
  * absent or whole: 1 <= save_after < prompt_len, 1 <= switch_step < steps,
  * 1 <= suffix_len <= KV_REPORT_MAX_PROMPT_LEN and, on a run that ran, its
  * suffix held. The writer and the reader both refuse anything else. */

@@ -25,6 +25,7 @@ static const char *const kv_compare_kind_names[] = {
     [KV_CMP_COMPILED] = "compiled_vs_eager",
     [KV_CMP_GRAPH_BUDGET] = "graph_budget",
     [KV_CMP_FRESH] = "fresh_run",
+    [KV_CMP_SHIFT] = "shifted_vs_fresh",
 };
 
 #define JUNIT_N_KINDS ((int)(sizeof kv_compare_kind_names / sizeof kv_compare_kind_names[0]))

@@ -52,6 +52,12 @@ typedef struct {
     int64_t switch_step;
     int64_t suffix_len;
     int32_t *suffix;             /* (batch, suffix_len) or NULL */
+    /* A context-shift run (DESIGN §5; 0 otherwise, and then not written):
+     * before step shift_step's forward, positions shift_keep .. shift_keep
+     * + shift_drop - 1 were dropped and the later ones moved down. */
+    int64_t shift_step;
+    int64_t shift_keep;
+    int64_t shift_drop;
     int32_t *prompt;             /* (batch, prompt_len) left-padded ids */
     uint8_t *prompt_real;        /* (batch, prompt_len) */
     int32_t *tokens;             /* (steps, batch) greedy token per step */
@@ -96,8 +102,11 @@ typedef enum {
                            * tie-aware tokens (compiled code may reorder float math) */
     KV_CMP_GRAPH_BUDGET = 7, /* one run (a = b): decode graphs captured within its budget */
     KV_CMP_FRESH = 8,     /* a reused state vs a fresh run of the same context: bitwise */
+    KV_CMP_SHIFT = 9,     /* a context-shifted state vs a fresh run of the shifted context:
+                           * the shift's tolerance + tie-aware tokens (RoPE re-applied to
+                           * stored keys is not RoPE recomputed) */
 } KvCompareKind;
-#define KV_CMP_LAST KV_CMP_FRESH
+#define KV_CMP_LAST KV_CMP_SHIFT
 
 typedef struct {
     KvCompareKind kind;

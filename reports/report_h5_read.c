@@ -1111,11 +1111,15 @@ static KvStatus h5r_run(hid_t runs, int64_t i, int64_t n_runs, KvRun *r, ReportC
     if (!h5_run_script_ok(r)) {
         st = h5_report_fail(c, KV_ERR_INPUT,
                             "%s: a prefix-reuse script expects 1 <= save_after < prompt_len "
-                            "(%lld), 1 <= switch_step < steps (%lld) and a suffix dataset; found "
-                            "%lld, %lld, suffix_len %lld%s",
+                            "(%lld), 1 <= switch_step < steps (%lld) and a suffix dataset, a "
+                            "context shift shift_step >= 1, shift_drop >= 1, no switch and "
+                            "shift_keep + shift_drop <= prompt_len + shift_step - 1; found "
+                            "%lld, %lld, suffix_len %lld%s, shift %lld/%lld/%lld",
                             objpath, (long long)r->prompt_len, (long long)r->steps,
                             (long long)r->save_after, (long long)r->switch_step,
-                            (long long)r->suffix_len, r->suffix == NULL ? ", no suffix" : "");
+                            (long long)r->suffix_len, r->suffix == NULL ? ", no suffix" : "",
+                            (long long)r->shift_step, (long long)r->shift_keep,
+                            (long long)r->shift_drop);
     }
 cleanup:
     h5_close(H5Gclose, g, objpath, &st, c);

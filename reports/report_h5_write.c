@@ -140,10 +140,13 @@ static KvStatus report_validate(const KvReport *rep, ReportCtx *c) {
             return h5_report_fail(c, KV_ERR_INPUT,
                                   "runs[%" PRId64 "]: a prefix-reuse script expects 1 <= "
                                   "save_after < prompt_len (%" PRId64 "), 1 <= switch_step < "
-                                  "steps (%" PRId64 ") and a suffix; found %" PRId64 ", %" PRId64
-                                  ", %" PRId64 " tokens%s",
+                                  "steps (%" PRId64 ") and a suffix, a context shift "
+                                  "shift_step >= 1, shift_drop >= 1, no switch and keep + drop "
+                                  "<= prompt_len + shift_step - 1; found %" PRId64 ", %" PRId64
+                                  ", %" PRId64 " tokens%s, shift %" PRId64 "/%" PRId64 "/%" PRId64,
                                   i, r->prompt_len, r->steps, r->save_after, r->switch_step,
-                                  r->suffix_len, r->suffix == NULL ? ", none held" : "");
+                                  r->suffix_len, r->suffix == NULL ? ", none held" : "",
+                                  r->shift_step, r->shift_keep, r->shift_drop);
         }
         if (r->skipped) continue;
         for (size_t a = 0; a < H5_RUN_DATASETS.n; a++) {

@@ -219,6 +219,7 @@ extern "C" const KvBackendOps kv_backend_cuda = {
     /* .snapshot_save = */ cuda_snapshot_save,
     /* .snapshot_load = */ cuda_snapshot_load,
     /* .read_step = */ cuda_read_step,
+    /* .shift = */ NULL, /* context shift not yet on the GPU (issue 19) */
     /* .take_nonfinite = */ NULL,
     /* .take_dump = */ NULL,
     /* .peek_dump = */ NULL,
