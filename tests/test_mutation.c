@@ -49,8 +49,9 @@ static const char *const k_families[] = {"gemma2-tiny", "mistral-tiny", "qwen2-t
  * only: CUDA runs are skipped without a device and cannot catch anything.
  * A fault pass leaves out the scripted scenarios (prefix_reuse_after_wrap,
  * speculative_rollback_past_window: the default set's last two), which only
- * prefix_alias needs, and the extended (right-padded) ones, which only
- * pad_slots needs (its pass runs those alone), to keep the fault passes
+ * prefix_alias needs, and the extended ones: the right-padded two, which
+ * only pad_slots needs, and context_shift, which only shift_cells needs
+ * (their passes run those alone), to keep the fault passes
  * inside the suite's time budget; the clean pass runs all of them. That the existing
  * faults are caught there too is `gate --faults all`'s and test_variants'
  * (static_layer). */
@@ -61,11 +62,15 @@ static KvGateOptions default_gate(unsigned faults, const KvCacheOps *const *vari
     int n_scen = 0, n_default = 0;
     const char *const *scen = kv_scenario_all_names(&n_scen);
     kv_scenario_names(&n_default);
-    if (faults & KV_FAULT_PAD_SLOTS) {
-        /* only the extended, right-padded scenarios have right pads */
+    if (faults & (KV_FAULT_PAD_SLOTS | KV_FAULT_SHIFT_CELLS)) {
+        /* only the extended, right-padded scenarios have right pads; only
+         * context_shift shifts */
         ck_assert_str_eq(scen[n_default], "right_padded_static_loop");
+        ck_assert_str_eq(scen[n_default + 2], "context_shift");
+        ck_assert_int_eq(n_scen, n_default + 3);
+        const bool pad = (faults & KV_FAULT_PAD_SLOTS) != 0;
         return (KvGateOptions){
-            .scenarios = scen + n_default, .n_scenarios = n_scen - n_default,
+            .scenarios = scen + n_default + (pad ? 0 : 2), .n_scenarios = pad ? 2 : 1,
             .variants = variants, .n_variants = n_variants, .backends = &cpu_only,
             .n_backends = 1, .eager = true, .graph = true, .repeats = 3, .replay_every = 5,
             .faults = faults, .tol = kv_tolerances_default(), .calibrate = true,
@@ -161,6 +166,7 @@ static const FaultSite k_sites[KV_FAULT_COUNT] = {
     {"static_layer", "index_copy", "short_prompt_crosses_window", KV_MODE_GRAPH},
     {"prefix_alias", "ring", "prefix_reuse_after_wrap", KV_MODE_EAGER},
     {"pad_slots", "ring", "right_padded_static_loop", KV_MODE_EAGER},
+    {"shift_cells", "ring", "context_shift", KV_MODE_GRAPH},
 };
 
 /* A decode recorded as a KvRun (the fields bisect reads). */
@@ -172,6 +178,7 @@ static void record_run(const KvModel *m, const KvScenario *sc, const FaultSite *
         .prompt_real = sc->real, .new_tokens = sc->new_tokens, .prefill_chunk = sc->prefill_chunk,
         .save_after = sc->save_after, .switch_step = sc->switch_step,
         .suffix_len = sc->suffix_len, .suffix = sc->suffix,
+        .shift_step = sc->shift_step, .shift_keep = sc->shift_keep, .shift_drop = sc->shift_drop,
         .variant = kv_cache_find(site->variant), .mode = site->mode, .faults = faults,
         .record_probes = true,
     };
@@ -190,6 +197,9 @@ static void record_run(const KvModel *m, const KvScenario *sc, const FaultSite *
     run->save_after = sc->save_after;
     run->switch_step = sc->switch_step;
     run->suffix_len = sc->suffix_len;
+    run->shift_step = sc->shift_step;
+    run->shift_keep = sc->shift_keep;
+    run->shift_drop = sc->shift_drop;
     if (sc->suffix != NULL) {
         run->suffix = malloc((size_t)(sc->batch * sc->suffix_len) * sizeof *run->suffix);
         ck_assert(run->suffix != NULL);

@@ -859,6 +859,43 @@ START_TEST(test_prefix_script_roundtrip) {
 }
 END_TEST
 
+/* A context-shift script (shift_step, shift_keep, shift_drop) round-trips,
+ * is written only when set, and a partial or out-of-range one is refused
+ * by the writer and the reader. */
+START_TEST(test_shift_script_roundtrip) {
+    KvReport rep, back;
+    build_report(&rep);
+    KvRun *r = &rep.runs[0];
+    r->shift_step = 2;
+    r->shift_keep = 1;
+    r->shift_drop = 1;
+    char path[PATH_MAX];
+    scratch_path(path, sizeof path, "shift.h5");
+    KvError err = {{0}};
+    ck_assert_msg(kv_report_write_h5(&rep, path, &err) == KV_OK, "write: %s", err.msg);
+    report_poison(&back);
+    ck_assert_msg(kv_report_read_h5(path, &back, &err) == KV_OK, "read: %s", err.msg);
+    ck_assert_int_eq(back.runs[0].shift_step, 2);
+    ck_assert_int_eq(back.runs[0].shift_keep, 1);
+    ck_assert_int_eq(back.runs[0].shift_drop, 1);
+    ck_assert_int_eq(back.runs[1].shift_step, 0);
+    kv_report_free(&back);
+    hid_t f = H5Fopen(path, H5F_ACC_RDWR, H5P_DEFAULT);
+    ck_assert_int_ge(f, 0);
+    hid_t g = H5Gopen2(f, "runs/0001", H5P_DEFAULT);
+    ck_assert_int_ge(g, 0);
+    ck_assert_int_eq(H5Aexists(g, "shift_step"), 0); /* not written when unset */
+    H5Gclose(g);
+    ck_assert_int_ge(H5Adelete_by_name(f, "runs/0000", "shift_drop", H5P_DEFAULT), 0);
+    H5Fclose(f);
+    assert_read_fails(path, "context shift");
+    r->shift_drop = T_PLEN + 2; /* more than the positions stored before the shift */
+    scratch_path(path, sizeof path, "shift_bad.h5");
+    assert_write_fails(&rep, path, KV_ERR_INPUT, "context shift");
+    kv_report_free(&rep);
+}
+END_TEST
+
 START_TEST(test_read_missing_file) {
     char path[PATH_MAX];
     scratch_path(path, sizeof path, "absent.h5");
@@ -1929,6 +1966,7 @@ static Suite *report_suite(void) {
     tcase_add_checked_fixture(rt, setup, teardown);
     tcase_add_test(rt, test_roundtrip_exact);
     tcase_add_test(rt, test_prefix_script_roundtrip);
+    tcase_add_test(rt, test_shift_script_roundtrip);
     tcase_add_test(rt, test_many_runs_roundtrip);
     tcase_add_test(rt, test_roundtrip_empty_shapes);
     tcase_add_test(rt, test_optional_attrs_only_when_set);
