@@ -76,7 +76,8 @@ static void gate_usage(FILE *f) {
             "                    prefill_longer_than_window, left_padded_batch, chunked_prefill,\n"
             "                    prefix_reuse_after_wrap, speculative_rollback_past_window;\n"
             "                    `extended` adds the right-padded right_padded_static_loop and\n"
-            "                    parallel_positions (cpu only so far; --faults runs them too)\n"
+            "                    parallel_positions and context_shift (cpu only so far;\n"
+            "                    --faults runs them too)\n"
             "  --variants LIST   default all: index_copy, cat_shift, roll, always_roll, ring,\n"
             "                    dynamic\n"
             "  --backends LIST   default every backend built: cpu and cuda (cuda runs are\n"
@@ -499,8 +500,9 @@ static bool gate_parse_args(int argc, char **argv, GateArgs *a, KvGateOptions *o
     }
     if (!bad && !gate_check_external_args(a)) bad = true;
     if (!bad && a->mutation && !scen_given) {
-        /* The mutation score covers every planted fault, and pad_slots acts
-         * only on the extended (right-padded) scenarios. */
+        /* The mutation score covers every planted fault: pad_slots acts
+         * only on the extended right-padded scenarios, shift_cells only on
+         * context_shift. */
         for (int k = 0; k < n_known && k < KV_GATE_MAX_LIST; k++) a->scen_names[k] = known[k];
         o->n_scenarios = n_known;
     }

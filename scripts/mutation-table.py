@@ -69,6 +69,7 @@ KINDS = (
     "compiled_vs_eager",
     "graph_budget",
     "fresh_run",
+    "shifted_vs_fresh",
 )
 FAIL_RE = re.compile(r"^FAIL \S+ \S+: .*? (" + "|".join(KINDS) + r"): ")
 CTEST_FAIL_RE = re.compile(
