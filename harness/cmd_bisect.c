@@ -85,6 +85,12 @@ static void bisect_print_tokens(const KvRun *a, const KvRun *b, int64_t step) {
                "request's, or the accepted drafts after a rollback)\n",
                step, a->save_after, a->suffix_len);
     } else if (step > 0) {
+        if (a->shift_step > 0 && step == a->shift_step) {
+            printf("before step %" PRId64 ": the context shifted: positions %" PRId64
+                   "..%" PRId64 " dropped, the later ones moved down by %" PRId64
+                   " and their keys re-rotated\n",
+                   step, a->shift_keep, a->shift_keep + a->shift_drop - 1, a->shift_drop);
+        }
         printf("fed at step %" PRId64 ":", step);
         for (int64_t r = 0; r < a->batch; r++) {
             const int64_t i = (step - 1) * a->batch + r;
