@@ -50,6 +50,8 @@ static void ref_free_caches(KvRefState *s) {
 /* Creates every sliding layer's cache(s) for s->variant: one of B rows per
  * layer, or with per_row one single-row cache per row (each row then keeps
  * its own count of stored positions). Full layers keep the static cache. */
+static void probe_memo_free(KvRefState *s);
+
 static KvStatus ref_create_caches(KvRefState *s, KvError *err) {
     const KvConfig *c = &s->model->config;
     const int64_t kv_dim = c->num_kv_heads * c->head_dim;
@@ -132,6 +134,7 @@ void kv_ref_state_free(KvRefState *s) {
     free(s->next_tok);
     free(s->margin);
     free(s->probe_hash);
+    probe_memo_free(s);
     kv_probe_dump_free(&s->dump);
     free(s->lag);
     free(s->row_pos);
@@ -441,6 +444,53 @@ static void launch_probe(KvRefState *s, int64_t idx, const void *base, int64_t p
     kv_stream_launch(&s->stream, op_probe, &a, sizeof a);
 }
 
+/* One full layer's cache-probe memo for one row (KvRefState.probe_memo). */
+struct KvProbeMemo {
+    int64_t n;        /* positions 0 .. n - 1 hashed into h (0: nothing memoised) */
+    uint64_t h;       /* the FNV state after them */
+    bool finite;      /* every value of theirs was finite (their finite check is done) */
+    bool off;         /* allocation failed: always hash in full */
+    float *k, *v;     /* (max_len, kv_dim) copies of the static cache's rows 0 .. n - 1 */
+    uint8_t *real;    /* (max_len) copy of the row's real flags */
+};
+
+static void probe_memo_free(KvRefState *s) {
+    for (int64_t i = 0; s->probe_memo != NULL && i < s->n_layers * s->batch; i++) {
+        free(s->probe_memo[i].k);
+        free(s->probe_memo[i].v);
+        free(s->probe_memo[i].real);
+    }
+    free(s->probe_memo);
+    s->probe_memo = NULL;
+}
+
+/* Row b of full layer l's memo, allocated on first use; NULL when it cannot
+ * be (the probe then hashes in full, as without one). */
+static struct KvProbeMemo *probe_memo_get(KvRefState *s, int64_t layer, int64_t b,
+                                          int64_t kv_dim) {
+    if (s->probe_memo == NULL) {
+        s->probe_memo = calloc((size_t)(s->n_layers * s->batch), sizeof *s->probe_memo);
+        if (s->probe_memo == NULL) return NULL;
+    }
+    struct KvProbeMemo *mm = &s->probe_memo[layer * s->batch + b];
+    if (mm->off) return NULL;
+    if (mm->k == NULL) {
+        mm->k = malloc((size_t)(s->max_len * kv_dim) * sizeof *mm->k);
+        mm->v = malloc((size_t)(s->max_len * kv_dim) * sizeof *mm->v);
+        mm->real = malloc((size_t)s->max_len);
+        if (mm->k == NULL || mm->v == NULL || mm->real == NULL) {
+            free(mm->k);
+            free(mm->v);
+            free(mm->real);
+            mm->k = mm->v = NULL;
+            mm->real = NULL;
+            mm->off = true;
+            return NULL;
+        }
+    }
+    return mm;
+}
+
 /* The cache probe: per row, K then V of every real position the next query
  * (position len + n) will see, ascending: q - W < p <= q - 1 on a sliding
  * layer, every p < len + n on a full one. Layout-independent, so variants
@@ -479,7 +529,25 @@ static void op_probe_cache(const void *ap) {
         KvCacheView view = {0};
         if (cache != NULL) view = s->variant->view(cache);
         uint64_t h = KV_FNV_OFFSET;
-        for (int64_t p = lo; p < next; p++) {
+        int64_t from = lo;
+        /* A full layer's positions only grow from 0: continue last step's
+         * hash when the bytes it covered are unchanged (a shift, a restored
+         * snapshot or a faulted write changes them, and then the row is
+         * hashed in full). Not while dumping (the dump wants every row). */
+        struct KvProbeMemo *mm = NULL;
+        const int64_t off0 = (a->layer * s->batch + b) * s->max_len * kv_dim;
+        if (cache == NULL && window == 0 && dense == NULL) {
+            mm = probe_memo_get(s, a->layer, b, kv_dim);
+        }
+        if (mm != NULL && mm->n > 0 && mm->n <= next && mm->finite &&
+            memcmp(mm->real, s->real + b * s->max_len, (size_t)mm->n) == 0 &&
+            memcmp(mm->k, s->k + off0, (size_t)(mm->n * kv_dim) * sizeof(float)) == 0 &&
+            memcmp(mm->v, s->v + off0, (size_t)(mm->n * kv_dim) * sizeof(float)) == 0) {
+            from = mm->n;
+            h = mm->h;
+        }
+        bool finite = true;
+        for (int64_t p = from; p < next; p++) {
             const float *k = NULL, *v = NULL;
             int64_t recorded = p; /* the writer's record for the slot read (cache != NULL) */
             if (cache == NULL) {
@@ -509,6 +577,9 @@ static void op_probe_cache(const void *ap) {
             /* Elements counted as in the dump: (p - lo, {K, V}, kv_dim). */
             probe_check_finite(s, idx, b, k, kv_dim, (p - lo) * 2 * kv_dim);
             probe_check_finite(s, idx, b, v, kv_dim, (p - lo) * 2 * kv_dim + kv_dim);
+            for (int64_t i = 0; mm != NULL && i < kv_dim; i++) {
+                finite = finite && isfinite(k[i]) && isfinite(v[i]);
+            }
             if (dense != NULL) {
                 float *row = dense + b * s->dump.len[idx] + (p - lo) * 2 * kv_dim;
                 memcpy(row, k, row_bytes);
@@ -516,6 +587,18 @@ static void op_probe_cache(const void *ap) {
             }
         }
         s->probe_hash[idx * s->batch + b] = h;
+        if (mm != NULL) {
+            /* remember what was hashed, from where this step began */
+            const int64_t m0 = from == lo ? 0 : from;
+            memcpy(mm->real + m0, s->real + b * s->max_len + m0, (size_t)(next - m0));
+            memcpy(mm->k + m0 * kv_dim, s->k + off0 + m0 * kv_dim,
+                   (size_t)((next - m0) * kv_dim) * sizeof(float));
+            memcpy(mm->v + m0 * kv_dim, s->v + off0 + m0 * kv_dim,
+                   (size_t)((next - m0) * kv_dim) * sizeof(float));
+            mm->finite = (from == lo || mm->finite) && finite;
+            mm->n = next;
+            mm->h = h;
+        }
     }
 }
 

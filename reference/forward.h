@@ -98,6 +98,13 @@ typedef struct {
     int64_t n_probes;   /* 3 + 7 * num_layers */
     uint64_t *probe_hash; /* (n_probes, B) hashes of the last forward */
     KvProbeDump dump;   /* full probe values of the last forward when dump.data != NULL */
+    /* The full layers' cache-probe memo (op_probe_cache), per (layer, row),
+     * allocated on first use: the FNV state after the positions hashed at
+     * the last step and a copy of the bytes it covered. A step whose old
+     * positions memcmp equal to the copy continues the hash over its new
+     * ones only: the same hash of the same bytes, linear instead of
+     * quadratic in the decode length. */
+    struct KvProbeMemo *probe_memo; /* (num_layers * B) or NULL */
     /* The first non-finite (NaN or Inf) probe value of the forwards since the
      * caller last set nonfinite_probe to -1 (kv_ref_nonfinite_reset): the
      * lowest probe index, then row, then element. Written by the probe ops,
