@@ -373,6 +373,20 @@ static void row_error(const float *r, const float *c, int64_t n, bool with_kl, d
     e->kl = kl;
 }
 
+/* One whole-vocabulary row of a tolerance comparison: its error metrics
+ * folded into out's maxima (and *se, *ss for the NMSE); returns its
+ * relative error, against the baseline r's largest |logit|. */
+static double row_metrics(const float *r, const float *c, int64_t V, double *se, double *ss,
+                          KvComparison *out) {
+    RowError e;
+    row_error(r, c, V, true, se, ss, &e);
+    const double rel = e.max_abs / (e.max_ref > 0.0 ? e.max_ref : 1.0);
+    out->max_abs_err = e.max_abs > out->max_abs_err ? e.max_abs : out->max_abs_err;
+    out->max_rel_err = rel > out->max_rel_err ? rel : out->max_rel_err;
+    out->kl = e.kl > out->kl ? e.kl : out->kl;
+    return rel;
+}
+
 /* The least tolerances under which a comparison would have passed, as
  * Polygraphy prints them, so a pass shows how close to the edge it was and a
  * failure how far past it: max_rel_err >= the largest relative error seen,
@@ -415,12 +429,7 @@ void kv_compare_shifted(const KvRun *shifted, const KvRun *fresh, int64_t offset
             if (!finite) {
                 what = "non-finite logit";
             } else {
-                RowError e;
-                row_error(r, c, V, true, &se, &ss, &e);
-                const double rel = e.max_abs / (e.max_ref > 0.0 ? e.max_ref : 1.0);
-                out->max_abs_err = e.max_abs > out->max_abs_err ? e.max_abs : out->max_abs_err;
-                out->max_rel_err = rel > out->max_rel_err ? rel : out->max_rel_err;
-                out->kl = e.kl > out->kl ? e.kl : out->kl;
+                const double rel = row_metrics(r, c, V, &se, &ss, out);
                 if (fresh->tokens[fi] == shifted->tokens[si]) {
                     agree++;
                 } else {
@@ -503,12 +512,7 @@ void kv_compare_reference(const KvRun *ref, const KvRun *cand, const KvTolerance
                 }
                 continue;
             }
-            RowError e;
-            row_error(r, c, V, true, &se, &ss, &e);
-            const double rel = e.max_abs / (e.max_ref > 0.0 ? e.max_ref : 1.0);
-            out->max_abs_err = e.max_abs > out->max_abs_err ? e.max_abs : out->max_abs_err;
-            out->max_rel_err = rel > out->max_rel_err ? rel : out->max_rel_err;
-            out->kl = e.kl > out->kl ? e.kl : out->kl;
+            const double rel = row_metrics(r, c, V, &se, &ss, out);
             const int64_t i = s * B + b;
             if (ref->tokens[i] != cand->tokens[i] && ref->margins[i] > flip_margin) {
                 flip_margin = ref->margins[i];

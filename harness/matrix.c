@@ -544,25 +544,32 @@ KvStatus kv_gate_calibrate(const KvModel *m, const char *model_name, const KvSce
  * its finite check), and the reused reference run compared with it bitwise
  * (KV_CMP_FRESH). Candidates are held to the reference, so this is what
  * makes "the reused state equals a fresh run's" hold for every run. */
+/* A fresh twin run (forced: (steps, B) or NULL) decoded on the CPU
+ * reference as run *idx of rep, with its finite check. */
+static KvStatus run_twin(const KvModel *m, const char *model_name, const KvScenario *fresh,
+                         const KvGateOptions *o, const int32_t *forced, KvReport *rep,
+                         int64_t *idx, KvError *err) {
+    *idx = kv_gate_add_run(rep);
+    if (*idx < 0) return kv_error_set(err, KV_ERR_INTERNAL, "out of memory");
+    run_identify(&rep->runs[*idx], model_name, fresh->name, "reference", "cpu", "eager", 0, 0);
+    KvStatus st = run_decode(m, fresh, NULL, KV_MODE_EAGER, o, forced, &kv_backend_cpu, 0,
+                             &rep->runs[*idx], err);
+    if (st != KV_OK) return st;
+    KvComparison c;
+    kv_compare_finite(&rep->runs[*idx], *idx, &c);
+    return kv_gate_add_comparison(rep, &c, err);
+}
+
 static KvStatus run_fresh_twin(const KvModel *m, const char *model_name, const KvScenario *sc,
                                const KvGateOptions *o, int64_t ref, KvReport *rep,
                                KvError *err) {
     KvScenario fresh;
     KvStatus st = kv_scenario_fresh(sc, &fresh, err);
     if (st != KV_OK) return st;
-    const int64_t idx = kv_gate_add_run(rep);
-    if (idx < 0) {
-        st = kv_error_set(err, KV_ERR_INTERNAL, "out of memory");
-        goto cleanup;
-    }
-    run_identify(&rep->runs[idx], model_name, fresh.name, "reference", "cpu", "eager", 0, 0);
-    st = run_decode(m, &fresh, NULL, KV_MODE_EAGER, o, NULL, &kv_backend_cpu, 0, &rep->runs[idx],
-                    err);
+    int64_t idx = -1;
+    st = run_twin(m, model_name, &fresh, o, NULL, rep, &idx, err);
     if (st != KV_OK) goto cleanup;
     KvComparison c;
-    kv_compare_finite(&rep->runs[idx], idx, &c);
-    st = kv_gate_add_comparison(rep, &c, err);
-    if (st != KV_OK) goto cleanup;
     kv_compare_fresh(&rep->runs[ref], &rep->runs[idx], sc->switch_step, ref, idx, &c);
     st = kv_gate_add_comparison(rep, &c, err);
     /* not counted in the progress total (units x runs per unit): the twin
@@ -597,17 +604,8 @@ static KvStatus run_shift_twin(const KvModel *m, const char *model_name, const K
     int32_t *forced = NULL;
     KvStatus st = kv_scenario_shift_fresh(sc, rep->runs[ref].tokens, &fresh, &forced, err);
     if (st != KV_OK) return st;
-    const int64_t idx = kv_gate_add_run(rep);
-    if (idx < 0) {
-        st = kv_error_set(err, KV_ERR_INTERNAL, "out of memory");
-        goto cleanup;
-    }
-    run_identify(&rep->runs[idx], model_name, fresh.name, "reference", "cpu", "eager", 0, 0);
-    st = run_decode(m, &fresh, NULL, KV_MODE_EAGER, o, forced, &kv_backend_cpu, 0,
-                    &rep->runs[idx], err);
-    if (st != KV_OK) goto cleanup;
-    kv_compare_finite(&rep->runs[idx], idx, &c);
-    st = kv_gate_add_comparison(rep, &c, err);
+    int64_t idx = -1;
+    st = run_twin(m, model_name, &fresh, o, forced, rep, &idx, err);
     if (st != KV_OK) goto cleanup;
     /* The scenario's own tolerance: the shifted run re-rotates stored keys
      * (RoPE(p), then RoPE(-d)) where the fresh run rotates once (RoPE(p -

@@ -36,6 +36,13 @@ static KvFixtureModel load(const char *name) {
     return fx;
 }
 
+/* The gate's context_shift scenario for m. */
+static void shift_scenario(const KvModel *m, KvScenario *sc) {
+    KvError err = {{0}};
+    ck_assert_msg(kv_scenario_build(&m->config, "context_shift", TEST_PROMPT_SEED, sc, &err) ==
+                  KV_OK, "%s", err.msg);
+}
+
 /* Largest |a - b| relative to the largest |b| of the row. */
 static double rel_err(const float *a, const float *b, int64_t n) {
     double d = 0.0, m = 0.0;
@@ -67,8 +74,7 @@ START_TEST(test_shift_matches_fresh) {
     ck_assert_msg(kv_scenario_shift_judged(&m->config, why, sizeof why), "%s", why);
     KvScenario sc, fresh;
     KvError err = {{0}};
-    ck_assert_msg(kv_scenario_build(&m->config, "context_shift", TEST_PROMPT_SEED, &sc, &err) ==
-                  KV_OK, "%s", err.msg);
+    shift_scenario(m, &sc);
     ck_assert(kv_scenario_shifts(&sc));
     KvDecodeSpec spec = scenario_spec(&sc, NULL);
     KvDecodeResult r, plain, f;
@@ -149,8 +155,7 @@ START_TEST(test_shift_without_rerotation_is_far_off) {
     const KvModel *m = &fx.model;
     KvScenario sc;
     KvError err = {{0}};
-    ck_assert_msg(kv_scenario_build(&m->config, "context_shift", TEST_PROMPT_SEED, &sc, &err) ==
-                  KV_OK, "%s", err.msg);
+    shift_scenario(m, &sc);
     const int64_t P = sc.prompt_len, K = sc.shift_keep, D = direct_drop(&sc), V = m->config.vocab_size;
     const int32_t tok = 7;
     float *good = malloc((size_t)V * sizeof *good), *bad = malloc((size_t)V * sizeof *bad);
@@ -193,8 +198,7 @@ START_TEST(test_shift_relays_ring) {
     const KvModel *m = &fx.model;
     KvScenario sc;
     KvError err = {{0}};
-    ck_assert_msg(kv_scenario_build(&m->config, "context_shift", TEST_PROMPT_SEED, &sc, &err) ==
-                  KV_OK, "%s", err.msg);
+    shift_scenario(m, &sc);
     const int64_t P = sc.prompt_len, w = m->config.sliding_window, D = direct_drop(&sc);
     ck_assert_int_ne(D % w, 0);
     for (int faulted = 0; faulted < 2; faulted++) {
@@ -237,8 +241,7 @@ START_TEST(test_shift_rules) {
     const KvModel *m = &fx.model;
     KvScenario sc;
     KvError err = {{0}};
-    ck_assert_msg(kv_scenario_build(&m->config, "context_shift", TEST_PROMPT_SEED, &sc, &err) ==
-                  KV_OK, "%s", err.msg);
+    shift_scenario(m, &sc);
     const int64_t P = sc.prompt_len, w = m->config.sliding_window;
     KvRefState s;
     ck_assert(kv_ref_state_init(&s, m, 1, P, P, NULL, &err) == KV_OK);
@@ -296,15 +299,12 @@ START_TEST(test_shift_judged_only_when_all_slide) {
     } k_cases[] = {{"mistral-tiny", true},  {"mistral_mixed-tiny", true}, {"gemma2-tiny", false},
                    {"qwen2-tiny", false},   {"gemma3-tiny", false},       {"gpt_oss-tiny", false}};
     for (size_t i = 0; i < sizeof k_cases / sizeof k_cases[0]; i++) {
-        KvConfig c;
-        KvError err = {{0}};
         KvFixtureModel fx = load(k_cases[i].name);
-        c = fx.model.config;
+        const KvConfig c = fx.model.config;
         char why[256] = "unset";
         ck_assert_msg(kv_scenario_shift_judged(&c, why, sizeof why) == k_cases[i].judged, "%s",
                       k_cases[i].name);
         ck_assert(k_cases[i].judged ? why[0] == '\0' : strstr(why, "whole context") != NULL);
-        (void)err;
         kv_fixture_free(&fx);
     }
 }
