@@ -728,8 +728,11 @@ KvStatus kv_gate_work_add(const KvConfig *cfg, const KvGateOptions *o, int *unit
                                 2.0 * H * (double)cfg->vocab_size * (double)use->new_tokens;
         const double run_flop = (double)use->batch * row_flop;
         /* the reference once, each candidate with its replayed steps; a
-         * prefix-reuse unit's fresh twin is about one more reference */
-        if (kv_scenario_switches(use) || kv_scenario_shifts(use)) {
+         * scripted unit's fresh twin (prefix reuse; a shift judged against one)
+         * is about one more reference */
+        char why[256];
+        if (kv_scenario_switches(use) ||
+            (kv_scenario_shifts(use) && kv_scenario_shift_judged(cfg, why, sizeof why))) {
             w->decodes += 1;
             w->tokens += use->batch * T;
             w->flop += run_flop;

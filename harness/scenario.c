@@ -37,11 +37,7 @@ enum {
  * when every layer slides; 0 when one is full (the field is unbounded and
  * a shift is not judged against a fresh run, kv_scenario_shift_judged). */
 static int64_t shift_window(const KvConfig *cfg) {
-    int64_t w_max = 0;
-    for (int64_t l = 0; l < cfg->num_layers; l++) {
-        const int64_t w = kv_config_layer_window(cfg, l);
-        w_max = w > w_max ? w : w_max;
-    }
+    const int64_t w_max = kv_config_max_window(cfg);
     return w_max > 0 ? w_max : 16;
 }
 

@@ -1017,6 +1017,15 @@ int64_t kv_config_layer_window(const KvConfig *cfg, int64_t layer) {
     return cfg->layer_window[layer] > 0 ? cfg->layer_window[layer] : cfg->sliding_window;
 }
 
+int64_t kv_config_max_window(const KvConfig *cfg) {
+    int64_t w_max = 0;
+    for (int64_t l = 0; l < cfg->num_layers; l++) {
+        const int64_t w = kv_config_layer_window(cfg, l);
+        w_max = w > w_max ? w : w_max;
+    }
+    return w_max;
+}
+
 void kv_config_window_text(const KvConfig *cfg, char *out, size_t n) {
     if (n == 0) return;
     if (!kv_config_mixed_windows(cfg)) {

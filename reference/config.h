@@ -153,6 +153,9 @@ double kv_config_layer_rope_theta(const KvConfig *cfg, int64_t layer);
  * layers. */
 int64_t kv_config_layer_window(const KvConfig *cfg, int64_t layer);
 
+/* The largest window of any layer (0 when none slides). */
+int64_t kv_config_max_window(const KvConfig *cfg);
+
 /* Whether some sliding layer's window differs from sliding_window (the
  * list form of sliding_window). */
 bool kv_config_mixed_windows(const KvConfig *cfg);

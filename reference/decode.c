@@ -120,11 +120,7 @@ static KvStatus decode_check_tokens(int64_t vocab, const int32_t *tokens, const 
  * positions stored then, less the largest window, cover keep + drop). */
 static KvStatus decode_check_shift(const KvConfig *c, const KvDecodeSpec *sp, bool right,
                                    KvError *err) {
-    int64_t w_max = 0;
-    for (int64_t l = 0; l < c->num_layers; l++) {
-        const int64_t w = kv_config_layer_window(c, l);
-        w_max = w > w_max ? w : w_max;
-    }
+    const int64_t w_max = kv_config_max_window(c);
     const int64_t stored = sp->prompt_len + sp->shift_step - 1; /* positions before the shift */
     if (right || sp->switch_step != 0) {
         return kv_error_set(err, KV_ERR_INPUT,

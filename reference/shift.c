@@ -127,11 +127,7 @@ KvStatus kv_ref_shift(KvRefState *s, int64_t keep, int64_t drop, KvError *err) {
      * checked its own count (len). They differ only under a planted fault
      * that freezes the count into a graph (stale_scalar). */
     const int64_t T = s->total_mem, B = s->batch;
-    int64_t w_max = 0;
-    for (int64_t l = 0; l < c->num_layers; l++) {
-        const int64_t w = kv_config_layer_window(c, l);
-        w_max = w > w_max ? w : w_max;
-    }
+    const int64_t w_max = kv_config_max_window(c);
     if (s->per_row) {
         return kv_error_set(err, KV_ERR_INPUT, "context shift: rows at their own positions "
                             "(right padding) are not shifted");
