@@ -8,13 +8,14 @@
  * compared with a fresh run of the shifted context by a tolerance of its own
  * (comparison shifted_vs_fresh), while every variant must still equal the
  * reference's shifted run bitwise (both re-rotate the same keys the same
- * way). */
+ * way). The buffer-level steps (shift.h) are shared with the CUDA backend. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "forward.h"
 #include "kvmath.h"
+#include "shift.h"
 
 /* RoPE(-d) on every head of one stored key row. */
 static void shift_rotate(float *k /* (kv_dim) */, const KvConfig *c, const float *inv_freq,
@@ -30,17 +31,38 @@ static const float *shift_inv_freq(const KvRefState *s, int64_t l) {
     return s->inv_freq_local != NULL && c->layer_sliding[l] ? s->inv_freq_local : s->inv_freq;
 }
 
-/* The static cache of layer l: positions keep + drop .. T - 1 of each row
- * move to keep .., re-rotated by that row's dropped real tokens d[b]; the
- * freed tail is emptied as at init (zeros, no real token). */
-static void shift_static_layer(KvRefState *s, int64_t l, int64_t keep, int64_t drop, int64_t T,
-                               const int64_t *d /* (B) */) {
-    const KvConfig *c = &s->model->config;
-    const int64_t kvd = c->num_kv_heads * c->head_dim, B = s->batch, L = s->max_len;
-    const float *inv_freq = shift_inv_freq(s, l);
+KvStatus kv_shift_check(const KvConfig *c, int64_t stored, int64_t keep, int64_t drop,
+                        KvError *err) {
+    const int64_t w_max = kv_config_max_window(c);
+    if (keep < 0 || drop < 1 || keep + drop > stored - w_max) {
+        return kv_error_set(err, KV_ERR_INPUT,
+                            "context shift: expected keep >= 0, drop >= 1 and keep + drop <= "
+                            "positions stored (%lld) - the largest window (%lld); found keep "
+                            "%lld, drop %lld",
+                            (long long)stored, (long long)w_max, (long long)keep, (long long)drop);
+    }
+    return KV_OK;
+}
+
+void kv_shift_real(uint8_t *real_all /* (B, L) */, int64_t *n_real /* (B) */, int64_t B,
+                   int64_t L, int64_t keep, int64_t drop, int64_t T, int64_t *dropped /* (B) */) {
     for (int64_t b = 0; b < B; b++) {
-        float *k = s->k + (l * B + b) * L * kvd; /* (max_len, kv_dim) */
-        float *v = s->v + (l * B + b) * L * kvd; /* (max_len, kv_dim) */
+        uint8_t *real = real_all + b * L; /* (L) */
+        dropped[b] = 0;
+        for (int64_t j = keep; j < keep + drop; j++) dropped[b] += real[j];
+        memmove(real + keep, real + keep + drop, (size_t)(T - keep - drop));
+        memset(real + T - drop, 0, (size_t)drop);
+        n_real[b] -= dropped[b];
+    }
+}
+
+void kv_shift_static(float *k_all /* (B, L, kv_dim) */, float *v_all /* (B, L, kv_dim) */,
+                     int64_t B, int64_t L, const KvConfig *c, const float *inv_freq, int64_t keep,
+                     int64_t drop, int64_t T, const int64_t *d /* (B) */) {
+    const int64_t kvd = c->num_kv_heads * c->head_dim;
+    for (int64_t b = 0; b < B; b++) {
+        float *k = k_all + b * L * kvd; /* (L, kv_dim) */
+        float *v = v_all + b * L * kvd; /* (L, kv_dim) */
         const int64_t moved = T - keep - drop;
         memmove(k + keep * kvd, k + (keep + drop) * kvd, (size_t)(moved * kvd) * sizeof *k);
         memmove(v + keep * kvd, v + (keep + drop) * kvd, (size_t)(moved * kvd) * sizeof *v);
@@ -52,18 +74,11 @@ static void shift_static_layer(KvRefState *s, int64_t l, int64_t keep, int64_t d
     }
 }
 
-/* One sliding layer's variant cache, window w: each held slot's position p
- * (by the layout rule at count T) moves to the slot the rule gives p - drop
- * at count T - drop, its key re-rotated; slots left empty are emptied as
- * reset does (NaN, no real token, position -1). Under KV_FAULT_SHIFT_CELLS
- * a slot stays in its cell. */
-static KvStatus shift_variant_cache(KvRefState *s, KvSlidingCache *cache, int64_t l, int64_t w,
-                                    int64_t drop, int64_t T, const int64_t *d /* (B) */,
-                                    KvError *err) {
-    const KvCacheState cs = s->variant->state(cache);
-    const KvLayoutRule rule = s->variant->layout;
-    const int64_t B = cs.batch, S = cs.slots, D = cs.dim;
-    const float *inv_freq = shift_inv_freq(s, l);
+KvStatus kv_shift_slots(const KvCacheState *cs, KvLayoutRule rule, int64_t w, const KvConfig *c,
+                        const float *inv_freq, int64_t drop, int64_t T,
+                        const int64_t *d /* (B) */, unsigned faults, int64_t layer,
+                        const char *variant, KvError *err) {
+    const int64_t B = cs->batch, S = cs->slots, D = cs->dim;
     KvStatus st = KV_OK;
     float *k = malloc((size_t)(B * S * D > 0 ? B * S * D : 1) * sizeof *k);  /* (B, S, D) */
     float *v = malloc((size_t)(B * S * D > 0 ? B * S * D : 1) * sizeof *v);  /* (B, S, D) */
@@ -87,31 +102,29 @@ static KvStatus shift_variant_cache(KvRefState *s, KvSlidingCache *cache, int64_
         const int64_t p = kv_layout_position(rule, w, i, T);
         if (p < 0) continue;
         const int64_t np = p - drop;
-        const int64_t j = (s->faults & KV_FAULT_SHIFT_CELLS)           ? i
+        const int64_t j = (faults & KV_FAULT_SHIFT_CELLS)                    ? i
                           : np >= lo && np < lo + w && slot_of[np - lo] >= 0 ? slot_of[np - lo]
-                                                                        : -1;
-        if (j < 0 && s->faults != 0) continue; /* a faulted count (stale_scalar): freed */
+                                                                             : -1;
+        if (j < 0 && faults != 0) continue; /* a faulted count (stale_scalar): freed */
         if (j < 0) {
             st = kv_error_set(err, KV_ERR_INTERNAL,
                               "context shift: layer %lld (%s): no slot for position %lld after "
                               "the shift",
-                              (long long)l, s->variant->name, (long long)np);
+                              (long long)layer, variant, (long long)np);
             goto cleanup;
         }
         pos[j] = np;
         for (int64_t b = 0; b < B; b++) {
-            memcpy(k + (b * S + j) * D, cs.k + (b * S + i) * D, (size_t)D * sizeof *k);
-            memcpy(v + (b * S + j) * D, cs.v + (b * S + i) * D, (size_t)D * sizeof *v);
-            real[b * S + j] = cs.real[b * S + i];
-            if (d[b] > 0) shift_rotate(k + (b * S + j) * D, &s->model->config, inv_freq, d[b]);
+            memcpy(k + (b * S + j) * D, cs->k + (b * S + i) * D, (size_t)D * sizeof *k);
+            memcpy(v + (b * S + j) * D, cs->v + (b * S + i) * D, (size_t)D * sizeof *v);
+            real[b * S + j] = cs->real[b * S + i];
+            if (d[b] > 0) shift_rotate(k + (b * S + j) * D, c, inv_freq, d[b]);
         }
     }
-    /* Copied back into the variant's own buffers: its view keeps its
-     * pointers (a captured graph holds them by value). */
-    memcpy(cs.k, k, (size_t)(B * S * D) * sizeof *k);
-    memcpy(cs.v, v, (size_t)(B * S * D) * sizeof *v);
-    memcpy(cs.real, real, (size_t)(B * S));
-    memcpy(cs.pos, pos, (size_t)S * sizeof *pos);
+    memcpy(cs->k, k, (size_t)(B * S * D) * sizeof *k);
+    memcpy(cs->v, v, (size_t)(B * S * D) * sizeof *v);
+    memcpy(cs->real, real, (size_t)(B * S));
+    memcpy(cs->pos, pos, (size_t)S * sizeof *pos);
 cleanup:
     free(k);
     free(v);
@@ -127,18 +140,12 @@ KvStatus kv_ref_shift(KvRefState *s, int64_t keep, int64_t drop, KvError *err) {
      * checked its own count (len). They differ only under a planted fault
      * that freezes the count into a graph (stale_scalar). */
     const int64_t T = s->total_mem, B = s->batch;
-    const int64_t w_max = kv_config_max_window(c);
     if (s->per_row) {
         return kv_error_set(err, KV_ERR_INPUT, "context shift: rows at their own positions "
                             "(right padding) are not shifted");
     }
-    if (keep < 0 || drop < 1 || keep + drop > s->len - w_max) {
-        return kv_error_set(err, KV_ERR_INPUT,
-                            "context shift: expected keep >= 0, drop >= 1 and keep + drop <= "
-                            "positions stored (%lld) - the largest window (%lld); found keep "
-                            "%lld, drop %lld",
-                            (long long)s->len, (long long)w_max, (long long)keep, (long long)drop);
-    }
+    KvStatus st = kv_shift_check(c, s->len, keep, drop, err);
+    if (st != KV_OK) return st;
     if (T < keep + drop) {
         /* Only under a planted fault: memory holds too few positions to
          * shift, so the memory side finds nothing to move. */
@@ -147,21 +154,18 @@ KvStatus kv_ref_shift(KvRefState *s, int64_t keep, int64_t drop, KvError *err) {
     }
     int64_t *dropped = calloc((size_t)B, sizeof *dropped); /* (B) real tokens dropped per row */
     if (dropped == NULL) return kv_error_set(err, KV_ERR_INTERNAL, "context shift: out of memory");
-    for (int64_t b = 0; b < B; b++) {
-        uint8_t *real = s->real + b * s->max_len; /* (max_len) */
-        for (int64_t j = keep; j < keep + drop; j++) dropped[b] += real[j];
-        memmove(real + keep, real + keep + drop, (size_t)(T - keep - drop));
-        memset(real + T - drop, 0, (size_t)drop);
-        s->n_real[b] -= dropped[b];
-    }
-    KvStatus st = KV_OK;
+    kv_shift_real(s->real, s->n_real, B, s->max_len, keep, drop, T, dropped);
     for (int64_t l = 0; l < c->num_layers && st == KV_OK; l++) {
         const int64_t w = kv_config_layer_window(c, l);
         KvSlidingCache *cache = kv_ref_cache(s, l, 0, NULL);
         if (cache != NULL) {
-            st = shift_variant_cache(s, cache, l, w, drop, T, dropped, err);
+            const KvCacheState cs = s->variant->state(cache);
+            st = kv_shift_slots(&cs, s->variant->layout, w, c, shift_inv_freq(s, l), drop, T,
+                                dropped, s->faults, l, s->variant->name, err);
         } else {
-            shift_static_layer(s, l, keep, drop, T, dropped);
+            const int64_t kvd = c->num_kv_heads * c->head_dim;
+            kv_shift_static(s->k + l * B * s->max_len * kvd, s->v + l * B * s->max_len * kvd, B,
+                            s->max_len, c, shift_inv_freq(s, l), keep, drop, T, dropped);
         }
     }
     free(dropped);

@@ -21,7 +21,10 @@
  *       - the GPU reference agrees with the CPU reference within the gate's
  *         tolerances (harness/compare.h), teacher-forced on the CPU tokens;
  *       - planted faults whose effect does not depend on scheduling or on
- *         cuBLAS's kernel choice change the results; the others must run.
+ *         cuBLAS's kernel choice change the results; the others must run;
+ *       - a context shift mid-decode: every variant, eager and graph,
+ *         bitwise the GPU reference's, which is within tolerance of the
+ *         CPU's shifted run; shift_cells changes the results.
  * Usage: test_cuda_forward [--no-device-only | --device-only]; the default
  * runs both. Exit 0 pass, 1 failure, 77 skipped.
  * Check runs with CK_NOFORK: CUDA cannot be used in a child forked after the
@@ -536,6 +539,92 @@ START_TEST(test_planted_faults) {
 }
 END_TEST
 
+/* loop index: family. The context shift (DESIGN §5, cuda_shift.cu) on the
+ * GPU: the padded batch shifted at decode step W/2 + 1 (keep W/4, drop up
+ * to W + 1, W the largest window): every variant, eager and graph, bitwise
+ * the GPU reference's shifted run; the GPU reference within the gate's
+ * tolerance of the CPU reference's shifted run, teacher-forced on the
+ * CPU's tokens; the planted shift_cells (a ring slot left in its cell)
+ * changes the results. */
+START_TEST(test_context_shift_gpu) {
+    const KvModel *m = model_for(_i);
+    const int64_t W = kv_config_max_window(&m->config);
+    Prompt p = make_prompt(m, SHAPE_PADDED);
+    char what[160];
+    KvError err = {{0}};
+    KvDecodeSpec spec = make_spec(&p, NULL, KV_MODE_EAGER);
+    spec.shift_step = W / 2 + 1;
+    spec.shift_keep = W / 4;
+    const int64_t stored = p.plen + spec.shift_step - 1; /* positions before the shift */
+    spec.shift_drop = W + 1;
+    if (spec.shift_keep + spec.shift_drop > stored - W) {
+        spec.shift_drop = stored - W - spec.shift_keep;
+    }
+    ck_assert_msg(spec.shift_drop >= 1, "%s: prompt too short to shift", k_families[_i]);
+    ck_assert_msg(spec.shift_step < spec.new_tokens, "%s: the shift must fall inside the decode",
+                  k_families[_i]);
+    snprintf(what, sizeof what, "%s shift gpu reference eager", k_families[_i]);
+    KvDecodeResult ref = run_gpu(m, &spec, NULL, what);
+    for (int v = 1; v < N_IMPLS; v++) {
+        for (int g = 0; g < 2; g++) {
+            KvDecodeSpec vs = make_spec(&p, impl_variant(v), g ? KV_MODE_GRAPH : KV_MODE_EAGER);
+            vs.shift_step = spec.shift_step;
+            vs.shift_keep = spec.shift_keep;
+            vs.shift_drop = spec.shift_drop;
+            snprintf(what, sizeof what, "%s shift: %s %s vs gpu reference eager", k_families[_i],
+                     impl_name(v), g ? "graph" : "eager");
+            KvDecodeResult r = run_gpu(m, &vs, NULL, what);
+            assert_bitwise(m, &ref, &r, what);
+            kv_decode_result_free(&r);
+        }
+    }
+    /* GPU vs CPU, both shifted, teacher-forced on the CPU's tokens. */
+    KvDecodeResult cpu;
+    KvStatus st = kv_decode_greedy(m, &spec, &cpu, &err);
+    ck_assert_msg(st == KV_OK, "%s shift: cpu decode: %s", k_families[_i], err.msg);
+    KvDecodeSpec forced = spec;
+    forced.forced = cpu.tokens;
+    snprintf(what, sizeof what, "%s shift forced", k_families[_i]);
+    KvDecodeResult gpu = run_gpu(m, &forced, NULL, what);
+    const int64_t B = cpu.batch, V = cpu.vocab;
+    double worst = 0.0;
+    for (int64_t s = 0; s < cpu.steps; s++) {
+        for (int64_t r = 0; r < B; r++) {
+            const float *c = cpu.logits + (s * B + r) * V;
+            const float *gl = gpu.logits + (s * B + r) * V;
+            double max_abs = 0.0, max_ref = 0.0;
+            for (int64_t v = 0; v < V; v++) {
+                const double d = fabs((double)gl[v] - (double)c[v]);
+                max_abs = d > max_abs ? d : max_abs;
+                max_ref = fabs((double)c[v]) > max_ref ? fabs((double)c[v]) : max_ref;
+            }
+            const double rel = max_abs / (max_ref > 0.0 ? max_ref : 1.0);
+            worst = rel > worst ? rel : worst;
+            ck_assert_msg(rel <= KV_TOL_MAX_REL_ERR,
+                          "%s: step %lld row %lld: GPU logits off the CPU by %.3g relative "
+                          "(KV_TOL_MAX_REL_ERR %.3g)",
+                          what, (long long)s, (long long)r, rel, KV_TOL_MAX_REL_ERR);
+        }
+    }
+    printf("cuda_forward: %s: shifted GPU vs shifted CPU max rel err %.3g\n", what, worst);
+    /* The planted shift_cells on ring. */
+    KvDecodeSpec fs = make_spec(&p, &kv_cache_ring, KV_MODE_EAGER);
+    fs.shift_step = spec.shift_step;
+    fs.shift_keep = spec.shift_keep;
+    fs.shift_drop = spec.shift_drop;
+    KvDecodeResult clean, faulty;
+    snprintf(what, sizeof what, "%s shift_cells", k_families[_i]);
+    fault_pair(m, &fs, KV_FAULT_SHIFT_CELLS, &clean, &faulty, NULL, what);
+    ck_assert_msg(results_differ(&clean, &faulty), "%s: no effect", what);
+    kv_decode_result_free(&clean);
+    kv_decode_result_free(&faulty);
+    kv_decode_result_free(&gpu);
+    kv_decode_result_free(&cpu);
+    kv_decode_result_free(&ref);
+    prompt_free(&p);
+}
+END_TEST
+
 static Suite *device_suite(void) {
     Suite *s = suite_create("cuda_forward");
     TCase *eq = tcase_create("variants");
@@ -548,6 +637,7 @@ static Suite *device_suite(void) {
     tcase_set_timeout(ref, 600);
     tcase_add_loop_test(ref, test_cpu_agreement, 0, N_FAMILIES * N_SHAPES);
     tcase_add_loop_test(ref, test_planted_faults, 0, N_FAMILIES);
+    tcase_add_loop_test(ref, test_context_shift_gpu, 0, N_FAMILIES);
     suite_add_tcase(s, ref);
     return s;
 }

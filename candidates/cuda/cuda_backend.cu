@@ -158,6 +158,10 @@ static KvStatus cuda_snapshot_load(KvBackend *b, int slot, KvError *err) {
     return kv_cuda_snapshot(&cuda_run(b)->ctx, slot, false, err);
 }
 
+static KvStatus cuda_shift(KvBackend *b, int64_t keep, int64_t drop, KvError *err) {
+    return kv_cuda_shift(&cuda_run(b)->ctx, keep, drop, err);
+}
+
 /* Copies the last forward's outputs to the host and checks the device error
  * flags. */
 static KvStatus cuda_read_step(KvBackend *b, KvBackendStep *out, KvError *err) {
@@ -219,7 +223,7 @@ extern "C" const KvBackendOps kv_backend_cuda = {
     /* .snapshot_save = */ cuda_snapshot_save,
     /* .snapshot_load = */ cuda_snapshot_load,
     /* .read_step = */ cuda_read_step,
-    /* .shift = */ NULL, /* context shift not yet on the GPU (issue 19) */
+    /* .shift = */ cuda_shift,
     /* .take_nonfinite = */ NULL,
     /* .take_dump = */ NULL,
     /* .peek_dump = */ NULL,

@@ -290,6 +290,11 @@ KvStatus kv_cuda_ctx_reset_state(KvCudaCtx *ctx, KvError *err);
  * copies). A KV_SNAP_PREFIX load under KV_FAULT_PREFIX_ALIAS leaves the
  * sliding layers' slots as they are (an entry aliasing the live cache). */
 KvStatus kv_cuda_snapshot(KvCudaCtx *ctx, int slot, bool save, KvError *err);
+/* The context shift (backend.h's shift, reference/shift.h) of the
+ * persistent device state: copied to the host, shifted by the CPU
+ * reference's steps, copied back into the same buffers; the host count and
+ * *total go down by drop. Synchronous (cuda_shift.cu). */
+KvStatus kv_cuda_shift(KvCudaCtx *ctx, int64_t keep, int64_t drop, KvError *err);
 /* The error for device error flags raised by `when` (e.g. "position" 12). */
 KvStatus kv_cuda_dev_err_status(const KvCudaCtx *ctx, int32_t flags, const char *when,
                                 int64_t at, KvError *err);
