@@ -24,7 +24,11 @@
  *         cuBLAS's kernel choice change the results; the others must run;
  *       - a context shift mid-decode: every variant, eager and graph,
  *         bitwise the GPU reference's, which is within tolerance of the
- *         CPU's shifted run; shift_cells changes the results.
+ *         CPU's shifted run; shift_cells changes the results;
+ *       - a right-padded batch (rows at their own positions): every
+ *         variant, eager and graph, bitwise the GPU reference's, each row
+ *         bitwise the row alone, within tolerance of the CPU; pad_slots
+ *         changes the results.
  * Usage: test_cuda_forward [--no-device-only | --device-only]; the default
  * runs both. Exit 0 pass, 1 failure, 77 skipped.
  * Check runs with CK_NOFORK: CUDA cannot be used in a child forked after the
@@ -625,6 +629,108 @@ START_TEST(test_context_shift_gpu) {
 }
 END_TEST
 
+/* loop index: family. Rows at their own positions (DESIGN §2,
+ * cuda_rows.cu): three prompts of W + 3, W/2 + 1 and 2 tokens right-padded
+ * to one length (W the largest window), prefilled in chunks of 4, decoded
+ * 2W + 4 tokens: every variant, eager and graph, bitwise the GPU
+ * reference's; each row bitwise the row decoded alone on the GPU; the GPU
+ * reference within the gate's tolerance of the CPU's, teacher-forced; the
+ * planted pad_slots (right pads stored as positions) changes the results. */
+START_TEST(test_right_padded_gpu) {
+    const KvModel *m = model_for(_i);
+    const int64_t W = kv_config_max_window(&m->config);
+    const int64_t lens[3] = {W + 3, W / 2 + 1, 2};
+    int32_t *rows[3];
+    char what[160];
+    KvError err = {{0}};
+    for (int64_t b = 0; b < 3; b++) {
+        rows[b] = make_tokens(lens[b], TEST_PROMPT_SEED + 10 + (uint64_t)b, m->config.vocab_size);
+    }
+    Prompt p = {0};
+    KvStatus st = kv_batch_pad((const int32_t *const *)rows, lens, 3, 0, true, &p.tok, &p.real,
+                               &p.plen, &err);
+    ck_assert_msg(st == KV_OK, "right pad: %s", err.msg);
+    p.batch = 3;
+    p.chunk = 4;
+    p.new_tokens = 2 * W + 4;
+    KvDecodeSpec spec = make_spec(&p, NULL, KV_MODE_EAGER);
+    ck_assert(kv_decode_right_padded(p.real, p.batch, p.plen));
+    snprintf(what, sizeof what, "%s right-padded gpu reference eager", k_families[_i]);
+    KvDecodeResult ref = run_gpu(m, &spec, NULL, what);
+    for (int v = 1; v < N_IMPLS; v++) {
+        for (int g = 0; g < 2; g++) {
+            KvDecodeSpec vs = make_spec(&p, impl_variant(v), g ? KV_MODE_GRAPH : KV_MODE_EAGER);
+            snprintf(what, sizeof what, "%s right-padded: %s %s vs gpu reference eager",
+                     k_families[_i], impl_name(v), g ? "graph" : "eager");
+            KvDecodeResult r = run_gpu(m, &vs, NULL, what);
+            assert_bitwise(m, &ref, &r, what);
+            kv_decode_result_free(&r);
+        }
+    }
+    /* Each row vs the row alone (its real tokens, the same chunks). */
+    const int64_t V = ref.vocab;
+    for (int64_t b = 0; b < 3; b++) {
+        uint8_t *one_real = malloc((size_t)lens[b]);
+        ck_assert_ptr_nonnull(one_real);
+        memset(one_real, 1, (size_t)lens[b]);
+        Prompt one = {rows[b], one_real, 1, lens[b], 4, p.new_tokens};
+        KvDecodeSpec os = make_spec(&one, NULL, KV_MODE_EAGER);
+        snprintf(what, sizeof what, "%s right-padded row %lld alone", k_families[_i], (long long)b);
+        KvDecodeResult alone = run_gpu(m, &os, NULL, what);
+        for (int64_t s = 0; s < ref.steps; s++) {
+            ck_assert_msg(bits_equal(ref.logits + (s * 3 + b) * V, alone.logits + s * V,
+                                     (size_t)V * sizeof(float)),
+                          "%s: step %lld: the row in the batch differs from the row alone",
+                          what, (long long)s);
+            ck_assert_int_eq(ref.tokens[s * 3 + b], alone.tokens[s]);
+        }
+        kv_decode_result_free(&alone);
+        free(one_real);
+    }
+    /* GPU vs CPU, teacher-forced on the CPU's tokens. */
+    KvDecodeResult cpu;
+    st = kv_decode_greedy(m, &spec, &cpu, &err);
+    ck_assert_msg(st == KV_OK, "%s right-padded: cpu decode: %s", k_families[_i], err.msg);
+    KvDecodeSpec forced = spec;
+    forced.forced = cpu.tokens;
+    snprintf(what, sizeof what, "%s right-padded forced", k_families[_i]);
+    KvDecodeResult gpu = run_gpu(m, &forced, NULL, what);
+    double worst = 0.0;
+    for (int64_t s = 0; s < cpu.steps; s++) {
+        for (int64_t r = 0; r < 3; r++) {
+            const float *c = cpu.logits + (s * 3 + r) * V;
+            const float *gl = gpu.logits + (s * 3 + r) * V;
+            double max_abs = 0.0, max_ref = 0.0;
+            for (int64_t v = 0; v < V; v++) {
+                const double d = fabs((double)gl[v] - (double)c[v]);
+                max_abs = d > max_abs ? d : max_abs;
+                max_ref = fabs((double)c[v]) > max_ref ? fabs((double)c[v]) : max_ref;
+            }
+            const double rel = max_abs / (max_ref > 0.0 ? max_ref : 1.0);
+            worst = rel > worst ? rel : worst;
+            ck_assert_msg(rel <= KV_TOL_MAX_REL_ERR,
+                          "%s: step %lld row %lld: GPU logits off the CPU by %.3g relative "
+                          "(KV_TOL_MAX_REL_ERR %.3g)",
+                          what, (long long)s, (long long)r, rel, KV_TOL_MAX_REL_ERR);
+        }
+    }
+    printf("cuda_forward: %s: right-padded GPU vs CPU max rel err %.3g\n", what, worst);
+    /* The planted pad_slots on ring. */
+    KvDecodeSpec fs = make_spec(&p, &kv_cache_ring, KV_MODE_EAGER);
+    KvDecodeResult clean, faulty;
+    snprintf(what, sizeof what, "%s pad_slots", k_families[_i]);
+    fault_pair(m, &fs, KV_FAULT_PAD_SLOTS, &clean, &faulty, NULL, what);
+    ck_assert_msg(results_differ(&clean, &faulty), "%s: no effect", what);
+    kv_decode_result_free(&clean);
+    kv_decode_result_free(&faulty);
+    kv_decode_result_free(&gpu);
+    kv_decode_result_free(&cpu);
+    kv_decode_result_free(&ref);
+    for (int64_t b = 0; b < 3; b++) free(rows[b]);
+    prompt_free(&p);
+}
+END_TEST
+
 static Suite *device_suite(void) {
     Suite *s = suite_create("cuda_forward");
     TCase *eq = tcase_create("variants");
@@ -638,6 +744,7 @@ static Suite *device_suite(void) {
     tcase_add_loop_test(ref, test_cpu_agreement, 0, N_FAMILIES * N_SHAPES);
     tcase_add_loop_test(ref, test_planted_faults, 0, N_FAMILIES);
     tcase_add_loop_test(ref, test_context_shift_gpu, 0, N_FAMILIES);
+    tcase_add_loop_test(ref, test_right_padded_gpu, 0, N_FAMILIES);
     suite_add_tcase(s, ref);
     return s;
 }

@@ -34,6 +34,7 @@ static KvStatus cuda_query(char *device, size_t device_len, KvError *err) {
 static void cuda_destroy(KvBackend *b) {
     KvCudaRun *r = cuda_run(b);
     if (r == NULL) return;
+    kv_cuda_rows_destroy(r->rows);
     kv_cuda_graph_free(&r->graph);
     if (r->ctx.stream != NULL) kv_cuda_ctx_destroy(&r->ctx);
     free(r->logits);
@@ -43,8 +44,8 @@ static void cuda_destroy(KvBackend *b) {
     free(r);
 }
 
-static KvStatus cuda_create(const KvModel *m, const KvBackendSetup *setup, KvBackend **out,
-                            KvError *err) {
+KvStatus kv_cuda_run_create(const KvModel *m, const KvBackendSetup *setup,
+                            const KvCudaCtx *weights, KvCudaRun **out, KvError *err) {
     KvStatus st = KV_OK;
     KvCudaRun *r = NULL;
     const int64_t B = setup->batch, V = m->config.vocab_size;
@@ -57,13 +58,6 @@ static KvStatus cuda_create(const KvModel *m, const KvBackendSetup *setup, KvBac
                             "index_copy, cat_shift, roll, always_roll, ring or dynamic)",
                             setup->variant->name != NULL ? setup->variant->name : "(null)");
     }
-    /* Rows at different positions (right padding) are CPU-only so far: the
-     * device caches keep one count for every row. */
-    if (setup->per_row) {
-        return kv_error_set(err, KV_ERR_INPUT,
-                            "cuda decode: rows at different positions (right padding) run on "
-                            "the cpu backend only so far");
-    }
     /* Ensemble orders calibrate tolerances on the CPU reference alone. */
     if (setup->order != 0) {
         return kv_error_set(err, KV_ERR_INPUT,
@@ -72,12 +66,20 @@ static KvStatus cuda_create(const KvModel *m, const KvBackendSetup *setup, KvBac
     }
     r = (KvCudaRun *)calloc(1, sizeof *r);
     if (r == NULL) return kv_error_set(err, KV_ERR_INTERNAL, "cuda: out of host memory");
-    st = kv_cuda_ctx_create(&r->ctx, m, B, setup->max_len, setup->max_chunk, setup->variant,
-                            setup->faults, setup->probes, r->device, sizeof r->device, err);
-    if (st != KV_OK) goto cleanup;
+    if (setup->per_row) {
+        /* Rows at their own positions: one single-row run per row. */
+        st = kv_cuda_rows_create(m, setup, &r->rows, r->device, sizeof r->device, err);
+        if (st != KV_OK) goto cleanup;
+    } else {
+        st = kv_cuda_ctx_create(&r->ctx, m, B, setup->max_len, setup->max_chunk, setup->variant,
+                                setup->faults, setup->probes, weights, r->device,
+                                sizeof r->device, err);
+        if (st != KV_OK) goto cleanup;
+    }
     snprintf(r->math_mode, sizeof r->math_mode, "%s",
              (setup->faults & KV_FAULT_TF32) ? "TF32 tensor ops (planted fault tf32)"
                                              : "pedantic fp32 (no TF32)");
+    if (r->rows != NULL) goto cleanup; /* outputs live in the row runs */
     r->logits = (float *)malloc((size_t)(B * V) * sizeof *r->logits);
     r->tokens = (int32_t *)malloc((size_t)B * sizeof *r->tokens);
     r->margins = (float *)malloc((size_t)B * sizeof *r->margins);
@@ -88,14 +90,26 @@ static KvStatus cuda_create(const KvModel *m, const KvBackendSetup *setup, KvBac
         st = kv_error_set(err, KV_ERR_INTERNAL, "cuda: out of host memory");
         goto cleanup;
     }
-    *out = (KvBackend *)(void *)r;
 cleanup:
-    if (st != KV_OK) cuda_destroy((KvBackend *)(void *)r);
+    if (st != KV_OK) {
+        cuda_destroy((KvBackend *)(void *)r);
+    } else {
+        *out = r;
+    }
+    return st;
+}
+
+static KvStatus cuda_create(const KvModel *m, const KvBackendSetup *setup, KvBackend **out,
+                            KvError *err) {
+    KvCudaRun *r = NULL;
+    const KvStatus st = kv_cuda_run_create(m, setup, NULL, &r, err);
+    *out = (KvBackend *)(void *)r;
     return st;
 }
 
 static KvStatus cuda_set_input(KvBackend *b, const int32_t *tokens, const uint8_t *real,
                                int64_t n, KvError *err) {
+    if (cuda_run(b)->rows != NULL) return kv_cuda_rows_set_input(cuda_run(b)->rows, tokens, real, n, err);
     KvStatus st = KV_OK;
     KvCudaCtx *ctx = &cuda_run(b)->ctx;
     if (n < 1 || n > ctx->max_chunk || ctx->len + n > ctx->max_len) {
@@ -122,6 +136,10 @@ static void cuda_advance(KvCudaCtx *ctx, int64_t n) {
 }
 
 static KvStatus cuda_forward(KvBackend *b, int64_t n, KvError *err) {
+    if (cuda_run(b)->rows != NULL) {
+        cuda_run(b)->eager_forwards++;
+        return kv_cuda_rows_forward(cuda_run(b)->rows, n, err);
+    }
     KvCudaRun *r = cuda_run(b);
     const KvStatus st = kv_cuda_launch_forward(&r->ctx, n, err);
     if (st != KV_OK) return st;
@@ -132,17 +150,26 @@ static KvStatus cuda_forward(KvBackend *b, int64_t n, KvError *err) {
 
 static void cuda_layer_key(const KvBackend *b, int64_t layer, int64_t n, int64_t *regime,
                            int64_t *slots) {
+    if (cuda_run_const(b)->rows != NULL) {
+        kv_cuda_rows_layer_key(cuda_run_const(b)->rows, layer, n, regime, slots);
+        return;
+    }
     const KvCudaCtx *ctx = &cuda_run_const(b)->ctx;
     *regime = kv_cuda_cache_regime(ctx, layer, ctx->len);
     *slots = kv_cuda_cache_n_slots(ctx, layer, n, false);
 }
 
 static KvStatus cuda_capture(KvBackend *b, int64_t n, KvError *err) {
+    if (cuda_run(b)->rows != NULL) return kv_cuda_rows_capture(cuda_run(b)->rows, n, err);
     KvCudaRun *r = cuda_run(b);
     return kv_cuda_graph_capture(&r->graph, &r->ctx, n, err);
 }
 
 static KvStatus cuda_replay(KvBackend *b, KvError *err) {
+    if (cuda_run(b)->rows != NULL) {
+        cuda_run(b)->graph.launches++;
+        return kv_cuda_rows_replay(cuda_run(b)->rows, err);
+    }
     KvCudaRun *r = cuda_run(b);
     const KvStatus st = kv_cuda_graph_launch(&r->graph, &r->ctx, err);
     if (st != KV_OK) return st;
@@ -151,20 +178,28 @@ static KvStatus cuda_replay(KvBackend *b, KvError *err) {
 }
 
 static KvStatus cuda_snapshot_save(KvBackend *b, int slot, KvError *err) {
+    if (cuda_run(b)->rows != NULL) return kv_cuda_rows_snapshot(cuda_run(b)->rows, slot, true, err);
     return kv_cuda_snapshot(&cuda_run(b)->ctx, slot, true, err);
 }
 
 static KvStatus cuda_snapshot_load(KvBackend *b, int slot, KvError *err) {
+    if (cuda_run(b)->rows != NULL) return kv_cuda_rows_snapshot(cuda_run(b)->rows, slot, false, err);
     return kv_cuda_snapshot(&cuda_run(b)->ctx, slot, false, err);
 }
 
 static KvStatus cuda_shift(KvBackend *b, int64_t keep, int64_t drop, KvError *err) {
+    if (cuda_run(b)->rows != NULL) {
+        /* as the CPU reference (kv_ref_shift) */
+        return kv_error_set(err, KV_ERR_INPUT, "context shift: rows at their own positions "
+                            "(right padding) are not shifted");
+    }
     return kv_cuda_shift(&cuda_run(b)->ctx, keep, drop, err);
 }
 
 /* Copies the last forward's outputs to the host and checks the device error
  * flags. */
 static KvStatus cuda_read_step(KvBackend *b, KvBackendStep *out, KvError *err) {
+    if (cuda_run(b)->rows != NULL) return kv_cuda_rows_read_step(cuda_run(b)->rows, out, err);
     KvStatus st = KV_OK;
     KvCudaRun *r = cuda_run(b);
     KvCudaCtx *ctx = &r->ctx;
@@ -200,6 +235,8 @@ static void cuda_stats(const KvBackend *b, KvBackendStats *out) {
     const KvCudaRun *r = cuda_run_const(b);
     out->graph_instantiations = r->graph.instantiations;
     out->exec_updates = r->graph.exec_updates;
+    /* per-row: each capture instantiates one graph per row */
+    if (r->rows != NULL) kv_cuda_rows_graph_counts(r->rows, &out->graph_instantiations, &out->exec_updates);
     out->graph_launches = r->graph.launches;
     out->eager_forwards = r->eager_forwards;
     snprintf(out->device, sizeof out->device, "%s", r->device);
@@ -211,7 +248,7 @@ static void cuda_stats(const KvBackend *b, KvBackendStats *out) {
 extern "C" const KvBackendOps kv_backend_cuda = {
     /* .name = */ "cuda",
     /* .host = */ false,
-    /* .per_row = */ false, /* right padding not yet on the GPU (issue 19) */
+    /* .per_row = */ true, /* as one single-row run per row (cuda_rows.cu) */
     /* .query = */ cuda_query,
     /* .create = */ cuda_create,
     /* .destroy = */ cuda_destroy,

@@ -134,6 +134,24 @@ static void cuda_upload_add(CudaUpload *up, size_t *n_up, const float *host, siz
     (*n_up)++;
 }
 
+/* Borrows owner's device weights (same model): the layer pointers and the
+ * arena, which owner frees (it is not in this context's allocations), so
+ * owner must outlive ctx. */
+static KvStatus cuda_ctx_borrow(KvCudaCtx *ctx, const KvCudaCtx *owner, KvError *err) {
+    if (owner->model != ctx->model || owner->layers == NULL) {
+        return kv_error_set(err, KV_ERR_INTERNAL, "cuda: shared weights from another model");
+    }
+    ctx->layers = (KvCudaLayer *)malloc((size_t)ctx->n_layers * sizeof *ctx->layers);
+    if (ctx->layers == NULL) return kv_error_set(err, KV_ERR_INTERNAL, "cuda: out of host memory");
+    memcpy(ctx->layers, owner->layers, (size_t)ctx->n_layers * sizeof *ctx->layers);
+    ctx->w_arena = owner->w_arena;
+    ctx->w_arena_floats = owner->w_arena_floats;
+    ctx->w_embed = owner->w_embed;
+    ctx->w_final_norm = owner->w_final_norm;
+    ctx->w_lm_head = owner->w_lm_head;
+    return KV_OK;
+}
+
 static KvStatus cuda_ctx_upload(KvCudaCtx *ctx, KvError *err) {
     KvStatus st = KV_OK;
     const KvModel *m = ctx->model;
@@ -367,7 +385,8 @@ cleanup:
 
 KvStatus kv_cuda_ctx_create(KvCudaCtx *ctx, const KvModel *m, int64_t B, int64_t max_len,
                             int64_t max_chunk, const KvCacheOps *variant, unsigned faults,
-                            bool probes, char *device, size_t device_len, KvError *err) {
+                            bool probes, const KvCudaCtx *weights, char *device,
+                            size_t device_len, KvError *err) {
     KvStatus st = KV_OK;
     KvCudaInfo info;
     KvError qerr = {{0}};
@@ -437,7 +456,7 @@ KvStatus kv_cuda_ctx_create(KvCudaCtx *ctx, const KvModel *m, int64_t B, int64_t
                  (info.driver_version % 1000) / 10, info.runtime_version / 1000,
                  (info.runtime_version % 1000) / 10, blas_version);
     }
-    KV_TRY(cuda_ctx_upload(ctx, err));
+    KV_TRY(weights != NULL ? cuda_ctx_borrow(ctx, weights, err) : cuda_ctx_upload(ctx, err));
     KV_TRY(cuda_ctx_alloc_state(ctx, err));
     /* The uploads and zero-fills above ran on the legacy default stream
      * (cudaMemcpy from pageable memory and cudaMemset may return before

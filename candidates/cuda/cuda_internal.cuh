@@ -273,13 +273,16 @@ static inline unsigned int kv_cuda_blocks(int64_t count, int threads) {
 /* ---- the run context (cuda_ctx.cu) ---- */
 
 /* Fills the shapes and sets everything up for B rows of max_len slots,
- * max_chunk tokens per forward; variant NULL: the reference layout.
+ * max_chunk tokens per forward; variant NULL: the reference layout;
+ * weights NULL: uploads the model's weights, else borrows those of
+ * `weights` (a context of the same model that outlives this one).
  * device (may be NULL) receives "NAME (sm_XY, N SMs), driver A.B, runtime
  * C.D, cuBLAS V". KV_SKIP (with CUDA's text) when no device is visible,
  * KV_ERR_INTERNAL when one is but setup fails; on failure ctx is destroyed. */
 KvStatus kv_cuda_ctx_create(KvCudaCtx *ctx, const KvModel *m, int64_t B, int64_t max_len,
                             int64_t max_chunk, const KvCacheOps *variant, unsigned faults,
-                            bool probes, char *device, size_t device_len, KvError *err);
+                            bool probes, const KvCudaCtx *weights, char *device,
+                            size_t device_len, KvError *err);
 void kv_cuda_ctx_destroy(KvCudaCtx *ctx);
 /* Empties the caches (K/V NaN-poisoned, positions -1, real 0), zeroes
  * positions, inputs and error flags; the host count goes back to 0.
@@ -327,8 +330,14 @@ void kv_cuda_graph_free(KvCudaGraph *g);
 
 /* ---- the backend (cuda_backend.cu) ---- */
 
+typedef struct KvCudaRows KvCudaRows; /* rows at their own positions (cuda_rows.cu) */
+
 /* One run of the CUDA backend (the KvBackend behind kv_backend_cuda). */
 typedef struct {
+    /* Rows at their own positions (setup.per_row): every entry runs on
+     * these single-row runs and ctx, graph and the outputs below are
+     * unused; NULL otherwise. */
+    KvCudaRows *rows;
     KvCudaCtx ctx;
     KvCudaGraph graph;
     int64_t eager_forwards;
@@ -340,6 +349,33 @@ typedef struct {
     float *margins;       /* (B) */
     uint64_t *probe_hash; /* (n_probes, B), NULL without probes */
 } KvCudaRun;
+
+/* Creates one run (kv_backend_cuda's create); weights as kv_cuda_ctx_create
+ * (a single-row run of a per-row batch borrows row 0's). */
+KvStatus kv_cuda_run_create(const KvModel *m, const KvBackendSetup *setup,
+                            const KvCudaCtx *weights, KvCudaRun **out, KvError *err);
+
+/* ---- rows at their own positions (cuda_rows.cu, DESIGN §2) ----
+ * A right-padded batch runs as one single-row run per row, fed each
+ * forward only the row's position-taking tokens (its left pads and real
+ * tokens; trailing pads take no slot and no position): every row is then
+ * the row decoded alone by construction, on every variant and mode. The
+ * entries mirror backend.h's; the row runs are kv_backend_cuda runs. */
+KvStatus kv_cuda_rows_create(const KvModel *m, const KvBackendSetup *setup, KvCudaRows **out,
+                             char *device, size_t device_len, KvError *err);
+void kv_cuda_rows_destroy(KvCudaRows *rows); /* NULL-safe */
+KvStatus kv_cuda_rows_set_input(KvCudaRows *rows, const int32_t *tokens, const uint8_t *real,
+                                int64_t n, KvError *err);
+KvStatus kv_cuda_rows_forward(KvCudaRows *rows, int64_t n, KvError *err);
+void kv_cuda_rows_layer_key(const KvCudaRows *rows, int64_t layer, int64_t n, int64_t *regime,
+                            int64_t *slots);
+KvStatus kv_cuda_rows_capture(KvCudaRows *rows, int64_t n, KvError *err);
+KvStatus kv_cuda_rows_replay(KvCudaRows *rows, KvError *err);
+KvStatus kv_cuda_rows_snapshot(KvCudaRows *rows, int slot, bool save, KvError *err);
+KvStatus kv_cuda_rows_read_step(KvCudaRows *rows, KvBackendStep *out, KvError *err);
+/* The row runs' graph instantiations and exec updates, summed. */
+void kv_cuda_rows_graph_counts(const KvCudaRows *rows, int64_t *instantiations,
+                               int64_t *exec_updates);
 
 /* ---- launchers (cuda_kernels.cu) ---- */
 

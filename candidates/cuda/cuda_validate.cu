@@ -347,7 +347,7 @@ KvStatus kv_cuda_validate_ops(const KvModel *m, uint64_t seed, unsigned faults, 
         if (kv_config_layer_window(c, l) == 0 && full < 0) full = l;
     }
 
-    st = kv_cuda_ctx_create(&ctx, m, KV_VAL_B, v.max_len, v.max_chunk, NULL, faults, false,
+    st = kv_cuda_ctx_create(&ctx, m, KV_VAL_B, v.max_len, v.max_chunk, NULL, faults, false, NULL,
                             rep->device, sizeof rep->device, err);
     if (st != KV_OK) {
         /* KV_SKIP (no device, with CUDA's call and error text) or a setup
@@ -374,7 +374,7 @@ KvStatus kv_cuda_validate_ops(const KvModel *m, uint64_t seed, unsigned faults, 
             goto cleanup;
         }
         st = kv_cuda_ctx_create(&ctx, m, KV_VAL_B, v.max_len, v.max_chunk, variants[i], faults,
-                                false, NULL, 0, err);
+                                false, NULL, NULL, 0, err);
         if (st != KV_OK) {
             kv_error_prefix(err, "cuda validate");
             goto cleanup;
