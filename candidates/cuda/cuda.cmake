@@ -2,11 +2,11 @@
 # CUDA side: device discovery and a self-test kernel (cuda_device), the run
 # context (cuda_ctx), the forward and its graph (cuda_forward), the backend
 # table (cuda_backend), benchmarks (cuda_bench), kernels (cuda_kernels), the
-# six cache variants (cuda_cache), the context shift (cuda_shift), rows at
-# their own positions (cuda_rows), and the per-op validation against the CPU
-# reference (cuda_validate*: each launcher checked on seeded inputs before
-# anything is timed). Without nvcc the *_none.c stubs implement the same API
-# as KV_SKIP.
+# six cache variants (cuda_cache), the context shift (cuda_shift), and the
+# per-op validation against the CPU reference (cuda_validate*: each launcher
+# checked on seeded inputs before anything is timed). Rows at their own
+# positions run as single-row runs (reference/backend_rows.h). Without nvcc
+# the *_none.c stubs implement the same API as KV_SKIP.
 #
 # kvcuda does not link kvcore: the products link kvcuda before kvcore or
 # kvcore_san, whose symbols (kv_error_set, kv_probe_count, kv_config_*,
@@ -17,7 +17,6 @@ if(KV_HAVE_CUDA)
   add_library(kvcuda STATIC candidates/cuda/cuda_device.cu candidates/cuda/cuda_ctx.cu
     candidates/cuda/cuda_forward.cu candidates/cuda/cuda_backend.cu candidates/cuda/cuda_bench.cu
     candidates/cuda/cuda_kernels.cu candidates/cuda/cuda_cache.cu candidates/cuda/cuda_shift.cu
-    candidates/cuda/cuda_rows.cu
     candidates/cuda/cuda_validate.cu candidates/cuda/cuda_validate_ops.cu
     candidates/cuda/cuda_validate_attn.cu)
   target_include_directories(kvcuda PUBLIC candidates/cuda candidates reference)

@@ -34,7 +34,7 @@ static KvStatus cuda_query(char *device, size_t device_len, KvError *err) {
 static void cuda_destroy(KvBackend *b) {
     KvCudaRun *r = cuda_run(b);
     if (r == NULL) return;
-    kv_cuda_rows_destroy(r->rows);
+    kv_rows_destroy(r->rows);
     kv_cuda_graph_free(&r->graph);
     if (r->ctx.stream != NULL) kv_cuda_ctx_destroy(&r->ctx);
     free(r->logits);
@@ -42,6 +42,17 @@ static void cuda_destroy(KvBackend *b) {
     free(r->margins);
     free(r->probe_hash);
     free(r);
+}
+
+/* Row b's run of a per-row batch (backend_rows.h): rows after the first
+ * borrow its device weights. */
+static KvStatus cuda_create_row(const KvModel *m, const KvBackendSetup *one, KvBackend *first,
+                                KvBackend **out, KvError *err) {
+    KvCudaRun *r = NULL;
+    const KvStatus st =
+        kv_cuda_run_create(m, one, first != NULL ? &cuda_run(first)->ctx : NULL, &r, err);
+    *out = (KvBackend *)(void *)r;
+    return st;
 }
 
 KvStatus kv_cuda_run_create(const KvModel *m, const KvBackendSetup *setup,
@@ -68,7 +79,7 @@ KvStatus kv_cuda_run_create(const KvModel *m, const KvBackendSetup *setup,
     if (r == NULL) return kv_error_set(err, KV_ERR_INTERNAL, "cuda: out of host memory");
     if (setup->per_row) {
         /* Rows at their own positions: one single-row run per row. */
-        st = kv_cuda_rows_create(m, setup, &r->rows, r->device, sizeof r->device, err);
+        st = kv_rows_create(&kv_backend_cuda, cuda_create_row, m, setup, &r->rows, err);
         if (st != KV_OK) goto cleanup;
     } else {
         st = kv_cuda_ctx_create(&r->ctx, m, B, setup->max_len, setup->max_chunk, setup->variant,
@@ -109,7 +120,7 @@ static KvStatus cuda_create(const KvModel *m, const KvBackendSetup *setup, KvBac
 
 static KvStatus cuda_set_input(KvBackend *b, const int32_t *tokens, const uint8_t *real,
                                int64_t n, KvError *err) {
-    if (cuda_run(b)->rows != NULL) return kv_cuda_rows_set_input(cuda_run(b)->rows, tokens, real, n, err);
+    if (cuda_run(b)->rows != NULL) return kv_rows_set_input(cuda_run(b)->rows, tokens, real, n, err);
     KvStatus st = KV_OK;
     KvCudaCtx *ctx = &cuda_run(b)->ctx;
     if (n < 1 || n > ctx->max_chunk || ctx->len + n > ctx->max_len) {
@@ -138,7 +149,7 @@ static void cuda_advance(KvCudaCtx *ctx, int64_t n) {
 static KvStatus cuda_forward(KvBackend *b, int64_t n, KvError *err) {
     if (cuda_run(b)->rows != NULL) {
         cuda_run(b)->eager_forwards++;
-        return kv_cuda_rows_forward(cuda_run(b)->rows, n, err);
+        return kv_rows_forward(cuda_run(b)->rows, n, err);
     }
     KvCudaRun *r = cuda_run(b);
     const KvStatus st = kv_cuda_launch_forward(&r->ctx, n, err);
@@ -151,7 +162,7 @@ static KvStatus cuda_forward(KvBackend *b, int64_t n, KvError *err) {
 static void cuda_layer_key(const KvBackend *b, int64_t layer, int64_t n, int64_t *regime,
                            int64_t *slots) {
     if (cuda_run_const(b)->rows != NULL) {
-        kv_cuda_rows_layer_key(cuda_run_const(b)->rows, layer, n, regime, slots);
+        kv_rows_layer_key(cuda_run_const(b)->rows, layer, n, regime, slots);
         return;
     }
     const KvCudaCtx *ctx = &cuda_run_const(b)->ctx;
@@ -160,7 +171,7 @@ static void cuda_layer_key(const KvBackend *b, int64_t layer, int64_t n, int64_t
 }
 
 static KvStatus cuda_capture(KvBackend *b, int64_t n, KvError *err) {
-    if (cuda_run(b)->rows != NULL) return kv_cuda_rows_capture(cuda_run(b)->rows, n, err);
+    if (cuda_run(b)->rows != NULL) return kv_rows_capture(cuda_run(b)->rows, n, err);
     KvCudaRun *r = cuda_run(b);
     return kv_cuda_graph_capture(&r->graph, &r->ctx, n, err);
 }
@@ -168,7 +179,7 @@ static KvStatus cuda_capture(KvBackend *b, int64_t n, KvError *err) {
 static KvStatus cuda_replay(KvBackend *b, KvError *err) {
     if (cuda_run(b)->rows != NULL) {
         cuda_run(b)->graph.launches++;
-        return kv_cuda_rows_replay(cuda_run(b)->rows, err);
+        return kv_rows_replay(cuda_run(b)->rows, err);
     }
     KvCudaRun *r = cuda_run(b);
     const KvStatus st = kv_cuda_graph_launch(&r->graph, &r->ctx, err);
@@ -178,12 +189,12 @@ static KvStatus cuda_replay(KvBackend *b, KvError *err) {
 }
 
 static KvStatus cuda_snapshot_save(KvBackend *b, int slot, KvError *err) {
-    if (cuda_run(b)->rows != NULL) return kv_cuda_rows_snapshot(cuda_run(b)->rows, slot, true, err);
+    if (cuda_run(b)->rows != NULL) return kv_rows_snapshot(cuda_run(b)->rows, slot, true, err);
     return kv_cuda_snapshot(&cuda_run(b)->ctx, slot, true, err);
 }
 
 static KvStatus cuda_snapshot_load(KvBackend *b, int slot, KvError *err) {
-    if (cuda_run(b)->rows != NULL) return kv_cuda_rows_snapshot(cuda_run(b)->rows, slot, false, err);
+    if (cuda_run(b)->rows != NULL) return kv_rows_snapshot(cuda_run(b)->rows, slot, false, err);
     return kv_cuda_snapshot(&cuda_run(b)->ctx, slot, false, err);
 }
 
@@ -199,7 +210,7 @@ static KvStatus cuda_shift(KvBackend *b, int64_t keep, int64_t drop, KvError *er
 /* Copies the last forward's outputs to the host and checks the device error
  * flags. */
 static KvStatus cuda_read_step(KvBackend *b, KvBackendStep *out, KvError *err) {
-    if (cuda_run(b)->rows != NULL) return kv_cuda_rows_read_step(cuda_run(b)->rows, out, err);
+    if (cuda_run(b)->rows != NULL) return kv_rows_read_step(cuda_run(b)->rows, out, err);
     KvStatus st = KV_OK;
     KvCudaRun *r = cuda_run(b);
     KvCudaCtx *ctx = &r->ctx;
@@ -235,12 +246,18 @@ static void cuda_stats(const KvBackend *b, KvBackendStats *out) {
     const KvCudaRun *r = cuda_run_const(b);
     out->graph_instantiations = r->graph.instantiations;
     out->exec_updates = r->graph.exec_updates;
-    /* per-row: each capture instantiates one graph per row */
-    if (r->rows != NULL) kv_cuda_rows_graph_counts(r->rows, &out->graph_instantiations, &out->exec_updates);
     out->graph_launches = r->graph.launches;
     out->eager_forwards = r->eager_forwards;
     snprintf(out->device, sizeof out->device, "%s", r->device);
     snprintf(out->math_mode, sizeof out->math_mode, "%s", r->math_mode);
+    if (r->rows != NULL) {
+        /* per-row: each capture instantiates one graph per row */
+        KvBackendStats rs;
+        kv_rows_stats(r->rows, &rs);
+        out->graph_instantiations = rs.graph_instantiations;
+        out->exec_updates = rs.exec_updates;
+        snprintf(out->device, sizeof out->device, "%s", rs.device);
+    }
 }
 
 /* Probes are hashed on the device but not yet checked for NaN there:
@@ -248,7 +265,7 @@ static void cuda_stats(const KvBackend *b, KvBackendStats *out) {
 extern "C" const KvBackendOps kv_backend_cuda = {
     /* .name = */ "cuda",
     /* .host = */ false,
-    /* .per_row = */ true, /* as one single-row run per row (cuda_rows.cu) */
+    /* .per_row = */ true, /* as one single-row run per row (backend_rows.h) */
     /* .query = */ cuda_query,
     /* .create = */ cuda_create,
     /* .destroy = */ cuda_destroy,

@@ -19,6 +19,7 @@
 #include "cuda_forward.h"
 
 extern "C" {
+#include "backend_rows.h"
 #include "config.h"
 #include "fault.h"
 }
@@ -330,14 +331,12 @@ void kv_cuda_graph_free(KvCudaGraph *g);
 
 /* ---- the backend (cuda_backend.cu) ---- */
 
-typedef struct KvCudaRows KvCudaRows; /* rows at their own positions (cuda_rows.cu) */
-
 /* One run of the CUDA backend (the KvBackend behind kv_backend_cuda). */
 typedef struct {
     /* Rows at their own positions (setup.per_row): every entry runs on
-     * these single-row runs and ctx, graph and the outputs below are
-     * unused; NULL otherwise. */
-    KvCudaRows *rows;
+     * these single-row runs (reference/backend_rows.h) and ctx, graph and
+     * the outputs below are unused; NULL otherwise. */
+    KvRows *rows;
     KvCudaCtx ctx;
     KvCudaGraph graph;
     int64_t eager_forwards;
@@ -354,28 +353,6 @@ typedef struct {
  * (a single-row run of a per-row batch borrows row 0's). */
 KvStatus kv_cuda_run_create(const KvModel *m, const KvBackendSetup *setup,
                             const KvCudaCtx *weights, KvCudaRun **out, KvError *err);
-
-/* ---- rows at their own positions (cuda_rows.cu, DESIGN §2) ----
- * A right-padded batch runs as one single-row run per row, fed each
- * forward only the row's position-taking tokens (its left pads and real
- * tokens; trailing pads take no slot and no position): every row is then
- * the row decoded alone by construction, on every variant and mode. The
- * entries mirror backend.h's; the row runs are kv_backend_cuda runs. */
-KvStatus kv_cuda_rows_create(const KvModel *m, const KvBackendSetup *setup, KvCudaRows **out,
-                             char *device, size_t device_len, KvError *err);
-void kv_cuda_rows_destroy(KvCudaRows *rows); /* NULL-safe */
-KvStatus kv_cuda_rows_set_input(KvCudaRows *rows, const int32_t *tokens, const uint8_t *real,
-                                int64_t n, KvError *err);
-KvStatus kv_cuda_rows_forward(KvCudaRows *rows, int64_t n, KvError *err);
-void kv_cuda_rows_layer_key(const KvCudaRows *rows, int64_t layer, int64_t n, int64_t *regime,
-                            int64_t *slots);
-KvStatus kv_cuda_rows_capture(KvCudaRows *rows, int64_t n, KvError *err);
-KvStatus kv_cuda_rows_replay(KvCudaRows *rows, KvError *err);
-KvStatus kv_cuda_rows_snapshot(KvCudaRows *rows, int slot, bool save, KvError *err);
-KvStatus kv_cuda_rows_read_step(KvCudaRows *rows, KvBackendStep *out, KvError *err);
-/* The row runs' graph instantiations and exec updates, summed. */
-void kv_cuda_rows_graph_counts(const KvCudaRows *rows, int64_t *instantiations,
-                               int64_t *exec_updates);
 
 /* ---- launchers (cuda_kernels.cu) ---- */
 

@@ -1,38 +1,19 @@
-/* cuda_rows.cu: rows at their own positions on the GPU (DESIGN §2, seed
- * 002's right-padded static-shape loop, llama.cpp #14097's parallel
- * sequences), as one single-row kv_backend_cuda run per row.
- *
- * Why single-row runs and not per-row positions in every kernel: DESIGN §2
- * asks every row of a right-padded batch to be bitwise the row decoded
- * alone. Each forward feeds row b's run only the row's position-taking
- * tokens (left pads and real tokens; a trailing pad takes no slot and no
- * position), so row b's run performs exactly the launches of the row run
- * alone with the same chunks, and the property holds by construction for
- * every variant and mode, including on a GPU where cuBLAS picks its
- * kernels by the number of rows. The kernels keep one device count per
- * run. The cost is B launches of each op instead of one; the weights are
- * uploaded once (row 0's) and borrowed by the other rows.
- *
- * A row with no position-taking token in a forward (a chunk of only
- * trailing pads) does not run and keeps its outputs, as on the CPU. The
- * planted pad_slots (fault.h) feeds the trailing pads too, as pad slots. In
- * graph mode each row run captures and replays its own graph; a replay
- * whose rows feed other token counts than at capture is refused (a decode
- * step feeds every row one token, so this is only a forced script's). */
-#include "cuda_internal.cuh"
+/* backend_rows.c: rows at their own positions over any backend, one
+ * single-row run per row (backend_rows.h has the why and the rules). */
+#include "backend_rows.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-extern "C" {
+#include "fault.h"
 #include "forward.h"
-}
 
-struct KvCudaRows {
+struct KvRows {
+    const KvBackendOps *inner;
     int64_t B, V, n_probes, max_chunk;
     bool pad_slots;    /* planted KV_FAULT_PAD_SLOTS: trailing pads are fed as slots */
-    KvCudaRun **run;   /* (B) row b alone: a single-row kv_backend_cuda run */
+    KvBackend **run;   /* (B) row b alone: a single-row run of inner */
     /* The next forward's input, from set_input; without one (the greedy
      * (B, 1) input argmax wrote) every row feeds all n tokens. Part of the
      * snapshot (the replay check restores the input with the state). */
@@ -56,26 +37,22 @@ struct KvCudaRows {
     uint8_t *real;        /* (max_chunk) */
 };
 
-static KvBackend *row_run(const KvCudaRows *rows, int64_t b) {
-    return (KvBackend *)(void *)rows->run[b];
-}
-
 /* Tokens row b feeds a forward of n. */
-static int64_t row_tokens(const KvCudaRows *rows, int64_t b, int64_t n) {
+static int64_t row_tokens(const KvRows *rows, int64_t b, int64_t n) {
     return rows->pending ? rows->row_n[b] : n;
 }
 
 /* After a forward of the pending input (or the greedy one) ran. */
-static void rows_ran(KvCudaRows *rows, int64_t b) {
+static void rows_ran(KvRows *rows, int64_t b) {
     rows->has_out[b] = 1;
     if (!rows->pending || rows->row_real[b]) rows->started[b] = 1;
 }
 
-void kv_cuda_rows_destroy(KvCudaRows *rows) {
+void kv_rows_destroy(KvRows *rows) {
     if (rows == NULL) return;
-    /* row 0 owns the weights the others borrow: destroyed last */
+    /* row 0 may own parts the others borrow (KvRowsCreateRow): destroyed last */
     for (int64_t b = rows->B - 1; b >= 0 && rows->run != NULL; b--) {
-        kv_backend_cuda.destroy(row_run(rows, b));
+        if (rows->run[b] != NULL) rows->inner->destroy(rows->run[b]);
     }
     free(rows->run);
     free(rows->row_n);
@@ -97,70 +74,68 @@ void kv_cuda_rows_destroy(KvCudaRows *rows) {
     free(rows);
 }
 
-KvStatus kv_cuda_rows_create(const KvModel *m, const KvBackendSetup *setup, KvCudaRows **out,
-                             char *device, size_t device_len, KvError *err) {
+KvStatus kv_rows_create(const KvBackendOps *inner, KvRowsCreateRow create_row, const KvModel *m,
+                        const KvBackendSetup *setup, KvRows **out, KvError *err) {
     KvStatus st = KV_OK;
     const int64_t B = setup->batch;
-    KvCudaRows *rows = (KvCudaRows *)calloc(1, sizeof *rows);
+    KvRows *rows = calloc(1, sizeof *rows);
     *out = NULL;
-    if (rows == NULL) return kv_error_set(err, KV_ERR_INTERNAL, "cuda: out of host memory");
+    if (rows == NULL) return kv_error_set(err, KV_ERR_INTERNAL, "rows: out of memory");
+    rows->inner = inner;
     rows->B = B;
     rows->V = m->config.vocab_size;
     rows->n_probes = setup->probes ? kv_probe_count(&m->config) : 0;
     rows->max_chunk = setup->max_chunk;
     rows->pad_slots = (setup->faults & KV_FAULT_PAD_SLOTS) != 0;
     const size_t nb = (size_t)(B > 0 ? B : 1);
-    rows->run = (KvCudaRun **)calloc(nb, sizeof *rows->run);
-    rows->row_n = (int64_t *)calloc(nb, sizeof *rows->row_n);
-    rows->row_real = (uint8_t *)calloc(nb, 1);
-    rows->started = (uint8_t *)calloc(nb, 1);
-    rows->cap_n = (int64_t *)calloc(nb, sizeof *rows->cap_n);
-    rows->has_out = (uint8_t *)calloc(nb, 1);
-    rows->logits = (float *)calloc(nb * (size_t)rows->V, sizeof *rows->logits);
-    rows->tokens = (int32_t *)calloc(nb, sizeof *rows->tokens);
-    rows->margins = (float *)calloc(nb, sizeof *rows->margins);
-    rows->tok = (int32_t *)calloc((size_t)(setup->max_chunk > 0 ? setup->max_chunk : 1),
-                                  sizeof *rows->tok);
-    rows->real = (uint8_t *)calloc((size_t)(setup->max_chunk > 0 ? setup->max_chunk : 1), 1);
+    rows->run = calloc(nb, sizeof *rows->run);
+    rows->row_n = calloc(nb, sizeof *rows->row_n);
+    rows->row_real = calloc(nb, 1);
+    rows->started = calloc(nb, 1);
+    rows->cap_n = calloc(nb, sizeof *rows->cap_n);
+    rows->has_out = calloc(nb, 1);
+    rows->logits = calloc(nb * (size_t)rows->V, sizeof *rows->logits);
+    rows->tokens = calloc(nb, sizeof *rows->tokens);
+    rows->margins = calloc(nb, sizeof *rows->margins);
+    rows->tok = calloc((size_t)(setup->max_chunk > 0 ? setup->max_chunk : 1), sizeof *rows->tok);
+    rows->real = calloc((size_t)(setup->max_chunk > 0 ? setup->max_chunk : 1), 1);
     bool ok = rows->run && rows->row_n && rows->row_real && rows->started && rows->cap_n &&
               rows->has_out && rows->logits && rows->tokens && rows->margins && rows->tok &&
               rows->real;
     if (setup->probes) {
-        rows->probe_hash = (uint64_t *)calloc((size_t)rows->n_probes * nb, sizeof(uint64_t));
+        rows->probe_hash = calloc((size_t)rows->n_probes * nb, sizeof(uint64_t));
         ok = ok && rows->probe_hash != NULL;
     }
     for (int i = 0; i < KV_SNAP_SLOTS; i++) {
-        rows->snap_row_n[i] = (int64_t *)calloc(nb, sizeof(int64_t));
-        rows->snap_row_real[i] = (uint8_t *)calloc(nb, 1);
-        rows->snap_started[i] = (uint8_t *)calloc(nb, 1);
+        rows->snap_row_n[i] = calloc(nb, sizeof(int64_t));
+        rows->snap_row_real[i] = calloc(nb, 1);
+        rows->snap_started[i] = calloc(nb, 1);
         ok = ok && rows->snap_row_n[i] && rows->snap_row_real[i] && rows->snap_started[i];
     }
     if (!ok) {
-        st = kv_error_set(err, KV_ERR_INTERNAL, "cuda: out of host memory");
+        st = kv_error_set(err, KV_ERR_INTERNAL, "rows: out of memory");
         goto cleanup;
     }
     for (int64_t b = 0; b < B; b++) {
         KvBackendSetup one = *setup;
         one.batch = 1;
         one.per_row = false;
-        st = kv_cuda_run_create(m, &one, b == 0 ? NULL : &rows->run[0]->ctx, &rows->run[b], err);
+        st = create_row != NULL ? create_row(m, &one, b == 0 ? NULL : rows->run[0], &rows->run[b], err)
+                                : inner->create(m, &one, &rows->run[b], err);
         if (st != KV_OK) goto cleanup;
-    }
-    if (device != NULL && device_len > 0 && B > 0) {
-        snprintf(device, device_len, "%s", rows->run[0]->device);
     }
     *out = rows;
 cleanup:
-    if (st != KV_OK) kv_cuda_rows_destroy(rows);
+    if (st != KV_OK) kv_rows_destroy(rows);
     return st;
 }
 
-KvStatus kv_cuda_rows_set_input(KvCudaRows *rows, const int32_t *tokens, const uint8_t *real,
+KvStatus kv_rows_set_input(KvRows *rows, const int32_t *tokens, const uint8_t *real,
                                 int64_t n, KvError *err) {
     KvStatus st = KV_OK;
     if (n < 1 || n > rows->max_chunk) {
         return kv_error_set(err, KV_ERR_INPUT,
-                            "cuda forward: %lld new tokens exceed the state (max_chunk %lld)",
+                            "rows forward: %lld new tokens exceed the state (max_chunk %lld)",
                             (long long)n, (long long)rows->max_chunk);
     }
     /* Every row is checked before any is copied: nothing half-applied. */
@@ -193,18 +168,18 @@ KvStatus kv_cuda_rows_set_input(KvCudaRows *rows, const int32_t *tokens, const u
         if (take == 0) continue;
         memcpy(rows->tok, tokens + b * n, (size_t)take * sizeof *rows->tok);
         memcpy(rows->real, real + b * n, (size_t)take);
-        st = kv_backend_cuda.set_input(row_run(rows, b), rows->tok, rows->real, take, err);
+        st = rows->inner->set_input(rows->run[b], rows->tok, rows->real, take, err);
         if (st != KV_OK) return st;
     }
     rows->pending = true;
     return KV_OK;
 }
 
-KvStatus kv_cuda_rows_forward(KvCudaRows *rows, int64_t n, KvError *err) {
+KvStatus kv_rows_forward(KvRows *rows, int64_t n, KvError *err) {
     for (int64_t b = 0; b < rows->B; b++) {
         const int64_t nb = row_tokens(rows, b, n);
         if (nb == 0) continue; /* only trailing pads: the row keeps its outputs */
-        const KvStatus st = kv_backend_cuda.forward(row_run(rows, b), nb, err);
+        const KvStatus st = rows->inner->forward(rows->run[b], nb, err);
         if (st != KV_OK) return st;
         rows_ran(rows, b);
     }
@@ -215,39 +190,39 @@ KvStatus kv_cuda_rows_forward(KvCudaRows *rows, int64_t n, KvError *err) {
 /* The rows' keys summed, as the CPU's per-row key (each row's regime and
  * attended length only grow in a decode, so the sum changes exactly when
  * one of them does). */
-void kv_cuda_rows_layer_key(const KvCudaRows *rows, int64_t layer, int64_t n, int64_t *regime,
+void kv_rows_layer_key(const KvRows *rows, int64_t layer, int64_t n, int64_t *regime,
                             int64_t *slots) {
     *regime = 0;
     *slots = 0;
     for (int64_t b = 0; b < rows->B; b++) {
         const int64_t nb = row_tokens(rows, b, n);
         int64_t r = 0, s = 0;
-        kv_backend_cuda.layer_key(row_run(rows, b), layer, nb > 0 ? nb : n, &r, &s);
+        rows->inner->layer_key(rows->run[b], layer, nb > 0 ? nb : n, &r, &s);
         *regime += r;
         *slots += s;
     }
 }
 
-KvStatus kv_cuda_rows_capture(KvCudaRows *rows, int64_t n, KvError *err) {
+KvStatus kv_rows_capture(KvRows *rows, int64_t n, KvError *err) {
     for (int64_t b = 0; b < rows->B; b++) {
         const int64_t nb = row_tokens(rows, b, n);
         rows->cap_n[b] = nb;
         if (nb == 0) continue;
-        const KvStatus st = kv_backend_cuda.capture(row_run(rows, b), nb, err);
+        const KvStatus st = rows->inner->capture(rows->run[b], nb, err);
         if (st != KV_OK) return st;
     }
     rows->captured = true;
     return KV_OK;
 }
 
-KvStatus kv_cuda_rows_replay(KvCudaRows *rows, KvError *err) {
+KvStatus kv_rows_replay(KvRows *rows, KvError *err) {
     if (!rows->captured) {
-        return kv_error_set(err, KV_ERR_INTERNAL, "cuda replay: no graph captured");
+        return kv_error_set(err, KV_ERR_INTERNAL, "rows replay: no graph captured");
     }
     for (int64_t b = 0; b < rows->B; b++) {
         if (rows->pending && rows->row_n[b] != rows->cap_n[b]) {
             return kv_error_set(err, KV_ERR_INPUT,
-                                "cuda graph replay: row %lld feeds %lld position-taking tokens, "
+                                "graph replay: row %lld feeds %lld position-taking tokens, "
                                 "its captured graph %lld (rows at their own positions replay "
                                 "the counts they were captured with)",
                                 (long long)b, (long long)rows->row_n[b],
@@ -256,7 +231,7 @@ KvStatus kv_cuda_rows_replay(KvCudaRows *rows, KvError *err) {
     }
     for (int64_t b = 0; b < rows->B; b++) {
         if (rows->cap_n[b] == 0) continue;
-        const KvStatus st = kv_backend_cuda.replay(row_run(rows, b), err);
+        const KvStatus st = rows->inner->replay(rows->run[b], err);
         if (st != KV_OK) return st;
         rows_ran(rows, b);
     }
@@ -264,13 +239,13 @@ KvStatus kv_cuda_rows_replay(KvCudaRows *rows, KvError *err) {
     return KV_OK;
 }
 
-KvStatus kv_cuda_rows_snapshot(KvCudaRows *rows, int slot, bool save, KvError *err) {
+KvStatus kv_rows_snapshot(KvRows *rows, int slot, bool save, KvError *err) {
     if (slot < 0 || slot >= KV_SNAP_SLOTS) {
-        return kv_error_set(err, KV_ERR_INTERNAL, "cuda snapshot: no slot %d", slot);
+        return kv_error_set(err, KV_ERR_INTERNAL, "rows snapshot: no slot %d", slot);
     }
     for (int64_t b = 0; b < rows->B; b++) {
-        const KvStatus st = save ? kv_backend_cuda.snapshot_save(row_run(rows, b), slot, err)
-                                 : kv_backend_cuda.snapshot_load(row_run(rows, b), slot, err);
+        const KvStatus st = save ? rows->inner->snapshot_save(rows->run[b], slot, err)
+                                 : rows->inner->snapshot_load(rows->run[b], slot, err);
         if (st != KV_OK) return st;
     }
     const size_t B = (size_t)rows->B;
@@ -289,12 +264,12 @@ KvStatus kv_cuda_rows_snapshot(KvCudaRows *rows, int slot, bool save, KvError *e
 }
 
 /* Each row's outputs of its last forward (a row that has not run: zeros). */
-KvStatus kv_cuda_rows_read_step(KvCudaRows *rows, KvBackendStep *out, KvError *err) {
+KvStatus kv_rows_read_step(KvRows *rows, KvBackendStep *out, KvError *err) {
     const int64_t B = rows->B, V = rows->V;
     for (int64_t b = 0; b < B; b++) {
         if (!rows->has_out[b]) continue;
         KvBackendStep v;
-        const KvStatus st = kv_backend_cuda.read_step(row_run(rows, b), &v, err);
+        const KvStatus st = rows->inner->read_step(rows->run[b], &v, err);
         if (st != KV_OK) return st;
         memcpy(rows->logits + b * V, v.logits, (size_t)V * sizeof *rows->logits);
         rows->tokens[b] = v.tokens[0];
@@ -310,12 +285,17 @@ KvStatus kv_cuda_rows_read_step(KvCudaRows *rows, KvBackendStep *out, KvError *e
     return KV_OK;
 }
 
-void kv_cuda_rows_graph_counts(const KvCudaRows *rows, int64_t *instantiations,
-                               int64_t *exec_updates) {
-    *instantiations = 0;
-    *exec_updates = 0;
+void kv_rows_stats(const KvRows *rows, KvBackendStats *out) {
+    memset(out, 0, sizeof *out);
     for (int64_t b = 0; b < rows->B; b++) {
-        *instantiations += rows->run[b]->graph.instantiations;
-        *exec_updates += rows->run[b]->graph.exec_updates;
+        KvBackendStats one;
+        memset(&one, 0, sizeof one);
+        if (rows->inner->stats != NULL) rows->inner->stats(rows->run[b], &one);
+        out->graph_instantiations += one.graph_instantiations;
+        out->exec_updates += one.exec_updates;
+        if (b == 0) {
+            memcpy(out->device, one.device, sizeof out->device);
+            memcpy(out->math_mode, one.math_mode, sizeof out->math_mode);
+        }
     }
 }
