@@ -50,6 +50,8 @@ cat > "$OUT/run-gpu-suite.sh" <<'RUN'
 #   ops       test_cuda_device, test_cuda_ops, test_cuda_forward (device part)
 #   tests     every other test binary (CPU tests, run here for completeness)
 #   gate      kvrepro gate --backends cpu,cuda on the tiny fixtures
+#   extended  the same over the extended scenarios (right-padded rows at their
+#             own positions, the context shift)
 #   faults    kvrepro gate --backends cuda --faults all
 #   sanitize  compute-sanitizer memcheck and racecheck, small CUDA-only gate
 #   bench     bench_cuda (numbers only, never part of pass/fail)
@@ -62,7 +64,7 @@ export LD_LIBRARY_PATH="$B/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}:/usr/local/c
 export KVREPRO_SOURCE_DIR="${KVREPRO_SOURCE_DIR:-$(pwd)}"
 LOGDIR=${LOGDIR:-/tmp/kvrepro-gpu}
 mkdir -p "$LOGDIR"
-STAGES=${*:-info ops tests gate faults sanitize}
+STAGES=${*:-info ops tests gate extended faults sanitize}
 fail=0
 # run_step NAME TIMEOUT CMD...: one line "NAME: passed|SKIPPED|FAILED", the
 # log's tail on failure.
@@ -105,6 +107,11 @@ for stage in $STAGES; do
         run_step gate_cpu_cuda 400 "$B/bin/kvrepro" gate --backends cpu,cuda \
             --junit "$LOGDIR/gate.junit.xml"
         tail -6 "$LOGDIR/gate_cpu_cuda.log"
+        ;;
+    extended)
+        run_step gate_extended 500 "$B/bin/kvrepro" gate --backends cpu,cuda \
+            --scenarios extended --junit "$LOGDIR/gate_extended.junit.xml"
+        tail -6 "$LOGDIR/gate_extended.log"
         ;;
     faults)
         # FAULT_FIXTURES (default mistral-tiny): one fixture keeps the
