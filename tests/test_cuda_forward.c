@@ -841,8 +841,11 @@ START_TEST(test_bad_spec_refused_first) {
     ck_assert_int_eq(kv_decode_run(&kv_backend_cuda, m, &spec, &r, NULL, &err), want);
     p.tok[0] = saved;
 
-    p.real[p.plen - 1] = 0; /* a pad in the last column */
+    /* A pad between real tokens: a real token after a trailing pad (a pad
+     * in the last column alone is a right-padded row, which is valid). */
+    p.real[p.plen - 2] = 0;
     ck_assert_int_eq(kv_decode_run(&kv_backend_cuda, m, &spec, &r, NULL, &err), want);
+    ck_assert_msg(strstr(err.msg, "trailing pad") != NULL, "message: %s", err.msg);
     prompt_free(&p);
 }
 END_TEST
