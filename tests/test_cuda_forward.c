@@ -264,6 +264,42 @@ static int64_t expected_captures(const char *variant, int64_t W, int64_t P, int6
     return caps;
 }
 
+/* GPU logits within the gate's relative tolerance of the CPU's at every
+ * step and row (tokens too where the CPU's margin is clear of a tie, when
+ * tokens is set); returns the largest relative error. */
+static double assert_near_cpu(const KvDecodeResult *cpu, const KvDecodeResult *gpu, bool tokens,
+                              const char *what) {
+    const int64_t B = cpu->batch, V = cpu->vocab;
+    double worst = 0.0;
+    ck_assert_int_eq(cpu->steps, gpu->steps);
+    for (int64_t s = 0; s < cpu->steps; s++) {
+        for (int64_t r = 0; r < B; r++) {
+            const float *c = cpu->logits + (s * B + r) * V;
+            const float *g = gpu->logits + (s * B + r) * V;
+            double max_abs = 0.0, max_ref = 0.0;
+            for (int64_t v = 0; v < V; v++) {
+                const double d = fabs((double)g[v] - (double)c[v]);
+                max_abs = d > max_abs ? d : max_abs;
+                max_ref = fabs((double)c[v]) > max_ref ? fabs((double)c[v]) : max_ref;
+            }
+            const double rel = max_abs / (max_ref > 0.0 ? max_ref : 1.0);
+            worst = rel > worst ? rel : worst;
+            ck_assert_msg(rel <= KV_TOL_MAX_REL_ERR,
+                          "%s: step %lld row %lld: GPU logits off the CPU by %.3g relative "
+                          "(KV_TOL_MAX_REL_ERR %.3g)",
+                          what, (long long)s, (long long)r, rel, KV_TOL_MAX_REL_ERR);
+            if (tokens && cpu->margins[s * B + r] > KV_TOL_TIE_MARGIN) {
+                ck_assert_msg(cpu->tokens[s * B + r] == gpu->tokens[s * B + r],
+                              "%s: step %lld row %lld: token %d on the GPU, %d on the CPU with "
+                              "margin %.3g",
+                              what, (long long)s, (long long)r, gpu->tokens[s * B + r],
+                              cpu->tokens[s * B + r], (double)cpu->margins[s * B + r]);
+            }
+        }
+    }
+    return worst;
+}
+
 /* ---- device tests ---- */
 
 /* loop index: family = i / N_SHAPES, shape = i % N_SHAPES */
@@ -381,33 +417,7 @@ START_TEST(test_cpu_agreement) {
      * every step even after a near-tie flip. */
     spec.forced = cpu.tokens;
     KvDecodeResult gpu = run_gpu(m, &spec, NULL, what);
-    const int64_t B = cpu.batch, V = cpu.vocab;
-    double worst = 0.0;
-    for (int64_t s = 0; s < cpu.steps; s++) {
-        for (int64_t r = 0; r < B; r++) {
-            const float *c = cpu.logits + (s * B + r) * V;
-            const float *g = gpu.logits + (s * B + r) * V;
-            double max_abs = 0.0, max_ref = 0.0;
-            for (int64_t v = 0; v < V; v++) {
-                const double d = fabs((double)g[v] - (double)c[v]);
-                max_abs = d > max_abs ? d : max_abs;
-                max_ref = fabs((double)c[v]) > max_ref ? fabs((double)c[v]) : max_ref;
-            }
-            const double rel = max_abs / (max_ref > 0.0 ? max_ref : 1.0);
-            worst = rel > worst ? rel : worst;
-            ck_assert_msg(rel <= KV_TOL_MAX_REL_ERR,
-                          "%s: step %lld row %lld: GPU logits off the CPU by %.3g relative "
-                          "(KV_TOL_MAX_REL_ERR %.3g)",
-                          what, (long long)s, (long long)r, rel, KV_TOL_MAX_REL_ERR);
-            if (cpu.margins[s * B + r] > KV_TOL_TIE_MARGIN) {
-                ck_assert_msg(cpu.tokens[s * B + r] == gpu.tokens[s * B + r],
-                              "%s: step %lld row %lld: token %d on the GPU, %d on the CPU with "
-                              "margin %.3g",
-                              what, (long long)s, (long long)r, gpu.tokens[s * B + r],
-                              cpu.tokens[s * B + r], (double)cpu.margins[s * B + r]);
-            }
-        }
-    }
+    const double worst = assert_near_cpu(&cpu, &gpu, true, what);
     printf("cuda_forward: %s: GPU vs CPU max rel err %.3g\n", what, worst);
     /* The forced run of a variant in graph mode is still bitwise the GPU
      * reference's. */
@@ -590,26 +600,7 @@ START_TEST(test_context_shift_gpu) {
     forced.forced = cpu.tokens;
     snprintf(what, sizeof what, "%s shift forced", k_families[_i]);
     KvDecodeResult gpu = run_gpu(m, &forced, NULL, what);
-    const int64_t B = cpu.batch, V = cpu.vocab;
-    double worst = 0.0;
-    for (int64_t s = 0; s < cpu.steps; s++) {
-        for (int64_t r = 0; r < B; r++) {
-            const float *c = cpu.logits + (s * B + r) * V;
-            const float *gl = gpu.logits + (s * B + r) * V;
-            double max_abs = 0.0, max_ref = 0.0;
-            for (int64_t v = 0; v < V; v++) {
-                const double d = fabs((double)gl[v] - (double)c[v]);
-                max_abs = d > max_abs ? d : max_abs;
-                max_ref = fabs((double)c[v]) > max_ref ? fabs((double)c[v]) : max_ref;
-            }
-            const double rel = max_abs / (max_ref > 0.0 ? max_ref : 1.0);
-            worst = rel > worst ? rel : worst;
-            ck_assert_msg(rel <= KV_TOL_MAX_REL_ERR,
-                          "%s: step %lld row %lld: GPU logits off the CPU by %.3g relative "
-                          "(KV_TOL_MAX_REL_ERR %.3g)",
-                          what, (long long)s, (long long)r, rel, KV_TOL_MAX_REL_ERR);
-        }
-    }
+    const double worst = assert_near_cpu(&cpu, &gpu, false, what);
     printf("cuda_forward: %s: shifted GPU vs shifted CPU max rel err %.3g\n", what, worst);
     /* The planted shift_cells on ring. */
     KvDecodeSpec fs = make_spec(&p, &kv_cache_ring, KV_MODE_EAGER);
@@ -695,25 +686,7 @@ START_TEST(test_right_padded_gpu) {
     forced.forced = cpu.tokens;
     snprintf(what, sizeof what, "%s right-padded forced", k_families[_i]);
     KvDecodeResult gpu = run_gpu(m, &forced, NULL, what);
-    double worst = 0.0;
-    for (int64_t s = 0; s < cpu.steps; s++) {
-        for (int64_t r = 0; r < 3; r++) {
-            const float *c = cpu.logits + (s * 3 + r) * V;
-            const float *gl = gpu.logits + (s * 3 + r) * V;
-            double max_abs = 0.0, max_ref = 0.0;
-            for (int64_t v = 0; v < V; v++) {
-                const double d = fabs((double)gl[v] - (double)c[v]);
-                max_abs = d > max_abs ? d : max_abs;
-                max_ref = fabs((double)c[v]) > max_ref ? fabs((double)c[v]) : max_ref;
-            }
-            const double rel = max_abs / (max_ref > 0.0 ? max_ref : 1.0);
-            worst = rel > worst ? rel : worst;
-            ck_assert_msg(rel <= KV_TOL_MAX_REL_ERR,
-                          "%s: step %lld row %lld: GPU logits off the CPU by %.3g relative "
-                          "(KV_TOL_MAX_REL_ERR %.3g)",
-                          what, (long long)s, (long long)r, rel, KV_TOL_MAX_REL_ERR);
-        }
-    }
+    const double worst = assert_near_cpu(&cpu, &gpu, false, what);
     printf("cuda_forward: %s: right-padded GPU vs CPU max rel err %.3g\n", what, worst);
     /* The planted pad_slots on ring. */
     KvDecodeSpec fs = make_spec(&p, &kv_cache_ring, KV_MODE_EAGER);
