@@ -120,7 +120,8 @@ KvStatus kv_rows_create(const KvBackendOps *inner, KvRowsCreateRow create_row, c
         KvBackendSetup one = *setup;
         one.batch = 1;
         one.per_row = false;
-        st = create_row != NULL ? create_row(m, &one, b == 0 ? NULL : rows->run[0], &rows->run[b], err)
+        KvBackend *first = b == 0 ? NULL : rows->run[0];
+        st = create_row != NULL ? create_row(m, &one, first, &rows->run[b], err)
                                 : inner->create(m, &one, &rows->run[b], err);
         if (st != KV_OK) goto cleanup;
     }

@@ -120,9 +120,10 @@ static KvStatus cuda_create(const KvModel *m, const KvBackendSetup *setup, KvBac
 
 static KvStatus cuda_set_input(KvBackend *b, const int32_t *tokens, const uint8_t *real,
                                int64_t n, KvError *err) {
-    if (cuda_run(b)->rows != NULL) return kv_rows_set_input(cuda_run(b)->rows, tokens, real, n, err);
+    KvCudaRun *r = cuda_run(b);
+    if (r->rows != NULL) return kv_rows_set_input(r->rows, tokens, real, n, err);
     KvStatus st = KV_OK;
-    KvCudaCtx *ctx = &cuda_run(b)->ctx;
+    KvCudaCtx *ctx = &r->ctx;
     if (n < 1 || n > ctx->max_chunk || ctx->len + n > ctx->max_len) {
         return kv_error_set(err, KV_ERR_INPUT,
                             "cuda forward: %lld new tokens at slot %lld exceed the state "
@@ -147,11 +148,11 @@ static void cuda_advance(KvCudaCtx *ctx, int64_t n) {
 }
 
 static KvStatus cuda_forward(KvBackend *b, int64_t n, KvError *err) {
-    if (cuda_run(b)->rows != NULL) {
-        cuda_run(b)->eager_forwards++;
-        return kv_rows_forward(cuda_run(b)->rows, n, err);
-    }
     KvCudaRun *r = cuda_run(b);
+    if (r->rows != NULL) {
+        r->eager_forwards++;
+        return kv_rows_forward(r->rows, n, err);
+    }
     const KvStatus st = kv_cuda_launch_forward(&r->ctx, n, err);
     if (st != KV_OK) return st;
     cuda_advance(&r->ctx, n);
@@ -171,17 +172,17 @@ static void cuda_layer_key(const KvBackend *b, int64_t layer, int64_t n, int64_t
 }
 
 static KvStatus cuda_capture(KvBackend *b, int64_t n, KvError *err) {
-    if (cuda_run(b)->rows != NULL) return kv_rows_capture(cuda_run(b)->rows, n, err);
     KvCudaRun *r = cuda_run(b);
+    if (r->rows != NULL) return kv_rows_capture(r->rows, n, err);
     return kv_cuda_graph_capture(&r->graph, &r->ctx, n, err);
 }
 
 static KvStatus cuda_replay(KvBackend *b, KvError *err) {
-    if (cuda_run(b)->rows != NULL) {
-        cuda_run(b)->graph.launches++;
-        return kv_rows_replay(cuda_run(b)->rows, err);
-    }
     KvCudaRun *r = cuda_run(b);
+    if (r->rows != NULL) {
+        r->graph.launches++;
+        return kv_rows_replay(r->rows, err);
+    }
     const KvStatus st = kv_cuda_graph_launch(&r->graph, &r->ctx, err);
     if (st != KV_OK) return st;
     cuda_advance(&r->ctx, r->graph.n);
@@ -210,9 +211,9 @@ static KvStatus cuda_shift(KvBackend *b, int64_t keep, int64_t drop, KvError *er
 /* Copies the last forward's outputs to the host and checks the device error
  * flags. */
 static KvStatus cuda_read_step(KvBackend *b, KvBackendStep *out, KvError *err) {
-    if (cuda_run(b)->rows != NULL) return kv_rows_read_step(cuda_run(b)->rows, out, err);
-    KvStatus st = KV_OK;
     KvCudaRun *r = cuda_run(b);
+    if (r->rows != NULL) return kv_rows_read_step(r->rows, out, err);
+    KvStatus st = KV_OK;
     KvCudaCtx *ctx = &r->ctx;
     const int64_t B = ctx->B, V = ctx->vocab;
     int32_t flags = 0;
