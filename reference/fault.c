@@ -34,7 +34,7 @@ static const KvFaultInfo k_faults[KV_FAULT_COUNT] = {
      "a reused prefix-cache entry aliases the live cyclic cache: its slots were overwritten"},
     {KV_FAULT_PAD_SLOTS, "pad_slots", "reference/forward.c op_positions", "cache",
      "right pads take slots and positions: they crowd real keys out of the window"},
-    {KV_FAULT_SHIFT_CELLS, "shift_cells", "reference/shift.c kv_ref_shift", "cache",
+    {KV_FAULT_SHIFT_CELLS, "shift_cells", "reference/shift.c kv_shift_slots", "cache",
      "a context shift keeps each sliding slot in its cell: the ring's p % W no longer holds"},
 };
 

@@ -67,16 +67,17 @@ enum {
      * it brings back the positions and the counts but not the sliding
      * layers' slots, which hold the first request's later tokens. */
     KV_FAULT_PREFIX_ALIAS = 1u << 12,
-    /* forward.c op_positions: a right-padded row's trailing pads take slots
-     * and positions, as a static-shape loop that writes its whole padded
-     * chunk into the cache and advances every row by the padded length
-     * (seed 002). The pads are masked but fill the window, so a sliding
-     * layer sees fewer real keys than the row run alone. */
+    /* forward.c op_positions (CUDA: backend_rows.c feeds the pads): a
+     * right-padded row's trailing pads take slots and positions, as a
+     * static-shape loop that writes its whole padded chunk into the cache
+     * and advances every row by the padded length (seed 002). The pads are
+     * masked but fill the window, so a sliding layer sees fewer real keys
+     * than the row run alone. */
     KV_FAULT_PAD_SLOTS = 1u << 13,
-    /* shift.c kv_ref_shift: a context shift relabels and re-rotates the
-     * cached keys but leaves every sliding slot where it was, as an engine
-     * that takes the window by cell index (llama.cpp #12357, the Gemma 3
-     * gibberish after a context shift). Only a layout whose slot depends on
+    /* shift.c kv_shift_slots (both backends): a context shift relabels and
+     * re-rotates the cached keys but leaves every sliding slot where it
+     * was, as an engine that takes the window by cell index (llama.cpp
+     * #12357, the Gemma 3 gibberish after a context shift). Only a layout whose slot depends on
      * the absolute position (the ring's p % W) then reads the wrong keys. */
     KV_FAULT_SHIFT_CELLS = 1u << 14,
 };
