@@ -131,45 +131,55 @@ cleanup:
     return st;
 }
 
-KvStatus kv_rows_set_input(KvRows *rows, const int32_t *tokens, const uint8_t *real,
-                                int64_t n, KvError *err) {
-    KvStatus st = KV_OK;
+/* Row b's part of an input of n: how many leading tokens take a position
+ * (left pads and real tokens; a trailing pad takes none) and whether one of
+ * them is real. KV_ERR_INPUT for a real token after a trailing pad. */
+static KvStatus row_take(const KvRows *rows, int64_t b, const uint8_t *rl /* (n) */, int64_t n,
+                         int64_t *take, bool *any_real, KvError *err) {
+    bool trailing = false;
+    *take = 0;
+    *any_real = false;
+    for (int64_t j = 0; j < n; j++) {
+        if (rl[j]) {
+            if (trailing) {
+                return kv_error_set(err, KV_ERR_INPUT,
+                                    "tokens: row %lld column %lld: a real token after a trailing "
+                                    "pad (a right-padded row is left pads, real tokens, then pads)",
+                                    (long long)b, (long long)j);
+            }
+            *any_real = true;
+            *take = j + 1;
+        } else if ((rows->started[b] || *any_real) && !rows->pad_slots) {
+            trailing = true; /* no slot, no position */
+        } else {
+            *take = j + 1; /* a left pad (or a planted pad_slots pad) takes a slot */
+        }
+    }
+    return KV_OK;
+}
+
+KvStatus kv_rows_set_input(KvRows *rows, const int32_t *tokens, const uint8_t *real, int64_t n,
+                           KvError *err) {
+    int64_t take = 0;
+    bool any_real = false;
     if (n < 1 || n > rows->max_chunk) {
         return kv_error_set(err, KV_ERR_INPUT,
                             "rows forward: %lld new tokens exceed the state (max_chunk %lld)",
                             (long long)n, (long long)rows->max_chunk);
     }
-    /* Every row is checked before any is copied: nothing half-applied. */
+    /* Every row is checked before anything changes: nothing half-applied. */
     for (int64_t b = 0; b < rows->B; b++) {
-        const uint8_t *rl = real + b * n; /* (n) */
-        int64_t take = 0;
-        bool any_real = false, trailing = false;
-        for (int64_t j = 0; j < n; j++) {
-            if (rl[j]) {
-                if (trailing) {
-                    return kv_error_set(err, KV_ERR_INPUT,
-                                        "tokens: row %lld column %lld: a real token after a "
-                                        "trailing pad (a right-padded row is left pads, real "
-                                        "tokens, then pads)",
-                                        (long long)b, (long long)j);
-                }
-                any_real = true;
-                take = j + 1;
-            } else if ((rows->started[b] || any_real) && !rows->pad_slots) {
-                trailing = true; /* no slot, no position */
-            } else {
-                take = j + 1; /* a left pad (or a planted pad_slots pad) takes a slot */
-            }
-        }
-        rows->row_n[b] = take;
-        rows->row_real[b] = any_real ? 1 : 0;
+        const KvStatus st = row_take(rows, b, real + b * n, n, &take, &any_real, err);
+        if (st != KV_OK) return st;
     }
     for (int64_t b = 0; b < rows->B; b++) {
-        const int64_t take = rows->row_n[b];
+        (void)row_take(rows, b, real + b * n, n, &take, &any_real, err);
+        rows->row_n[b] = take;
+        rows->row_real[b] = any_real ? 1 : 0;
         if (take == 0) continue;
         memcpy(rows->tok, tokens + b * n, (size_t)take * sizeof *rows->tok);
         memcpy(rows->real, real + b * n, (size_t)take);
-        st = rows->inner->set_input(rows->run[b], rows->tok, rows->real, take, err);
+        const KvStatus st = rows->inner->set_input(rows->run[b], rows->tok, rows->real, take, err);
         if (st != KV_OK) return st;
     }
     rows->pending = true;
@@ -192,7 +202,7 @@ KvStatus kv_rows_forward(KvRows *rows, int64_t n, KvError *err) {
  * attended length only grow in a decode, so the sum changes exactly when
  * one of them does). */
 void kv_rows_layer_key(const KvRows *rows, int64_t layer, int64_t n, int64_t *regime,
-                            int64_t *slots) {
+                       int64_t *slots) {
     *regime = 0;
     *slots = 0;
     for (int64_t b = 0; b < rows->B; b++) {

@@ -211,7 +211,8 @@ START_TEST(test_adapter_equals_native) {
 END_TEST
 
 /* A real token after a trailing pad is refused (KV_ERR_INPUT) with the row
- * and column named, before any row's input is copied. */
+ * and column named, before any row's input is copied; a valid input then
+ * runs. */
 START_TEST(test_adapter_refuses_real_after_trailing_pad) {
     KvFixtureModel fx;
     KvError err = {{0}};
@@ -224,6 +225,12 @@ START_TEST(test_adapter_refuses_real_after_trailing_pad) {
     const uint8_t real[8] = {1, 1, 1, 1, 1, 1, 0, 1};
     ck_assert_int_eq(kv_rows_set_input(rows, tok, real, 4, &err), KV_ERR_INPUT);
     ck_assert_msg(strstr(err.msg, "row 1 column 3") != NULL, "message: %s", err.msg);
+    /* nothing was applied: a valid input and its forward still run */
+    const uint8_t fine[8] = {1, 1, 1, 1, 1, 1, 0, 0};
+    ck_assert_msg(kv_rows_set_input(rows, tok, fine, 4, &err) == KV_OK, "%s", err.msg);
+    ck_assert_msg(kv_rows_forward(rows, 4, &err) == KV_OK, "%s", err.msg);
+    KvBackendStep step;
+    ck_assert_msg(kv_rows_read_step(rows, &step, &err) == KV_OK, "%s", err.msg);
     kv_rows_destroy(rows);
     kv_fixture_free(&fx);
 }
