@@ -296,6 +296,21 @@ KvStatus kv_rows_read_step(KvRows *rows, KvBackendStep *out, KvError *err) {
     return KV_OK;
 }
 
+bool kv_rows_take_nonfinite(KvRows *rows, KvNonfinite *out) {
+    bool found = false;
+    if (rows->inner->take_nonfinite == NULL) return false;
+    for (int64_t b = 0; b < rows->B; b++) {
+        KvNonfinite nf;
+        if (!rows->inner->take_nonfinite(rows->run[b], &nf)) continue;
+        if (!found || nf.probe < out->probe) { /* rows ascend: a tie keeps the lower row */
+            *out = nf;
+            out->row = b;
+            found = true;
+        }
+    }
+    return found;
+}
+
 void kv_rows_stats(const KvRows *rows, KvBackendStats *out) {
     memset(out, 0, sizeof *out);
     for (int64_t b = 0; b < rows->B; b++) {

@@ -51,6 +51,10 @@ KvStatus kv_rows_capture(KvRows *rows, int64_t n, KvError *err);
 KvStatus kv_rows_replay(KvRows *rows, KvError *err);
 KvStatus kv_rows_snapshot(KvRows *rows, int slot, bool save, KvError *err);
 KvStatus kv_rows_read_step(KvRows *rows, KvBackendStep *out, KvError *err);
+/* The first non-finite probe value of the row runs (lowest probe, then
+ * row), every row's record forgotten; false when none, or when inner has no
+ * take_nonfinite. */
+bool kv_rows_take_nonfinite(KvRows *rows, KvNonfinite *out);
 /* The row runs' stats: counters summed, device and math mode row 0's. */
 void kv_rows_stats(const KvRows *rows, KvBackendStats *out);
 

@@ -22,6 +22,7 @@
 #include "backend_rows.h"
 #include "cache.h"
 #include "decode.h"
+#include "fault.h"
 #include "fixture.h"
 #include "forward.h"
 #include "scenario.h"
@@ -76,6 +77,9 @@ static KvStatus ad_load(KvBackend *b, int slot, KvError *err) {
 static KvStatus ad_read_step(KvBackend *b, KvBackendStep *out, KvError *err) {
     return kv_rows_read_step(rows_of(b), out, err);
 }
+static bool ad_take_nonfinite(KvBackend *b, KvNonfinite *out) {
+    return kv_rows_take_nonfinite(rows_of(b), out);
+}
 static void ad_stats(const KvBackend *b, KvBackendStats *out) {
     kv_rows_stats(rows_of_const(b), out);
 }
@@ -95,6 +99,7 @@ static const KvBackendOps k_cpu_rows = {
     .snapshot_save = ad_save,
     .snapshot_load = ad_load,
     .read_step = ad_read_step,
+    .take_nonfinite = ad_take_nonfinite,
     .stats = ad_stats,
 };
 
@@ -151,6 +156,18 @@ static void assert_same(const KvDecodeResult *a, const KvDecodeResult *b, const 
                           (long long)(i / B), (long long)(i % B));
         }
     }
+    /* the first non-finite probe value: the same step, probe, row, element */
+    ck_assert(a->nonfinite_checked && b->nonfinite_checked);
+    ck_assert_msg(a->nonfinite_step == b->nonfinite_step &&
+                      a->nonfinite_probe == b->nonfinite_probe &&
+                      a->nonfinite_row == b->nonfinite_row &&
+                      a->nonfinite_index == b->nonfinite_index,
+                  "%s: first non-finite: step %lld probe %lld row %lld index %lld vs step %lld "
+                  "probe %lld row %lld index %lld",
+                  what, (long long)a->nonfinite_step, (long long)a->nonfinite_probe,
+                  (long long)a->nonfinite_row, (long long)a->nonfinite_index,
+                  (long long)b->nonfinite_step, (long long)b->nonfinite_probe,
+                  (long long)b->nonfinite_row, (long long)b->nonfinite_index);
     ck_assert_int_eq(a->graphs_captured, b->graphs_captured);
     ck_assert_int_eq(a->replay_mismatch_step, -1);
     ck_assert_int_eq(b->replay_mismatch_step, -1);
@@ -210,6 +227,37 @@ START_TEST(test_adapter_equals_native) {
 }
 END_TEST
 
+/* loop index: family. The finite check through the adapter: the planted
+ * unwritten_slot (never-written, NaN-poisoned slots read while the window
+ * fills) is recorded at the same step, probe, row and element as by the
+ * native per-row mode, and the runs stay bitwise equal. */
+START_TEST(test_adapter_nonfinite) {
+    const char *fam = k_families[_i];
+    KvFixtureModel fx;
+    KvScenario sc;
+    KvError err = {{0}};
+    ck_assert(kv_fixture_load(fam, KV_FIXTURE_DEFAULT_SEED, &fx, &err) == KV_OK);
+    const KvModel *m = &fx.model;
+    ck_assert_msg(kv_scenario_build(&m->config, "parallel_positions", TEST_PROMPT_SEED, &sc,
+                                    &err) == KV_OK, "%s", err.msg);
+    const KvDecodeSpec spec = {
+        .batch = sc.batch, .prompt_len = sc.prompt_len, .prompt = sc.prompt,
+        .prompt_real = sc.real, .new_tokens = sc.new_tokens, .variant = &kv_cache_index_copy,
+        .mode = KV_MODE_EAGER, .record_probes = true, .faults = KV_FAULT_UNWRITTEN_SLOT,
+    };
+    char what[128];
+    snprintf(what, sizeof what, "%s parallel_positions index_copy unwritten_slot", fam);
+    KvDecodeResult native = run(&kv_backend_cpu, m, &spec, what);
+    KvDecodeResult adapted = run(&k_cpu_rows, m, &spec, what);
+    ck_assert_msg(native.nonfinite_step >= 0, "%s: the fault left every probe finite", what);
+    assert_same(&native, &adapted, what);
+    kv_decode_result_free(&native);
+    kv_decode_result_free(&adapted);
+    kv_scenario_free(&sc);
+    kv_fixture_free(&fx);
+}
+END_TEST
+
 /* A real token after a trailing pad is refused (KV_ERR_INPUT) with the row
  * and column named, before any row's input is copied; a valid input then
  * runs. */
@@ -241,6 +289,7 @@ int main(void) {
     TCase *tc = tcase_create("rows");
     tcase_set_timeout(tc, 600);
     tcase_add_loop_test(tc, test_adapter_equals_native, 0, N_FAMILIES * N_SCENARIOS);
+    tcase_add_loop_test(tc, test_adapter_nonfinite, 0, N_FAMILIES);
     tcase_add_test(tc, test_adapter_refuses_real_after_trailing_pad);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);

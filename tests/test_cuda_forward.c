@@ -20,6 +20,8 @@
  *       - repeats and the replay check are bitwise identical;
  *       - the GPU reference agrees with the CPU reference within the gate's
  *         tolerances (harness/compare.h), teacher-forced on the CPU tokens;
+ *       - the device's finite check of every probe: nothing recorded in a
+ *         clean run, the NaN slots of unwritten_slot recorded;
  *       - planted faults whose effect does not depend on scheduling or on
  *         cuBLAS's kernel choice change the results; the others must run;
  *       - a context shift mid-decode: every variant, eager and graph,
@@ -315,6 +317,10 @@ START_TEST(test_variants_equal_reference) {
     KvDecodeResult ref = run_gpu(m, &spec, &stats, what);
     ck_assert_int_eq(ref.n_probes, kv_probe_count(&m->config));
     ck_assert_int_eq(ref.graphs_captured, 0);
+    ck_assert_msg(ref.nonfinite_checked && ref.nonfinite_step < 0,
+                  "%s: non-finite probe %lld row %lld at step %lld (value %g)", what,
+                  (long long)ref.nonfinite_probe, (long long)ref.nonfinite_row,
+                  (long long)ref.nonfinite_step, (double)ref.nonfinite_value);
     ck_assert_msg(stats.device[0] != '\0', "stats.device is empty");
     ck_assert_msg(strstr(stats.math_mode, "pedantic") != NULL, "math mode '%s'", stats.math_mode);
     for (int v = 1; v < N_IMPLS; v++) {
@@ -478,6 +484,12 @@ START_TEST(test_planted_faults) {
     spec = make_spec(&shrt, &kv_cache_index_copy, KV_MODE_EAGER);
     fault_pair(m, &spec, KV_FAULT_UNWRITTEN_SLOT, &a, &b, NULL, what);
     ck_assert_msg(results_differ(&a, &b), "%s: no effect", what);
+    /* The device's finite check of the probes (take_nonfinite): the NaN
+     * slots read are recorded, and nothing is in the clean run. */
+    ck_assert(a.nonfinite_checked && b.nonfinite_checked);
+    ck_assert_msg(a.nonfinite_step < 0, "%s: clean run: non-finite probe %lld at step %lld",
+                  what, (long long)a.nonfinite_probe, (long long)a.nonfinite_step);
+    ck_assert_msg(b.nonfinite_step >= 0, "%s: the NaN slots read were not recorded", what);
     kv_decode_result_free(&a);
     kv_decode_result_free(&b);
 

@@ -41,6 +41,8 @@ static void cuda_destroy(KvBackend *b) {
     free(r->tokens);
     free(r->margins);
     free(r->probe_hash);
+    free(r->nf_index);
+    free(r->nf_value);
     free(r);
 }
 
@@ -96,8 +98,11 @@ KvStatus kv_cuda_run_create(const KvModel *m, const KvBackendSetup *setup,
     r->margins = (float *)malloc((size_t)B * sizeof *r->margins);
     if (setup->probes) {
         r->probe_hash = (uint64_t *)malloc((size_t)(r->ctx.n_probes * B) * sizeof *r->probe_hash);
+        r->nf_index = (int64_t *)malloc((size_t)(r->ctx.n_probes * B) * sizeof *r->nf_index);
+        r->nf_value = (float *)malloc((size_t)(r->ctx.n_probes * B) * sizeof *r->nf_value);
     }
-    if (!r->logits || !r->tokens || !r->margins || (setup->probes && !r->probe_hash)) {
+    if (!r->logits || !r->tokens || !r->margins ||
+        (setup->probes && (!r->probe_hash || !r->nf_index || !r->nf_value))) {
         st = kv_error_set(err, KV_ERR_INTERNAL, "cuda: out of host memory");
         goto cleanup;
     }
@@ -213,6 +218,10 @@ static KvStatus cuda_shift(KvBackend *b, int64_t keep, int64_t drop, KvError *er
 static KvStatus cuda_read_step(KvBackend *b, KvBackendStep *out, KvError *err) {
     KvCudaRun *r = cuda_run(b);
     if (r->rows != NULL) return kv_rows_read_step(r->rows, out, err);
+    if (r->nf_error[0] != '\0') {
+        return kv_error_set(err, KV_ERR_INTERNAL, "cuda: reading the probes' finite check: %s",
+                            r->nf_error);
+    }
     KvStatus st = KV_OK;
     KvCudaCtx *ctx = &r->ctx;
     const int64_t B = ctx->B, V = ctx->vocab;
@@ -243,6 +252,42 @@ cleanup:
     return st;
 }
 
+/* The first non-finite probe value since the last take, by the CPU's order
+ * (lowest probe, then row, then element), and forgets every record. A CUDA
+ * error here cannot be returned: it is kept in nf_error for the next
+ * read_step, and nothing is claimed. */
+static bool cuda_take_nonfinite(KvBackend *b, KvNonfinite *out) {
+    KvCudaRun *r = cuda_run(b);
+    if (r->rows != NULL) return kv_rows_take_nonfinite(r->rows, out);
+    KvCudaCtx *ctx = &r->ctx;
+    if (r->nf_index == NULL || ctx->nf_index == NULL) return false;
+    const int64_t n = ctx->n_probes * ctx->B;
+    cudaError_t e = cudaMemcpyAsync(r->nf_index, ctx->nf_index, (size_t)n * sizeof(int64_t),
+                                    cudaMemcpyDeviceToHost, ctx->stream);
+    if (e == cudaSuccess) {
+        e = cudaMemcpyAsync(r->nf_value, ctx->nf_value, (size_t)n * sizeof(float),
+                            cudaMemcpyDeviceToHost, ctx->stream);
+    }
+    if (e == cudaSuccess) {
+        e = cudaMemsetAsync(ctx->nf_index, 0xFF, (size_t)n * sizeof(int64_t), ctx->stream);
+    }
+    if (e == cudaSuccess) e = cudaStreamSynchronize(ctx->stream);
+    if (e != cudaSuccess) {
+        snprintf(r->nf_error, sizeof r->nf_error, "%s: %s", cudaGetErrorName(e),
+                 cudaGetErrorString(e));
+        return false;
+    }
+    for (int64_t i = 0; i < n; i++) { /* (n_probes, B): probe-major, then row */
+        if (r->nf_index[i] < 0) continue;
+        out->probe = i / ctx->B;
+        out->row = i % ctx->B;
+        out->index = r->nf_index[i];
+        out->value = r->nf_value[i];
+        return true;
+    }
+    return false;
+}
+
 static void cuda_stats(const KvBackend *b, KvBackendStats *out) {
     const KvCudaRun *r = cuda_run_const(b);
     out->graph_instantiations = r->graph.instantiations;
@@ -261,8 +306,8 @@ static void cuda_stats(const KvBackend *b, KvBackendStats *out) {
     }
 }
 
-/* Probes are hashed on the device but not yet checked for NaN there:
- * take_nonfinite stays NULL, so the finite check covers the logits only. */
+/* Probes are hashed and checked for NaN and Inf on the device (take_nonfinite);
+ * full probe values are not kept (take_dump, peek_dump NULL). */
 extern "C" const KvBackendOps kv_backend_cuda = {
     /* .name = */ "cuda",
     /* .host = */ false,
@@ -279,7 +324,7 @@ extern "C" const KvBackendOps kv_backend_cuda = {
     /* .snapshot_load = */ cuda_snapshot_load,
     /* .read_step = */ cuda_read_step,
     /* .shift = */ cuda_shift,
-    /* .take_nonfinite = */ NULL,
+    /* .take_nonfinite = */ cuda_take_nonfinite,
     /* .take_dump = */ NULL,
     /* .peek_dump = */ NULL,
     /* .stats = */ cuda_stats,

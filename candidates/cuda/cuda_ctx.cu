@@ -330,6 +330,10 @@ static KvStatus cuda_ctx_alloc_state(KvCudaCtx *ctx, KvError *err) {
     KV_ALLOC(ctx->next_tok, B * (int64_t)sizeof(int32_t));
     KV_ALLOC(ctx->margin, B * (int64_t)sizeof(float));
     KV_ALLOC(ctx->probe_hash, ctx->n_probes * B * (int64_t)sizeof(uint64_t));
+    if (ctx->probes) {
+        KV_ALLOC(ctx->nf_index, ctx->n_probes * B * (int64_t)sizeof(int64_t));
+        KV_ALLOC(ctx->nf_value, ctx->n_probes * B * (int64_t)sizeof(float));
+    }
     KV_ALLOC(ctx->dev_err, sizeof(int32_t));
     KV_ALLOC(ctx->fault_clock, sizeof(uint64_t));
 
@@ -376,6 +380,10 @@ KvStatus kv_cuda_ctx_reset_state(KvCudaCtx *ctx, KvError *err) {
     KV_TRY(kv_cuda_fill(ctx, ctx->n_real, 0, (size_t)B * sizeof(int64_t), err));
     KV_TRY(kv_cuda_fill(ctx, ctx->total, 0, sizeof(int64_t), err));
     KV_TRY(kv_cuda_fill(ctx, ctx->dev_err, 0, sizeof(int32_t), err));
+    if (ctx->nf_index != NULL) {
+        KV_TRY(kv_cuda_fill(ctx, ctx->nf_index, 0xFF,
+                            (size_t)(ctx->n_probes * B) * sizeof(int64_t), err)); /* -1 */
+    }
     KV_TRY(kv_cuda_fill(ctx, ctx->fault_clock, 0, sizeof(uint64_t), err));
     KV_CUDA_CHECK(cudaStreamSynchronize(ctx->stream));
     ctx->len = 0;

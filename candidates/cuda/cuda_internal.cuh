@@ -187,6 +187,11 @@ typedef struct {
     int32_t *next_tok;       /* (B) */
     float *margin;           /* (B) */
     uint64_t *probe_hash;    /* (n_probes, B) */
+    /* The first non-finite element of each probe row since the last take
+     * (the backend's take_nonfinite), written by the probe kernels: one
+     * thread owns a probe row, so no atomics. -1: none. NULL without probes. */
+    int64_t *nf_index;       /* (n_probes, B) */
+    float *nf_value;         /* (n_probes, B) */
     int32_t *dev_err;        /* (1) KV_CUDA_DERR_* bits */
     uint64_t *fault_clock;   /* (1) KV_FAULT_ATOMIC_REDUCTION's clock, never snapshotted */
 
@@ -347,6 +352,11 @@ typedef struct {
     int32_t *tokens;      /* (B) */
     float *margins;       /* (B) */
     uint64_t *probe_hash; /* (n_probes, B), NULL without probes */
+    int64_t *nf_index;    /* (n_probes, B) host copy of ctx.nf_index, NULL without probes */
+    float *nf_value;      /* (n_probes, B) */
+    /* A CUDA error met by take_nonfinite (which returns a bool): the next
+     * read_step reports it, so it cannot pass unseen. "" when none. */
+    char nf_error[512];
 } KvCudaRun;
 
 /* Creates one run (kv_backend_cuda's create); weights as kv_cuda_ctx_create

@@ -938,11 +938,33 @@ static __device__ uint64_t kv_dev_fnv1a(uint64_t h, const unsigned char *p, int6
 
 /* out[b] = fnv1a(base + b * per_row, per_row): op_probe. FNV-1a is a chain,
  * so each row is one thread's sequential loop. */
+/* The first non-finite of count floats v at element offset `first` into
+ * (*nf_index, *nf_value), unless the probe row already holds one: the CPU's
+ * probe_check_finite (forward.c). Called by the one thread that owns the
+ * probe row. */
+static __device__ void kv_dev_note_nonfinite(const float *v, int64_t count, int64_t first,
+                                             int64_t *nf_index, float *nf_value) {
+    if (*nf_index >= 0) return;
+    for (int64_t i = 0; i < count; i++) {
+        if (!isfinite(v[i])) {
+            *nf_index = first + i;
+            *nf_value = v[i];
+            return;
+        }
+    }
+}
+
 static __global__ void kv_probe_kernel(const unsigned char *__restrict__ base /* (B, per_row) */,
-                                int64_t per_row, int64_t B, uint64_t *__restrict__ out /* (B) */) {
+                                int64_t per_row, int64_t B, uint64_t *__restrict__ out /* (B) */,
+                                int64_t *__restrict__ nf_index /* (B) or NULL */,
+                                float *__restrict__ nf_value /* (B) */) {
     for (int64_t b = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; b < B;
          b += (int64_t)gridDim.x * blockDim.x) {
         out[b] = kv_dev_fnv1a(KV_FNV_OFFSET, base + b * per_row, per_row);
+        if (nf_index != NULL) {
+            kv_dev_note_nonfinite((const float *)(const void *)(base + b * per_row),
+                                  per_row / (int64_t)sizeof(float), 0, nf_index + b, nf_value + b);
+        }
     }
 }
 
@@ -951,7 +973,8 @@ KvStatus kv_cuda_probe(KvCudaCtx *ctx, int64_t idx, const void *base, int64_t pe
     KvStatus st = KV_OK;
     if (!ctx->probes) return KV_OK;
     KV_LAUNCH(ctx, kv_probe_kernel, 1, 32, 0, (const unsigned char *)base, per_row, ctx->B,
-              ctx->probe_hash + idx * ctx->B);
+              ctx->probe_hash + idx * ctx->B, ctx->nf_index + idx * ctx->B,
+              ctx->nf_value + idx * ctx->B);
 cleanup:
     return st;
 }
@@ -975,7 +998,9 @@ static __global__ void kv_probe_cache_kernel(const float *__restrict__ kc /* (B,
                                       const int64_t *__restrict__ total, int64_t n,
                                       int64_t window, int64_t kv_dim,
                                       int32_t *__restrict__ map /* (B, map_w) */, int64_t map_w,
-                                      uint64_t *__restrict__ out /* (B) */) {
+                                      uint64_t *__restrict__ out /* (B) */,
+                                      int64_t *__restrict__ nf_index /* (B) or NULL */,
+                                      float *__restrict__ nf_value /* (B) */) {
     const int64_t b = blockIdx.x;
     const int64_t next = *total + n;
     int64_t lo = window > 0 ? next - window + 1 : 0;
@@ -1012,6 +1037,13 @@ static __global__ void kv_probe_cache_kernel(const float *__restrict__ kc /* (B,
         }
         h = kv_dev_fnv1a(h, k, (int64_t)row_bytes);
         h = kv_dev_fnv1a(h, v, (int64_t)row_bytes);
+        if (nf_index != NULL) {
+            /* the dump's element offsets: K then V per window position */
+            kv_dev_note_nonfinite((const float *)(const void *)k, kv_dim, (p - lo) * 2 * kv_dim,
+                                  nf_index + b, nf_value + b);
+            kv_dev_note_nonfinite((const float *)(const void *)v, kv_dim,
+                                  (p - lo) * 2 * kv_dim + kv_dim, nf_index + b, nf_value + b);
+        }
     }
     out[b] = h;
 }
@@ -1021,18 +1053,22 @@ KvStatus kv_cuda_probe_cache(KvCudaCtx *ctx, int64_t layer, int64_t n, int64_t n
     KvStatus st = KV_OK;
     if (!ctx->probes) return KV_OK;
     const int64_t window = kv_config_layer_window(ctx->c, layer);
-    uint64_t *out = ctx->probe_hash + kv_probe_index(layer, KV_PROBE_CACHE) * ctx->B;
+    const int64_t idx = kv_probe_index(layer, KV_PROBE_CACHE);
+    uint64_t *out = ctx->probe_hash + idx * ctx->B;
+    int64_t *nf_index = ctx->nf_index + idx * ctx->B;
+    float *nf_value = ctx->nf_value + idx * ctx->B;
     const KvCudaCache *c = &ctx->caches[layer];
     if (c->slots > 0) {
         KV_LAUNCH(ctx, kv_probe_cache_kernel, (unsigned int)ctx->B, 64, 0, c->cur.k, c->cur.v,
                   c->cur.real, c->cur.pos, (int)ctx->variant->layout, c->window, c->slots,
                   n_slots, ctx->total, n, window, ctx->kv_dim,
-                  ctx->probe_map, ctx->window + 1, out);
+                  ctx->probe_map, ctx->window + 1, out, nf_index, nf_value);
     } else {
         KV_LAUNCH(ctx, kv_probe_cache_kernel, (unsigned int)ctx->B, 64, 0, ctx->kc[layer],
                   ctx->vc[layer], ctx->real, (const int64_t *)NULL, 0, (int64_t)0, ctx->max_len,
                   (int64_t)0,
-                  ctx->total, n, window, ctx->kv_dim, ctx->probe_map, ctx->window + 1, out);
+                  ctx->total, n, window, ctx->kv_dim, ctx->probe_map, ctx->window + 1, out,
+                  nf_index, nf_value);
     }
 cleanup:
     return st;
