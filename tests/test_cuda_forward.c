@@ -633,7 +633,7 @@ START_TEST(test_context_shift_gpu) {
 END_TEST
 
 /* loop index: family. Rows at their own positions (DESIGN §2,
- * cuda_rows.cu): three prompts of W + 3, W/2 + 1 and 2 tokens right-padded
+ * backend_rows.h): three prompts of W + 3, W/2 + 1 and 2 tokens right-padded
  * to one length (W the largest window), prefilled in chunks of 4, decoded
  * 2W + 4 tokens: every variant, eager and graph, bitwise the GPU
  * reference's; each row bitwise the row decoded alone on the GPU; the GPU
