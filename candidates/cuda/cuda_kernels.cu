@@ -936,8 +936,6 @@ static __device__ uint64_t kv_dev_fnv1a(uint64_t h, const unsigned char *p, int6
     return h;
 }
 
-/* out[b] = fnv1a(base + b * per_row, per_row): op_probe. FNV-1a is a chain,
- * so each row is one thread's sequential loop. */
 /* The first non-finite of count floats v at element offset `first` into
  * (*nf_index, *nf_value), unless the probe row already holds one: the CPU's
  * probe_check_finite (forward.c). Called by the one thread that owns the
@@ -954,6 +952,9 @@ static __device__ void kv_dev_note_nonfinite(const float *v, int64_t count, int6
     }
 }
 
+/* out[b] = fnv1a(base + b * per_row, per_row): op_probe. FNV-1a is a chain,
+ * so each row is one thread's sequential loop; the same thread checks the
+ * row's floats for NaN and Inf (nf_index NULL: probes off). */
 static __global__ void kv_probe_kernel(const unsigned char *__restrict__ base /* (B, per_row) */,
                                 int64_t per_row, int64_t B, uint64_t *__restrict__ out /* (B) */,
                                 int64_t *__restrict__ nf_index /* (B) or NULL */,

@@ -14,10 +14,8 @@
 #include "cuda_internal.cuh"
 
 #include <stdlib.h>
-#include <string.h>
 
 extern "C" {
-#include "kvmath.h"
 #include "shift.h"
 }
 
@@ -71,13 +69,8 @@ KvStatus kv_cuda_shift(KvCudaCtx *ctx, int64_t keep, int64_t drop, KvError *err)
         st = kv_error_set(err, KV_ERR_INTERNAL, "cuda context shift: out of host memory");
         goto cleanup;
     }
-    /* The frequencies the rope kernel reads (cuda_ctx.cu uploads the same). */
-    kv_rope_layer_inv_freq(c, -1, inv);
-    if (c->rope_theta_local > 0.0) {
-        kv_rope_inv_freq(ctx->hd, c->rope_theta_local, inv + H);
-    } else {
-        memcpy(inv + H, inv, (size_t)H * sizeof *inv);
-    }
+    /* The very frequencies the rope kernel reads. */
+    KV_TRY(shift_copy(ctx, inv, ctx->inv_freq, (size_t)(2 * H) * sizeof *inv, true, err));
     KV_TRY(shift_copy(ctx, real, ctx->real, (size_t)(B * L), true, err));
     KV_TRY(shift_copy(ctx, n_real, ctx->n_real, (size_t)B * sizeof *n_real, true, err));
     kv_shift_real(real, n_real, B, L, keep, drop, T, dropped);
