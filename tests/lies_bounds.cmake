@@ -1,0 +1,1 @@
+# issue 32 (bounds): tests registered here.

@@ -1,0 +1,1 @@
+# issue 32 (gate): tests registered here.

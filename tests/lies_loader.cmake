@@ -1,0 +1,1 @@
+# issue 32 (loader): tests registered here.

@@ -1,0 +1,1 @@
+# issue 32 (writes): tests registered here.
