@@ -384,7 +384,7 @@ static KvStatus rope_number(const ConfigCtx *c, const cJSON *o, const char *obj,
     if (it == NULL || cJSON_IsNull(it)) return KV_OK;
     if (!cJSON_IsNumber(it) || !isfinite(it->valuedouble) || !(it->valuedouble > 0.0)) {
         char name[96];
-        snprintf(name, sizeof name, "%s.%s", obj, key);
+        snprintf(name, sizeof name, "%s%s%s", obj, obj[0] != '\0' ? "." : "", key);
         return field_error(c, name, "a finite number > 0", it);
     }
     *out = it->valuedouble;
@@ -443,6 +443,17 @@ static KvStatus parse_gpt_oss_rope(const ConfigCtx *c, KvConfig *cfg) {
             }
             cfg->rope_truncate = cJSON_IsTrue(tr);
         }
+        /* transformers requires factor in a given yarn object, and fills a
+         * missing original_max_position_embeddings from
+         * max_position_embeddings (0 here: resolved in parse_root, once
+         * that is read) */
+        const cJSON *factor = cJSON_GetObjectItemCaseSensitive(p, "factor");
+        if (cfg->rope_yarn && factor == NULL) {
+            snprintf(name, sizeof name, "%s.factor", obj);
+            return field_error(c, name, "a finite number > 0 (required with rope_type \"yarn\")",
+                               factor);
+        }
+        cfg->rope_orig_max_pos = 0.0;
         if ((st = rope_number(c, p, obj, "rope_theta", &cfg->rope_theta)) != KV_OK ||
             (st = rope_number(c, p, obj, "factor", &cfg->rope_factor)) != KV_OK ||
             (st = rope_number(c, p, obj, "beta_fast", &cfg->rope_beta_fast)) != KV_OK ||
@@ -515,6 +526,24 @@ static KvStatus parse_qwen2_layers(const ConfigCtx *c, KvConfig *cfg) {
     return KV_OK;
 }
 
+/* num_key_value_heads when config.json leaves it out: the config class's
+ * default (Gemma2Config, Gemma3TextConfig 4; GptOssConfig, MistralConfig 8;
+ * Qwen2Config 32), num_attention_heads only for LlamaConfig. */
+static int64_t default_kv_heads(KvFamily family, bool llama, int64_t num_heads) {
+    switch (family) {
+    case KV_FAMILY_GEMMA2:
+    case KV_FAMILY_GEMMA3:
+        return 4;
+    case KV_FAMILY_GPT_OSS:
+        return 8;
+    case KV_FAMILY_MISTRAL:
+        return llama ? num_heads : 8;
+    case KV_FAMILY_QWEN2:
+        return 32;
+    }
+    return num_heads;
+}
+
 static KvStatus parse_root(const ConfigCtx *c, KvConfig *cfg) {
     KvStatus st;
     const cJSON *mt = cJSON_GetObjectItemCaseSensitive(c->root, "model_type");
@@ -580,7 +609,8 @@ static KvStatus parse_root(const ConfigCtx *c, KvConfig *cfg) {
             KV_OK ||
         (st = field_int(c, "num_attention_heads", 1, KV_CONFIG_MAX_HEADS, -1, &cfg->num_heads)) !=
             KV_OK ||
-        (st = field_int(c, "num_key_value_heads", 1, KV_CONFIG_MAX_HEADS, cfg->num_heads,
+        (st = field_int(c, "num_key_value_heads", 1, KV_CONFIG_MAX_HEADS,
+                        default_kv_heads(cfg->family, llama, cfg->num_heads),
                         &cfg->num_kv_heads)) != KV_OK) {
         return st;
     }
@@ -588,6 +618,14 @@ static KvStatus parse_root(const ConfigCtx *c, KvConfig *cfg) {
         char expected[96];
         snprintf(expected, sizeof expected, "a divisor of num_attention_heads (%" PRId64 ")",
                  cfg->num_heads);
+        if (field_get(c, "num_key_value_heads") == NULL) {
+            /* the class default does not fit these heads: say which one
+             * applied (transformers builds the model and fails later) */
+            return kv_error_set(c->err, KV_ERR_INPUT,
+                                "%s: field 'num_key_value_heads': expected %s, found nothing "
+                                "(missing: the %s default is %" PRId64 ")",
+                                c->label, expected, cfg->model_type, cfg->num_kv_heads);
+        }
         return field_error(c, "num_key_value_heads", expected,
                            cJSON_GetObjectItemCaseSensitive(c->root, "num_key_value_heads"));
     }
@@ -630,7 +668,20 @@ static KvStatus parse_root(const ConfigCtx *c, KvConfig *cfg) {
     st = field_int(c, "max_position_embeddings", 1, KV_CONFIG_MAX_POSITIONS, def_pos,
                    &cfg->max_position_embeddings);
     if (st != KV_OK) return st;
-    st = field_double(c, "rms_norm_eps", 1e-6, true, &cfg->rms_norm_eps);
+    if (gpt_oss && cfg->rope_yarn) {
+        /* PreTrainedConfig.standardize_rope_params: a top-level
+         * original_max_position_embeddings wins over the rope object's (and
+         * GptOssConfig's default 4096); a given object without one takes
+         * max_position_embeddings */
+        st = rope_number(c, c->root, "", "original_max_position_embeddings",
+                         &cfg->rope_orig_max_pos);
+        if (st != KV_OK) return st;
+        if (cfg->rope_orig_max_pos == 0.0) {
+            cfg->rope_orig_max_pos = (double)cfg->max_position_embeddings;
+        }
+    }
+    /* GptOssConfig's default is 1e-5, every other family's 1e-6 */
+    st = field_double(c, "rms_norm_eps", gpt_oss ? 1e-5 : 1e-6, true, &cfg->rms_norm_eps);
     if (st != KV_OK) return st;
     st = field_bool(c, "tie_word_embeddings", gemma, &cfg->tie_word_embeddings);
     if (st != KV_OK) return st;

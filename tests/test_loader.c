@@ -441,9 +441,11 @@ static void parse_bad(const char *json, const char *want1, const char *want2) {
     ck_assert_msg(strstr(err.msg, want2) != NULL, "message lacks \"%s\": %s", want2, err.msg);
 }
 
+/* 32 heads: every family's default num_key_value_heads (4, 8, 32 or
+ * num_attention_heads) divides it, so each default is the one checked */
 #define REQ_FIELDS                                                                                 \
-    "\"vocab_size\": 100, \"hidden_size\": 64, \"intermediate_size\": 128, "                       \
-    "\"num_hidden_layers\": 3, \"num_attention_heads\": 4"
+    "\"vocab_size\": 100, \"hidden_size\": 256, \"intermediate_size\": 128, "                      \
+    "\"num_hidden_layers\": 3, \"num_attention_heads\": 32"
 
 START_TEST(test_config_defaults_gemma2) {
     KvConfig c = parse_ok("{\"model_type\": \"gemma2\", " REQ_FIELDS "}");
@@ -497,14 +499,15 @@ END_TEST
 START_TEST(test_config_defaults_mistral_llama) {
     KvConfig c = parse_ok("{\"model_type\": \"mistral\", " REQ_FIELDS "}");
     ck_assert_int_eq(c.family, KV_FAMILY_MISTRAL);
-    ck_assert_int_eq(c.num_kv_heads, 4);
-    ck_assert_int_eq(c.head_dim, 16);
+    ck_assert_int_eq(c.num_kv_heads, 8); /* MistralConfig's default, not num_attention_heads */
+    ck_assert_int_eq(c.head_dim, 8);
+    ck_assert(c.rms_norm_eps == 1e-6);
     ck_assert_int_eq(c.max_position_embeddings, 131072);
     ck_assert(!c.tie_word_embeddings);
     ck_assert_int_eq(c.sliding_window, 4096);
     for (int i = 0; i < 3; i++) ck_assert_int_eq(kv_config_layer_window(&c, i), 4096);
     ck_assert(c.attn_logit_softcapping == 0.0 && c.final_logit_softcapping == 0.0);
-    ck_assert(kv_config_attn_scale(&c) == 0.25f);
+    ck_assert(kv_config_attn_scale(&c) == (float)pow(8.0, -0.5));
 
     c = parse_ok("{\"model_type\": \"mistral\", " REQ_FIELDS ", \"sliding_window\": null,"
                  " \"head_dim\": 32, \"num_key_value_heads\": 2, \"rope_theta\": 1000000.0,"
@@ -524,6 +527,7 @@ START_TEST(test_config_defaults_mistral_llama) {
     ck_assert_str_eq(c.model_type, "llama");
     ck_assert_int_eq(c.sliding_window, 0);
     ck_assert_int_eq(c.max_position_embeddings, 2048);
+    ck_assert_int_eq(c.num_kv_heads, 32); /* LlamaConfig: num_attention_heads */
     ck_assert_int_eq(kv_config_layer_window(&c, 0), 0);
     ck_assert(c.rope_theta == 500000.0);
 
@@ -539,8 +543,19 @@ START_TEST(test_config_errors) {
               "even");
     parse_bad("{\"model_type\": \"mistral\", \"vocab_size\": 100, \"hidden_size\": 64, "
               "\"intermediate_size\": 128, \"num_hidden_layers\": 3, "
-              "\"num_attention_heads\": 6}",
+              "\"num_attention_heads\": 6, \"num_key_value_heads\": 2}",
               "'head_dim'", "divisible");
+    /* a family's default key/value heads that do not divide the heads:
+     * refused, saying which default applied */
+    parse_bad("{\"model_type\": \"mistral\", \"vocab_size\": 100, \"hidden_size\": 64, "
+              "\"intermediate_size\": 128, \"num_hidden_layers\": 3, "
+              "\"num_attention_heads\": 4}",
+              "'num_key_value_heads': expected a divisor of num_attention_heads (4)",
+              "missing: the mistral default is 8");
+    /* gpt_oss: a given yarn object needs its factor, as in transformers */
+    parse_bad("{\"model_type\": \"gpt_oss\", " REQ_FIELDS
+              ", \"rope_parameters\": {\"rope_type\": \"yarn\"}}",
+              "'rope_parameters.factor'", "required");
     parse_bad("{\"model_type\": \"gemma2\", " REQ_FIELDS ", \"vocab_size\": 1e400}",
               "'vocab_size'", "once");
     parse_bad("{\"model_type\": \"gemma2\", \"vocab_size\": 1e400, \"hidden_size\": 64, "
@@ -582,7 +597,7 @@ START_TEST(test_config_errors) {
      * bounded like a given one */
     parse_bad("{\"model_type\": \"mistral\", \"vocab_size\": 100, \"hidden_size\": 8192, "
               "\"intermediate_size\": 128, \"num_hidden_layers\": 3, "
-              "\"num_attention_heads\": 1}",
+              "\"num_attention_heads\": 1, \"num_key_value_heads\": 1}",
               "'head_dim': expected at most 4096", "found 8192 = 8192 / 1");
 }
 END_TEST
@@ -842,6 +857,7 @@ START_TEST(test_config_window_list) {
     static const char *const base =
         "{\"model_type\": \"mistral\", \"vocab_size\": 64, \"hidden_size\": 16, "
         "\"intermediate_size\": 32, \"num_hidden_layers\": 6, \"num_attention_heads\": 2, "
+        "\"num_key_value_heads\": 1, "
         "\"head_dim\": 8, \"sliding_window\": %s}";
     char text[512];
     KvConfig c;
@@ -897,6 +913,7 @@ START_TEST(test_config_window_list) {
     static const char *const g2 =
         "{\"model_type\": \"gemma2\", \"vocab_size\": 64, \"hidden_size\": 16, "
         "\"intermediate_size\": 32, \"num_hidden_layers\": 2, \"num_attention_heads\": 2, "
+        "\"num_key_value_heads\": 1, "
         "\"head_dim\": 8, \"sliding_window\": [4, 16]}";
     ck_assert_int_eq(kv_config_parse(g2, strlen(g2), "g2.json", &c, &err), KV_ERR_INPUT);
     ck_assert_msg(strstr(err.msg, "'sliding_window'") != NULL, "%s", err.msg);
@@ -912,6 +929,7 @@ START_TEST(test_config_family_defaults) {
     static const char *const g3 =
         "{\"model_type\": \"gemma3_text\", \"vocab_size\": 64, \"hidden_size\": 16, "
         "\"intermediate_size\": 32, \"num_hidden_layers\": 12, \"num_attention_heads\": 2, "
+        "\"num_key_value_heads\": 1, "
         "\"head_dim\": 8, \"sliding_window\": 4}";
     KvConfig c;
     KvError err = {{0}};
@@ -924,6 +942,7 @@ START_TEST(test_config_family_defaults) {
     static const char *const g3n =
         "{\"model_type\": \"gemma3_text\", \"vocab_size\": 64, \"hidden_size\": 16, "
         "\"intermediate_size\": 32, \"num_hidden_layers\": 4, \"num_attention_heads\": 2, "
+        "\"num_key_value_heads\": 1, "
         "\"head_dim\": 8, \"sliding_window\": 4, \"sliding_window_pattern\": 2, "
         "\"rope_theta\": 5e5, \"rope_parameters\": {\"sliding_attention\": {\"rope_type\": "
         "\"default\", \"rope_theta\": 2e4}, \"full_attention\": {\"rope_type\": \"default\", "
@@ -944,6 +963,7 @@ START_TEST(test_config_family_defaults) {
     static const char *const q2 =
         "{\"model_type\": \"qwen2\", \"vocab_size\": 64, \"hidden_size\": 16, "
         "\"intermediate_size\": 32, \"num_hidden_layers\": 4, \"num_attention_heads\": 2, "
+        "\"num_key_value_heads\": 1, "
         "\"sliding_window\": 4, \"max_window_layers\": 3%s}";
     char q2_text[512];
     snprintf(q2_text, sizeof q2_text, q2, "");
@@ -961,7 +981,7 @@ START_TEST(test_config_family_defaults) {
      * truncation), window 128 on the even layers, biases, sinks */
     static const char *const go =
         "{\"model_type\": \"gpt_oss\", \"vocab_size\": 64, \"hidden_size\": 64, "
-        "\"intermediate_size\": 32, \"num_hidden_layers\": 4, \"num_attention_heads\": 1, "
+        "\"intermediate_size\": 32, \"num_hidden_layers\": 4, \"num_attention_heads\": 8, "
         "\"num_local_experts\": 4%s}";
     char go_text[512];
     snprintf(go_text, sizeof go_text, go, "");
@@ -970,6 +990,8 @@ START_TEST(test_config_family_defaults) {
     ck_assert(c.rope_yarn && c.rope_factor == 32.0 && !c.rope_truncate && c.rope_theta == 150000.0);
     ck_assert(fabs(c.rope_attention_factor - (0.1 * log(32.0) + 1.0)) < 1e-15);
     ck_assert(c.head_dim == 64 && c.sliding_window == 128 && c.experts_per_tok == 4);
+    /* GptOssConfig's own defaults: 8 key/value heads, epsilon 1e-5 */
+    ck_assert(c.num_kv_heads == 8 && c.rms_norm_eps == 1e-5);
     ck_assert(c.attn_qkv_bias && c.attn_o_bias && c.attn_sinks && !c.tie_word_embeddings);
     for (int64_t i = 0; i < 4; i++) ck_assert_int_eq(c.layer_sliding[i], i % 2 == 0);
     /* inv_freq as transformers 5.23 computes it for this config on this
