@@ -561,6 +561,11 @@ int kv_cmd_bisect(int argc, char **argv) {
     }
     if (st == KV_OK && rerun) st = kv_bisect_check_rerunnable(a, where_a, &err);
     if (st == KV_OK && rerun) st = kv_bisect_check_rerunnable(b, where_b, &err);
+    /* The report the rerun writes: its destination must be one a file can
+     * be published at, and a /bisect it already has one that can be
+     * replaced, both found before the rerun rather than after it. */
+    if (st == KV_OK && rerun) st = kv_report_check_writable(out != NULL ? out : paths[0], &err);
+    if (st == KV_OK && rerun) st = kv_bisect_check_h5(paths[0], &err);
     if (st == KV_OK && rerun) {
         st = bisect_model_load(model_dir, &rep[0], a, &bm, &err);
         if (st == KV_OK) st = bisect_check_model_hash(&bm, &rep[0], paths[0], a, &err);

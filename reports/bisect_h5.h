@@ -33,14 +33,27 @@ typedef struct {
 } KvBisectRecord;
 
 /* Copies the report at src to dst with a /bisect group (replacing any
- * earlier one) holding rec. src may equal dst: the copy is built as
- * "<dst>.tmp-<pid>", flushed and renamed, so dst is either untouched or
- * complete. Like the report writer, no object records a time, so the same
+ * earlier one) holding rec. src may equal dst. The copy is built in memory
+ * (HDF5's core driver over src's bytes) and written by
+ * kv_report_file_publish (report.h), as the report writer writes a report:
+ * dst is either untouched or complete, no link at dst or at the temporary's
+ * name is followed, a dst that exists and is not a regular file is refused,
+ * a killed writer leaves no temporary and temporaries of dead writers are
+ * removed. Like the report writer, no object records a time, so the same
  * record on the same report gives the same bytes. KV_ERR_INPUT when a
  * tensor's index is negative or repeated (checked before anything is
- * written), or when src cannot be read or dst created, naming the file;
- * KV_ERR_INTERNAL when HDF5 fails. */
+ * written), when src cannot be read or is not HDF5, when its /bisect group
+ * is damaged (kv_bisect_check_h5), or when dst cannot be created or
+ * written, naming the file; KV_ERR_INTERNAL when HDF5 fails otherwise. */
 KvStatus kv_bisect_write_h5(const char *src, const char *dst, const KvBisectRecord *rec,
                             KvError *err);
+
+/* Checks that the report at src can take a new /bisect group: it is HDF5,
+ * and any /bisect it has is one HDF5 can walk (every object under it
+ * opens), since replacing it frees all of it. KV_ERR_INPUT "<src>: /bisect:
+ * expected a group that bisect --rerun can replace, found a damaged one
+ * (HDF5 ...)"; nothing is written. `bisect --rerun` calls it before the
+ * rerun, kv_bisect_write_h5 again before changing anything. */
+KvStatus kv_bisect_check_h5(const char *src, KvError *err);
 
 #endif

@@ -496,6 +496,22 @@ static int link_unnamed(int fd, const char *tmp) {
     return -1;
 }
 
+/* Creates the named temporary tmp for writing: a new file, never through
+ * a link. Something already at that name (a leftover of an earlier process
+ * with this pid, or a symbolic link planted there so that the writer would
+ * overwrite its target) is removed first: O_EXCL | O_NOFOLLOW refuses it,
+ * then one retry after unlinking the name itself (a link, not its target).
+ * -1 with errno when neither works. */
+static int open_named_temp(const char *tmp) {
+    const int flags = O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC;
+    int fd = open(tmp, flags, 0666);
+    if (fd < 0 && (errno == EEXIST || errno == ELOOP)) {
+        if (unlink(tmp) != 0 && errno != ENOENT) return -1;
+        fd = open(tmp, flags, 0666);
+    }
+    return fd;
+}
+
 KvStatus kv_report_check_writable(const char *path, KvError *err) {
     if (path == NULL || path[0] == '\0') {
         return kv_error_set(err, KV_ERR_INPUT,
@@ -513,7 +529,7 @@ KvStatus kv_report_check_writable(const char *path, KvError *err) {
     int fd = open_unnamed(dir);
     if (fd < 0 && tmpfile_unsupported(errno)) {
         snprintf(tmp, n, "%s" KV_TMP_SUFFIX "%ld", path, (long)getpid());
-        fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+        fd = open_named_temp(tmp);
         if (fd >= 0 && unlink(tmp) != 0) {
             st = kv_error_set(err, KV_ERR_INPUT, "%s: cannot remove %s: %s", path, tmp,
                               strerror(errno));
@@ -532,10 +548,31 @@ cleanup:
     return st;
 }
 
+/* kv_report_file_publish's bytes, for kv_report_file_publish_with. */
+typedef struct {
+    const void *data;
+    size_t len;
+} PublishBytes;
+
+static int fill_bytes(int fd, void *ctx) {
+    const PublishBytes *b = ctx;
+    return write_all(fd, b->data, b->len);
+}
+
 KvStatus kv_report_file_publish(const char *path, const void *data, size_t len, KvError *err) {
     if (path == NULL || path[0] == '\0' || (data == NULL && len > 0)) {
         return kv_error_set(err, KV_ERR_INPUT,
                             "kv_report_file_publish: a non-empty path and the data are required");
+    }
+    PublishBytes b = {data, len};
+    return kv_report_file_publish_with(path, fill_bytes, &b, err);
+}
+
+KvStatus kv_report_file_publish_with(const char *path, int (*fill)(int fd, void *ctx), void *ctx,
+                                     KvError *err) {
+    if (path == NULL || path[0] == '\0' || fill == NULL) {
+        return kv_error_set(err, KV_ERR_INPUT, "kv_report_file_publish_with: a non-empty path "
+                            "and a fill function are required");
     }
     KvStatus st = check_target(path, err);
     if (st != KV_OK) return st;
@@ -560,7 +597,7 @@ KvStatus kv_report_file_publish(const char *path, const void *data, size_t len, 
     }
     for (int attempt = 0; attempt < 2; attempt++) {
         if (!unnamed) {
-            fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+            fd = open_named_temp(tmp);
             if (fd < 0) {
                 st = kv_error_set(err, KV_ERR_INPUT, "%s: cannot create: %s", path,
                                   strerror(errno));
@@ -570,7 +607,9 @@ KvStatus kv_report_file_publish(const char *path, const void *data, size_t len, 
         }
         /* Every failure from here on is the destination's (a full disk, a
          * quota, an I/O error): bad input, like an unwritable directory. */
-        if (write_all(fd, data, len) != 0 || sync_fd(fd) != 0) {
+        errno = 0;
+        if (fill(fd, ctx) != 0 || sync_fd(fd) != 0) {
+            if (errno == 0) errno = EIO; /* a fill that failed without saying why */
             st = kv_error_set(err, KV_ERR_INPUT, "%s: cannot write: %s", path, strerror(errno));
             goto cleanup;
         }

@@ -258,6 +258,17 @@ KvStatus kv_report_check_writable(const char *path, KvError *err);
  * destination is bad input, never an internal error. */
 KvStatus kv_report_file_publish(const char *path, const void *data, size_t len, KvError *err);
 
+/* kv_report_file_publish for bytes that are produced while they are
+ * written (a file too large to hold, a file built elsewhere): fill(fd, ctx)
+ * writes the whole file to fd (opened for writing at offset 0) and returns
+ * 0, or -1 with errno set (ENOSPC, EFBIG, ...: "<path>: cannot write:
+ * <reason>"). fill may be called twice, the second time on a fresh file,
+ * where the unnamed temporary cannot be given a name (no /proc and no
+ * CAP_DAC_READ_SEARCH), so it must write the same bytes each time. Every
+ * other guarantee, and the errors, are kv_report_file_publish's. */
+KvStatus kv_report_file_publish_with(const char *path, int (*fill)(int fd, void *ctx), void *ctx,
+                                     KvError *err);
+
 /* True when path's last component looks like a writer's temporary,
  * "NAME.tmp-DIGITS": readers refuse such files. */
 bool kv_report_is_temp_name(const char *path);
