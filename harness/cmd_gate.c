@@ -42,14 +42,6 @@
 /* A decode longer than this is beyond every model's context (gpt-oss and
  * Qwen2 reach 131072): a larger --max-new-tokens is a typo or a wrap. */
 #define KV_GATE_MAX_NEW_TOKENS (1ull << 20)
-/* The CPU work the gate runs without --allow-large-work. Measured on 2
- * cores: the default gate on the tiny fixtures is ~76 GFLOP in 50-80 s
- * (overhead-bound, ~1.5 GFLOP/s); the ~100M-parameter medium fixtures decode
- * at ~20 GFLOP/s, and their default gate is ~18 TFLOP (~15 min). Above 20
- * TFLOP a gate runs for hours, which deserves a conscious choice, not a
- * config.json whose window (the scenarios are sized in multiples of it)
- * happens to be 4096 (a tiny model with that window: ~66 TFLOP). */
-#define KV_GATE_MAX_WORK_FLOP 2e13
 
 static void gate_usage(FILE *f) {
     fprintf(f,
@@ -92,6 +84,8 @@ static void gate_usage(FILE *f) {
             "  --shard I/N       run the I-th of N shards of the (model, scenario) units\n"
             "                    (unit u when u %% N == I - 1); `kvrepro merge` joins the\n"
             "                    N reports\n"
+            "  --allow-empty     accept a shard that holds no unit (exit 0, said so); without\n"
+            "                    it a gate that judged nothing fails\n"
             "  --shard auto      take I/N from the environment, the first set of:\n"
             "                    KVREPRO_SHARD=I/N; a Slurm array task (I =\n"
             "                    SLURM_ARRAY_TASK_ID - SLURM_ARRAY_TASK_MIN + 1, N =\n"
@@ -135,7 +129,9 @@ static void gate_usage(FILE *f) {
             "                    above this vocabulary the report keeps each row's top-%d logits\n"
             "                    and the hash of the full row (default %d); comparisons always\n"
             "                    use the full logits\n"
-            "Exit codes: 0 pass, 1 gate failure, 2 bad input or usage, 3 internal error.\n",
+            "Exit codes: 0 pass, 1 gate failure, 2 bad input or usage, 3 internal error.\n"
+            "A gate that judged no candidate run, or made fewer runs than it planned (other\n"
+            "than runs skipped with a stated reason), fails (exit 1) and says so.\n",
             KV_CAL_SPREAD_MULT, KV_ENSEMBLE_SIZE, KV_TOL_TIE_MARGIN, KV_TOL_MAX_REL_ERR,
             KV_GATE_MAX_WORK_FLOP / 1e12,
             (unsigned long long)KV_FIXTURE_DEFAULT_SEED,
@@ -271,7 +267,7 @@ typedef struct {
     int n_models;
     const char *report_path, *junit_path, *prompts_path;
     uint64_t seed, max_new;
-    bool quiet, verbose, mutation, allow_large;
+    bool quiet, verbose, mutation, allow_large, allow_empty;
     KvMutationPass passes[1 + KV_FAULT_COUNT];
     int n_passes;
     const char *scen_names[KV_GATE_MAX_LIST];
@@ -358,9 +354,11 @@ static bool gate_parse_args(int argc, char **argv, GateArgs *a, KvGateOptions *o
             o->timings = true;
         } else if (strcmp(argv[i], "--no-calibrate") == 0) {
             o->calibrate = false;
+        } else if (strcmp(argv[i], "--allow-empty") == 0) {
+            a->allow_empty = true;
+            gate_note_matrix_opt(a, "--allow-empty");
         } else if (strcmp(argv[i], "--allow-large-work") == 0) {
             a->allow_large = true;
-            gate_note_matrix_opt(a, "--allow-large-work");
         } else if (kv_cli_take(argc, argv, &i, "--model", &v, &bad) ||
                    kv_cli_take(argc, argv, &i, "--fixture", &v, &bad)) {
             if (bad) break;
@@ -679,8 +677,70 @@ static int64_t gate_count_runs(const GateArgs *a, const KvGateOptions *o) {
     /* Units (model, scenario) in this shard. */
     const int per_model = o->custom != NULL ? 1 : o->n_scenarios;
     int64_t units = 0;
-    for (int u = 0; u < a->n_models * per_model; u++) units += u % o->shard_n == o->shard_i - 1;
+    for (int64_t u = 0; u < (int64_t)a->n_models * per_model; u++) {
+        units += kv_gate_unit_in_shard(o, u);
+    }
     return units * kv_gate_runs_per_unit(o) * a->n_passes;
+}
+
+/* The units (model, scenario) of the whole gate, and those in this shard. */
+static void gate_count_units(const GateArgs *a, const KvGateOptions *o, int64_t *all,
+                             int64_t *mine) {
+    const int per_model = o->custom != NULL ? 1 : o->n_scenarios;
+    *all = (int64_t)a->n_models * per_model;
+    *mine = 0;
+    for (int64_t u = 0; u < *all; u++) *mine += kv_gate_unit_in_shard(o, u);
+}
+
+/* A candidate run: a cache variant's, not the reference's, its reordered
+ * members' or a scenario's fresh twin. */
+static bool gate_is_candidate(const KvRun *r) {
+    return strncmp(r->variant, "reference", 9) != 0;
+}
+
+/* Nothing judged is a failure (DESIGN §8): the gate must have judged at
+ * least one candidate run, and every run it planned (the progress total)
+ * must have been made or recorded as skipped with its reason. A shard that
+ * holds no unit is the one empty gate that may pass, and only with
+ * --allow-empty. Returns true when the gate must fail, with why. */
+static bool gate_judged_too_little(const GateArgs *a, const KvGateOptions *o,
+                                   const KvReport *rep, int64_t accounted, char *why, size_t n) {
+    int64_t units = 0, mine = 0;
+    gate_count_units(a, o, &units, &mine);
+    why[0] = '\0';
+    if (mine == 0) {
+        if (a->allow_empty) return false;
+        snprintf(why, n, "this shard (%s) holds none of the gate's %lld (model, scenario) units: "
+                 "nothing was judged; pass --allow-empty where an empty shard is expected",
+                 rep->shard, (long long)units);
+        return true;
+    }
+    const int64_t planned = mine * kv_gate_runs_planned_per_unit(o) * a->n_passes;
+    if (accounted != planned) {
+        snprintf(why, n, "the gate planned %lld runs but made or skipped with a stated reason "
+                 "%lld: the difference was not judged", (long long)planned,
+                 (long long)accounted);
+        return true;
+    }
+    int64_t judged = 0;
+    for (int64_t c = 0; c < rep->n_comparisons; c++) {
+        const KvComparison *cmp = &rep->comparisons[c];
+        if (cmp->verdict != KV_VERDICT_SKIP && gate_is_candidate(&rep->runs[cmp->run_b]) &&
+            !rep->runs[cmp->run_b].skipped) {
+            judged++;
+        }
+    }
+    if (judged == 0) {
+        const char *reason = "";
+        for (int64_t r = 0; r < rep->n_runs && reason[0] == '\0'; r++) {
+            if (rep->runs[r].skipped) reason = rep->runs[r].skip_reason;
+        }
+        snprintf(why, n, "the gate judged no candidate run: every one was skipped%s%.200s",
+                 reason[0] != '\0' ? " (" : "", reason);
+        if (reason[0] != '\0') snprintf(why + strlen(why), n - strlen(why), ")");
+        return true;
+    }
+    return false;
 }
 
 /* Runs every pass of the matrix on every model into rep; the progress line
@@ -783,16 +843,17 @@ int kv_cmd_gate(int argc, char **argv) {
             .tol_max_rel_err_set = o.tol_max_rel_err_set, .calibrate = o.calibrate,
             .weight_seed = a.seed, .prompt_seed = o.prompt_seed,
             .full_logits_max_vocab = o.full_logits_max_vocab, .quiet = a.quiet,
-            .verbose = a.verbose, .timings = o.timings,
+            .verbose = a.verbose, .timings = o.timings, .allow_large = a.allow_large,
         };
         return kv_gate_external(&x);
     }
     gate_default_models(&a);
-    int64_t runs_done = 0;
+    int64_t runs_done = 0, runs_accounted = 0;
     double progress_last = 0.0;
     o.progress = a.quiet ? KV_PROGRESS_OFF
                          : isatty(STDERR_FILENO) ? KV_PROGRESS_TTY : KV_PROGRESS_LINES;
     o.runs_done = &runs_done;
+    o.runs_accounted = &runs_accounted;
     o.progress_last = &progress_last;
 
     KvReport rep;
@@ -825,6 +886,15 @@ int kv_cmd_gate(int argc, char **argv) {
      * ending in "N passed" means the report is there */
     if (st == KV_OK) st = kv_gate_write_outputs(&rep, a.report_path, a.junit_path, a.quiet, &err);
     if (st == KV_OK) st = gate_print_verdict(&rep, &a, &err);
+    if (st == KV_OK) {
+        char why[512];
+        if (gate_judged_too_little(&a, &o, &rep, runs_accounted, why, sizeof why)) {
+            printf("FAIL: %s\n", why);
+            failed = true;
+        } else if (a.allow_empty && rep.n_runs == 0) {
+            printf("empty shard %s: no unit to judge (accepted: --allow-empty)\n", rep.shard);
+        }
+    }
     if (st == KV_OK && failed) rc = KV_EXIT_GATE_FAIL;
 cleanup:
     if (st != KV_OK) {

@@ -227,10 +227,45 @@ static int64_t merge_duplicate_run(const KvReport *out, const KvReport *in) {
     return -1;
 }
 
-/* "I/N" of a shard report; false for anything else (e.g. "merged 3"). */
-static bool merge_shard_of(const KvReport *r, int *i, int *n) {
-    char tail = 0;
-    return sscanf(r->shard, "%d/%d%c", i, n, &tail) == 2 && *n >= 1 && *i >= 1 && *i <= *n;
+/* A decimal count written as the gate writes it: digits only, no sign,
+ * space or leading zero, at most 9 digits. Returns the end, or NULL. */
+static const char *merge_count(const char *p, long *v) {
+    if (*p < '1' || *p > '9') return NULL;
+    long x = 0;
+    int n = 0;
+    for (; *p >= '0' && *p <= '9'; p++) {
+        if (++n > 9) return NULL;
+        x = x * 10 + (*p - '0');
+    }
+    *v = x;
+    return p;
+}
+
+/* A report's shard label: "I/N" with 1 <= I <= N (a gate's, `--shard I/N`;
+ * "1/1" unsharded), or "merged N" with N >= 2 (an earlier merge's). Sets
+ * *i and *n for "I/N" (*i = 0 for a merged report). False for anything
+ * else ("x", "0/0", "3/2"): a report that says it is no shard of any split
+ * is not merged as if it were one. */
+static bool merge_shard_label(const char *label, long *i, long *n) {
+    const char *p;
+    *i = 0;
+    if (strncmp(label, "merged ", 7) == 0) {
+        p = merge_count(label + 7, n);
+        return p != NULL && *p == '\0' && *n >= 2;
+    }
+    p = merge_count(label, i);
+    if (p == NULL || *p != '/') return false;
+    p = merge_count(p + 1, n);
+    return p != NULL && *p == '\0' && *i <= *n;
+}
+
+/* KV_ERR_INPUT naming the file and the field when rep's shard label is
+ * not one merge_shard_label accepts. */
+static KvStatus merge_check_shard(const KvReport *rep, const char *path, long *i, long *n,
+                                  KvError *err) {
+    if (merge_shard_label(rep->shard, i, n)) return KV_OK;
+    return kv_error_set(err, KV_ERR_INPUT, "%s: shard: expected I/N with 1 <= I <= N (a gate's "
+                        "--shard) or 'merged N', found '%.31s'", path, rep->shard);
 }
 
 int kv_cmd_merge(int argc, char **argv) {
@@ -248,12 +283,21 @@ int kv_cmd_merge(int argc, char **argv) {
     memset(&in, 0, sizeof in);
     memset(&first_shard, 0, sizeof first_shard); /* only .shard: the first input's */
     KvError err = {{0}};
-    KvStatus st = KV_OK;
     int rc = KV_EXIT_PASS;
+    long fi = 0, fn = 0; /* the first input's shard */
+    /* the output is checked before the inputs are read (a directory, a
+     * device or a FIFO there is refused, nothing is left behind) */
+    KvStatus st = kv_report_check_writable(out_path, &err);
+    if (st != KV_OK) goto fail;
     for (int k = 2; k < argc; k++) {
         st = kv_report_read_h5(argv[k], &in, &err);
         if (st != KV_OK) goto fail;
+        long si = 0, sn = 0;
+        st = merge_check_shard(&in, argv[k], &si, &sn, &err);
+        if (st != KV_OK) goto fail;
         if (k == 2) {
+            fi = si;
+            fn = sn;
             snprintf(first_shard.shard, sizeof first_shard.shard, "%s", in.shard);
             out = in; /* take the first report whole */
             memset(&in, 0, sizeof in);
@@ -265,10 +309,9 @@ int kv_cmd_merge(int argc, char **argv) {
                               argv[k], argv[2], why);
             goto fail;
         }
-        int si = 0, sn = 0, fi = 0, fn = 0;
-        if (merge_shard_of(&in, &si, &sn) && merge_shard_of(&first_shard, &fi, &fn) && sn != fn) {
-            st = kv_error_set(&err, KV_ERR_INPUT, "%s: shard %s of a gate split %d ways, but %s "
-                              "is shard %s of %d", argv[k], in.shard, sn, argv[2],
+        if (si > 0 && fi > 0 && sn != fn) {
+            st = kv_error_set(&err, KV_ERR_INPUT, "%s: shard %s of a gate split %ld ways, but %s "
+                              "is shard %s of %ld", argv[k], in.shard, sn, argv[2],
                               first_shard.shard, fn);
             goto fail;
         }

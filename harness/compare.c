@@ -679,9 +679,13 @@ static bool row_pairs(const KvRun *base, const KvRun *cand, int64_t i, float *rb
     return true;
 }
 
-void kv_compare_outputs(const KvRun *base, const KvRun *cand, const KvTolerances *t,
-                        KvCompareKind kind, int64_t base_index, int64_t cand_index,
-                        KvComparison *out) {
+/* kv_compare_outputs and kv_compare_outputs_forced: fed_alike says both
+ * runs were fed the same tokens at every step (the baseline teacher-forced
+ * with the candidate's), so a near-tie flip does not end a row's
+ * comparison. */
+static void compare_outputs(const KvRun *base, const KvRun *cand, const KvTolerances *t,
+                            KvCompareKind kind, int64_t base_index, int64_t cand_index,
+                            bool fed_alike, KvComparison *out) {
     compare_init(out, kind, base_index, cand_index);
     if (compare_skipped(base, cand, out)) return;
     if (!runs_shaped_alike(base, cand, out)) return;
@@ -743,7 +747,7 @@ void kv_compare_outputs(const KvRun *base, const KvRun *cand, const KvTolerances
                 agree++;
             } else if (base->margins[i] <= t->tie_margin) {
                 out->near_ties++;
-                tie_step[b] = s;
+                if (!fed_alike) tie_step[b] = s;
             } else if (fail_step < 0) {
                 fail_step = s;
                 fail_row = b;
@@ -811,6 +815,18 @@ cleanup:
     free(rbuf);
     free(cbuf);
     free(tie_step);
+}
+
+void kv_compare_outputs(const KvRun *base, const KvRun *cand, const KvTolerances *t,
+                        KvCompareKind kind, int64_t base_index, int64_t cand_index,
+                        KvComparison *out) {
+    compare_outputs(base, cand, t, kind, base_index, cand_index, false, out);
+}
+
+void kv_compare_outputs_forced(const KvRun *forced_base, const KvRun *cand, const KvTolerances *t,
+                               KvCompareKind kind, int64_t base_index, int64_t cand_index,
+                               KvComparison *out) {
+    compare_outputs(forced_base, cand, t, kind, base_index, cand_index, true, out);
 }
 
 void kv_compare_graph_budget(const KvRun *run, int64_t index, KvComparison *out) {

@@ -112,6 +112,13 @@ void kv_compare_outputs(const KvRun *base, const KvRun *cand, const KvTolerances
                         KvCompareKind kind, int64_t base_index, int64_t cand_index,
                         KvComparison *out);
 
+/* kv_compare_outputs against a baseline teacher-forced with cand's tokens
+ * (both fed alike at every step): no row stops at a near-tie flip, every
+ * step of every row is compared (gate --external after a near-tie). */
+void kv_compare_outputs_forced(const KvRun *forced_base, const KvRun *cand, const KvTolerances *t,
+                               KvCompareKind kind, int64_t base_index, int64_t cand_index,
+                               KvComparison *out);
+
 /* True when a and b record the same probes, name for name, in the same
  * order (so a probe index means the same probe in both). */
 bool kv_probe_layouts_equal(const KvRun *a, const KvRun *b);

@@ -15,6 +15,7 @@
 
 #include "cli.h"
 #include "decode.h"
+#include "ensemble.h"
 #include "gate_output.h"
 #include "matrix.h"
 #include "model.h"
@@ -169,6 +170,14 @@ static KvStatus ext_check_run(const ExtRuns *e, int64_t k, const KvModel *m,
     if (st != KV_OK) {
         kv_error_prefix(err, where);
         return st;
+    }
+    for (int64_t i = 0; i < r->steps * r->batch; i++) {
+        if (r->tokens[i] >= 0 && r->tokens[i] < V) continue;
+        /* a token the reference could not be fed (teacher forcing) */
+        return kv_error_set(err, KV_ERR_INPUT, "%s: tokens[step %lld, row %lld]: expected a "
+                            "token id in [0, %lld), found %d", where,
+                            (long long)(i / r->batch), (long long)(i % r->batch), (long long)V,
+                            r->tokens[i]);
     }
     for (int64_t i = 0; i < r->steps * r->batch * r->topk; i++) {
         if (r->topk_ids[i] >= 0 && r->topk_ids[i] < V) continue;
@@ -332,13 +341,70 @@ static int64_t ext_find_twin(const KvReport *rep, int64_t lo, int64_t hi, const 
     return -1;
 }
 
+/* What judging needs besides the report: the model and its name, the
+ * options, and how many forced reference runs were added so far (their
+ * repeat numbers, which keep their labels apart). */
+typedef struct {
+    const KvModel *m;
+    const char *model_name;
+    const KvExternalOptions *o;
+    int64_t n_forced;
+} ExtJudge;
+
+/* After a flip at a near-tie the two runs are fed different tokens, so
+ * the rest of that row says nothing about x. The reference is decoded again
+ * teacher-forced with x's tokens (appended to rep as
+ * "reference~forced/cpu/eager/rN"), and x is judged against it at every
+ * step of every row; *c becomes that comparison, its message saying from
+ * which step of which row the inputs were forced. */
+static KvStatus ext_compare_forced(KvReport *rep, int64_t x, const ExtGroup *g, ExtJudge *j,
+                                   KvComparison *c, KvError *err) {
+    int64_t first_s = -1, first_b = -1;
+    {
+        const KvRun *ref = &rep->runs[g->ref], *run = &rep->runs[x];
+        for (int64_t i = 0; i < run->steps * run->batch && first_s < 0; i++) {
+            if (ref->tokens[i] != run->tokens[i]) {
+                first_s = i / run->batch;
+                first_b = i % run->batch;
+            }
+        }
+    }
+    const KvScenario sc = ext_scenario(&rep->runs[g->ref]);
+    const KvGateOptions go = ext_gate_options(j->o);
+    /* x's tokens: copied, the report's runs array may move as runs are added */
+    const size_t n = (size_t)(rep->runs[x].steps * rep->runs[x].batch);
+    int32_t *forced = malloc((n > 0 ? n : 1) * sizeof *forced);
+    if (forced == NULL) return kv_error_set(err, KV_ERR_INTERNAL, "out of memory");
+    memcpy(forced, rep->runs[x].tokens, n * sizeof *forced);
+    int64_t idx = -1;
+    KvStatus st = kv_gate_run_forced_reference(j->m, j->model_name, &sc, &go, forced, rep, &idx,
+                                               err);
+    free(forced);
+    if (st != KV_OK) return st;
+    KvRun *fr = &rep->runs[idx];
+    snprintf(fr->variant, sizeof fr->variant, "reference~forced");
+    fr->repeat = j->n_forced++;
+    kv_compare_outputs_forced(fr, &rep->runs[x], &g->tol, KV_CMP_REFERENCE, idx, x, c);
+    char note[200];
+    snprintf(note, sizeof note, "; the reference teacher-forced with this run's tokens (row "
+             "%lld flipped at a near-tie at step %lld: forced from step %lld on)",
+             (long long)first_b, (long long)first_s, (long long)first_s + 1);
+    const size_t used = strlen(c->message);
+    snprintf(c->message + used, sizeof c->message - used, "%s", note);
+    return KV_OK;
+}
+
 /* The comparisons of external run x (gate_external.h gives the list). */
 static KvStatus ext_compare_run(KvReport *rep, int64_t x, int64_t lo, int64_t hi,
-                                const ExtGroup *g, KvError *err) {
-    const KvRun *run = &rep->runs[x];
+                                const ExtGroup *g, ExtJudge *j, KvError *err) {
     const KvTolerances *tol = &g->tol;
     KvComparison c;
-    kv_compare_outputs(&rep->runs[g->ref], run, tol, KV_CMP_REFERENCE, g->ref, x, &c);
+    kv_compare_outputs(&rep->runs[g->ref], &rep->runs[x], tol, KV_CMP_REFERENCE, g->ref, x, &c);
+    if (g->skip[0] == '\0' && c.verdict == KV_VERDICT_PASS && c.near_ties > 0) {
+        const KvStatus fst = ext_compare_forced(rep, x, g, j, &c, err);
+        if (fst != KV_OK) return fst;
+    }
+    const KvRun *run = &rep->runs[x];
     if (g->skip[0] != '\0') {
         c.verdict = KV_VERDICT_SKIP;
         c.first_step = c.first_row = c.first_probe = -1;
@@ -370,6 +436,42 @@ static KvStatus ext_compare_run(KvReport *rep, int64_t x, int64_t lo, int64_t hi
         st = kv_gate_add_comparison(rep, &c, err);
     }
     return st;
+}
+
+/* The CPU work of the reference decodes (and, calibrating, each group's
+ * reduction-order members and fp64 shadow, counted as that many more
+ * decodes), refused above KV_GATE_MAX_WORK_FLOP without --allow-large-work
+ * as the matrix gate refuses it: a small file can hold a prompt that runs
+ * for hours. */
+static KvStatus ext_check_work(const ExtRuns *e, const ExtGroup *groups, int64_t n_groups,
+                               const KvModel *m, const KvExternalOptions *o, KvError *err) {
+    KvGateWork w = {0, 0, 0.0};
+    for (int64_t g = 0; g < n_groups; g++) {
+        const KvScenario sc = ext_scenario(&e->runs[groups[g].leader]);
+        KvGateOptions go = ext_gate_options(o);
+        go.custom = &sc;
+        int unit = 0;
+        const KvStatus st = kv_gate_work_add(&m->config, &go, &unit, &w, err);
+        if (st != KV_OK) return st;
+    }
+    /* the members decode as the reference does; the fp64 shadow costs about two */
+    const double per_ref = o->calibrate ? 1.0 + KV_ENSEMBLE_SIZE + 2.0 : 1.0;
+    const double flop = w.flop * per_ref;
+    if (!o->quiet) {
+        printf("work: %lld reference decodes%s, %lld token positions, ~%.3g GFLOP\n",
+               (long long)w.decodes, o->calibrate ? " (and their calibration)" : "",
+               (long long)w.tokens, flop / 1e9);
+    }
+    if (flop > KV_GATE_MAX_WORK_FLOP && !o->allow_large) {
+        return kv_error_set(err, KV_ERR_INPUT, "the external runs' prompt batches are ~%.3g "
+                            "TFLOP of CPU reference work (%lld decodes, %lld token positions), "
+                            "above the %.3g TFLOP that runs without asking; pass "
+                            "--allow-large-work (or --no-calibrate: the calibration is %.0f of "
+                            "every %.0f decodes)", flop / 1e12, (long long)w.decodes,
+                            (long long)w.tokens, KV_GATE_MAX_WORK_FLOP / 1e12, per_ref - 1.0,
+                            per_ref);
+    }
+    return KV_OK;
 }
 
 /* The lines the log opens with: the model, each file, the reference
@@ -455,7 +557,7 @@ static KvStatus ext_append_runs(KvReport *rep, ExtRuns *e, KvError *err) {
  * written (kv_gate_external). *failed says whether a comparison failed. */
 static KvStatus ext_judge(const KvExternalOptions *o, const ExtGroup *groups,
                           const int64_t *group_of, int64_t first_ext, int64_t end_ext,
-                          KvReport *rep, bool *failed, KvError *err) {
+                          ExtJudge *j, KvReport *rep, bool *failed, KvError *err) {
     const int64_t hi = end_ext;
     for (int64_t x = first_ext; x < hi; x++) {
         if (rep->runs[x].skipped) {
@@ -469,7 +571,7 @@ static KvStatus ext_judge(const KvExternalOptions *o, const ExtGroup *groups,
             continue;
         }
         const KvStatus st = ext_compare_run(rep, x, first_ext, hi,
-                                            &groups[group_of[x - first_ext]], err);
+                                            &groups[group_of[x - first_ext]], j, err);
         if (st != KV_OK) return st;
     }
     /* Every comparison is made: large vocabularies now keep only their
@@ -532,6 +634,8 @@ int kv_gate_external(const KvExternalOptions *o) {
     }
     if (st != KV_OK) goto cleanup;
     if (!o->quiet) ext_print_header(o, &e, &m, model_name, rep.model_hash, n_groups);
+    st = ext_check_work(&e, groups, n_groups, &m, o, &err);
+    if (st != KV_OK) goto cleanup;
     st = ext_run_references(&e, groups, n_groups, &m, model_name, o, &rep, &err);
     if (st == KV_OK) st = ext_check_reference_labels(&rep, rep.n_runs, &e, &err);
     if (st != KV_OK) goto cleanup;
@@ -539,7 +643,8 @@ int kv_gate_external(const KvExternalOptions *o) {
     st = ext_append_runs(&rep, &e, &err);
     if (st == KV_OK) st = ext_calibrate(groups, n_groups, &m, model_name, o, &rep, &err);
     if (st == KV_OK) {
-        st = ext_judge(o, groups, group_of, first_ext, end_ext, &rep, &failed, &err);
+        ExtJudge j = {&m, model_name, o, 0};
+        st = ext_judge(o, groups, group_of, first_ext, end_ext, &j, &rep, &failed, &err);
     }
     /* the count line last, once the files are safely written, as in the
      * matrix gate */
@@ -548,6 +653,12 @@ int kv_gate_external(const KvExternalOptions *o) {
     }
     if (st == KV_OK && kv_report_print_counts(&rep, stdout) != KV_OK) {
         st = kv_error_set(&err, KV_ERR_INTERNAL, "cannot print the summary table");
+    }
+    if (st == KV_OK && n_groups == 0) {
+        /* nothing judged is a failure (cmd_gate.c): every run was skipped */
+        printf("FAIL: the gate judged no external run: all %lld were recorded as skipped\n",
+               (long long)e.n);
+        failed = true;
     }
     if (st == KV_OK && failed) rc = KV_EXIT_GATE_FAIL;
 cleanup:

@@ -28,6 +28,7 @@ typedef struct {
     int64_t full_logits_max_vocab;    /* above it the reference runs keep top-k (after all
                                        * comparisons), as in the matrix gate */
     bool quiet, verbose, timings;
+    bool allow_large;                 /* --allow-large-work: above KV_GATE_MAX_WORK_FLOP */
 } KvExternalOptions;
 
 /* Runs the external gate and returns the exit code: 0 when no comparison

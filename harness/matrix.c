@@ -200,8 +200,23 @@ static int64_t gate_candidate_runs(const KvGateOptions *o, bool host_only) {
     return runs;
 }
 
+bool kv_gate_unit_in_shard(const KvGateOptions *o, int64_t u) {
+    return o->shard_n >= 1 && u % o->shard_n == o->shard_i - 1;
+}
+
+/* Counts n planned runs as accounted for (made, or skipped with a reason). */
+static void account_runs(const KvGateOptions *o, int64_t n) {
+    if (o->runs_accounted != NULL) *o->runs_accounted += n;
+}
+
 int64_t kv_gate_runs_per_unit(const KvGateOptions *o) {
     return 1 + (o->calibrate ? KV_ENSEMBLE_SIZE : 0) + gate_candidate_runs(o, false);
+}
+
+int64_t kv_gate_runs_planned_per_unit(const KvGateOptions *o) {
+    const int64_t modes = (o->eager ? 1 : 0) + (o->graph ? 1 : 0);
+    return 1 + (o->calibrate ? KV_ENSEMBLE_SIZE : 0) +
+           (int64_t)o->n_backends * o->n_variants * modes * o->repeats;
 }
 
 void kv_gate_progress_print(const KvGateOptions *o, const char *current, bool final) {
@@ -229,6 +244,7 @@ void kv_gate_progress_print(const KvGateOptions *o, const char *current, bool fi
 
 /* Counts a finished run and shows progress. */
 static void progress_line(const KvGateOptions *o, const KvRun *r) {
+    account_runs(o, 1);
     if (o->progress == KV_PROGRESS_OFF || o->runs_done == NULL) return;
     ++*o->runs_done;
     char cur[320];
@@ -333,6 +349,7 @@ static KvStatus run_candidates(const KvModel *m, const char *model_name, const K
                     run->skipped = true;
                     snprintf(run->skip_reason, sizeof run->skip_reason, "%s",
                              skip[0] != '\0' ? skip : row_skip);
+                    account_runs(o, o->repeats - k);
                     break;
                 }
                 st = run_decode(m, sc, o->variants[v], (KvExecMode)modes[mi], o,
@@ -341,6 +358,7 @@ static KvStatus run_candidates(const KvModel *m, const char *model_name, const K
                     snprintf(skip, skip_len, "%.250s", err->msg);
                     run->skipped = true;
                     snprintf(run->skip_reason, sizeof run->skip_reason, "%s", skip);
+                    account_runs(o, o->repeats - k);
                     st = KV_OK;
                     break;
                 }
@@ -467,7 +485,12 @@ KvStatus kv_gate_calibrate(const KvModel *m, const char *model_name, const KvSce
                            KvTolerances *tol, KvError *err) {
     KvStatus st = KV_OK;
     *tol = o->tol;
-    if (!o->calibrate || !ref_finite) return KV_OK;
+    if (!o->calibrate) return KV_OK;
+    if (!ref_finite) {
+        /* not run, for the reason the reference's failed finite check states */
+        account_runs(o, KV_ENSEMBLE_SIZE);
+        return KV_OK;
+    }
     int64_t members[KV_ENSEMBLE_SIZE];
     double spread = 0.0, each[KV_ENSEMBLE_SIZE];
     for (int i = 0; i < KV_ENSEMBLE_SIZE; i++) {
@@ -546,9 +569,10 @@ KvStatus kv_gate_calibrate(const KvModel *m, const char *model_name, const KvSce
  * makes "the reused state equals a fresh run's" hold for every run. */
 /* A fresh twin run (forced: (steps, B) or NULL) decoded on the CPU
  * reference as run *idx of rep, with its finite check. */
-static KvStatus run_twin(const KvModel *m, const char *model_name, const KvScenario *fresh,
-                         const KvGateOptions *o, const int32_t *forced, KvReport *rep,
-                         int64_t *idx, KvError *err) {
+KvStatus kv_gate_run_forced_reference(const KvModel *m, const char *model_name,
+                                      const KvScenario *fresh, const KvGateOptions *o,
+                                      const int32_t *forced, KvReport *rep, int64_t *idx,
+                                      KvError *err) {
     *idx = kv_gate_add_run(rep);
     if (*idx < 0) return kv_error_set(err, KV_ERR_INTERNAL, "out of memory");
     run_identify(&rep->runs[*idx], model_name, fresh->name, "reference", "cpu", "eager", 0, 0);
@@ -567,7 +591,7 @@ static KvStatus run_fresh_twin(const KvModel *m, const char *model_name, const K
     KvStatus st = kv_scenario_fresh(sc, &fresh, err);
     if (st != KV_OK) return st;
     int64_t idx = -1;
-    st = run_twin(m, model_name, &fresh, o, NULL, rep, &idx, err);
+    st = kv_gate_run_forced_reference(m, model_name, &fresh, o, NULL, rep, &idx, err);
     if (st != KV_OK) goto cleanup;
     KvComparison c;
     kv_compare_fresh(&rep->runs[ref], &rep->runs[idx], sc->switch_step, ref, idx, &c);
@@ -605,7 +629,7 @@ static KvStatus run_shift_twin(const KvModel *m, const char *model_name, const K
     KvStatus st = kv_scenario_shift_fresh(sc, rep->runs[ref].tokens, &fresh, &forced, err);
     if (st != KV_OK) return st;
     int64_t idx = -1;
-    st = run_twin(m, model_name, &fresh, o, forced, rep, &idx, err);
+    st = kv_gate_run_forced_reference(m, model_name, &fresh, o, forced, rep, &idx, err);
     if (st != KV_OK) goto cleanup;
     /* The scenario's own tolerance: the shifted run re-rotates stored keys
      * (RoPE(p), then RoPE(-d)) where the fresh run rotates once (RoPE(p -
@@ -699,7 +723,7 @@ KvStatus kv_gate_work_add(const KvConfig *cfg, const KvGateOptions *o, int *unit
     const int64_t per_unit = 1 + gate_candidate_runs(o, true); /* the reference runs on the CPU */
     const int n = o->custom != NULL ? 1 : o->n_scenarios;
     for (int i = 0; i < n; i++, (*unit)++) {
-        if (*unit % o->shard_n != o->shard_i - 1) continue;
+        if (!kv_gate_unit_in_shard(o, *unit)) continue;
         KvScenario sc = {0};
         const KvScenario *use = o->custom;
         if (use == NULL) {
@@ -750,7 +774,7 @@ KvStatus kv_gate_run_model(const KvModel *m, const char *model_name, const KvGat
                            int *unit, KvReport *rep, KvError *err) {
     const int n = o->custom != NULL ? 1 : o->n_scenarios;
     for (int i = 0; i < n; i++, (*unit)++) {
-        if (*unit % o->shard_n != o->shard_i - 1) continue;
+        if (!kv_gate_unit_in_shard(o, *unit)) continue;
         KvScenario sc = {0};
         KvStatus st = KV_OK;
         const KvScenario *use = o->custom;

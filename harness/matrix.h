@@ -64,15 +64,30 @@ typedef struct {
     double *progress_last;            /* progress: when the last KV_PROGRESS_LINES line was
                                        * printed (CLOCK_MONOTONIC seconds) */
     int64_t runs_total;               /* progress: runs the whole gate will make */
+    int64_t *runs_accounted;          /* planned runs made, or recorded as skipped with a
+                                       * reason (a skipped entry stands for the repeats it
+                                       * ends); NULL: not counted. The gate holds it to
+                                       * the units x kv_gate_runs_planned_per_unit: a run
+                                       * that silently did not happen fails the gate */
     double started;                   /* progress: CLOCK_MONOTONIC seconds at gate start */
     int64_t full_logits_max_vocab;    /* above this vocabulary, runs keep only their top
                                        * KV_TOPK logits per row (after all comparisons) */
     int64_t max_new_tokens;           /* > 0: the scenarios decode at most this many tokens */
 } KvGateOptions;
 
+/* Whether (model, scenario) unit u (counted over all models) is in this
+ * gate's shard: u % shard_n == shard_i - 1. Every count and every run
+ * loop asks this one function. */
+bool kv_gate_unit_in_shard(const KvGateOptions *o, int64_t u);
+
 /* Candidate + reference runs one (model, scenario) unit makes (runs on
  * skipped backends are entries, not runs that take time). */
 int64_t kv_gate_runs_per_unit(const KvGateOptions *o);
+
+/* The runs one unit plans on every selected backend, those that cannot
+ * run included (each is made or recorded as skipped with its reason:
+ * runs_accounted). */
+int64_t kv_gate_runs_planned_per_unit(const KvGateOptions *o);
 
 /* Prints the progress line for the runs done so far (at the end of the
  * gate: the final count), as o->progress says. */
@@ -80,6 +95,15 @@ void kv_gate_progress_print(const KvGateOptions *o, const char *current, bool fi
 
 /* CLOCK_MONOTONIC in seconds (progress and --timings). */
 double kv_gate_now(void);
+
+/* The CPU work the gate runs without --allow-large-work. Measured on 2
+ * cores: the default gate on the tiny fixtures is ~76 GFLOP in 50-80 s
+ * (overhead-bound, ~1.5 GFLOP/s); the ~100M-parameter medium fixtures decode
+ * at ~20 GFLOP/s, and their default gate is ~18 TFLOP (~15 min). Above 20
+ * TFLOP a gate runs for hours, which deserves a conscious choice, not a
+ * config.json whose window (the scenarios are sized in multiples of it)
+ * happens to be 4096 (a tiny model with that window: ~66 TFLOP). */
+#define KV_GATE_MAX_WORK_FLOP 2e13 /* both gates: the matrix and --external */
 
 /* The CPU work a gate will do for one model, stated before it runs. */
 typedef struct {
@@ -111,6 +135,16 @@ KvStatus kv_gate_add_comparison(KvReport *rep, const KvComparison *c, KvError *e
 KvStatus kv_gate_run_reference(const KvModel *m, const char *model_name, const KvScenario *sc,
                                const KvGateOptions *o, KvReport *rep, int64_t *ref,
                                KvComparison *fin, KvError *err);
+
+/* A CPU reference decode of scenario sc teacher-forced with forced ((new
+ * tokens, batch) token ids fed after each step; NULL: free-running),
+ * appended to rep as run *idx (variant "reference", backend cpu, mode
+ * eager) with its finite check: a scenario's fresh twin, or the external
+ * gate's reference fed an external run's tokens. */
+KvStatus kv_gate_run_forced_reference(const KvModel *m, const char *model_name,
+                                      const KvScenario *sc, const KvGateOptions *o,
+                                      const int32_t *forced, KvReport *rep, int64_t *idx,
+                                      KvError *err);
 
 /* kv_tolerances_record of o->tol, with the root max_rel_err's reason
  * saying whether it is used: set by --tol (it overrides calibration), not

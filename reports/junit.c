@@ -26,6 +26,8 @@ static const char *const kv_compare_kind_names[] = {
     [KV_CMP_GRAPH_BUDGET] = "graph_budget",
     [KV_CMP_FRESH] = "fresh_run",
     [KV_CMP_SHIFT] = "shifted_vs_fresh",
+    [KV_CMP_GOLDEN] = "golden",
+    [KV_CMP_SHADOW] = "fp64_shadow",
 };
 
 #define JUNIT_N_KINDS ((int)(sizeof kv_compare_kind_names / sizeof kv_compare_kind_names[0]))

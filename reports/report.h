@@ -105,8 +105,13 @@ typedef enum {
     KV_CMP_SHIFT = 9,     /* a context-shifted state vs a fresh run of the shifted context:
                            * the shift's tolerance + tie-aware tokens (RoPE re-applied to
                            * stored keys is not RoPE recomputed) */
+    KV_CMP_GOLDEN = 10,   /* transformers' committed decode (a) vs the CPU reference fed its
+                           * tokens (b): the golden tolerances + tie-aware tokens; judges the
+                           * reference itself, which every candidate shares */
+    KV_CMP_SHADOW = 11,   /* the reference run (a = b) within KV_FP64_MAX_REL_ERR of its own
+                           * fp64 shadow (shadow64.h): judges the reference itself */
 } KvCompareKind;
-#define KV_CMP_LAST KV_CMP_SHIFT
+#define KV_CMP_LAST KV_CMP_SHADOW
 
 typedef struct {
     KvCompareKind kind;
