@@ -14,6 +14,7 @@
 #include "fixture.h"
 #include "model.h"
 #include "prng.h"
+#include "report.h"
 #include "scenario.h"
 
 static void fixture_usage(FILE *f) {
@@ -24,7 +25,9 @@ static void fixture_usage(FILE *f) {
             "with kvrepro's own PRNG (SplitMix64 streams keyed by tensor name; see\n"
             "reference/prng.h), so the same seed gives the same bytes on every machine.\n"
             "The file is written tensor by tensor (never held whole) to a temporary that\n"
-            "is renamed into place; a full disk or an unwritable DIR leaves nothing behind.\n"
+            "is renamed into place; a full disk or an unwritable DIR leaves nothing behind\n"
+            "(DIR is removed again when this command made it). A name in DIR that is not a\n"
+            "regular file (a directory, a device, a FIFO) is refused.\n"
             "  tiny:   vocab 512, hidden 128, 4 layers, 4 heads / 2 kv heads, head_dim 32,\n"
             "          window 16 (tests)\n"
             "  medium: about 100M parameters (benchmarks; ~400 MB, do not commit)\n"
@@ -170,7 +173,12 @@ int kv_cmd_fixture(int argc, char **argv) {
     KvModel m = {0};
     KvStatus st = kv_fixture_config(family, size, &cfg, &err);
     double t0 = fixture_now();
-    if (st == KV_OK) st = kv_fixture_write_streamed(out, &cfg, seed, dtype, &file_bytes, &err);
+    /* each file through the reports' publish path: an unnamed temporary
+     * (or one created new, never through a link), fsync, rename */
+    if (st == KV_OK) {
+        st = kv_fixture_write_streamed_with(out, &cfg, seed, dtype, kv_report_file_publish_with,
+                                            &file_bytes, &err);
+    }
     if (st == KV_OK) {
         printf("wrote %s/config.json and %s/model.safetensors (%s %s, %s, seed %llu, %" PRIu64
                " bytes, %.1f s)\n",
