@@ -168,6 +168,14 @@ static void string_excerpt(const char *text, size_t open, size_t close, char *bu
 KvStatus kv_file_check_json_text(const char *text, size_t len, const char *where,
                                  KvError *err) {
     const unsigned char *u = (const unsigned char *)text;
+    /* cJSON skips a leading byte-order mark; Python's json.loads refuses it
+     * ("Unexpected UTF-8 BOM"), so transformers cannot read such a file */
+    if (len >= 3 && u[0] == 0xef && u[1] == 0xbb && u[2] == 0xbf) {
+        return kv_error_set(err, KV_ERR_INPUT,
+                            "%s: expected JSON text without a UTF-8 byte-order mark, found "
+                            "the bytes EF BB BF at byte 0 (transformers refuses them too)",
+                            where);
+    }
     for (size_t i = 0; i < len;) {
         size_t n = utf8_sequence_len(u + i, len - i);
         if (n == 0) {

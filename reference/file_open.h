@@ -35,6 +35,8 @@ KvStatus kv_file_read_small(const char *path, size_t max_bytes, char **text, siz
 
 /* Checks len bytes of JSON text for what cJSON accepts but the reference
  * readers refuse or read differently:
+ * - a UTF-8 byte-order mark at the start (cJSON skips it, Python's json
+ *   refuses it);
  * - bytes that are not UTF-8 (RFC 3629: no overlong forms, no surrogates,
  *   nothing above U+10FFFF, no truncated sequence);
  * - a raw control character (below 0x20) inside a string;

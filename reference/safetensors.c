@@ -205,6 +205,73 @@ static int cmp_info_begin(const void *a, const void *b) {
     return strcmp(x->name, y->name);
 }
 
+/* ---- numbers as written ------------------------------------------------ */
+
+/* The next number token at or after *p, in JSON text that cJSON accepted:
+ * outside strings only a number starts with '-' or a digit, and it runs
+ * over [0-9+-.eE] (where strtod would stop earlier cJSON refuses the
+ * text). *p moves past it; *len is 0 at the end of the text. */
+static const char *json_next_number(const char **p, size_t *len) {
+    const char *q = *p;
+    while (*q != '\0' && *q != '-' && !(*q >= '0' && *q <= '9')) {
+        if (*q == '"') {
+            for (q++; *q != '\0' && *q != '"'; q++) {
+                if (*q == '\\' && q[1] != '\0') q++;
+            }
+            if (*q == '\0') break;
+        }
+        q++;
+    }
+    const char *start = q;
+    while (*q != '\0' && strchr("0123456789+-.eE", *q) != NULL) q++;
+    *len = (size_t)(q - start);
+    *p = q;
+    return start;
+}
+
+typedef struct {
+    const char *cursor; /* the header text after the last number visited */
+    const char *lab;
+    KvError *err;
+} NumberWalk;
+
+/* Visits the numbers under node in document order, which is the order of
+ * the text's number tokens (cJSON keeps members in the order read), and
+ * refuses a tensor's shape or data_offsets entry written as a float: 2.0,
+ * 2e0 or -0 is a double equal to an integer to cJSON, but the reference
+ * reader (serde_json into usize) refuses the file. depth: 0 the header, 1 a
+ * tensor entry, 2 its field, 3 an entry of it. */
+static KvStatus st_walk_numbers(NumberWalk *w, const cJSON *node, int depth, const char *tensor,
+                                const char *field, int index) {
+    if (cJSON_IsNumber(node)) {
+        size_t n;
+        const char *tok = json_next_number(&w->cursor, &n);
+        const bool is_float = strcspn(tok, ".eE") < n || (tok[0] == '-' && node->valuedouble == 0.0);
+        if (depth == 3 && field != NULL && is_float) {
+            return kv_error_set(w->err, KV_ERR_INPUT,
+                                "%s: tensor '%s': field '%s[%d]': expected an integer written "
+                                "without a fraction or exponent (safetensors reads shapes and "
+                                "offsets as integers), found %.*s",
+                                w->lab, tensor, field, index, (int)(n > 40 ? 40 : n), tok);
+        }
+        return KV_OK;
+    }
+    int k = 0;
+    for (const cJSON *c = node->child; c != NULL; c = c->next, k++) {
+        const char *t = depth == 0 ? c->string : tensor;
+        const char *f = field;
+        if (depth == 1) {
+            const bool listed = t != NULL && strcmp(t, "__metadata__") != 0 && c->string != NULL &&
+                                (strcmp(c->string, "shape") == 0 ||
+                                 strcmp(c->string, "data_offsets") == 0);
+            f = listed ? c->string : NULL;
+        }
+        KvStatus st = st_walk_numbers(w, c, depth + 1, t, f, k);
+        if (st != KV_OK) return st;
+    }
+    return KV_OK;
+}
+
 /* Validates one tensor entry and fills *info; data_len bounds the offsets. */
 static KvStatus parse_tensor(const cJSON *entry, const char *lab, uint64_t data_len,
                              KvTensorInfo *info, KvError *err) {
@@ -461,6 +528,9 @@ KvStatus kv_st_parse(const uint8_t *bytes, size_t len, const char *label, KvSafe
      * "__metadata__", and each entry's fields (serde refuses a repeated
      * "dtype"; cJSON would read the first). */
     st = kv_file_check_json_keys(root, where, "key", err);
+    if (st != KV_OK) goto cleanup;
+    NumberWalk walk = {.cursor = text, .lab = lab, .err = err};
+    st = st_walk_numbers(&walk, root, 0, NULL, NULL, 0);
     if (st != KV_OK) goto cleanup;
 
     uint64_t data_len = avail - hlen;

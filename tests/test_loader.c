@@ -2451,6 +2451,159 @@ START_TEST(test_converted_map_released) {
 }
 END_TEST
 
+/* ---- issue 32 (items 5 and 7): leniencies of the JSON readers --------- */
+
+/* config.json with a UTF-8 byte-order mark: Python's json.loads refuses it
+ * ("Unexpected UTF-8 BOM"), so transformers cannot load it; cJSON skips it.
+ * Refused by kv_config_parse, kv_config_load (the message names the file)
+ * and, in an index, by the sharded loader. */
+START_TEST(test_config_bom) {
+    static const char bom_cfg[] = "\xef\xbb\xbf{\"model_type\": \"gemma2\", " REQ_FIELDS "}";
+    parse_bad(bom_cfg, "byte-order mark", "t.json");
+    TempDir t;
+    temp_make(&t);
+    temp_write(&t, "config.json", bom_cfg, strlen(bom_cfg));
+    char path[512];
+    temp_path(&t, "config.json", path, sizeof path);
+    KvConfig c;
+    KvError err = {{0}};
+    memset(&c, 0x5A, sizeof c);
+    ck_assert_int_eq(kv_config_load(path, &c, &err), KV_ERR_INPUT);
+    ck_assert_msg(strstr(err.msg, path) != NULL && strstr(err.msg, "byte-order mark") != NULL,
+                  "%s", err.msg);
+    ck_assert(config_is_zero(&c));
+    /* the text without the mark loads */
+    temp_write(&t, "config.json", bom_cfg + 3, strlen(bom_cfg) - 3);
+    ck_assert_msg(kv_config_load(path, &c, &err) == KV_OK, "%s", err.msg);
+    temp_remove_all(&t);
+    /* the check itself: the mark anywhere but at the start is a character
+     * like any other (inside a string) */
+    ck_assert_int_eq(kv_file_check_json_text("{\"a\": \"\xef\xbb\xbf\"}", 12, "w", &err), KV_OK);
+    ck_assert_int_eq(kv_file_check_json_text("\xef\xbb\xbf{}", 5, "w", &err), KV_ERR_INPUT);
+    ck_assert_msg(strstr(err.msg, "w: expected JSON text without a UTF-8 byte-order mark") != NULL,
+                  "%s", err.msg);
+}
+END_TEST
+
+/* A safetensors image whose header is `hdr` (padded with spaces to a
+ * multiple of 8) followed by data_len bytes 0, 1, 2, ... */
+static uint8_t *st_image(const char *hdr, size_t data_len, size_t *len) {
+    size_t h = strlen(hdr), hp = (h + 7) / 8 * 8;
+    *len = 8 + hp + data_len;
+    uint8_t *img = test_alloc(*len);
+    for (int b = 0; b < 8; b++) img[b] = (uint8_t)((uint64_t)hp >> (8 * b));
+    memcpy(img + 8, hdr, h);
+    memset(img + 8 + h, ' ', hp - h);
+    for (size_t i = 0; i < data_len; i++) img[8 + hp + i] = (uint8_t)i;
+    return img;
+}
+
+/* Shapes and data_offsets are integers to the safetensors reference reader
+ * (serde_json into usize): 2.0, 2e0, 0.0 and -0 are floats there and the
+ * file is refused. cJSON reads them as doubles equal to integers; the
+ * reference refuses them too, naming the file, the tensor and the field. */
+START_TEST(test_st_float_numbers) {
+    static const struct {
+        const char *shape, *offsets, *want;
+    } cases[] = {
+        {"[2.0,3]", "[0,24]", "tensor 'w': field 'shape[0]': expected an integer"},
+        {"[2,3.0]", "[0,24]", "field 'shape[1]'"},
+        {"[2,3]", "[0.0,24]", "tensor 'w': field 'data_offsets[0]': expected an integer"},
+        {"[2,3]", "[0,24.0]", "field 'data_offsets[1]'"},
+        {"[2,3]", "[0,2.4e1]", "found 2.4e1"},
+        {"[2e0,3]", "[0,24]", "found 2e0"},
+        {"[2,3]", "[0,24E0]", "found 24E0"},
+        {"[-0,3]", "[0,0]", "found -0"},
+        {"[2,3]", "[-0,24]", "found -0"},
+        {"[2,3]", "[0,24]", NULL},
+        {"[ 2 , 3 ]", "[ 0 , 24 ]", NULL},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char hdr[256];
+        /* numbers elsewhere (metadata strings, other tensors) do not shift
+         * which token is checked */
+        snprintf(hdr, sizeof hdr,
+                 "{\"__metadata__\":{\"n\":\"1.5\"},\"a\":{\"dtype\":\"F32\",\"shape\":[1],"
+                 "\"data_offsets\":[24,28]},\"w\":{\"dtype\":\"F32\",\"shape\":%s,"
+                 "\"data_offsets\":%s}}",
+                 cases[i].shape, cases[i].offsets);
+        size_t len;
+        uint8_t *img = st_image(hdr, 28, &len);
+        KvSafetensors st;
+        KvError err = {{0}};
+        KvStatus s = kv_st_parse(img, len, "f.safetensors", &st, &err);
+        if (cases[i].want == NULL) {
+            ck_assert_msg(s == KV_OK, "case %zu: %s", i, err.msg);
+            kv_st_close(&st);
+        } else {
+            ck_assert_msg(s == KV_ERR_INPUT, "case %zu (shape %s, data_offsets %s) accepted", i,
+                          cases[i].shape, cases[i].offsets);
+            ck_assert_msg(strstr(err.msg, "f.safetensors: ") == err.msg &&
+                              strstr(err.msg, cases[i].want) != NULL,
+                          "case %zu: %s", i, err.msg);
+            ck_assert_ptr_null(st.tensors);
+        }
+        free(img);
+    }
+}
+END_TEST
+
+/* Content after the JSON value: refused in config.json and in the shard
+ * index (Python's json.loads refuses "Extra data"); whitespace is fine. */
+START_TEST(test_trailing_content) {
+    static const char *const tails[] = {" {\"model_type\": \"gemma2\"}", " x", "{}", "\n0",
+                                        " null", "]"};
+    char text[512];
+    for (size_t i = 0; i < sizeof tails / sizeof tails[0]; i++) {
+        snprintf(text, sizeof text, "{\"model_type\": \"gemma2\", " REQ_FIELDS "}%s", tails[i]);
+        parse_bad(text, "t.json: expected only whitespace after the JSON object", "trailing");
+    }
+    snprintf(text, sizeof text, "{\"model_type\": \"gemma2\", " REQ_FIELDS "} \t\r\n ");
+    (void)parse_ok(text);
+
+    char *json;
+    uint8_t *img;
+    size_t len;
+    corpus_base(&json, &img, &len);
+    TempDir t;
+    temp_make(&t);
+    char index[512];
+    temp_path(&t, KV_SHARDS_INDEX_NAME, index, sizeof index);
+    ShardPlan ok = {.n_shards = 2};
+    shard_write(&t, json, img, len, &ok);
+    size_t ilen;
+    uint8_t *itext = read_whole(index, &ilen);
+    for (size_t i = 0; i < sizeof tails / sizeof tails[0]; i++) {
+        char *edited = test_alloc(ilen + strlen(tails[i]) + 1);
+        memcpy(edited, itext, ilen);
+        memcpy(edited + ilen, tails[i], strlen(tails[i]) + 1);
+        temp_write(&t, KV_SHARDS_INDEX_NAME, edited, strlen(edited));
+        sharded_bad(&t, index, "expected only whitespace after the JSON object", "trailing",
+                    NULL);
+        free(edited);
+    }
+    /* the index as written, and with whitespace after it, loads */
+    char *padded = test_alloc(ilen + 8);
+    memcpy(padded, itext, ilen);
+    memcpy(padded + ilen, " \n\t\r\n", 6);
+    temp_write(&t, KV_SHARDS_INDEX_NAME, padded, ilen + 5);
+    KvModel m;
+    KvError err = {{0}};
+    ck_assert_msg(kv_model_load_dir(t.dir, &m, &err) == KV_OK, "%s", err.msg);
+    kv_model_free(&m);
+    /* an index with a byte-order mark: refused like config.json */
+    memcpy(padded, "\xef\xbb\xbf", 3);
+    memcpy(padded + 3, itext, ilen);
+    temp_write(&t, KV_SHARDS_INDEX_NAME, padded, ilen + 3);
+    sharded_bad(&t, index, "byte-order mark", NULL, NULL);
+    free(padded);
+    free(itext);
+    temp_remove_all(&t);
+    free(json);
+    free(img);
+}
+END_TEST
+
 static Suite *loader_suite(void) {
     Suite *s = suite_create("loader");
     TCase *tc = tcase_create("corpus");
@@ -2478,6 +2631,8 @@ static Suite *loader_suite(void) {
     tcase_add_test(tc, test_config_json_fields);
     tcase_add_test(tc, test_config_family_defaults);
     tcase_add_test(tc, test_config_window_list);
+    tcase_add_test(tc, test_config_bom);
+    tcase_add_test(tc, test_trailing_content);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("safetensors");
@@ -2485,6 +2640,7 @@ static Suite *loader_suite(void) {
     tcase_add_test(tc, test_dtype_table);
     tcase_add_test(tc, test_st_roundtrip);
     tcase_add_test(tc, test_st_header_cap);
+    tcase_add_test(tc, test_st_float_numbers);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("scale");
