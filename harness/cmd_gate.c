@@ -21,6 +21,7 @@
 #include "fixture.h"
 #include "gate_external.h"
 #include "gate_output.h"
+#include "golden.h"
 #include "matrix.h"
 #include "model.h"
 #include "mutation.h"
@@ -84,6 +85,10 @@ static void gate_usage(FILE *f) {
             "  --shard I/N       run the I-th of N shards of the (model, scenario) units\n"
             "                    (unit u when u %% N == I - 1); `kvrepro merge` joins the\n"
             "                    N reports\n"
+            "  --goldens DIR     where the transformers goldens are (default: this source\n"
+            "                    tree's fixtures/hf, or $KVREPRO_SOURCE_DIR/fixtures/hf)\n"
+            "  --no-goldens      do not judge the reference against transformers' goldens\n"
+            "                    (by default each built-in fixture's family is)\n"
             "  --allow-empty     accept a shard that holds no unit (exit 0, said so); without\n"
             "                    it a gate that judged nothing fails\n"
             "  --shard auto      take I/N from the environment, the first set of:\n"
@@ -268,6 +273,12 @@ typedef struct {
     const char *report_path, *junit_path, *prompts_path;
     uint64_t seed, max_new;
     bool quiet, verbose, mutation, allow_large, allow_empty;
+    bool no_goldens;           /* --no-goldens: the reference is not judged against
+                                * transformers */
+    const char *goldens_root;  /* --goldens DIR, or NULL: kv_golden_default_root */
+    const char *golden_families[KV_GATE_MAX_MODELS]; /* the families of the built-in
+                                                      * fixtures gated, each once */
+    int n_golden;
     KvMutationPass passes[1 + KV_FAULT_COUNT];
     int n_passes;
     const char *scen_names[KV_GATE_MAX_LIST];
@@ -354,6 +365,13 @@ static bool gate_parse_args(int argc, char **argv, GateArgs *a, KvGateOptions *o
             o->timings = true;
         } else if (strcmp(argv[i], "--no-calibrate") == 0) {
             o->calibrate = false;
+        } else if (strcmp(argv[i], "--no-goldens") == 0) {
+            a->no_goldens = true;
+            gate_note_matrix_opt(a, "--no-goldens");
+        } else if (kv_cli_take(argc, argv, &i, "--goldens", &v, &bad)) {
+            if (bad) break;
+            a->goldens_root = v;
+            gate_note_matrix_opt(a, "--goldens");
         } else if (strcmp(argv[i], "--allow-empty") == 0) {
             a->allow_empty = true;
             gate_note_matrix_opt(a, "--allow-empty");
@@ -687,7 +705,7 @@ static int64_t gate_count_runs(const GateArgs *a, const KvGateOptions *o) {
 static void gate_count_units(const GateArgs *a, const KvGateOptions *o, int64_t *all,
                              int64_t *mine) {
     const int per_model = o->custom != NULL ? 1 : o->n_scenarios;
-    *all = (int64_t)a->n_models * per_model;
+    *all = (int64_t)a->n_models * per_model + a->n_golden;
     *mine = 0;
     for (int64_t u = 0; u < *all; u++) *mine += kv_gate_unit_in_shard(o, u);
 }
@@ -715,7 +733,11 @@ static bool gate_judged_too_little(const GateArgs *a, const KvGateOptions *o,
                  rep->shard, (long long)units);
         return true;
     }
-    const int64_t planned = mine * kv_gate_runs_planned_per_unit(o) * a->n_passes;
+    int64_t golden_mine = 0;
+    for (int g = 0; g < a->n_golden; g++) {
+        golden_mine += kv_gate_unit_in_shard(o, units - a->n_golden + g);
+    }
+    const int64_t planned = (mine - golden_mine) * kv_gate_runs_planned_per_unit(o) * a->n_passes;
     if (accounted != planned) {
         snprintf(why, n, "the gate planned %lld runs but made or skipped with a stated reason "
                  "%lld: the difference was not judged", (long long)planned,
@@ -730,7 +752,7 @@ static bool gate_judged_too_little(const GateArgs *a, const KvGateOptions *o,
             judged++;
         }
     }
-    if (judged == 0) {
+    if (judged == 0 && mine > golden_mine) {
         const char *reason = "";
         for (int64_t r = 0; r < rep->n_runs && reason[0] == '\0'; r++) {
             if (rep->runs[r].skipped) reason = rep->runs[r].skip_reason;
@@ -743,6 +765,56 @@ static bool gate_judged_too_little(const GateArgs *a, const KvGateOptions *o,
     return false;
 }
 
+/* The families whose transformers goldens judge the reference: those of
+ * the built-in fixtures gated, each once, in order (a --model DIR has no
+ * golden; its reference is judged by its fp64 shadow alone). */
+static KvStatus gate_pick_goldens(GateArgs *a, KvError *err) {
+    a->n_golden = 0;
+    for (int i = 0; i < a->n_models && !a->no_goldens; i++) {
+        if (a->model_is_dir[i]) continue;
+        KvFamily fam;
+        KvFixtureSize size;
+        KvStatus st = kv_fixture_lookup(a->models[i], &fam, &size, err);
+        if (st != KV_OK) return st;
+        const char *name = kv_family_name(fam);
+        bool seen = false;
+        for (int g = 0; g < a->n_golden; g++) seen = seen || strcmp(a->golden_families[g], name) == 0;
+        if (!seen) a->golden_families[a->n_golden++] = name;
+    }
+    return KV_OK;
+}
+
+/* The golden units (numbered after every (model, scenario) unit, so the
+ * matrix's shards keep their units), run first: a reference that disagrees
+ * with transformers fails the gate before any candidate is held to it.
+ * Their comparisons belong to the clean pass of a mutation run. */
+static KvStatus gate_run_goldens(GateArgs *a, const KvGateOptions *o, KvReport *rep,
+                                 KvError *err) {
+    char root[1024];
+    if (a->goldens_root != NULL) snprintf(root, sizeof root, "%s", a->goldens_root);
+    else kv_golden_default_root(root, sizeof root);
+    const int per_model = o->custom != NULL ? 1 : o->n_scenarios;
+    const int64_t base = (int64_t)a->n_models * per_model;
+    const int64_t from = rep->n_comparisons;
+    KvStatus st = KV_OK;
+    for (int g = 0; g < a->n_golden && st == KV_OK; g++) {
+        if (!kv_gate_unit_in_shard(o, base + g)) continue;
+        int64_t judged = 0;
+        st = kv_gate_run_golden(root, a->golden_families[g], o, rep, &judged, err);
+        if (st == KV_OK && !a->quiet) {
+            int64_t failed = 0;
+            for (int64_t c = rep->n_comparisons - judged; c < rep->n_comparisons; c++) {
+                failed += rep->comparisons[c].verdict == KV_VERDICT_FAIL;
+            }
+            printf("reference vs transformers golden %s/%s: %lld comparisons, %s\n", root,
+                   a->golden_families[g], (long long)judged,
+                   failed == 0 ? "all agree" : "DISAGREES");
+        }
+    }
+    kv_mutation_account(&a->passes[0], rep, from, rep->n_comparisons);
+    return st;
+}
+
 /* Runs every pass of the matrix on every model into rep; the progress line
  * is closed whether or not a run failed. */
 static KvStatus gate_run_all(GateArgs *a, KvGateOptions *o, KvReport *rep, KvError *err) {
@@ -751,7 +823,7 @@ static KvStatus gate_run_all(GateArgs *a, KvGateOptions *o, KvReport *rep, KvErr
     *o->progress_last = o->started;
     if (!a->mutation) a->passes[0].faults = o->faults;
     for (int p = 0; p < a->n_passes; p++) a->passes[p].first_fail = -1;
-    KvStatus st = KV_OK;
+    KvStatus st = gate_run_goldens(a, o, rep, err);
     int unit = 0;
     for (int i = 0; i < a->n_models && st == KV_OK; i++) {
         st = gate_run_one_model(a, i, o, &unit, rep, err);
@@ -848,6 +920,10 @@ int kv_cmd_gate(int argc, char **argv) {
         return kv_gate_external(&x);
     }
     gate_default_models(&a);
+    if (gate_pick_goldens(&a, &err) != KV_OK) {
+        fprintf(stderr, "kvrepro gate: %s\n", err.msg);
+        return KV_EXIT_USAGE;
+    }
     int64_t runs_done = 0, runs_accounted = 0;
     double progress_last = 0.0;
     o.progress = a.quiet ? KV_PROGRESS_OFF

@@ -480,6 +480,34 @@ KvStatus kv_gate_record_tolerances(const KvGateOptions *o, KvReport *rep, KvErro
     return KV_OK;
 }
 
+/* The reference judged against its fp64 shadow (KV_CMP_SHADOW, a = b =
+ * ref): fails above KV_FP64_MAX_REL_ERR, naming the first step beyond it;
+ * a NaN error (a non-finite reference) fails too. */
+static KvStatus shadow_judge(const KvRun *r, int64_t ref, double fp64, int64_t steps,
+                             KvReport *rep, KvError *err) {
+    KvComparison c;
+    memset(&c, 0, sizeof c);
+    c.kind = KV_CMP_SHADOW;
+    c.run_a = c.run_b = ref;
+    c.first_step = c.first_row = c.first_probe = -1;
+    c.max_rel_err = fp64;
+    if (fp64 <= KV_FP64_MAX_REL_ERR) {
+        c.verdict = KV_VERDICT_PASS;
+        snprintf(c.message, sizeof c.message, "the reference is within %.3g of its fp64 shadow "
+                 "over %lld steps (bound %g)", fp64, (long long)steps, KV_FP64_MAX_REL_ERR);
+        return kv_gate_add_comparison(rep, &c, err);
+    }
+    c.verdict = KV_VERDICT_FAIL;
+    for (int64_t s = 0; s < steps && c.first_step < 0; s++) {
+        if (!(r->fp64_rel_err[s] <= KV_FP64_MAX_REL_ERR)) c.first_step = s;
+    }
+    snprintf(c.message, sizeof c.message, "the reference disagrees with its fp64 shadow: max "
+             "rel err %.3g > %g, first at step %lld (a bug in the reference moves every run "
+             "alike; no tolerance that passes it is honest)", fp64, KV_FP64_MAX_REL_ERR,
+             (long long)c.first_step);
+    return kv_gate_add_comparison(rep, &c, err);
+}
+
 KvStatus kv_gate_calibrate(const KvModel *m, const char *model_name, const KvScenario *sc,
                            const KvGateOptions *o, int64_t ref, bool ref_finite, KvReport *rep,
                            KvTolerances *tol, KvError *err) {
@@ -526,6 +554,8 @@ KvStatus kv_gate_calibrate(const KvModel *m, const char *model_name, const KvSce
     for (int64_t i = shadow_steps; i < r->steps; i++) r->fp64_rel_err[i] = 0.0;
     st = kv_shadow64_rel_error(m, r->batch, r->prompt_len, r->prompt, r->prompt_real,
                                shadow_steps, r->tokens, r->logits, r->fp64_rel_err, &fp64, err);
+    if (st != KV_OK) return st;
+    st = shadow_judge(r, ref, fp64, shadow_steps, rep, err);
     if (st != KV_OK) return st;
     double cal = KV_CAL_SPREAD_MULT * spread;
     if (KV_CAL_FP64_MULT * fp64 > cal) cal = KV_CAL_FP64_MULT * fp64;

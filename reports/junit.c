@@ -28,6 +28,7 @@ static const char *const kv_compare_kind_names[] = {
     [KV_CMP_SHIFT] = "shifted_vs_fresh",
     [KV_CMP_GOLDEN] = "golden",
     [KV_CMP_SHADOW] = "fp64_shadow",
+    [KV_CMP_ROW_ALONE] = "row_alone",
 };
 
 #define JUNIT_N_KINDS ((int)(sizeof kv_compare_kind_names / sizeof kv_compare_kind_names[0]))

@@ -110,8 +110,12 @@ typedef enum {
                            * reference itself, which every candidate shares */
     KV_CMP_SHADOW = 11,   /* the reference run (a = b) within KV_FP64_MAX_REL_ERR of its own
                            * fp64 shadow (shadow64.h): judges the reference itself */
+    KV_CMP_ROW_ALONE = 12, /* each row of a golden's left-padded batch (b, the reference)
+                            * vs the same prompt decoded alone: bitwise (padding only shifts
+                            * slots; RoPE is relative, so only this sees a reference whose
+                            * positions count the pads) */
 } KvCompareKind;
-#define KV_CMP_LAST KV_CMP_SHADOW
+#define KV_CMP_LAST KV_CMP_ROW_ALONE
 
 typedef struct {
     KvCompareKind kind;

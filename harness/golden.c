@@ -1,0 +1,332 @@
+/* golden.c: the reference judged against transformers' committed goldens
+ * (golden.h). */
+#include "golden.h"
+
+#include <hdf5.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "compare.h"
+#include "decode.h"
+#include "model.h"
+#include "prng.h"
+#include "scenario.h"
+
+/* A golden holds tiny decodes: far below this many logits per scenario. */
+#define KV_GOLDEN_MAX_ELEMS ((hsize_t)1 << 26)
+
+void kv_golden_file_free(KvGoldenFile *g) {
+    for (int i = 0; i < g->n; i++) {
+        KvGoldenScenario *s = &g->sc[i];
+        free(s->input_ids);
+        free(s->mask);
+        free(s->tokens);
+        free(s->logits);
+        free(s->margins);
+    }
+    memset(g, 0, sizeof *g);
+}
+
+void kv_golden_default_root(char *out, size_t n) {
+    const char *root = getenv("KVREPRO_SOURCE_DIR");
+    snprintf(out, n, "%s/fixtures/hf", root != NULL && root[0] != '\0' ? root : KV_SOURCE_DIR);
+}
+
+/* Dataset `name` of group gid, of rank `rank`, read as mem_type into a
+ * malloc'd *buf; dims receives its shape. */
+static KvStatus golden_dataset(hid_t gid, const char *path, const char *group, const char *name,
+                               hid_t mem_type, size_t elem, int rank, hsize_t *dims, void **buf,
+                               KvError *err) {
+    KvStatus st = KV_OK;
+    hid_t d = H5I_INVALID_HID, sp = H5I_INVALID_HID;
+    *buf = NULL;
+    if (H5Lexists(gid, name, H5P_DEFAULT) <= 0 || (d = H5Dopen2(gid, name, H5P_DEFAULT)) < 0) {
+        st = kv_error_set(err, KV_ERR_INPUT, "%s: %s/%s: dataset missing", path, group, name);
+        goto cleanup;
+    }
+    sp = H5Dget_space(d);
+    if (sp < 0 || H5Sget_simple_extent_ndims(sp) != rank) {
+        st = kv_error_set(err, KV_ERR_INPUT, "%s: %s/%s: expected rank %d", path, group, name,
+                          rank);
+        goto cleanup;
+    }
+    H5Sget_simple_extent_dims(sp, dims, NULL);
+    hsize_t count = 1;
+    for (int i = 0; i < rank; i++) {
+        if (dims[i] == 0 || dims[i] > KV_GOLDEN_MAX_ELEMS / count) {
+            st = kv_error_set(err, KV_ERR_INPUT, "%s: %s/%s: empty or too large (dimension %d "
+                              "is %llu)", path, group, name, i, (unsigned long long)dims[i]);
+            goto cleanup;
+        }
+        count *= dims[i];
+    }
+    *buf = malloc((size_t)count * elem);
+    if (*buf == NULL) {
+        st = kv_error_set(err, KV_ERR_INTERNAL, "out of memory");
+        goto cleanup;
+    }
+    if (H5Dread(d, mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, *buf) < 0) {
+        st = kv_error_set(err, KV_ERR_INPUT, "%s: %s/%s: cannot be read as %s", path, group,
+                          name, mem_type == H5T_NATIVE_FLOAT ? "float32" : "integers");
+    }
+cleanup:
+    if (st != KV_OK) {
+        free(*buf);
+        *buf = NULL;
+    }
+    if (sp >= 0) H5Sclose(sp);
+    if (d >= 0) H5Dclose(d);
+    return st;
+}
+
+/* Reads /scenarios/<name> into *s and checks its shapes agree. */
+static KvStatus golden_scenario(hid_t file, const char *path, const char *name,
+                                KvGoldenScenario *s, KvError *err) {
+    char group[128];
+    snprintf(group, sizeof group, "/scenarios/%.100s", name);
+    memset(s, 0, sizeof *s);
+    snprintf(s->name, sizeof s->name, "%.63s", name);
+    hid_t gid = H5Gopen2(file, group, H5P_DEFAULT);
+    if (gid < 0) return kv_error_set(err, KV_ERR_INPUT, "%s: %s: not a group", path, group);
+    hsize_t di[2], dm[2], dt[2], dl[3], dg[2];
+    void *p[5] = {NULL, NULL, NULL, NULL, NULL};
+    KvStatus st = golden_dataset(gid, path, group, "input_ids", H5T_NATIVE_INT32, 4, 2, di, &p[0],
+                                 err);
+    if (st == KV_OK) {
+        st = golden_dataset(gid, path, group, "attention_mask", H5T_NATIVE_UINT8, 1, 2, dm, &p[1],
+                            err);
+    }
+    if (st == KV_OK) {
+        st = golden_dataset(gid, path, group, "tokens", H5T_NATIVE_INT32, 4, 2, dt, &p[2], err);
+    }
+    if (st == KV_OK) {
+        st = golden_dataset(gid, path, group, "logits", H5T_NATIVE_FLOAT, 4, 3, dl, &p[3], err);
+    }
+    if (st == KV_OK) {
+        st = golden_dataset(gid, path, group, "margins", H5T_NATIVE_FLOAT, 4, 2, dg, &p[4], err);
+    }
+    H5Gclose(gid);
+    s->input_ids = p[0];
+    s->mask = p[1];
+    s->tokens = p[2];
+    s->logits = p[3];
+    s->margins = p[4];
+    if (st != KV_OK) return st;
+    s->batch = (int64_t)di[0];
+    s->prompt_len = (int64_t)di[1];
+    s->steps = (int64_t)dl[0];
+    s->vocab = (int64_t)dl[2];
+    if (dm[0] != di[0] || dm[1] != di[1] || dt[0] != dl[0] || dt[1] != di[0] ||
+        dl[1] != di[0] || dg[0] != dl[0] || dg[1] != di[0]) {
+        return kv_error_set(err, KV_ERR_INPUT, "%s: %s: the shapes of input_ids, "
+                            "attention_mask, tokens, logits and margins disagree", path, group);
+    }
+    return KV_OK;
+}
+
+/* H5Literate callback: collects group names into a KvGoldenFile's names. */
+typedef struct {
+    char names[KV_GOLDEN_MAX_SCENARIOS][64];
+    int n;
+    bool overflow;
+} GoldenNames;
+
+static herr_t golden_collect(hid_t g, const char *name, const H5L_info_t *info, void *op) {
+    (void)g;
+    (void)info;
+    GoldenNames *gn = op;
+    if (gn->n == KV_GOLDEN_MAX_SCENARIOS) {
+        gn->overflow = true;
+        return 1;
+    }
+    snprintf(gn->names[gn->n++], 64, "%.63s", name);
+    return 0;
+}
+
+KvStatus kv_golden_load(const char *path, KvGoldenFile *g, KvError *err) {
+    memset(g, 0, sizeof *g);
+    H5E_auto2_t old_fn = NULL;
+    void *old_data = NULL;
+    H5Eget_auto2(H5E_DEFAULT, &old_fn, &old_data);
+    H5Eset_auto2(H5E_DEFAULT, NULL, NULL); /* failures are reported here, with the path */
+    KvStatus st = KV_OK;
+    hid_t f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT), sg = H5I_INVALID_HID;
+    GoldenNames gn;
+    memset(&gn, 0, sizeof gn);
+    if (f < 0) {
+        st = kv_error_set(err, KV_ERR_INPUT, "%s: cannot open the transformers golden (pass "
+                          "--goldens DIR, or --no-goldens to gate without judging the "
+                          "reference against transformers)", path);
+        goto cleanup;
+    }
+    sg = H5Gopen2(f, "/scenarios", H5P_DEFAULT);
+    if (sg < 0 || H5Literate(sg, H5_INDEX_NAME, H5_ITER_INC, NULL, golden_collect, &gn) < 0) {
+        st = kv_error_set(err, KV_ERR_INPUT, "%s: /scenarios: missing or unreadable", path);
+        goto cleanup;
+    }
+    if (gn.overflow || gn.n == 0) {
+        st = kv_error_set(err, KV_ERR_INPUT, "%s: /scenarios: expected 1 to %d scenarios, found "
+                          "%s", path, KV_GOLDEN_MAX_SCENARIOS, gn.n == 0 ? "none" : "more");
+        goto cleanup;
+    }
+    for (int i = 0; i < gn.n && st == KV_OK; i++) {
+        st = golden_scenario(f, path, gn.names[i], &g->sc[i], err);
+        g->n = i + 1;
+    }
+cleanup:
+    if (sg >= 0) H5Gclose(sg);
+    if (f >= 0) H5Fclose(f);
+    H5Eset_auto2(H5E_DEFAULT, old_fn, old_data);
+    if (st != KV_OK) kv_golden_file_free(g);
+    return st;
+}
+
+/* transformers' decode of scenario s as a run of rep (its arrays moved
+ * out of s). */
+static KvStatus golden_run(KvGoldenScenario *s, const char *model_name, const char *path,
+                           KvReport *rep, int64_t *idx, KvError *err) {
+    *idx = kv_gate_add_run(rep);
+    if (*idx < 0) return kv_error_set(err, KV_ERR_INTERNAL, "out of memory");
+    KvRun *r = &rep->runs[*idx];
+    const int64_t S = s->steps, B = s->batch, V = s->vocab;
+    snprintf(r->model, sizeof r->model, "%s", model_name);
+    snprintf(r->scenario, sizeof r->scenario, "%s", s->name);
+    snprintf(r->variant, sizeof r->variant, "transformers");
+    snprintf(r->backend, sizeof r->backend, "torch-cpu");
+    snprintf(r->mode, sizeof r->mode, "eager");
+    snprintf(r->engine, sizeof r->engine, "transformers golden %.200s", path);
+    r->steps = S;
+    r->batch = B;
+    r->vocab = V;
+    r->prompt_len = s->prompt_len;
+    r->prompt = s->input_ids;
+    r->prompt_real = s->mask;
+    r->tokens = s->tokens;
+    r->logits = s->logits;
+    r->margins = s->margins;
+    s->input_ids = NULL;
+    s->mask = NULL;
+    s->tokens = NULL;
+    s->logits = NULL;
+    s->margins = NULL;
+    r->logits_hash = malloc((size_t)(S * B) * sizeof *r->logits_hash);
+    if (r->logits_hash == NULL) return kv_error_set(err, KV_ERR_INTERNAL, "out of memory");
+    for (int64_t i = 0; i < S * B; i++) {
+        r->logits_hash[i] = kv_fnv1a(KV_FNV_OFFSET, r->logits + i * V, (size_t)V * sizeof(float));
+    }
+    r->graphs_captured = 0;
+    r->recompiles = -1;
+    r->graph_budget = -1;
+    r->replay_mismatch_step = -1;
+    return KV_OK;
+}
+
+/* Each row of a left-padded batch (run ref of rep, the reference fed
+ * the golden's tokens) against the row's prompt decoded alone, fed the
+ * same tokens: bitwise at every step (KV_CMP_ROW_ALONE, one comparison for
+ * the batch, naming the first row and step that differ). */
+static KvStatus golden_rows_alone(const KvModel *m, const KvReport *rep_ro, int64_t gold,
+                                  int64_t ref, KvComparison *c, KvError *err) {
+    const KvRun *r = &rep_ro->runs[ref];
+    const int64_t B = r->batch, P = r->prompt_len, S = r->steps, V = r->vocab;
+    memset(c, 0, sizeof *c);
+    c->kind = KV_CMP_ROW_ALONE;
+    c->run_a = gold;
+    c->run_b = ref;
+    c->first_step = c->first_row = c->first_probe = -1;
+    c->verdict = KV_VERDICT_PASS;
+    int32_t *forced = malloc((size_t)S * sizeof *forced);
+    if (forced == NULL) return kv_error_set(err, KV_ERR_INTERNAL, "out of memory");
+    KvStatus st = KV_OK;
+    for (int64_t b = 0; b < B && st == KV_OK && c->verdict == KV_VERDICT_PASS; b++) {
+        int64_t first = 0;
+        while (first < P && !r->prompt_real[b * P + first]) first++;
+        for (int64_t s = 0; s < S; s++) forced[s] = r->tokens[s * B + b];
+        const KvDecodeSpec one = {
+            .batch = 1,
+            .prompt_len = P - first,
+            .prompt = r->prompt + b * P + first,
+            .prompt_real = r->prompt_real + b * P + first,
+            .new_tokens = S,
+            .forced = forced,
+        };
+        KvDecodeResult alone;
+        st = kv_decode_greedy(m, &one, &alone, err);
+        if (st != KV_OK) break;
+        for (int64_t s = 0; s < S && c->first_step < 0; s++) {
+            if (memcmp(alone.logits + s * V, r->logits + (s * B + b) * V,
+                       (size_t)V * sizeof(float)) != 0) {
+                c->verdict = KV_VERDICT_FAIL;
+                c->first_step = s;
+                c->first_row = b;
+            }
+        }
+        kv_decode_result_free(&alone);
+    }
+    free(forced);
+    if (c->verdict == KV_VERDICT_PASS) {
+        snprintf(c->message, sizeof c->message, "each of the %lld rows of the left-padded batch "
+                 "is bitwise the same prompt decoded alone", (long long)B);
+    } else {
+        snprintf(c->message, sizeof c->message, "row %lld of the left-padded batch differs from "
+                 "the same prompt decoded alone at step %lld: padding must only shift slots "
+                 "(does the reference count pads in positions?)", (long long)c->first_row,
+                 (long long)c->first_step);
+    }
+    return st;
+}
+
+KvStatus kv_gate_run_golden(const char *root, const char *family, const KvGateOptions *o,
+                            KvReport *rep, int64_t *judged, KvError *err) {
+    char dir[1024], path[1100], model_name[KV_NAME_LEN];
+    snprintf(dir, sizeof dir, "%s/%s", root, family);
+    snprintf(path, sizeof path, "%s/golden.h5", dir);
+    snprintf(model_name, sizeof model_name, "hf/%.40s", family);
+    KvModel m;
+    memset(&m, 0, sizeof m);
+    KvGoldenFile g;
+    KvStatus st = kv_golden_load(path, &g, err);
+    if (st != KV_OK) return st;
+    st = kv_model_load_dir(dir, &m, err);
+    const KvTolerances tol = {KV_GOLDEN_MAX_REL_ERR, KV_GOLDEN_TIE_MARGIN};
+    for (int i = 0; i < g.n && st == KV_OK; i++) {
+        KvGoldenScenario *s = &g.sc[i];
+        if (s->vocab != m.config.vocab_size) {
+            st = kv_error_set(err, KV_ERR_INPUT, "%s: /scenarios/%s/logits: vocabulary %lld, "
+                              "the checkpoint's is %lld", path, s->name, (long long)s->vocab,
+                              (long long)m.config.vocab_size);
+            break;
+        }
+        for (int64_t k = 0; k < s->steps * s->batch && st == KV_OK; k++) {
+            if (s->tokens[k] < 0 || s->tokens[k] >= s->vocab) {
+                st = kv_error_set(err, KV_ERR_INPUT, "%s: /scenarios/%s/tokens: id %d outside "
+                                  "the vocabulary", path, s->name, s->tokens[k]);
+            }
+        }
+        if (st != KV_OK) break;
+        /* the reference fed transformers' tokens: one flip at a near-tie
+         * does not derail the rest of the comparison */
+        const int32_t *forced = s->tokens;
+        KvScenario sc = {.batch = s->batch, .prompt_len = s->prompt_len, .prompt = s->input_ids,
+                         .real = s->mask, .new_tokens = s->steps};
+        snprintf(sc.name, sizeof sc.name, "%s", s->name);
+        int64_t ref = -1, gold = -1;
+        st = kv_gate_run_forced_reference(&m, model_name, &sc, o, forced, rep, &ref, err);
+        if (st == KV_OK) st = golden_run(s, model_name, path, rep, &gold, err);
+        if (st != KV_OK) break;
+        KvComparison c;
+        kv_compare_outputs_forced(&rep->runs[gold], &rep->runs[ref], &tol, KV_CMP_GOLDEN, gold,
+                                  ref, &c);
+        st = kv_gate_add_comparison(rep, &c, err);
+        ++*judged;
+        if (st != KV_OK || rep->runs[ref].batch < 2) continue;
+        /* the logits must be full: this runs before any top-k trimming */
+        st = golden_rows_alone(&m, rep, gold, ref, &c, err);
+        if (st == KV_OK) st = kv_gate_add_comparison(rep, &c, err);
+        ++*judged;
+    }
+    kv_golden_file_free(&g);
+    kv_model_free(&m);
+    return st;
+}
