@@ -466,7 +466,12 @@ static KvStatus parse_gpt_oss_rope(const ConfigCtx *c, KvConfig *cfg) {
         }
     }
     if (!cfg->rope_yarn) {
+        /* YaRN's parameters mean nothing here: one value for them, so that
+         * a config written back (which leaves them out) reads the same */
         cfg->rope_attention_factor = 1.0;
+        cfg->rope_factor = cfg->rope_beta_fast = cfg->rope_beta_slow = 0.0;
+        cfg->rope_orig_max_pos = 0.0;
+        cfg->rope_truncate = false;
     } else if (cfg->rope_attention_factor == 0.0) {
         cfg->rope_attention_factor =
             cfg->rope_factor <= 1.0 ? 1.0 : 0.1 * log(cfg->rope_factor) + 1.0;
