@@ -35,15 +35,7 @@ import torch
 from transformers import DynamicCache, StaticCache
 from transformers.cache_utils import Cache, CacheLayerMixin, StaticLayer
 
-LAYERS = ("static_sliding", "dynamic_sliding", "dynamic_sliding_md", "index_copy", "cat_shift", "roll",
-          "always_roll")
-# Deliberately broken layers, for the harness's own tests (they must be caught):
-#   always_roll_off_by_one  the right-aligned mapping computed from the count
-#                           before the update: real_pos = seen - W + slot, so
-#                           every slot is claimed one position early and the
-#                           oldest key of a full window is masked out
-#   index_copy_first_w      a prefill longer than W stores its first W rows
-BROKEN = ("always_roll_off_by_one", "index_copy_first_w")
+from .names import BROKEN, LAYERS  # noqa: F401 (re-exported: the tests import them from here)
 
 # The most decode graphs each layer needs by design (DESIGN §3): one for a
 # branchless update, two for a host regime branch (filling, full), none

@@ -36,10 +36,9 @@ from . import __version__
 from .caches import (GRAPH_BUDGET, CacheSetup, SlidingLayer, make_cache, mark_growing_dims,
                      visible_cache_rows)
 from .fnv import fnv1a64_rows
+from .names import IMPLS, MODES  # noqa: F401 (re-exported)
 from .report import Run, margins_of
 
-MODES = ("eager", "compile", "reduce-overhead")
-IMPLS = ("eager", "sdpa", "flex_attention")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 

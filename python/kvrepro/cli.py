@@ -3,11 +3,12 @@
   kvrepro-hf capture --model DIR --prompts FILE --max-new-tokens N
                      [--cache LAYER[,LAYER...]] [--mode MODE[,MODE...]]
                      [--attn IMPL[,IMPL...]] [--dtype fp32|bf16] [--repeats R]
-                     [--scenario NAME] [--device cpu|cuda] [--threads T] --out RUN.h5
+                     [--scenario NAME] [--device cpu|cuda[:N]] [--threads T] --out RUN.h5
   kvrepro-hf plot REPORT.h5 --out DIR [--window W]
 
 Exit codes: 0 done, 2 bad input or usage (a message naming the file and
-field), 3 internal error.
+field), 3 internal error. Every argument is checked, against the bounds in
+kvrepro/names.py, before a model is loaded.
 """
 
 from __future__ import annotations
@@ -15,89 +16,211 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
+from collections.abc import Callable, Sequence
+from typing import Any
 
-from .caches import BROKEN, LAYERS
 from .errors import InputError
+from .files import check_out_dir, check_writable, open_regular, read_regular, same_file
+from .names import (BROKEN, DTYPE_NAMES, IMPLS, LAYERS, MAX_CONFIG_BYTES, MAX_CUDA_INDEX, MAX_NAME_BYTES,
+                    MAX_NEW_TOKENS, MAX_PROMPT_LEN, MAX_PROMPT_ROWS, MAX_PROMPTS_BYTES, MAX_REPEATS,
+                    MAX_THREADS, MAX_WINDOW, MODES)
 
 EXIT_INPUT = 2
 
 
-def _list(text: str, allowed: tuple[str, ...], what: str) -> list[str]:
-    items = [t.strip() for t in text.split(",")]
-    seen = set()
-    for t in items:
-        if t not in allowed:
-            raise InputError(f"--{what}: unknown name {t!r}: expected one of {', '.join(allowed)}")
-        if t in seen:
-            raise InputError(f"--{what}: {t!r} given twice")
-        seen.add(t)
-    return items
+# ---------------------------------------------------------------- argument types
+# Each is an argparse type: a bad value ends in argparse's one-line error
+# ("kvrepro-hf capture: error: argument --threads: ...") and exit 2.
+
+def _int_in(lo: int, hi: int, what: str) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        # digits only: int() would also take " 5", "+5" and "1_000"
+        if not re.fullmatch(r"-?[0-9]{1,20}", text):
+            raise argparse.ArgumentTypeError(f"expected an integer {lo} <= N <= {hi} ({what}), found {text!r}")
+        v = int(text)
+        if not lo <= v <= hi:
+            raise argparse.ArgumentTypeError(f"expected {lo} <= N <= {hi} ({what}), found {v}")
+        return v
+    return parse
 
 
-def read_prompts(path: str) -> list[list[int]]:
-    """A JSON array of non-empty arrays of token ids (the C gate's --prompts format)."""
+def _path(text: str) -> str:
+    if not text:
+        raise argparse.ArgumentTypeError("expected a path, found an empty string")
+    return text
+
+
+def _names(allowed: tuple[str, ...]) -> Callable[[str], list[str]]:
+    def parse(text: str) -> list[str]:
+        items = [t.strip() for t in text.split(",")]
+        seen = set()
+        for t in items:
+            if t not in allowed:
+                raise argparse.ArgumentTypeError(f"unknown name {t!r}: expected one of {', '.join(allowed)}")
+            if t in seen:
+                raise argparse.ArgumentTypeError(f"{t!r} given twice")
+            seen.add(t)
+        return items
+    return parse
+
+
+def check_name(text: str, what: str) -> str:
+    """A name stored in a 64-byte schema field: 1 to 63 bytes of UTF-8,
+    printable (no control characters)."""
+    n = len(text.encode("utf-8", "surrogateescape"))
+    if n == 0:
+        raise InputError(f"{what}: expected a name, found an empty string")
+    if n > MAX_NAME_BYTES:
+        raise InputError(f"{what}: {text[:40]!r}... is {n} bytes, the report's field holds {MAX_NAME_BYTES}")
+    if not text.isprintable():
+        raise InputError(f"{what}: {text!r}: expected printable characters")
     try:
-        with open(path, "rb") as f:
-            data = json.loads(f.read())
-    except OSError as e:
-        raise InputError(f"{path}: cannot read: {e.strerror}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InputError(f"{what}: {text!r}: not valid UTF-8") from None
+    return text
+
+
+def _scenario(text: str) -> str:
+    try:
+        return check_name(text, "expected a scenario name")
+    except InputError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix("expected a scenario name: ")) from None
+
+
+def check_device(text: str) -> str:
+    """cpu, cuda or cuda:N, as torch spells them (checked again once torch
+    is loaded: is the device there)."""
+    m = re.fullmatch(r"cpu|cuda(?::([0-9]{1,4}))?", text)
+    if m is None or (m.group(1) is not None and int(m.group(1)) > MAX_CUDA_INDEX):
+        raise argparse.ArgumentTypeError(f"expected cpu, cuda or cuda:N (0 <= N <= {MAX_CUDA_INDEX}), "
+                                         f"found {text!r}")
+    return text
+
+
+class _Once(argparse.Action):
+    """Stores the value; an option given twice is refused (silently keeping
+    the last would hide a typo in a long command line)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        given = f"_given_{self.dest}"
+        if getattr(namespace, given, False):
+            parser.error(f"argument {option_string}: given twice")
+        setattr(namespace, given, True)
+        setattr(namespace, self.dest, values)
+
+
+# ---------------------------------------------------------------- inputs
+
+def parse_prompts(path: str, data: bytes) -> list[list[int]]:
+    """A JSON array of non-empty arrays of token ids (the C gate's --prompts
+    format), within the reader's bounds."""
+    try:
+        rows = json.loads(data)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:   # trailing content included
         raise InputError(f"{path}: not JSON: {e}") from None
-    if not isinstance(data, list) or not data:
+    except RecursionError:
+        raise InputError(f"{path}: not a prompts file: arrays nested too deeply") from None
+    if not isinstance(rows, list) or not rows:
         raise InputError(f"{path}: expected a non-empty JSON array of token-id arrays")
-    for i, row in enumerate(data):
+    if len(rows) > MAX_PROMPT_ROWS:
+        raise InputError(f"{path}: {len(rows)} prompts, above the {MAX_PROMPT_ROWS} rows a run may have")
+    for i, row in enumerate(rows):
         if not isinstance(row, list) or not row:
             raise InputError(f"{path}: prompt {i}: expected a non-empty array of token ids")
+        if len(row) > MAX_PROMPT_LEN:
+            raise InputError(f"{path}: prompt {i}: {len(row)} tokens, above the {MAX_PROMPT_LEN} a "
+                             "prompt may have")
         for j, t in enumerate(row):
             if not isinstance(t, int) or isinstance(t, bool) or t < 0 or t > 2**31 - 1:
                 raise InputError(f"{path}: prompt {i} token {j}: expected a token id (integer >= 0)")
-    return data
+    return rows
+
+
+def read_prompts(path: str) -> list[list[int]]:
+    """The prompts file: a regular file (a FIFO would block the read, a
+    device never end it) of at most MAX_PROMPTS_BYTES."""
+    return parse_prompts(path, read_regular(path, MAX_PROMPTS_BYTES, "prompts"))
+
+
+def read_model_config(path: str) -> dict[str, Any]:
+    """DIR/config.json, as a JSON object (transformers reads the rest)."""
+    if not os.path.isdir(path):
+        raise InputError(f"{path}: not a directory")
+    cfg = os.path.join(path, "config.json")
+    if not os.path.lexists(cfg):
+        raise InputError(f"{cfg}: missing")
+    data = read_regular(cfg, MAX_CONFIG_BYTES, "config.json")
+    try:
+        obj = json.loads(data)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise InputError(f"{cfg}: not JSON: {e}") from None
+    except RecursionError:
+        raise InputError(f"{cfg}: not a config: objects nested too deeply") from None
+    if not isinstance(obj, dict):
+        raise InputError(f"{cfg}: expected a JSON object")
+    return obj
 
 
 def check_model_dir(path: str) -> None:
-    cfg = os.path.join(path, "config.json")
-    if not os.path.isdir(path):
-        raise InputError(f"{path}: not a directory")
-    if not os.path.isfile(cfg):
-        raise InputError(f"{cfg}: missing")
+    read_model_config(path)
 
 
-def cmd_capture(args: argparse.Namespace) -> int:
+def _check_out_not_input(out: str, inputs: Sequence[str]) -> None:
+    for path in inputs:
+        if same_file(out, path):
+            raise InputError(f"{out}: is an input of this capture ({path}): choose another --out")
+
+
+def _check_device_present(device: str) -> None:
     import torch
 
-    from .capture import IMPLS, MODES, CaptureSpec, capture, load_or_refusal, root_attributes, skip_runs
-    from .report import write_report
+    if not device.startswith("cuda"):
+        return
+    if not torch.cuda.is_available():
+        raise InputError(f"--device {device}: no CUDA device here (torch.cuda.is_available() is false)")
+    index = int(device.split(":")[1]) if ":" in device else 0
+    if index >= torch.cuda.device_count():
+        raise InputError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s)")
 
-    layers = _list(args.cache, LAYERS + BROKEN, "cache")
-    modes = _list(args.mode, MODES, "mode")
-    impls = _list(args.attn, IMPLS, "attn")
-    if args.max_new_tokens < 1:
-        raise InputError("--max-new-tokens: expected N >= 1")
-    if args.repeats < 1:
-        raise InputError("--repeats: expected R >= 1")
-    check_model_dir(args.model)
+
+# ---------------------------------------------------------------- commands
+
+def cmd_capture(args: argparse.Namespace) -> int:
+    # Everything that can be checked without torch first: a bad command
+    # line costs no import and no model load.
+    check_writable(args.out, "--out")
+    config = read_model_config(args.model)
+    model_name = os.path.basename(os.path.abspath(args.model))
+    check_name(model_name, f"{args.model}: the model's name (its directory's)")
     prompts = read_prompts(args.prompts)
-    out_dir = os.path.dirname(os.path.abspath(args.out))
-    if not os.path.isdir(out_dir) or not os.access(out_dir, os.W_OK):
-        raise InputError(f"{args.out}: cannot create: directory {out_dir} is not writable")
-    if os.path.isdir(args.out):
-        raise InputError(f"{args.out}: cannot create: is a directory")
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    scenario = args.scenario or os.path.splitext(os.path.basename(args.prompts))[0]
-    with open(os.path.join(args.model, "config.json"), encoding="utf-8") as f:
-        vocab = json.load(f).get("vocab_size")
+    scenario = args.scenario or check_name(os.path.splitext(os.path.basename(args.prompts))[0],
+                                           f"{args.prompts}: the scenario's name (give --scenario)")
+    vocab = config.get("vocab_size")
     for i, row in enumerate(prompts):
         for j, t in enumerate(row):
             if isinstance(vocab, int) and t >= vocab:
                 raise InputError(f"{args.prompts}: prompt {i} token {j}: id {t} is not below the "
                                  f"model's vocab_size {vocab} ({args.model}/config.json)")
+    model_files = [os.path.join(args.model, n) for n in os.listdir(args.model)]
+    _check_out_not_input(args.out, [args.prompts, *model_files])
+
+    import torch
+
+    from .capture import CaptureSpec, capture, load_or_refusal, root_attributes, skip_runs
+    from .report import write_report
+
+    _check_device_present(args.device)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     runs = []
-    for impl in impls:
+    for impl in args.attn:
         model, refusal = None, ""
-        for layer in layers:
-            for mode in modes:
+        for layer in args.cache:
+            for mode in args.mode:
                 spec = CaptureSpec(model_dir=args.model, prompts=prompts, scenario=scenario,
                                    new_tokens=args.max_new_tokens, layer=layer, mode=mode, impl=impl,
                                    dtype=args.dtype, repeats=args.repeats, device=args.device)
@@ -122,38 +245,67 @@ def cmd_capture(args: argparse.Namespace) -> int:
     return 0
 
 
+# plot's figures (plot.FIGURES, without importing matplotlib for the checks)
+FIGURES = ("error_vs_reference.png", "divergence_map.png", "graphs_per_decode.png")
+
+
 def cmd_plot(args: argparse.Namespace) -> int:
+    # the checks that need neither h5py nor matplotlib first (plot_report
+    # makes them again): a bad command line is refused at once
+    os.close(open_regular(args.report, "report"))
+    check_out_dir(args.out, FIGURES, "--out")
+
+    from .plot import FIGURES as PLOT_FIGURES
     from .plot import plot_report
+
+    assert PLOT_FIGURES == FIGURES
 
     for path in plot_report(args.report, args.out, window=args.window):
         print(path)
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="kvrepro-hf", description=__doc__,
+def build_parser() -> argparse.ArgumentParser:
+    """The command line; every option has a type that bounds it (the test
+    test_cli_errors runs each with bad values)."""
+    ap = argparse.ArgumentParser(prog="kvrepro-hf", description=__doc__, allow_abbrev=False,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
-    c = sub.add_parser("capture", help="record greedy decodes as kvrepro runs")
-    c.add_argument("--model", required=True, help="Hugging Face checkpoint directory")
-    c.add_argument("--prompts", required=True, help="JSON array of token-id arrays (left-padded batch)")
-    c.add_argument("--max-new-tokens", type=int, required=True)
-    c.add_argument("--cache", default=",".join(LAYERS),
+    c = sub.add_parser("capture", help="record greedy decodes as kvrepro runs", allow_abbrev=False)
+    c.add_argument("--model", required=True, type=_path, action=_Once, help="Hugging Face checkpoint directory")
+    c.add_argument("--prompts", required=True, type=_path, action=_Once,
+                   help="JSON array of token-id arrays (left-padded batch), a regular file of at most "
+                        f"{MAX_PROMPTS_BYTES >> 20} MiB, {MAX_PROMPT_ROWS} rows of {MAX_PROMPT_LEN} tokens")
+    c.add_argument("--max-new-tokens", type=_int_in(1, MAX_NEW_TOKENS, "longer than any model's context"),
+                   required=True, action=_Once, metavar="N")
+    c.add_argument("--cache", default=list(LAYERS), type=_names(LAYERS + BROKEN), action=_Once,
                    help=f"comma-separated: {', '.join(LAYERS)} (default all); test-only: {', '.join(BROKEN)}")
-    c.add_argument("--mode", default="eager", help="comma-separated: eager, compile, reduce-overhead")
-    c.add_argument("--attn", default="eager", help="comma-separated: eager, sdpa, flex_attention")
-    c.add_argument("--dtype", default="fp32", choices=("fp32", "bf16"))
-    c.add_argument("--repeats", type=int, default=1)
-    c.add_argument("--scenario", default="", help="scenario name (default: the prompts file's name)")
-    c.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
-    c.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1; 0 = torch's default)")
-    c.add_argument("--out", required=True, help="report to write (HDF5, docs/SCHEMA.md)")
-    p = sub.add_parser("plot", help="render a report's runs as PNGs")
-    p.add_argument("report")
-    p.add_argument("--out", required=True, help="directory for the PNGs")
-    p.add_argument("--window", type=int, default=None, metavar="W",
+    c.add_argument("--mode", default=["eager"], type=_names(MODES), action=_Once,
+                   help=f"comma-separated: {', '.join(MODES)}")
+    c.add_argument("--attn", default=["eager"], type=_names(IMPLS), action=_Once,
+                   help=f"comma-separated: {', '.join(IMPLS)}")
+    c.add_argument("--dtype", default="fp32", choices=DTYPE_NAMES, action=_Once)
+    c.add_argument("--repeats", type=_int_in(1, MAX_REPEATS, "runs per variant and mode"), default=1,
+                   action=_Once, metavar="R")
+    c.add_argument("--scenario", default=None, type=_scenario, action=_Once,
+                   help=f"scenario name, at most {MAX_NAME_BYTES} bytes (default: the prompts file's name)")
+    c.add_argument("--device", default="cpu", type=check_device, action=_Once, help="cpu or cuda[:N]")
+    c.add_argument("--threads", type=_int_in(0, MAX_THREADS, "torch CPU threads; 0 = torch's default"),
+                   default=1, action=_Once, metavar="T",
+                   help="torch CPU threads (default 1; 0 = torch's default)")
+    c.add_argument("--out", required=True, type=_path, action=_Once,
+                   help="report to write (HDF5, docs/SCHEMA.md): a new name or a regular file")
+    p = sub.add_parser("plot", help="render a report's runs as PNGs", allow_abbrev=False)
+    p.add_argument("report", type=_path)
+    p.add_argument("--out", required=True, type=_path, action=_Once, help="directory for the PNGs")
+    p.add_argument("--window", type=_int_in(1, MAX_WINDOW, "a sliding window"), default=None, metavar="W",
+                   action=_Once,
                    help="sliding window W, for runs without a 'window' attribute (marks where the window is full)")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     try:
         return cmd_capture(args) if args.cmd == "capture" else cmd_plot(args)
     except InputError as e:

@@ -46,6 +46,8 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
 from .errors import InputError
+from .files import check_out_dir, check_writable, open_regular, publish, same_file
+from .names import MAX_WINDOW
 
 SCHEMA_VERSION = 1
 # An exact zero has no place on a log axis: errors below this are drawn at it
@@ -66,6 +68,7 @@ MAP_LABELS = ("no data (step not recorded / not comparable)",
 # A figure taller than this (inches) gets thinner rows instead; matplotlib
 # refuses images above 2^16 pixels a side.
 MAX_HEIGHT_IN = 150.0
+FIGURES = ("error_vs_reference.png", "divergence_map.png", "graphs_per_decode.png")
 
 
 # ---------------------------------------------------------------- pure math
@@ -230,10 +233,8 @@ class _Reader:
 
     def __init__(self, path: str) -> None:
         self.path = path
-        if not os.path.exists(path):
-            raise InputError(f"{path}: cannot open: no such file")
-        if os.path.isdir(path):
-            raise InputError(f"{path}: cannot open: is a directory")
+        # a FIFO would block the open, a device be read as a file
+        os.close(open_regular(path, "report"))
         try:
             self.f = h5py.File(path, "r")
         except OSError as e:
@@ -473,17 +474,12 @@ def _skipped_lines(groups: list[Group], width: int) -> list[str]:
 
 
 def _save(fig: Figure, out_dir: str, name: str) -> str:
-    """Written through a temporary name and a rename, as the reports are: a
-    failed write never leaves a file that looks like a figure."""
+    """Written through files.publish, as the reports are: a failed write
+    never leaves a file that looks like a figure, and a link at the name is
+    replaced, never written through."""
     path = os.path.join(out_dir, name)
-    tmp = f"{path}.tmp-{os.getpid()}"
-    try:
-        fig.savefig(tmp, format="png", dpi=DPI, metadata={"Software": None})
-        os.replace(tmp, path)
-    except OSError as e:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise InputError(f"{path}: cannot write: {e.strerror or e}") from None
+    publish(path, lambda f: fig.savefig(f, format="png", dpi=DPI, metadata={"Software": None}),
+            "--out")
     return path
 
 
@@ -651,7 +647,7 @@ def _error_figure(rd: _Reader, groups: list[Group], cmp: dict[int, Comparison], 
                frameon=False, title="run (variant/backend/mode/repeat)", title_fontsize=8,
                alignment="left")
     _footnote(fig, foot, 0.1, height)
-    return _save(fig, out_dir, "error_vs_reference.png")
+    return _save(fig, out_dir, FIGURES[0])
 
 
 def _map_figure(rd: _Reader, groups: list[Group], cmp: dict[int, Comparison], out_dir: str) -> str:
@@ -722,7 +718,7 @@ def _map_figure(rd: _Reader, groups: list[Group], cmp: dict[int, Comparison], ou
         ax.text(0.5, 0.5, f"no recorded (not skipped) runs in {rd.path}", ha="center",
                 va="center", fontsize=12, transform=ax.transAxes)
     _footnote(fig, foot, 0.1, height)
-    return _save(fig, out_dir, "divergence_map.png")
+    return _save(fig, out_dir, FIGURES[1])
 
 
 def _map_labels(g: Group, cmp: dict[int, Comparison]) -> list[str]:
@@ -761,7 +757,7 @@ def _graphs_figure(rd: _Reader, groups: list[Group], out_dir: str) -> str:
         ax.text(0.5, 0.5, f"no compiled runs in {rd.path}", ha="center", va="center",
                 fontsize=13, transform=ax.transAxes)
         _footnote(fig, foot, 0.1, height)
-        return _save(fig, out_dir, "graphs_per_decode.png")
+        return _save(fig, out_dir, FIGURES[2])
     y = np.arange(len(compiled))
     graphs = np.array([r.graphs_captured for r in compiled])
     over = np.array([r.graph_budget is not None and r.graphs_captured > r.graph_budget
@@ -795,18 +791,19 @@ def _graphs_figure(rd: _Reader, groups: list[Group], out_dir: str) -> str:
                loc="upper center", bbox_to_anchor=(0.5, 1 - 0.55 / height), ncol=4, fontsize=8,
                frameon=False)
     _footnote(fig, foot, 0.1, height)
-    return _save(fig, out_dir, "graphs_per_decode.png")
+    return _save(fig, out_dir, FIGURES[2])
 
 
 def _out_dir(out_dir: str) -> None:
+    check_out_dir(out_dir, FIGURES, "--out")
     try:
         os.makedirs(out_dir, exist_ok=True)
     except FileExistsError:
         raise InputError(f"{out_dir}: cannot create: not a directory") from None
     except OSError as e:
         raise InputError(f"{out_dir}: cannot create: {e.strerror or e}") from None
-    if not os.access(out_dir, os.W_OK | os.X_OK):
-        raise InputError(f"{out_dir}: cannot write: directory is not writable")
+    for name in FIGURES:
+        check_writable(os.path.join(out_dir, name), "--out")
 
 
 def plot_report(report_path: str, out_dir: str, window: int | None = None) -> list[str]:
@@ -815,10 +812,16 @@ def plot_report(report_path: str, out_dir: str, window: int | None = None) -> li
     and returns their paths. window is the sliding window W for reports
     whose runs carry no `window` attribute. Bad input raises InputError
     naming the file and field."""
+    if window is not None and not 1 <= window <= MAX_WINDOW:
+        raise InputError(f"--window: expected 1 <= W <= {MAX_WINDOW}, found {window}")
     rd = _Reader(report_path)
     try:
         rd.check_root()      # a bad report is refused before out_dir is created
         _out_dir(out_dir)
+        for name in FIGURES:   # a figure written over the report it draws
+            if same_file(report_path, os.path.join(out_dir, name)):
+                raise InputError(f"{os.path.join(out_dir, name)}: is the report being plotted "
+                                 f"({report_path}): choose another --out")
         groups, cmp = _load(rd, window)
         return [_error_figure(rd, groups, cmp, out_dir), _map_figure(rd, groups, cmp, out_dir),
                 _graphs_figure(rd, groups, out_dir)]
@@ -843,8 +846,8 @@ def load_comparisons(report_path: str, window: int | None = None
 
 
 def _load(rd: _Reader, window: int | None) -> tuple[list[Group], dict[int, Comparison]]:
-    if window is not None and window < 1:
-        raise InputError(f"--window: expected W >= 1, found {window}")
+    if window is not None and not 1 <= window <= MAX_WINDOW:
+        raise InputError(f"--window: expected 1 <= W <= {MAX_WINDOW}, found {window}")
     rd.check_root()
     groups = _groups(rd.runs(), window)
     cmp: dict[int, Comparison] = {}

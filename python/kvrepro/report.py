@@ -10,12 +10,13 @@ integers and floats of the stated widths.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from dataclasses import dataclass, field
+from typing import BinaryIO
 
 import h5py
 import numpy as np
+
+from .files import publish
 
 SCHEMA_VERSION = 1
 # Above this vocabulary a run keeps each row's TOPK largest logits and the
@@ -97,21 +98,18 @@ def margins_of(logits: np.ndarray) -> np.ndarray:
 
 
 def write_report(path: str, runs: list[Run], root: dict[str, str | int]) -> None:
-    """Writes runs to path through a temporary file in the same directory and
-    a rename, so that a failure never leaves a file that looks complete."""
-    directory = os.path.dirname(os.path.abspath(path))
-    if os.path.isdir(path):
-        raise OSError(f"{path}: cannot create: is a directory")
-    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".tmp-", dir=directory)
-    os.close(fd)
-    try:
-        with h5py.File(tmp, "w", libver=("v108", "v108"), track_order=True) as f:
+    """Writes runs to path through files.publish: path is untouched or
+    complete, never written through a link, and a path that is not a
+    regular file (a device, a FIFO, a directory) is refused. A failure of
+    the destination raises InputError naming path."""
+
+    def write(fobj: BinaryIO) -> None:
+        # HDF5 through the file object: the temporary publish created is
+        # the file written, never a name opened again
+        with h5py.File(fobj, "w", libver=("v108", "v108"), track_order=True) as f:
             _write(f, runs, root)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+
+    publish(path, write, "--out")
 
 
 def _write(f: h5py.File, runs: list[Run], root: dict[str, str | int]) -> None:

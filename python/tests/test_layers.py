@@ -139,7 +139,7 @@ class CliInputTest(unittest.TestCase):
             rc, msg = self.run_cli(["capture", "--model", model, "--prompts", bad, "--max-new-tokens", "2",
                                     "--out", os.path.join(d, "no", "such", "o.h5")])
             self.assertEqual(rc, 2)
-            self.assertIn("not writable", msg)
+            self.assertIn("cannot create", msg)
             self.assertFalse(os.path.exists(os.path.join(d, "o.h5")))
 
 

@@ -1,0 +1,49 @@
+"""The names and limits `kvrepro-hf` checks its arguments against, in a module
+that imports neither torch nor transformers: a bad command line is refused in
+a fraction of a second, before the seconds those imports cost.
+
+Each limit is the C side's, so that what the capture writes the C reader
+accepts (`kvrepro gate --external`); the comment names the C constant.
+"""
+
+from __future__ import annotations
+
+LAYERS = ("static_sliding", "dynamic_sliding", "dynamic_sliding_md", "index_copy", "cat_shift", "roll",
+          "always_roll")
+# Deliberately broken layers, for the harness's own tests (they must be caught):
+#   always_roll_off_by_one  the right-aligned mapping computed from the count
+#                           before the update: real_pos = seen - W + slot, so
+#                           every slot is claimed one position early and the
+#                           oldest key of a full window is masked out
+#   index_copy_first_w      a prefill longer than W stores its first W rows
+BROKEN = ("always_roll_off_by_one", "index_copy_first_w")
+MODES = ("eager", "compile", "reduce-overhead")
+IMPLS = ("eager", "sdpa", "flex_attention")
+DTYPE_NAMES = ("fp32", "bf16")
+
+# --max-new-tokens: harness/cmd_gate.c KV_GATE_MAX_NEW_TOKENS (2^20), which
+# is also the reader's cap on a run's steps (reports/report_h5.h
+# KV_REPORT_MAX_STEPS): longer than any model's context.
+MAX_NEW_TOKENS = 1 << 20
+# --repeats: the C gate's bound on its --repeats (harness/cmd_gate.c).
+MAX_REPEATS = 100
+# --threads: no machine this runs on has more cores; a larger count is a typo
+# (torch would start that many threads).
+MAX_THREADS = 1024
+# --prompts: harness/prompts.c KV_PROMPTS_MAX_BYTES (64 MiB, ~10M tokens),
+# and the reader's caps on a run's batch and prompt length
+# (reports/report_h5.h KV_REPORT_MAX_BATCH, KV_REPORT_MAX_PROMPT_LEN).
+MAX_PROMPTS_BYTES = 64 << 20
+MAX_PROMPT_ROWS = 1 << 12
+MAX_PROMPT_LEN = 1 << 20
+# config.json: reference/config.c KV_CONFIG_MAX_BYTES.
+MAX_CONFIG_BYTES = 16 << 20
+# The schema's fixed-length string fields (docs/SCHEMA.md): model and
+# scenario are 64-byte fields, so at most 63 bytes of UTF-8.
+MAX_NAME_BYTES = 63
+# --device cuda:N: an index above any machine's device count.
+MAX_CUDA_INDEX = 1023
+# plot --window: a window beyond the longest prompt plus the longest decode a
+# report may hold (KV_REPORT_MAX_PROMPT_LEN + KV_REPORT_MAX_STEPS) is never
+# full in any run, so it is a typo.
+MAX_WINDOW = MAX_PROMPT_LEN + MAX_NEW_TOKENS

@@ -1,0 +1,268 @@
+"""kvrepro-hf's command line: every option of every subcommand, given bad
+values, ends in a one-line message and exit 2 (issue 32, item 6), never a
+Python traceback, a hang on a FIFO or a read of /dev/zero until memory runs
+out; and nothing is written (no report, no temporary).
+
+Each case runs `python -m kvrepro.cli` in a subprocess (the way a user meets
+it) and is refused before a model is loaded: the whole module takes seconds.
+Which options exist is read from the subcommand's --help, so an option added
+later without a case here fails test_every_option_has_a_case.
+
+Run: cd python/tests && PYTHONPATH=.. python -m unittest -v test_cli_errors
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import stat
+import subprocess
+import sys
+import tempfile
+import unittest
+from dataclasses import dataclass
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+MODEL = os.path.join(ROOT, "fixtures", "hf", "mistral")   # vocab_size 256
+# A case that is (wrongly) accepted would run a whole capture, or block on a
+# FIFO: the subprocess is stopped here and the case fails.
+TIMEOUT_S = 60
+# What transformers prints when it loads weights: a refused command never does.
+LOADING = "Loading weights"
+
+
+def write_tiny_report(path: str) -> None:
+    """A valid capture report of one 2-step run (no torch needed)."""
+    import numpy as np
+
+    from kvrepro.report import Run, margins_of, write_report
+
+    logits = np.arange(2 * 1 * 4, dtype=np.float32).reshape(2, 1, 4)
+    run = Run(model="tiny", scenario="unit", variant="hf:roll:eager:fp32", backend="torch-cpu", mode="eager",
+              repeat=0, engine="test", vocab=4, steps=2, prompt=np.zeros((1, 2), np.int32),
+              prompt_real=np.ones((1, 2), np.uint8), tokens=np.argmax(logits, -1).astype(np.int32),
+              logits=logits, margins=margins_of(logits), probe_names=["logits"],
+              probe_hash=np.zeros((2, 1, 1), np.uint64))
+    write_report(path, [run], {"tool_version": "test", "git_commit": "none", "host": "test",
+                               "device": "cpu only", "math_mode": "fp32"})
+
+
+@dataclass
+class Case:
+    option: str           # the option (or positional) under test
+    argv: list[str]       # the whole command line after `kvrepro-hf`
+    want: str             # a substring of the message: the file or the option
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    # the package under test: PYTHONPATH if given (ctest sets it), else this tree's
+    env.setdefault("PYTHONPATH", os.path.join(ROOT, "python"))
+    env["OMP_NUM_THREADS"] = "1"
+    return env
+
+
+def run_cli(argv: list[str]) -> tuple[int, str, str]:
+    try:
+        p = subprocess.run([sys.executable, "-m", "kvrepro.cli", *argv], capture_output=True, text=True,
+                           env=_env(), timeout=TIMEOUT_S, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired as e:
+        err = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
+        return -1, "", f"(still running after {TIMEOUT_S} s: stopped)\n{err}"
+    return p.returncode, p.stdout, p.stderr
+
+
+class CliErrorTest(unittest.TestCase):
+    tmp: tempfile.TemporaryDirectory
+    d: str
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        cls.tmp = tempfile.TemporaryDirectory()
+        d = cls.d = cls.tmp.name
+
+        def put(name: str, data: str | bytes) -> str:
+            path = os.path.join(d, name)
+            with open(path, "wb") as f:
+                f.write(data.encode() if isinstance(data, str) else data)
+            return path
+
+        cls.prompts = put("p.json", "[[1, 2, 3], [4, 5]]")
+        cls.fifo = os.path.join(d, "fifo")
+        os.mkfifo(cls.fifo)
+        cls.dir = os.path.join(d, "a-dir")
+        os.mkdir(cls.dir)
+        cls.out_dir = os.path.join(d, "out")   # where --out points: must stay empty
+        os.mkdir(cls.out_dir)
+        cls.out = os.path.join(cls.out_dir, "o.h5")
+        cls.ro = os.path.join(d, "read-only")
+        os.mkdir(cls.ro)
+        os.chmod(cls.ro, stat.S_IRUSR | stat.S_IXUSR)
+        # model directories with a bad config.json
+        cls.models = {}
+        for name, make in (("fifo", lambda p: os.mkfifo(p)), ("zero", lambda p: os.symlink("/dev/zero", p)),
+                           ("junk", lambda p: put(p, "{")), ("list", lambda p: put(p, "[]")),
+                           ("none", None)):
+            m = os.path.join(d, f"model-{name}")
+            os.mkdir(m)
+            if make is not None:
+                make(os.path.join(m, "config.json"))
+            cls.models[name] = m
+        # bad prompts files
+        big = os.path.join(d, "big.json")
+        with open(big, "wb") as f:
+            f.truncate((64 << 20) + 1)   # sparse: one byte over the C side's 64 MiB
+        cls.bad_prompts = {
+            "trailing": put("trailing.json", "[[1, 2]] [[3, 4, 5]]"),
+            "deep": put("deep.json", "[" * 200000 + "]" * 200000),
+            "rows": put("rows.json", json.dumps([[1]] * 4097)),
+            "long": put("long.json", json.dumps([[1] * ((1 << 20) + 1)])),
+            "bool": put("bool.json", "[[1, true]]"),
+            "float": put("float.json", "[[1, 2.5]]"),
+            "neg": put("neg.json", "[[1, -3]]"),
+            "vocab": put("vocab.json", "[[1, 256]]"),
+            "empty": put("empty.json", "[]"),
+            "emptyrow": put("emptyrow.json", "[[1], []]"),
+            "utf8": put("utf8.json", b"[[1, 2]]\xff"),
+            "big": big,
+        }
+        cls.junk_report = put("junk.h5", "not hdf5")
+        cls.report = os.path.join(d, "report.h5")
+        write_tiny_report(cls.report)
+        cls.cases = cls._capture_cases() + cls._plot_cases()
+
+    @classmethod
+    def tearDownClass(cls) -> None:
+        os.chmod(cls.ro, stat.S_IRWXU)
+        cls.tmp.cleanup()
+
+    @classmethod
+    def _capture(cls, **over: str | None) -> list[str]:
+        """A valid capture command line with the options in over replaced
+        (None drops the option)."""
+        opts: dict[str, str | None] = {"--model": MODEL, "--prompts": cls.prompts, "--max-new-tokens": "2",
+                                       "--cache": "static_sliding", "--out": cls.out}
+        opts.update({"--" + k.replace("_", "-"): v for k, v in over.items()})
+        argv = ["capture"]
+        for k, v in opts.items():
+            if v is not None:
+                argv += [k, v]
+        return argv
+
+    @classmethod
+    def _capture_cases(cls) -> list[Case]:
+        c, d = cls._capture, cls.d
+        cases = [
+            Case("--model", c(model=""), "--model"),
+            Case("--model", c(model=os.path.join(d, "nope")), "nope"),
+            Case("--model", c(model=cls.prompts), cls.prompts),
+            Case("--model", c(model=cls.models["none"]), "config.json"),
+            Case("--model", c(model=cls.models["fifo"]), "FIFO"),
+            Case("--model", c(model=cls.models["zero"]), "device"),
+            Case("--model", c(model=cls.models["junk"]), "config.json"),
+            Case("--model", c(model=cls.models["list"]), "config.json"),
+            Case("--prompts", c(prompts=""), "--prompts"),
+            Case("--prompts", c(prompts=os.path.join(d, "nope.json")), "nope.json"),
+            Case("--prompts", c(prompts=cls.dir), cls.dir),
+            Case("--prompts", c(prompts=cls.fifo), "FIFO"),
+            Case("--prompts", c(prompts="/dev/zero"), "/dev/zero"),
+            *[Case("--prompts", c(prompts=p), p) for p in cls.bad_prompts.values()],
+            Case("--max-new-tokens", c(max_new_tokens=None), "--max-new-tokens"),
+            *[Case("--max-new-tokens", c(max_new_tokens=v), "--max-new-tokens")
+              for v in ("0", "-1", "1e11", "100000000000", str((1 << 20) + 1), "2.0", "x", "", " 2", "1_0")],
+            *[Case("--cache", c(cache=v), "--cache") for v in ("ring", "", "roll,roll", "roll,")],
+            *[Case("--mode", c(mode=v), "--mode") for v in ("fast", "", "eager,eager")],
+            *[Case("--attn", c(attn=v), "--attn") for v in ("flash", "", "sdpa,sdpa")],
+            *[Case("--dtype", c(dtype=v), "--dtype") for v in ("fp16", "")],
+            *[Case("--repeats", c(repeats=v), "--repeats") for v in ("0", "-1", "101", "x")],
+            *[Case("--scenario", c(scenario=v), "--scenario") for v in ("", "x" * 64, "a\tb", "é" * 32)],
+            *[Case("--device", c(device=v), "--device")
+              for v in ("cuda:x", "tpu", "", "CPU", "cuda:-1", "cuda:", "cpu:0", "cuda:99999")],
+            # well-formed, but no such device here (no CUDA, or fewer than 100 GPUs)
+            Case("--device", c(device="cuda:99"), "--device"),
+            *[Case("--threads", c(threads=v), "--threads") for v in ("-1", "1025", "x", "")],
+            Case("--out", c(out=""), "--out"),
+            Case("--out", c(out=None), "--out"),
+            Case("--out", c(out=os.path.join(d, "no", "such", "o.h5")), "o.h5"),
+            Case("--out", c(out="/proc/kvrepro-test.h5"), "/proc/kvrepro-test.h5"),   # unwritable, root too
+            # a directory without write permission (root writes there anyway)
+            *([Case("--out", c(out=os.path.join(cls.ro, "o.h5")), "o.h5")] if os.geteuid() != 0 else []),
+            Case("--out", c(out=cls.dir), cls.dir),
+            Case("--out", c(out=cls.dir + "/"), cls.dir),
+            Case("--out", c(out=cls.fifo), cls.fifo),
+            Case("--out", c(out=os.path.join(cls.out_dir, "o.h5.tmp-123")), "tmp-123"),
+            Case("--out", c(out=cls.prompts), cls.prompts),
+            Case("--out", c(out=os.path.join(MODEL, "config.json")), "config.json"),
+            # an option given twice, an abbreviation, an unknown option
+            Case("--out", c() + ["--out", os.path.join(cls.out_dir, "b.h5")], "--out"),
+            Case("--max-new-tokens", c() + ["--max-new-tokens", "3"], "--max-new-tokens"),
+            Case("--max-new-tokens", c(max_new_tokens=None) + ["--max-new", "2"], "--max-new"),
+            Case("--bogus", c() + ["--bogus"], "--bogus"),
+        ]
+        return cases
+
+    @classmethod
+    def _plot_cases(cls) -> list[Case]:
+        d = cls.d
+        out = os.path.join(cls.out_dir, "plots")
+        # --out directories holding, where a figure goes, something that is not a file
+        fig_dir = os.path.join(d, "fig-dir")
+        os.makedirs(os.path.join(fig_dir, "divergence_map.png"))
+        fig_fifo = os.path.join(d, "fig-fifo")
+        os.mkdir(fig_fifo)
+        os.mkfifo(os.path.join(fig_fifo, "graphs_per_decode.png"))
+
+        def p(report: str | None = None, *rest: str) -> list[str]:
+            return ["plot", cls.report if report is None else report, *rest]
+
+        ok = os.path.join(ROOT, "fixtures", "hf", "mistral", "golden.h5")   # not a report: refused late
+        return [
+            Case("report", ["plot", "--out", out], "report"),
+            Case("report", p("", "--out", out), "report"),
+            Case("report", p(os.path.join(d, "nope.h5"), "--out", out), "nope.h5"),
+            Case("report", p(cls.dir, "--out", out), cls.dir),
+            Case("report", p(cls.fifo, "--out", out), cls.fifo),
+            Case("report", p("/dev/zero", "--out", out), "/dev/zero"),
+            Case("report", p(cls.junk_report, "--out", out), cls.junk_report),
+            Case("report", p(ok, "--out", out), ok),
+            Case("--out", p(), "--out"),
+            Case("--out", p(None, "--out", ""), "--out"),
+            Case("--out", p(None, "--out", cls.prompts), cls.prompts),
+            Case("--out", p(None, "--out", cls.fifo), cls.fifo),
+            Case("--out", p(None, "--out", out, "--out", out), "--out"),
+            *[Case("--window", p(None, "--out", out, "--window", v), "--window")
+              for v in ("0", "-1", "x", "", str(1 << 40), "2.5")],
+            Case("--window", p(None, "--out", out, "--window", "4", "--window", "4"), "--window"),
+            Case("--out", p(None, "--out", fig_dir), fig_dir),
+            Case("--out", p(None, "--out", fig_fifo), fig_fifo),
+        ]
+
+    def test_every_option_has_a_case(self) -> None:
+        for cmd in ("capture", "plot"):
+            rc, out, err = run_cli([cmd, "--help"])
+            self.assertEqual(rc, 0, err)
+            options = set(re.findall(r"(?<![\w-])(--[a-z][a-z-]*)", out)) - {"--help"}
+            self.assertTrue(options, out)
+            covered = {c.option for c in self.cases if c.argv[0] == cmd}
+            self.assertEqual(options - covered, set(), f"{cmd}: options without a bad-value case")
+        self.assertIn("report", {c.option for c in self.cases if c.argv[0] == "plot"})
+
+    def test_bad_values_exit_2_with_a_message(self) -> None:
+        for case in self.cases:
+            with self.subTest(option=case.option, argv=" ".join(a[:60] for a in case.argv[1:])):
+                rc, _, err = run_cli(case.argv)
+                self.assertNotIn("Traceback", err)
+                self.assertEqual(rc, 2, err[-2000:])
+                self.assertNotIn(LOADING, err)   # refused before a model was loaded
+                last = err.rstrip("\n").splitlines()[-1] if err.strip() else ""
+                self.assertRegex(last, r"^kvrepro-hf( capture| plot)?: ", err[-2000:])
+                self.assertIn(case.want, last)
+                # nothing written: no report, no figure, no temporary
+                self.assertEqual(os.listdir(self.out_dir), [])
+                self.assertEqual([n for n in os.listdir(self.d) if ".tmp-" in n], [])
+                self.assertTrue(stat.S_ISFIFO(os.lstat(self.fifo).st_mode))
+
+
+if __name__ == "__main__":
+    unittest.main()
