@@ -242,7 +242,7 @@ static const char *merge_count(const char *p, long *v) {
 }
 
 /* A report's shard label: "I/N" with 1 <= I <= N (a gate's, `--shard I/N`;
- * "1/1" unsharded), or "merged N" with N >= 2 (an earlier merge's). Sets
+ * "1/1" unsharded), or "merged N" (an earlier merge's, N >= 1). Sets
  * *i and *n for "I/N" (*i = 0 for a merged report). False for anything
  * else ("x", "0/0", "3/2"): a report that says it is no shard of any split
  * is not merged as if it were one. */
@@ -251,7 +251,7 @@ static bool merge_shard_label(const char *label, long *i, long *n) {
     *i = 0;
     if (strncmp(label, "merged ", 7) == 0) {
         p = merge_count(label + 7, n);
-        return p != NULL && *p == '\0' && *n >= 2;
+        return p != NULL && *p == '\0';
     }
     p = merge_count(label, i);
     if (p == NULL || *p != '/') return false;
