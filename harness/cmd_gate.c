@@ -590,6 +590,50 @@ static KvStatus gate_check_work(const GateArgs *a, const KvGateOptions *o, KvErr
     return KV_OK;
 }
 
+/* A built-in fixture is built from a config in memory, written as
+ * config.json and read back by the loader the user's checkpoints go
+ * through: what was read must be what was written. A loader bug (a list of
+ * windows read as its first entry, a field's default taken over the value
+ * written) would otherwise change every run alike and pass the gate.
+ * KV_ERR_INTERNAL naming the first field that differs. */
+static KvStatus gate_check_fixture_config(const char *name, const KvConfig *loaded,
+                                          KvError *err) {
+    KvFamily fam;
+    KvFixtureSize size;
+    KvConfig want;
+    KvStatus st = kv_fixture_lookup(name, &fam, &size, err);
+    if (st == KV_OK) st = kv_fixture_config(fam, size, &want, err);
+    if (st != KV_OK) return st;
+#define KV_SAME(f)                                                                                \
+    if ((double)want.f != (double)loaded->f) {                                                    \
+        return kv_error_set(err, KV_ERR_INTERNAL, "fixture %s: the loader read %s = %.17g from " \
+                            "the config.json written with %.17g: the reference reads "            \
+                            "configs wrongly", name, #f, (double)loaded->f, (double)want.f);      \
+    }
+    KV_SAME(vocab_size) KV_SAME(hidden_size) KV_SAME(intermediate_size) KV_SAME(num_layers)
+    KV_SAME(num_heads) KV_SAME(num_kv_heads) KV_SAME(head_dim) KV_SAME(sliding_window)
+    KV_SAME(rms_norm_eps) KV_SAME(rope_theta) KV_SAME(rope_theta_local)
+    KV_SAME(query_pre_attn_scalar) KV_SAME(attn_logit_softcapping)
+    KV_SAME(final_logit_softcapping) KV_SAME(tie_word_embeddings) KV_SAME(attn_qkv_bias)
+    KV_SAME(qk_norm) KV_SAME(attn_o_bias) KV_SAME(attn_sinks) KV_SAME(rope_yarn)
+    KV_SAME(rope_factor) KV_SAME(rope_beta_fast) KV_SAME(rope_beta_slow)
+    KV_SAME(rope_orig_max_pos) KV_SAME(rope_truncate)
+    KV_SAME(num_experts) KV_SAME(experts_per_tok) KV_SAME(swiglu_limit) KV_SAME(swiglu_alpha)
+    /* derived by the loader: 1 without YaRN, the in-memory config leaves it 0 */
+    if (want.rope_yarn) KV_SAME(rope_attention_factor)
+#undef KV_SAME
+    for (int64_t l = 0; l < want.num_layers; l++) {
+        const int64_t w = kv_config_layer_window(&want, l), g = kv_config_layer_window(loaded, l);
+        if (w != g) {
+            return kv_error_set(err, KV_ERR_INTERNAL, "fixture %s: the loader read layer %lld's "
+                                "window as %lld from the config.json written with %lld: the "
+                                "reference reads configs wrongly", name, (long long)l,
+                                (long long)g, (long long)w);
+        }
+    }
+    return KV_OK;
+}
+
 /* Loads model i (weights) and runs every pass of the matrix on it. */
 static KvStatus gate_run_one_model(GateArgs *a, int i, KvGateOptions *o, int *unit, KvReport *rep,
                                    KvError *err) {
@@ -606,6 +650,7 @@ static KvStatus gate_run_one_model(GateArgs *a, int i, KvGateOptions *o, int *un
     } else {
         st = kv_fixture_load(a->models[i], a->seed, &fx, err);
         m = &fx.model;
+        if (st == KV_OK) st = gate_check_fixture_config(a->models[i], &m->config, err);
     }
     if (st != KV_OK) goto cleanup;
     const uint64_t mh = kv_model_hash(m);
