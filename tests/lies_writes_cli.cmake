@@ -42,6 +42,22 @@ if(IS_SYMLINK "${WORK}/link.h5")
 endif()
 kv_run(0 out err ${KVREPRO} show "${WORK}/link.h5")
 
+# A link planted at the temporary's name ("OUT.tmp-PID": the shell's pid is
+# the one kvrepro keeps through exec): its target untouched, OUT a regular
+# file, the link gone.
+file(WRITE "${WORK}/victim2.txt" "victim2")
+kv_run(1 out err sh -c "ln -s '${WORK}/victim2.txt' '${WORK}/planted.h5.tmp-'$$ && exec \"$@\"" sh
+       ${KVREPRO} bisect "${R}" --rerun --out "${WORK}/planted.h5")
+kv_expect_file_content("${WORK}/victim2.txt" "victim2" "bisect, a link at OUT.tmp-PID")
+if(IS_SYMLINK "${WORK}/planted.h5")
+  message(FATAL_ERROR "bisect, a link at OUT.tmp-PID: ${WORK}/planted.h5 is a link")
+endif()
+file(GLOB left "${WORK}/planted.h5.tmp-*")
+if(left)
+  message(FATAL_ERROR "bisect, a link at OUT.tmp-PID: left ${left}")
+endif()
+kv_run(0 out err ${KVREPRO} show "${WORK}/planted.h5")
+
 # OUT a FIFO (as /dev/full or /dev/null would be, as root): exit 2 naming it,
 # before the rerun, and the FIFO stays a FIFO.
 execute_process(COMMAND mkfifo "${WORK}/fifo.h5" "${WORK}/merged_fifo.h5" RESULT_VARIABLE mkfifo_rc)
