@@ -733,6 +733,21 @@ static void gate_print_header(const GateArgs *a, const KvGateOptions *o, const K
            o->tol.tie_margin, rep->shard);
     if (a->shard_source[0] != '\0') printf(" (from %s)", a->shard_source);
     printf("\n");
+    /* What judges the reference itself, which every candidate shares. */
+    bool dirs = false;
+    for (int i = 0; i < a->n_models; i++) dirs = dirs || a->model_is_dir[i];
+    const char *shadow = o->calibrate ? "its fp64 shadow (within %g) in every unit"
+                                      : "no fp64 shadow (--no-calibrate)";
+    char sh[96];
+    snprintf(sh, sizeof sh, shadow, KV_FP64_MAX_REL_ERR);
+    if (a->n_golden > 0) {
+        printf("reference judged by: transformers goldens (%d famil%s) and %s%s\n", a->n_golden,
+               a->n_golden == 1 ? "y" : "ies", sh,
+               dirs ? "; a --model DIR has no golden: its reference by the shadow only" : "");
+    } else {
+        printf("reference judged by: %s; no transformers golden%s\n", sh,
+               a->no_goldens ? " (--no-goldens)" : " exists for a --model DIR");
+    }
 }
 
 /* The runs this shard will do over all passes: the progress total. */
@@ -1000,6 +1015,16 @@ int kv_cmd_gate(int argc, char **argv) {
     }
     /* Everything that can be refused is refused before the first decode. */
     st = kv_gate_check_outputs(a.report_path, a.junit_path, &err);
+    if (st == KV_OK) {
+        const char *dirs[KV_GATE_MAX_MODELS];
+        int n_dirs = 0;
+        for (int i = 0; i < a.n_models; i++) {
+            if (a.model_is_dir[i]) dirs[n_dirs++] = a.models[i];
+        }
+        const char *inputs[1] = {a.prompts_path};
+        st = kv_gate_check_outputs_apart(a.report_path, a.junit_path, inputs, 1, dirs, n_dirs,
+                                         &err);
+    }
     if (st == KV_OK) st = gate_check_work(&a, &o, &err);
     if (st == KV_OK) st = gate_run_all(&a, &o, &rep, &err);
     if (st == KV_OK) st = gate_print_findings(&rep, &a, &o, &failed, &err);

@@ -603,6 +603,10 @@ int kv_gate_external(const KvExternalOptions *o) {
     int rc = KV_EXIT_PASS;
     /* Everything that can be refused is refused before the first decode. */
     KvStatus st = kv_gate_check_outputs(o->report_path, o->junit_path, &err);
+    if (st == KV_OK) {
+        st = kv_gate_check_outputs_apart(o->report_path, o->junit_path, o->paths, o->n_paths,
+                                         &o->model_dir, 1, &err);
+    }
     if (st == KV_OK) st = ext_read(o, &e, &err);
     if (st == KV_OK) st = kv_model_load_dir(o->model_dir, &m, &err);
     if (st != KV_OK) goto cleanup;

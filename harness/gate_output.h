@@ -21,6 +21,16 @@ void kv_gate_fill_root(KvReport *rep, uint64_t weight_seed, uint64_t prompt_seed
  * written fails now (KV_ERR_INPUT), not after an hour of decoding. */
 KvStatus kv_gate_check_outputs(const char *report_path, const char *junit_path, KvError *err);
 
+/* Before anything runs: --report and --junit may not name one file (two
+ * writers, one survivor), nor a file the gate reads: one of `inputs`
+ * (n_inputs paths: the prompts file, --external files), or a checkpoint
+ * file (*.json, *.safetensors) in one of `model_dirs`. Files are compared
+ * by identity (device and inode, links followed), paths that do not exist
+ * yet by their resolved directory and name. KV_ERR_INPUT naming both. */
+KvStatus kv_gate_check_outputs_apart(const char *report_path, const char *junit_path,
+                                     const char *const *inputs, int n_inputs,
+                                     const char *const *model_dirs, int n_dirs, KvError *err);
+
 /* Prints the failing comparisons (every comparison with verbose), one line
  * each: "FAIL MODEL SCENARIO: A vs B KIND: MESSAGE" (a per-run check names
  * its one run). mutation: runs with a planted fault are meant to fail, so
