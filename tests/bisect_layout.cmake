@@ -27,7 +27,7 @@ endfunction()
 # The real report: reference vs ring with a window off by one, which first
 # differ at layer0.attn (probe 5 of 31) at step 0: a divergence to index.
 set(R "${WORK}/R.h5")
-kv_run(1 out err ${KVREPRO} gate --quiet --fixture gemma2-tiny --scenarios prompt_w_plus_1
+kv_run(1 out err ${KVREPRO} gate --quiet --no-goldens --fixture gemma2-tiny --scenarios prompt_w_plus_1
        --variants ring --backends cpu --modes eager --fault window_off_by_one --repeats 1
        --no-calibrate --report "${R}")
 

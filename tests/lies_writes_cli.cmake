@@ -27,7 +27,7 @@ endfunction()
 
 # A failing gate report: reference vs ring with a window off by one.
 set(R "${WORK}/R.h5")
-kv_run(1 out err ${KVREPRO} gate --quiet --fixture gemma2-tiny --scenarios prompt_w_plus_1
+kv_run(1 out err ${KVREPRO} gate --quiet --no-goldens --fixture gemma2-tiny --scenarios prompt_w_plus_1
        --variants ring --backends cpu --modes eager --fault window_off_by_one --repeats 1
        --no-calibrate --report "${R}")
 
@@ -116,7 +116,7 @@ kv_expect_match("${out}" "dumps: [^\n]*out\\.h5 /bisect" "bisect over its own ou
 kv_run(0 out err ${KVREPRO} show "${WORK}/out.h5")
 
 # merge: shard labels that are no shard of a split, and a FIFO as OUT.
-kv_run(0 out err ${KVREPRO} gate --quiet --fixture gemma2-tiny --scenarios prompt_w_plus_1
+kv_run(0 out err ${KVREPRO} gate --quiet --no-goldens --fixture gemma2-tiny --scenarios prompt_w_plus_1
        --variants ring --backends cpu --modes eager --repeats 1 --no-calibrate --shard 1/2
        --report "${WORK}/s1.h5")
 foreach(label "x" "0/0" "3/2" "1/0" "01/2" "1/2x" "-1/2" "merged 0" "merged")
