@@ -27,7 +27,34 @@ bool kv_cli_take(int argc, char **argv, int *i, const char *name, const char **v
         *bad = true;
         return true;
     }
+    /* "--report --quiet" is a forgotten value, not a file named --quiet;
+     * "--report=--quiet" says it is meant. */
+    if (strncmp(argv[*i + 1], "--", 2) == 0) {
+        fprintf(stderr, "kvrepro: option %s needs a value, found the option '%s' (write "
+                "%s=%s if that is the value)\n", name, argv[*i + 1], name, argv[*i + 1]);
+        *bad = true;
+        return true;
+    }
     *value = argv[++*i];
+    return true;
+}
+
+bool kv_cli_check_repeats(const char *cmd, int argc, char **argv, const char *const *repeatable) {
+    for (int i = 1; i < argc; i++) {
+        if (strncmp(argv[i], "--", 2) != 0) continue;
+        const size_t n = strcspn(argv[i], "=");
+        bool may = false;
+        for (int r = 0; repeatable[r] != NULL && !may; r++) {
+            may = strlen(repeatable[r]) == n && strncmp(repeatable[r], argv[i], n) == 0;
+        }
+        for (int j = 1; j < i && !may; j++) {
+            if (strncmp(argv[j], argv[i], n) == 0 && (argv[j][n] == '\0' || argv[j][n] == '=')) {
+                fprintf(stderr, "kvrepro %s: option %.*s is given twice (arguments %d and %d); "
+                        "give it once\n", cmd, (int)n, argv[i], j, i);
+                return false;
+            }
+        }
+    }
     return true;
 }
 

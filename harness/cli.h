@@ -19,8 +19,16 @@ int kv_cmd_merge(int argc, char **argv);
 int kv_cmd_bisect(int argc, char **argv);
 
 /* If argv[*i] is "--name VALUE" or "--name=VALUE", stores VALUE, advances *i
- * past it and returns true. A missing value prints an error and sets *bad. */
+ * past it and returns true. A missing value, or a separate VALUE that starts
+ * with "--" (an option: its value was forgotten), prints an error and sets
+ * *bad. */
 bool kv_cli_take(int argc, char **argv, int *i, const char *name, const char **value, bool *bad);
+
+/* Refuses an option given twice (every argument starting with "--",
+ * "--name=V" counting as --name), but those listed in repeatable
+ * (NULL-terminated): silently letting the last one win hides a mistake.
+ * Prints "kvrepro CMD: option X is given twice ..." and returns false. */
+bool kv_cli_check_repeats(const char *cmd, int argc, char **argv, const char *const *repeatable);
 
 /* Parses a non-negative decimal integer; prints "<opt>: ..." and returns
  * false when it is not one. */

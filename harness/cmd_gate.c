@@ -192,42 +192,56 @@ static bool gate_parse_bounded(const char *opt, const char *text, uint64_t lo, u
     return true;
 }
 
-/* Parses a comma-separated list of fault names ("all" too when allow_all):
- * ORs them into *bits (when bits is not NULL), else appends each distinct
- * fault's bit to list (*count entries, at most KV_FAULT_COUNT). Prints the
- * error and returns false on an unknown name or an empty list. */
+/* Parses a comma-separated list of fault names ("all" alone too when
+ * allow_all): ORs them into *bits (when bits is not NULL), else appends
+ * each fault's bit to list (*count entries, at most KV_FAULT_COUNT). An
+ * empty list or item, an unknown name or a name given twice prints the
+ * error and returns false: a fault list that is not what was meant must not
+ * run quietly as something else. */
 static bool gate_parse_faults(const char *opt, const char *text, bool allow_all, unsigned *bits,
                               unsigned *list, int *count) {
     int n_all = 0;
     const KvFaultInfo *all = kv_fault_all(&n_all);
-    char *copy = strdup(text);
-    bool ok = copy != NULL && text[0] != '\0';
-    for (char *tok = ok ? strtok(copy, ",") : NULL; ok && tok != NULL; tok = strtok(NULL, ",")) {
-        const bool every = allow_all && strcmp(tok, "all") == 0;
-        const KvFaultInfo *f = kv_fault_find(tok);
-        if (!every && f == NULL) {
-            ok = false;
-            break;
+    char why[160] = "";
+    unsigned seen = 0, given[32];
+    int n_given = 0;
+    const bool every = allow_all && strcmp(text, "all") == 0;
+    for (const char *p = text; !every && why[0] == '\0';) {
+        const char *end = strchr(p, ',');
+        const size_t len = end != NULL ? (size_t)(end - p) : strlen(p);
+        char name[64];
+        snprintf(name, sizeof name, "%.*s", (int)(len < 63 ? len : 63), p);
+        const KvFaultInfo *f = len > 0 && len < 63 ? kv_fault_find(name) : NULL;
+        if (len == 0) {
+            snprintf(why, sizeof why, "an empty name");
+        } else if (f == NULL) {
+            snprintf(why, sizeof why, "unknown name '%s'%s", name,
+                     allow_all && strcmp(name, "all") == 0 ? " (all stands alone)" : "");
+        } else if (seen & f->bit) {
+            snprintf(why, sizeof why, "'%s' given twice", name);
+        } else if (n_given == 32) {
+            snprintf(why, sizeof why, "more names than there are faults");
+        } else {
+            seen |= f->bit;
+            given[n_given++] = f->bit;
         }
-        for (int k = 0; k < n_all; k++) {
-            if (!every && all[k].bit != f->bit) continue;
-            if (bits != NULL) {
-                *bits |= all[k].bit;
-                continue;
-            }
-            bool seen = false;
-            for (int j = 0; j < *count; j++) seen = seen || list[j] == all[k].bit;
-            if (!seen) list[(*count)++] = all[k].bit;
-        }
+        if (end == NULL) break;
+        p = end + 1;
     }
-    if (!ok) {
+    if (why[0] != '\0') {
         char names[256];
         kv_fault_names(~0u, names, sizeof names);
-        fprintf(stderr, "kvrepro gate: %s: expected a comma-separated list of %s%s, found '%s'\n",
-                opt, names, allow_all ? " or all" : "", text);
+        fprintf(stderr, "kvrepro gate: %s '%s': %s; expected a comma-separated list of %s%s\n",
+                opt, text, why, names, allow_all ? ", or all" : "");
+        return false;
     }
-    free(copy);
-    return ok;
+    /* the faults in the order given (all: the table's) */
+    for (int k = 0; every && k < n_all; k++) given[n_given++] = all[k].bit;
+    for (int k = 0; k < n_given; k++) {
+        if (bits != NULL) *bits |= given[k];
+        else list[(*count)++] = given[k];
+    }
+    return true;
 }
 
 /* Asks every registered backend once whether it can run here. The report's
@@ -960,7 +974,10 @@ int kv_cmd_gate(int argc, char **argv) {
         .full_logits_max_vocab = KV_FULL_LOGITS_MAX_VOCAB,
     };
     bool help = false;
-    if (!gate_parse_args(argc, argv, &a, &o, &help)) {
+    static const char *const k_repeatable[] = {"--model", "--fixture", "--external", "--tol",
+                                               NULL};
+    if (!kv_cli_check_repeats("gate", argc, argv, k_repeatable) ||
+        !gate_parse_args(argc, argv, &a, &o, &help)) {
         gate_usage(stderr);
         return KV_EXIT_USAGE;
     }

@@ -1,6 +1,7 @@
 /* main.c: the kvrepro command-line entry point: the top-level usage and
  * version, and the choice of subcommand (cmd_*.c), whose exit code is the
  * program's. */
+#include <hdf5.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -30,6 +31,11 @@ int main(int argc, char **argv) {
         return KV_EXIT_USAGE;
     }
     const char *cmd = argv[1];
+    /* Every HDF5 failure reaches the user through kvrepro's own message
+     * naming the file and object; libhdf5's own stack dump (and its
+     * "infinite loop closing library" at exit after a damaged header)
+     * would bury it. */
+    H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
     if (strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0 || strcmp(cmd, "help") == 0) {
         main_usage(stdout);
         return KV_EXIT_PASS;

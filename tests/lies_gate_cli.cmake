@@ -71,3 +71,22 @@ file(SHA256 ${WORK}/mistral/config.json cfg_after)
 if(NOT cfg_hash STREQUAL cfg_after)
   message(FATAL_ERROR "config.json was changed")
 endif()
+
+# Item 7: an option's value that looks like an option, a repeated option,
+# an empty or repeated fault name: exit 2, nothing written.
+kv_run(2 out err ${KVREPRO} gate ${one_unit} --report --quiet)
+kv_expect_match("${err}" "option --report needs a value, found the option '--quiet'" "value that is an option")
+if(EXISTS ${WORK}/--quiet OR EXISTS --quiet)
+  message(FATAL_ERROR "a file named --quiet was written")
+endif()
+kv_run(2 out err ${KVREPRO} gate ${one_unit} --repeats 2)
+kv_expect_match("${err}" "option --repeats is given twice" "repeated option")
+kv_run(2 out err ${KVREPRO} gate ${one_unit} --shard 1/2 --shard=2/2)
+kv_expect_match("${err}" "option --shard is given twice" "repeated option, = form")
+kv_run(2 out err ${KVREPRO} gate ${one_unit} --fault ring_slot,,ring_slot)
+kv_expect_match("${err}" "an empty name" "empty fault name")
+kv_run(2 out err ${KVREPRO} gate ${one_unit} --fault ring_slot,ring_slot)
+kv_expect_match("${err}" "'ring_slot' given twice" "repeated fault name")
+# what may be repeated still is
+kv_run(0 out err ${KVREPRO} gate ${one_unit} --no-goldens --backends cpu --variants ring --tol tie_margin=0.001
+  --tol max_rel_err=0.001)
