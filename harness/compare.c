@@ -392,7 +392,12 @@ static double row_metrics(const float *r, const float *c, int64_t V, double *se,
  * failure how far past it: max_rel_err >= the largest relative error seen,
  * tie_margin >= the largest baseline margin at a flipped token (0: no flip).
  * Non-finite logits pass under no tolerance and are not counted here. */
-static void least_passing(char *buf, size_t n, double max_rel, double max_flip_margin) {
+static void least_passing(char *buf, size_t n, double max_rel, double max_flip_margin,
+                          bool nonfinite) {
+    if (nonfinite) {
+        snprintf(buf, n, "; no tolerance passes a non-finite logit");
+        return;
+    }
     snprintf(buf, n, "; least passing tolerances: max_rel_err %.3g, tie_margin %.3g", max_rel,
              max_flip_margin);
 }
@@ -417,6 +422,7 @@ void kv_compare_shifted(const KvRun *shifted, const KvRun *fresh, int64_t offset
     }
     double se = 0.0, ss = 0.0, flip_margin = 0.0;
     int64_t agree = 0;
+    bool nonfinite = false;
     const char *fail_what = NULL;
     for (int64_t j = 0; j < fresh->steps; j++) {
         for (int64_t b = 0; b < B; b++) {
@@ -428,6 +434,7 @@ void kv_compare_shifted(const KvRun *shifted, const KvRun *fresh, int64_t offset
             for (int64_t v = 0; v < V && finite; v++) finite = isfinite(r[v]) && isfinite(c[v]);
             if (!finite) {
                 what = "non-finite logit";
+                nonfinite = true;
             } else {
                 const double rel = row_metrics(r, c, V, &se, &ss, out);
                 if (fresh->tokens[fi] == shifted->tokens[si]) {
@@ -453,7 +460,7 @@ void kv_compare_shifted(const KvRun *shifted, const KvRun *fresh, int64_t offset
     out->nmse = ss > 0.0 ? se / ss : 0.0;
     out->top1_agreement = 100.0 * (double)agree / (double)(fresh->steps * B);
     char least[96];
-    least_passing(least, sizeof least, out->max_rel_err, flip_margin);
+    least_passing(least, sizeof least, out->max_rel_err, flip_margin, nonfinite);
     if (fail_what != NULL) {
         out->verdict = KV_VERDICT_FAIL;
         const int64_t si = out->first_step * B + out->first_row;
@@ -489,6 +496,7 @@ void kv_compare_reference(const KvRun *ref, const KvRun *cand, const KvTolerance
     double se = 0.0, ss = 0.0;
     int64_t agree = 0, fail_step = -1, fail_row = -1;
     double flip_margin = 0.0; /* the largest reference margin at a flipped token */
+    bool nonfinite = false;
     const char *fail_what = NULL;
     char nonfinite_what[160];
     for (int64_t s = 0; s < ref->steps; s++) {
@@ -502,6 +510,7 @@ void kv_compare_reference(const KvRun *ref, const KvRun *cand, const KvTolerance
                 if (!isfinite(r[v]) || !isfinite(c[v])) bad = v;
             }
             if (bad >= 0) {
+                nonfinite = true;
                 if (fail_step < 0) {
                     fail_step = s;
                     fail_row = b;
@@ -549,14 +558,14 @@ void kv_compare_reference(const KvRun *ref, const KvRun *cand, const KvTolerance
             out->first_row = fail_row;
         }
         char what[320], least[96];
-        least_passing(least, sizeof least, out->max_rel_err, flip_margin);
+        least_passing(least, sizeof least, out->max_rel_err, flip_margin, nonfinite);
         snprintf(what, sizeof what, "%s at step %lld row %lld (max rel err %.3g > %g%s)",
                  fail_what, (long long)fail_step, (long long)fail_row, out->max_rel_err,
                  t->max_rel_err, least);
         describe_divergence(ref, cand, out, what);
     } else {
         char least[96];
-        least_passing(least, sizeof least, out->max_rel_err, flip_margin);
+        least_passing(least, sizeof least, out->max_rel_err, flip_margin, false);
         snprintf(out->message, sizeof out->message,
                  "agrees within max_rel_err %.3g: max rel err %.3g, top-1 %.1f%%, %lld "
                  "near-ties%s%s", t->max_rel_err, out->max_rel_err, out->top1_agreement,
@@ -706,6 +715,7 @@ static void compare_outputs(const KvRun *base, const KvRun *cand, const KvTolera
     double se = 0.0, ss = 0.0;
     int64_t agree = 0, compared = 0, fail_step = -1, fail_row = -1;
     double flip_margin = 0.0; /* the largest baseline margin at a flipped token */
+    bool nonfinite = false;
     char fail_what[256] = "";
     for (int64_t s = 0; s < S; s++) {
         for (int64_t b = 0; b < B; b++) {
@@ -723,6 +733,7 @@ static void compare_outputs(const KvRun *base, const KvRun *cand, const KvTolera
             /* NaN compares false with every tolerance: a non-finite logit
              * on either side fails by itself and is kept out of the metrics. */
             if (p.bad_id >= 0) {
+                nonfinite = true;
                 if (fail_step < 0) {
                     fail_step = s;
                     fail_row = b;
@@ -799,7 +810,7 @@ static void compare_outputs(const KvRun *base, const KvRun *cand, const KvTolera
     }
     const char *whose = kind == KV_CMP_COMPILED ? " (compiled vs eager: the gate's tolerance)" : "";
     char least[96];
-    least_passing(least, sizeof least, out->max_rel_err, flip_margin);
+    least_passing(least, sizeof least, out->max_rel_err, flip_margin, nonfinite);
     if (fail_step >= 0) {
         out->verdict = KV_VERDICT_FAIL;
         out->first_step = fail_step;

@@ -71,6 +71,13 @@ START_TEST(test_nonfinite_logits_fail_reference) {
             ck_assert_int_eq(c.first_row, 1);
             /* the row is kept out of the metrics, which stay finite */
             ck_assert(isfinite(c.max_rel_err) && c.max_rel_err == 0.0);
+            /* and no tolerance is offered that would pass it (issue 32) */
+            ck_assert_msg(strstr(c.message, "no tolerance passes a non-finite logit") != NULL &&
+                          strstr(c.message, "least passing") == NULL, "%s", c.message);
+            kv_compare_outputs(&a, &b, &t, KV_CMP_REFERENCE, 0, 1, &c);
+            ck_assert_msg(c.verdict == KV_VERDICT_FAIL &&
+                          strstr(c.message, "no tolerance passes a non-finite logit") != NULL &&
+                          strstr(c.message, "least passing") == NULL, "%s", c.message);
             kv_run_free(&a);
             kv_run_free(&b);
         }
@@ -316,6 +323,31 @@ START_TEST(test_replay_and_skip) {
 }
 END_TEST
 
+/* After a flip at a near-tie the unforced comparison stops comparing that
+ * row (the runs were fed different tokens), so anything may follow; against
+ * a baseline teacher-forced with the candidate's tokens every later step is
+ * compared, and a later wrong logit fails (issue 32, item 3). */
+START_TEST(test_forced_outputs_compare_after_tie) {
+    KvRun ref = make_run(), cand = copy_run(&ref);
+    cand.tokens[1 * B + 0] = (cand.tokens[1 * B + 0] + 1) % V; /* step 1, row 0: a flip ... */
+    ref.margins[1 * B + 0] = 1e-5f;                          /* ... at a near-tie */
+    for (int v = 0; v < V; v++) cand.logits[(3 * B + 0) * V + v] = (float)(7 * v % 5); /* garbage */
+    const KvTolerances t = {1e-4, 1e-3};
+    KvComparison c;
+    kv_compare_outputs(&ref, &cand, &t, KV_CMP_REFERENCE, 0, 1, &c);
+    ck_assert_msg(c.verdict == KV_VERDICT_PASS && strstr(c.message, "not compared after step 1"),
+                  "%s", c.message);
+    kv_compare_outputs_forced(&ref, &cand, &t, KV_CMP_REFERENCE, 0, 1, &c);
+    ck_assert_msg(c.verdict == KV_VERDICT_FAIL, "%s", c.message);
+    ck_assert_int_eq(c.first_step, 3);
+    ck_assert_int_eq(c.first_row, 0);
+    ck_assert_int_eq(c.near_ties, 1);
+    ck_assert_msg(strstr(c.message, "not compared") == NULL, "%s", c.message);
+    kv_run_free(&ref);
+    kv_run_free(&cand);
+}
+END_TEST
+
 /* Another engine's run: no probe is ever named from hashes (they hash
  * other arithmetic), even where the layouts happen to match; the first
  * divergence is the first over-tolerance row. */
@@ -384,6 +416,7 @@ int main(void) {
     tcase_add_test(tc, test_identical_runs_pass);
     tcase_add_test(tc, test_nonfinite_logits_fail_reference);
     tcase_add_test(tc, test_half_nan_candidate_fails);
+    tcase_add_test(tc, test_forced_outputs_compare_after_tie);
     tcase_add_test(tc, test_finite_check);
     tcase_add_test(tc, test_bitwise_names_first_probe);
     tcase_add_test(tc, test_near_tie_flip_is_reported_not_failed);
