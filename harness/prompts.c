@@ -5,15 +5,22 @@
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "file_open.h"
+#include "kv_limits.h"
 
-/* A prompts file is token ids as JSON text (~6 bytes an id): 64 MiB is ~10M
- * tokens, more than a CPU reference decodes in a day. */
-#define KV_PROMPTS_MAX_BYTES (64 << 20)
+/* Whether text[0..n) is JSON whitespace only (RFC 8259: space, tab, line
+ * feed, carriage return). */
+static bool prompts_only_blank(const char *text, size_t n) {
+    for (size_t k = 0; k < n; k++) {
+        if (text[k] != ' ' && text[k] != '\t' && text[k] != '\n' && text[k] != '\r') return false;
+    }
+    return true;
+}
 
 KvStatus kv_prompts_load(const char *path, int64_t new_tokens, KvScenario *out, KvError *err) {
     KvStatus st = KV_OK;
@@ -29,9 +36,9 @@ KvStatus kv_prompts_load(const char *path, int64_t new_tokens, KvScenario *out, 
     if (st != KV_OK) return st;
     if (sb.st_size > KV_PROMPTS_MAX_BYTES) {
         close(fd);
-        return kv_error_set(err, KV_ERR_INPUT, "%s: %lld bytes, above the %d MiB a prompts file "
-                            "may have", path, (long long)sb.st_size,
-                            KV_PROMPTS_MAX_BYTES >> 20);
+        return kv_error_set(err, KV_ERR_INPUT, "%s: %lld bytes, above the %lld MiB a prompts "
+                            "file may have", path, (long long)sb.st_size,
+                            (long long)(KV_PROMPTS_MAX_BYTES >> 20));
     }
     const size_t size = (size_t)sb.st_size;
     text = malloc(size + 1);
@@ -49,13 +56,33 @@ KvStatus kv_prompts_load(const char *path, int64_t new_tokens, KvScenario *out, 
         goto cleanup;
     }
     text[size] = '\0';
-    root = cJSON_ParseWithLength(text, size);
+    const char *end = NULL;
+    root = cJSON_ParseWithLengthOpts(text, size, &end, false);
     if (root == NULL || !cJSON_IsArray(root) || cJSON_GetArraySize(root) < 1) {
         st = kv_error_set(err, KV_ERR_INPUT, "%s: expected a non-empty JSON array of token-id "
                           "arrays", path);
         goto cleanup;
     }
+    /* one JSON value: anything after it (a second array, a stray bracket)
+     * would otherwise be dropped without a word */
+    if (end == NULL || end < text || end > text + size ||
+        !prompts_only_blank(end, size - (size_t)(end - text))) {
+        const size_t at = end != NULL && end >= text && end <= text + size
+                              ? (size_t)(end - text) : 0;
+        st = kv_error_set(err, KV_ERR_INPUT, "%s: byte %zu: expected the end of the file after "
+                          "the prompts array (one JSON value), found more content", path, at);
+        goto cleanup;
+    }
     batch = cJSON_GetArraySize(root);
+    /* the table's bounds before any row is copied: a batch, a row and a
+     * decode the report writer writes and its reader reads back */
+    int64_t longest = 0;
+    for (const cJSON *r = root->child; r != NULL; r = r->next) {
+        const int64_t len = cJSON_IsArray(r) ? cJSON_GetArraySize(r) : 0;
+        longest = len > longest ? len : longest;
+    }
+    st = kv_limits_check_scenario(batch, longest > 0 ? longest : 1, new_tokens, path, err);
+    if (st != KV_OK) goto cleanup;
     rows = calloc((size_t)batch, sizeof *rows);
     lens = calloc((size_t)batch, sizeof *lens);
     if (rows == NULL || lens == NULL) {

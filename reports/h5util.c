@@ -8,9 +8,12 @@
 #include "h5util.h"
 
 #include <inttypes.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 /* ---- errors --------------------------------------------------------------- */
 
@@ -243,7 +246,6 @@ const ColumnTable H5_SUMMARY = {"summary", SUMMARY_COLUMNS, N_OF(SUMMARY_COLUMNS
 #define FIELD(T, f)                                                                                \
     .name = #f, .kind = FIELD_KIND(((T *)0)->f), .offset = offsetof(T, f),                         \
     .width = sizeof(((T *)0)->f)
-#define ANY_INT64 .lo = INT64_MIN, .hi = INT64_MAX
 
 static const AttrField ROOT_FIELDS[] = {
     {.name = "schema_version",
@@ -272,7 +274,9 @@ static const AttrField RUN_FIELDS[] = {
     {FIELD(KvRun, variant)},
     {FIELD(KvRun, backend)},
     {FIELD(KvRun, mode)},
-    {FIELD(KvRun, repeat), .lo = INT32_MIN, .hi = INT32_MAX},
+    /* counts are never negative: a negative repeat or graph count is no
+     * run's (issue 32: the external reader took them) */
+    {FIELD(KvRun, repeat), .lo = 0, .hi = INT32_MAX},
     /* topk, fault and prefill_chunk are absent from reports that always
      * stored full logits, and from those written before planted faults
      * were recorded (clean runs, whole-prompt prefill unknown: 0) */
@@ -312,9 +316,9 @@ static const AttrField RUN_FIELDS[] = {
     {FIELD(KvRun, vocab), .lo = 0, .hi = KV_REPORT_MAX_VOCAB},
     {FIELD(KvRun, prompt_len), .lo = 0, .hi = KV_REPORT_MAX_PROMPT_LEN},
     {FIELD(KvRun, n_probes), .lo = 0, .hi = KV_REPORT_MAX_PROBES},
-    {FIELD(KvRun, graphs_captured), ANY_INT64},
-    {FIELD(KvRun, replays_checked), ANY_INT64},
-    {FIELD(KvRun, replay_mismatch_step), ANY_INT64},
+    {FIELD(KvRun, graphs_captured), .lo = 0, .hi = INT64_MAX},
+    {FIELD(KvRun, replays_checked), .lo = 0, .hi = INT64_MAX},
+    {FIELD(KvRun, replay_mismatch_step), .lo = -1, .hi = KV_REPORT_MAX_STEPS},
     {FIELD(KvRun, seconds)},
 };
 
@@ -335,6 +339,32 @@ bool h5_attr_is_set(const AttrField *f, const void *base) {
     case FIELD_HEX: break; /* no unset value: always written */
     }
     return true;
+}
+
+bool h5_attr_field_range(const AttrField *f, const void *base, int64_t *lo, int64_t *hi) {
+    if (f->kind != FIELD_I32 && f->kind != FIELD_I64 && f->kind != FIELD_BOOL) return false;
+    *lo = f->lo;
+    *hi = f->hi;
+    if (f->capped) {
+        const int64_t cap = *(const int64_t *)((const char *)base + f->cap_offset);
+        if (cap < *hi) *hi = cap;
+    }
+    return true;
+}
+
+bool h5_attr_field_value(const AttrField *f, const void *base, int64_t *v) {
+    const char *p = (const char *)base + f->offset;
+    switch (f->kind) {
+    case FIELD_I32: *v = *(const int32_t *)p; return true;
+    case FIELD_I64: *v = *(const int64_t *)p; return true;
+    case FIELD_BOOL: *v = *(const bool *)p ? 1 : 0; return true;
+    case FIELD_STR:
+    case FIELD_U64:
+    case FIELD_F64:
+    case FIELD_VERSION:
+    case FIELD_HEX: break;
+    }
+    return false;
 }
 
 void h5_attr_fields_unset(const AttrTable *t, void *base) {
@@ -485,4 +515,159 @@ bool h5_run_counts(const KvRun *r, RunCounts *n) {
            h5_size_mul(n->rows, (size_t)r->n_probes, &n->probes) &&
            h5_size_mul(n->logits, sizeof(float), &(size_t){0}) &&
            h5_size_mul(n->probes, sizeof(uint64_t), &(size_t){0});
+}
+
+/* ---- a run's values ------------------------------------------------------ */
+
+bool h5_run_is_foreign(const KvRun *r) {
+    return r->engine[0] != '\0' || (strncmp(r->backend, "cpu", sizeof r->backend) != 0 &&
+                                    strncmp(r->backend, "cuda", sizeof r->backend) != 0);
+}
+
+/* Whether any of n floats is NaN or infinite. */
+static bool any_nonfinite(const float *x, int64_t n) {
+    for (int64_t k = 0; k < n; k++) {
+        if (!isfinite(x[k])) return true;
+    }
+    return false;
+}
+
+/* The ids of one top-k row: each a token id, none twice. A sorted copy
+ * finds a repeat in K log K (K <= KV_REPORT_MAX_TOPK, a stack buffer). */
+static int cmp_i32(const void *a, const void *b) {
+    const int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+static bool topk_row_ok(const KvRun *r, int64_t s, int64_t b, char *why, size_t n) {
+    const int64_t K = r->topk;
+    const int32_t *ids = r->topk_ids + (s * r->batch + b) * K;
+    int32_t sorted[KV_REPORT_MAX_TOPK];
+    for (int64_t j = 0; j < K; j++) {
+        if (ids[j] < 0 || ids[j] >= r->vocab) {
+            snprintf(why, n,
+                     "topk_ids[step %" PRId64 ", row %" PRId64 ", %" PRId64
+                     "]: expected a token id 0..%" PRId64 ", found %" PRId32,
+                     s, b, j, r->vocab - 1, ids[j]);
+            return false;
+        }
+        sorted[j] = ids[j];
+    }
+    qsort(sorted, (size_t)K, sizeof *sorted, cmp_i32);
+    for (int64_t j = 1; j < K; j++) {
+        if (sorted[j] != sorted[j - 1]) continue;
+        snprintf(why, n,
+                 "topk_ids[step %" PRId64 ", row %" PRId64
+                 "]: expected %" PRId64 " distinct token ids (the row's largest logits), "
+                 "found id %" PRId32 " more than once",
+                 s, b, K, sorted[j]);
+        return false;
+    }
+    return true;
+}
+
+/* A margin is the top-1 logit minus the runner-up: never negative, and
+ * NaN only where the row has a non-finite logit (which the gate's finite
+ * check then fails). A negative one would make any flip look like a
+ * near-tie, a NaN one beside finite logits says nothing about the row. */
+static bool margin_ok(const KvRun *r, int64_t s, int64_t b, char *why, size_t n) {
+    const int64_t i = s * r->batch + b;
+    const float m = r->margins[i];
+    if (m >= 0.0f) return true;
+    if (isnan(m)) {
+        const bool full = r->topk == 0;
+        const int64_t width = full ? r->vocab : r->topk;
+        const float *row = (full ? r->logits : r->topk_values) + i * width;
+        if (width > 0 && row != NULL && any_nonfinite(row, width)) return true;
+        snprintf(why, n,
+                 "margins[step %" PRId64 ", row %" PRId64
+                 "]: expected a number (the top-1 logit minus the runner-up), found NaN beside "
+                 "the row's finite %s",
+                 s, b, full ? "logits" : "top-k values");
+        return false;
+    }
+    snprintf(why, n,
+             "margins[step %" PRId64 ", row %" PRId64
+             "]: expected >= 0 (the top-1 logit minus the runner-up), found %g",
+             s, b, (double)m);
+    return false;
+}
+
+/* The skip reason of another engine's run: why it was skipped (empty when
+ * it ran), and a run that failed says so with the marker, exactly, so the
+ * gate fails it instead of skipping it. */
+static bool skip_reason_ok(const KvRun *r, char *why, size_t n) {
+    const char *s = r->skip_reason;
+    if (!r->skipped) {
+        if (s[0] == '\0') return true;
+        snprintf(why, n,
+                 "attribute skip_reason: expected an empty reason on a run that ran (skipped "
+                 "0), found '%.80s'",
+                 s);
+        return false;
+    }
+    const size_t marker = strlen(KV_REPORT_FAILED_MARKER);
+    const char *t = s;
+    while (*t == ' ' || *t == '\t' || *t == '\n' || *t == '\r') t++;
+    const bool says_failed = strncasecmp(t, "fail", 4) == 0;
+    const bool marked = strncmp(s, KV_REPORT_FAILED_MARKER, marker) == 0;
+    if (s[0] != '\0' && (!says_failed || (marked && s[marker] != '\0'))) return true;
+    if (s[0] == '\0') {
+        snprintf(why, n,
+                 "attribute skip_reason: expected why the run was skipped, found an empty "
+                 "reason");
+    } else {
+        snprintf(why, n,
+                 "attribute skip_reason: expected a run that failed to start with the marker "
+                 "'" KV_REPORT_FAILED_MARKER "' and say what failed (docs/SCHEMA.md; the gate "
+                 "then fails it), found '%.80s'",
+                 s);
+    }
+    return false;
+}
+
+bool h5_run_values_ok(const KvRun *r, char *why, size_t n) {
+    const bool foreign = h5_run_is_foreign(r);
+    if (foreign && !skip_reason_ok(r, why, n)) return false;
+    if (r->skipped) return true;
+    for (int64_t s = 0; s < r->steps; s++) {
+        for (int64_t b = 0; b < r->batch; b++) {
+            if (r->topk > 0 && !topk_row_ok(r, s, b, why, n)) return false;
+            if (foreign && !margin_ok(r, s, b, why, n)) return false;
+        }
+    }
+    return true;
+}
+
+/* ---- what a read allocates ------------------------------------------------ */
+
+/* *acc += a * b; false on overflow. */
+static bool cost_add(uint64_t *acc, uint64_t a, uint64_t b) {
+    if (a != 0 && b > UINT64_MAX / a) return false;
+    if (*acc > UINT64_MAX - a * b) return false;
+    *acc += a * b;
+    return true;
+}
+
+bool h5_read_cost(const KvReport *rep, uint64_t *out) {
+    const uint64_t nr = (uint64_t)rep->n_runs, nt = (uint64_t)rep->n_tolerances,
+                   nc = (uint64_t)rep->n_comparisons;
+    uint64_t acc = 0;
+    /* tables: staged rows, then (tolerances, comparisons) their copies */
+    bool ok = cost_add(&acc, nt, sizeof(TolRow) + sizeof(KvTolerance)) &&
+              cost_add(&acc, nc, sizeof(CmpRow) + sizeof(KvComparison)) &&
+              cost_add(&acc, nr, sizeof(SummaryRow) + sizeof(KvRun));
+    for (int64_t i = 0; ok && i < rep->n_runs; i++) {
+        const KvRun *r = &rep->runs[i];
+        for (size_t k = 0; ok && k < H5_RUN_DATASETS.n; k++) {
+            const RunDataset *d = &H5_RUN_DATASETS.sets[k];
+            if (!h5_run_holds(r, d)) continue;
+            hsize_t dims[3];
+            const int rank = h5_run_shape(r, d->shape, dims);
+            size_t count = 0;
+            ok = h5_shape_count(rank, dims, &count) && cost_add(&acc, count, d->elem);
+        }
+    }
+    *out = acc;
+    return ok;
 }

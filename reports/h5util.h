@@ -29,7 +29,13 @@ typedef struct {
     const char *path;
     KvError *err;
     uint64_t file_size; /* reading: the file's size in bytes */
-    uint64_t budget;    /* reading: bytes still allowed (KV_REPORT_MAX_READ_BYTES) */
+    uint64_t budget;    /* reading: bytes still allowed (kv_limits_read_budget) */
+    uint64_t allowed;   /* reading: the whole budget, for messages */
+    /* reading: the runs read so far and, for each, the address of its
+     * logits dataset when other links share it (HADDR_UNDEF otherwise), so
+     * that a shared dataset is decompressed once and copied */
+    const KvRun *runs;
+    haddr_t *logits_addr;
 } ReportCtx;
 
 /* ---- errors --------------------------------------------------------------- */
@@ -184,6 +190,16 @@ extern const AttrTable H5_RUN_ATTRS;  /* of KvRun */
  * f->when_set and the field holds its unset value). */
 bool h5_attr_is_set(const AttrField *f, const void *base);
 
+/* The accepted values of integer field f (FIELD_I32, FIELD_I64, FIELD_BOOL)
+ * of the struct at base, its cap applied (capped: at most the int64_t at
+ * cap_offset): what the reader accepts and the writer writes. False for
+ * a field of another kind. */
+bool h5_attr_field_range(const AttrField *f, const void *base, int64_t *lo, int64_t *hi);
+
+/* The value of integer field f of the struct at base into *v; false for a
+ * field of another kind. */
+bool h5_attr_field_value(const AttrField *f, const void *base, int64_t *v);
+
 /* Sets every when_set field of table t in the struct at base to its unset
  * value: what an absent attribute reads as. */
 void h5_attr_fields_unset(const AttrTable *t, void *base);
@@ -279,5 +295,37 @@ typedef struct {
 /* Fills *n; false when a size is negative or a product (or its bytes)
  * overflows size_t. */
 bool h5_run_counts(const KvRun *r, RunCounts *n);
+
+/* ---- a run's values ---------------------------------------------------- */
+
+/* A run of another engine (docs/SCHEMA.md, `gate --external`): a backend
+ * that is not kvrepro's ("cpu", "cuda"), or an engine recorded. */
+bool h5_run_is_foreign(const KvRun *r);
+
+/* What a run's arrays must say beyond their shapes, checked by the writer
+ * before it writes and by the reader after it reads (sizes in range and
+ * arrays held, which both check first):
+ *   - every run that ran: each top-k row holds K distinct token ids, each
+ *     in 0..vocab-1;
+ *   - a run of another engine (h5_run_is_foreign): every margin >= 0, or
+ *     NaN where the row's stored logits (top-k values) hold a non-finite
+ *     value; skip_reason empty when the run ran, not empty when it was
+ *     skipped, and a reason that says the run failed ("fail..." in any
+ *     case, after blanks) starts with KV_REPORT_FAILED_MARKER exactly and
+ *     says what failed.
+ * kvrepro's own runs keep margins and reasons unchecked: a NaN margin of a
+ * top-k run may come from a logit the top-k left out, and their skip
+ * reasons are kvrepro's own text. False with the first problem in why
+ * ("<field>[...]: expected ..., found ..."). */
+bool h5_run_values_ok(const KvRun *r, char *why, size_t n);
+
+/* ---- what a read allocates ---------------------------------------------- */
+
+/* The bytes kv_report_read_h5 charges to its budget (kv_limits_read_budget)
+ * reading rep back: the run records, the tables' staged rows and copies,
+ * and every array each run holds, counted once per run (a shared logits
+ * dataset is copied into each run). False on overflow. The reader's
+ * h5r_charge calls are what this counts: change them together. */
+bool h5_read_cost(const KvReport *rep, uint64_t *out);
 
 #endif

@@ -4,62 +4,22 @@
 #ifndef KV_REPORT_H5_H
 #define KV_REPORT_H5_H
 
+#include "kv_limits.h"
 #include "report.h"
 #include "status.h"
 
 /* ---- what the reader accepts ---------------------------------------------
- * A report is input. Every size it declares is checked against these caps,
- * against the other sizes it must agree with, and against the file's own
- * size before anything is allocated, so a damaged or crafted file is refused
- * (KV_ERR_INPUT) instead of exhausting memory or time. Each cap is far above
- * what a gate writes; the comments say how far. */
+ * A report is input. Every size it declares is checked against the caps of
+ * kv_limits.h (shared with the writer and the gate), against the other sizes
+ * it must agree with, and against the file's own size before anything is
+ * allocated, so a damaged or crafted file is refused (KV_ERR_INPUT) instead
+ * of exhausting memory or time. */
 
-/* Runs in /runs. The default gate writes 1022 (2 fixtures x 7 scenarios x
- * (1 reference + 6 variants x 2 backends x 2 modes x 3 repeats)), with
- * --faults all 9 times that (9198). A KvRun costs about 1 KB before its
- * arrays, so the cap is about 270 MB of run records. */
-#define KV_REPORT_MAX_RUNS ((int64_t)1 << 18)
-/* Decode steps per run: the scenarios run a few windows (hundreds of
- * steps), --max-new-tokens a few thousand; a million is a long-context run. */
-#define KV_REPORT_MAX_STEPS ((int64_t)1 << 20)
-/* Batch rows per run: the scenarios use 1 or 2, --prompts files a few dozen. */
-#define KV_REPORT_MAX_BATCH ((int64_t)1 << 12)
-/* Prompt length (padded): a million tokens of context. */
-#define KV_REPORT_MAX_PROMPT_LEN ((int64_t)1 << 20)
-/* Vocabulary: the largest current tokenizers have about 256k entries (Gemma
- * 2: 256000); 4M leaves room without letting (S, B, V) run away. */
-#define KV_REPORT_MAX_VOCAB ((int64_t)1 << 22)
-/* Named probes per step: the forward pass records a handful per layer
- * (about 10 x 128 layers for the deepest models) plus embed and logits. */
-#define KV_REPORT_MAX_PROBES ((int64_t)1 << 16)
-/* Top-k logits kept per row when full logits are not stored: the gate keeps
- * 16. */
-#define KV_REPORT_MAX_TOPK ((int64_t)1 << 10)
-/* Named tolerances in /tolerances: the comparator's two (DESIGN §6), plus
- * three per calibrated unit (spread@, fp64_err@, max_rel_err@), and a
- * calibrated unit records at least four runs (the reference and the
- * ensemble), so a report within KV_REPORT_MAX_RUNS holds fewer than this. */
-#define KV_REPORT_MAX_TOLERANCES ((int64_t)1 << 18)
-/* Comparisons per run: the matrix compares a candidate run with at most 4
- * others (reference, replay, graph_vs_eager, variant_vs_variant; or repeat),
- * so /comparisons has at most 4 rows per run; the cap allows 16. */
-#define KV_REPORT_MAX_COMPARISONS_PER_RUN 16
-/* Bytes of data per stored byte in a deflated dataset: deflate's own limit
- * (a 258-byte match in 2 bits is 1032:1; zlib's headers only lower it). A
- * dataset claiming more is not deflate output but fill values or a crafted
- * size. A real bound rather than a guess: logits that compress extremely
- * well (all NaN from a broken candidate) must still be readable. */
-#define KV_REPORT_MAX_DEFLATE_RATIO 1032
-/* Bytes of fixed-length string per element (attribute or dataset): the
- * widest field the schema has is 512 bytes. */
-#define KV_REPORT_MAX_STRING_BYTES ((size_t)1 << 16)
-/* Memory the reader may allocate for one report, all arrays together:
- * runs that share one logits dataset (a hard link) each get a copy, so this
- * is not bounded by the file's size. The default gate's report needs a few
- * MB; a report needing more than 16 GiB could not be shown on the machines
- * that run the gate, and is refused rather than left to swap or to the OOM
- * killer. */
-#define KV_REPORT_MAX_READ_BYTES ((uint64_t)1 << 34)
+/* The start of the skip_reason of another engine's run that could not
+ * complete (docs/SCHEMA.md): such a run fails the gate's finite check, a
+ * crash is never a pass. harness/compare.h KV_RUN_FAILED_PREFIX is the
+ * same text. */
+#define KV_REPORT_FAILED_MARKER "failed: "
 
 /* Writes rep to path in schema KV_REPORT_SCHEMA_VERSION.
  *

@@ -259,11 +259,9 @@ static KvStatus h5r_attr_field(hid_t obj, const char *objpath, const AttrField *
     case FIELD_I64:
     case FIELD_BOOL: break;
     }
-    if (f->capped) {
-        const int64_t cap = *(const int64_t *)((const char *)base + f->cap_offset);
-        if (cap < hi) hi = cap;
-    }
-    st = h5r_attr_range(obj, objpath, f->name, f->lo, hi, &v, c);
+    int64_t lo = f->lo;
+    (void)h5_attr_field_range(f, base, &lo, &hi); /* an integer kind: true */
+    st = h5r_attr_range(obj, objpath, f->name, lo, hi, &v, c);
     if (st != KV_OK) return st;
     /* the range fits the field (h5util.c's tables) */
     if (f->kind == FIELD_I32) {
@@ -318,14 +316,21 @@ static KvStatus h5r_attr_fields(hid_t obj, const char *objpath, const AttrTable 
 /* ---- what the reader trusts ---------------------------------------------- */
 
 /* Charges bytes about to be allocated for objpath to the report's budget
- * (KV_REPORT_MAX_READ_BYTES for all arrays together). */
+ * (kv_limits_read_budget of the file's size, for everything together; a
+ * dataset that several runs share is charged to each, as each gets a
+ * copy). h5_read_cost (h5util.h) counts these charges for the writer:
+ * change them together. */
 static KvStatus h5r_charge(ReportCtx *c, const char *objpath, uint64_t bytes) {
     if (bytes > c->budget) {
         return h5_report_fail(c, KV_ERR_INPUT,
                               "%s: expected a report that fits in %" PRIu64
-                              " bytes of memory (KV_REPORT_MAX_READ_BYTES), found %" PRIu64
+                              " bytes of memory (%" PRIu64 " per byte of its %" PRIu64
+                              "-byte file, at least %" PRIu64 ", at most %" PRIu64
+                              "; kv_limits.h), found %" PRIu64
                               " more bytes needed here with %" PRIu64 " left",
-                              objpath, (uint64_t)KV_REPORT_MAX_READ_BYTES, bytes, c->budget);
+                              objpath, c->allowed, KV_REPORT_MAX_READ_RATIO, c->file_size,
+                              KV_REPORT_READ_FLOOR_BYTES, KV_REPORT_MAX_READ_BYTES, bytes,
+                              c->budget);
     }
     c->budget -= bytes;
     return KV_OK;
@@ -382,8 +387,9 @@ static KvStatus h5r_refuse_link(hid_t parent, const char *objpath, const char *n
  * nothing" when absent. shared: more than one hard link may lead to it (a
  * run's logits, which the writer links from every run with the same
  * values); anything else the schema has once. */
-static KvStatus h5r_check_object(hid_t parent, const char *objpath, const char *name,
-                                 H5O_type_t want, bool shared, const char *expect, ReportCtx *c) {
+static KvStatus h5r_check_object_info(hid_t parent, const char *objpath, const char *name,
+                                      H5O_type_t want, bool shared, const char *expect,
+                                      H5O_info_t *info, ReportCtx *c) {
     const htri_t exists = H5Lexists(parent, name, H5P_DEFAULT);
     if (exists < 0) return h5_fail(c, KV_ERR_INPUT, "%s: cannot look up", objpath);
     if (exists == 0) {
@@ -408,7 +414,13 @@ static KvStatus h5r_check_object(hid_t parent, const char *objpath, const char *
                               "run's logits may be shared)",
                               objpath, expect, oi.rc);
     }
+    if (info != NULL) *info = oi;
     return KV_OK;
+}
+
+static KvStatus h5r_check_object(hid_t parent, const char *objpath, const char *name,
+                                 H5O_type_t want, bool shared, const char *expect, ReportCtx *c) {
+    return h5r_check_object_info(parent, objpath, name, want, shared, expect, NULL, c);
 }
 
 /* The names a group may hold, for h5r_scan_group. */
@@ -630,12 +642,25 @@ cleanup:
     return st;
 }
 
+/* An earlier run whose logits are the dataset at addr (other links share
+ * it), or -1. */
+static int64_t h5r_shared_owner(const ReportCtx *c, int64_t run, haddr_t addr) {
+    for (int64_t j = 0; j < run; j++) {
+        if (c->logits_addr[j] == addr) return j;
+    }
+    return -1;
+}
+
 /* Reads dataset name of class cls and exactly shape dims into a new array
  * (NULL when it has no elements), after h5r_check_object (shared: see
- * there) and h5r_check_storage, and charged to the read budget. */
+ * there) and h5r_check_storage, and charged to the read budget. A shared
+ * dataset (run's logits, run >= 0) that an earlier run already read is
+ * copied from that run instead of being read again (decompressed once),
+ * and only between runs of the same model and scenario: the writer links
+ * identical logits of one (model, scenario) unit only. */
 static KvStatus h5r_dataset(hid_t g, const char *gpath, const char *name, H5T_class_t cls,
                             hid_t mem_type, size_t elem, int rank, const hsize_t *dims, bool shared,
-                            void **out, ReportCtx *c) {
+                            int64_t run, void **out, ReportCtx *c) {
     KvStatus st = KV_OK;
     hid_t dset = H5I_INVALID_HID, type = H5I_INVALID_HID, space = H5I_INVALID_HID;
     void *buf = NULL;
@@ -644,8 +669,28 @@ static KvStatus h5r_dataset(hid_t g, const char *gpath, const char *name, H5T_cl
     h5_shape_text(rank, dims, want, sizeof want);
     snprintf(expect, sizeof expect, "%s dataset of shape %s", class_text(cls), want);
     *out = NULL;
-    st = h5r_check_object(g, objpath, name, H5O_TYPE_DATASET, shared, expect, c);
+    H5O_info_t oi;
+    st = h5r_check_object_info(g, objpath, name, H5O_TYPE_DATASET, shared, expect, &oi, c);
     if (st != KV_OK) goto cleanup;
+    int64_t owner = -1;
+    if (shared && oi.rc > 1 && run >= 0 && c->logits_addr != NULL) {
+        owner = h5r_shared_owner(c, run, oi.addr);
+        const KvRun *a = owner >= 0 ? &c->runs[owner] : NULL, *b = &c->runs[run];
+        if (a != NULL && (strncmp(a->model, b->model, KV_NAME_LEN) != 0 ||
+                          strncmp(a->scenario, b->scenario, KV_NAME_LEN) != 0)) {
+            char other[32];
+            h5_run_group_name(owner, other, sizeof other);
+            st = h5_report_fail(c, KV_ERR_INPUT,
+                                "%s: expected %s of its own or shared with runs of the same "
+                                "model and scenario (the writer links identical logits within "
+                                "one unit only), found the dataset of /runs/%s/%s (model "
+                                "'%.64s', scenario '%.64s'; this run: '%.64s', '%.64s')",
+                                objpath, expect, other, name, a->model, a->scenario, b->model,
+                                b->scenario);
+            goto cleanup;
+        }
+        if (owner < 0) c->logits_addr[run] = oi.addr;
+    }
     dset = H5Dopen2(g, name, H5P_DEFAULT);
     if (dset < 0) {
         st = h5_fail(c, KV_ERR_INPUT, "%s: expected %s, found one HDF5 cannot open", objpath,
@@ -688,7 +733,9 @@ static KvStatus h5r_dataset(hid_t g, const char *gpath, const char *name, H5T_cl
         goto cleanup;
     }
     if (count == 0) goto cleanup;
-    if ((st = h5r_check_storage(dset, objpath, type, space, rank, dims, count, c)) != KV_OK ||
+    /* a copy: the owner's read checked the storage (same object, same shape) */
+    if ((owner < 0 &&
+         (st = h5r_check_storage(dset, objpath, type, space, rank, dims, count, c)) != KV_OK) ||
         (st = h5r_charge(c, objpath, bytes)) != KV_OK) {
         goto cleanup;
     }
@@ -697,7 +744,16 @@ static KvStatus h5r_dataset(hid_t g, const char *gpath, const char *name, H5T_cl
         st = h5_report_fail(c, KV_ERR_INTERNAL, "%s: out of memory (%zu bytes)", objpath, bytes);
         goto cleanup;
     }
-    if (cls == H5T_STRING) {
+    /* out is the array's pointer in c->runs[run]: the owner's is at the
+     * same offset in its run */
+    const void *from = NULL;
+    if (owner >= 0) {
+        const size_t at = (size_t)((const char *)out - (const char *)&c->runs[run]);
+        memcpy(&from, (const char *)&c->runs[owner] + at, sizeof from);
+    }
+    if (from != NULL) {
+        memcpy(buf, from, bytes);
+    } else if (cls == H5T_STRING) {
         st = h5r_strings(dset, false, type, space, count, buf, elem, objpath, c);
         if (st != KV_OK) goto cleanup;
     } else if (H5Dread(dset, mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf) < 0) {
@@ -1017,7 +1073,8 @@ static KvStatus h5r_summary(hid_t file, const KvReport *rep, ReportCtx *c) {
 /* The datasets of run r (h5_run_holds), each exactly of its shape. Only a
  * dataset marked shared (the full logits) may be linked from other runs
  * (the writer's hard links). */
-static KvStatus h5r_run_datasets(hid_t g, const char *objpath, KvRun *r, ReportCtx *c) {
+static KvStatus h5r_run_datasets(hid_t g, const char *objpath, int64_t run, KvRun *r,
+                                 ReportCtx *c) {
     for (size_t k = 0; k < H5_RUN_DATASETS.n; k++) {
         const RunDataset *d = &H5_RUN_DATASETS.sets[k];
         if (d->held == HELD_IF_SET) {
@@ -1057,7 +1114,7 @@ static KvStatus h5r_run_datasets(hid_t g, const char *objpath, KvRun *r, ReportC
         case DATA_NAME: cls = H5T_STRING; break; /* h5r_strings makes the memory type */
         }
         const KvStatus st = h5r_dataset(g, objpath, d->name, cls, mem_type, d->elem, rank, dims,
-                                        d->shared, (void **)((char *)r + d->offset), c);
+                                        d->shared, run, (void **)((char *)r + d->offset), c);
         if (st != KV_OK) return st;
     }
     return KV_OK;
@@ -1104,7 +1161,7 @@ static KvStatus h5r_run(hid_t runs, int64_t i, int64_t n_runs, KvRun *r, ReportC
                                       : "the datasets of a run (SCHEMA.md)",
                         c);
     if (st != KV_OK) goto cleanup;
-    st = h5r_run_datasets(g, objpath, r, c); /* none when skipped */
+    st = h5r_run_datasets(g, objpath, i, r, c); /* none when skipped */
     if (st != KV_OK) goto cleanup;
     /* a prefix-reuse script is whole: its three attributes within the
      * run's sizes and its suffix there (a run without one has none) */
@@ -1120,6 +1177,17 @@ static KvStatus h5r_run(hid_t runs, int64_t i, int64_t n_runs, KvRun *r, ReportC
                             (long long)r->suffix_len, r->suffix == NULL ? ", no suffix" : "",
                             (long long)r->shift_step, (long long)r->shift_keep,
                             (long long)r->shift_drop);
+        goto cleanup;
+    }
+    /* what the arrays say: top-k ids, another engine's margins and skip
+     * reason (h5util.h) */
+    char why[320];
+    if (!h5_run_values_ok(r, why, sizeof why)) {
+        char label[KV_NAME_LEN * 4];
+        kv_run_variant_label(r, label, sizeof label);
+        st = h5_report_fail(c, KV_ERR_INPUT, "%s (%.64s/%.64s/%.64s/%.16s/%.16s/r%d): %s", objpath,
+                            r->model, r->scenario, label, r->backend, r->mode, (int)r->repeat,
+                            why);
     }
 cleanup:
     h5_close(H5Gclose, g, objpath, &st, c);
@@ -1170,11 +1238,24 @@ static KvStatus h5r_runs(hid_t file, KvReport *rep, ReportCtx *c) {
         }
     }
     rep->n_runs = n;
+    if (n > 0) {
+        /* 8 bytes a run, within the run records' charge */
+        c->logits_addr = malloc((size_t)n * sizeof *c->logits_addr);
+        if (c->logits_addr == NULL) {
+            st = h5_report_fail(c, KV_ERR_INTERNAL, "/runs: out of memory");
+            goto cleanup;
+        }
+        for (int64_t i = 0; i < n; i++) c->logits_addr[i] = HADDR_UNDEF;
+        c->runs = rep->runs;
+    }
     for (int64_t i = 0; i < n; i++) {
         st = h5r_run(runs, i, n, &rep->runs[i], c);
         if (st != KV_OK) goto cleanup;
     }
 cleanup:
+    free(c->logits_addr);
+    c->logits_addr = NULL;
+    c->runs = NULL;
     h5_close(H5Gclose, runs, "/runs", &st, c);
     return st;
 }
@@ -1190,7 +1271,13 @@ KvStatus kv_report_read_h5(const char *path, KvReport *out, KvError *err) {
         return kv_error_set(err, KV_ERR_INPUT, "kv_report_read_h5: NULL %s",
                             path == NULL ? "path" : "output");
     }
-    ReportCtx c = {.path = path, .err = err, .file_size = 0, .budget = KV_REPORT_MAX_READ_BYTES};
+    ReportCtx c = {.path = path,
+                   .err = err,
+                   .file_size = 0,
+                   .budget = 0,
+                   .allowed = 0,
+                   .runs = NULL,
+                   .logits_addr = NULL};
     KvReport rep;
     memset(&rep, 0, sizeof rep);
     KvStatus st = KV_OK;
@@ -1225,6 +1312,8 @@ KvStatus kv_report_read_h5(const char *path, KvReport *out, KvError *err) {
         goto cleanup;
     }
     c.file_size = sb.st_size > 0 ? (uint64_t)sb.st_size : 0;
+    c.allowed = kv_limits_read_budget(c.file_size);
+    c.budget = c.allowed;
     st = h5_quiet_begin(&quiet, &c);
     if (st != KV_OK) goto cleanup;
     /* H5Fis_hdf5 is the 1.10 call (H5Fis_accessible from 1.12 on): it finds

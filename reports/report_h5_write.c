@@ -43,6 +43,38 @@
  * kv_report_write_h5). */
 #define KV_H5_MEMORY_LABEL "/(kvrepro in-memory file)"
 
+/* ---- the limits table (kv_limits.h) ------------------------------------- */
+
+uint64_t kv_limits_read_budget(uint64_t file_size) {
+    const uint64_t by_size = file_size > KV_REPORT_MAX_READ_BYTES / KV_REPORT_MAX_READ_RATIO
+                                 ? KV_REPORT_MAX_READ_BYTES
+                                 : file_size * KV_REPORT_MAX_READ_RATIO;
+    const uint64_t b = by_size > KV_REPORT_READ_FLOOR_BYTES ? by_size : KV_REPORT_READ_FLOOR_BYTES;
+    return b < KV_REPORT_MAX_READ_BYTES ? b : KV_REPORT_MAX_READ_BYTES;
+}
+
+KvStatus kv_limits_check_scenario(int64_t batch, int64_t prompt_len, int64_t max_new,
+                                  const char *what, KvError *err) {
+    const struct {
+        const char *field;
+        int64_t v, cap;
+        const char *why;
+    } sizes[] = {
+        {"prompt rows", batch, KV_REPORT_MAX_BATCH, "KV_REPORT_MAX_BATCH, a run's batch"},
+        {"prompt length", prompt_len, KV_REPORT_MAX_PROMPT_LEN,
+         "KV_REPORT_MAX_PROMPT_LEN, tokens in the longest row"},
+        {"new tokens", max_new, KV_REPORT_MAX_STEPS, "KV_REPORT_MAX_STEPS, a run's decode steps"},
+    };
+    for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
+        if (sizes[k].v >= 1 && sizes[k].v <= sizes[k].cap) continue;
+        return kv_error_set(err, KV_ERR_INPUT,
+                            "%s: %s: expected 1..%" PRId64 " (%s; kv_limits.h), found %" PRId64,
+                            what != NULL ? what : "the scenario", sizes[k].field, sizes[k].cap,
+                            sizes[k].why, sizes[k].v);
+    }
+    return KV_OK;
+}
+
 /* ---- what the writer relies on -------------------------------------------- */
 
 /* A string field is writable when it has a terminator inside its size. */
@@ -107,6 +139,17 @@ static KvStatus report_validate(const KvReport *rep, ReportCtx *c) {
                               " tolerances, %" PRId64 " runs, %" PRId64 " comparisons",
                               rep->n_tolerances, rep->n_runs, rep->n_comparisons);
     }
+    /* the reader's caps on the tables (kv_limits.h) */
+    if (rep->n_runs > KV_REPORT_MAX_RUNS || rep->n_tolerances > KV_REPORT_MAX_TOLERANCES ||
+        rep->n_comparisons > KV_REPORT_MAX_COMPARISONS_PER_RUN * rep->n_runs) {
+        return h5_report_fail(c, KV_ERR_INPUT,
+                              "report: expected at most %" PRId64 " runs, %" PRId64
+                              " tolerances and %d comparisons per run (kv_limits.h), found %" PRId64
+                              ", %" PRId64 " and %" PRId64,
+                              KV_REPORT_MAX_RUNS, KV_REPORT_MAX_TOLERANCES,
+                              KV_REPORT_MAX_COMPARISONS_PER_RUN, rep->n_runs, rep->n_tolerances,
+                              rep->n_comparisons);
+    }
     for (int64_t t = 0; t < rep->n_tolerances; t++) {
         CHECK_FIELD(&rep->tolerances[t], name, "tolerances", t);
         CHECK_FIELD(&rep->tolerances[t], reason, "tolerances", t);
@@ -128,11 +171,19 @@ static KvStatus report_validate(const KvReport *rep, ReportCtx *c) {
                                   ", vocab %" PRId64 ", prompt_len %" PRId64 ", n_probes %" PRId64,
                                   i, r->steps, r->batch, r->vocab, r->prompt_len, r->n_probes);
         }
-        if (r->topk < 0 || r->topk > r->vocab) {
+        /* every integer attribute in the range the reader accepts (the
+         * sizes first: the caps of the others depend on them) */
+        for (size_t a = 0; a < H5_RUN_ATTRS.n; a++) {
+            const AttrField *f = &H5_RUN_ATTRS.fields[a];
+            int64_t v = 0, lo = 0, hi = 0;
+            if (!h5_attr_field_value(f, r, &v) || !h5_attr_field_range(f, r, &lo, &hi) ||
+                !h5_attr_is_set(f, r) || (v >= lo && v <= hi)) {
+                continue;
+            }
             return h5_report_fail(c, KV_ERR_INPUT,
-                                  "runs[%" PRId64 "].topk: expected 0..vocab (%" PRId64
-                                  "), found %d",
-                                  i, r->vocab, (int)r->topk);
+                                  "runs[%" PRId64 "].%s: expected %" PRId64 "..%" PRId64
+                                  " (what the reader accepts; kv_limits.h), found %" PRId64,
+                                  i, f->name, lo, hi, v);
         }
         /* a prefix-reuse script is whole or absent: its suffix held by the
          * run, the switch and the saved prefix inside its sizes */
@@ -167,6 +218,23 @@ static KvStatus report_validate(const KvReport *rep, ReportCtx *c) {
                                       i, p, KV_NAME_LEN - 1, KV_NAME_LEN);
             }
         }
+    }
+    /* what the reader checks in the arrays (h5_run_values_ok), skipped runs
+     * included (their reason), once every array is known to be there */
+    for (int64_t i = 0; i < rep->n_runs; i++) {
+        char why[320];
+        if (!h5_run_values_ok(&rep->runs[i], why, sizeof why)) {
+            return h5_report_fail(c, KV_ERR_INPUT, "runs[%" PRId64 "].%s", i, why);
+        }
+    }
+    /* a report its reader could not hold, whatever the file's size */
+    uint64_t cost = 0;
+    if (!h5_read_cost(rep, &cost) || cost > KV_REPORT_MAX_READ_BYTES) {
+        return h5_report_fail(c, KV_ERR_INPUT,
+                              "report: expected at most %" PRIu64
+                              " bytes for a reader to hold (KV_REPORT_MAX_READ_BYTES), found %s",
+                              KV_REPORT_MAX_READ_BYTES,
+                              cost > KV_REPORT_MAX_READ_BYTES ? "more" : "a size beyond 64 bits");
     }
     for (int64_t k = 0; k < rep->n_comparisons; k++) {
         const KvComparison *cmp = &rep->comparisons[k];
@@ -573,13 +641,19 @@ static KvStatus h5w_run_dataset(hid_t g, const char *objpath, const KvRun *r, co
     return h5w_dataset(g, objpath, d->name, file_type, mem_type, rank, dims, data, d->chunked, c);
 }
 
-static KvStatus h5w_runs(hid_t file, hid_t gcpl, const KvReport *rep, ReportCtx *c) {
+/* share: identical logits of one unit are one dataset (h5w_logits_twins);
+ * otherwise every run stores its own. */
+static KvStatus h5w_runs(hid_t file, hid_t gcpl, const KvReport *rep, bool share, ReportCtx *c) {
     KvStatus st = KV_OK;
     hid_t runs = H5I_INVALID_HID, g = H5I_INVALID_HID, runs_gcpl = H5I_INVALID_HID;
     int64_t *twin = calloc(rep->n_runs > 0 ? (size_t)rep->n_runs : 1, sizeof *twin);
     if (twin == NULL) return h5_report_fail(c, KV_ERR_INTERNAL, "out of memory");
-    st = h5w_logits_twins(rep, twin, c);
-    if (st != KV_OK) goto cleanup;
+    if (share) {
+        st = h5w_logits_twins(rep, twin, c);
+        if (st != KV_OK) goto cleanup;
+    } else {
+        for (int64_t i = 0; i < rep->n_runs; i++) twin[i] = -1;
+    }
     runs_gcpl = H5Pcopy(gcpl);
     if (runs_gcpl < 0 ||
         (rep->n_runs > KV_H5_RUNS_DENSE_ABOVE &&
@@ -723,23 +797,13 @@ static KvStatus core_image_length(const CoreImage *ci, size_t *len, ReportCtx *c
     return KV_OK;
 }
 
-KvStatus kv_report_write_h5(const KvReport *rep, const char *path, KvError *err) {
-    if (rep == NULL || path == NULL) {
-        return kv_error_set(err, KV_ERR_INPUT, "kv_report_write_h5: NULL %s",
-                            rep == NULL ? "report" : "path");
-    }
-    ReportCtx c = {.path = path, .err = err};
-    KvStatus st = report_validate(rep, &c);
-    if (st != KV_OK) return st;
-    /* an unusable destination is found before the file is built */
-    st = kv_report_check_writable(path, err);
-    if (st != KV_OK) return st;
-
+/* Builds the file of rep in memory into *img (the caller frees img->buf)
+ * and its length into *len; share as in h5w_runs. */
+static KvStatus h5w_build(const KvReport *rep, const char *path, bool share, CoreImage *img,
+                          size_t *len, ReportCtx *c) {
+    KvStatus st = KV_OK;
     hid_t fcpl = H5I_INVALID_HID, fapl = H5I_INVALID_HID, gcpl = H5I_INVALID_HID,
           file = H5I_INVALID_HID;
-    QuietErrors quiet = {.saved = false};
-    CoreImage img = {.buf = NULL, .size = 0, .closed = false};
-    size_t image_len = 0;
     char *label = NULL;
     const H5FD_file_image_callbacks_t callbacks = {
         .image_malloc = core_image_malloc,
@@ -748,17 +812,8 @@ KvStatus kv_report_write_h5(const KvReport *rep, const char *path, KvError *err)
         .image_free = core_image_free,
         .udata_copy = core_image_udata_copy,
         .udata_free = core_image_udata_free,
-        .udata = &img,
+        .udata = img,
     };
-
-    st = h5_quiet_begin(&quiet, &c);
-    if (st != KV_OK) goto cleanup;
-    if (H5Zfilter_avail(H5Z_FILTER_DEFLATE) <= 0 || H5Zfilter_avail(H5Z_FILTER_SHUFFLE) <= 0) {
-        st = h5_fail(&c, KV_ERR_INTERNAL,
-                     "expected an HDF5 library with the deflate and shuffle filters, found one "
-                     "without");
-        goto cleanup;
-    }
     /* The file is built in memory (the core driver, no backing store) and
      * only its finished image reaches the disk, through
      * kv_report_file_publish: a killed writer leaves no temporary, and
@@ -774,7 +829,7 @@ KvStatus kv_report_write_h5(const KvReport *rep, const char *path, KvError *err)
         H5Pset_file_image_callbacks(fapl, (H5FD_file_image_callbacks_t *)&callbacks) < 0 ||
         H5Pset_libver_bounds(fapl, H5F_LIBVER_V18, H5F_LIBVER_V18) < 0 ||
         H5Pset_fclose_degree(fapl, H5F_CLOSE_STRONG) < 0) {
-        st = h5_fail(&c, KV_ERR_INTERNAL, "cannot set up the file properties");
+        st = h5_fail(c, KV_ERR_INTERNAL, "cannot set up the file properties");
         goto cleanup;
     }
     /* With no backing store the name is a label, but the library first
@@ -783,22 +838,22 @@ KvStatus kv_report_write_h5(const KvReport *rep, const char *path, KvError *err)
      * regular file or absent (kv_report_check_writable above). */
     label = malloc(strlen(path) + sizeof KV_H5_MEMORY_LABEL);
     if (label == NULL) {
-        st = h5_report_fail(&c, KV_ERR_INTERNAL, "out of memory");
+        st = h5_report_fail(c, KV_ERR_INTERNAL, "out of memory");
         goto cleanup;
     }
     snprintf(label, strlen(path) + sizeof KV_H5_MEMORY_LABEL, "%s" KV_H5_MEMORY_LABEL, path);
     file = H5Fcreate(label, H5F_ACC_TRUNC, fcpl, fapl);
     if (file < 0) {
-        st = h5_fail(&c, KV_ERR_INTERNAL, "cannot create the file in memory");
+        st = h5_fail(c, KV_ERR_INTERNAL, "cannot create the file in memory");
         goto cleanup;
     }
-    if ((st = h5w_attr_fields(file, "/", &H5_ROOT_ATTRS, rep, &c)) != KV_OK ||
-        (st = h5w_table_of(file, &H5_TOLERANCES, rep->tolerances, rep->n_tolerances, &c)) !=
+    if ((st = h5w_attr_fields(file, "/", &H5_ROOT_ATTRS, rep, c)) != KV_OK ||
+        (st = h5w_table_of(file, &H5_TOLERANCES, rep->tolerances, rep->n_tolerances, c)) !=
             KV_OK ||
-        (st = h5w_runs(file, gcpl, rep, &c)) != KV_OK ||
-        (st = h5w_table_of(file, &H5_COMPARISONS, rep->comparisons, rep->n_comparisons, &c)) !=
+        (st = h5w_runs(file, gcpl, rep, share, c)) != KV_OK ||
+        (st = h5w_table_of(file, &H5_COMPARISONS, rep->comparisons, rep->n_comparisons, c)) !=
             KV_OK ||
-        (st = h5w_summary(file, rep, &c)) != KV_OK) {
+        (st = h5w_summary(file, rep, c)) != KV_OK) {
         goto cleanup;
     }
     /* Closing finishes the file (the superblock's final end-of-file address,
@@ -810,19 +865,65 @@ KvStatus kv_report_write_h5(const KvReport *rep, const char *path, KvError *err)
     herr_t closed = H5Fclose(file);
     file = H5I_INVALID_HID;
     if (closed < 0) {
-        st = h5_fail(&c, KV_ERR_INTERNAL, "cannot finish the file in memory");
+        st = h5_fail(c, KV_ERR_INTERNAL, "cannot finish the file in memory");
         goto cleanup;
     }
-    st = core_image_length(&img, &image_len, &c);
-    if (st != KV_OK) goto cleanup;
-    st = kv_report_file_publish(path, img.buf, image_len, err);
+    st = core_image_length(img, len, c);
 cleanup:
-    h5_close(H5Fclose, file, "file", &st, &c);
-    h5_close(H5Pclose, gcpl, "group properties", &st, &c);
-    h5_close(H5Pclose, fapl, "file access properties", &st, &c);
-    h5_close(H5Pclose, fcpl, "file creation properties", &st, &c);
+    h5_close(H5Fclose, file, "file", &st, c);
+    h5_close(H5Pclose, gcpl, "group properties", &st, c);
+    h5_close(H5Pclose, fapl, "file access properties", &st, c);
+    h5_close(H5Pclose, fcpl, "file creation properties", &st, c);
+    free(label);
+    return st;
+}
+
+KvStatus kv_report_write_h5(const KvReport *rep, const char *path, KvError *err) {
+    if (rep == NULL || path == NULL) {
+        return kv_error_set(err, KV_ERR_INPUT, "kv_report_write_h5: NULL %s",
+                            rep == NULL ? "report" : "path");
+    }
+    ReportCtx c = {.path = path, .err = err};
+    KvStatus st = report_validate(rep, &c);
+    if (st != KV_OK) return st;
+    /* an unusable destination is found before the file is built */
+    st = kv_report_check_writable(path, err);
+    if (st != KV_OK) return st;
+    uint64_t cost = 0;
+    (void)h5_read_cost(rep, &cost); /* report_validate: no overflow */
+
+    QuietErrors quiet = {.saved = false};
+    CoreImage img = {.buf = NULL, .size = 0, .closed = false};
+    size_t image_len = 0;
+    st = h5_quiet_begin(&quiet, &c);
+    if (st != KV_OK) goto cleanup;
+    if (H5Zfilter_avail(H5Z_FILTER_DEFLATE) <= 0 || H5Zfilter_avail(H5Z_FILTER_SHUFFLE) <= 0) {
+        st = h5_fail(&c, KV_ERR_INTERNAL,
+                     "expected an HDF5 library with the deflate and shuffle filters, found one "
+                     "without");
+        goto cleanup;
+    }
+    st = h5w_build(rep, path, true, &img, &image_len, &c);
+    /* Shared logits are copied into every run that links them, so a small
+     * file of many links asks the reader for more than its size allows
+     * (kv_limits_read_budget): then every run stores its own logits, which
+     * no reader budget refuses (each dataset within deflate's ratio). Only
+     * such extreme reports change; the others keep their bytes. */
+    if (st == KV_OK && cost > kv_limits_read_budget(image_len)) {
+        free(img.buf);
+        img = (CoreImage){.buf = NULL, .size = 0, .closed = false};
+        st = h5w_build(rep, path, false, &img, &image_len, &c);
+        if (st == KV_OK && cost > kv_limits_read_budget(image_len)) {
+            st = h5_report_fail(&c, KV_ERR_INPUT,
+                                "report: expected at most %" PRIu64
+                                " bytes for a reader to hold in a %zu-byte file (kv_limits.h), "
+                                "found %" PRIu64,
+                                kv_limits_read_budget(image_len), image_len, cost);
+        }
+    }
+    if (st == KV_OK) st = kv_report_file_publish(path, img.buf, image_len, err);
+cleanup:
     h5_quiet_end(&quiet, &st, &c);
     free(img.buf);
-    free(label);
     return st;
 }
