@@ -205,7 +205,10 @@ def cmd_capture(args: argparse.Namespace) -> int:
             if isinstance(vocab, int) and t >= vocab:
                 raise InputError(f"{args.prompts}: prompt {i} token {j}: id {t} is not below the "
                                  f"model's vocab_size {vocab} ({args.model}/config.json)")
-    model_files = [os.path.join(args.model, n) for n in os.listdir(args.model)]
+    try:
+        model_files = [os.path.join(args.model, n) for n in os.listdir(args.model)]
+    except OSError as e:
+        raise InputError(f"{args.model}: cannot list: {e.strerror or e}") from None
     _check_out_not_input(args.out, [args.prompts, *model_files])
 
     import torch

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import stat
 import subprocess
 import sys
@@ -24,12 +25,13 @@ import unittest
 from dataclasses import dataclass
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-MODEL = os.path.join(ROOT, "fixtures", "hf", "mistral")   # vocab_size 256
+FIXTURE = os.path.join(ROOT, "fixtures", "hf", "mistral")   # vocab_size 256
 # A case that is (wrongly) accepted would run a whole capture, or block on a
 # FIFO: the subprocess is stopped here and the case fails.
 TIMEOUT_S = 60
 # What transformers prints when it loads weights: a refused command never does.
 LOADING = "Loading weights"
+PROMPTS = "[[1, 2, 3], [4, 5]]"
 
 
 def write_tiny_report(path: str) -> None:
@@ -88,7 +90,13 @@ class CliErrorTest(unittest.TestCase):
                 f.write(data.encode() if isinstance(data, str) else data)
             return path
 
-        cls.prompts = put("p.json", "[[1, 2, 3], [4, 5]]")
+        # a copy of the model: a case wrongly accepted may write over its --out
+        # (the cases below name the prompts file and config.json as --out)
+        cls.model = os.path.join(d, "mistral")
+        os.mkdir(cls.model)
+        for name in ("config.json", "model.safetensors"):
+            shutil.copyfile(os.path.join(FIXTURE, name), os.path.join(cls.model, name))
+        cls.prompts = put("p.json", PROMPTS)
         cls.fifo = os.path.join(d, "fifo")
         os.mkfifo(cls.fifo)
         cls.dir = os.path.join(d, "a-dir")
@@ -141,7 +149,7 @@ class CliErrorTest(unittest.TestCase):
     def _capture(cls, **over: str | None) -> list[str]:
         """A valid capture command line with the options in over replaced
         (None drops the option)."""
-        opts: dict[str, str | None] = {"--model": MODEL, "--prompts": cls.prompts, "--max-new-tokens": "2",
+        opts: dict[str, str | None] = {"--model": cls.model, "--prompts": cls.prompts, "--max-new-tokens": "2",
                                        "--cache": "static_sliding", "--out": cls.out}
         opts.update({"--" + k.replace("_", "-"): v for k, v in over.items()})
         argv = ["capture"]
@@ -193,7 +201,7 @@ class CliErrorTest(unittest.TestCase):
             Case("--out", c(out=cls.fifo), cls.fifo),
             Case("--out", c(out=os.path.join(cls.out_dir, "o.h5.tmp-123")), "tmp-123"),
             Case("--out", c(out=cls.prompts), cls.prompts),
-            Case("--out", c(out=os.path.join(MODEL, "config.json")), "config.json"),
+            Case("--out", c(out=os.path.join(cls.model, "config.json")), "config.json"),
             # an option given twice, an abbreviation, an unknown option
             Case("--out", c() + ["--out", os.path.join(cls.out_dir, "b.h5")], "--out"),
             Case("--max-new-tokens", c() + ["--max-new-tokens", "3"], "--max-new-tokens"),
@@ -216,7 +224,7 @@ class CliErrorTest(unittest.TestCase):
         def p(report: str | None = None, *rest: str) -> list[str]:
             return ["plot", cls.report if report is None else report, *rest]
 
-        ok = os.path.join(ROOT, "fixtures", "hf", "mistral", "golden.h5")   # not a report: refused late
+        ok = os.path.join(FIXTURE, "golden.h5")   # HDF5 but not a report: refused late
         return [
             Case("report", ["plot", "--out", out], "report"),
             Case("report", p("", "--out", out), "report"),
@@ -251,17 +259,42 @@ class CliErrorTest(unittest.TestCase):
     def test_bad_values_exit_2_with_a_message(self) -> None:
         for case in self.cases:
             with self.subTest(option=case.option, argv=" ".join(a[:60] for a in case.argv[1:])):
-                rc, _, err = run_cli(case.argv)
-                self.assertNotIn("Traceback", err)
-                self.assertEqual(rc, 2, err[-2000:])
-                self.assertNotIn(LOADING, err)   # refused before a model was loaded
-                last = err.rstrip("\n").splitlines()[-1] if err.strip() else ""
-                self.assertRegex(last, r"^kvrepro-hf( capture| plot)?: ", err[-2000:])
-                self.assertIn(case.want, last)
-                # nothing written: no report, no figure, no temporary
-                self.assertEqual(os.listdir(self.out_dir), [])
-                self.assertEqual([n for n in os.listdir(self.d) if ".tmp-" in n], [])
-                self.assertTrue(stat.S_ISFIFO(os.lstat(self.fifo).st_mode))
+                try:
+                    self.check_refused(case)
+                finally:
+                    self.clean()
+
+    def clean(self) -> None:
+        """What a wrongly accepted case wrote, removed so that the next case
+        is judged on its own."""
+        for name in os.listdir(self.out_dir):
+            path = os.path.join(self.out_dir, name)
+            shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path) else os.unlink(path)
+        for name in os.listdir(self.d):
+            if ".tmp-" in name:
+                os.unlink(os.path.join(self.d, name))
+        if not stat.S_ISFIFO(os.lstat(self.fifo).st_mode):
+            os.unlink(self.fifo)
+            os.mkfifo(self.fifo)
+        with open(self.prompts, "w") as f:
+            f.write(PROMPTS)
+        for name in ("config.json", "model.safetensors"):
+            shutil.copyfile(os.path.join(FIXTURE, name), os.path.join(self.model, name))
+
+    def check_refused(self, case: Case) -> None:
+        rc, _, err = run_cli(case.argv)
+        self.assertNotIn("Traceback", err)
+        self.assertEqual(rc, 2, err[-2000:])
+        self.assertNotIn(LOADING, err)   # refused before a model was loaded
+        last = err.rstrip("\n").splitlines()[-1] if err.strip() else ""
+        self.assertRegex(last, r"^kvrepro-hf( capture| plot)?: ", err[-2000:])
+        self.assertIn(case.want, last)
+        # nothing written: no report, no figure, no temporary
+        self.assertEqual(os.listdir(self.out_dir), [])
+        self.assertEqual([n for n in os.listdir(self.d) if ".tmp-" in n], [])
+        self.assertTrue(stat.S_ISFIFO(os.lstat(self.fifo).st_mode))
+        with open(self.prompts) as f:
+            self.assertEqual(f.read(), PROMPTS)
 
 
 if __name__ == "__main__":
