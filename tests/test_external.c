@@ -30,6 +30,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <hdf5.h>
+#include <math.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -697,6 +698,185 @@ START_TEST(test_bad_input_exits_2) {
 }
 END_TEST
 
+/* ---- values a recording may not hold (issue 32, item 3) ----------------- */
+
+/* The files below are written valid (the writer refuses these values too)
+ * and then edited with HDF5, as a hand-made or damaged recording would be. */
+static hid_t ext_open_run(const char *path, int run, hid_t *g) {
+    hid_t f = H5Fopen(path, H5F_ACC_RDWR, H5P_DEFAULT);
+    ck_assert_msg(f >= 0, "open %s", path);
+    char name[32];
+    snprintf(name, sizeof name, "/runs/%04d", run);
+    *g = H5Gopen2(f, name, H5P_DEFAULT);
+    ck_assert_msg(*g >= 0, "open %s", name);
+    return f;
+}
+
+static void ext_close_run(hid_t f, hid_t g) { ck_assert(H5Gclose(g) >= 0 && H5Fclose(f) >= 0); }
+
+/* Sets integer attribute name of run `run` in path (converted to its type). */
+static void ext_set_int(const char *path, int run, const char *name, int64_t v) {
+    hid_t g;
+    hid_t f = ext_open_run(path, run, &g);
+    hid_t a = H5Aopen(g, name, H5P_DEFAULT);
+    ck_assert_msg(a >= 0 && H5Awrite(a, H5T_NATIVE_INT64, &v) >= 0, "write %s", name);
+    ck_assert(H5Aclose(a) >= 0);
+    ext_close_run(f, g);
+}
+
+/* Sets the fixed-length string attribute name of run `run` in path. */
+static void ext_set_str(const char *path, int run, const char *name, const char *v) {
+    hid_t g;
+    hid_t f = ext_open_run(path, run, &g);
+    hid_t a = H5Aopen(g, name, H5P_DEFAULT);
+    hid_t t = a >= 0 ? H5Aget_type(a) : H5I_INVALID_HID;
+    ck_assert_msg(t >= 0, "open %s", name);
+    char buf[512] = {0};
+    ck_assert(H5Tget_size(t) <= sizeof buf);
+    snprintf(buf, H5Tget_size(t), "%s", v);
+    ck_assert_msg(H5Awrite(a, t, buf) >= 0, "write %s", name);
+    ck_assert(H5Tclose(t) >= 0 && H5Aclose(a) >= 0);
+    ext_close_run(f, g);
+}
+
+/* Element k of dataset name of run `run` in path becomes v (read in the
+ * memory type mem of elem bytes, changed, written back). */
+static void ext_poke(const char *path, int run, const char *name, hid_t mem, size_t elem,
+                     int64_t k, const void *v) {
+    hid_t g;
+    hid_t f = ext_open_run(path, run, &g);
+    hid_t d = H5Dopen2(g, name, H5P_DEFAULT);
+    hid_t sp = d >= 0 ? H5Dget_space(d) : H5I_INVALID_HID;
+    ck_assert_msg(sp >= 0, "open %s", name);
+    const hssize_t n = H5Sget_simple_extent_npoints(sp);
+    ck_assert(n > k);
+    char *buf = malloc((size_t)n * elem);
+    ck_assert_ptr_nonnull(buf);
+    ck_assert(H5Dread(d, mem, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf) >= 0);
+    memcpy(buf + (size_t)k * elem, v, elem);
+    ck_assert(H5Dwrite(d, mem, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf) >= 0);
+    free(buf);
+    ck_assert(H5Sclose(sp) >= 0 && H5Dclose(d) >= 0);
+    ext_close_run(f, g);
+}
+
+/* kvrepro gate --external on path: exit 2, the message naming the file, the
+ * run (its group and label) and the field, and no report written. */
+static void expect_refused(const char *path, const char *run_label, const char *field) {
+    const char *rep_path = ext_path("refused.h5");
+    ck_assert_int_eq(kvrepro("gate", "--model", EXT_MODEL_DIR, "--external", path, "--report",
+                             rep_path, NULL), 2);
+    EXPECT_OUT(path);
+    EXPECT_OUT(run_label);
+    EXPECT_OUT(field);
+    ck_assert(!file_exists(rep_path));
+}
+
+#define EXT_LABEL0 "/runs/0000 (mistral/short/hf:static_sliding:sdpa:fp32/torch-cpu/eager/r0)"
+
+/* Top-k ids that repeat one id, a NaN margin beside finite logits, a
+ * negative margin, a negative repeat or graph count, and a skip reason
+ * that hides a failure (or says nothing, or sits on a run that ran) are
+ * bad input: exit 2 naming the file, the run and the field. */
+START_TEST(test_bad_values_exit_2) {
+    /* a top-k run whose row (step 2, row 1) names one id twice */
+    KvRun tk[1] = {ext_run("short", "eager", 0)};
+    const int K = 4;
+    KvRun *r = &tk[0];
+    const int64_t rows = r->steps * r->batch;
+    r->topk = K;
+    r->topk_ids = malloc((size_t)(rows * K) * sizeof *r->topk_ids);
+    r->topk_values = malloc((size_t)(rows * K) * sizeof *r->topk_values);
+    ck_assert(r->topk_ids != NULL && r->topk_values != NULL);
+    for (int64_t i = 0; i < rows; i++) {
+        for (int j = 0; j < K; j++) {
+            const int32_t id = j == 0 ? r->tokens[i] : (r->tokens[i] + 7 * j) % (int32_t)r->vocab;
+            r->topk_ids[i * K + j] = id;
+            r->topk_values[i * K + j] = r->logits[i * r->vocab + id];
+        }
+    }
+    const int32_t again = r->topk_ids[(2 * 2 + 1) * K];
+    free(r->logits);
+    r->logits = NULL;
+    const char *topk = ext_write("dup_ids.h5", tk, 1);
+    ext_poke(topk, 0, "topk_ids", H5T_NATIVE_INT32, sizeof(int32_t), (2 * 2 + 1) * K + 3, &again);
+    expect_refused(topk, EXT_LABEL0, "topk_ids[step 2, row 1]: expected 4 distinct token ids");
+
+    /* a NaN margin beside finite logits, and a negative one */
+    const float nan = NAN, neg = -0.5f;
+    KvRun m1[1] = {ext_run("short", "eager", 0)};
+    const char *nan_margin = ext_write("nan_margin.h5", m1, 1);
+    ext_poke(nan_margin, 0, "margins", H5T_NATIVE_FLOAT, sizeof(float), 3 * 2 + 1, &nan);
+    expect_refused(nan_margin, EXT_LABEL0, "margins[step 3, row 1]: expected a number");
+    KvRun m2[1] = {ext_run("short", "eager", 0)};
+    const char *neg_margin = ext_write("neg_margin.h5", m2, 1);
+    ext_poke(neg_margin, 0, "margins", H5T_NATIVE_FLOAT, sizeof(float), 4 * 2, &neg);
+    expect_refused(neg_margin, EXT_LABEL0, "margins[step 4, row 0]: expected >= 0");
+
+    /* negative counts */
+    KvRun c1[1] = {ext_run("short", "eager", 0)};
+    const char *neg_repeat = ext_write("neg_repeat.h5", c1, 1);
+    ext_set_int(neg_repeat, 0, "repeat", -1);
+    expect_refused(neg_repeat, "/runs/0000", "attribute repeat: expected 0..2147483647, found -1");
+    KvRun c2[1] = {ext_run("short", "compile", 0)};
+    const char *neg_graphs = ext_write("neg_graphs.h5", c2, 1);
+    ext_set_int(neg_graphs, 0, "graphs_captured", -3);
+    expect_refused(neg_graphs, "/runs/0000", "attribute graphs_captured: expected 0..");
+
+    /* skip reasons: a failure without the marker, none, one on a run that ran */
+    static const struct {
+        const char *reason;
+        const char *want;
+    } bad_reasons[] = {
+        {"Failed: RuntimeError: CUDA error", "expected a run that failed to start with the marker "
+                                             "'failed: '"},
+        {"failed:RuntimeError", "expected a run that failed to start with the marker 'failed: '"},
+        {"  failed: RuntimeError", "expected a run that failed to start with the marker"},
+        {"failed: ", "expected a run that failed to start with the marker"},
+        {"", "skip_reason: expected why the run was skipped, found an empty reason"},
+    };
+    for (size_t k = 0; k < sizeof bad_reasons / sizeof bad_reasons[0]; k++) {
+        KvRun sk[2] = {ext_run("short", "eager", 0),
+                       ext_skipped("short", "reduce-overhead", "no CUDA device")};
+        const char *path = ext_write("bad_reason.h5", sk, 2);
+        ext_set_str(path, 1, "skip_reason", bad_reasons[k].reason);
+        expect_refused(path, "/runs/0001 (mistral/short/hf:static_sliding:sdpa:fp32/torch-cpu/"
+                             "reduce-overhead/r0)", bad_reasons[k].want);
+    }
+    KvRun ran[1] = {ext_run("short", "eager", 0)};
+    const char *ran_reason = ext_write("ran_reason.h5", ran, 1);
+    ext_set_str(ran_reason, 0, "skip_reason", "reduce-overhead needs a CUDA device");
+    expect_refused(ran_reason, EXT_LABEL0,
+                   "skip_reason: expected an empty reason on a run that ran (skipped 0)");
+}
+END_TEST
+
+/* What is not bad input: a NaN margin where the row holds a NaN logit (the
+ * engine broke: its finite check fails), and a failure stated with the
+ * marker (it fails, never skips): exit 1, not 2. */
+START_TEST(test_broken_engine_fails_not_refused) {
+    KvRun runs[1] = {ext_run("short", "eager", 0)};
+    KvRun *r = &runs[0];
+    r->logits[(5 * r->batch + 0) * r->vocab + 9] = NAN;
+    r->margins[5 * r->batch] = NAN;
+    const char *ext = ext_write("nan_row.h5", runs, 1);
+    const char *rep_path = ext_path("r.h5");
+    ck_assert_int_eq(kvrepro("gate", "--model", EXT_MODEL_DIR, "--external", ext, "--report",
+                             rep_path, NULL), 1);
+    KvReport rep = read_report(rep_path);
+    const KvComparison *c = find_cmp(&rep, KV_CMP_FINITE, 1);
+    ck_assert_msg(c != NULL && c->verdict == KV_VERDICT_FAIL, "%s", c ? c->message : "none");
+    kv_report_free(&rep);
+
+    KvRun sk[2] = {ext_run("short", "eager", 0),
+                   ext_skipped("short", "compile", "failed: RuntimeError: boom")};
+    const char *failed = ext_write("failed.h5", sk, 2);
+    ck_assert_int_eq(kvrepro("gate", "--model", EXT_MODEL_DIR, "--external", failed, "--report",
+                             rep_path, NULL), 1);
+    EXPECT_OUT("RuntimeError: boom");
+}
+END_TEST
+
 /* ---- an output that cannot be written after the run --------------------- */
 
 /* The files a full disk stops: RLIMIT_FSIZE bytes, with SIGXFSZ ignored so
@@ -811,6 +991,8 @@ static Suite *external_suite(void) {
     tcase_add_test(tc, test_compile_flip_fails_compiled_vs_eager);
     tcase_add_test(tc, test_graphs_over_budget_fail);
     tcase_add_test(tc, test_bad_input_exits_2);
+    tcase_add_test(tc, test_bad_values_exit_2);
+    tcase_add_test(tc, test_broken_engine_fails_not_refused);
     tcase_add_test(tc, test_unwritable_output_exits_2);
     suite_add_tcase(s, tc);
     return s;

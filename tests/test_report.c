@@ -1614,6 +1614,234 @@ START_TEST(test_refuse_shared_objects) {
 }
 END_TEST
 
+/* ---- shared logits and the read budget (issue 32, item 5) ---------------- */
+
+/* A report of n runs of one unit, each (1, 1, vocab) with all-zero logits
+ * (identical, so the writer links them), prompt length 1 and no probes. */
+static void build_zero_runs(KvReport *rep, int n, int64_t vocab) {
+    memset(rep, 0, sizeof *rep);
+    snprintf(rep->shard, sizeof rep->shard, "1/1");
+    rep->n_runs = n;
+    rep->runs = test_alloc((size_t)n * sizeof *rep->runs);
+    for (int i = 0; i < n; i++) {
+        KvRun *r = &rep->runs[i];
+        kv_run_init(r);
+        snprintf(r->model, sizeof r->model, "fx-gemma2");
+        snprintf(r->scenario, sizeof r->scenario, "prompt_w");
+        snprintf(r->variant, sizeof r->variant, "ring");
+        snprintf(r->backend, sizeof r->backend, "cpu");
+        snprintf(r->mode, sizeof r->mode, "eager");
+        r->repeat = i;
+        r->steps = r->batch = r->prompt_len = 1;
+        r->vocab = vocab;
+        r->prompt = test_alloc(sizeof *r->prompt);
+        r->prompt_real = test_alloc(1);
+        r->prompt_real[0] = 1;
+        r->tokens = test_alloc(sizeof *r->tokens);
+        r->logits = test_alloc((size_t)vocab * sizeof *r->logits);
+        r->logits_hash = test_alloc(sizeof *r->logits_hash);
+        r->margins = test_alloc(sizeof *r->margins);
+    }
+}
+
+/* How many links lead to run i's logits in path. */
+static unsigned logits_links(const char *path, int i) {
+    hid_t f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
+    ck_assert(f >= 0);
+    char name[64];
+    snprintf(name, sizeof name, "/runs/%04d/logits", i);
+    H5O_info_t info; /* HDF5 1.10: H5Oget_info_by_name2 */
+    ck_assert(H5Oget_info_by_name2(f, name, &info, H5O_INFO_BASIC, H5P_DEFAULT) >= 0);
+    ck_assert(H5Fclose(f) >= 0);
+    return info.rc;
+}
+
+/* A few hundred KB of hard links to one well-compressed logits dataset
+ * would each be decompressed into a copy: gigabytes from a small file. The
+ * reader's budget follows the file's size (kv_limits_read_budget: 1032
+ * bytes a byte, at least 64 MiB), so it is refused within its headroom;
+ * before, every copy was made (640 MiB here, 4.8 GiB in the issue). */
+#define T_AMP_RUNS 40
+START_TEST(test_refuse_shared_logits_amplified) {
+    KvReport rep;
+    build_zero_runs(&rep, T_AMP_RUNS, 1);
+    char path[PATH_MAX];
+    scratch_path(path, sizeof path, "amplified.h5");
+    KvError err = {{0}};
+    ck_assert_msg(kv_report_write_h5(&rep, path, &err) == KV_OK, "%s", err.msg);
+    kv_report_free(&rep);
+    /* every run's vocab becomes the largest the reader takes; run 0 stores
+     * its (1, 1, 2^22) zeros deflated (16 MiB in ~16 KB), the others link it */
+    hid_t f = open_rw(path);
+    const hsize_t dims[3] = {1, 1, KV_REPORT_MAX_VOCAB};
+    hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
+    ck_assert(dcpl >= 0 && H5Pset_chunk(dcpl, 3, dims) >= 0 && H5Pset_shuffle(dcpl) >= 0 &&
+              H5Pset_deflate(dcpl, 9) >= 0);
+    for (int i = 0; i < T_AMP_RUNS; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "/runs/%04d", i);
+        hid_t g = H5Gopen2(f, name, H5P_DEFAULT);
+        ck_assert(g >= 0);
+        set_attr_i64(g, "vocab", KV_REPORT_MAX_VOCAB);
+        ck_assert(H5Ldelete(g, "logits", H5P_DEFAULT) >= 0);
+        if (i == 0) {
+            replace_dataset(g, "logits", H5T_NATIVE_FLOAT, 3, dims, dcpl, true);
+        } else {
+            ck_assert(H5Lcreate_hard(f, "/runs/0000/logits", g, "logits", H5P_DEFAULT,
+                                     H5P_DEFAULT) >= 0);
+        }
+        ck_assert(H5Gclose(g) >= 0);
+    }
+    ck_assert(H5Pclose(dcpl) >= 0 && H5Fclose(f) >= 0);
+    ck_assert_msg(file_size(path) < 1 << 20, "the crafted file is not small: %ld",
+                  file_size(path));
+    assert_read_refused_bounded(path, "/logits: expected a report that fits in");
+    assert_read_refused_bounded(path, "per byte of its");
+}
+END_TEST
+
+/* The writer links identical logits within one (model, scenario) unit
+ * only; a link between units is refused, naming both runs' datasets. */
+START_TEST(test_refuse_logits_shared_across_units) {
+    KvReport rep;
+    build_zero_runs(&rep, 2, 4);
+    char path[PATH_MAX];
+    scratch_path(path, sizeof path, "across.h5");
+    KvError err = {{0}};
+    ck_assert_msg(kv_report_write_h5(&rep, path, &err) == KV_OK, "%s", err.msg);
+    kv_report_free(&rep);
+    ck_assert_int_eq(logits_links(path, 1), 2);
+    hid_t f = open_rw(path);
+    hid_t g = H5Gopen2(f, "/runs/0001", H5P_DEFAULT);
+    hid_t a = g >= 0 ? H5Aopen(g, "scenario", H5P_DEFAULT) : H5I_INVALID_HID;
+    hid_t t = a >= 0 ? H5Aget_type(a) : H5I_INVALID_HID;
+    ck_assert(t >= 0 && H5Tget_size(t) == KV_NAME_LEN);
+    char other[KV_NAME_LEN] = "long_decode";
+    ck_assert(H5Awrite(a, t, other) >= 0);
+    ck_assert(H5Tclose(t) >= 0 && H5Aclose(a) >= 0 && H5Gclose(g) >= 0 && H5Fclose(f) >= 0);
+    assert_read_refused_bounded(path, "/runs/0001/logits: expected a float dataset of shape (1, "
+                                      "1, 4) of its own or shared with runs of the same model "
+                                      "and scenario");
+    assert_read_refused_bounded(path, "found the dataset of /runs/0000/logits (model "
+                                      "'fx-gemma2', scenario 'prompt_w'; this run: 'fx-gemma2', "
+                                      "'long_decode')");
+}
+END_TEST
+
+/* Where sharing would make the file ask its reader for more than its size
+ * allows, the writer stores every run's logits itself (each within
+ * deflate's ratio), and the report reads back; a report that stays within
+ * keeps its links (test_logits_linked_across_topk_run). */
+#define T_UNSHARE_RUNS 10
+START_TEST(test_write_unshares_amplified_logits) {
+    KvReport rep, back;
+    build_zero_runs(&rep, T_UNSHARE_RUNS, (int64_t)1 << 21); /* 80 MiB of logits */
+    char path[PATH_MAX];
+    scratch_path(path, sizeof path, "unshared.h5");
+    KvError err = {{0}};
+    ck_assert_msg(kv_report_write_h5(&rep, path, &err) == KV_OK, "%s", err.msg);
+    for (int i = 0; i < T_UNSHARE_RUNS; i++) {
+        ck_assert_msg(logits_links(path, i) == 1, "run %d's logits are shared (%u links) in a "
+                      "%ld-byte file", i, logits_links(path, i), file_size(path));
+    }
+    ck_assert_msg(kv_report_read_h5(path, &back, &err) == KV_OK, "%s", err.msg);
+    for (int64_t i = 0; i < T_UNSHARE_RUNS; i++) assert_same_run(&rep.runs[i], &back.runs[i], i);
+    kv_report_free(&back);
+    kv_report_free(&rep);
+}
+END_TEST
+
+/* What the reader refuses, the writer refuses before it creates anything:
+ * sizes beyond the limits table, negative counts, a top-k row naming one
+ * id twice or an id outside the vocabulary (before, these were written and
+ * then could not be read back). */
+START_TEST(test_write_refuses_what_reader_refuses) {
+    KvReport rep;
+    build_report(&rep);
+    char path[PATH_MAX];
+    scratch_path(path, sizeof path, "limits.h5");
+    rep.runs[2].batch = KV_REPORT_MAX_BATCH + 1; /* skipped: no arrays to allocate */
+    assert_write_fails(&rep, path, KV_ERR_INPUT, "runs[2].batch: expected 0..4096");
+    rep.runs[2].batch = T_BATCH;
+    rep.runs[2].prompt_len = KV_REPORT_MAX_PROMPT_LEN + 1;
+    assert_write_fails(&rep, path, KV_ERR_INPUT, "runs[2].prompt_len: expected 0..1048576");
+    rep.runs[2].prompt_len = T_PLEN;
+    rep.runs[2].steps = KV_REPORT_MAX_STEPS + 1;
+    assert_write_fails(&rep, path, KV_ERR_INPUT, "runs[2].steps: expected 0..1048576");
+    rep.runs[2].steps = T_STEPS;
+    rep.runs[0].repeat = -1;
+    assert_write_fails(&rep, path, KV_ERR_INPUT, "runs[0].repeat: expected 0..2147483647");
+    rep.runs[0].repeat = 0;
+    rep.runs[1].graphs_captured = -1;
+    assert_write_fails(&rep, path, KV_ERR_INPUT, "runs[1].graphs_captured: expected 0..");
+    rep.runs[1].graphs_captured = 2;
+    KvRun *t = &rep.runs[0];
+    free(t->logits);
+    t->logits = NULL;
+    t->topk = 2;
+    t->topk_ids = test_alloc(T_STEPS * T_BATCH * 2 * sizeof *t->topk_ids);
+    t->topk_values = test_alloc(T_STEPS * T_BATCH * 2 * sizeof *t->topk_values);
+    for (int i = 0; i < T_STEPS * T_BATCH * 2; i++) t->topk_ids[i] = i % T_VOCAB;
+    t->topk_ids[(1 * T_BATCH + 1) * 2 + 1] = t->topk_ids[(1 * T_BATCH + 1) * 2];
+    assert_write_fails(&rep, path, KV_ERR_INPUT,
+                       "runs[0].topk_ids[step 1, row 1]: expected 2 distinct token ids");
+    t->topk_ids[(1 * T_BATCH + 1) * 2 + 1] = T_VOCAB;
+    assert_write_fails(&rep, path, KV_ERR_INPUT,
+                       "runs[0].topk_ids[step 1, row 1, 1]: expected a token id 0..4, found 5");
+    ck_assert_int_eq(count_entries(NULL), 0);
+    kv_report_free(&rep);
+}
+END_TEST
+
+/* The same values in a file are refused by the reader, naming the run. */
+START_TEST(test_refuse_bad_values) {
+    char path[PATH_MAX];
+    const struct {
+        const char *attr;
+        int64_t value;
+        const char *want;
+    } cases[] = {
+        {"repeat", -1, "/runs/0001: attribute repeat: expected 0..2147483647, found -1"},
+        {"graphs_captured", -2, "/runs/0001: attribute graphs_captured: expected 0..9223372036854775807, found -2"},
+        {"replays_checked", -1, "/runs/0001: attribute replays_checked: expected 0.."},
+        {"replay_mismatch_step", -2, "/runs/0001: attribute replay_mismatch_step: expected -1.."},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        write_synthetic("values.h5", path, sizeof path);
+        hid_t f = open_rw(path);
+        hid_t g = H5Gopen2(f, "/runs/0001", H5P_DEFAULT);
+        ck_assert(g >= 0);
+        set_attr_i64(g, cases[k].attr, cases[k].value);
+        ck_assert(H5Gclose(g) >= 0 && H5Fclose(f) >= 0);
+        assert_read_fails(path, cases[k].want);
+    }
+    /* a top-k row naming one id twice: the file as the writer wrote it,
+     * then one id edited */
+    KvReport rep;
+    build_report(&rep);
+    KvRun *t = &rep.runs[0];
+    free(t->logits);
+    t->logits = NULL;
+    t->topk = 2;
+    t->topk_ids = test_alloc(T_STEPS * T_BATCH * 2 * sizeof *t->topk_ids);
+    t->topk_values = test_alloc(T_STEPS * T_BATCH * 2 * sizeof *t->topk_values);
+    for (int i = 0; i < T_STEPS * T_BATCH * 2; i++) t->topk_ids[i] = i % T_VOCAB;
+    scratch_path(path, sizeof path, "topk.h5");
+    KvError err = {{0}};
+    ck_assert_msg(kv_report_write_h5(&rep, path, &err) == KV_OK, "%s", err.msg);
+    t->topk_ids[(2 * T_BATCH + 0) * 2 + 1] = t->topk_ids[(2 * T_BATCH + 0) * 2];
+    hid_t f = open_rw(path);
+    hid_t d = H5Dopen2(f, "/runs/0000/topk_ids", H5P_DEFAULT);
+    ck_assert(d >= 0 && H5Dwrite(d, H5T_NATIVE_INT32, H5S_ALL, H5S_ALL, H5P_DEFAULT,
+                                 t->topk_ids) >= 0);
+    ck_assert(H5Dclose(d) >= 0 && H5Fclose(f) >= 0);
+    assert_read_fails(path, "/runs/0000 (fx-gemma2/prompt_w_plus_1/reference/cpu/eager/r0): "
+                            "topk_ids[step 2, row 0]: expected 2 distinct token ids (the row's "
+                            "largest logits), found id 3 more than once");
+    kv_report_free(&rep);
+}
+END_TEST
+
 /* A writer's temporary is not a report, whatever it holds. */
 START_TEST(test_refuse_writer_temporary) {
     char path[PATH_MAX], tmp[PATH_MAX + 32];
@@ -2023,6 +2251,11 @@ static Suite *report_suite(void) {
     tcase_add_test(hostile, test_refuse_extra_objects);
     tcase_add_test(hostile, test_refuse_shared_objects);
     tcase_add_test(hostile, test_refuse_writer_temporary);
+    tcase_add_test(hostile, test_refuse_shared_logits_amplified);
+    tcase_add_test(hostile, test_refuse_logits_shared_across_units);
+    tcase_add_test(hostile, test_write_unshares_amplified_logits);
+    tcase_add_test(hostile, test_write_refuses_what_reader_refuses);
+    tcase_add_test(hostile, test_refuse_bad_values);
     suite_add_tcase(s, hostile);
 
     TCase *files = tcase_create("report_files");
