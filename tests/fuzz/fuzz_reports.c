@@ -80,6 +80,8 @@ static void tiny_comparison(KvComparison *c, KvCompareKind kind, int64_t a, int6
     c->top1_agreement = 1.0;
 }
 
+static void tiny_foreign_runs(KvReport *rep);
+
 void kv_fuzz_tiny_report(KvFuzzReportKind kind, KvReport *rep) {
     memset(rep, 0, sizeof *rep);
     snprintf(rep->tool_version, sizeof rep->tool_version, "0.1.0");
@@ -137,11 +139,46 @@ void kv_fuzz_tiny_report(KvFuzzReportKind kind, KvReport *rep) {
         tiny_comparison(&rep->comparisons[1], KV_CMP_REFERENCE, 0, 2, KV_VERDICT_SKIP,
                         "skipped: no CUDA device");
         tiny_comparison(&rep->comparisons[2], KV_CMP_GRAPH, 1, 1, KV_VERDICT_PASS, "identical");
+        tiny_foreign_runs(rep);
     }
     if (kind == KV_FUZZ_REPORT_TOPK) {
         snprintf(rep->runs[1].fault, sizeof rep->runs[1].fault, "stale_scalar");
         rep->runs[1].prefill_chunk = 2;
     }
+}
+
+/* The FAIL kind's runs of another engine (what `gate --external` reads and
+ * its report keeps): a compiled top-k run with the engine's attributes, and
+ * a run the engine could not complete ("failed: ..."). Its margins and skip
+ * reasons are checked by the reader (h5_run_values_ok). */
+static void tiny_foreign_runs(KvReport *rep) {
+    const int64_t n = rep->n_runs;
+    KvRun *grown = realloc(rep->runs, (size_t)(n + 2) * sizeof *grown);
+    if (grown == NULL) {
+        fprintf(stderr, "kvrepro fuzz: out of memory\n");
+        abort();
+    }
+    rep->runs = grown;
+    rep->n_runs = n + 2;
+    KvRun *x = &rep->runs[n];
+    tiny_run(x, "hf:static_sliding:sdpa:fp32", "compile", 0, 2, 2);
+    snprintf(x->backend, sizeof x->backend, "torch-cpu");
+    snprintf(x->engine, sizeof x->engine, "transformers 5.23.0, torch 2.15.0, attn sdpa, fp32");
+    x->recompiles = 0;
+    x->graph_budget = 1;
+    x->graphs_captured = 1;
+    KvRun *f = &rep->runs[n + 1];
+    memset(f, 0, sizeof *f);
+    snprintf(f->model, sizeof f->model, "tiny");
+    snprintf(f->scenario, sizeof f->scenario, "prompt_w");
+    snprintf(f->variant, sizeof f->variant, "hf:static_sliding:sdpa:fp32");
+    snprintf(f->backend, sizeof f->backend, "torch-cpu");
+    snprintf(f->mode, sizeof f->mode, "reduce-overhead");
+    snprintf(f->engine, sizeof f->engine, "transformers 5.23.0");
+    f->skipped = true;
+    snprintf(f->skip_reason, sizeof f->skip_reason, "failed: RuntimeError: boom");
+    f->recompiles = f->graph_budget = -1;
+    f->replay_mismatch_step = -1;
 }
 
 #define DIFF(...)                                                                                  \
@@ -273,6 +310,63 @@ static void print_root(const KvReport *rep, const char *path, FILE *sink) {
 
 #define TERMINATED(s) (memchr((s), '\0', sizeof(s)) != NULL)
 
+/* Another engine's run (docs/SCHEMA.md): a backend not kvrepro's, or an
+ * engine recorded. Listed here, not taken from reports/, so the check is
+ * independent of the reader it checks. */
+static bool is_foreign(const KvRun *r) {
+    return r->engine[0] != '\0' || (strcmp(r->backend, "cpu") != 0 && strcmp(r->backend, "cuda") != 0);
+}
+
+/* A foreign run's skip reason: empty when it ran; when skipped, not empty,
+ * and one that says it failed carries the marker "failed: " and a text. */
+static void check_foreign_reason(const KvRun *r, int64_t i) {
+    if (!is_foreign(r)) return;
+    const char *s = r->skip_reason;
+    KV_FUZZ_CHECK(r->skipped || s[0] == '\0', "runs[%" PRId64 "]: a reason on a run that ran", i);
+    if (!r->skipped) return;
+    KV_FUZZ_CHECK(s[0] != '\0', "runs[%" PRId64 "]: skipped without a reason", i);
+    while (*s == ' ' || *s == '\t' || *s == '\n' || *s == '\r') s++;
+    const bool says_failed = (s[0] | 0x20) == 'f' && (s[1] | 0x20) == 'a' &&
+                             (s[2] | 0x20) == 'i' && (s[3] | 0x20) == 'l';
+    KV_FUZZ_CHECK(!says_failed || (strncmp(r->skip_reason, "failed: ", 8) == 0 &&
+                                   r->skip_reason[8] != '\0'),
+                  "runs[%" PRId64 "]: a failure without the marker: '%.60s'", i, r->skip_reason);
+}
+
+/* A run that ran: top-k rows of distinct ids within the vocabulary; a
+ * foreign run's margins >= 0, or NaN beside a non-finite stored logit. */
+static void check_run_values(const KvRun *r, int64_t i) {
+    const int64_t rows = r->steps * r->batch, K = r->topk;
+    for (int64_t w = 0; w < rows && K > 0; w++) {
+        const int32_t *ids = r->topk_ids + w * K;
+        for (int64_t a = 0; a < K; a++) {
+            KV_FUZZ_CHECK(ids[a] >= 0 && ids[a] < r->vocab,
+                          "runs[%" PRId64 "]: top-k id %" PRId32 " outside the vocabulary", i,
+                          ids[a]);
+            for (int64_t b = 0; b < a; b++) {
+                KV_FUZZ_CHECK(ids[a] != ids[b], "runs[%" PRId64 "]: top-k id %" PRId32 " twice",
+                              i, ids[a]);
+            }
+        }
+    }
+    if (!is_foreign(r)) return;
+    const int64_t width = K > 0 ? K : r->vocab;
+    const float *vals = K > 0 ? r->topk_values : r->logits;
+    for (int64_t w = 0; w < rows; w++) {
+        const float m = r->margins[w];
+        if (m >= 0.0f) continue;
+        bool nonfinite = false;
+        for (int64_t v = 0; v < width && m != m; v++) {
+            const float x = vals[w * width + v];
+            nonfinite = nonfinite || x != x || x - x != 0.0f;
+        }
+        KV_FUZZ_CHECK(m != m && nonfinite,
+                      "runs[%" PRId64 "]: margin %g at row %" PRId64 " (negative, or NaN beside "
+                      "finite logits)",
+                      i, (double)m, w);
+    }
+}
+
 static void check_report(const KvReport *rep) {
     KV_FUZZ_CHECK(TERMINATED(rep->tool_version) && TERMINATED(rep->git_commit) &&
                       TERMINATED(rep->host) && TERMINATED(rep->device) &&
@@ -300,7 +394,12 @@ static void check_report(const KvReport *rep) {
         KV_FUZZ_CHECK(r->topk >= 0 && r->topk <= r->vocab,
                       "runs[%" PRId64 "]: topk %" PRId32 " outside 0..vocab (%" PRId64 ")", i,
                       r->topk, r->vocab);
+        KV_FUZZ_CHECK(r->repeat >= 0 && r->graphs_captured >= 0 && r->replays_checked >= 0 &&
+                          r->replay_mismatch_step >= -1,
+                      "runs[%" PRId64 "]: a negative count", i);
+        check_foreign_reason(r, i);
         if (r->skipped) continue;
+        check_run_values(r, i);
         bool any = r->steps > 0 && r->batch > 0;
         KV_FUZZ_CHECK(!any || (r->tokens != NULL && r->logits_hash != NULL && r->margins != NULL),
                       "runs[%" PRId64 "]: a run that ran lacks its arrays", i);

@@ -14,7 +14,8 @@
 /* The kinds of tiny report kv_fuzz_tiny_report builds. */
 typedef enum {
     KV_FUZZ_REPORT_PASS = 0,   /* reference + one variant, full logits, all passing */
-    KV_FUZZ_REPORT_FAIL,       /* a failing comparison with a probe, a skipped cuda run */
+    KV_FUZZ_REPORT_FAIL,       /* a failing comparison with a probe, a skipped cuda run, and
+                                * two runs of another engine (top-k compiled; "failed: ...") */
     KV_FUZZ_REPORT_TOPK,       /* a planted-fault pass: topk runs, a fault, prefill_chunk */
     KV_FUZZ_REPORT_EMPTY,      /* no runs, no comparisons, no tolerances */
     KV_FUZZ_REPORT_COUNT
