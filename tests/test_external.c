@@ -19,7 +19,13 @@
  *   - 9 graphs against a budget of 1 fails `graph_budget` with the numbers;
  *   - a skipped run is a SKIP row with its reason;
  *   - top-k runs are compared at their kept ids, and say so;
- *   - a flip at a near-tie leaves the rest of its row uncompared, not failed;
+ *   - a flip at a near-tie is not a failure when the run then follows the
+ *     reference fed its tokens (the gate teacher-forces the reference);
+ *   - bad values of a recording (top-k ids naming one id twice, a NaN margin
+ *     beside finite logits, a negative margin, repeat or graph count, a skip
+ *     reason that hides a failure, is empty, or sits on a run that ran) exit
+ *     2 naming the file, the run and the field; a broken engine (NaN logits,
+ *     "failed: ...") still fails with exit 1;
  *   - bad input (vocab, no --model, --variants, a missing, corrupt or
  *     repeated run) exits 2 naming the file, and writes nothing;
  *   - the count line comes last, after "report:" and "junit:"; a report or
