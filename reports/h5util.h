@@ -31,11 +31,14 @@ typedef struct {
     uint64_t file_size; /* reading: the file's size in bytes */
     uint64_t budget;    /* reading: bytes still allowed (kv_limits_read_budget) */
     uint64_t allowed;   /* reading: the whole budget, for messages */
-    /* reading: the runs read so far and, for each, the address of its
-     * logits dataset when other links share it (HADDR_UNDEF otherwise), so
-     * that a shared dataset is decompressed once and copied */
+    /* reading: the runs read so far, and the shared datasets read, by
+     * address (an open-addressing table of shared_cap slots, HADDR_UNDEF
+     * when free, with the run that read each), so that a shared dataset is
+     * decompressed once and then copied */
     const KvRun *runs;
-    haddr_t *logits_addr;
+    haddr_t *shared_addr;
+    int64_t *shared_run;
+    size_t shared_cap;
 } ReportCtx;
 
 /* ---- errors --------------------------------------------------------------- */

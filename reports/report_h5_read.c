@@ -642,13 +642,14 @@ cleanup:
     return st;
 }
 
-/* An earlier run whose logits are the dataset at addr (other links share
- * it), or -1. */
-static int64_t h5r_shared_owner(const ReportCtx *c, int64_t run, haddr_t addr) {
-    for (int64_t j = 0; j < run; j++) {
-        if (c->logits_addr[j] == addr) return j;
+/* The slot of addr in the table of shared datasets read: where it is, or
+ * the free slot where it goes (the table is never full: twice the runs). */
+static size_t h5r_shared_slot(const ReportCtx *c, haddr_t addr) {
+    size_t k = (size_t)((addr * 0x9e3779b97f4a7c15ull) >> 17) & (c->shared_cap - 1);
+    while (c->shared_addr[k] != HADDR_UNDEF && c->shared_addr[k] != addr) {
+        k = (k + 1) & (c->shared_cap - 1);
     }
-    return -1;
+    return k;
 }
 
 /* Reads dataset name of class cls and exactly shape dims into a new array
@@ -673,8 +674,9 @@ static KvStatus h5r_dataset(hid_t g, const char *gpath, const char *name, H5T_cl
     st = h5r_check_object_info(g, objpath, name, H5O_TYPE_DATASET, shared, expect, &oi, c);
     if (st != KV_OK) goto cleanup;
     int64_t owner = -1;
-    if (shared && oi.rc > 1 && run >= 0 && c->logits_addr != NULL) {
-        owner = h5r_shared_owner(c, run, oi.addr);
+    if (shared && oi.rc > 1 && run >= 0 && c->shared_addr != NULL) {
+        const size_t slot = h5r_shared_slot(c, oi.addr);
+        owner = c->shared_addr[slot] == oi.addr ? c->shared_run[slot] : -1;
         const KvRun *a = owner >= 0 ? &c->runs[owner] : NULL, *b = &c->runs[run];
         if (a != NULL && (strncmp(a->model, b->model, KV_NAME_LEN) != 0 ||
                           strncmp(a->scenario, b->scenario, KV_NAME_LEN) != 0)) {
@@ -689,7 +691,10 @@ static KvStatus h5r_dataset(hid_t g, const char *gpath, const char *name, H5T_cl
                                 b->scenario);
             goto cleanup;
         }
-        if (owner < 0) c->logits_addr[run] = oi.addr;
+        if (owner < 0) {
+            c->shared_addr[slot] = oi.addr;
+            c->shared_run[slot] = run;
+        }
     }
     dset = H5Dopen2(g, name, H5P_DEFAULT);
     if (dset < 0) {
@@ -1239,13 +1244,18 @@ static KvStatus h5r_runs(hid_t file, KvReport *rep, ReportCtx *c) {
     }
     rep->n_runs = n;
     if (n > 0) {
-        /* 8 bytes a run, within the run records' charge */
-        c->logits_addr = malloc((size_t)n * sizeof *c->logits_addr);
-        if (c->logits_addr == NULL) {
+        /* at most one shared dataset a run: 2n slots keep probes short (32
+         * bytes a run, within the run records' charge) */
+        size_t cap = 2;
+        while (cap < 2 * (size_t)n) cap *= 2;
+        c->shared_addr = malloc(cap * sizeof *c->shared_addr);
+        c->shared_run = malloc(cap * sizeof *c->shared_run);
+        if (c->shared_addr == NULL || c->shared_run == NULL) {
             st = h5_report_fail(c, KV_ERR_INTERNAL, "/runs: out of memory");
             goto cleanup;
         }
-        for (int64_t i = 0; i < n; i++) c->logits_addr[i] = HADDR_UNDEF;
+        for (size_t k = 0; k < cap; k++) c->shared_addr[k] = HADDR_UNDEF;
+        c->shared_cap = cap;
         c->runs = rep->runs;
     }
     for (int64_t i = 0; i < n; i++) {
@@ -1253,8 +1263,11 @@ static KvStatus h5r_runs(hid_t file, KvReport *rep, ReportCtx *c) {
         if (st != KV_OK) goto cleanup;
     }
 cleanup:
-    free(c->logits_addr);
-    c->logits_addr = NULL;
+    free(c->shared_addr);
+    free(c->shared_run);
+    c->shared_addr = NULL;
+    c->shared_run = NULL;
+    c->shared_cap = 0;
     c->runs = NULL;
     h5_close(H5Gclose, runs, "/runs", &st, c);
     return st;
@@ -1277,7 +1290,9 @@ KvStatus kv_report_read_h5(const char *path, KvReport *out, KvError *err) {
                    .budget = 0,
                    .allowed = 0,
                    .runs = NULL,
-                   .logits_addr = NULL};
+                   .shared_addr = NULL,
+                   .shared_run = NULL,
+                   .shared_cap = 0};
     KvReport rep;
     memset(&rep, 0, sizeof rep);
     KvStatus st = KV_OK;
