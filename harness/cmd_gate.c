@@ -21,6 +21,7 @@
 #include "fixture.h"
 #include "gate_external.h"
 #include "gate_output.h"
+#include "kv_limits.h"
 #include "golden.h"
 #include "matrix.h"
 #include "model.h"
@@ -40,9 +41,9 @@
  * need (each file may hold many runs). */
 #define KV_GATE_MAX_EXTERNAL 256
 
-/* A decode longer than this is beyond every model's context (gpt-oss and
- * Qwen2 reach 131072): a larger --max-new-tokens is a typo or a wrap. */
-#define KV_GATE_MAX_NEW_TOKENS (1ull << 20)
+/* A decode longer than the report's step limit could not be written or read
+ * back (kv_limits.h, one table for the gate, the writer and the reader). */
+#define KV_GATE_MAX_NEW_TOKENS ((uint64_t)KV_REPORT_MAX_STEPS)
 
 static void gate_usage(FILE *f) {
     fprintf(f,
