@@ -1,4 +1,6 @@
-/* kv_limits.h: the one table of size limits that the report writer, the report
+/* kv_limits.h (not limits.h: reports/ is on the include path of every
+ * target that links the report library, and a "limits.h" there would
+ * shadow the C library's <limits.h>): the one table of size limits that the report writer, the report
  * reader and the gate share (issue 32 §5). A size the gate accepts is one
  * its writer writes and its reader reads back: the gate checks a scenario
  * (kv_limits_check_scenario) before any work, the writer refuses a report
@@ -94,5 +96,20 @@ uint64_t kv_limits_read_budget(uint64_t file_size);
  * (batch, then prompt length, then new tokens). */
 KvStatus kv_limits_check_scenario(int64_t batch, int64_t prompt_len, int64_t max_new,
                                   const char *what, KvError *err);
+
+/* Checks, before any work, that a report of n_runs runs of these sizes
+ * (steps decode steps of batch rows, prompt_len padded prompt tokens,
+ * n_probes probes a step; full logits of vocab entries, or topk > 0 kept a
+ * row) is one its reader can hold: at most KV_REPORT_MAX_READ_BYTES, every
+ * array of every run and the run records, with KV_REPORT_MAX_COMPARISONS_
+ * PER_RUN comparisons a run (an upper bound). The gate holds all of it in
+ * memory while it runs, so a matrix beyond it ends out of memory (exit 3)
+ * or with a report nobody can read. KV_OK, or KV_ERR_INPUT "<what>: a
+ * report of N runs of S steps x B rows x V logits needs ~X GiB to hold,
+ * above the 16 GiB its reader takes (KV_REPORT_MAX_READ_BYTES)"; sizes
+ * out of the table are refused as kv_limits_check_scenario does. */
+KvStatus kv_limits_check_report(int64_t n_runs, int64_t steps, int64_t batch, int64_t vocab,
+                                int64_t topk, int64_t n_probes, int64_t prompt_len,
+                                const char *what, KvError *err);
 
 #endif

@@ -75,6 +75,51 @@ KvStatus kv_limits_check_scenario(int64_t batch, int64_t prompt_len, int64_t max
     return KV_OK;
 }
 
+KvStatus kv_limits_check_report(int64_t n_runs, int64_t steps, int64_t batch, int64_t vocab,
+                                int64_t topk, int64_t n_probes, int64_t prompt_len,
+                                const char *what, KvError *err) {
+    const char *w = what != NULL ? what : "the report";
+    KvStatus st = kv_limits_check_scenario(batch, prompt_len, steps, w, err);
+    if (st != KV_OK) return st;
+    if (n_runs < 0 || n_runs > KV_REPORT_MAX_RUNS || vocab < 1 || vocab > KV_REPORT_MAX_VOCAB ||
+        topk < 0 || topk > KV_REPORT_MAX_TOPK || topk > vocab || n_probes < 0 ||
+        n_probes > KV_REPORT_MAX_PROBES) {
+        return kv_error_set(err, KV_ERR_INPUT,
+                            "%s: expected 0..%" PRId64 " runs, vocab 1..%" PRId64
+                            ", top-k 0..%" PRId64 " and 0..%" PRId64
+                            " probes (kv_limits.h), found %" PRId64 ", %" PRId64 ", %" PRId64
+                            " and %" PRId64,
+                            w, KV_REPORT_MAX_RUNS, KV_REPORT_MAX_VOCAB, KV_REPORT_MAX_TOPK,
+                            KV_REPORT_MAX_PROBES, n_runs, vocab, topk, n_probes);
+    }
+    /* one run as the reader holds it (h5_read_cost): the sizes are within
+     * the table, so every product fits in 64 bits */
+    KvRun r;
+    kv_run_init(&r);
+    r.steps = steps;
+    r.batch = batch;
+    r.vocab = vocab;
+    r.topk = (int32_t)topk;
+    r.n_probes = n_probes;
+    r.prompt_len = prompt_len;
+    const KvReport one = {.runs = &r, .n_runs = 1};
+    uint64_t per_run = 0;
+    (void)h5_read_cost(&one, &per_run);
+    per_run += (uint64_t)steps * sizeof(double) /* fp64_rel_err, on a reference run */ +
+               (uint64_t)KV_REPORT_MAX_COMPARISONS_PER_RUN *
+                   (sizeof(CmpRow) + sizeof(KvComparison));
+    if (n_runs == 0 || per_run <= KV_REPORT_MAX_READ_BYTES / (uint64_t)n_runs) return KV_OK;
+    return kv_error_set(err, KV_ERR_INPUT,
+                        "%s: a report of %" PRId64 " runs of %" PRId64 " steps x %" PRId64
+                        " rows x %" PRId64 " %s needs ~%.3g GiB to hold, above the %.3g GiB its "
+                        "reader takes (KV_REPORT_MAX_READ_BYTES; the gate holds it all while it "
+                        "runs)",
+                        w, n_runs, steps, batch, topk > 0 ? topk : vocab,
+                        topk > 0 ? "top-k logits" : "logits",
+                        (double)per_run * (double)n_runs / (double)((uint64_t)1 << 30),
+                        (double)KV_REPORT_MAX_READ_BYTES / (double)((uint64_t)1 << 30));
+}
+
 /* ---- what the writer relies on -------------------------------------------- */
 
 /* A string field is writable when it has a terminator inside its size. */

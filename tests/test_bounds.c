@@ -3,6 +3,8 @@
  * (harness/prompts.c):
  *   - kv_limits_check_scenario takes the table's largest sizes and refuses
  *     one more of each, naming the source and the field;
+ *   - kv_limits_check_report refuses a matrix whose report its reader could
+ *     not hold (a million steps of full logits in 73 runs);
  *   - kv_limits_read_budget: the floor, 1032 bytes per byte of file, the cap;
  *   - a prompts file is one JSON value: content after the array is refused
  *     (whitespace is not), naming the file;
@@ -89,6 +91,32 @@ START_TEST(test_check_scenario) {
     ck_assert_ptr_nonnull(strstr(err.msg, "--max-new-tokens: new tokens: expected 1..1048576"));
     ck_assert_int_eq(kv_limits_check_scenario(1, 0, 1, NULL, &err), KV_ERR_INPUT);
     ck_assert_ptr_nonnull(strstr(err.msg, "the scenario: prompt length: expected 1.."));
+}
+END_TEST
+
+/* `--max-new-tokens 1048576` ended in exit 3: the matrix's runs of a
+ * million steps of full logits are tens of GiB, which the gate held until
+ * malloc failed. The table says so up front. */
+START_TEST(test_check_report) {
+    KvError err = {{0}};
+    /* a default-gate unit: 73 runs of a few hundred steps */
+    ck_assert_msg(kv_limits_check_report(73, 256, 2, 256, 0, 40, 64, "gate", &err) == KV_OK,
+                  "%s", err.msg);
+    ck_assert_int_eq(kv_limits_check_report(73, KV_REPORT_MAX_STEPS, 1, 256, 0, 40, 2,
+                                            "--max-new-tokens", &err),
+                     KV_ERR_INPUT);
+    ck_assert_msg(strstr(err.msg, "--max-new-tokens: a report of 73 runs of 1048576 steps x 1 "
+                                  "rows x 256 logits needs ~") != NULL &&
+                      strstr(err.msg, "above the 16 GiB its reader takes") != NULL,
+                  "%s", err.msg);
+    /* top-k keeps it small: 16 a row */
+    ck_assert_msg(kv_limits_check_report(73, 4096, 1, 262144, 16, 40, 2, "gate", &err) == KV_OK,
+                  "%s", err.msg);
+    ck_assert_int_eq(kv_limits_check_report(1, 1, KV_REPORT_MAX_BATCH + 1, 4, 0, 1, 1, "gate",
+                                            &err),
+                     KV_ERR_INPUT);
+    ck_assert_ptr_nonnull(strstr(err.msg, "prompt rows: expected 1..4096"));
+    ck_assert_int_eq(kv_limits_check_report(1, 1, 1, 4, 5, 1, 1, "gate", &err), KV_ERR_INPUT);
 }
 END_TEST
 
@@ -202,6 +230,7 @@ int main(void) {
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, test_check_scenario);
+    tcase_add_test(tc, test_check_report);
     tcase_add_test(tc, test_read_budget);
     tcase_add_test(tc, test_prompts_trailing_content_refused);
     tcase_add_test(tc, test_prompts_over_limits_refused);
