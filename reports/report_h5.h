@@ -40,10 +40,18 @@
  * skipped must have every array its shape calls for (NULL is fine only for a
  * zero-sized array).
  *
+ * Identical full logits of runs of one model and scenario are stored once
+ * and hard-linked, unless the links would make the file ask its reader for
+ * more than kv_limits_read_budget of its size: then each run stores its
+ * own (only such extreme reports; the others keep their bytes).
+ *
  * Returns KV_OK; KV_ERR_INPUT for a NULL argument, an inconsistent report
  * (a string field without a terminator, a negative size, a missing array, a
- * comparison naming a run out of range, an unknown kind or verdict; all
- * checked before anything is created), a path that cannot be created
+ * comparison naming a run out of range, an unknown kind or verdict, and
+ * whatever its reader would refuse: a size or count outside the limits
+ * table, a repeated top-k id, another engine's bad margin or skip reason, a
+ * report of more than KV_REPORT_MAX_READ_BYTES to hold; all checked before
+ * anything is created), a path that cannot be created
  * ("<path>: cannot create: <strerror>") or written ("<path>: cannot write:
  * <strerror>": a full disk, a quota, an I/O error); KV_ERR_INTERNAL when out
  * of memory or HDF5 fails while building the file in memory (the message
@@ -64,11 +72,20 @@ KvStatus kv_report_write_h5(const KvReport *rep, const char *path, KvError *err)
  * (all of it allocated in this file: no external raw data, no virtual
  * dataset, no filter but shuffle, deflate and fletcher32, no more than
  * KV_REPORT_MAX_DEFLATE_RATIO bytes per stored byte), all before the
- * allocation; the total stays under KV_REPORT_MAX_READ_BYTES. Every link
- * the reader walks (the root group, /runs, each run group) must be a hard
- * link to an object of the type the schema gives, with no names the schema
- * does not have; a soft or external link is refused, never followed. Only a
- * run's logits may be shared with other runs (the writer's hard links).
+ * allocation; the total, a copy per run of a shared dataset included, stays
+ * within kv_limits_read_budget of the file's size (at most
+ * KV_REPORT_MAX_READ_BYTES). Every link the reader walks (the root group,
+ * /runs, each run group) must be a hard link to an object of the type the
+ * schema gives, with no names the schema does not have; a soft or external
+ * link is refused, never followed. Only a run's logits may be shared with
+ * other runs, and only of the same model and scenario (the writer's hard
+ * links); a shared dataset is decompressed once and copied. What the
+ * arrays say is checked too (h5util.h h5_run_values_ok): top-k rows of
+ * distinct ids in the vocabulary; on another engine's run, margins >= 0
+ * (NaN only beside a non-finite logit) and a skip reason that is empty on
+ * a run that ran and, on a skipped one, says why, a failure starting with
+ * KV_REPORT_FAILED_MARKER. Counts (repeat, graphs_captured,
+ * replays_checked) are never negative.
  *
  * Returns KV_OK, or KV_ERR_INPUT for a missing or unreadable file, a file
  * that is not HDF5, a truncated file, a writer's temporary
