@@ -35,6 +35,7 @@ import transformers
 from . import __version__
 from .caches import (GRAPH_BUDGET, CacheSetup, SlidingLayer, make_cache, mark_growing_dims,
                      visible_cache_rows)
+from .errors import InputError
 from .fnv import fnv1a64_rows
 from .names import IMPLS, MODES  # noqa: F401 (re-exported)
 from .report import Run, margins_of
@@ -341,6 +342,10 @@ def load_or_refusal(spec: CaptureSpec) -> tuple[torch.nn.Module | None, str]:
     except (ValueError, ImportError) as e:
         first = str(e).split(". ")[0].strip()
         return None, f"transformers refuses attn {spec.impl}: {first}"[:255]
+    except Exception as e:  # a checkpoint transformers cannot read (missing or damaged weights): bad input
+        lines = str(e).strip().splitlines()
+        raise InputError(f"{spec.model_dir}: transformers cannot load the model: {type(e).__name__}: "
+                         f"{lines[0][:300] if lines else ''}") from None
 
 
 def skip_runs(spec: CaptureSpec, why: str, vocab: int) -> list[Run]:

@@ -23,9 +23,9 @@ from typing import Any
 
 from .errors import InputError
 from .files import check_out_dir, check_writable, open_regular, read_regular, same_file
-from .names import (BROKEN, DTYPE_NAMES, IMPLS, LAYERS, MAX_CONFIG_BYTES, MAX_CUDA_INDEX, MAX_NAME_BYTES,
-                    MAX_NEW_TOKENS, MAX_PROMPT_LEN, MAX_PROMPT_ROWS, MAX_PROMPTS_BYTES, MAX_REPEATS,
-                    MAX_THREADS, MAX_WINDOW, MODES)
+from .names import (BROKEN, DTYPE_NAMES, IMPLS, LAYERS, MAX_CONFIG_BYTES, MAX_CUDA_INDEX, MAX_HOLD_BYTES,
+                    MAX_NAME_BYTES, MAX_NEW_TOKENS, MAX_PROMPT_LEN, MAX_PROMPT_ROWS, MAX_PROMPTS_BYTES,
+                    MAX_REPEATS, MAX_THREADS, MAX_VOCAB, MAX_WINDOW, MODES)
 
 EXIT_INPUT = 2
 
@@ -169,6 +169,32 @@ def check_model_dir(path: str) -> None:
     read_model_config(path)
 
 
+def config_int(cfg: dict[str, Any], name: str, hi: int, where: str) -> int | None:
+    """An optional integer field of config.json in 1..hi (None when absent:
+    transformers' default applies)."""
+    v = cfg.get(name)
+    if v is None:
+        return None
+    if not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= hi:
+        raise InputError(f"{where}: {name}: expected an integer 1..{hi}, found {json.dumps(v)[:40]}")
+    return v
+
+
+def check_capture_size(n_runs: int, steps: int, prompts: list[list[int]], vocab: int, layers: int) -> None:
+    """What the capture holds until it writes the report, against
+    MAX_HOLD_BYTES, before the model is loaded: per run the (steps, batch,
+    vocab) float32 logits, tokens, margins and hashes, the probes' hashes
+    (embed, three per layer, logits) and the prompt."""
+    batch, plen = len(prompts), max(len(r) for r in prompts)
+    probes = 2 + 3 * layers
+    per_run = steps * batch * (vocab * 4 + 4 + 4 + 8 + probes * 8) + batch * plen * 5
+    if per_run * n_runs > MAX_HOLD_BYTES:
+        raise InputError(f"a capture of {n_runs} runs of {steps} steps x {batch} rows x {vocab} logits needs "
+                         f"~{per_run * n_runs / 2**30:.3g} GiB to hold, above the {MAX_HOLD_BYTES >> 30} GiB "
+                         "a report's reader takes (KV_REPORT_MAX_READ_BYTES): fewer --max-new-tokens, "
+                         "--repeats, --cache, --mode or --attn")
+
+
 def _check_out_not_input(out: str, inputs: Sequence[str]) -> None:
     for path in inputs:
         if same_file(out, path):
@@ -199,7 +225,12 @@ def cmd_capture(args: argparse.Namespace) -> int:
     prompts = read_prompts(args.prompts)
     scenario = args.scenario or check_name(os.path.splitext(os.path.basename(args.prompts))[0],
                                            f"{args.prompts}: the scenario's name (give --scenario)")
-    vocab = config.get("vocab_size")
+    cfg_path = os.path.join(args.model, "config.json")
+    vocab = config_int(config, "vocab_size", MAX_VOCAB, cfg_path)
+    n_layers = config_int(config, "num_hidden_layers", 1 << 16, cfg_path) or 0
+    if vocab is not None:
+        n_runs = len(args.attn) * len(args.cache) * len(args.mode) * args.repeats
+        check_capture_size(n_runs, args.max_new_tokens, prompts, vocab, n_layers)
     for i, row in enumerate(prompts):
         for j, t in enumerate(row):
             if isinstance(vocab, int) and t >= vocab:

@@ -21,23 +21,32 @@ MODES = ("eager", "compile", "reduce-overhead")
 IMPLS = ("eager", "sdpa", "flex_attention")
 DTYPE_NAMES = ("fp32", "bf16")
 
-# --max-new-tokens: harness/cmd_gate.c KV_GATE_MAX_NEW_TOKENS (2^20), which
-# is also the reader's cap on a run's steps (reports/report_h5.h
-# KV_REPORT_MAX_STEPS): longer than any model's context.
+# --max-new-tokens: the limits table's KV_REPORT_MAX_STEPS (2^20,
+# reports/kv_limits.h), the reader's cap on a run's steps and the C gate's
+# bound on its own --max-new-tokens (harness/cmd_gate.c
+# KV_GATE_MAX_NEW_TOKENS): longer than any model's context.
 MAX_NEW_TOKENS = 1 << 20
 # --repeats: the C gate's bound on its --repeats (harness/cmd_gate.c).
 MAX_REPEATS = 100
 # --threads: no machine this runs on has more cores; a larger count is a typo
 # (torch would start that many threads).
 MAX_THREADS = 1024
-# --prompts: harness/prompts.c KV_PROMPTS_MAX_BYTES (64 MiB, ~10M tokens),
-# and the reader's caps on a run's batch and prompt length
-# (reports/report_h5.h KV_REPORT_MAX_BATCH, KV_REPORT_MAX_PROMPT_LEN).
+# --prompts: reports/kv_limits.h KV_PROMPTS_MAX_BYTES (64 MiB, ~10M tokens),
+# and the reader's caps on a run's batch and prompt length (KV_REPORT_MAX_BATCH,
+# KV_REPORT_MAX_PROMPT_LEN), which the C gate applies to its --prompts too.
 MAX_PROMPTS_BYTES = 64 << 20
 MAX_PROMPT_ROWS = 1 << 12
 MAX_PROMPT_LEN = 1 << 20
 # config.json: reference/config.c KV_CONFIG_MAX_BYTES.
 MAX_CONFIG_BYTES = 16 << 20
+# config.json's vocab_size: reports/kv_limits.h KV_REPORT_MAX_VOCAB.
+MAX_VOCAB = 1 << 22
+# The bytes of runs a capture holds until it writes the report (every run's
+# (steps, batch, vocab) float32 logits, and its probes): the reader's
+# KV_REPORT_MAX_READ_BYTES (16 GiB, reports/kv_limits.h), so that a capture
+# the machine cannot hold, or whose report no reader takes, is refused
+# before the model is loaded rather than ended by the OOM killer.
+MAX_HOLD_BYTES = 1 << 34
 # The schema's fixed-length string fields (docs/SCHEMA.md): model and
 # scenario are 64-byte fields, so at most 63 bytes of UTF-8.
 MAX_NAME_BYTES = 63

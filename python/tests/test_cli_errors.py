@@ -31,6 +31,8 @@ FIXTURE = os.path.join(ROOT, "fixtures", "hf", "mistral")   # vocab_size 256
 TIMEOUT_S = 60
 # What transformers prints when it loads weights: a refused command never does.
 LOADING = "Loading weights"
+LAYERS = ("static_sliding", "dynamic_sliding", "dynamic_sliding_md", "index_copy", "cat_shift", "roll",
+          "always_roll")
 PROMPTS = "[[1, 2, 3], [4, 5]]"
 
 
@@ -117,6 +119,19 @@ class CliErrorTest(unittest.TestCase):
             if make is not None:
                 make(os.path.join(m, "config.json"))
             cls.models[name] = m
+        # a config.json that reads, and weights that do not (found by transformers)
+        for name, weights in (("noweights", None), ("badweights", b"\x08\x00\x00\x00\x00\x00\x00\x00{}")):
+            m = os.path.join(d, f"model-{name}")
+            os.mkdir(m)
+            shutil.copyfile(os.path.join(FIXTURE, "config.json"), os.path.join(m, "config.json"))
+            if weights is not None:
+                put(os.path.join(m, "model.safetensors"), weights)
+            cls.models[name] = m
+        with open(os.path.join(FIXTURE, "config.json")) as f:
+            cfg = json.load(f)
+        m = cls.models["vocab"] = os.path.join(d, "model-vocab")
+        os.mkdir(m)
+        put(os.path.join(m, "config.json"), json.dumps({**cfg, "vocab_size": (1 << 22) + 1}))
         # bad prompts files
         big = os.path.join(d, "big.json")
         with open(big, "wb") as f:
@@ -170,6 +185,9 @@ class CliErrorTest(unittest.TestCase):
             Case("--model", c(model=cls.models["zero"]), "device"),
             Case("--model", c(model=cls.models["junk"]), "config.json"),
             Case("--model", c(model=cls.models["list"]), "config.json"),
+            Case("--model", c(model=cls.models["vocab"]), "vocab_size"),
+            Case("--model", c(model=cls.models["noweights"]), cls.models["noweights"]),   # needs torch: ~5 s
+            Case("--model", c(model=cls.models["badweights"]), cls.models["badweights"]),
             Case("--prompts", c(prompts=""), "--prompts"),
             Case("--prompts", c(prompts=os.path.join(d, "nope.json")), "nope.json"),
             Case("--prompts", c(prompts=cls.dir), cls.dir),
@@ -177,6 +195,9 @@ class CliErrorTest(unittest.TestCase):
             Case("--prompts", c(prompts="/dev/zero"), "/dev/zero"),
             *[Case("--prompts", c(prompts=p), p) for p in cls.bad_prompts.values()],
             Case("--max-new-tokens", c(max_new_tokens=None), "--max-new-tokens"),
+            # within the bound, but 70 runs of it would hold ~79 GiB of logits
+            Case("--max-new-tokens", c(max_new_tokens=str(1 << 20), cache=",".join(LAYERS), repeats="10"),
+                 "--max-new-tokens"),
             *[Case("--max-new-tokens", c(max_new_tokens=v), "--max-new-tokens")
               for v in ("0", "-1", "1e11", "100000000000", str((1 << 20) + 1), "2.0", "x", "", " 2", "1_0")],
             *[Case("--cache", c(cache=v), "--cache") for v in ("ring", "", "roll,roll", "roll,")],
