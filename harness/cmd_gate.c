@@ -795,9 +795,11 @@ static bool gate_is_candidate(const KvRun *r) {
  * least one candidate run, and every run it planned (the progress total)
  * must have been made or recorded as skipped with its reason. A shard that
  * holds no unit is the one empty gate that may pass, and only with
- * --allow-empty. Returns true when the gate must fail, with why. */
+ * --allow-empty. Returns true when the gate must fail, with why; failed:
+ * it fails already. */
 static bool gate_judged_too_little(const GateArgs *a, const KvGateOptions *o,
-                                   const KvReport *rep, int64_t accounted, char *why, size_t n) {
+                                   const KvReport *rep, int64_t accounted, bool failed, char *why,
+                                   size_t n) {
     int64_t units = 0, mine = 0;
     gate_count_units(a, o, &units, &mine);
     why[0] = '\0';
@@ -827,7 +829,9 @@ static bool gate_judged_too_little(const GateArgs *a, const KvGateOptions *o,
             judged++;
         }
     }
-    if (judged == 0 && mine > golden_mine) {
+    /* a gate that already fails (a reference that is not finite skips
+     * every candidate behind it) needs no second verdict */
+    if (judged == 0 && mine > golden_mine && !failed) {
         const char *reason = "";
         for (int64_t r = 0; r < rep->n_runs && reason[0] == '\0'; r++) {
             if (rep->runs[r].skipped) reason = rep->runs[r].skip_reason;
@@ -1052,7 +1056,7 @@ int kv_cmd_gate(int argc, char **argv) {
     if (st == KV_OK) st = gate_print_verdict(&rep, &a, &err);
     if (st == KV_OK) {
         char why[512];
-        if (gate_judged_too_little(&a, &o, &rep, runs_accounted, why, sizeof why)) {
+        if (gate_judged_too_little(&a, &o, &rep, runs_accounted, failed, why, sizeof why)) {
             printf("FAIL: %s\n", why);
             failed = true;
         } else if (a.allow_empty && rep.n_runs == 0) {
