@@ -165,10 +165,6 @@ def read_model_config(path: str) -> dict[str, Any]:
     return obj
 
 
-def check_model_dir(path: str) -> None:
-    read_model_config(path)
-
-
 def config_int(cfg: dict[str, Any], name: str, hi: int, where: str) -> int | None:
     """An optional integer field of config.json in 1..hi (None when absent:
     transformers' default applies)."""
