@@ -19,6 +19,7 @@
 #include "ensemble.h"
 #include "fault.h"
 #include "fixture.h"
+#include "forward.h"
 #include "gate_external.h"
 #include "gate_output.h"
 #include "kv_limits.h"
@@ -566,15 +567,19 @@ static KvStatus gate_model_config(const GateArgs *a, int i, KvConfig *cfg, KvErr
 /* States the CPU work up front, and refuses (KV_ERR_INPUT) work beyond
  * KV_GATE_MAX_WORK_FLOP unless --allow-large-work was given. */
 static KvStatus gate_check_work(const GateArgs *a, const KvGateOptions *o, KvError *err) {
-    KvGateWork w = {0, 0, 0.0};
+    KvGateWork w;
+    memset(&w, 0, sizeof w);
     int unit = 0;
     char windows[512] = "";
+    int64_t max_vocab = 0, max_probes = 0;
     for (int i = 0; i < a->n_models; i++) {
         KvConfig cfg;
         KvStatus st = gate_model_config(a, i, &cfg, err);
         if (st != KV_OK) return st;
         st = kv_gate_work_add(&cfg, o, &unit, &w, err);
         if (st != KV_OK) return st;
+        if (cfg.vocab_size > max_vocab) max_vocab = cfg.vocab_size;
+        if (kv_probe_count(&cfg) > max_probes) max_probes = kv_probe_count(&cfg);
         const size_t used = strlen(windows);
         char wt[96];
         kv_config_window_text(&cfg, wt, sizeof wt);
@@ -584,6 +589,15 @@ static KvStatus gate_check_work(const GateArgs *a, const KvGateOptions *o, KvErr
                                                 "transformers' default)" : "");
     }
     const int passes = a->mutation ? a->n_passes : 1;
+    /* the report these runs make must be one its reader reads back: every
+     * run at the largest unit's sizes bounds it from above */
+    if (w.runs > 0) {
+        KvStatus st = kv_limits_check_report(
+            w.runs * passes, w.max_steps, w.max_batch, max_vocab,
+            max_vocab > o->full_logits_max_vocab || a->mutation ? KV_TOPK : 0, max_probes,
+            w.max_prompt_len, "the matrix", err);
+        if (st != KV_OK) return st;
+    }
     w.decodes *= passes;
     w.tokens *= passes;
     w.flop *= passes;

@@ -8,6 +8,7 @@
 #include <stddef.h>
 
 #include "report.h"
+#include "report_h5.h"
 #include "status.h"
 
 /* Default tolerances, each with the reason it has this value. */
@@ -81,7 +82,7 @@ void kv_compare_reference(const KvRun *ref, const KvRun *cand, const KvTolerance
 /* A run that another engine started but could not complete is stored as
  * skipped (it has no data) with a skip_reason that starts with this; its
  * finite check fails (python/kvrepro/capture.py writes such runs). */
-#define KV_RUN_FAILED_PREFIX "failed: "
+#define KV_RUN_FAILED_PREFIX KV_REPORT_FAILED_MARKER /* one marker: the reader checks it */
 
 /* One run's own check (kind KV_CMP_FINITE, a = b = index): fails when its
  * logits (full or kept top-k) or, where the decode checked them

@@ -445,7 +445,8 @@ static KvStatus ext_compare_run(KvReport *rep, int64_t x, int64_t lo, int64_t hi
  * for hours. */
 static KvStatus ext_check_work(const ExtRuns *e, const ExtGroup *groups, int64_t n_groups,
                                const KvModel *m, const KvExternalOptions *o, KvError *err) {
-    KvGateWork w = {0, 0, 0.0};
+    KvGateWork w;
+    memset(&w, 0, sizeof w);
     for (int64_t g = 0; g < n_groups; g++) {
         const KvScenario sc = ext_scenario(&e->runs[groups[g].leader]);
         KvGateOptions go = ext_gate_options(o);

@@ -10,6 +10,7 @@
 #include "ensemble.h"
 #include "fault.h"
 #include "forward.h"
+#include "kv_limits.h"
 #include "prng.h"
 #include "shadow64.h"
 
@@ -764,6 +765,16 @@ KvStatus kv_gate_work_add(const KvConfig *cfg, const KvGateOptions *o, int *unit
             }
             use = &sc;
         }
+        KvStatus lst = kv_limits_check_scenario(use->batch, use->prompt_len, use->new_tokens,
+                                                use->name, err);
+        if (lst != KV_OK) {
+            kv_scenario_free(&sc);
+            return lst;
+        }
+        w->runs += kv_gate_runs_planned_per_unit(o);
+        if (use->new_tokens > w->max_steps) w->max_steps = use->new_tokens;
+        if (use->batch > w->max_batch) w->max_batch = use->batch;
+        if (use->prompt_len > w->max_prompt_len) w->max_prompt_len = use->prompt_len;
         const int64_t T = use->prompt_len + use->new_tokens - 1; /* positions fed */
         const int64_t replays =
             o->replay_every > 0 && use->new_tokens > 1

@@ -107,6 +107,8 @@ double kv_gate_now(void);
 
 /* The CPU work a gate will do for one model, stated before it runs. */
 typedef struct {
+    int64_t runs;    /* runs planned, every backend's (the report's /runs) */
+    int64_t max_steps, max_batch, max_prompt_len; /* the largest unit's sizes */
     int64_t decodes; /* CPU decodes (reference + candidates) */
     int64_t tokens;  /* token positions those decodes run through the model */
     double flop;     /* ~floating-point operations (matmuls and attention) */
@@ -114,7 +116,9 @@ typedef struct {
 
 /* Adds to *w the CPU work of the units of one model with config cfg that
  * this shard runs (the same units, scenario sizes, --max-new-tokens cap and
- * replay checks as kv_gate_run_model; *unit advances the same way). */
+ * replay checks as kv_gate_run_model; *unit advances the same way), and
+ * refuses (KV_ERR_INPUT) a unit whose sizes the report could not hold
+ * (kv_limits_check_scenario). */
 KvStatus kv_gate_work_add(const KvConfig *cfg, const KvGateOptions *o, int *unit, KvGateWork *w,
                           KvError *err);
 
