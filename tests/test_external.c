@@ -532,6 +532,105 @@ START_TEST(test_near_tie_flip_not_failed) {
 }
 END_TEST
 
+/* A recording that flips at a near-tie at step 1 and then holds noise
+ * (random logits and tokens) for the rest of that row: before teacher
+ * forcing the rest of the row was never compared and this passed with "max
+ * rel err 0"; now the reference fed its tokens judges every later step, and
+ * the report says from where it forced (issue 32, item 3). */
+START_TEST(test_noise_after_tie_flip_fails) {
+    KvRun runs[1] = {ext_run("short", "eager", 0)};
+    KvRun *r = &runs[0];
+    const int64_t B = r->batch, V = r->vocab;
+    r->tokens[1 * B + 0] ^= 1; /* the flip, at a near-tie with tie_margin=1000 */
+    KvPrng rng = kv_prng_seed(20261126);
+    for (int64_t t = 2; t < r->steps; t++) {
+        r->tokens[t * B + 0] = (int32_t)(kv_prng_next(&rng) % (uint64_t)V);
+        for (int64_t v = 0; v < V; v++) {
+            r->logits[(t * B + 0) * V + v] = (float)(kv_prng_next(&rng) % 1000) / 100.0f;
+        }
+    }
+    for (int64_t i = 0; i < r->steps * B; i++) {
+        r->logits_hash[i] = kv_fnv1a(KV_FNV_OFFSET, r->logits + i * V, (size_t)V * sizeof(float));
+    }
+    const char *ext = ext_write("noise.h5", runs, 1);
+    const char *rep_path = ext_path("r.h5");
+    ck_assert_int_eq(kvrepro("gate", "--model", EXT_MODEL_DIR, "--external", ext, "--tol",
+                             "tie_margin=1000", "--report", rep_path, NULL), 1);
+    EXPECT_OUT("forced from step 2 on");
+    KvReport rep = read_report(rep_path);
+    /* the forced reference is in the report, labelled so */
+    int64_t forced = -1;
+    for (int64_t i = 0; i < rep.n_runs; i++) {
+        if (strcmp(rep.runs[i].variant, "reference~forced") == 0) forced = i;
+    }
+    ck_assert_int_ge(forced, 0);
+    const KvComparison *c = find_cmp(&rep, KV_CMP_REFERENCE, 1);
+    ck_assert_msg(c->verdict == KV_VERDICT_FAIL && c->first_step >= 2 && c->first_row == 0,
+                  "%s", c->message);
+    ck_assert_int_eq(c->run_a, forced);
+    kv_report_free(&rep);
+}
+END_TEST
+
+/* Every external run skipped: nothing was judged, the gate fails (issue
+ * 32, item 1). */
+START_TEST(test_all_skipped_fails) {
+    KvRun runs[2] = {ext_skipped("short", "reduce-overhead", "no CUDA device"),
+                     ext_skipped("short", "compile", "no CUDA device")};
+    const char *ext = ext_write("skipped.h5", runs, 2);
+    ck_assert_int_eq(kvrepro("gate", "--model", EXT_MODEL_DIR, "--external", ext, NULL), 1);
+    EXPECT_OUT("FAIL: the gate judged no external run: all 2 were recorded as skipped");
+}
+END_TEST
+
+/* A prompt batch whose reference work is above the gate's limit is
+ * refused before it runs (exit 2), as the matrix gate refuses, unless
+ * --allow-large-work (issue 32, item 5): a file of a few hundred KB held
+ * a 100,000-token prompt that ran for hours. Here: one row of 200,000
+ * tokens, one step, on fixtures/hf/gemma2, whose full-attention layers
+ * make the prefill quadratic. */
+START_TEST(test_work_limit_applies) {
+    const int64_t P = 200000, V = 256;
+    KvRun r;
+    kv_run_init(&r);
+    snprintf(r.model, sizeof r.model, "gemma2");
+    snprintf(r.scenario, sizeof r.scenario, "long_prompt");
+    snprintf(r.variant, sizeof r.variant, "hf:static_sliding:sdpa:fp32");
+    snprintf(r.backend, sizeof r.backend, "torch-cpu");
+    snprintf(r.mode, sizeof r.mode, "eager");
+    r.steps = 1;
+    r.batch = 1;
+    r.vocab = V;
+    r.prompt_len = P;
+    r.prompt = malloc((size_t)P * sizeof *r.prompt);
+    r.prompt_real = malloc((size_t)P);
+    r.tokens = calloc(1, sizeof *r.tokens);
+    r.logits = calloc((size_t)V, sizeof *r.logits);
+    r.margins = calloc(1, sizeof *r.margins);
+    r.logits_hash = calloc(1, sizeof *r.logits_hash);
+    ck_assert(r.prompt && r.prompt_real && r.tokens && r.logits && r.margins && r.logits_hash);
+    for (int64_t i = 0; i < P; i++) {
+        r.prompt[i] = (int32_t)(1 + i % (V - 1));
+        r.prompt_real[i] = 1;
+    }
+    r.logits[0] = 1.0f;
+    r.margins[0] = 1.0f;
+    r.logits_hash[0] = kv_fnv1a(KV_FNV_OFFSET, r.logits, (size_t)V * sizeof(float));
+    r.graphs_captured = 0;
+    r.recompiles = -1;
+    r.graph_budget = -1;
+    r.replay_mismatch_step = -1;
+    KvRun runs[1] = {r};
+    const char *ext = ext_write("long.h5", runs, 1);
+    const char *rep_path = ext_path("r.h5");
+    ck_assert_int_eq(kvrepro("gate", "--model", KV_SOURCE_DIR "/fixtures/hf/gemma2", "--external",
+                             ext, "--report", rep_path, NULL), 2);
+    EXPECT_OUT("TFLOP of CPU reference work");
+    EXPECT_OUT("--allow-large-work");
+    ck_assert(!file_exists(rep_path));
+}
+END_TEST
+
 /* ---- failures ------------------------------------------------------------- */
 
 START_TEST(test_logit_beyond_tolerance_fails_reference) {
@@ -992,6 +1091,9 @@ static Suite *external_suite(void) {
     tcase_add_test(tc, test_two_files_two_groups);
     tcase_add_test(tc, test_topk_compared_at_kept_ids);
     tcase_add_test(tc, test_near_tie_flip_not_failed);
+    tcase_add_test(tc, test_noise_after_tie_flip_fails);
+    tcase_add_test(tc, test_all_skipped_fails);
+    tcase_add_test(tc, test_work_limit_applies);
     tcase_add_test(tc, test_logit_beyond_tolerance_fails_reference);
     tcase_add_test(tc, test_repeat_probe_hash_fails_repeat);
     tcase_add_test(tc, test_compile_flip_fails_compiled_vs_eager);
