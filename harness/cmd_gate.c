@@ -46,7 +46,27 @@
  * back (kv_limits.h, one table for the gate, the writer and the reader). */
 #define KV_GATE_MAX_NEW_TOKENS ((uint64_t)KV_REPORT_MAX_STEPS)
 
+/* The fault catalog's names (fault.h), ", "-separated and folded under
+ * the option column: listed from the catalog, never typed twice. */
+static void gate_fault_list(char *out, size_t n) {
+    char names[512];
+    kv_fault_names(~0u, names, sizeof names);
+    size_t used = (size_t)snprintf(out, n, "                   "), col = 19;
+    for (char *tok = strtok(names, ","); tok != NULL && used < n; tok = strtok(NULL, ",")) {
+        const size_t len = strlen(tok) + 2;
+        if (col + len > 80) {
+            used += (size_t)snprintf(out + used, n - used, "\n                   ");
+            col = 19;
+        }
+        used += (size_t)snprintf(out + used, n - used, " %s,", tok);
+        col += len;
+    }
+    if (used > 0 && used < n && out[used - 1] == ',') out[used - 1] = '\0';
+}
+
 static void gate_usage(FILE *f) {
+    char faults[1024];
+    gate_fault_list(faults, sizeof faults);
     fprintf(f,
             "usage: kvrepro gate [--model DIR | --fixture NAME]... [--scenarios LIST]\n"
             "                    [--variants LIST] [--backends cpu,cuda] [--modes eager,graph]\n"
@@ -82,7 +102,7 @@ static void gate_usage(FILE *f) {
             "                    reported as skipped, with the reason, when they cannot run)\n"
             "  --modes LIST      default eager,graph\n"
             "  --repeats N       runs per (variant, mode), compared bitwise (default 3)\n"
-            "  --report PATH     write the HDF5 report (reports/SCHEMA.md)\n"
+            "  --report PATH     write the HDF5 report (docs/SCHEMA.md)\n"
             "  --junit PATH      write JUnit XML\n"
             "  --shard I/N       run the I-th of N shards of the (model, scenario) units\n"
             "                    (unit u when u %% N == I - 1); `kvrepro merge` joins the\n"
@@ -114,11 +134,8 @@ static void gate_usage(FILE *f) {
             "  --seed N          fixture weight seed (default %llu)\n"
             "  --prompt-seed N   scenario prompt seed (default %llu)\n"
             "  --replay-every N  replay-check every N-th decode step (default 5, 0 = off)\n"
-            "  --fault LIST      plant these faults (comma-separated) in every candidate run:\n"
-            "                    stale_scalar, atomic_reduction, inplace_shift,\n"
-            "                    window_off_by_one, prefill_first_w, unwritten_slot,\n"
-            "                    no_recapture, tf32, recapture_every_step, ring_slot,\n"
-            "                    dynamic_keeps_w, static_layer (the gate must then fail)\n"
+            "  --fault LIST      plant these faults (comma-separated) in every candidate run\n"
+            "                    (the gate must then fail):\n%s\n"
             "  --faults LIST|all mutation score: the matrix once clean and once per fault,\n"
             "                    into one report; prints per fault whether and how the gate\n"
             "                    caught it, 'mutation score: C/P' and 'false alarms: N'; exits\n"
@@ -142,7 +159,8 @@ static void gate_usage(FILE *f) {
             KV_CAL_SPREAD_MULT, KV_ENSEMBLE_SIZE, KV_TOL_TIE_MARGIN, KV_TOL_MAX_REL_ERR,
             KV_GATE_MAX_WORK_FLOP / 1e12,
             (unsigned long long)KV_FIXTURE_DEFAULT_SEED,
-            (unsigned long long)KV_FIXTURE_DEFAULT_SEED, KV_TOPK, KV_FULL_LOGITS_MAX_VOCAB);
+            (unsigned long long)KV_FIXTURE_DEFAULT_SEED, faults, KV_TOPK,
+            KV_FULL_LOGITS_MAX_VOCAB);
 }
 
 /* Parses a comma-separated list of names, each exactly one of known[0..n_known)
