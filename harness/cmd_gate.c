@@ -607,15 +607,6 @@ static KvStatus gate_check_work(const GateArgs *a, const KvGateOptions *o, KvErr
                                                 "transformers' default)" : "");
     }
     const int passes = a->mutation ? a->n_passes : 1;
-    /* the report these runs make must be one its reader reads back: every
-     * run at the largest unit's sizes bounds it from above */
-    if (w.runs > 0) {
-        KvStatus st = kv_limits_check_report(
-            w.runs * passes, w.max_steps, w.max_batch, max_vocab,
-            max_vocab > o->full_logits_max_vocab || a->mutation ? KV_TOPK : 0, max_probes,
-            w.max_prompt_len, "the matrix", err);
-        if (st != KV_OK) return st;
-    }
     w.decodes *= passes;
     w.tokens *= passes;
     w.flop *= passes;
@@ -633,6 +624,14 @@ static KvStatus gate_check_work(const GateArgs *a, const KvGateOptions *o, KvErr
                             "--repeats or --max-new-tokens N, or pass --allow-large-work",
                             w.flop / 1e12, (long long)w.decodes, (long long)w.tokens, windows,
                             KV_GATE_MAX_WORK_FLOP / 1e12);
+    }
+    /* the report these runs make must be one its reader reads back: every
+     * run at the largest unit's sizes bounds it from above */
+    if (w.runs > 0) {
+        return kv_limits_check_report(
+            w.runs * passes, w.max_steps, w.max_batch, max_vocab,
+            max_vocab > o->full_logits_max_vocab || a->mutation ? KV_TOPK : 0, max_probes,
+            w.max_prompt_len, "the matrix", err);
     }
     return KV_OK;
 }

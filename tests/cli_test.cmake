@@ -342,7 +342,7 @@ kv_run(1 out err ${KVREPRO} gate --quiet --fixture mistral-tiny --scenarios prom
        --variants ring --repeats 1 --modes eager --replay-every 0 --faults no_recapture)
 kv_expect_match("${out}" "no_recapture +NO" "an uncaught fault is reported and fails")
 kv_run(2 out err ${KVREPRO} gate --faults bogus)
-kv_expect_match("${err}" "--faults: expected a comma-separated list of stale_scalar,.*or all"
+kv_expect_match("${err}" "--faults 'bogus': unknown name 'bogus'; expected a comma-separated list of stale_scalar,.*or all"
                 "unknown fault")
 kv_run(2 out err ${KVREPRO} gate --fault tf32 --faults all)
 kv_expect_match("${err}" "exclude each other" "--fault with --faults")
@@ -478,7 +478,7 @@ kv_expect_match("${merged}" "\n *# +model +scenario" "show has the run index col
 # Above --full-logits-max-vocab a report keeps each row's top-16 logits and
 # the row hashes; show and diff still work on it.
 kv_run(0 out err ${KVREPRO} gate --quiet --scenarios prompt_w --variants ring --repeats 2
-       --full-logits-max-vocab 100 --report "${WORK}/topk.h5")
+       --full-logits-max-vocab 100 --no-goldens --report "${WORK}/topk.h5")
 execute_process(COMMAND h5dump -H -d /runs/0001/topk_ids "${WORK}/topk.h5"
                 RESULT_VARIABLE topk_rc OUTPUT_VARIABLE topk_out ERROR_QUIET)
 kv_expect_match("${topk_out}" "DATASPACE +SIMPLE +\\{ \\( [0-9]+, 1, 16 \\)" "top-k dataset shape")

@@ -38,7 +38,7 @@ endfunction()
 kv_run(0 out err ${KVREPRO} gate ${SMALL} --report "${WORK}/r.h5" --junit "${WORK}/r.xml")
 expect_count_line_last("${out}" "gate with --report and --junit"
                        "report: ${WORK}/r.h5" "junit: ${WORK}/r.xml")
-kv_expect_match("${out}" "\n0  [^\n]* PASS " "the table before the files")
+kv_expect_match("${out}" "\n *0  [^\n]* PASS " "the table before the files")
 kv_run(0 out err ${KVREPRO} gate ${SMALL} --quiet --report "${WORK}/q.h5")
 kv_expect_match("${out}" "^[0-9]+ passed, 0 failed, [0-9]+ skipped\n$"
                 "--quiet: the count line only")
@@ -64,7 +64,7 @@ foreach(kind report junit)
     message(FATAL_ERROR "--${kind} on a full disk: a count line was printed for a gate whose "
             "file was not written:\n${out}")
   endif()
-  kv_expect_match("${out}" "\n0  [^\n]* PASS " "--${kind} on a full disk: the table is printed")
+  kv_expect_match("${out}" "\n *0  [^\n]* PASS " "--${kind} on a full disk: the table is printed")
   file(READ "${path}" after HEX)
   if(NOT before STREQUAL after)
     message(FATAL_ERROR "--${kind} on a full disk changed ${path}")

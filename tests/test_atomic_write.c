@@ -47,6 +47,7 @@
 #include <unistd.h>
 
 #include "junit.h"
+#include "kv_limits.h"
 #include "report.h"
 #include "report_h5.h"
 #include "write_faults.h"
@@ -205,18 +206,28 @@ static void build_report(KvReport *rep, uint64_t salt, bool big) {
     snprintf(rep->tolerances[0].name, KV_NAME_LEN, "max_rel_err");
     rep->tolerances[0].value = 0.0001220703125;
     snprintf(rep->tolerances[0].reason, sizeof rep->tolerances[0].reason, "test tolerance");
-    rep->n_runs = 2;
-    rep->runs = test_alloc(2 * sizeof *rep->runs);
+    /* big: small repeats of the candidate carry the comparisons too, at
+     * most KV_REPORT_MAX_COMPARISONS_PER_RUN each (a writer refuses what its
+     * reader would) */
+    const int64_t cands = big ? (T_BIG_COMPARISONS + KV_REPORT_MAX_COMPARISONS_PER_RUN - 1) /
+                                    KV_REPORT_MAX_COMPARISONS_PER_RUN
+                              : 1;
+    rep->n_runs = 1 + cands;
+    rep->runs = test_alloc((size_t)rep->n_runs * sizeof *rep->runs);
     fill_run(&rep->runs[0], "reference", salt, T_STEPS, T_PROBES);
     fill_run(&rep->runs[1], "ring", salt + 7, big ? T_BIG_STEPS : T_STEPS,
              big ? T_BIG_PROBES : T_PROBES);
+    for (int64_t i = 2; i < rep->n_runs; i++) {
+        fill_run(&rep->runs[i], "ring", salt + 7 + (uint64_t)i, T_STEPS, T_PROBES);
+        rep->runs[i].repeat = (int32_t)(i - 1);
+    }
     rep->n_comparisons = big ? T_BIG_COMPARISONS : 1;
     rep->comparisons = test_alloc((size_t)rep->n_comparisons * sizeof *rep->comparisons);
     for (int64_t c = 0; c < rep->n_comparisons; c++) {
         KvComparison *cmp = &rep->comparisons[c];
         cmp->kind = KV_CMP_REFERENCE;
         cmp->run_a = 0;
-        cmp->run_b = 1;
+        cmp->run_b = 1 + c % cands;
         cmp->verdict = KV_VERDICT_FAIL;
         snprintf(cmp->message, sizeof cmp->message,
                  "comparison %lld of report %llu: max_rel_err 0.0625 > 0.000122 at step 1 row 0, "
