@@ -8,7 +8,6 @@
 #include <string.h>
 
 #include "compare.h"
-#include "decode.h"
 #include "model.h"
 #include "prng.h"
 #include "scenario.h"
@@ -222,61 +221,6 @@ static KvStatus golden_run(KvGoldenScenario *s, const char *model_name, const ch
     return KV_OK;
 }
 
-/* Each row of a left-padded batch (run ref of rep, the reference fed
- * the golden's tokens) against the row's prompt decoded alone, fed the
- * same tokens: bitwise at every step (KV_CMP_ROW_ALONE, one comparison for
- * the batch, naming the first row and step that differ). */
-static KvStatus golden_rows_alone(const KvModel *m, const KvReport *rep_ro, int64_t gold,
-                                  int64_t ref, KvComparison *c, KvError *err) {
-    const KvRun *r = &rep_ro->runs[ref];
-    const int64_t B = r->batch, P = r->prompt_len, S = r->steps, V = r->vocab;
-    memset(c, 0, sizeof *c);
-    c->kind = KV_CMP_ROW_ALONE;
-    c->run_a = gold;
-    c->run_b = ref;
-    c->first_step = c->first_row = c->first_probe = -1;
-    c->verdict = KV_VERDICT_PASS;
-    int32_t *forced = malloc((size_t)S * sizeof *forced);
-    if (forced == NULL) return kv_error_set(err, KV_ERR_INTERNAL, "out of memory");
-    KvStatus st = KV_OK;
-    for (int64_t b = 0; b < B && st == KV_OK && c->verdict == KV_VERDICT_PASS; b++) {
-        int64_t first = 0;
-        while (first < P && !r->prompt_real[b * P + first]) first++;
-        for (int64_t s = 0; s < S; s++) forced[s] = r->tokens[s * B + b];
-        const KvDecodeSpec one = {
-            .batch = 1,
-            .prompt_len = P - first,
-            .prompt = r->prompt + b * P + first,
-            .prompt_real = r->prompt_real + b * P + first,
-            .new_tokens = S,
-            .forced = forced,
-        };
-        KvDecodeResult alone;
-        st = kv_decode_greedy(m, &one, &alone, err);
-        if (st != KV_OK) break;
-        for (int64_t s = 0; s < S && c->first_step < 0; s++) {
-            if (memcmp(alone.logits + s * V, r->logits + (s * B + b) * V,
-                       (size_t)V * sizeof(float)) != 0) {
-                c->verdict = KV_VERDICT_FAIL;
-                c->first_step = s;
-                c->first_row = b;
-            }
-        }
-        kv_decode_result_free(&alone);
-    }
-    free(forced);
-    if (c->verdict == KV_VERDICT_PASS) {
-        snprintf(c->message, sizeof c->message, "each of the %lld rows of the left-padded batch "
-                 "is bitwise the same prompt decoded alone", (long long)B);
-    } else {
-        snprintf(c->message, sizeof c->message, "row %lld of the left-padded batch differs from "
-                 "the same prompt decoded alone at step %lld: padding must only shift slots "
-                 "(does the reference count pads in positions?)", (long long)c->first_row,
-                 (long long)c->first_step);
-    }
-    return st;
-}
-
 KvStatus kv_gate_run_golden(const char *root, const char *family, const KvGateOptions *o,
                             KvReport *rep, int64_t *judged, KvError *err) {
     char dir[1024], path[1100], model_name[KV_NAME_LEN];
@@ -321,8 +265,10 @@ KvStatus kv_gate_run_golden(const char *root, const char *family, const KvGateOp
         st = kv_gate_add_comparison(rep, &c, err);
         ++*judged;
         if (st != KV_OK || rep->runs[ref].batch < 2) continue;
-        /* the logits must be full: this runs before any top-k trimming */
-        st = golden_rows_alone(&m, rep, gold, ref, &c, err);
+        /* the logits must be full: this runs before any top-k trimming; the
+         * batch was fed transformers' tokens, and so is each row alone */
+        st = kv_gate_rows_alone(&m, &rep->runs[ref], rep->runs[gold].tokens, &c, err);
+        c.run_a = gold;
         if (st == KV_OK) st = kv_gate_add_comparison(rep, &c, err);
         ++*judged;
     }

@@ -452,6 +452,73 @@ KvStatus kv_gate_run_reference(const KvModel *m, const char *model_name, const K
     return KV_OK;
 }
 
+KvStatus kv_gate_rows_alone(const KvModel *m, const KvRun *r, const int32_t *fed,
+                            KvComparison *c, KvError *err) {
+    const int64_t B = r->batch, P = r->prompt_len, S = r->steps, V = r->vocab;
+    memset(c, 0, sizeof *c);
+    c->kind = KV_CMP_ROW_ALONE;
+    c->run_a = c->run_b = -1;
+    c->first_step = c->first_row = c->first_probe = -1;
+    c->verdict = KV_VERDICT_PASS;
+    if (r->logits == NULL) {
+        return kv_error_set(err, KV_ERR_INTERNAL, "rows alone: the run kept only top-k logits");
+    }
+    int32_t *forced = malloc((size_t)(S > 0 ? S : 1) * sizeof *forced);
+    if (forced == NULL) return kv_error_set(err, KV_ERR_INTERNAL, "out of memory");
+    KvStatus st = KV_OK;
+    for (int64_t b = 0; b < B && st == KV_OK && c->verdict == KV_VERDICT_PASS; b++) {
+        int64_t first = 0;
+        while (first < P && !r->prompt_real[b * P + first]) first++;
+        for (int64_t s = 0; s < S; s++) forced[s] = fed[s * B + b];
+        const KvDecodeSpec one = {
+            .batch = 1,
+            .prompt_len = P - first,
+            .prompt = r->prompt + b * P + first,
+            .prompt_real = r->prompt_real + b * P + first,
+            .new_tokens = S,
+            .forced = forced,
+        };
+        KvDecodeResult alone;
+        st = kv_decode_greedy(m, &one, &alone, err);
+        if (st != KV_OK) break;
+        for (int64_t s = 0; s < S && c->first_step < 0; s++) {
+            if (memcmp(alone.logits + s * V, r->logits + (s * B + b) * V,
+                       (size_t)V * sizeof(float)) != 0) {
+                c->verdict = KV_VERDICT_FAIL;
+                c->first_step = s;
+                c->first_row = b;
+            }
+        }
+        kv_decode_result_free(&alone);
+    }
+    free(forced);
+    if (c->verdict == KV_VERDICT_PASS) {
+        snprintf(c->message, sizeof c->message, "each of the %lld rows of the left-padded batch "
+                 "is bitwise the same prompt decoded alone", (long long)B);
+    } else {
+        snprintf(c->message, sizeof c->message, "row %lld of the left-padded batch differs from "
+                 "the same prompt decoded alone, fed the same tokens, at step %lld: padding must "
+                 "only shift slots (does the reference count pads in positions?)",
+                 (long long)c->first_row, (long long)c->first_step);
+    }
+    return st;
+}
+
+/* Whether a scenario's reference run gets the rows-alone check: a batch
+ * of left-padded rows of different lengths, decoded without a script
+ * (prefix reuse and a shift change a row's context mid-decode) and without
+ * per-row positions (right padding has its own row-alone tests). */
+static bool rows_alone_applies(const KvScenario *sc) {
+    if (sc->batch < 2 || kv_scenario_switches(sc) || kv_scenario_shifts(sc) ||
+        kv_decode_right_padded(sc->real, sc->batch, sc->prompt_len)) {
+        return false;
+    }
+    for (int64_t i = 0; i < sc->batch * sc->prompt_len; i++) {
+        if (!sc->real[i]) return true;
+    }
+    return false;
+}
+
 /* Appends a tolerance entry to the report (the calibrated value a unit
  * used, and why). */
 static KvStatus add_tolerance(KvReport *rep, const char *name, double value, const char *reason,
@@ -686,6 +753,17 @@ static KvStatus run_scenario(const KvModel *m, const char *model_name, const KvS
     if (st != KV_OK) return st;
     if (kv_scenario_switches(sc)) {
         st = run_fresh_twin(m, model_name, sc, o, ref, rep, err);
+        if (st != KV_OK) return st;
+    }
+    /* RoPE sees only relative positions, so a reference that counts pads
+     * in them agrees with its fp64 shadow and with every candidate: only
+     * the rows decoded alone see it (the reference judged too, DESIGN §6) */
+    if (fin.verdict != KV_VERDICT_FAIL && rows_alone_applies(sc)) {
+        KvComparison c;
+        st = kv_gate_rows_alone(m, &rep->runs[ref], rep->runs[ref].tokens, &c, err);
+        if (st != KV_OK) return st;
+        c.run_a = c.run_b = ref;
+        st = kv_gate_add_comparison(rep, &c, err);
         if (st != KV_OK) return st;
     }
     KvTolerances tol;

@@ -150,6 +150,16 @@ KvStatus kv_gate_run_forced_reference(const KvModel *m, const char *model_name,
                                       const int32_t *forced, KvReport *rep, int64_t *idx,
                                       KvError *err);
 
+/* The rows-alone check of the reference (KV_CMP_ROW_ALONE, DESIGN §6): each
+ * row of run r, a left-padded batch decoded on the CPU reference fed the
+ * tokens `fed` ((steps, B): r's own when it ran free, a golden's when it was
+ * forced), decoded again alone from its real tokens, fed the same tokens,
+ * must give bitwise r's logits at every step. *c gets the verdict, the first
+ * (step, row) that differs and the message; its run_a and run_b are for
+ * the caller to set. r must hold full logits. */
+KvStatus kv_gate_rows_alone(const KvModel *m, const KvRun *r, const int32_t *fed,
+                            KvComparison *c, KvError *err);
+
 /* kv_tolerances_record of o->tol, with the root max_rel_err's reason
  * saying whether it is used: set by --tol (it overrides calibration), not
  * used (calibrated per unit), or the value itself (--no-calibrate). */
