@@ -269,6 +269,7 @@ KvStatus kv_gate_run_golden(const char *root, const char *family, const KvGateOp
          * batch was fed transformers' tokens, and so is each row alone */
         st = kv_gate_rows_alone(&m, &rep->runs[ref], rep->runs[gold].tokens, &c, err);
         c.run_a = gold;
+        c.run_b = ref;
         if (st == KV_OK) st = kv_gate_add_comparison(rep, &c, err);
         ++*judged;
     }
