@@ -10,7 +10,7 @@
  *     exceeds KV_SHADOW_TIE_MARGIN; the decode helper's per-step numbers are
  *     those of the test's own row-by-row comparison;
  *   - goldens: the shadow teacher-forced over transformers' sequences
- *     (fixtures/hf/, read by tests/golden_read.c as test_golden.c reads
+ *     (fixtures/hf/, read by harness/golden.c as the gate and test_golden.c read
  *     them) is within the tolerance the fp32 reference meets there,
  *     KV_GOLDEN_MAX_REL_ERR;
  *   - causality: the logits of a prefix are bitwise those of the longer
@@ -28,7 +28,7 @@
 
 #include "decode.h"
 #include "fixture.h"
-#include "golden_read.h"
+#include "golden.h"
 #include "model.h"
 #include "scenario.h"
 #include "shadow64.h"
@@ -229,14 +229,14 @@ START_TEST(test_shadow_golden) {
     KvModel m;
     KvError err = {{0}};
     ck_assert_msg(kv_model_load_dir(dir, &m, &err) == KV_OK, "%s", err.msg);
-    char names[16][64];
-    hid_t f = kv_golden_open(h5path, names);
+    /* the goldens read as the gate reads them (harness/golden.c) */
+    KvGoldenFile gf;
+    ck_assert_msg(kv_golden_load(h5path, &gf, &err) == KV_OK, "%s", err.msg);
 
     int n_scen = 0;
     double worst_sh_hf = 0.0, worst_ref_sh = 0.0, worst_ref_hf = 0.0;
-    for (int s = 0; s < 16 && names[s][0] != '\0'; s++, n_scen++) {
-        KvGolden g;
-        kv_golden_read(f, names[s], &g);
+    for (int s = 0; s < gf.n; s++, n_scen++) {
+        const KvGoldenScenario g = gf.sc[s]; /* borrowed: gf owns the arrays */
         ck_assert_int_eq(g.vocab, m.config.vocab_size);
         KvDecodeSpec spec = {
             .batch = g.batch,
@@ -272,13 +272,12 @@ START_TEST(test_shadow_golden) {
         worst_ref_sh = ref_sh > worst_ref_sh ? ref_sh : worst_ref_sh;
         worst_ref_hf = ref_hf > worst_ref_hf ? ref_hf : worst_ref_hf;
         kv_decode_result_free(&r);
-        kv_golden_free(&g);
     }
     fprintf(stderr, "shadow golden %s: %d scenarios, max rel error: transformers vs shadow %.3g, "
                     "fp32 reference vs shadow %.3g, fp32 reference vs transformers %.3g\n",
             fam, n_scen, worst_sh_hf, worst_ref_sh, worst_ref_hf);
     ck_assert_msg(n_scen >= 6, "%s: expected the 6 golden scenarios, found %d", h5path, n_scen);
-    H5Fclose(f);
+    kv_golden_file_free(&gf);
     kv_model_free(&m);
 }
 END_TEST
