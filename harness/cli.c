@@ -1,13 +1,22 @@
 /* cli.c: what the kvrepro subcommands share on the command line: taking an
- * option's value, parsing a number, the version string, and turning a status
- * into an exit code. Only the command layer maps statuses to exit codes; the
- * libraries below it return statuses. */
+ * option's value, parsing a number, the version string, turning a status
+ * into an exit code (only the command layer maps statuses to exit codes; the
+ * libraries below it return statuses), the subcommand table, and the lists
+ * of names a user sees, read from their registries and folded to the page. */
 #include "cli.h"
 
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "backends.h"
+#include "cache.h"
+#include "config.h"
+#include "fault.h"
+#include "fixture.h"
+#include "junit.h"
+#include "scenario.h"
 
 const char *kv_cli_version(void) {
     return "kvrepro " KV_VERSION " (commit " KV_GIT_COMMIT ")";
@@ -73,4 +82,149 @@ bad:
 
 int kv_cli_exit_code(KvStatus st) {
     return st == KV_ERR_INPUT ? KV_EXIT_USAGE : KV_EXIT_INTERNAL;
+}
+
+static const KvCliCommand k_commands[] = {
+    {"fixture", "write a deterministic synthetic model (config.json + model.safetensors)",
+     kv_cmd_fixture},
+    {"gate", "run the gate: reference vs every cache variant, eager and graph", kv_cmd_gate},
+    {"show", "print the summary of an HDF5 report", kv_cmd_show},
+    {"diff", "compare two recorded runs and print the first divergence", kv_cmd_diff},
+    {"merge", "join shard reports into one", kv_cmd_merge},
+    {"bisect", "find the first step, row, layer and probe where two runs part", kv_cmd_bisect},
+    {"version", "print the version and commit", NULL},
+};
+
+const KvCliCommand *kv_cli_commands(int *count) {
+    if (count != NULL) *count = (int)(sizeof k_commands / sizeof k_commands[0]);
+    return k_commands;
+}
+
+int kv_cli_names(KvCliNames which, const char **names, int max) {
+    int n = 0;
+    switch (which) {
+    case KV_NAMES_COMMANDS: {
+        const KvCliCommand *c = kv_cli_commands(&n);
+        for (int k = 0; k < n && k < max; k++) names[k] = c[k].name;
+        break;
+    }
+    case KV_NAMES_MODEL_TYPES:
+        /* KvFamily counts up from 0; kv_family_name names each one */
+        for (; strcmp(kv_family_name((KvFamily)n), "unknown") != 0; n++) {
+            if (n < max) names[n] = kv_family_name((KvFamily)n);
+        }
+        break;
+    case KV_NAMES_FIXTURES:
+    case KV_NAMES_FIXTURES_DEFAULT: {
+        int all = 0;
+        const KvFixtureInfo *f = kv_fixture_all(&all);
+        for (int k = 0; k < all; k++) {
+            const bool tiny = f[k].size == KV_SIZE_TINY || f[k].size == KV_SIZE_TINY_MIXED;
+            if (which == KV_NAMES_FIXTURES_DEFAULT && !tiny) continue;
+            if (n < max) names[n] = f[k].name;
+            n++;
+        }
+        break;
+    }
+    case KV_NAMES_FIXTURE_FAMILIES:
+    case KV_NAMES_FIXTURE_SIZES: {
+        const KvFixtureWord *w = which == KV_NAMES_FIXTURE_FAMILIES ? kv_fixture_families(&n)
+                                                                    : kv_fixture_sizes(&n);
+        for (int k = 0; k < n && k < max; k++) names[k] = w[k].word;
+        break;
+    }
+    case KV_NAMES_VARIANTS: {
+        const KvCacheOps *const *v = kv_cache_all(&n);
+        for (int k = 0; k < n && k < max; k++) names[k] = v[k]->name;
+        break;
+    }
+    case KV_NAMES_SCENARIOS:
+    case KV_NAMES_SCENARIOS_DEFAULT:
+    case KV_NAMES_SCENARIOS_EXTENDED: {
+        /* kv_scenario_all_names: the default set, then the extended ones */
+        int n_default = 0, n_all = 0;
+        (void)kv_scenario_names(&n_default);
+        const char *const *all = kv_scenario_all_names(&n_all);
+        const int from = which == KV_NAMES_SCENARIOS_EXTENDED ? n_default : 0;
+        const int to = which == KV_NAMES_SCENARIOS_DEFAULT ? n_default : n_all;
+        for (int k = from; k < to; k++, n++) {
+            if (n < max) names[n] = all[k];
+        }
+        break;
+    }
+    case KV_NAMES_FAULTS: {
+        const KvFaultInfo *f = kv_fault_all(&n);
+        for (int k = 0; k < n && k < max; k++) names[k] = f[k].name;
+        break;
+    }
+    case KV_NAMES_BACKENDS: {
+        const KvBackendOps *const *b = kv_backend_all(&n);
+        for (int k = 0; k < n && k < max; k++) names[k] = b[k]->name;
+        break;
+    }
+    case KV_NAMES_KINDS:
+        for (n = 0; n <= (int)KV_CMP_LAST; n++) {
+            if (n < max) names[n] = kv_compare_kind_name((KvCompareKind)n);
+        }
+        break;
+    }
+    return n;
+}
+
+/* Prints one word of len bytes, after a space when space is set, or at the
+ * start of a new line of indent spaces when it would pass KV_CLI_WIDTH
+ * (unless the line holds only its indent: a word wider than the page is
+ * printed anyway; never with indent < 0). */
+static void cli_word(FILE *f, int *col, int indent, const char *w, size_t len, bool space) {
+    const size_t end = (size_t)*col + (space ? 1 : 0) + len;
+    if (indent >= 0 && *col > indent && end > KV_CLI_WIDTH) {
+        fprintf(f, "\n%*s", indent, "");
+        *col = indent;
+    } else if (space) {
+        fputc(' ', f);
+        *col += 1;
+    }
+    fprintf(f, "%.*s", (int)len, w);
+    *col += (int)len;
+}
+
+void kv_cli_print_names(FILE *f, int *col, int indent, const char *const *names, int n,
+                        const char *last_sep) {
+    for (int k = 0; k < n; k++) {
+        /* "a, b, c" or "a, b or c": the comma stays on the line before a fold */
+        char word[160];
+        const bool comma = k + 2 < n || (k + 2 == n && last_sep == NULL);
+        const int len = snprintf(word, sizeof word, "%s%s", names[k], comma ? "," : "");
+        cli_word(f, col, indent, word, len > 0 ? (size_t)len : 0, k > 0 || *col > indent);
+        if (k + 2 == n && last_sep != NULL) cli_word(f, col, indent, last_sep, strlen(last_sep), true);
+    }
+}
+
+void kv_cli_print_list(FILE *f, int *col, int indent, KvCliNames which, const char *last_sep) {
+    const char *names[KV_CLI_MAX_NAMES];
+    int n = kv_cli_names(which, names, KV_CLI_MAX_NAMES);
+    kv_cli_print_names(f, col, indent, names, n < KV_CLI_MAX_NAMES ? n : KV_CLI_MAX_NAMES,
+                       last_sep);
+}
+
+void kv_cli_print_text(FILE *f, int *col, int indent, const char *text) {
+    bool space = false;
+    for (const char *p = text; *p != '\0';) {
+        if (*p == '\n') {
+            fprintf(f, "\n%*s", indent, "");
+            *col = indent;
+            space = false;
+            p++;
+        } else if (*p == ' ') {
+            space = true;
+            p++;
+        } else {
+            const size_t len = strcspn(p, " \n");
+            cli_word(f, col, indent, p, len, space);
+            space = false;
+            p += len;
+        }
+    }
+    /* a trailing space is dropped: what follows decides (a list always
+     * starts with a space or a fold), so no line ends in one */
 }

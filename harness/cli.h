@@ -5,6 +5,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "status.h"
 
@@ -37,6 +38,64 @@ bool kv_cli_parse_u64(const char *opt, const char *text, uint64_t *out);
 /* "kvrepro VERSION (commit C)": the first line of `kvrepro version`, of the
  * usage text and of a gate log. */
 const char *kv_cli_version(void);
+
+/* A subcommand: its name, its line in `kvrepro --help`, and what runs it
+ * (NULL: main.c answers it, as `version`). */
+typedef struct {
+    const char *name;
+    const char *summary;
+    int (*run)(int argc, char **argv);
+} KvCliCommand;
+
+/* The subcommands, in the order `kvrepro --help` lists them. */
+const KvCliCommand *kv_cli_commands(int *count);
+
+/* Help text is folded to this many columns. */
+#define KV_CLI_WIDTH 80
+/* Room for any one registry's names (kv_cli_names). */
+#define KV_CLI_MAX_NAMES 64
+
+/* The lists of names a user sees, each read from its one registry (issue
+ * 33: names listed once): help texts and "expected one of" messages print
+ * them from here, never typed out. */
+typedef enum {
+    KV_NAMES_COMMANDS,          /* kvrepro's subcommands (main.c) */
+    KV_NAMES_MODEL_TYPES,       /* config.json model_type per family (config.c) */
+    KV_NAMES_FIXTURES,          /* built-in fixtures (fixtures/fixture.c) */
+    KV_NAMES_FIXTURES_DEFAULT,  /* the tiny ones, the gate's default models */
+    KV_NAMES_FIXTURE_FAMILIES,  /* `kvrepro fixture --family` words */
+    KV_NAMES_FIXTURE_SIZES,     /* `kvrepro fixture --size` words */
+    KV_NAMES_VARIANTS,          /* cache variants (candidates/cache_registry.c) */
+    KV_NAMES_SCENARIOS,         /* every scenario (harness/scenario.c) */
+    KV_NAMES_SCENARIOS_DEFAULT, /* the default set */
+    KV_NAMES_SCENARIOS_EXTENDED, /* what `--scenarios extended` adds */
+    KV_NAMES_FAULTS,            /* planted faults (reference/fault.c) */
+    KV_NAMES_BACKENDS,          /* backends (harness/backends.c) */
+    KV_NAMES_KINDS,             /* comparison kinds (reports/junit.c) */
+} KvCliNames;
+
+/* Stores the names of list `which` in names[0..max), in the registry's
+ * order, and returns how many the registry holds (more than max: only max
+ * stored). The strings are the registry's own, never freed. */
+int kv_cli_names(KvCliNames which, const char **names, int max);
+
+/* Prints names[0..n) to f, ", "-separated, after a space unless at the
+ * start of a line (so what comes before ends without one), each whole:
+ * before a name that would
+ * pass column KV_CLI_WIDTH it starts a new line of indent spaces (indent
+ * < 0: never, for a one-line error message). *col is
+ * the cursor's column, in and out. last_sep ("or", "and") joins the last
+ * two; NULL: a comma. */
+void kv_cli_print_names(FILE *f, int *col, int indent, const char *const *names, int n,
+                        const char *last_sep);
+
+/* As kv_cli_print_names, for registry list `which`. */
+void kv_cli_print_list(FILE *f, int *col, int indent, KvCliNames which, const char *last_sep);
+
+/* Prints text to f, folded at its spaces as kv_cli_print_names folds names
+ * (a '\n' in text ends the line; the next starts at indent). A leading
+ * space separates it from what is on the line; a trailing one is dropped. */
+void kv_cli_print_text(FILE *f, int *col, int indent, const char *text);
 
 /* The exit code a command returns for a status other than KV_OK:
  * KV_ERR_INPUT -> KV_EXIT_USAGE (2), anything else -> KV_EXIT_INTERNAL (3). */

@@ -17,10 +17,29 @@
 #include "report.h"
 #include "scenario.h"
 
+/* Prints the words of list which as "a|b|c" (the synopsis's form). */
+static void fixture_print_choices(FILE *f, int *col, KvCliNames which) {
+    const char *names[KV_CLI_MAX_NAMES];
+    const int n = kv_cli_names(which, names, KV_CLI_MAX_NAMES);
+    char text[256] = " "; /* a space before, or a fold */
+    size_t used = 1;
+    for (int k = 0; k < n && k < KV_CLI_MAX_NAMES && used < sizeof text; k++) {
+        const int w = snprintf(text + used, sizeof text - used, "%s%s", k > 0 ? "|" : "",
+                               names[k]);
+        used += w > 0 ? (size_t)w : 0;
+    }
+    kv_cli_print_text(f, col, 23, text);
+}
+
 static void fixture_usage(FILE *f) {
+    int col = fprintf(f, "usage: kvrepro fixture --family");
+    fixture_print_choices(f, &col, KV_NAMES_FIXTURE_FAMILIES);
+    kv_cli_print_text(f, &col, 23, " --out DIR");
+    col = fprintf(f, "\n%23s[--size", "") - 1; /* the column after the newline */
+    fixture_print_choices(f, &col, KV_NAMES_FIXTURE_SIZES);
+    kv_cli_print_text(f, &col, 23, "] [--seed N]");
     fprintf(f,
-            "usage: kvrepro fixture --family gemma2|gemma3|gpt_oss|mistral|qwen2 --out DIR [--seed N] "
-            "[--size tiny|medium|125m|2b] [--dtype f32|bf16]\n\n"
+            "\n%23s[--dtype f32|bf16]\n\n"
             "Writes DIR/config.json and DIR/model.safetensors, generated from the seed\n"
             "with kvrepro's own PRNG (SplitMix64 streams keyed by tensor name; see\n"
             "reference/prng.h), so the same seed gives the same bytes on every machine.\n"
@@ -36,12 +55,32 @@ static void fixture_usage(FILE *f) {
             "  2b:     gemma2 only: google/gemma-2-2b's shape (vocab 256000, hidden 2304,\n"
             "          26 layers, 8 heads / 4 kv heads, head_dim 256, window 4096), random\n"
             "          weights: 2.6B parameters, 5.2 GB in BF16 (the seed report's shape,\n"
-            "          bench/seed-shape.sh; never commit). Loaded back and hashed, not decoded\n"
+            "          bench/seed-shape.sh; never commit). Loaded back and hashed, not\n"
+            "          decoded\n"
             "  --dtype    f32 or bf16 (default f32; bf16 for 2b): the stored tensors; bf16\n"
             "             rounds each drawn F32 value to nearest even\n"
             "  --seed N   weight seed (default %llu)\n"
             "Prints the smallest top-1 margin over the default decode.\n",
-            (unsigned long long)KV_FIXTURE_DEFAULT_SEED);
+            "", (unsigned long long)KV_FIXTURE_DEFAULT_SEED);
+}
+
+/* Looks word up in list which (a kv_fixture_families or kv_fixture_sizes
+ * table): its value, or false after printing "kvrepro fixture: OPT:
+ * expected a, b or c, found 'WORD'" from the same table. */
+static bool fixture_parse_word(const char *opt, const char *word, bool families, int *value) {
+    int n = 0;
+    const KvFixtureWord *w = families ? kv_fixture_families(&n) : kv_fixture_sizes(&n);
+    for (int k = 0; k < n; k++) {
+        if (strcmp(w[k].word, word) == 0) {
+            *value = w[k].value;
+            return true;
+        }
+    }
+    int col = fprintf(stderr, "kvrepro fixture: %s: expected", opt);
+    kv_cli_print_list(stderr, &col, -1,
+                      families ? KV_NAMES_FIXTURE_FAMILIES : KV_NAMES_FIXTURE_SIZES, "or");
+    fprintf(stderr, ", found '%s'\n", word);
+    return false;
 }
 
 static double fixture_now(void) {
@@ -127,30 +166,14 @@ int kv_cmd_fixture(int argc, char **argv) {
         fprintf(stderr, "kvrepro fixture: --family and --out are required\n");
         bad = true;
     }
+    int value = 0;
     if (!bad) {
-        if (strcmp(family_s, "gemma2") == 0) family = KV_FAMILY_GEMMA2;
-        else if (strcmp(family_s, "mistral") == 0) family = KV_FAMILY_MISTRAL;
-        else if (strcmp(family_s, "qwen2") == 0) family = KV_FAMILY_QWEN2;
-        else if (strcmp(family_s, "gemma3") == 0) family = KV_FAMILY_GEMMA3;
-        else if (strcmp(family_s, "gpt_oss") == 0) family = KV_FAMILY_GPT_OSS;
-        else {
-            fprintf(stderr, "kvrepro fixture: --family: expected gemma2, gemma3, gpt_oss, "
-                    "mistral or qwen2, found '%s'\n",
-                    family_s);
-            bad = true;
-        }
+        bad = !fixture_parse_word("--family", family_s, true, &value);
+        family = (KvFamily)value;
     }
     if (!bad) {
-        if (strcmp(size_s, "tiny") == 0) size = KV_SIZE_TINY;
-        else if (strcmp(size_s, "medium") == 0) size = KV_SIZE_MEDIUM;
-        else if (strcmp(size_s, "125m") == 0) size = KV_SIZE_125M;
-        else if (strcmp(size_s, "2b") == 0) size = KV_SIZE_2B;
-        else {
-            fprintf(stderr, "kvrepro fixture: --size: expected tiny, medium, 125m or 2b, found "
-                    "'%s'\n",
-                    size_s);
-            bad = true;
-        }
+        bad = !fixture_parse_word("--size", size_s, false, &value);
+        size = (KvFixtureSize)value;
     }
     KvDtype dtype = kv_fixture_default_dtype(size);
     if (!bad && dtype_s != NULL) {

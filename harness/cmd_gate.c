@@ -50,30 +50,26 @@
  * back (kv_limits.h, one table for the gate, the writer and the reader). */
 #define KV_GATE_MAX_NEW_TOKENS ((uint64_t)KV_REPORT_MAX_STEPS)
 
-/* The fault catalog's names (fault.h), ", "-separated and folded under
- * the option column: listed from the catalog, never typed twice. */
-static void gate_fault_list(char *out, size_t n) {
-    char names[512];
-    kv_fault_names(~0u, names, sizeof names);
-    size_t used = (size_t)snprintf(out, n, "                   "), col = 19;
-    for (char *tok = strtok(names, ","); tok != NULL && used < n; tok = strtok(NULL, ",")) {
-        const size_t len = strlen(tok) + 2;
-        if (col + len > 80) {
-            used += (size_t)snprintf(out + used, n - used, "\n                   ");
-            col = 19;
-        }
-        used += (size_t)snprintf(out + used, n - used, " %s,", tok);
-        col += len;
-    }
-    if (used > 0 && used < n && out[used - 1] == ',') out[used - 1] = '\0';
+/* The run modes, in the order --modes indexes them (0 eager, 1 graph). */
+static const char *const k_gate_modes[] = {"eager", "graph"};
+
+/* Prints one option of the help: "  OPT  " then text, folded to the page at
+ * column 20; a list (which >= 0) follows the text, then tail. Every list is
+ * read from its registry (kv_cli_names), never typed here. */
+static void gate_help_opt(FILE *f, const char *opt, const char *text, int which,
+                          const char *last_sep, const char *tail) {
+    int col = fprintf(f, "  %-16s  ", opt);
+    kv_cli_print_text(f, &col, 20, text);
+    if (which >= 0) kv_cli_print_list(f, &col, 20, (KvCliNames)which, last_sep);
+    if (tail != NULL) kv_cli_print_text(f, &col, 20, tail);
+    fputc('\n', f);
 }
 
 static void gate_usage(FILE *f) {
-    char faults[1024];
-    gate_fault_list(faults, sizeof faults);
+    char t[512];
     fprintf(f,
             "usage: kvrepro gate [--model DIR | --fixture NAME]... [--scenarios LIST]\n"
-            "                    [--variants LIST] [--backends cpu,cuda] [--modes eager,graph]\n"
+            "                    [--variants LIST] [--backends LIST] [--modes LIST]\n"
             "                    [--repeats N] [--report PATH.h5] [--junit PATH.xml]\n"
             "                    [--shard I/N|auto] [--tol NAME=VALUE]... [--prompts FILE\n"
             "                    --max-new-tokens N] [--seed N] [--prompt-seed N]\n"
@@ -86,85 +82,94 @@ static void gate_usage(FILE *f) {
             "Runs the reference and every selected cache variant on every scenario, compares\n"
             "them (reference agreement within tolerances; repeats, graph vs eager, variant vs\n"
             "variant and replays bitwise), prints one line per run and a final\n"
-            "'N passed, N failed, N skipped' line.\n\n"
-            "  --model DIR       a Hugging Face checkpoint directory (gemma2, gemma3_text,\n"
-            "                    gpt_oss, mistral, llama, qwen2)\n"
-            "  --fixture NAME    gemma2-tiny, mistral-tiny, qwen2-tiny, gemma3-tiny,\n"
-            "                    gpt_oss-tiny, mistral_mixed-tiny (layer windows 4,16,4,16),\n"
-            "                    gemma2-medium, mistral-medium, qwen2-medium, gemma3-medium,\n"
-            "                    mistral-125m (default: the six tiny ones)\n"
-            "  --scenarios LIST  comma-separated, default: short_prompt_crosses_window,\n"
-            "                    prompt_w_minus_1, prompt_w, prompt_w_plus_1,\n"
-            "                    prefill_longer_than_window, left_padded_batch, chunked_prefill,\n"
-            "                    prefix_reuse_after_wrap, speculative_rollback_past_window;\n"
-            "                    `extended` adds the right-padded right_padded_static_loop and\n"
-            "                    parallel_positions and context_shift (cpu only so far;\n"
-            "                    --faults runs them too)\n"
-            "  --variants LIST   default all: index_copy, cat_shift, roll, always_roll, ring,\n"
-            "                    dynamic\n"
-            "  --backends LIST   default every backend built: cpu and cuda (cuda runs are\n"
-            "                    reported as skipped, with the reason, when they cannot run)\n"
-            "  --modes LIST      default eager,graph\n"
-            "  --repeats N       runs per (variant, mode), compared bitwise (default 3)\n"
-            "  --report PATH     write the HDF5 report (docs/SCHEMA.md)\n"
-            "  --junit PATH      write JUnit XML\n"
-            "  --shard I/N       run the I-th of N shards of the (model, scenario) units\n"
-            "                    (unit u when u %% N == I - 1); `kvrepro merge` joins the\n"
-            "                    N reports\n"
-            "  --goldens DIR     where the transformers goldens are (default: this source\n"
-            "                    tree's fixtures/hf, or $KVREPRO_SOURCE_DIR/fixtures/hf)\n"
-            "  --no-goldens      do not judge the reference against transformers' goldens\n"
-            "                    (by default each built-in fixture's family is)\n"
-            "  --allow-empty     accept a shard that holds no unit (exit 0, said so); without\n"
-            "                    it a gate that judged nothing fails\n"
-            "  --shard auto      take I/N from the environment, the first set of:\n"
-            "                    KVREPRO_SHARD=I/N; a Slurm array task (I =\n"
-            "                    SLURM_ARRAY_TASK_ID - SLURM_ARRAY_TASK_MIN + 1, N =\n"
-            "                    SLURM_ARRAY_TASK_COUNT, or MAX - MIN + 1; no step);\n"
-            "                    a GitLab parallel job (I = CI_NODE_INDEX, N =\n"
-            "                    CI_NODE_TOTAL). The log names the variables used\n"
-            "  --tol NAME=VALUE  max_rel_err (default: calibrated per model and scenario,\n"
-            "                    %d x the spread of the reference under %d other valid\n"
-            "                    reduction orders), tie_margin (default %g); an explicit\n"
-            "                    value overrides and is recorded\n"
-            "  --no-calibrate    no ensemble: max_rel_err is then %g unless --tol sets it\n"
-            "  --prompts FILE    a JSON array of token-id arrays, run as one left-padded batch\n"
-            "                    instead of the scenarios; needs --max-new-tokens N\n"
-            "  --max-new-tokens N  tokens each --prompts row decodes; with the scenarios, the\n"
-            "                    most each decodes (they decode 3 x W past the window)\n"
-            "  --allow-large-work  run a matrix above %.0f TFLOP of CPU work (the gate states\n"
-            "                    the work before it starts and refuses more without this)\n"
-            "  --quiet           print only the failures and the final count line\n"
-            "  --seed N          fixture weight seed (default %llu)\n"
-            "  --prompt-seed N   scenario prompt seed (default %llu)\n"
-            "  --replay-every N  replay-check every N-th decode step (default 5, 0 = off)\n"
-            "  --fault LIST      plant these faults (comma-separated) in every candidate run\n"
-            "                    (the gate must then fail):\n%s\n"
-            "  --faults LIST|all mutation score: the matrix once clean and once per fault,\n"
-            "                    into one report; prints per fault whether and how the gate\n"
-            "                    caught it, 'mutation score: C/P' and 'false alarms: N'; exits\n"
-            "                    1 unless every fault was caught with no false alarm\n"
-            "  --external FILE   judge the runs another engine recorded in FILE (report schema,\n"
-            "                    docs/SCHEMA.md; repeatable) instead of running the matrix: the\n"
-            "                    CPU reference decodes their prompts with --model DIR, and each\n"
-            "                    run is compared with it (within tolerances, tie-aware), with its\n"
-            "                    repeat 0 (bitwise), its eager mode (within tolerances) and its\n"
-            "                    graph budget; max_rel_err is calibrated per prompt batch as\n"
-            "                    above (--tol, --no-calibrate apply); no scenario, variant, backend, mode, repeat,\n"
-            "                    prompts, fault or shard option may be given with it\n"
-            "  --timings         record wall times (the report is then not byte-reproducible)\n"
-            "  --full-logits-max-vocab N\n"
-            "                    above this vocabulary the report keeps each row's top-%d logits\n"
-            "                    and the hash of the full row (default %d); comparisons always\n"
-            "                    use the full logits\n"
+            "'N passed, N failed, N skipped' line.\n\n");
+    gate_help_opt(f, "--model DIR", "a Hugging Face checkpoint directory whose config.json's "
+                  "model_type is", KV_NAMES_MODEL_TYPES, "or",
+                  " (llama is read as mistral)");
+    gate_help_opt(f, "--fixture NAME", "a built-in fixture, built in memory:", KV_NAMES_FIXTURES,
+                  NULL, NULL);
+    gate_help_opt(f, "", "(default: the tiny ones:", KV_NAMES_FIXTURES_DEFAULT, NULL, ")");
+    gate_help_opt(f, "--scenarios LIST", "comma-separated, default:", KV_NAMES_SCENARIOS_DEFAULT,
+                  NULL, ";");
+    gate_help_opt(f, "", "`extended` adds", KV_NAMES_SCENARIOS_EXTENDED, "and",
+                  " (cpu only so far; --faults runs them too)");
+    gate_help_opt(f, "--variants LIST", "default all:", KV_NAMES_VARIANTS, NULL, NULL);
+    gate_help_opt(f, "--backends LIST", "default every backend built:", KV_NAMES_BACKENDS, "and",
+                  " (the runs of one that cannot run here are reported as skipped, with "
+                  "the reason)");
+    int col = fprintf(f, "  %-16s  default all:", "--modes LIST");
+    kv_cli_print_names(f, &col, 20, k_gate_modes, 2, NULL);
+    fputc('\n', f);
+    gate_help_opt(f, "--repeats N", "runs per (variant, mode), compared bitwise (default 3)", -1,
+                  NULL, NULL);
+    gate_help_opt(f, "--report PATH", "write the HDF5 report (docs/SCHEMA.md)", -1, NULL, NULL);
+    gate_help_opt(f, "--junit PATH", "write JUnit XML", -1, NULL, NULL);
+    gate_help_opt(f, "--shard I/N", "run the I-th of N shards of the (model, scenario) units "
+                  "(unit u when u % N == I - 1); `kvrepro merge` joins the N reports", -1, NULL,
+                  NULL);
+    gate_help_opt(f, "--goldens DIR", "where the transformers goldens are (default: this source "
+                  "tree's fixtures/hf, or $KVREPRO_SOURCE_DIR/fixtures/hf)", -1, NULL, NULL);
+    gate_help_opt(f, "--no-goldens", "do not judge the reference against transformers' goldens "
+                  "(by default each built-in fixture's family is)", -1, NULL, NULL);
+    gate_help_opt(f, "--allow-empty", "accept a shard that holds no unit (exit 0, said so); "
+                  "without it a gate that judged nothing fails", -1, NULL, NULL);
+    gate_help_opt(f, "--shard auto", "take I/N from the environment, the first set of: "
+                  "KVREPRO_SHARD=I/N; a Slurm array task (I = SLURM_ARRAY_TASK_ID - "
+                  "SLURM_ARRAY_TASK_MIN + 1, N = SLURM_ARRAY_TASK_COUNT, or MAX - MIN + 1; no "
+                  "step); a GitLab parallel job (I = CI_NODE_INDEX, N = CI_NODE_TOTAL). The log "
+                  "names the variables used", -1, NULL, NULL);
+    snprintf(t, sizeof t, "max_rel_err (default: calibrated per model and scenario, %d x the "
+             "spread of the reference under %d other valid reduction orders), tie_margin "
+             "(default %g); an explicit value overrides and is recorded", KV_CAL_SPREAD_MULT,
+             KV_ENSEMBLE_SIZE, KV_TOL_TIE_MARGIN);
+    gate_help_opt(f, "--tol NAME=VALUE", t, -1, NULL, NULL);
+    snprintf(t, sizeof t, "no ensemble: max_rel_err is then %g unless --tol sets it",
+             KV_TOL_MAX_REL_ERR);
+    gate_help_opt(f, "--no-calibrate", t, -1, NULL, NULL);
+    gate_help_opt(f, "--prompts FILE", "a JSON array of token-id arrays, run as one left-padded "
+                  "batch instead of the scenarios; needs --max-new-tokens N", -1, NULL, NULL);
+    gate_help_opt(f, "--max-new-tokens N", "tokens each --prompts row decodes; with the "
+                  "scenarios, the most each decodes (they decode 3 x W past the window)", -1,
+                  NULL, NULL);
+    snprintf(t, sizeof t, "run a matrix above %.0f TFLOP of CPU work (the gate states the work "
+             "before it starts and refuses more without this)", KV_GATE_MAX_WORK_FLOP / 1e12);
+    gate_help_opt(f, "--allow-large-work", t, -1, NULL, NULL);
+    gate_help_opt(f, "--quiet", "print only the failures and the final count line", -1, NULL,
+                  NULL);
+    snprintf(t, sizeof t, "fixture weight seed (default %llu)",
+             (unsigned long long)KV_FIXTURE_DEFAULT_SEED);
+    gate_help_opt(f, "--seed N", t, -1, NULL, NULL);
+    snprintf(t, sizeof t, "scenario prompt seed (default %llu)",
+             (unsigned long long)KV_FIXTURE_DEFAULT_SEED);
+    gate_help_opt(f, "--prompt-seed N", t, -1, NULL, NULL);
+    gate_help_opt(f, "--replay-every N", "replay-check every N-th decode step (default 5, 0 = "
+                  "off)", -1, NULL, NULL);
+    gate_help_opt(f, "--fault LIST", "plant these faults (comma-separated) in every candidate "
+                  "run (the gate must then fail):", KV_NAMES_FAULTS, NULL, NULL);
+    gate_help_opt(f, "--faults LIST|all", "mutation score: the matrix once clean and once per "
+                  "fault, into one report; prints per fault whether and how the gate caught it, "
+                  "'mutation score: C/P' and 'false alarms: N'; exits 1 unless every fault was "
+                  "caught with no false alarm", -1, NULL, NULL);
+    gate_help_opt(f, "--external FILE", "judge the runs another engine recorded in FILE (report "
+                  "schema, docs/SCHEMA.md; repeatable) instead of running the matrix: the CPU "
+                  "reference decodes their prompts with --model DIR, and each run is compared "
+                  "with it (within tolerances, tie-aware), with its repeat 0 (bitwise), its "
+                  "eager mode (within tolerances) and its graph budget; max_rel_err is "
+                  "calibrated per prompt batch as above (--tol, --no-calibrate apply); no "
+                  "scenario, variant, backend, mode, repeat, prompts, fault or shard option may "
+                  "be given with it", -1, NULL, NULL);
+    gate_help_opt(f, "--timings", "record wall times (the report is then not "
+                  "byte-reproducible)", -1, NULL, NULL);
+    snprintf(t, sizeof t, "above this vocabulary the report keeps each row's top-%d logits and "
+             "the hash of the full row (default %d); comparisons always use the full logits",
+             KV_TOPK, KV_FULL_LOGITS_MAX_VOCAB);
+    gate_help_opt(f, "--full-logits-max-vocab N", t, -1, NULL, NULL);
+    col = fprintf(f, "Comparisons, as the summary, the report and JUnit name them:");
+    kv_cli_print_list(f, &col, 2, KV_NAMES_KINDS, NULL);
+    fprintf(f, ".\n"
             "Exit codes: 0 pass, 1 gate failure, 2 bad input or usage, 3 internal error.\n"
             "A gate that judged no candidate run, or made fewer runs than it planned (other\n"
-            "than runs skipped with a stated reason), fails (exit 1) and says so.\n",
-            KV_CAL_SPREAD_MULT, KV_ENSEMBLE_SIZE, KV_TOL_TIE_MARGIN, KV_TOL_MAX_REL_ERR,
-            KV_GATE_MAX_WORK_FLOP / 1e12,
-            (unsigned long long)KV_FIXTURE_DEFAULT_SEED,
-            (unsigned long long)KV_FIXTURE_DEFAULT_SEED, faults, KV_TOPK,
-            KV_FULL_LOGITS_MAX_VOCAB);
+            "than runs skipped with a stated reason), fails (exit 1) and says so.\n");
 }
 
 /* Parses a comma-separated list of names, each exactly one of known[0..n_known)
@@ -253,10 +258,11 @@ static bool gate_parse_faults(const char *opt, const char *text, bool allow_all,
         p = end + 1;
     }
     if (why[0] != '\0') {
-        char names[256];
-        kv_fault_names(~0u, names, sizeof names);
-        fprintf(stderr, "kvrepro gate: %s '%s': %s; expected a comma-separated list of %s%s\n",
-                opt, text, why, names, allow_all ? ", or all" : "");
+        /* every name of the catalog, however many: no buffer to outgrow */
+        int col = fprintf(stderr, "kvrepro gate: %s '%s': %s; expected a comma-separated list of",
+                          opt, text, why);
+        kv_cli_print_list(stderr, &col, -1, KV_NAMES_FAULTS, NULL);
+        fprintf(stderr, "%s\n", allow_all ? ", or all" : "");
         return false;
     }
     /* the faults in the order given (all: the table's) */
@@ -364,7 +370,6 @@ static const char *gate_getenv(const char *name, void *ctx) {
 /* Parses argv into a and o; prints the problem and returns false on bad
  * usage; *help is set for --help. */
 static bool gate_parse_args(int argc, char **argv, GateArgs *a, KvGateOptions *o, bool *help) {
-    static const char *const k_modes[] = {"eager", "graph"};
     int n_known = 0, n_all = 0, picked[KV_GATE_MAX_LIST], n_picked = 0;
     /* Any scenario may be named; the default is the default set, and
      * `extended` (or --faults without --scenarios) adds the extended ones. */
@@ -463,7 +468,7 @@ static bool gate_parse_args(int argc, char **argv, GateArgs *a, KvGateOptions *o
             if (!bad) o->n_backends = n_picked;
         } else if (kv_cli_take(argc, argv, &i, "--modes", &v, &bad)) {
             gate_note_matrix_opt(a, "--modes");
-            bad = bad || !gate_parse_names("--modes", v, k_modes, 2, picked, &n_picked);
+            bad = bad || !gate_parse_names("--modes", v, k_gate_modes, 2, picked, &n_picked);
             o->eager = o->graph = false;
             for (int k = 0; k < n_picked && !bad; k++) *(picked[k] == 0 ? &o->eager : &o->graph) = true;
         } else if (kv_cli_take(argc, argv, &i, "--repeats", &v, &bad)) {

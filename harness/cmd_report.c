@@ -27,7 +27,7 @@ int kv_cmd_show(int argc, char **argv) {
     if (argc != 2 || strcmp(argv[1], "--help") == 0) {
         fprintf(argc == 2 ? stdout : stderr,
                 "usage: kvrepro show REPORT.h5\n\nPrints a report's root attributes and its "
-                "summary table (one line per run, then 'N passed, N failed, N skipped').\n");
+                "summary table (one line per run,\nthen 'N passed, N failed, N skipped').\n");
         return argc == 2 ? KV_EXIT_PASS : KV_EXIT_USAGE;
     }
     KvReport rep;
@@ -53,7 +53,8 @@ static void diff_usage(FILE *f) {
             "engine's run vs kvrepro's) are compared by tokens and logits only, naming no\n"
             "probe. Runs are selected by index or by label\n"
             "model/scenario/variant/backend/mode/rN (as `kvrepro show` lists them).\n"
-            "Exit codes: 0 identical, 1 different, 2 bad input (unknown run, mismatched runs).\n");
+            "Exit codes: 0 identical, 1 different, 2 bad input (unknown run, mismatched\n"
+            "runs).\n");
 }
 
 int kv_cmd_diff(int argc, char **argv) {
@@ -272,8 +273,8 @@ int kv_cmd_merge(int argc, char **argv) {
     if (argc < 3 || strcmp(argv[1], "--help") == 0) {
         fprintf(argc >= 2 && strcmp(argv[1], "--help") == 0 ? stdout : stderr,
                 "usage: kvrepro merge OUT.h5 IN.h5...\n\nJoins shard reports of one gate "
-                "(`kvrepro gate --shard I/N`) into one report; the inputs must share the tool\n"
-                "version, commit, seeds, model and tolerances, be shards of one split, and\n"
+                "(`kvrepro gate --shard I/N`) into one\nreport; the inputs must share the tool "
+                "version, commit, seeds, model and\ntolerances, be shards of one split, and "
                 "hold no run twice.\n");
         return argc >= 2 && strcmp(argv[1], "--help") == 0 ? KV_EXIT_PASS : KV_EXIT_USAGE;
     }

@@ -7,22 +7,24 @@
 
 #include "cli.h"
 
+/* The command list comes from the subcommand table (cli.c): a command
+ * added there is listed and dispatched with no second edit here. */
 static void main_usage(FILE *f) {
     fprintf(f,
             "%s\n"
             "Correctness and reproducibility harness for sliding-window KV caches.\n\n"
             "usage: kvrepro <command> [options]\n\n"
-            "commands:\n"
-            "  fixture   write a deterministic synthetic model (config.json + model.safetensors)\n"
-            "  gate      run the gate: reference vs every cache variant, eager and graph\n"
-            "  show      print the summary of an HDF5 report\n"
-            "  diff      compare two recorded runs and print the first divergence\n"
-            "  merge     join shard reports into one\n"
-            "  bisect    find the first step, row, layer and probe where two runs part\n"
-            "  version   print the version and commit\n\n"
-            "Run 'kvrepro <command> --help' for the options of a command.\n"
-            "Exit codes: 0 pass, 1 gate failure, 2 bad input or usage, 3 internal error.\n",
+            "commands:\n",
             kv_cli_version());
+    int n = 0;
+    const KvCliCommand *c = kv_cli_commands(&n);
+    for (int k = 0; k < n; k++) {
+        int col = fprintf(f, "  %-9s ", c[k].name);
+        kv_cli_print_text(f, &col, 12, c[k].summary);
+        fputc('\n', f);
+    }
+    fprintf(f, "\nRun 'kvrepro <command> --help' for the options of a command.\n"
+               "Exit codes: 0 pass, 1 gate failure, 2 bad input or usage, 3 internal error.\n");
 }
 
 int main(int argc, char **argv) {
@@ -44,12 +46,11 @@ int main(int argc, char **argv) {
         printf("%s\n", kv_cli_version());
         return KV_EXIT_PASS;
     }
-    if (strcmp(cmd, "fixture") == 0) return kv_cmd_fixture(argc - 1, argv + 1);
-    if (strcmp(cmd, "gate") == 0) return kv_cmd_gate(argc - 1, argv + 1);
-    if (strcmp(cmd, "show") == 0) return kv_cmd_show(argc - 1, argv + 1);
-    if (strcmp(cmd, "diff") == 0) return kv_cmd_diff(argc - 1, argv + 1);
-    if (strcmp(cmd, "bisect") == 0) return kv_cmd_bisect(argc - 1, argv + 1);
-    if (strcmp(cmd, "merge") == 0) return kv_cmd_merge(argc - 1, argv + 1);
+    int n = 0;
+    const KvCliCommand *c = kv_cli_commands(&n);
+    for (int k = 0; k < n; k++) {
+        if (c[k].run != NULL && strcmp(cmd, c[k].name) == 0) return c[k].run(argc - 1, argv + 1);
+    }
     fprintf(stderr, "kvrepro: unknown command '%s'\n\n", cmd);
     main_usage(stderr);
     return KV_EXIT_USAGE;
