@@ -9,7 +9,6 @@
 
 #include "compare.h"
 #include "model.h"
-#include "prng.h"
 #include "scenario.h"
 
 /* A golden holds tiny decodes: far below this many logits per scenario. */
@@ -181,44 +180,27 @@ cleanup:
     return st;
 }
 
-/* transformers' decode of scenario s as a run of rep (its arrays moved
- * out of s). */
-static KvStatus golden_run(KvGoldenScenario *s, const char *model_name, const char *path,
-                           KvReport *rep, int64_t *idx, KvError *err) {
+/* transformers' decode of scenario s as a run of rep: a decode result
+ * without probes, graphs or replays (its tokens, logits and margins moved
+ * out of s). cfg: the checkpoint's. */
+static KvStatus golden_run(KvGoldenScenario *s, const KvConfig *cfg, const char *model_name,
+                           const char *path, KvReport *rep, int64_t *idx, KvError *err) {
     *idx = kv_gate_add_run(rep);
     if (*idx < 0) return kv_error_set(err, KV_ERR_INTERNAL, "out of memory");
     KvRun *r = &rep->runs[*idx];
-    const int64_t S = s->steps, B = s->batch, V = s->vocab;
-    snprintf(r->model, sizeof r->model, "%s", model_name);
-    snprintf(r->scenario, sizeof r->scenario, "%s", s->name);
-    snprintf(r->variant, sizeof r->variant, "transformers");
-    snprintf(r->backend, sizeof r->backend, "torch-cpu");
-    snprintf(r->mode, sizeof r->mode, "eager");
+    kv_run_identify(r, model_name, s->name, "transformers", "torch-cpu", "eager", 0, 0);
     snprintf(r->engine, sizeof r->engine, "transformers golden %.200s", path);
-    r->steps = S;
-    r->batch = B;
-    r->vocab = V;
-    r->prompt_len = s->prompt_len;
-    r->prompt = s->input_ids;
-    r->prompt_real = s->mask;
-    r->tokens = s->tokens;
-    r->logits = s->logits;
-    r->margins = s->margins;
-    s->input_ids = NULL;
-    s->mask = NULL;
+    const KvDecodeSpec spec = {.batch = s->batch, .prompt_len = s->prompt_len,
+                               .prompt = s->input_ids, .prompt_real = s->mask,
+                               .new_tokens = s->steps};
+    KvDecodeResult res = {.steps = s->steps, .batch = s->batch, .vocab = s->vocab,
+                          .tokens = s->tokens, .logits = s->logits, .margins = s->margins,
+                          .replay_mismatch_step = -1, .nonfinite_step = -1,
+                          .nonfinite_probe = -1, .nonfinite_row = -1, .nonfinite_index = -1};
     s->tokens = NULL;
     s->logits = NULL;
     s->margins = NULL;
-    r->logits_hash = malloc((size_t)(S * B) * sizeof *r->logits_hash);
-    if (r->logits_hash == NULL) return kv_error_set(err, KV_ERR_INTERNAL, "out of memory");
-    for (int64_t i = 0; i < S * B; i++) {
-        r->logits_hash[i] = kv_fnv1a(KV_FNV_OFFSET, r->logits + i * V, (size_t)V * sizeof(float));
-    }
-    r->graphs_captured = 0;
-    r->recompiles = -1;
-    r->graph_budget = -1;
-    r->replay_mismatch_step = -1;
-    return KV_OK;
+    return kv_run_from_result(r, cfg, &spec, &res, err);
 }
 
 KvStatus kv_gate_run_golden(const char *root, const char *family, const KvGateOptions *o,
@@ -257,7 +239,7 @@ KvStatus kv_gate_run_golden(const char *root, const char *family, const KvGateOp
         snprintf(sc.name, sizeof sc.name, "%s", s->name);
         int64_t ref = -1, gold = -1;
         st = kv_gate_run_forced_reference(&m, model_name, &sc, o, forced, rep, &ref, err);
-        if (st == KV_OK) st = golden_run(s, model_name, path, rep, &gold, err);
+        if (st == KV_OK) st = golden_run(s, &m.config, model_name, path, rep, &gold, err);
         if (st != KV_OK) break;
         KvComparison c;
         kv_compare_outputs_forced(&rep->runs[gold], &rep->runs[ref], &tol, KV_CMP_GOLDEN, gold,

@@ -36,9 +36,8 @@ KvStatus kv_gate_add_comparison(KvReport *rep, const KvComparison *c, KvError *e
     return KV_OK;
 }
 
-/* faults: the planted faults of a candidate run (0 for the reference). */
-static void run_identify(KvRun *r, const char *model, const char *scenario, const char *variant,
-                         const char *backend, const char *mode, int repeat, unsigned faults) {
+void kv_run_identify(KvRun *r, const char *model, const char *scenario, const char *variant,
+                     const char *backend, const char *mode, int repeat, unsigned faults) {
     kv_fault_names(faults, r->fault, sizeof r->fault);
     snprintf(r->model, sizeof r->model, "%s", model);
     snprintf(r->scenario, sizeof r->scenario, "%s", scenario);
@@ -46,6 +45,72 @@ static void run_identify(KvRun *r, const char *model, const char *scenario, cons
     snprintf(r->backend, sizeof r->backend, "%s", backend);
     snprintf(r->mode, sizeof r->mode, "%s", mode);
     r->repeat = repeat;
+}
+
+KvStatus kv_run_from_result(KvRun *run, const KvConfig *cfg, const KvDecodeSpec *spec,
+                            KvDecodeResult *res, KvError *err) {
+    KvStatus st = KV_OK;
+    const int64_t B = res->batch, S = res->steps, V = res->vocab, P = spec->prompt_len;
+    run->steps = S;
+    run->batch = B;
+    run->vocab = V;
+    run->prompt_len = P;
+    run->prefill_chunk = spec->prefill_chunk;
+    run->save_after = spec->save_after;
+    run->switch_step = spec->switch_step;
+    run->suffix_len = spec->suffix_len;
+    run->shift_step = spec->shift_step;
+    run->shift_keep = spec->shift_keep;
+    run->shift_drop = spec->shift_drop;
+    run->prompt = malloc((size_t)(B * P) * sizeof *run->prompt);
+    run->prompt_real = malloc((size_t)(B * P));
+    run->logits_hash = malloc((size_t)(S * B) * sizeof *run->logits_hash);
+    /* a run without probes (another engine's) holds no names either */
+    if (res->n_probes > 0) {
+        run->probe_names = calloc((size_t)res->n_probes, sizeof *run->probe_names);
+    }
+    if (spec->suffix != NULL) {
+        run->suffix = malloc((size_t)(B * spec->suffix_len) * sizeof *run->suffix);
+    }
+    if (!run->prompt || !run->prompt_real || !run->logits_hash ||
+        (res->n_probes > 0 && !run->probe_names) || (spec->suffix != NULL && !run->suffix)) {
+        st = kv_error_set(err, KV_ERR_INTERNAL, "out of memory recording a run");
+        goto cleanup;
+    }
+    memcpy(run->prompt, spec->prompt, (size_t)(B * P) * sizeof *run->prompt);
+    memcpy(run->prompt_real, spec->prompt_real, (size_t)(B * P));
+    if (spec->suffix != NULL) {
+        memcpy(run->suffix, spec->suffix, (size_t)(B * spec->suffix_len) * sizeof *run->suffix);
+    }
+    for (int64_t i = 0; i < S * B; i++) {
+        run->logits_hash[i] =
+            kv_fnv1a(KV_FNV_OFFSET, res->logits + i * V, (size_t)V * sizeof(float));
+    }
+    for (int64_t p = 0; p < res->n_probes; p++) {
+        kv_probe_name(cfg, p, run->probe_names[p], KV_NAME_LEN);
+    }
+    /* Take ownership of the result's arrays. */
+    run->tokens = res->tokens;
+    run->logits = res->logits;
+    run->margins = res->margins;
+    run->n_probes = res->n_probes;
+    run->probe_hash = res->probe_hash;
+    res->tokens = NULL;
+    res->logits = NULL;
+    res->margins = NULL;
+    res->probe_hash = NULL;
+    run->graphs_captured = res->graphs_captured;
+    run->replays_checked = res->replays_checked;
+    run->replay_mismatch_step = res->replay_mismatch_step;
+    run->nonfinite_checked = res->nonfinite_checked;
+    run->nonfinite_step = res->nonfinite_step;
+    run->nonfinite_probe = res->nonfinite_probe;
+    run->nonfinite_row = res->nonfinite_row;
+    run->nonfinite_index = res->nonfinite_index;
+    run->nonfinite_value = res->nonfinite_value;
+cleanup:
+    kv_decode_result_free(res);
+    return st;
 }
 
 /* The graph budget of a graph-mode decode of sc with `variant` (the
@@ -119,61 +184,12 @@ static KvStatus run_decode(const KvModel *m, const KvScenario *sc, const KvCache
     KvStatus st = kv_decode_run(ops, m, &spec, &res, NULL, err);
     if (st != KV_OK) return st;
     const double t1 = kv_gate_now();
-    const int64_t B = res.batch, S = res.steps, V = res.vocab;
-    run->steps = S;
-    run->batch = B;
-    run->vocab = V;
-    run->prompt_len = sc->prompt_len;
-    run->prefill_chunk = sc->prefill_chunk;
-    run->prompt = malloc((size_t)(B * sc->prompt_len) * sizeof *run->prompt);
-    run->prompt_real = malloc((size_t)(B * sc->prompt_len));
-    run->logits_hash = malloc((size_t)(S * B) * sizeof *run->logits_hash);
-    run->probe_names = calloc((size_t)res.n_probes, sizeof *run->probe_names);
-    if (!run->prompt || !run->prompt_real || !run->logits_hash || !run->probe_names) {
-        kv_decode_result_free(&res);
-        return kv_error_set(err, KV_ERR_INTERNAL, "out of memory recording a run");
-    }
-    if (script) {
-        run->save_after = sc->save_after;
-        run->switch_step = sc->switch_step;
-        run->suffix_len = sc->suffix_len;
-        run->suffix = malloc((size_t)(B * sc->suffix_len) * sizeof *run->suffix);
-        if (run->suffix == NULL) {
-            kv_decode_result_free(&res);
-            return kv_error_set(err, KV_ERR_INTERNAL, "out of memory recording a run");
-        }
-        memcpy(run->suffix, sc->suffix, (size_t)(B * sc->suffix_len) * sizeof *run->suffix);
-    }
-    run->shift_step = sc->shift_step;
-    run->shift_keep = sc->shift_keep;
-    run->shift_drop = sc->shift_drop;
-    memcpy(run->prompt, sc->prompt, (size_t)(B * sc->prompt_len) * sizeof *run->prompt);
-    memcpy(run->prompt_real, sc->real, (size_t)(B * sc->prompt_len));
-    for (int64_t i = 0; i < S * B; i++) {
-        run->logits_hash[i] = kv_fnv1a(KV_FNV_OFFSET, res.logits + i * V, (size_t)V * sizeof(float));
-    }
-    for (int64_t p = 0; p < res.n_probes; p++) {
-        kv_probe_name(&m->config, p, run->probe_names[p], KV_NAME_LEN);
-    }
-    /* Take ownership of the result's arrays. */
-    run->tokens = res.tokens;
-    run->logits = res.logits;
-    run->margins = res.margins;
-    run->n_probes = res.n_probes;
-    run->probe_hash = res.probe_hash;
-    run->graphs_captured = res.graphs_captured;
+    st = kv_run_from_result(run, &m->config, &spec, &res, err);
+    if (st != KV_OK) return st;
     if (variant != NULL && mode == KV_MODE_GRAPH) {
         run->graph_budget = run_graph_budget(m, sc, variant);
     }
-    run->replays_checked = res.replays_checked;
-    run->replay_mismatch_step = res.replay_mismatch_step;
     run->seconds = o->timings ? t1 - t0 : 0.0;
-    run->nonfinite_checked = res.nonfinite_checked;
-    run->nonfinite_step = res.nonfinite_step;
-    run->nonfinite_probe = res.nonfinite_probe;
-    run->nonfinite_row = res.nonfinite_row;
-    run->nonfinite_index = res.nonfinite_index;
-    run->nonfinite_value = res.nonfinite_value;
     return KV_OK;
 }
 
@@ -341,8 +357,8 @@ static KvStatus run_candidates(const KvModel *m, const char *model_name, const K
                     goto cleanup;
                 }
                 KvRun *run = &rep->runs[idx];
-                run_identify(run, model_name, sc->name, o->variants[v]->name, bname,
-                             k_mode_name[mi], k, o->faults);
+                kv_run_identify(run, model_name, sc->name, o->variants[v]->name, bname,
+                                k_mode_name[mi], k, o->faults);
                 if (skip[0] != '\0' || row_skip[0] != '\0') {
                     /* No device (or no per-row positions): recorded as
                      * skipped, with the reason, never as passed (one entry
@@ -373,8 +389,8 @@ static KvStatus run_candidates(const KvModel *m, const char *model_name, const K
                          * tokens so the later steps are still compared. */
                         KvRun forced;
                         kv_run_init(&forced);
-                        run_identify(&forced, model_name, sc->name, o->variants[v]->name, bname,
-                                     k_mode_name[mi], k, o->faults);
+                        kv_run_identify(&forced, model_name, sc->name, o->variants[v]->name,
+                                        bname, k_mode_name[mi], k, o->faults);
                         st = run_decode(m, sc, o->variants[v], (KvExecMode)modes[mi], o,
                                         rep->runs[ref].tokens, ops, 0, &forced, err);
                         if (st != KV_OK) {
@@ -441,7 +457,7 @@ KvStatus kv_gate_run_reference(const KvModel *m, const char *model_name, const K
                                KvComparison *fin, KvError *err) {
     *ref = kv_gate_add_run(rep);
     if (*ref < 0) return kv_error_set(err, KV_ERR_INTERNAL, "out of memory");
-    run_identify(&rep->runs[*ref], model_name, sc->name, "reference", "cpu", "eager", 0, 0);
+    kv_run_identify(&rep->runs[*ref], model_name, sc->name, "reference", "cpu", "eager", 0, 0);
     KvStatus st =
         run_decode(m, sc, NULL, KV_MODE_EAGER, o, NULL, &kv_backend_cpu, 0, &rep->runs[*ref], err);
     if (st != KV_OK) return st;
@@ -596,7 +612,7 @@ KvStatus kv_gate_calibrate(const KvModel *m, const char *model_name, const KvSce
         snprintf(name, sizeof name, "reference~%s", oname);
         members[i] = kv_gate_add_run(rep);
         if (members[i] < 0) return kv_error_set(err, KV_ERR_INTERNAL, "out of memory");
-        run_identify(&rep->runs[members[i]], model_name, sc->name, name, "cpu", "eager", 0, 0);
+        kv_run_identify(&rep->runs[members[i]], model_name, sc->name, name, "cpu", "eager", 0, 0);
         st = run_decode(m, sc, NULL, KV_MODE_EAGER, o, NULL, &kv_backend_cpu, order,
                         &rep->runs[members[i]], err);
         if (st != KV_OK) return st;
@@ -673,7 +689,7 @@ KvStatus kv_gate_run_forced_reference(const KvModel *m, const char *model_name,
                                       KvError *err) {
     *idx = kv_gate_add_run(rep);
     if (*idx < 0) return kv_error_set(err, KV_ERR_INTERNAL, "out of memory");
-    run_identify(&rep->runs[*idx], model_name, fresh->name, "reference", "cpu", "eager", 0, 0);
+    kv_run_identify(&rep->runs[*idx], model_name, fresh->name, "reference", "cpu", "eager", 0, 0);
     KvStatus st = run_decode(m, fresh, NULL, KV_MODE_EAGER, o, forced, &kv_backend_cpu, 0,
                              &rep->runs[*idx], err);
     if (st != KV_OK) return st;

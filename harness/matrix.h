@@ -11,6 +11,7 @@
 #include "backend.h"
 #include "cache.h"
 #include "compare.h"
+#include "decode.h"
 #include "model.h"
 #include "report.h"
 #include "scenario.h"
@@ -121,6 +122,24 @@ typedef struct {
  * (kv_limits_check_scenario). */
 KvStatus kv_gate_work_add(const KvConfig *cfg, const KvGateOptions *o, int *unit, KvGateWork *w,
                           KvError *err);
+
+/* Names a run: model, scenario, variant, backend, mode, repeat, and the
+ * planted faults' names (0: clean, ""). */
+void kv_run_identify(KvRun *r, const char *model, const char *scenario, const char *variant,
+                     const char *backend, const char *mode, int repeat, unsigned faults);
+
+/* Records in run (made by kv_run_init, identity aside) the decode of spec
+ * that gave res: the sizes, a copy of the prompt, its script and shift as
+ * spec holds them, each row's logits hash, the probes' names (cfg's; none
+ * when res has no probes), the graph, replay and non-finite findings; res's
+ * tokens, logits, margins and probe hashes move into run. The one place a
+ * decode becomes a report run: the gate's runs, a golden's (another
+ * engine's decode held as a result) and the tests' all record the same
+ * fields. res is freed on every return; KV_ERR_INTERNAL when out of memory
+ * (run then holds what was allocated, for kv_run_free). The wall time and
+ * the graph budget are the caller's. */
+KvStatus kv_run_from_result(KvRun *run, const KvConfig *cfg, const KvDecodeSpec *spec,
+                            KvDecodeResult *res, KvError *err);
 
 /* Appends a run made by kv_run_init to rep->runs; returns its index, or -1
  * when out of memory. */

@@ -169,10 +169,10 @@ static const FaultSite k_sites[KV_FAULT_COUNT] = {
     {"shift_cells", "ring", "context_shift", KV_MODE_GRAPH},
 };
 
-/* A decode recorded as a KvRun (the fields bisect reads). */
-static void record_run(const KvModel *m, const KvScenario *sc, const FaultSite *site,
-                       unsigned faults, KvRun *run) {
-    memset(run, 0, sizeof *run);
+/* A decode of family's fixture m recorded as the gate records its runs. */
+static void record_run(const KvModel *m, const char *family, const KvScenario *sc,
+                       const FaultSite *site, unsigned faults, KvRun *run) {
+    kv_run_init(run);
     KvDecodeSpec spec = {
         .batch = sc->batch, .prompt_len = sc->prompt_len, .prompt = sc->prompt,
         .prompt_real = sc->real, .new_tokens = sc->new_tokens, .prefill_chunk = sc->prefill_chunk,
@@ -185,41 +185,35 @@ static void record_run(const KvModel *m, const KvScenario *sc, const FaultSite *
     KvDecodeResult r;
     KvError err = {{0}};
     ck_assert_msg(kv_decode_greedy(m, &spec, &r, &err) == KV_OK, "%s", err.msg);
-    snprintf(run->variant, sizeof run->variant, "%s", site->variant);
-    snprintf(run->backend, sizeof run->backend, "cpu");
-    snprintf(run->mode, sizeof run->mode, "%s", site->mode == KV_MODE_GRAPH ? "graph" : "eager");
-    kv_fault_names(faults, run->fault, sizeof run->fault);
-    run->steps = r.steps;
-    run->batch = r.batch;
-    run->vocab = r.vocab;
-    run->prompt_len = sc->prompt_len;
-    run->prefill_chunk = sc->prefill_chunk;
-    run->save_after = sc->save_after;
-    run->switch_step = sc->switch_step;
-    run->suffix_len = sc->suffix_len;
-    run->shift_step = sc->shift_step;
-    run->shift_keep = sc->shift_keep;
-    run->shift_drop = sc->shift_drop;
-    if (sc->suffix != NULL) {
-        run->suffix = malloc((size_t)(sc->batch * sc->suffix_len) * sizeof *run->suffix);
-        ck_assert(run->suffix != NULL);
-        memcpy(run->suffix, sc->suffix, (size_t)(sc->batch * sc->suffix_len) * sizeof *run->suffix);
-    }
-    run->prompt = malloc((size_t)(sc->batch * sc->prompt_len) * sizeof *run->prompt);
-    run->prompt_real = malloc((size_t)(sc->batch * sc->prompt_len));
-    run->probe_names = calloc((size_t)r.n_probes, sizeof *run->probe_names);
-    ck_assert(run->prompt != NULL && run->prompt_real != NULL && run->probe_names != NULL);
-    memcpy(run->prompt, sc->prompt, (size_t)(sc->batch * sc->prompt_len) * sizeof *run->prompt);
-    memcpy(run->prompt_real, sc->real, (size_t)(sc->batch * sc->prompt_len));
-    for (int64_t p = 0; p < r.n_probes; p++) {
-        kv_probe_name(&m->config, p, run->probe_names[p], KV_NAME_LEN);
-    }
-    run->tokens = r.tokens;
-    run->logits = r.logits;
-    run->margins = r.margins;
-    run->n_probes = r.n_probes;
-    run->probe_hash = r.probe_hash;
-    run->graphs_captured = r.graphs_captured;
+    kv_run_identify(run, family, sc->name, site->variant, "cpu",
+                    site->mode == KV_MODE_GRAPH ? "graph" : "eager", 0, faults);
+    ck_assert_msg(kv_run_from_result(run, &m->config, &spec, &r, &err) == KV_OK, "%s", err.msg);
+}
+
+/* Family fam's fixture, site's scenario on it, and that scenario decoded
+ * at site clean and with fault bit planted: what each bisect test starts
+ * from. */
+typedef struct {
+    KvFixtureModel fx;
+    KvScenario sc;
+    KvRun clean, faulty;
+} SitePair;
+
+static void site_pair_record(int fam, const FaultSite *site, unsigned bit, SitePair *p) {
+    KvError err = {{0}};
+    ck_assert_msg(kv_fixture_load(k_families[fam], KV_FIXTURE_DEFAULT_SEED, &p->fx, &err) == KV_OK,
+                  "%s", err.msg);
+    ck_assert_msg(kv_scenario_build(&p->fx.model.config, site->scenario, KV_FIXTURE_DEFAULT_SEED,
+                                    &p->sc, &err) == KV_OK, "%s", err.msg);
+    record_run(&p->fx.model, k_families[fam], &p->sc, site, 0, &p->clean);
+    record_run(&p->fx.model, k_families[fam], &p->sc, site, bit, &p->faulty);
+}
+
+static void site_pair_free(SitePair *p) {
+    kv_run_free(&p->clean);
+    kv_run_free(&p->faulty);
+    kv_scenario_free(&p->sc);
+    kv_fixture_free(&p->fx);
 }
 
 /* _i: index into the fault catalog; both families. */
@@ -229,54 +223,47 @@ START_TEST(test_bisect_locates_fault) {
     const FaultSite *site = &k_sites[_i];
     ck_assert_str_eq(site->fault, f->name);
     for (int fam = 0; fam < N_FAM; fam++) {
-        KvFixtureModel fx;
-        KvScenario sc;
+        SitePair sp;
+        site_pair_record(fam, site, f->bit, &sp);
+        KvRun *clean = &sp.clean, *faulty = &sp.faulty;
         KvError err = {{0}};
-        ck_assert_msg(kv_fixture_load(k_families[fam], KV_FIXTURE_DEFAULT_SEED, &fx, &err) == KV_OK,
-                      "%s", err.msg);
-        ck_assert_msg(kv_scenario_build(&fx.model.config, site->scenario, KV_FIXTURE_DEFAULT_SEED,
-                                        &sc, &err) == KV_OK, "%s", err.msg);
-        KvRun clean, faulty;
-        record_run(&fx.model, &sc, site, 0, &clean);
-        record_run(&fx.model, &sc, site, f->bit, &faulty);
         KvBisectPoint pt;
-        ck_assert_msg(kv_bisect_find(&clean, &faulty, &pt, &err) == KV_OK, "%s", err.msg);
+        ck_assert_msg(kv_bisect_find(clean, faulty, &pt, &err) == KV_OK, "%s", err.msg);
         if (f->acts_on == NULL) {
             /* Nothing for bisect: the fault shows in the graph count alone. */
             ck_assert_msg(pt.step < 0, "%s %s: a probe differs at step %lld; the fault should "
                           "change the graph count only", k_families[fam], f->name,
                           (long long)pt.step);
-            ck_assert_msg(faulty.graphs_captured > clean.graphs_captured,
+            ck_assert_msg(faulty->graphs_captured > clean->graphs_captured,
                           "%s %s: %lld graphs captured, clean %lld", k_families[fam], f->name,
-                          (long long)faulty.graphs_captured, (long long)clean.graphs_captured);
-            kv_run_free(&clean);
-            kv_run_free(&faulty);
-            kv_scenario_free(&sc);
-            kv_fixture_free(&fx);
+                          (long long)faulty->graphs_captured, (long long)clean->graphs_captured);
+            site_pair_free(&sp);
             continue;
         }
         ck_assert_msg(pt.step >= 0 && !pt.by_tokens, "%s %s: no probe divergence found",
                       k_families[fam], f->name);
-        const char *probe = clean.probe_names[pt.probe];
+        const char *probe = clean->probe_names[pt.probe];
         const char *dot = strchr(probe, '.');
         ck_assert_msg(dot != NULL && strcmp(dot + 1, f->acts_on) == 0,
                       "%s %s: bisect located %s at step %lld, expected a %s probe",
                       k_families[fam], f->name, probe, (long long)pt.step, f->acts_on);
         fprintf(stderr, "%s %s %s/%s: step %lld row %lld %s\n", k_families[fam], f->name,
-                site->variant, clean.mode, (long long)pt.step, (long long)pt.row, probe);
+                site->variant, clean->mode, (long long)pt.step, (long long)pt.row, probe);
 
         /* The rerun: the located probe's values differ, its inputs' agree.
          * atomic_reduction is nondeterministic by design (its clock runs on
          * across decodes), so its reruns need not reproduce the recording. */
         KvDecodeResult ra, rb;
-        ck_assert_msg(kv_bisect_rerun(&fx.model, &clean, pt.step, &ra, &err) == KV_OK, "%s", err.msg);
-        ck_assert_msg(kv_bisect_rerun(&fx.model, &faulty, pt.step, &rb, &err) == KV_OK, "%s", err.msg);
-        const int64_t NP = clean.n_probes, B = clean.batch;
+        ck_assert_msg(kv_bisect_rerun(&sp.fx.model, clean, pt.step, &ra, &err) == KV_OK, "%s",
+                      err.msg);
+        ck_assert_msg(kv_bisect_rerun(&sp.fx.model, faulty, pt.step, &rb, &err) == KV_OK, "%s",
+                      err.msg);
+        const int64_t NP = clean->n_probes, B = clean->batch;
         const int64_t rec = (pt.step * NP + pt.probe) * B + pt.row;
         const int64_t now = ((ra.steps - 1) * NP + pt.probe) * B + pt.row;
-        ck_assert(ra.probe_hash[now] == clean.probe_hash[rec]);
+        ck_assert(ra.probe_hash[now] == clean->probe_hash[rec]);
         if (f->bit != KV_FAULT_ATOMIC_REDUCTION) {
-            ck_assert_msg(rb.probe_hash[now] == faulty.probe_hash[rec],
+            ck_assert_msg(rb.probe_hash[now] == faulty->probe_hash[rec],
                           "%s: the faulty rerun does not reproduce its recording", f->name);
             KvBisectDiff d;
             kv_bisect_diff(ra.dump.data[pt.probe], ra.dump.len[pt.probe], rb.dump.data[pt.probe],
@@ -290,15 +277,12 @@ START_TEST(test_bisect_locates_fault) {
                 kv_bisect_diff(ra.dump.data[in[k]], ra.dump.len[in[k]], rb.dump.data[in[k]],
                                rb.dump.len[in[k]], B, pt.row, &d);
                 ck_assert_msg(!d.differs, "%s: input %s of %s differs", f->name,
-                              clean.probe_names[in[k]], probe);
+                              clean->probe_names[in[k]], probe);
             }
         }
         kv_decode_result_free(&ra);
         kv_decode_result_free(&rb);
-        kv_run_free(&clean);
-        kv_run_free(&faulty);
-        kv_scenario_free(&sc);
-        kv_fixture_free(&fx);
+        site_pair_free(&sp);
     }
 }
 END_TEST
@@ -312,12 +296,15 @@ static const char *const k_walk_faults[] = {"window_off_by_one", "stale_scalar"}
 
 /* Run b's recorded hashes at step s made run a's for probes 0..last, as a
  * probe hash over part of a tensor would record them; with `token`, its
- * token at s too (else bisect stops at a differing token). */
+ * token and logits hash at s too (else bisect stops at a differing token
+ * or logits row). */
 static void hide_step(const KvRun *a, KvRun *b, int64_t s, int64_t last, bool token) {
     const int64_t NP = b->n_probes, B = b->batch;
     memcpy(&b->probe_hash[s * NP * B], &a->probe_hash[s * NP * B],
            (size_t)((last + 1) * B) * sizeof *b->probe_hash);
-    if (token) memcpy(&b->tokens[s * B], &a->tokens[s * B], (size_t)B * sizeof *b->tokens);
+    if (!token) return;
+    memcpy(&b->tokens[s * B], &a->tokens[s * B], (size_t)B * sizeof *b->tokens);
+    memcpy(&b->logits_hash[s * B], &a->logits_hash[s * B], (size_t)B * sizeof *b->logits_hash);
 }
 
 /* _i: fault (k_walk_faults) x where the hashes blame final_norm: at the true
@@ -334,34 +321,28 @@ START_TEST(test_bisect_walks_back_hidden_hashes) {
     ck_assert_int_lt(fi, n);
     const FaultSite *site = &k_sites[fi];
     for (int fam = 0; fam < N_FAM; fam++) {
-        KvFixtureModel fx;
-        KvScenario sc;
+        SitePair sp;
+        site_pair_record(fam, site, all[fi].bit, &sp);
+        KvRun *clean = &sp.clean, *faulty = &sp.faulty;
         KvError err = {{0}};
-        ck_assert_msg(kv_fixture_load(k_families[fam], KV_FIXTURE_DEFAULT_SEED, &fx, &err) == KV_OK,
-                      "%s", err.msg);
-        ck_assert_msg(kv_scenario_build(&fx.model.config, site->scenario, KV_FIXTURE_DEFAULT_SEED,
-                                        &sc, &err) == KV_OK, "%s", err.msg);
-        KvRun clean, faulty;
-        record_run(&fx.model, &sc, site, 0, &clean);
-        record_run(&fx.model, &sc, site, all[fi].bit, &faulty);
-        const int64_t NP = clean.n_probes, B = clean.batch, fnorm = NP - 2;
+        const int64_t NP = clean->n_probes, B = clean->batch, fnorm = NP - 2;
         KvBisectPoint truth, named;
-        ck_assert_msg(kv_bisect_find(&clean, &faulty, &truth, &err) == KV_OK, "%s", err.msg);
+        ck_assert_msg(kv_bisect_find(clean, faulty, &truth, &err) == KV_OK, "%s", err.msg);
         ck_assert_msg(truth.step >= 0 && !truth.by_tokens && truth.probe < fnorm,
                       "%s %s: expected a probe divergence before final_norm", k_families[fam],
                       fault);
         const int64_t s_named = truth.step + later;
-        ck_assert_int_lt(s_named, clean.steps);
+        ck_assert_int_lt(s_named, clean->steps);
         bool fnorm_differs = false;
         for (int64_t r = 0; r < B; r++) {
             const int64_t i = (s_named * NP + fnorm) * B + r;
-            fnorm_differs = fnorm_differs || clean.probe_hash[i] != faulty.probe_hash[i];
+            fnorm_differs = fnorm_differs || clean->probe_hash[i] != faulty->probe_hash[i];
         }
         ck_assert_msg(fnorm_differs, "%s %s: final_norm agrees at step %lld: nothing to blame",
                       k_families[fam], fault, (long long)s_named);
-        if (later) hide_step(&clean, &faulty, truth.step, NP - 1, true);
-        hide_step(&clean, &faulty, s_named, fnorm - 1, false);
-        ck_assert_msg(kv_bisect_find(&clean, &faulty, &named, &err) == KV_OK, "%s", err.msg);
+        if (later) hide_step(clean, faulty, truth.step, NP - 1, true);
+        hide_step(clean, faulty, s_named, fnorm - 1, false);
+        ck_assert_msg(kv_bisect_find(clean, faulty, &named, &err) == KV_OK, "%s", err.msg);
         ck_assert_msg(named.step == s_named && named.probe == fnorm,
                       "%s %s: the edited hashes should name final_norm at step %lld, named "
                       "probe %lld at step %lld", k_families[fam], fault, (long long)s_named,
@@ -369,9 +350,9 @@ START_TEST(test_bisect_walks_back_hidden_hashes) {
 
         KvDecodeResult ra, rb;
         uint64_t *da = NULL, *db = NULL;
-        ck_assert_msg(kv_bisect_rerun_digests(&fx.model, &clean, named.step, &ra, &da, &err) ==
+        ck_assert_msg(kv_bisect_rerun_digests(&sp.fx.model, clean, named.step, &ra, &da, &err) ==
                       KV_OK, "%s", err.msg);
-        ck_assert_msg(kv_bisect_rerun_digests(&fx.model, &faulty, named.step, &rb, &db, &err) ==
+        ck_assert_msg(kv_bisect_rerun_digests(&sp.fx.model, faulty, named.step, &rb, &db, &err) ==
                       KV_OK, "%s", err.msg);
         ck_assert(da != NULL && db != NULL);
         KvBisectPoint at;
@@ -379,22 +360,22 @@ START_TEST(test_bisect_walks_back_hidden_hashes) {
         ck_assert_msg(at.step == truth.step && at.probe == truth.probe && at.row == truth.row,
                       "%s %s: walked back to step %lld row %lld probe %s, expected step %lld "
                       "row %lld probe %s", k_families[fam], fault, (long long)at.step,
-                      (long long)at.row, at.probe >= 0 ? clean.probe_names[at.probe] : "(none)",
+                      (long long)at.row, at.probe >= 0 ? clean->probe_names[at.probe] : "(none)",
                       (long long)truth.step, (long long)truth.row,
-                      clean.probe_names[truth.probe]);
+                      clean->probe_names[truth.probe]);
         ck_assert_int_eq(at.layer, kv_probe_layer(NP, truth.probe));
         fprintf(stderr, "%s %s: hashes named final_norm at step %lld, walked back to %s at step "
                 "%lld\n", k_families[fam], fault, (long long)named.step,
-                clean.probe_names[at.probe], (long long)at.step);
+                clean->probe_names[at.probe], (long long)at.step);
         kv_decode_result_free(&ra);
         kv_decode_result_free(&rb);
         free(da);
         free(db);
 
         /* The walked-back probe's full values differ, its inputs' agree. */
-        ck_assert_msg(kv_bisect_rerun(&fx.model, &clean, at.step, &ra, &err) == KV_OK, "%s",
+        ck_assert_msg(kv_bisect_rerun(&sp.fx.model, clean, at.step, &ra, &err) == KV_OK, "%s",
                       err.msg);
-        ck_assert_msg(kv_bisect_rerun(&fx.model, &faulty, at.step, &rb, &err) == KV_OK, "%s",
+        ck_assert_msg(kv_bisect_rerun(&sp.fx.model, faulty, at.step, &rb, &err) == KV_OK, "%s",
                       err.msg);
         KvBisectDiff d;
         kv_bisect_diff(ra.dump.data[at.probe], ra.dump.len[at.probe], rb.dump.data[at.probe],
@@ -407,14 +388,11 @@ START_TEST(test_bisect_walks_back_hidden_hashes) {
             kv_bisect_diff(ra.dump.data[in[k]], ra.dump.len[in[k]], rb.dump.data[in[k]],
                            rb.dump.len[in[k]], B, at.row, &d);
             ck_assert_msg(!d.differs, "%s %s: input %s of the walked-back probe differs",
-                          k_families[fam], fault, clean.probe_names[in[k]]);
+                          k_families[fam], fault, clean->probe_names[in[k]]);
         }
         kv_decode_result_free(&ra);
         kv_decode_result_free(&rb);
-        kv_run_free(&clean);
-        kv_run_free(&faulty);
-        kv_scenario_free(&sc);
-        kv_fixture_free(&fx);
+        site_pair_free(&sp);
     }
 }
 END_TEST
