@@ -11,16 +11,20 @@
 
 #define MAX_ROWS 4
 
-/* Prompt b has len_w[b] * W + len_add[b] tokens (len_half[b] * W / 2 more). */
+/* Prompt b (b < batch) has len_w[b] * W + len_half[b] * (W / 2) +
+ * len_add[b] tokens; a script adds its own (context_shift's sets the
+ * length: kv_scenario_build). An entry names what it sets; what it leaves
+ * out is 0: no tokens, one prefill, no script, left padding, in the
+ * default set. */
 typedef struct {
     const char *name;
     int64_t batch;
     int64_t len_w[MAX_ROWS];
+    int64_t len_half[MAX_ROWS];
     int64_t len_add[MAX_ROWS];
     bool chunked; /* prefill in chunks of W / 2 + 1 */
     int script;   /* SCRIPT_*: a request switch judged against a fresh twin */
     bool right;   /* right-padded: rows at their own positions (DESIGN §2) */
-    int64_t len_half[MAX_ROWS];
     bool extended; /* in the extended set only (kv_scenario_all_names) */
 } ScenarioDef;
 
@@ -70,13 +74,13 @@ bool kv_scenario_shift_judged(const KvConfig *cfg, char *why, size_t why_len) {
 static int64_t spec_drafts(int64_t w) { return w / 4 + 1 < 9 ? w / 4 + 1 : 9; }
 
 static const ScenarioDef k_defs[] = {
-    {"short_prompt_crosses_window", 1, {0, 0}, {5, 0}, false, SCRIPT_NONE, false, {0}, false},
-    {"prompt_w_minus_1", 1, {1, 0}, {-1, 0}, false, SCRIPT_NONE, false, {0}, false},
-    {"prompt_w", 1, {1, 0}, {0, 0}, false, SCRIPT_NONE, false, {0}, false},
-    {"prompt_w_plus_1", 1, {1, 0}, {1, 0}, false, SCRIPT_NONE, false, {0}, false},
-    {"prefill_longer_than_window", 1, {3, 0}, {0, 0}, false, SCRIPT_NONE, false, {0}, false},
-    {"left_padded_batch", 2, {3, 0}, {0, 3}, false, SCRIPT_NONE, false, {0}, false},
-    {"chunked_prefill", 1, {3, 0}, {0, 0}, true, SCRIPT_NONE, false, {0}, false},
+    {.name = "short_prompt_crosses_window", .batch = 1, .len_w = {0}, .len_add = {5}},
+    {.name = "prompt_w_minus_1", .batch = 1, .len_w = {1}, .len_add = {-1}},
+    {.name = "prompt_w", .batch = 1, .len_w = {1}, .len_add = {0}},
+    {.name = "prompt_w_plus_1", .batch = 1, .len_w = {1}, .len_add = {1}},
+    {.name = "prefill_longer_than_window", .batch = 1, .len_w = {3}, .len_add = {0}},
+    {.name = "left_padded_batch", .batch = 2, .len_w = {3, 0}, .len_add = {0, 3}},
+    {.name = "chunked_prefill", .batch = 1, .len_w = {3}, .len_add = {0}, .chunked = true},
     /* TRT-LLM PR #2983: a prefix-cache entry of a request's first W/2 + 1
      * tokens (a shared system prompt) is reused by a second request after
      * the first request's sliding cache has wrapped (its prompt is 1.5 W, and
@@ -84,7 +88,8 @@ static const ScenarioDef k_defs[] = {
      * of W/2 + 2 tokens crosses the window inside one forward. An engine
      * whose entry aliases the live cyclic cache (planted: prefix_alias)
      * reads the first request's later keys there. */
-    {"prefix_reuse_after_wrap", 1, {1, 0}, {0, 0}, false, SCRIPT_PREFIX_REUSE, false, {0}, false},
+    {.name = "prefix_reuse_after_wrap", .batch = 1, .len_w = {1}, .len_add = {0},
+     .script = SCRIPT_PREFIX_REUSE},
     /* flashinfer #3864: speculative decoding past the window. At position
      * 1.5 W (every sliding cache wrapped) k = spec_drafts(W) draft tokens
      * are verified in one forward, which writes their keys over the oldest
@@ -96,7 +101,8 @@ static const ScenarioDef k_defs[] = {
      * (planted: prefix_alias) keeps the rejected drafts' keys in slots the
      * window still needs. The decode after the rollback must equal the
      * accepted context decoded from scratch. */
-    {"speculative_rollback_past_window", 1, {1, 0}, {0, 0}, false, SCRIPT_SPECULATIVE, false, {0}, false},
+    {.name = "speculative_rollback_past_window", .batch = 1, .len_w = {1}, .len_add = {0},
+     .script = SCRIPT_SPECULATIVE},
     /* Seed 002's static-shape loop: a batch right-padded to a fixed length
      * (a whole number of chunks), prefilled in chunks of one fixed shape
      * (W / 2 + 1; a row whose prompt has ended feeds a chunk of pads), then
@@ -105,14 +111,14 @@ static const ScenarioDef k_defs[] = {
      * every row must equal the row run alone. An engine that stores the
      * right pads as positions (planted: pad_slots) pushes real keys out of
      * the window. */
-    {"right_padded_static_loop", 3, {1, 0, 0}, {3, 1, 2}, true, SCRIPT_NONE, true, {0, 1, 0},
-     true},
+    {.name = "right_padded_static_loop", .batch = 3, .len_w = {1, 0, 0}, .len_half = {0, 1, 0},
+     .len_add = {3, 1, 2}, .chunked = true, .right = true, .extended = true},
     /* llama.cpp #14097: parallel sequences at different positions in one
      * batch: prompts of 2 W + 3, W - 1, W / 2 and 1 tokens (right-padded,
      * one prefill), so the rows cross the window at decode steps 1, W / 2
      * and W - 1 while the first is long past it. */
-    {"parallel_positions", 4, {2, 1, 0, 0}, {3, -1, 0, 1}, false, SCRIPT_NONE, true, {0, 0, 1, 0},
-     true},
+    {.name = "parallel_positions", .batch = 4, .len_w = {2, 1, 0, 0}, .len_half = {0, 0, 1, 0},
+     .len_add = {3, -1, 0, 1}, .right = true, .extended = true},
     /* llama.cpp #12357 (Gemma 3 gibberish after a context shift): at
      * decode step W/2 + 1 the context is shifted as an engine does when it
      * is full: the first W/4 positions are kept (a system prompt), the next
@@ -125,7 +131,7 @@ static const ScenarioDef k_defs[] = {
      * tolerance; every variant must match the reference's shift bitwise.
      * An engine that leaves each slot in its cell (planted: shift_cells)
      * reads the wrong keys through the ring's p % W. */
-    {"context_shift", 1, {0}, {0}, false, SCRIPT_CONTEXT_SHIFT, false, {0}, true},
+    {.name = "context_shift", .batch = 1, .script = SCRIPT_CONTEXT_SHIFT, .extended = true},
 };
 #define N_DEFS (int)(sizeof k_defs / sizeof k_defs[0])
 
