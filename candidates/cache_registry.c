@@ -7,12 +7,13 @@
 
 #include "cache.h"
 
-#define KV_CACHE_COUNT 6
-
-static const KvCacheOps *const kv_cache_table[KV_CACHE_COUNT] = {
+/* The count follows the table: a new variant is one line here (the CLI's
+ * help and messages list the names from kv_cache_all). */
+static const KvCacheOps *const kv_cache_table[] = {
     &kv_cache_index_copy, &kv_cache_cat_shift, &kv_cache_roll,
     &kv_cache_always_roll, &kv_cache_ring, &kv_cache_dynamic,
 };
+#define KV_CACHE_COUNT ((int)(sizeof kv_cache_table / sizeof kv_cache_table[0]))
 
 const KvCacheOps *const *kv_cache_all(int *count) {
     if (count != NULL) *count = KV_CACHE_COUNT;
