@@ -202,10 +202,11 @@ static bool gate_parse_names(const char *opt, const char *text, const char *cons
         if (end == NULL) return true;
         p = end + 1;
     }
-    fprintf(stderr, "kvrepro gate: %s '%s': %s; expected a comma-separated list of:", opt, text,
-            why);
-    for (int k = 0; k < n_known; k++) fprintf(stderr, "%s %s", k > 0 ? "," : "", known[k]);
-    fprintf(stderr, "\n");
+    int col = fprintf(stderr, "kvrepro gate: %s '%s': %s; expected a comma-separated list of:",
+                      opt, text, why);
+    kv_cli_print_names(stderr, &col, -1, known, n_known, NULL);
+    /* --scenarios also takes `extended`, alone */
+    fprintf(stderr, "%s\n", strcmp(opt, "--scenarios") == 0 ? ", or extended" : "");
     return false;
 }
 

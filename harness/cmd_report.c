@@ -52,7 +52,7 @@ static void diff_usage(FILE *f) {
             "agreement metrics are printed too. Runs whose probe layouts differ (another\n"
             "engine's run vs kvrepro's) are compared by tokens and logits only, naming no\n"
             "probe. Runs are selected by index or by label\n"
-            "model/scenario/variant/backend/mode/rN (as `kvrepro show` lists them).\n"
+            "MODEL/SCENARIO/VARIANT/BACKEND/MODE/rN (as `kvrepro show` lists them).\n"
             "Exit codes: 0 identical, 1 different, 2 bad input (unknown run, mismatched\n"
             "runs).\n");
 }
