@@ -216,6 +216,28 @@ static void site_pair_free(SitePair *p) {
     kv_fixture_free(&p->fx);
 }
 
+/* Bisect's reruns of the clean (ra) and the faulty (rb) run at the step it
+ * blamed: the blamed probe's full values differ in row, its inputs' agree.
+ * who: what the failure messages start with. */
+static void assert_probe_blamed(const KvDecodeResult *ra, const KvDecodeResult *rb,
+                                const KvRun *clean, int64_t probe, int64_t row, const char *who) {
+    const int64_t B = clean->batch;
+    KvBisectDiff d;
+    kv_bisect_diff(ra->dump.data[probe], ra->dump.len[probe], rb->dump.data[probe],
+                   rb->dump.len[probe], B, row, &d);
+    ck_assert_msg(d.differs && (d.shape_differs || d.first_index >= 0),
+                  "%s: the dumps of %s do not differ in row %lld", who,
+                  clean->probe_names[probe], (long long)row);
+    int64_t in[2];
+    const int n_in = kv_bisect_inputs(clean->n_probes, probe, in);
+    for (int k = 0; k < n_in; k++) {
+        kv_bisect_diff(ra->dump.data[in[k]], ra->dump.len[in[k]], rb->dump.data[in[k]],
+                       rb->dump.len[in[k]], B, row, &d);
+        ck_assert_msg(!d.differs, "%s: input %s of %s differs", who, clean->probe_names[in[k]],
+                      clean->probe_names[probe]);
+    }
+}
+
 /* _i: index into the fault catalog; both families. */
 START_TEST(test_bisect_locates_fault) {
     int n = 0;
@@ -265,20 +287,7 @@ START_TEST(test_bisect_locates_fault) {
         if (f->bit != KV_FAULT_ATOMIC_REDUCTION) {
             ck_assert_msg(rb.probe_hash[now] == faulty->probe_hash[rec],
                           "%s: the faulty rerun does not reproduce its recording", f->name);
-            KvBisectDiff d;
-            kv_bisect_diff(ra.dump.data[pt.probe], ra.dump.len[pt.probe], rb.dump.data[pt.probe],
-                           rb.dump.len[pt.probe], B, pt.row, &d);
-            ck_assert_msg(d.differs && (d.shape_differs || d.first_index >= 0),
-                          "%s: the located probe's dumps do not differ in row %lld", f->name,
-                          (long long)pt.row);
-            int64_t in[2];
-            const int n_in = kv_bisect_inputs(NP, pt.probe, in);
-            for (int k = 0; k < n_in; k++) {
-                kv_bisect_diff(ra.dump.data[in[k]], ra.dump.len[in[k]], rb.dump.data[in[k]],
-                               rb.dump.len[in[k]], B, pt.row, &d);
-                ck_assert_msg(!d.differs, "%s: input %s of %s differs", f->name,
-                              clean->probe_names[in[k]], probe);
-            }
+            assert_probe_blamed(&ra, &rb, clean, pt.probe, pt.row, f->name);
         }
         kv_decode_result_free(&ra);
         kv_decode_result_free(&rb);
@@ -377,19 +386,9 @@ START_TEST(test_bisect_walks_back_hidden_hashes) {
                       err.msg);
         ck_assert_msg(kv_bisect_rerun(&sp.fx.model, faulty, at.step, &rb, &err) == KV_OK, "%s",
                       err.msg);
-        KvBisectDiff d;
-        kv_bisect_diff(ra.dump.data[at.probe], ra.dump.len[at.probe], rb.dump.data[at.probe],
-                       rb.dump.len[at.probe], B, at.row, &d);
-        ck_assert_msg(d.differs && (d.shape_differs || d.first_index >= 0),
-                      "%s %s: the walked-back probe's dumps do not differ", k_families[fam], fault);
-        int64_t in[2];
-        const int n_in = kv_bisect_inputs(NP, at.probe, in);
-        for (int k = 0; k < n_in; k++) {
-            kv_bisect_diff(ra.dump.data[in[k]], ra.dump.len[in[k]], rb.dump.data[in[k]],
-                           rb.dump.len[in[k]], B, at.row, &d);
-            ck_assert_msg(!d.differs, "%s %s: input %s of the walked-back probe differs",
-                          k_families[fam], fault, clean->probe_names[in[k]]);
-        }
+        char who[128];
+        snprintf(who, sizeof who, "%s %s, walked back", k_families[fam], fault);
+        assert_probe_blamed(&ra, &rb, clean, at.probe, at.row, who);
         kv_decode_result_free(&ra);
         kv_decode_result_free(&rb);
         site_pair_free(&sp);
