@@ -200,13 +200,17 @@ KvStatus kv_scenario_build(const KvConfig *cfg, const char *name, uint64_t seed,
         if (strcmp(k_defs[i].name, name) == 0) d = &k_defs[i];
     }
     if (d == NULL) {
-        return kv_error_set(err, KV_ERR_INPUT,
-                            "scenario '%s': unknown; expected one of short_prompt_crosses_window, "
-                            "prompt_w_minus_1, prompt_w, prompt_w_plus_1, "
-                            "prefill_longer_than_window, left_padded_batch, chunked_prefill, "
-                            "prefix_reuse_after_wrap, speculative_rollback_past_window, "
-                            "right_padded_static_loop, parallel_positions, context_shift",
-                            name);
+        /* the names from the table, so a new scenario is listed here too */
+        char names[1024] = "";
+        size_t used = 0;
+        for (int i = 0; i < N_DEFS; i++) {
+            const int w = snprintf(names + used, sizeof names - used, "%s%s", i > 0 ? ", " : "",
+                                   k_defs[i].name);
+            if (w < 0 || (size_t)w >= sizeof names - used) break; /* truncated, terminated */
+            used += (size_t)w;
+        }
+        return kv_error_set(err, KV_ERR_INPUT, "scenario '%s': unknown; expected one of %s", name,
+                            names);
     }
     const int64_t w = cfg->sliding_window > 0 ? cfg->sliding_window : 16;
     /* A context shift's keep, drop and step, and the positions stored
