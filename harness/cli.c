@@ -194,9 +194,11 @@ void kv_cli_print_names(FILE *f, int *col, int indent, const char *const *names,
         /* "a, b, c" or "a, b or c": the comma stays on the line before a fold */
         char word[160];
         const bool comma = k + 2 < n || (k + 2 == n && last_sep == NULL);
-        const int len = snprintf(word, sizeof word, "%s%s", names[k], comma ? "," : "");
-        cli_word(f, col, indent, word, len > 0 ? (size_t)len : 0, k > 0 || *col > indent);
-        if (k + 2 == n && last_sep != NULL) cli_word(f, col, indent, last_sep, strlen(last_sep), true);
+        snprintf(word, sizeof word, "%s%s", names[k], comma ? "," : "");
+        cli_word(f, col, indent, word, strlen(word), k > 0 || *col > indent);
+        if (k + 2 == n && last_sep != NULL) {
+            cli_word(f, col, indent, last_sep, strlen(last_sep), true);
+        }
     }
 }
 
