@@ -16,7 +16,7 @@
 #include <stdint.h>
 
 #include "cache.h"
-#include "forward.h"
+#include "probe.h"
 #include "model.h"
 #include "status.h"
 

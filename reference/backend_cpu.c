@@ -1,15 +1,17 @@
-/* backend_cpu.c: the CPU reference as a backend (backend.h): a KvRefState
- * (forward.h) run on its emulated stream, its recorded graph, and the
+/* backend_cpu.c: the CPU reference as a backend (backend.h): a CPU run
+ * (cpu_state.h) on its emulated stream, its recorded graph, and the
  * snapshot the replay check restores. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "backend.h"
+#include "cpu_state.h"
+#include "fault.h"
 #include "stream.h"
 
 typedef struct {
-    KvRefState s;
+    KvCpuState cs;
     KvGraph graph;       /* the captured forward */
     int64_t graph_n;     /* tokens per forward of the captured graph */
     unsigned char *snap[KV_SNAP_SLOTS]; /* (snap_bytes) persistent state per slot */
@@ -33,7 +35,7 @@ static void cpu_destroy(KvBackend *b) {
     CpuRun *r = cpu_run(b);
     if (r == NULL) return;
     kv_graph_free(&r->graph);
-    kv_ref_state_free(&r->s);
+    kv_cpu_state_free(&r->cs);
     for (int i = 0; i < KV_SNAP_SLOTS; i++) free(r->snap[i]);
     free(r);
 }
@@ -44,21 +46,20 @@ static KvStatus cpu_create(const KvModel *m, const KvBackendSetup *setup, KvBack
     CpuRun *r = calloc(1, sizeof *r);
     *out = NULL;
     if (r == NULL) return kv_error_set(err, KV_ERR_INTERNAL, "cpu backend: out of memory");
-    st = kv_ref_state_init(&r->s, m, setup->batch, setup->max_len, setup->max_chunk,
+    st = kv_cpu_state_init(&r->cs, m, setup->batch, setup->max_len, setup->max_chunk,
                            setup->variant, err);
     if (st != KV_OK) goto cleanup;
-    kv_ref_state_plant(&r->s, setup->faults);
+    kv_cpu_state_plant(&r->cs, setup->faults);
     if (setup->per_row) {
-        st = kv_ref_state_set_per_row(&r->s, err);
+        st = kv_cpu_state_set_per_row(&r->cs, err);
         if (st != KV_OK) goto cleanup;
     }
     r->faults = setup->faults;
     r->prefix_slot = setup->prefix_slot;
-    r->s.order = setup->order;
-    r->s.probes = setup->probes;
-    if (setup->probes && setup->dump_probes) {
+    kv_cpu_state_set_order(&r->cs, setup->order);
+    if (setup->probes) {
         /* Before any capture: the probe ops record whether to dump. */
-        st = kv_ref_dump_enable(&r->s, err);
+        st = kv_cpu_state_probe(&r->cs, setup->dump_probes, err);
         if (st != KV_OK) goto cleanup;
     }
     *out = (KvBackend *)(void *)r;
@@ -69,7 +70,7 @@ cleanup:
 
 static KvStatus cpu_set_input(KvBackend *b, const int32_t *tokens, const uint8_t *real,
                               int64_t n, KvError *err) {
-    KvRefState *s = &cpu_run(b)->s;
+    KvRefState *s = &cpu_run(b)->cs.ref;
     /* The driver checked the tokens; the state checks its capacity. */
     KvStatus st = kv_ref_check_input(s, tokens, real, n, err);
     if (st != KV_OK) return st;
@@ -79,54 +80,54 @@ static KvStatus cpu_set_input(KvBackend *b, const int32_t *tokens, const uint8_t
 }
 
 /* After a forward of n executed: the host count, then the caches' sentinels. */
-static KvStatus cpu_advance(KvRefState *s, int64_t n, KvError *err) {
-    s->len += n;
-    return kv_ref_check_sentinels(s, n, err);
+static KvStatus cpu_advance(KvCpuState *cs, int64_t n, KvError *err) {
+    cs->ref.len += n;
+    return kv_cpu_check_sentinels(cs, n, err);
 }
 
 static KvStatus cpu_forward(KvBackend *b, int64_t n, KvError *err) {
     CpuRun *r = cpu_run(b);
-    kv_ref_launch_forward(&r->s, n);
+    kv_ref_launch_forward(&r->cs.ref, n);
     r->eager_forwards++;
-    return cpu_advance(&r->s, n, err);
+    return cpu_advance(&r->cs, n, err);
 }
 
 static void cpu_layer_key(const KvBackend *b, int64_t layer, int64_t n, int64_t *regime,
                           int64_t *slots) {
-    const KvRefState *s = &cpu_run_const(b)->s;
+    const KvCpuState *cs = &cpu_run_const(b)->cs;
     (void)n; /* a variant's view before the update is the attended length */
     *regime = 0;
     *slots = 0;
     /* With per-row positions each row's cache has its own regime and
      * length; both only grow during a decode, so their sums change exactly
      * when one of them does. */
-    for (int64_t r = 0; r < (s->per_row ? s->batch : 1); r++) {
-        const KvSlidingCache *c = kv_ref_cache(s, layer, r, NULL);
+    for (int64_t r = 0; r < (cs->per_row ? cs->ref.batch : 1); r++) {
+        const KvSlidingCache *c = kv_cpu_cache(cs, layer, r, NULL);
         if (c == NULL) continue;
-        *regime += s->variant->regime(c, s->len - s->lag[r]);
-        *slots += s->variant->view(c).n_slots;
+        *regime += cs->variant->regime(c, cs->ref.len - cs->ref.lag[r]);
+        *slots += cs->variant->view(c).n_slots;
     }
 }
 
 static KvStatus cpu_capture(KvBackend *b, int64_t n, KvError *err) {
     CpuRun *r = cpu_run(b);
-    kv_stream_begin_capture(&r->s.stream, &r->graph);
-    kv_ref_launch_forward(&r->s, n);
+    kv_stream_begin_capture(&r->cs.ref.stream, &r->graph);
+    kv_ref_launch_forward(&r->cs.ref, n);
     r->graph_n = n;
-    return kv_stream_end_capture(&r->s.stream, err);
+    return kv_stream_end_capture(&r->cs.ref.stream, err);
 }
 
 static KvStatus cpu_replay(KvBackend *b, KvError *err) {
     CpuRun *r = cpu_run(b);
     kv_graph_replay(&r->graph);
     r->launches++;
-    return cpu_advance(&r->s, r->graph_n, err);
+    return cpu_advance(&r->cs, r->graph_n, err);
 }
 
 static KvStatus cpu_shift(KvBackend *b, int64_t keep, int64_t drop, KvError *err) {
-    KvRefState *s = &cpu_run(b)->s;
-    KvStatus st = kv_ref_shift(s, keep, drop, err);
-    return st == KV_OK ? kv_ref_check_sentinels(s, 0, err) : st;
+    KvCpuState *cs = &cpu_run(b)->cs;
+    KvStatus st = kv_cpu_shift(cs, keep, drop, err);
+    return st == KV_OK ? kv_cpu_check_sentinels(cs, 0, err) : st;
 }
 
 /* ---- snapshots: the persistent parts of the state, then each cache ---- */
@@ -157,9 +158,9 @@ static size_t cpu_snapshot_parts(KvRefState *s, SnapPart *parts) {
  * load under KV_FAULT_PREFIX_ALIAS): the sliding caches' slots stay as they
  * are, everything else is restored. */
 static void cpu_snapshot_copy(CpuRun *r, int slot, bool save, bool alias) {
-    KvRefState *s = &r->s;
+    KvCpuState *s = &r->cs;
     SnapPart parts[9];
-    const size_t n = cpu_snapshot_parts(s, parts);
+    const size_t n = cpu_snapshot_parts(&s->ref, parts);
     unsigned char *at = r->snap[slot];
     for (size_t i = 0; i < n; i++) {
         if (save) {
@@ -193,9 +194,9 @@ static KvStatus cpu_snapshot_save(KvBackend *b, int slot, KvError *err) {
     CpuRun *r = cpu_run(b);
     KvStatus st = cpu_snapshot_slot(r, slot, err);
     if (st != KV_OK) return st;
-    KvRefState *s = &r->s;
+    KvCpuState *s = &r->cs;
     SnapPart parts[9];
-    const size_t n = cpu_snapshot_parts(s, parts);
+    const size_t n = cpu_snapshot_parts(&s->ref, parts);
     size_t need = 0;
     for (size_t i = 0; i < n; i++) need += parts[i].bytes;
     for (int64_t i = 0; s->caches != NULL && i < s->n_caches; i++) {
@@ -210,7 +211,7 @@ static KvStatus cpu_snapshot_save(KvBackend *b, int slot, KvError *err) {
         }
     }
     cpu_snapshot_copy(r, slot, true, false);
-    r->snap_len[slot] = s->len;
+    r->snap_len[slot] = s->ref.len;
     return KV_OK;
 }
 
@@ -221,22 +222,22 @@ static KvStatus cpu_snapshot_load(KvBackend *b, int slot, KvError *err) {
     if (r->snap[slot] == NULL) return kv_error_set(err, KV_ERR_INTERNAL, "snapshot: none saved");
     const bool alias = slot == KV_SNAP_PREFIX && (r->faults & KV_FAULT_PREFIX_ALIAS);
     cpu_snapshot_copy(r, slot, false, alias);
-    r->s.len = r->snap_len[slot];
+    r->cs.ref.len = r->snap_len[slot];
     return KV_OK;
 }
 
 static KvStatus cpu_read_step(KvBackend *b, KvBackendStep *out, KvError *err) {
-    const KvRefState *s = &cpu_run(b)->s;
+    const KvCpuState *cs = &cpu_run(b)->cs;
     (void)err; /* sentinels were checked as each forward finished */
-    out->logits = s->logits;
-    out->tokens = s->next_tok;
-    out->margins = s->margin;
-    out->probe_hash = s->probes ? s->probe_hash : NULL;
+    out->logits = cs->ref.logits;
+    out->tokens = cs->ref.next_tok;
+    out->margins = cs->ref.margin;
+    out->probe_hash = cs->probes.on ? cs->probes.hash : NULL;
     return KV_OK;
 }
 
 static bool cpu_take_nonfinite(KvBackend *b, KvNonfinite *out) {
-    KvRefState *s = &cpu_run(b)->s;
+    KvProbes *s = &cpu_run(b)->cs.probes;
     const bool found = s->nonfinite_probe >= 0;
     if (found) {
         out->probe = s->nonfinite_probe;
@@ -244,19 +245,19 @@ static bool cpu_take_nonfinite(KvBackend *b, KvNonfinite *out) {
         out->index = s->nonfinite_index;
         out->value = s->nonfinite_value;
     }
-    kv_ref_nonfinite_reset(s);
+    kv_probes_nonfinite_reset(s);
     return found;
 }
 
 static void cpu_take_dump(KvBackend *b, KvProbeDump *out) {
-    KvRefState *s = &cpu_run(b)->s;
+    KvProbes *s = &cpu_run(b)->cs.probes;
     kv_probe_dump_free(out);
     *out = s->dump;
     memset(&s->dump, 0, sizeof s->dump);
 }
 
 static const KvProbeDump *cpu_peek_dump(const KvBackend *b) {
-    const KvProbeDump *d = &cpu_run_const(b)->s.dump;
+    const KvProbeDump *d = &cpu_run_const(b)->cs.probes.dump;
     return d->data != NULL ? d : NULL;
 }
 

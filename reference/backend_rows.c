@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "fault.h"
-#include "forward.h"
+#include "probe.h"
 
 struct KvRows {
     const KvBackendOps *inner;

@@ -7,7 +7,7 @@
 
 #include "backend.h"
 #include "cache.h"
-#include "forward.h"
+#include "probe.h"
 #include "model.h"
 #include "status.h"
 

@@ -1,4 +1,4 @@
-/* shift.c: the context shift (forward.h kv_ref_shift, DESIGN §5): drop a
+/* shift.c: the context shift (cpu_state.h kv_cpu_shift, DESIGN §5): drop a
  * span of old positions, move the later ones down, re-rotate their keys.
  *
  * Why the keys are re-rotated and not recomputed: an engine's cache holds
@@ -13,7 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "forward.h"
+#include "cpu_state.h"
+#include "fault.h"
 #include "kvmath.h"
 #include "shift.h"
 
@@ -23,12 +24,6 @@ static void shift_rotate(float *k /* (kv_dim) */, const KvConfig *c, const float
     for (int64_t h = 0; h < c->num_kv_heads; h++) {
         kv_rope_apply(k + h * c->head_dim, c->head_dim, inv_freq, -d);
     }
-}
-
-/* Layer l's inverse frequencies, as the forward's rope op picks them. */
-static const float *shift_inv_freq(const KvRefState *s, int64_t l) {
-    const KvConfig *c = &s->model->config;
-    return s->inv_freq_local != NULL && c->layer_sliding[l] ? s->inv_freq_local : s->inv_freq;
 }
 
 KvStatus kv_shift_check(const KvConfig *c, int64_t stored, int64_t keep, int64_t drop,
@@ -134,13 +129,14 @@ cleanup:
     return st;
 }
 
-KvStatus kv_ref_shift(KvRefState *s, int64_t keep, int64_t drop, KvError *err) {
+KvStatus kv_cpu_shift(KvCpuState *cs, int64_t keep, int64_t drop, KvError *err) {
+    KvRefState *s = &cs->ref;
     const KvConfig *c = &s->model->config;
     /* The memory side shifts what memory holds (total_mem); the host
      * checked its own count (len). They differ only under a planted fault
      * that freezes the count into a graph (stale_scalar). */
     const int64_t T = s->total_mem, B = s->batch;
-    if (s->per_row) {
+    if (cs->per_row) {
         return kv_error_set(err, KV_ERR_INPUT, "context shift: rows at their own positions "
                             "(right padding) are not shifted");
     }
@@ -157,15 +153,15 @@ KvStatus kv_ref_shift(KvRefState *s, int64_t keep, int64_t drop, KvError *err) {
     kv_shift_real(s->real, s->n_real, B, s->max_len, keep, drop, T, dropped);
     for (int64_t l = 0; l < c->num_layers && st == KV_OK; l++) {
         const int64_t w = kv_config_layer_window(c, l);
-        KvSlidingCache *cache = kv_ref_cache(s, l, 0, NULL);
+        KvSlidingCache *cache = kv_cpu_cache(cs, l, 0, NULL);
         if (cache != NULL) {
-            const KvCacheState cs = s->variant->state(cache);
-            st = kv_shift_slots(&cs, s->variant->layout, w, c, shift_inv_freq(s, l), drop, T,
-                                dropped, s->faults, l, s->variant->name, err);
+            const KvCacheState state = cs->variant->state(cache);
+            st = kv_shift_slots(&state, cs->variant->layout, w, c, kv_ref_layer_inv_freq(s, l),
+                                drop, T, dropped, cs->faults, l, cs->variant->name, err);
         } else {
             const int64_t kvd = c->num_kv_heads * c->head_dim;
             kv_shift_static(s->k + l * B * s->max_len * kvd, s->v + l * B * s->max_len * kvd, B,
-                            s->max_len, c, shift_inv_freq(s, l), keep, drop, T, dropped);
+                            s->max_len, c, kv_ref_layer_inv_freq(s, l), keep, drop, T, dropped);
         }
     }
     free(dropped);

@@ -1,4 +1,4 @@
-/* test_context_shift.c: the context shift (forward.h kv_ref_shift, DESIGN
+/* test_context_shift.c: the context shift (cpu_state.h kv_cpu_shift, DESIGN
  * §5, llama.cpp #12357). A shifted state must match the shifted context
  * run from scratch within the shift's tolerance on a model whose layers all
  * slide, and a shift that forgets to re-rotate must fall far outside it;
@@ -18,7 +18,7 @@
 #include "decode.h"
 #include "fault.h"
 #include "fixture.h"
-#include "forward.h"
+#include "cpu_state.h"
 #include "kvmath.h"
 #include "layout.h"
 #include "scenario.h"
@@ -123,27 +123,27 @@ static int64_t direct_drop(const KvScenario *sc) { return sc->shift_drop - (sc->
 static void shifted_step(const KvModel *m, const KvScenario *sc, int32_t tok, bool undo,
                          float *logits) {
     const KvConfig *c = &m->config;
-    KvRefState s;
+    KvCpuState s;
     KvError err = {{0}};
     const int64_t P = sc->prompt_len, K = sc->shift_keep, D = direct_drop(sc);
-    ck_assert_msg(kv_ref_state_init(&s, m, 1, P + 1, P, NULL, &err) == KV_OK, "%s", err.msg);
-    ck_assert_msg(kv_ref_forward(m, &s, sc->prompt, sc->real, P, NULL, &err) == KV_OK, "%s",
+    ck_assert_msg(kv_cpu_state_init(&s, m, 1, P + 1, P, NULL, &err) == KV_OK, "%s", err.msg);
+    ck_assert_msg(kv_cpu_forward(&s, sc->prompt, sc->real, P, NULL, &err) == KV_OK, "%s",
                   err.msg);
-    ck_assert_msg(kv_ref_shift(&s, K, D, &err) == KV_OK, "%s", err.msg);
-    ck_assert_int_eq(s.len, P - D);
-    ck_assert_int_eq(s.n_real[0], P - D);
+    ck_assert_msg(kv_cpu_shift(&s, K, D, &err) == KV_OK, "%s", err.msg);
+    ck_assert_int_eq(s.ref.len, P - D);
+    ck_assert_int_eq(s.ref.n_real[0], P - D);
     const int64_t kvd = c->num_kv_heads * c->head_dim;
     for (int64_t l = 0; undo && l < c->num_layers; l++) {
-        for (int64_t j = K; j < s.len; j++) {
-            float *k = s.k + (l * s.max_len + j) * kvd; /* (kv_dim) one stored key, B = 1 */
+        for (int64_t j = K; j < s.ref.len; j++) {
+            float *k = s.ref.k + (l * s.ref.max_len + j) * kvd; /* (kv_dim) one stored key, B = 1 */
             for (int64_t h = 0; h < c->num_kv_heads; h++) {
-                kv_rope_apply(k + h * c->head_dim, c->head_dim, s.inv_freq, D);
+                kv_rope_apply(k + h * c->head_dim, c->head_dim, s.ref.inv_freq, D);
             }
         }
     }
     const uint8_t one = 1;
-    ck_assert_msg(kv_ref_forward(m, &s, &tok, &one, 1, logits, &err) == KV_OK, "%s", err.msg);
-    kv_ref_state_free(&s);
+    ck_assert_msg(kv_cpu_forward(&s, &tok, &one, 1, logits, &err) == KV_OK, "%s", err.msg);
+    kv_cpu_state_free(&s);
 }
 
 /* The same shift right after a prefill, on the state directly: the kept
@@ -169,11 +169,11 @@ START_TEST(test_shift_without_rerotation_is_far_off) {
     memcpy(ctx + K, sc.prompt + K + D, (size_t)(P - K - D) * sizeof *ctx);
     ctx[P - D] = tok;
     memset(real, 1, (size_t)(P - D + 1));
-    KvRefState s;
-    ck_assert_msg(kv_ref_state_init(&s, m, 1, P - D + 1, P - D + 1, NULL, &err) == KV_OK, "%s",
+    KvCpuState s;
+    ck_assert_msg(kv_cpu_state_init(&s, m, 1, P - D + 1, P - D + 1, NULL, &err) == KV_OK, "%s",
                   err.msg);
-    ck_assert_msg(kv_ref_forward(m, &s, ctx, real, P - D + 1, ref, &err) == KV_OK, "%s", err.msg);
-    kv_ref_state_free(&s);
+    ck_assert_msg(kv_cpu_forward(&s, ctx, real, P - D + 1, ref, &err) == KV_OK, "%s", err.msg);
+    kv_cpu_state_free(&s);
     const double e_good = rel_err(good, ref, V), e_bad = rel_err(bad, ref, V);
     fprintf(stderr, "%s: one step after the shift: re-rotated %.3g, not re-rotated %.3g\n",
             k_judged[_i], e_good, e_bad);
@@ -202,18 +202,18 @@ START_TEST(test_shift_relays_ring) {
     const int64_t P = sc.prompt_len, w = m->config.sliding_window, D = direct_drop(&sc);
     ck_assert_int_ne(D % w, 0);
     for (int faulted = 0; faulted < 2; faulted++) {
-        KvRefState s;
-        ck_assert_msg(kv_ref_state_init(&s, m, 1, P, P, &kv_cache_ring, &err) == KV_OK, "%s",
+        KvCpuState s;
+        ck_assert_msg(kv_cpu_state_init(&s, m, 1, P, P, &kv_cache_ring, &err) == KV_OK, "%s",
                       err.msg);
-        kv_ref_state_plant(&s, faulted ? KV_FAULT_SHIFT_CELLS : 0);
-        ck_assert_msg(kv_ref_forward(m, &s, sc.prompt, sc.real, P, NULL, &err) == KV_OK, "%s",
+        kv_cpu_state_plant(&s, faulted ? KV_FAULT_SHIFT_CELLS : 0);
+        ck_assert_msg(kv_cpu_forward(&s, sc.prompt, sc.real, P, NULL, &err) == KV_OK, "%s",
                       err.msg);
-        ck_assert_msg(kv_ref_shift(&s, sc.shift_keep, D, &err) == KV_OK, "%s", err.msg);
-        ck_assert_int_eq(s.total_mem, P - D);
-        const KvCacheView v = kv_cache_ring.view(kv_ref_cache(&s, 0, 0, NULL));
+        ck_assert_msg(kv_cpu_shift(&s, sc.shift_keep, D, &err) == KV_OK, "%s", err.msg);
+        ck_assert_int_eq(s.ref.total_mem, P - D);
+        const KvCacheView v = kv_cache_ring.view(kv_cpu_cache(&s, 0, 0, NULL));
         int64_t off_rule = 0;
         for (int64_t i = 0; i < v.n_slots; i++) {
-            off_rule += v.pos[i] != kv_layout_position(KV_LAYOUT_RING, w, i, s.total_mem);
+            off_rule += v.pos[i] != kv_layout_position(KV_LAYOUT_RING, w, i, s.ref.total_mem);
             ck_assert(v.pos[i] >= 0 && v.real[i]);
         }
         if (faulted) {
@@ -221,7 +221,7 @@ START_TEST(test_shift_relays_ring) {
         } else {
             ck_assert_int_eq(off_rule, 0);
         }
-        kv_ref_state_free(&s);
+        kv_cpu_state_free(&s);
     }
     kv_scenario_free(&sc);
     kv_fixture_free(&fx);
@@ -243,19 +243,19 @@ START_TEST(test_shift_rules) {
     KvError err = {{0}};
     shift_scenario(m, &sc);
     const int64_t P = sc.prompt_len, w = m->config.sliding_window;
-    KvRefState s;
-    ck_assert(kv_ref_state_init(&s, m, 1, P, P, NULL, &err) == KV_OK);
-    ck_assert(kv_ref_forward(m, &s, sc.prompt, sc.real, P, NULL, &err) == KV_OK);
+    KvCpuState s;
+    ck_assert(kv_cpu_state_init(&s, m, 1, P, P, NULL, &err) == KV_OK);
+    ck_assert(kv_cpu_forward(&s, sc.prompt, sc.real, P, NULL, &err) == KV_OK);
     const int64_t bad[][2] = {{0, 0}, {-1, 3}, {1, P - w}, {P - w, 1}};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        ck_assert_int_eq(kv_ref_shift(&s, bad[i][0], bad[i][1], &err), KV_ERR_INPUT);
+        ck_assert_int_eq(kv_cpu_shift(&s, bad[i][0], bad[i][1], &err), KV_ERR_INPUT);
         ck_assert_msg(strstr(err.msg, "context shift") != NULL, "%s", err.msg);
-        ck_assert_int_eq(s.len, P);
-        ck_assert_int_eq(s.total_mem, P);
-        ck_assert_int_eq(s.n_real[0], P);
+        ck_assert_int_eq(s.ref.len, P);
+        ck_assert_int_eq(s.ref.total_mem, P);
+        ck_assert_int_eq(s.ref.n_real[0], P);
     }
-    ck_assert_int_eq(kv_ref_shift(&s, 0, P - w, &err), KV_OK); /* the most it may drop */
-    kv_ref_state_free(&s);
+    ck_assert_int_eq(kv_cpu_shift(&s, 0, P - w, &err), KV_OK); /* the most it may drop */
+    kv_cpu_state_free(&s);
 
     /* the decode's own checks, before any backend is touched */
     KvDecodeSpec spec = scenario_spec(&sc, NULL);
@@ -280,11 +280,11 @@ START_TEST(test_shift_rules) {
                      KV_ERR_INPUT);
     ck_assert_msg(strstr(err.msg, "not implemented on the cpu backend") != NULL, "%s", err.msg);
     /* per-row positions (right padding) are not shifted */
-    ck_assert(kv_ref_state_init(&s, m, 2, P, P, NULL, &err) == KV_OK);
-    ck_assert(kv_ref_state_set_per_row(&s, &err) == KV_OK);
-    ck_assert_int_eq(kv_ref_shift(&s, 0, 1, &err), KV_ERR_INPUT);
+    ck_assert(kv_cpu_state_init(&s, m, 2, P, P, NULL, &err) == KV_OK);
+    ck_assert(kv_cpu_state_set_per_row(&s, &err) == KV_OK);
+    ck_assert_int_eq(kv_cpu_shift(&s, 0, 1, &err), KV_ERR_INPUT);
     ck_assert_msg(strstr(err.msg, "right padding") != NULL, "%s", err.msg);
-    kv_ref_state_free(&s);
+    kv_cpu_state_free(&s);
     kv_scenario_free(&sc);
     kv_fixture_free(&fx);
 }

@@ -3,7 +3,7 @@
  * the reference), for every scenario of DESIGN §5 and both tiny families.
  *
  * The forward pass checks every cache's sentinel regions after every step
- * (kv_ref_forward returns KV_ERR_INTERNAL on an out-of-bounds write), so
+ * (kv_cpu_forward returns KV_ERR_INTERNAL on an out-of-bounds write), so
  * each decode here is also an out-of-bounds check. */
 #include <check.h>
 #include <stdbool.h>
@@ -13,7 +13,7 @@
 
 #include "cache.h"
 #include "decode.h"
-#include "forward.h"
+#include "cpu_state.h"
 #include "fault.h"
 #include "fixture.h"
 #include "prng.h"
@@ -399,22 +399,22 @@ START_TEST(test_right_padding_rules) {
     KvFixtureModel f;
     KvError err = {{0}};
     ck_assert_msg(kv_fixture_load("mistral-tiny", TEST_SEED, &f, &err) == KV_OK, "%s", err.msg);
-    KvRefState st;
+    KvCpuState st;
     const int32_t tok[2 * 4] = {5, 6, 0, 7, 5, 6, 7, 8};
     const uint8_t gap[2 * 4] = {1, 1, 0, 1, 1, 1, 1, 1};   /* row 0: real after a pad */
     const uint8_t right[2 * 4] = {1, 1, 0, 0, 1, 1, 1, 1}; /* row 0 right-padded */
-    ck_assert(kv_ref_state_init(&st, &f.model, 2, 16, 4, kv_cache_find("ring"), &err) == KV_OK);
-    ck_assert_int_eq(kv_ref_forward(&f.model, &st, tok, right, 4, NULL, &err), KV_ERR_INPUT);
+    ck_assert(kv_cpu_state_init(&st, &f.model, 2, 16, 4, kv_cache_find("ring"), &err) == KV_OK);
+    ck_assert_int_eq(kv_cpu_forward(&st, tok, right, 4, NULL, &err), KV_ERR_INPUT);
     ck_assert_msg(strstr(err.msg, "per-row positions") != NULL, "%s", err.msg);
-    ck_assert_int_eq(kv_ref_state_set_per_row(&st, &err), KV_OK);
-    ck_assert_int_eq(kv_ref_forward(&f.model, &st, tok, gap, 4, NULL, &err), KV_ERR_INPUT);
+    ck_assert_int_eq(kv_cpu_state_set_per_row(&st, &err), KV_OK);
+    ck_assert_int_eq(kv_cpu_forward(&st, tok, gap, 4, NULL, &err), KV_ERR_INPUT);
     ck_assert_msg(strstr(err.msg, "trailing pad") != NULL, "%s", err.msg);
-    ck_assert_int_eq(kv_ref_forward(&f.model, &st, tok, right, 4, NULL, &err), KV_OK);
+    ck_assert_int_eq(kv_cpu_forward(&st, tok, right, 4, NULL, &err), KV_OK);
     /* row 0 stored 2 positions, row 1 four; a later switch is refused */
-    ck_assert_int_eq(st.lag[0], 2);
-    ck_assert_int_eq(st.lag[1], 0);
-    ck_assert_int_eq(kv_ref_state_set_per_row(&st, &err), KV_ERR_INPUT);
-    kv_ref_state_free(&st);
+    ck_assert_int_eq(st.ref.lag[0], 2);
+    ck_assert_int_eq(st.ref.lag[1], 0);
+    ck_assert_int_eq(kv_cpu_state_set_per_row(&st, &err), KV_ERR_INPUT);
+    kv_cpu_state_free(&st);
     kv_fixture_free(&f);
 }
 END_TEST
@@ -567,21 +567,21 @@ START_TEST(test_sentinel_write_fails_forward) {
     ck_assert_msg(kv_fixture_load("mistral-tiny", TEST_SEED, &f, &err) == KV_OK, "%s", err.msg);
     int count = 0;
     const KvCacheOps *v = kv_cache_all(&count)[_i];
-    KvRefState st;
-    ck_assert(kv_ref_state_init(&st, &f.model, 1, 64, 8, v, &err) == KV_OK);
+    KvCpuState st;
+    ck_assert(kv_cpu_state_init(&st, &f.model, 1, 64, 8, v, &err) == KV_OK);
     int32_t tok[8] = {3, 4, 5, 6, 7, 8, 9, 10};
     uint8_t real[8] = {1, 1, 1, 1, 1, 1, 1, 1};
-    ck_assert_msg(kv_ref_forward(&f.model, &st, tok, real, 8, NULL, &err) == KV_OK, "%s", err.msg);
+    ck_assert_msg(kv_cpu_forward(&st, tok, real, 8, NULL, &err) == KV_OK, "%s", err.msg);
     const KvCacheView view = v->view(st.caches[0]);
     float *before = (float *)view.k - 1; /* inside the front guard region */
     const float saved = *before;
     *before = 1.0f;
-    ck_assert_int_eq(kv_ref_forward(&f.model, &st, tok, real, 1, NULL, &err), KV_ERR_INTERNAL);
+    ck_assert_int_eq(kv_cpu_forward(&st, tok, real, 1, NULL, &err), KV_ERR_INTERNAL);
     ck_assert_msg(strstr(err.msg, "sentinel") != NULL && strstr(err.msg, "layer 0") != NULL &&
                       strstr(err.msg, v->name) != NULL,
                   "%s", err.msg);
     *before = saved;
-    kv_ref_state_free(&st);
+    kv_cpu_state_free(&st);
     kv_fixture_free(&f);
 }
 END_TEST

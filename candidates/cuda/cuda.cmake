@@ -19,7 +19,7 @@ if(KV_HAVE_CUDA)
     candidates/cuda/cuda_kernels.cu candidates/cuda/cuda_cache.cu candidates/cuda/cuda_shift.cu
     candidates/cuda/cuda_validate.cu candidates/cuda/cuda_validate_ops.cu
     candidates/cuda/cuda_validate_attn.cu)
-  target_include_directories(kvcuda PUBLIC candidates/cuda candidates reference)
+  target_include_directories(kvcuda PUBLIC candidates/cuda candidates reference engine)
   # --fmad=false is nvcc's -ffp-contract=off; fast math is never enabled
   # (so -prec-div, -prec-sqrt and -ftz=false keep their IEEE defaults).
   # -Xcompiler=-Wall,-Wextra: the host half of the .cu files gets the same
@@ -41,7 +41,7 @@ if(KV_HAVE_CUDA)
 else()
   add_library(kvcuda STATIC candidates/cuda/cuda_device_none.c candidates/cuda/cuda_forward_none.c
     candidates/cuda/cuda_validate_none.c)
-  target_include_directories(kvcuda PUBLIC candidates/cuda candidates reference)
+  target_include_directories(kvcuda PUBLIC candidates/cuda candidates reference engine)
   target_compile_options(kvcuda PRIVATE ${KV_C_FLAGS})
 endif()
 target_compile_definitions(kvcuda PUBLIC KV_HAVE_CUDA=${KV_HAVE_CUDA})

@@ -1,0 +1,81 @@
+/* probe.h: probes (DESIGN §6): per forward, an FNV-1a 64 hash per batch row
+ * of every named intermediate of the reference (forward.h KvPoint), the
+ * first non-finite value among them, and on request their full values.
+ * Computed by an observer the engine installs in the reference's hooks, run
+ * as ops, so graph replays record them too.
+ *
+ * Probe order: "embed", then per layer l "layer<l>.q", ".k", ".v" (after
+ * RoPE), ".cache" (the keys and values the next query will read, ascending
+ * position: comparable across cache layouts), ".attn" (attention output),
+ * ".mlp" (MLP output), ".residual"; then "final_norm", "logits". */
+#ifndef KV_PROBE_H
+#define KV_PROBE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "config.h"
+#include "status.h"
+
+/* Full values of every probe of the last forward (bisect --rerun): what
+ * the probe hashes summarise. Every probe is a float tensor per batch row;
+ * the cache probe is dense: for each position the next query may see
+ * (ascending, q - W < p <= q - 1 on a sliding layer, all on a full one), the
+ * K row then the V row, NaN where the cache does not hold that position for
+ * the row (a pad, or a slot the layout lost). */
+typedef struct {
+    int64_t n_probes, batch;
+    float **data;   /* (n_probes) -> (batch, len[p]) */
+    int64_t *len;   /* (n_probes) floats per row in the last forward */
+    int64_t *cap;   /* (n_probes) floats per row allocated */
+} KvProbeDump;
+
+void kv_probe_dump_free(KvProbeDump *d);
+
+/* 3 + 7 * num_layers. */
+int64_t kv_probe_count(const KvConfig *c);
+
+/* The per-layer probes, in probe order. */
+enum {
+    KV_PROBE_Q = 0, KV_PROBE_K, KV_PROBE_V, KV_PROBE_CACHE, KV_PROBE_ATTN, KV_PROBE_MLP,
+    KV_PROBE_RESIDUAL, KV_PROBE_PER_LAYER
+};
+/* Probe index of layer's item (KV_PROBE_*). */
+int64_t kv_probe_index(int64_t layer, int item);
+/* Layer and per-layer item (KV_PROBE_*) of probe idx among n_probes; -1 for
+ * embed, final_norm and logits (and out-of-range indices). */
+int64_t kv_probe_layer(int64_t n_probes, int64_t idx);
+int kv_probe_item(int64_t n_probes, int64_t idx);
+void kv_probe_name(const KvConfig *c, int64_t index, char *out, size_t out_len);
+
+/* One CPU run's probes (cpu_state.h). */
+typedef struct KvProbeMemo KvProbeMemo;
+typedef struct {
+    bool on;              /* record probe hashes (off in benchmarks) */
+    int64_t n_probes;     /* kv_probe_count */
+    int64_t batch, max_len, n_layers;
+    uint64_t *hash;       /* (n_probes, B) hashes of the last forward */
+    KvProbeDump dump;     /* full values of the last forward when dump.data != NULL */
+    /* The full layers' cache-probe memo, per (layer, row), allocated on
+     * first use: the FNV state after the positions hashed at the last step
+     * and a copy of the bytes it covered. A step whose old positions memcmp
+     * equal to the copy continues the hash over its new ones only: the same
+     * hash of the same bytes, linear instead of quadratic in the decode
+     * length. */
+    KvProbeMemo *memo;    /* (num_layers * B) or NULL */
+    /* The first non-finite (NaN or Inf) probe value since the last reset:
+     * the lowest probe index, then row, then element; -1 when none. */
+    int64_t nonfinite_probe, nonfinite_row, nonfinite_index;
+    float nonfinite_value;
+} KvProbes;
+
+KvStatus kv_probes_init(KvProbes *p, const KvConfig *c, int64_t batch, int64_t max_len,
+                        KvError *err);
+void kv_probes_free(KvProbes *p);
+/* Makes every later probe also keep its full values in p->dump. */
+KvStatus kv_probes_dump_enable(KvProbes *p, const KvConfig *c, int64_t max_chunk, KvError *err);
+/* Forgets the recorded non-finite probe value. */
+void kv_probes_nonfinite_reset(KvProbes *p);
+
+#endif
