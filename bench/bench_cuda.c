@@ -50,6 +50,7 @@
 #include "decode.h"
 #include "fixture.h"
 #include "prng.h"
+#include "cache_registry.h"
 
 #define BENCH_EXIT_SKIP 77
 #define BENCH_EXIT_USAGE 2

@@ -16,7 +16,7 @@ whatever else runs on it.
   eval(), torch.inference_mode(), torch.set_num_threads(T); loaded once, warmed up with one
   untimed run before round 1.
 - Prompt: the same (B, L) token ids on both sides: bench_decode's SplitMix64 stream
-  (reference/prng.h) ported here and checked against the FNV-1a hash bench_decode prints.
+  (model/prng.h) ported here and checked against the FNV-1a hash bench_decode prints.
 - Prefill: kvrepro times kv_decode_greedy with one new token (state setup, the prompt's forward,
   the last token's lm_head, the argmax); torch times model(ids, use_cache=True,
   logits_to_keep=1) and the argmax, the model building its default cache (DynamicCache with the
@@ -113,7 +113,7 @@ def repo_root() -> Path:
 
 def splitmix64_prompt(batch: int, length: int, seed: int, vocab: int) -> list[list[int]]:
     """bench_decode's prompt: (batch, length) ids from kv_prng_seed(seed), each
-    kv_prng_below(vocab) (reference/prng.c: SplitMix64, multiply-shift of the top 32 bits)."""
+    kv_prng_below(vocab) (model/prng.c: SplitMix64, multiply-shift of the top 32 bits)."""
     state = seed & MASK64
     rows: list[list[int]] = []
     for _ in range(batch):
@@ -341,7 +341,7 @@ def bench(args: argparse.Namespace) -> int:
     if prompt_fnv(prompt) != kv_runs[0].prompt_fnv:
         raise BenchError(EXIT_INTERNAL, f"the prompt built here (fnv1a64 0x{prompt_fnv(prompt):016x}) "
                          f"is not bench_decode's (0x{kv_runs[0].prompt_fnv:016x}): the PRNG port "
-                         "in vs_torch.py no longer matches reference/prng.c")
+                         "in vs_torch.py no longer matches model/prng.c")
     side = TorchSide(torch, transformers, model, prompt, args.threads)
     if side.model.config.vocab_size != kv_runs[0].vocab:
         raise BenchError(EXIT_INTERNAL, f"vocab: kvrepro {kv_runs[0].vocab}, transformers "

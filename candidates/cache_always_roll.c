@@ -23,6 +23,7 @@
 #include <string.h>
 
 #include "cache_internal.h"
+#include "cache_registry.h"
 
 struct KvSlidingCache {
     const KvCacheOps *ops; /* &kv_cache_always_roll: a handle given to another table is refused */

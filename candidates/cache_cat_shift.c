@@ -28,6 +28,7 @@
 
 #include "cache_internal.h"
 #include "fault.h"
+#include "cache_registry.h"
 
 struct KvSlidingCache {
     const KvCacheOps *ops; /* &kv_cache_cat_shift: a handle given to another table is refused */

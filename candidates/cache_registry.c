@@ -1,11 +1,12 @@
 /* cache_registry.c: the list of cache-update variants (DESIGN §3) and lookup
  * by name, so the CLI, the run matrix and the tests iterate one table instead
- * of naming the variants in several places. The order is cache.h's; reports
- * and test loop indices rely on it. */
+ * of naming the variants in several places. Reports and test loop indices
+ * rely on the table's order: append, never reorder. */
 #include <stddef.h>
 #include <string.h>
 
 #include "cache.h"
+#include "cache_registry.h"
 
 /* The count follows the table: a new variant is one line here (the CLI's
  * help and messages list the names from kv_cache_all). */

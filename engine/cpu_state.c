@@ -82,11 +82,11 @@ static bool cpu_launch_positions(void *ctx, KvRefState *s, int64_t n) {
 }
 
 /* The hook table for the run's variant, probes, faults and order. */
-static void cpu_hooks_update(KvCpuState *cs) {
+void kv_cpu_state_hooks_update(KvCpuState *cs) {
     KvRefHooks *h = &cs->hooks;
     memset(h, 0, sizeof *h);
     h->ctx = cs;
-    if (cs->probes.on) h->observe = kv_cpu_probe_observe;
+    h->observe = cs->observer;
     if (cs->faults & KV_FAULT_TF32) {
         h->matmul = cpu_matmul_tf32;
     } else if (cs->order & KV_ORDER_DOT_SEQUENTIAL) {
@@ -174,7 +174,7 @@ KvStatus kv_cpu_state_init(KvCpuState *cs, const KvModel *m, int64_t batch, int6
         kv_cpu_state_free(cs);
         return st;
     }
-    cpu_hooks_update(cs);
+    kv_cpu_state_hooks_update(cs);
     return KV_OK;
 }
 
@@ -202,20 +202,12 @@ void kv_cpu_state_plant(KvCpuState *cs, unsigned faults) {
             cs->variant->plant(cs->caches[i], faults);
         }
     }
-    cpu_hooks_update(cs);
+    kv_cpu_state_hooks_update(cs);
 }
 
 void kv_cpu_state_set_order(KvCpuState *cs, unsigned order) {
     cs->order = order;
-    cpu_hooks_update(cs);
-}
-
-KvStatus kv_cpu_state_probe(KvCpuState *cs, bool dump, KvError *err) {
-    cs->probes.on = true;
-    cpu_hooks_update(cs);
-    return dump ? kv_probes_dump_enable(&cs->probes, &cs->ref.model->config, cs->ref.max_chunk,
-                                        err)
-                : KV_OK;
+    kv_cpu_state_hooks_update(cs);
 }
 
 KvStatus kv_cpu_check_sentinels(const KvCpuState *cs, int64_t n, KvError *err) {

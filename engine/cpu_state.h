@@ -36,6 +36,9 @@ typedef struct {
     unsigned faults;            /* KV_FAULT_* bits (fault.h); 0 in every clean run */
     unsigned order;             /* KV_ORDER_* bits (ensemble.h); 0 outside calibration */
     KvProbes probes;            /* hashes, non-finite record, dump (probe.h) */
+    /* the probes' observer (cpu_probe.c), NULL while they are off */
+    void (*observer)(void *ctx, KvRefState *s, int64_t layer, KvPoint point, const void *base,
+                     int64_t per_seq);
 } KvCpuState;
 
 /* Allocates a run of `batch` rows of up to max_len slots, up to max_chunk
@@ -58,8 +61,12 @@ void kv_cpu_state_plant(KvCpuState *cs, unsigned faults);
 void kv_cpu_state_set_order(KvCpuState *cs, unsigned order);
 
 /* Turns the probes on (dump: also keep the last forward's full values).
- * Call before a graph is captured. */
+ * Call before a graph is captured. (cpu_probe.c) */
 KvStatus kv_cpu_state_probe(KvCpuState *cs, bool dump, KvError *err);
+
+/* Rebuilds the hook table from the run's variant, observer, faults and
+ * order (after any of them changed). */
+void kv_cpu_state_hooks_update(KvCpuState *cs);
 
 /* Layer l's variant cache serving row b (the layer's only cache without
  * per-row positions), or NULL on a layer without one; *view_row receives b's
@@ -88,10 +95,6 @@ KvStatus kv_cpu_forward(KvCpuState *cs, const int32_t *tokens, const uint8_t *re
  * position a sliding layer still holds must survive the shift, and the kept
  * prefix must lie outside the next query's window. (shift.c) */
 KvStatus kv_cpu_shift(KvCpuState *cs, int64_t keep, int64_t drop, KvError *err);
-
-/* The probe observer (probe.c): ctx is the KvCpuState. */
-void kv_cpu_probe_observe(void *ctx, KvRefState *s, int64_t layer, KvPoint point,
-                          const void *base, int64_t per_row);
 
 /* The variant attention hook (cpu_attention.c): launches layer l's variant
  * update and attention when the layer has a variant cache. */

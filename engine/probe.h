@@ -49,8 +49,17 @@ int64_t kv_probe_layer(int64_t n_probes, int64_t idx);
 int kv_probe_item(int64_t n_probes, int64_t idx);
 void kv_probe_name(const KvConfig *c, int64_t index, char *out, size_t out_len);
 
+/* One full layer's cache-probe memo for one row (KvProbes.memo). */
+typedef struct KvProbeMemo {
+    int64_t n;        /* positions 0 .. n - 1 hashed into h (0: nothing memoised) */
+    uint64_t h;       /* the FNV state after them */
+    bool finite;      /* every value of theirs was finite (their finite check is done) */
+    bool off;         /* allocation failed: always hash in full */
+    float *k, *v;     /* (max_len, kv_dim) copies of the static cache's rows 0 .. n - 1 */
+    uint8_t *real;    /* (max_len) copy of the row's real flags */
+} KvProbeMemo;
+
 /* One CPU run's probes (cpu_state.h). */
-typedef struct KvProbeMemo KvProbeMemo;
 typedef struct {
     bool on;              /* record probe hashes (off in benchmarks) */
     int64_t n_probes;     /* kv_probe_count */
@@ -77,5 +86,15 @@ void kv_probes_free(KvProbes *p);
 KvStatus kv_probes_dump_enable(KvProbes *p, const KvConfig *c, int64_t max_chunk, KvError *err);
 /* Forgets the recorded non-finite probe value. */
 void kv_probes_nonfinite_reset(KvProbes *p);
+/* Records the first non-finite value among `count` floats of probe idx,
+ * row b, at element offset `first`, unless an earlier (probe, row, element)
+ * is already recorded. */
+void kv_probes_check_finite(KvProbes *p, int64_t idx, int64_t b, const float *v, int64_t count,
+                            int64_t first);
+/* Row b of full layer l's memo, allocated on first use; NULL when it cannot
+ * be (the probe then hashes in full, as without one). */
+KvProbeMemo *kv_probes_memo(KvProbes *p, int64_t layer, int64_t b, int64_t kv_dim);
+/* Keeps probe idx's full values: per_row bytes of floats for each row. */
+void kv_probes_dump_rows(KvProbeDump *d, int64_t idx, const void *base, int64_t per_row);
 
 #endif

@@ -1,4 +1,4 @@
-/* backends.h: the registered backends (reference/backend.h): the CPU
+/* backends.h: the registered backends (engine/backend.h): the CPU
  * reference and CUDA (a build without nvcc registers a CUDA table whose
  * every run is KV_SKIP "built without CUDA"). */
 #ifndef KV_BACKENDS_H

@@ -17,6 +17,7 @@
 #include "fixture.h"
 #include "junit.h"
 #include "scenario.h"
+#include "cache_registry.h"
 
 const char *kv_cli_version(void) {
     return "kvrepro " KV_VERSION " (commit " KV_GIT_COMMIT ")";

@@ -69,7 +69,7 @@ typedef enum {
     KV_NAMES_SCENARIOS,         /* every scenario (harness/scenario.c) */
     KV_NAMES_SCENARIOS_DEFAULT, /* the default set */
     KV_NAMES_SCENARIOS_EXTENDED, /* what `--scenarios extended` adds */
-    KV_NAMES_FAULTS,            /* planted faults (reference/fault.c) */
+    KV_NAMES_FAULTS,            /* planted faults (engine/fault.c) */
     KV_NAMES_BACKENDS,          /* backends (harness/backends.c) */
     KV_NAMES_KINDS,             /* comparison kinds (reports/junit.c) */
 } KvCliNames;

@@ -42,7 +42,7 @@ static void fixture_usage(FILE *f) {
             "\n%23s[--dtype f32|bf16]\n\n"
             "Writes DIR/config.json and DIR/model.safetensors, generated from the seed\n"
             "with kvrepro's own PRNG (SplitMix64 streams keyed by tensor name; see\n"
-            "reference/prng.h), so the same seed gives the same bytes on every machine.\n"
+            "model/prng.h), so the same seed gives the same bytes on every machine.\n"
             "The file is written tensor by tensor (never held whole) to a temporary that\n"
             "is renamed into place; a full disk or an unwritable DIR leaves nothing behind\n"
             "(DIR is removed again when this command made it). A name in DIR that is not a\n"

@@ -32,6 +32,7 @@
 #include "report.h"
 #include "scenario.h"
 #include "shard_env.h"
+#include "cache_registry.h"
 
 #ifdef _OPENMP
 #include <omp.h>

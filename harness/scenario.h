@@ -33,7 +33,7 @@ typedef struct {
     /* Context shift (DESIGN §5, context_shift); all 0 otherwise: before
      * decode step shift_step's forward, positions shift_keep .. shift_keep
      * + shift_drop - 1 are dropped and the later ones move down, keys
-     * re-rotated (kv_ref_shift). */
+     * re-rotated (kv_cpu_shift). */
     int64_t shift_step;
     int64_t shift_keep;
     int64_t shift_drop;

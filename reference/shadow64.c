@@ -560,28 +560,3 @@ cleanup:
     free(sh);
     return st;
 }
-
-KvStatus kv_shadow64_decode_rel_error(const KvModel *m, const KvDecodeSpec *spec,
-                                      const KvDecodeResult *result, double *per_step,
-                                      double *max_rel, KvError *err) {
-    if (m == NULL || spec == NULL || result == NULL || result->tokens == NULL ||
-        result->logits == NULL) {
-        return kv_error_set(err, KV_ERR_INPUT, "shadow64: expected a model, a decode spec and "
-                                               "a decode result, found a NULL pointer");
-    }
-    if (result->steps != spec->new_tokens || result->batch != spec->batch ||
-        result->vocab != m->config.vocab_size) {
-        return kv_error_set(err, KV_ERR_INPUT,
-                            "shadow64: decode result: expected (steps, batch, vocab) = "
-                            "(%lld, %lld, %lld) as the spec and model say, found (%lld, %lld, "
-                            "%lld)",
-                            (long long)spec->new_tokens, (long long)spec->batch,
-                            (long long)m->config.vocab_size, (long long)result->steps,
-                            (long long)result->batch, (long long)result->vocab);
-    }
-    /* Step s > 0 fed forced[s - 1] under teacher forcing, else the greedy
-     * token of step s - 1 (decode.h). */
-    const int32_t *fed = spec->forced != NULL ? spec->forced : result->tokens;
-    return kv_shadow64_rel_error(m, spec->batch, spec->prompt_len, spec->prompt, spec->prompt_real,
-                                 result->steps, fed, result->logits, per_step, max_rel, err);
-}

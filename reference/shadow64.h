@@ -39,7 +39,6 @@
 
 #include <stdint.h>
 
-#include "decode.h"
 #include "model.h"
 #include "status.h"
 
@@ -77,14 +76,5 @@ KvStatus kv_shadow64_rel_error(const KvModel *m, int64_t batch, int64_t prompt_l
                                const float *logits /* (steps, B, vocab) */,
                                double *per_step /* (steps) or NULL */, double *max_rel,
                                KvError *err);
-
-/* kv_shadow64_rel_error of a decode run with kv_decode_run / kv_decode_greedy:
- * the prompt from spec, fed = spec->forced when set, else result->tokens.
- * KV_ERR_INPUT also when result's shape (steps, batch, vocab) is not the
- * spec's and the model's. */
-KvStatus kv_shadow64_decode_rel_error(const KvModel *m, const KvDecodeSpec *spec,
-                                      const KvDecodeResult *result,
-                                      double *per_step /* (steps) or NULL */, double *max_rel,
-                                      KvError *err);
 
 #endif

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Splits a model directory's model.safetensors into shards with a model.safetensors.index.json,
 the layout transformers' save_pretrained writes for a large model, so kvrepro's sharded loader
-(reference/shards.h) has committed and generated inputs. Python standard library only.
+(model/shards.h) has committed and generated inputs. Python standard library only.
 
     scripts/shard-checkpoint.py SRC OUT [--shards N]
 
@@ -22,7 +22,7 @@ import os
 import struct
 import sys
 
-# The safetensors reference reader's cap on the header (kvrepro's too, reference/safetensors.c).
+# The safetensors reference reader's cap on the header (kvrepro's too, model/safetensors.c).
 MAX_HEADER = 100_000_000
 
 

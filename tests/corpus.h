@@ -60,7 +60,7 @@ float corpus_value(const char *name, size_t i);
 uint16_t corpus_bits16(const char *name, size_t i);
 
 /* The name of the misaligning tensor of corpus_image: one the model's ignore
- * list admits (reference/model.c), so the base still loads: the stored
+ * list admits (model/model.c), so the base still loads: the stored
  * lm_head.weight when tied (gemma2), a saved rotary inv_freq (mistral). */
 const char *corpus_pad_name(const KvConfig *cfg);
 

@@ -13,6 +13,7 @@
 #include "fixture.h"
 #include "junit.h"
 #include "scenario.h"
+#include "cache_registry.h"
 
 int main(void) {
     int n = 0;

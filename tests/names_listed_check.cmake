@@ -71,7 +71,7 @@ function(kv_check_help text what)
     endif()
   endforeach()
   # a path is a word starting with a top-level folder of the tree
-  # (docs/SCHEMA.md, reference/prng.h, fixtures/hf), not part of a longer
+  # (docs/SCHEMA.md, model/prng.h, fixtures/hf), not part of a longer
   # one ($KVREPRO_SOURCE_DIR/fixtures/hf, DIR/config.json)
   string(REGEX MATCHALL "(^|[ (`'\n])(${dirs_re})/[A-Za-z0-9_./-]*[A-Za-z0-9_]" paths "${text_nl}")
   foreach(p IN LISTS paths)

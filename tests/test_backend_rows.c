@@ -1,5 +1,5 @@
 /* test_backend_rows.c: rows at their own positions as one single-row run
- * per row (reference/backend_rows.h), the way the CUDA backend runs a
+ * per row (engine/backend_rows.h), the way the CUDA backend runs a
  * right-padded batch, proven here on the CPU: the adapter over the CPU
  * backend must equal the CPU reference's own per-row mode bitwise (logits,
  * tokens, margins at every step, the decode steps' probe hashes, the graph
@@ -26,6 +26,7 @@
 #include "fixture.h"
 #include "forward.h"
 #include "scenario.h"
+#include "cache_registry.h"
 
 #define TEST_PROMPT_SEED 23ULL
 

@@ -1,5 +1,5 @@
 /* test_cache.c: unit tests of the sliding-window cache variants
- * (reference/cache.h, DESIGN §3), built with ASan + UBSan.
+ * (engine/cache.h, DESIGN §3), built with ASan + UBSan.
  *
  * The truth is a model kept here, independent of the variants: after the
  * cache has seen T positions it must hold exactly the last min(W, T) of them
@@ -25,6 +25,7 @@
 #include <string.h>
 
 #include "cache.h"
+#include "cache_registry.h"
 
 #define TEST_SEED 0x6b76636163686531ULL /* "kvcache1" */
 #define N_VARIANTS 6

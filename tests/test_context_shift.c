@@ -22,6 +22,7 @@
 #include "kvmath.h"
 #include "layout.h"
 #include "scenario.h"
+#include "cache_registry.h"
 
 #define TEST_PROMPT_SEED 11ULL
 /* The models on which a shift is judged against a fresh run: every layer

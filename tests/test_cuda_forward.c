@@ -56,6 +56,7 @@
 #include "fixture.h"
 #include "forward.h"
 #include "prng.h"
+#include "cache_registry.h"
 
 #define TEST_SEED KV_FIXTURE_DEFAULT_SEED
 #define TEST_PROMPT_SEED 7ULL

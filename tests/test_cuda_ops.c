@@ -38,6 +38,7 @@
 #include "fault.h"
 #include "fixture.h"
 #include "no_device.h"
+#include "cache_registry.h"
 
 #define TEST_SEED KV_FIXTURE_DEFAULT_SEED
 /* The inputs' seed, printed with every report. */

@@ -17,6 +17,7 @@
 #include "gemm.h"
 #include "kvmath.h"
 #include "prng.h"
+#include "cache_registry.h"
 
 #ifdef _OPENMP
 #include <omp.h>

@@ -1,5 +1,5 @@
 /* test_loader.c: the "loader" suite: config.json, safetensors and model
- * loading (reference/config.h, safetensors.h, model.h).
+ * loading (model/config.h, safetensors.h, model.h).
  *
  * The malformed-input corpus (corpus.c) runs one loop test per entry: each
  * must fail with the stated status and a message naming the file, the

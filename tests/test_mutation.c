@@ -39,6 +39,7 @@
 #include "matrix.h"
 #include "mutation.h"
 #include "scenario.h"
+#include "cache_registry.h"
 
 /* the default gate's models (cmd_gate.c) but gpt_oss-tiny, left out to keep the eleven
  * fault passes inside the suite's time budget (its faults are the same code paths) */

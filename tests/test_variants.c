@@ -18,6 +18,7 @@
 #include "fixture.h"
 #include "prng.h"
 #include "scenario.h"
+#include "cache_registry.h"
 
 #define TEST_SEED KV_FIXTURE_DEFAULT_SEED
 #define TEST_PROMPT_SEED 11ULL
@@ -467,7 +468,7 @@ START_TEST(test_variants_multi_token) {
         ck_assert_msg(ops->set_input(b, seq, real, plen, &err) == KV_OK, "%s", err.msg);
         ck_assert_msg(ops->forward(b, plen, &err) == KV_OK, "%s", err.msg);
         KvGraphRunner runner;
-        ck_assert(kv_graph_runner_init(&runner, m->config.num_layers, &err) == KV_OK);
+        ck_assert(kv_graph_runner_init(&runner, m->config.num_layers, (KvRecapturePolicy){0}, &err) == KV_OK);
         int64_t calls = 0;
         for (int64_t off = plen; off + k <= total; off += k, calls++) {
             /* The host writes the step's tokens into memory, then runs or
@@ -475,7 +476,7 @@ START_TEST(test_variants_multi_token) {
             KvStatus rc = ops->set_input(b, seq + off, real + off, k, &err);
             if (rc == KV_OK) {
                 rc = graph && v >= 0
-                         ? kv_graph_runner_step(&runner, ops, b, m->config.num_layers, k, 0, &err)
+                         ? kv_graph_runner_step(&runner, ops, b, m->config.num_layers, k, &err)
                          : ops->forward(b, k, &err);
             }
             if (rc == KV_OK) rc = ops->read_step(b, &out, &err);

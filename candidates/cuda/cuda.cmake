@@ -5,7 +5,7 @@
 # six cache variants (cuda_cache), the context shift (cuda_shift), and the
 # per-op validation against the CPU reference (cuda_validate*: each launcher
 # checked on seeded inputs before anything is timed). Rows at their own
-# positions run as single-row runs (reference/backend_rows.h). Without nvcc
+# positions run as single-row runs (engine/backend_rows.h). Without nvcc
 # the *_none.c stubs implement the same API as KV_SKIP.
 #
 # kvcuda does not link kvcore: the products link kvcuda before kvcore or
@@ -19,7 +19,7 @@ if(KV_HAVE_CUDA)
     candidates/cuda/cuda_kernels.cu candidates/cuda/cuda_cache.cu candidates/cuda/cuda_shift.cu
     candidates/cuda/cuda_validate.cu candidates/cuda/cuda_validate_ops.cu
     candidates/cuda/cuda_validate_attn.cu)
-  target_include_directories(kvcuda PUBLIC candidates/cuda candidates reference engine)
+  target_include_directories(kvcuda PUBLIC candidates/cuda candidates engine reference model)
   # --fmad=false is nvcc's -ffp-contract=off; fast math is never enabled
   # (so -prec-div, -prec-sqrt and -ftz=false keep their IEEE defaults).
   # -Xcompiler=-Wall,-Wextra: the host half of the .cu files gets the same
@@ -41,7 +41,7 @@ if(KV_HAVE_CUDA)
 else()
   add_library(kvcuda STATIC candidates/cuda/cuda_device_none.c candidates/cuda/cuda_forward_none.c
     candidates/cuda/cuda_validate_none.c)
-  target_include_directories(kvcuda PUBLIC candidates/cuda candidates reference engine)
+  target_include_directories(kvcuda PUBLIC candidates/cuda candidates engine reference model)
   target_compile_options(kvcuda PRIVATE ${KV_C_FLAGS})
 endif()
 target_compile_definitions(kvcuda PUBLIC KV_HAVE_CUDA=${KV_HAVE_CUDA})

@@ -1,5 +1,5 @@
-/* cuda_backend.cu: the GPU as a backend (reference/backend.h): the table the
- * one decode driver (reference/decode.c) and the graph runner run. Each
+/* cuda_backend.cu: the GPU as a backend (engine/backend.h): the table the
+ * one decode driver (engine/decode.c) and the graph runner run. Each
  * entry is a thin step over the run context (cuda_ctx.cu) and the forward
  * (cuda_forward.cu); what a decode does with them is the driver's. */
 #include "cuda_internal.cuh"
@@ -206,7 +206,7 @@ static KvStatus cuda_snapshot_load(KvBackend *b, int slot, KvError *err) {
 
 static KvStatus cuda_shift(KvBackend *b, int64_t keep, int64_t drop, KvError *err) {
     if (cuda_run(b)->rows != NULL) {
-        /* as the CPU reference (kv_ref_shift) */
+        /* as the CPU reference (kv_cpu_shift) */
         return kv_error_set(err, KV_ERR_INPUT, "context shift: rows at their own positions "
                             "(right padding) are not shifted");
     }

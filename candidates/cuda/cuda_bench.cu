@@ -46,8 +46,7 @@ static KvStatus bench_graph(KvBackend *b, KvCudaCtx *ctx, KvGraphRunner *runner,
     for (int64_t s = 0; s < steps; s++) {
         const int64_t before = runner->captures;
         const double t0 = cuda_now();
-        KV_TRY(kv_graph_runner_step(runner, &kv_backend_cuda, b, ctx->n_layers, 1, ctx->faults,
-                                    err));
+        KV_TRY(kv_graph_runner_step(runner, &kv_backend_cuda, b, ctx->n_layers, 1, err));
         KV_CUDA_CHECK(cudaStreamSynchronize(ctx->stream));
         const double dt = (cuda_now() - t0) * 1e3;
         if (runner->captures != before) {
@@ -126,7 +125,10 @@ extern "C" KvStatus kv_cuda_bench_decode(const KvModel *m, const KvDecodeSpec *s
 
     /* The same decode from a fresh state. */
     KV_TRY(kv_cuda_ctx_reset_state(&run->ctx, err));
-    KV_TRY(kv_graph_runner_init(&runner, run->ctx.n_layers, err));
+    KvRecapturePolicy policy;
+    policy.ignore_regime = (run->ctx.faults & KV_FAULT_NO_RECAPTURE) != 0;
+    policy.every_step = (run->ctx.faults & KV_FAULT_RECAPTURE_EVERY_STEP) != 0;
+    KV_TRY(kv_graph_runner_init(&runner, run->ctx.n_layers, policy, err));
     KV_TRY(kv_decode_prefill(ops, b, sp, NULL, err));
     KV_TRY(bench_graph(b, &run->ctx, &runner, out->steps, out, err));
     out->graphs_captured = runner.captures;

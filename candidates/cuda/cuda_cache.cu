@@ -28,6 +28,7 @@
  * KV_FAULT_STATIC_LAYER makes index_copy a static layer: identity gather
  * indices and writes at min(p, W - 1). */
 #include "cuda_internal.cuh"
+#include "cache_registry.h"
 
 #include <math.h>
 

@@ -2,7 +2,7 @@
  * one stream (reference/forward.c's op order, probes included), and its
  * capture into a CUDA graph. The same launch code runs eagerly and under
  * stream capture; when to re-capture is the graph runner's rule
- * (reference/graph_runner.c), the same for every backend.
+ * (engine/graph_runner.c), the same for every backend.
  *
  * A re-capture is applied to the existing executable with
  * cudaGraphExecUpdate when the topology allows it, else instantiated anew;

@@ -1,5 +1,5 @@
 /* cuda_forward.h: the GPU backend (DESIGN §2-§4): kv_backend_cuda, the
- * backend table (reference/backend.h) that kv_decode_run drives, plus the
+ * backend table (engine/backend.h) that kv_decode_run drives, plus the
  * benchmark entry points.
  *
  * The same spec gives the same kind of result as on the CPU: no variant

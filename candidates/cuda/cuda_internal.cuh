@@ -299,7 +299,7 @@ KvStatus kv_cuda_ctx_reset_state(KvCudaCtx *ctx, KvError *err);
  * copies). A KV_SNAP_PREFIX load under KV_FAULT_PREFIX_ALIAS leaves the
  * sliding layers' slots as they are (an entry aliasing the live cache). */
 KvStatus kv_cuda_snapshot(KvCudaCtx *ctx, int slot, bool save, KvError *err);
-/* The context shift (backend.h's shift, reference/shift.h) of the
+/* The context shift (backend.h's shift, engine/shift.h) of the
  * persistent device state: copied to the host, shifted by the CPU
  * reference's steps, copied back into the same buffers; the host count and
  * *total go down by drop. Synchronous (cuda_shift.cu). */
@@ -339,7 +339,7 @@ void kv_cuda_graph_free(KvCudaGraph *g);
 /* One run of the CUDA backend (the KvBackend behind kv_backend_cuda). */
 typedef struct {
     /* Rows at their own positions (setup.per_row): every entry runs on
-     * these single-row runs (reference/backend_rows.h) and ctx, graph and
+     * these single-row runs (engine/backend_rows.h) and ctx, graph and
      * the outputs below are unused; NULL otherwise. */
     KvRows *rows;
     KvCudaCtx ctx;

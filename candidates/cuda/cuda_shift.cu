@@ -1,6 +1,6 @@
 /* cuda_shift.cu: the context shift (DESIGN §5, backend.h's shift) on the
  * GPU: the persistent device state is copied to the host, shifted by the
- * same buffer-level steps as the CPU reference (reference/shift.h) and
+ * same buffer-level steps as the CPU reference (engine/shift.h) and
  * copied back into the same device buffers.
  *
  * Why on the host: a shift happens once between two forwards (llama.cpp's

@@ -19,6 +19,7 @@
 extern "C" {
 #include "cache.h"
 #include "prng.h"
+#include "cache_registry.h"
 }
 
 /* ---- device buffers ---- */

@@ -56,7 +56,7 @@ typedef struct {
 
 typedef struct {
     char device[256];    /* "NAME (sm_XY, N SMs), driver ..., cuBLAS ..." */
-    uint64_t seed;       /* the input seed (reference/prng.h streams) */
+    uint64_t seed;       /* the input seed (model/prng.h streams) */
     unsigned faults;     /* KV_FAULT_* bits planted in the contexts (fault.h) */
     int n_ops;
     int n_failed;

@@ -1,6 +1,6 @@
 """Reading input files and publishing output files as the C side does.
 
-Inputs (reference/file_open.c kv_file_open_regular): opened with O_NONBLOCK,
+Inputs (model/file_open.c kv_file_open_regular): opened with O_NONBLOCK,
 so that a FIFO cannot block the open, then checked on the open descriptor to
 be a regular file of at most a stated size, so that /dev/zero cannot be read
 until memory runs out.

@@ -1,5 +1,5 @@
 """FNV-1a 64 of byte rows, as the C side hashes logits and probe rows
-(reference/prng.c): offset basis 0xcbf29ce484222325, prime 0x100000001b3,
+(model/prng.c): offset basis 0xcbf29ce484222325, prime 0x100000001b3,
 one byte at a time."""
 
 import numpy as np

@@ -37,7 +37,7 @@ MAX_THREADS = 1024
 MAX_PROMPTS_BYTES = 64 << 20
 MAX_PROMPT_ROWS = 1 << 12
 MAX_PROMPT_LEN = 1 << 20
-# config.json: reference/config.c KV_CONFIG_MAX_BYTES.
+# config.json: model/config.c KV_CONFIG_MAX_BYTES.
 MAX_CONFIG_BYTES = 16 << 20
 # config.json's vocab_size: reports/kv_limits.h KV_REPORT_MAX_VOCAB.
 MAX_VOCAB = 1 << 22

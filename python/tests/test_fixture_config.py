@@ -2,7 +2,7 @@
 
 transformers 5 validates config field types: a float field written as an integer (30 for
 final_logit_softcapping) or an int field written as a float (32.0 for query_pre_attn_scalar)
-is refused at load. kvrepro writes these configs itself (reference/config.c,
+is refused at load. kvrepro writes these configs itself (model/config.c,
 kv_config_to_json), so each family's tiny fixture is written with the binary and read back
 with AutoConfig, and the fields the reference computes with must come back as written.
 """

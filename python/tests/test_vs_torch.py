@@ -3,7 +3,7 @@ committed tiny checkpoint fixtures/hf/gemma2 (~4 s, most of it importing torch),
 bench_decode from KVREPRO_BENCH_DECODE (default build/bench_decode).
 
 What it can fail on, none of it a timing: the prompt ids the script builds (its port of
-reference/prng.c) against the FNV-1a hash bench_decode prints, the RESULT lines it reads, the
+model/prng.c) against the FNV-1a hash bench_decode prints, the RESULT lines it reads, the
 greedy tokens of the two engines (the checkpoint's goldens say they agree), the table, and the
 exit status 2 for a missing model directory or bench_decode.
 """

@@ -114,19 +114,6 @@ typedef struct {
     int64_t (*graph_budget)(int64_t window, int64_t prompt_len, int64_t decode_steps);
 } KvCacheOps;
 
-/* The six variants of DESIGN §3. */
-extern const KvCacheOps kv_cache_index_copy;
-extern const KvCacheOps kv_cache_cat_shift;
-extern const KvCacheOps kv_cache_roll;
-extern const KvCacheOps kv_cache_always_roll;
-extern const KvCacheOps kv_cache_ring;
-extern const KvCacheOps kv_cache_dynamic;
-
-/* All variants, in the order above; *count receives 6. */
-const KvCacheOps *const *kv_cache_all(int *count);
-/* By name, or NULL. */
-const KvCacheOps *kv_cache_find(const char *name);
-
 /* Snapshots of a cache's persistent state (KvCacheState): bytes needed,
  * save into dst, restore from src. Used by the replay check. */
 size_t kv_cache_snapshot_bytes(const KvCacheOps *ops, KvSlidingCache *c);

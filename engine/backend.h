@@ -109,10 +109,7 @@ typedef struct {
     KvStatus (*replay)(KvBackend *b, KvError *err);
     /* Saves / restores the persistent state and the host counts in slot
      * KV_SNAP_REPLAY (the replay check) or KV_SNAP_PREFIX (a prefix-cache
-     * entry; only when setup.prefix_slot). Under the planted fault
-     * KV_FAULT_PREFIX_ALIAS a KV_SNAP_PREFIX load restores everything but
-     * the sliding layers' slots: an entry that aliases the live cyclic
-     * cache. */
+     * entry; only when setup.prefix_slot). */
     KvStatus (*snapshot_save)(KvBackend *b, int slot, KvError *err);
     KvStatus (*snapshot_load)(KvBackend *b, int slot, KvError *err);
     /* The last forward's outputs (waits for them); KV_ERR_INTERNAL when the
@@ -121,7 +118,7 @@ typedef struct {
     KvStatus (*read_step)(KvBackend *b, KvBackendStep *out, KvError *err);
 
     /* Optional (NULL when the backend has none): */
-    /* Context shift (forward.h kv_ref_shift, DESIGN §5) of the persistent
+    /* Context shift (cpu_state.h kv_cpu_shift, DESIGN §5) of the persistent
      * state between two forwards: positions keep .. keep + drop - 1 dropped,
      * the later ones moved down and their keys re-rotated; the host count
      * goes down by drop. NULL: a scenario with a context shift is skipped
@@ -146,21 +143,29 @@ extern const KvBackendOps kv_backend_cpu;
 /* Graph mode, written once for every backend: captures a forward of n
  * tokens and replays it; re-captures when the capture key changes: n, or
  * for any sliding layer the variant's host regime or attended length (a
- * framework re-records when a host branch flips or a shape changes).
- * KV_FAULT_NO_RECAPTURE leaves the regime out of the key;
- * KV_FAULT_RECAPTURE_EVERY_STEP captures before every step. */
+ * framework re-records when a host branch flips or a shape changes). The
+ * rule's two ways of going wrong are planted by the harness as a policy
+ * (fault.h kv_fault_recapture: no_recapture, recapture_every_step). */
+typedef struct {
+    bool ignore_regime; /* leave the host regime out of the key: a graph captured while
+                         * filling is replayed on a full cache */
+    bool every_step;    /* capture before every step although the key did not change */
+} KvRecapturePolicy;
+
 typedef struct {
     int64_t *key;      /* (1 + 2 * num_layers) key of the next step */
     int64_t *cur_key;  /* (1 + 2 * num_layers) key of the captured graph */
     int64_t key_len;
     int64_t captures;  /* graphs captured so far */
+    KvRecapturePolicy policy; /* all false: the rule as written */
 } KvGraphRunner;
 
-KvStatus kv_graph_runner_init(KvGraphRunner *r, int64_t num_layers, KvError *err);
+KvStatus kv_graph_runner_init(KvGraphRunner *r, int64_t num_layers, KvRecapturePolicy policy,
+                              KvError *err);
 /* Runs one forward of the n input tokens through the graph, capturing
  * first when needed; the host count advances by n. */
 KvStatus kv_graph_runner_step(KvGraphRunner *r, const KvBackendOps *ops, KvBackend *b,
-                              int64_t num_layers, int64_t n, unsigned faults, KvError *err);
+                              int64_t num_layers, int64_t n, KvError *err);
 void kv_graph_runner_free(KvGraphRunner *r);
 
 #endif

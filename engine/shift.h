@@ -1,5 +1,5 @@
 /* shift.h: the context shift's steps over plain buffers (DESIGN §5), shared
- * by the CPU reference's kv_ref_shift (shift.c, forward.h) and the CUDA
+ * by the CPU run's kv_cpu_shift (shift.c, cpu_state.h) and the CUDA
  * backend's shift (candidates/cuda/cuda_shift.cu, which copies its device
  * state to the host, runs these and copies it back), so both backends drop
  * the same positions, re-lay the same slots and re-rotate the same keys

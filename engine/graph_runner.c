@@ -4,10 +4,11 @@
 #include <string.h>
 
 #include "backend.h"
-#include "fault.h"
 
-KvStatus kv_graph_runner_init(KvGraphRunner *r, int64_t num_layers, KvError *err) {
+KvStatus kv_graph_runner_init(KvGraphRunner *r, int64_t num_layers, KvRecapturePolicy policy,
+                              KvError *err) {
     memset(r, 0, sizeof *r);
+    r->policy = policy;
     r->key_len = 1 + 2 * num_layers;
     r->key = calloc((size_t)r->key_len, sizeof *r->key);
     r->cur_key = calloc((size_t)r->key_len, sizeof *r->cur_key);
@@ -19,15 +20,12 @@ KvStatus kv_graph_runner_init(KvGraphRunner *r, int64_t num_layers, KvError *err
 }
 
 KvStatus kv_graph_runner_step(KvGraphRunner *r, const KvBackendOps *ops, KvBackend *b,
-                              int64_t num_layers, int64_t n, unsigned faults, KvError *err) {
-    /* KV_FAULT_NO_RECAPTURE: the regime is left out of the key, so a
-     * host-branch variant replays the graph of the regime it was captured
-     * in after is_full flips. */
-    const bool keep = (faults & KV_FAULT_NO_RECAPTURE) != 0;
-    /* KV_FAULT_RECAPTURE_EVERY_STEP: the key is ignored and every step
-     * captures anew; each graph is still right for its step, so only the
-     * capture count shows it. */
-    const bool every = (faults & KV_FAULT_RECAPTURE_EVERY_STEP) != 0;
+                              int64_t num_layers, int64_t n, KvError *err) {
+    /* ignore_regime: a host-branch variant replays the graph of the regime
+     * it was captured in after is_full flips. every_step: each graph is
+     * still right for its step, so only the capture count shows it. */
+    const bool keep = r->policy.ignore_regime;
+    const bool every = r->policy.every_step;
     r->key[0] = n;
     for (int64_t l = 0; l < num_layers; l++) {
         int64_t regime = 0, slots = 0;

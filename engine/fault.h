@@ -6,7 +6,8 @@
  * Each is implemented beside the code it corrupts (the cache variant, the
  * forward op or the graph runner); the CPU versions are the closest analog
  * of the GPU bug, and each says so where it is planted. The bits travel in
- * KvDecodeSpec.faults / KvRefState.faults; 0 is a clean run. */
+ * KvDecodeSpec.faults / KvBackendSetup.faults / KvCpuState.faults; 0 is a
+ * clean run. */
 #ifndef KV_FAULT_H
 #define KV_FAULT_H
 
@@ -18,31 +19,32 @@ extern "C" {
 #endif
 
 enum {
-    /* forward.c op_positions: the step's position comes from a kernel
+    /* engine/cpu_state.c op_positions_planted: the step's position comes from a kernel
      * argument captured by value, so graph replays reuse the capture-time
      * position. */
     KV_FAULT_STALE_SCALAR = 1u << 0,
-    /* forward.c attention: the reduction order over the keys follows a
+    /* engine/cpu_state.c cpu_keys_descending: the reduction order over the keys follows a
      * process-wide execution clock (as float atomics follow thread timing). */
     KV_FAULT_ATOMIC_REDUCTION = 1u << 1,
     /* cache_cat_shift.c / cache_roll.c: the shift done in place without a
      * temporary; on the CPU an overlapping copy in the wrong direction. */
     KV_FAULT_INPLACE_SHIFT = 1u << 2,
-    /* forward.c attention mask: admits q - W <= k (W + 1 keys). */
+    /* engine/cpu_state.c cpu_mask_window: the attention mask admits q - W <= k (W + 1 keys). */
     KV_FAULT_WINDOW_OFF_BY_ONE = 1u << 3,
     /* cache_index_copy.c: a prefill longer than W stores its first W rows
      * instead of its last W. */
     KV_FAULT_PREFILL_FIRST_W = 1u << 4,
-    /* forward.c attention gather: slot validity ignored, so never-written
+    /* engine/cpu_attention.c op_attn_variant: slot validity ignored, so never-written
      * slots (NaN-poisoned at reset) are read. */
     KV_FAULT_UNWRITTEN_SLOT = 1u << 5,
-    /* graph_runner.c kv_graph_runner_step: a host-branch variant's graph is
-     * kept when its regime changes (filling code replayed on a full cache). */
+    /* graph_runner.c kv_graph_runner_step (policy ignore_regime): a
+     * host-branch variant's graph is kept when its regime changes (filling
+     * code replayed on a full cache). */
     KV_FAULT_NO_RECAPTURE = 1u << 6,
-    /* kvmath.c kv_matmul_tf32: TF32 in cuBLAS on the GPU; on the CPU every
+    /* engine/cpu_state.c cpu_matmul_tf32 (kvmath.c kv_matmul_tf32): TF32 in cuBLAS on the GPU; on the CPU every
      * matmul input rounded to 10 mantissa bits. */
     KV_FAULT_TF32 = 1u << 7,
-    /* graph_runner.c kv_graph_runner_step: a graph captured before every
+    /* graph_runner.c kv_graph_runner_step (policy every_step): a graph captured before every
      * decode step although its capture key did not change, as a compiled
      * step recompiles each step when it guards on a scalar that changes
      * every step (the always-roll report). The outputs are bitwise the
@@ -62,12 +64,12 @@ enum {
      * first positions for ever and "generation beyond the window" reads
      * garbage from the first step past W. */
     KV_FAULT_STATIC_LAYER = 1u << 11,
-    /* backend snapshot_load of KV_SNAP_PREFIX (backend.h): the prefix-cache
+    /* backend_cpu.c cpu_snapshot_load of KV_SNAP_PREFIX (CUDA: the same): the prefix-cache
      * entry aliases the live cyclic cache (TRT-LLM PR #2983), so restoring
      * it brings back the positions and the counts but not the sliding
      * layers' slots, which hold the first request's later tokens. */
     KV_FAULT_PREFIX_ALIAS = 1u << 12,
-    /* forward.c op_positions (CUDA: backend_rows.c feeds the pads): a
+    /* engine/cpu_state.c op_positions_planted (CUDA: backend_rows.c feeds the pads): a
      * right-padded row's trailing pads take slots and positions, as a
      * static-shape loop that writes its whole padded chunk into the cache
      * and advances every row by the padded length (seed 002). The pads are

@@ -7,7 +7,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fault.h"
 #include "probe.h"
+#include "shadow64.h"
 
 KvStatus kv_batch_left_pad(const int32_t *const *prompts, const int64_t *lens, int64_t batch,
                            int32_t pad_id, int32_t **prompt, uint8_t **real, int64_t *prompt_len,
@@ -116,7 +118,7 @@ static KvStatus decode_check_tokens(int64_t vocab, const int32_t *tokens, const 
 }
 
 /* A context-shift script: whole, alone, on left padding, and within what
- * the sliding caches still hold when it happens (kv_ref_shift's rule: the
+ * the sliding caches still hold when it happens (kv_cpu_shift's rule: the
  * positions stored then, less the largest window, cover keep + drop). */
 static KvStatus decode_check_shift(const KvConfig *c, const KvDecodeSpec *sp, bool right,
                                    KvError *err) {
@@ -284,7 +286,7 @@ static KvStatus decode_step(const KvBackendOps *ops, KvBackend *b, const KvModel
             if (st != KV_OK) return st;
         }
         st = sp->mode == KV_MODE_GRAPH
-                 ? kv_graph_runner_step(runner, ops, b, m->config.num_layers, 1, sp->faults, err)
+                 ? kv_graph_runner_step(runner, ops, b, m->config.num_layers, 1, err)
                  : ops->forward(b, 1, err);
         if (st != KV_OK) return st;
         decode_note_nonfinite(ops, b, step, out);
@@ -449,7 +451,10 @@ KvStatus kv_decode_run(const KvBackendOps *ops, const KvModel *m, const KvDecode
                           (long long)sp->new_tokens, (long long)B, (long long)V);
         goto cleanup;
     }
-    st = kv_graph_runner_init(&runner, m->config.num_layers, err);
+    /* The recapture rule's planted faults (fault.h), as the runner's policy. */
+    const KvRecapturePolicy policy = {(sp->faults & KV_FAULT_NO_RECAPTURE) != 0,
+                                      (sp->faults & KV_FAULT_RECAPTURE_EVERY_STEP) != 0};
+    st = kv_graph_runner_init(&runner, m->config.num_layers, policy, err);
     if (st != KV_OK) goto cleanup;
 
     /* Step 0's logits come from the prefill's last chunk. */
@@ -503,4 +508,29 @@ cleanup:
 KvStatus kv_decode_greedy(const KvModel *m, const KvDecodeSpec *spec, KvDecodeResult *out,
                           KvError *err) {
     return kv_decode_run(&kv_backend_cpu, m, spec, out, NULL, err);
+}
+
+KvStatus kv_shadow64_decode_rel_error(const KvModel *m, const KvDecodeSpec *spec,
+                                      const KvDecodeResult *result, double *per_step,
+                                      double *max_rel, KvError *err) {
+    if (m == NULL || spec == NULL || result == NULL || result->tokens == NULL ||
+        result->logits == NULL) {
+        return kv_error_set(err, KV_ERR_INPUT, "shadow64: expected a model, a decode spec and "
+                                               "a decode result, found a NULL pointer");
+    }
+    if (result->steps != spec->new_tokens || result->batch != spec->batch ||
+        result->vocab != m->config.vocab_size) {
+        return kv_error_set(err, KV_ERR_INPUT,
+                            "shadow64: decode result: expected (steps, batch, vocab) = "
+                            "(%lld, %lld, %lld) as the spec and model say, found (%lld, %lld, "
+                            "%lld)",
+                            (long long)spec->new_tokens, (long long)spec->batch,
+                            (long long)m->config.vocab_size, (long long)result->steps,
+                            (long long)result->batch, (long long)result->vocab);
+    }
+    /* Step s > 0 fed forced[s - 1] under teacher forcing, else the greedy
+     * token of step s - 1 (decode.h). */
+    const int32_t *fed = spec->forced != NULL ? spec->forced : result->tokens;
+    return kv_shadow64_rel_error(m, spec->batch, spec->prompt_len, spec->prompt, spec->prompt_real,
+                                 result->steps, fed, result->logits, per_step, max_rel, err);
 }

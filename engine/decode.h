@@ -135,4 +135,13 @@ KvStatus kv_decode_greedy(const KvModel *m, const KvDecodeSpec *spec, KvDecodeRe
 
 void kv_decode_result_free(KvDecodeResult *r);
 
+/* kv_shadow64_rel_error of a decode run with kv_decode_run / kv_decode_greedy:
+ * the prompt from spec, fed = spec->forced when set, else result->tokens.
+ * KV_ERR_INPUT also when result's shape (steps, batch, vocab) is not the
+ * spec's and the model's. */
+KvStatus kv_shadow64_decode_rel_error(const KvModel *m, const KvDecodeSpec *spec,
+                                      const KvDecodeResult *result,
+                                      double *per_step /* (steps) or NULL */, double *max_rel,
+                                      KvError *err);
+
 #endif
