@@ -8,6 +8,8 @@
 # Everything else is CMake (see CMakeLists.txt).
 BUILD ?= build
 JOBS ?= 2
+# CI passes -DKV_WERROR=ON (.ci/run); a user's build only warns.
+CMAKE_ARGS ?=
 
 .PHONY: gate test long-check _setup
 
@@ -24,5 +26,5 @@ long-check: _setup
 _setup:
 	@./scripts/ensure-deps.sh
 	@./scripts/ensure-venv.sh
-	cmake -S . -B $(BUILD)
+	cmake -S . -B $(BUILD) $(CMAKE_ARGS)
 	cmake --build $(BUILD) -j $(JOBS)

@@ -137,6 +137,22 @@ typedef struct {
     void (*stats)(const KvBackend *b, KvBackendStats *out);
 } KvBackendOps;
 
+/* The optional entries, checked once (backend.c): a backend without shift
+ * refuses with KV_ERR_INPUT naming it; without take_nonfinite it reports
+ * none (and kv_backend_checks_nonfinite says so); without dumps it keeps
+ * none (take_dump leaves *out as it is, peek_dump gives NULL; a backend
+ * has both dump entries or neither); without
+ * stats *out is left as it is. */
+bool kv_backend_can_shift(const KvBackendOps *ops);
+KvStatus kv_backend_shift(const KvBackendOps *ops, KvBackend *b, int64_t keep, int64_t drop,
+                          KvError *err);
+bool kv_backend_checks_nonfinite(const KvBackendOps *ops);
+bool kv_backend_take_nonfinite(const KvBackendOps *ops, KvBackend *b, KvNonfinite *out);
+bool kv_backend_keeps_dumps(const KvBackendOps *ops);
+void kv_backend_take_dump(const KvBackendOps *ops, KvBackend *b, KvProbeDump *out);
+const KvProbeDump *kv_backend_peek_dump(const KvBackendOps *ops, const KvBackend *b);
+void kv_backend_stats(const KvBackendOps *ops, const KvBackend *b, KvBackendStats *out);
+
 /* The CPU reference backend (backend_cpu.c). */
 extern const KvBackendOps kv_backend_cpu;
 

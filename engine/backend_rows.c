@@ -298,10 +298,9 @@ KvStatus kv_rows_read_step(KvRows *rows, KvBackendStep *out, KvError *err) {
 
 bool kv_rows_take_nonfinite(KvRows *rows, KvNonfinite *out) {
     bool found = false;
-    if (rows->inner->take_nonfinite == NULL) return false;
     for (int64_t b = 0; b < rows->B; b++) {
         KvNonfinite nf;
-        if (!rows->inner->take_nonfinite(rows->run[b], &nf)) continue;
+        if (!kv_backend_take_nonfinite(rows->inner, rows->run[b], &nf)) continue;
         if (!found || nf.probe < out->probe) { /* rows ascend: a tie keeps the lower row */
             *out = nf;
             out->row = b;
@@ -316,7 +315,7 @@ void kv_rows_stats(const KvRows *rows, KvBackendStats *out) {
     for (int64_t b = 0; b < rows->B; b++) {
         KvBackendStats one;
         memset(&one, 0, sizeof one);
-        if (rows->inner->stats != NULL) rows->inner->stats(rows->run[b], &one);
+        kv_backend_stats(rows->inner, rows->run[b], &one);
         out->graph_instantiations += one.graph_instantiations;
         out->exec_updates += one.exec_updates;
         if (b == 0) {

@@ -13,6 +13,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "attention.h"
 #include "cpu_state.h"
 #include "fault.h"
 #include "kvmath.h"

@@ -211,7 +211,7 @@ KvStatus kv_decode_check_spec(const KvModel *m, const KvDecodeSpec *sp, KvError 
 static void decode_note_nonfinite(const KvBackendOps *ops, KvBackend *b, int64_t step,
                                   KvDecodeResult *out) {
     KvNonfinite nf;
-    if (ops->take_nonfinite == NULL || !ops->take_nonfinite(b, &nf)) return;
+    if (!kv_backend_take_nonfinite(ops, b, &nf)) return;
     if (out->nonfinite_step >= 0) return;
     out->nonfinite_step = step;
     out->nonfinite_probe = nf.probe;
@@ -244,11 +244,8 @@ static KvStatus decode_record_step(const KvBackendOps *ops, KvBackend *b, int64_
 /* Hands step `step`'s full probe values to the spec's callback, if any. */
 static void decode_step_dump(const KvBackendOps *ops, const KvBackend *b,
                              const KvDecodeSpec *sp, int64_t step) {
-    if (!sp->record_probes || !sp->dump_probes || sp->on_step_dump == NULL ||
-        ops->peek_dump == NULL) {
-        return;
-    }
-    const KvProbeDump *d = ops->peek_dump(b);
+    if (!sp->record_probes || !sp->dump_probes || sp->on_step_dump == NULL) return;
+    const KvProbeDump *d = kv_backend_peek_dump(ops, b);
     if (d != NULL) sp->on_step_dump(sp->on_step_dump_ctx, step, d);
 }
 
@@ -414,10 +411,8 @@ KvStatus kv_decode_run(const KvBackendOps *ops, const KvModel *m, const KvDecode
         .per_row = kv_decode_right_padded(sp->prompt_real, B, P),
     };
     const bool shifts = sp->shift_step > 0 && sp->shift_step < sp->new_tokens;
-    if (shifts && ops->shift == NULL) {
-        st = kv_error_set(err, KV_ERR_INPUT,
-                          "decode: a context shift is not implemented on the %s backend",
-                          ops->name);
+    if (shifts && !kv_backend_can_shift(ops)) {
+        st = kv_backend_shift(ops, NULL, sp->shift_keep, sp->shift_drop, err); /* the refusal */
         goto cleanup;
     }
     if (setup.per_row && !ops->per_row) {
@@ -460,7 +455,7 @@ KvStatus kv_decode_run(const KvBackendOps *ops, const KvModel *m, const KvDecode
     /* Step 0's logits come from the prefill's last chunk. */
     st = kv_decode_prefill(ops, b, sp, out, err);
     if (st != KV_OK) goto cleanup;
-    out->nonfinite_checked = sp->record_probes && ops->take_nonfinite != NULL;
+    out->nonfinite_checked = sp->record_probes && kv_backend_checks_nonfinite(ops);
     st = decode_record_step(ops, b, 0, out, err);
     if (st != KV_OK) goto cleanup;
     decode_step_dump(ops, b, sp, 0);
@@ -472,7 +467,7 @@ KvStatus kv_decode_run(const KvBackendOps *ops, const KvModel *m, const KvDecode
         if (shifts && step == sp->shift_step) {
             /* between two forwards, as an engine shifts when its context
              * is full; the step then feeds its token at the new position */
-            st = ops->shift(b, sp->shift_keep, sp->shift_drop, err);
+            st = kv_backend_shift(ops, b, sp->shift_keep, sp->shift_drop, err);
             if (st != KV_OK) goto cleanup;
         }
         if (switches && step == sp->switch_step) {
@@ -485,14 +480,12 @@ KvStatus kv_decode_run(const KvBackendOps *ops, const KvModel *m, const KvDecode
         if (st != KV_OK) goto cleanup;
         decode_step_dump(ops, b, sp, step);
     }
-    if (sp->record_probes && sp->dump_probes && ops->take_dump != NULL) {
-        ops->take_dump(b, &out->dump);
-    }
+    if (sp->record_probes && sp->dump_probes) kv_backend_take_dump(ops, b, &out->dump);
 
 cleanup:
     out->graphs_captured = runner.captures;
     if (stats != NULL && b != NULL) {
-        if (ops->stats != NULL) ops->stats(b, stats);
+        kv_backend_stats(ops, b, stats);
         stats->graphs_captured = runner.captures;
         stats->exec_update_used = stats->exec_updates > 0;
     }

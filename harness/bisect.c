@@ -339,7 +339,7 @@ KvStatus kv_bisect_rerun_digests(const KvModel *m, const KvRun *run, int64_t ste
         .dump_probes = true,
     };
     BisectDigests dg = {NULL, step + 1, run->n_probes, run->batch, 0, false};
-    if (digest != NULL && ops->peek_dump != NULL) {
+    if (digest != NULL && kv_backend_keeps_dumps(ops)) {
         dg.digest = malloc((size_t)(dg.steps * dg.n_probes * dg.batch) * sizeof *dg.digest);
         if (dg.digest == NULL) {
             return kv_error_set(err, KV_ERR_INTERNAL, "rerun: out of memory for %lld steps x "
@@ -361,7 +361,7 @@ KvStatus kv_bisect_rerun_digests(const KvModel *m, const KvRun *run, int64_t ste
     }
     /* Callers index the rerun with the recording's indices. A backend that
      * keeps no dumps (take_dump NULL) gives the hashes alone. */
-    const bool dumps = ops->take_dump != NULL;
+    const bool dumps = kv_backend_keeps_dumps(ops);
     if (out->steps != step + 1 || out->batch != run->batch || out->n_probes != run->n_probes ||
         out->probe_hash == NULL ||
         (dumps && (out->dump.data == NULL || out->dump.n_probes != run->n_probes))) {

@@ -343,7 +343,7 @@ static KvStatus run_candidates(const KvModel *m, const char *model_name, const K
         snprintf(row_skip, sizeof row_skip,
                  "the %s backend does not run rows at different positions (right padding) yet",
                  bname);
-    } else if (ops->shift == NULL && kv_scenario_shifts(sc)) {
+    } else if (!kv_backend_can_shift(ops) && kv_scenario_shifts(sc)) {
         snprintf(row_skip, sizeof row_skip, "the %s backend does not shift a context yet", bname);
     }
     for (int v = 0; v < o->n_variants; v++) {

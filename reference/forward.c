@@ -41,7 +41,7 @@ static void op_observe(const void *ap) {
     a->s->hooks->observe(a->s->hooks->ctx, a->s, a->layer, a->point, a->base, a->per_seq);
 }
 
-void kv_ref_launch_observe(KvRefState *s, int64_t layer, KvPoint point, const void *base,
+static void launch_observe(KvRefState *s, int64_t layer, KvPoint point, const void *base,
                            int64_t per_seq) {
     if (s->hooks == NULL || s->hooks->observe == NULL) return;
     const ArgsObserve a = {s, layer, point, base, per_seq};
@@ -379,17 +379,17 @@ static void launch_layer(KvRefState *s, int64_t layer, int64_t n) {
     }
     ArgsRope rope = {s, n, kv_ref_layer_inv_freq(s, layer), s->rope_scale};
     kv_stream_launch(st, op_rope, &rope, sizeof rope);
-    kv_ref_launch_observe(s, layer, KV_POINT_Q, s->q, n * q_dim * f);
-    kv_ref_launch_observe(s, layer, KV_POINT_K, s->kn, n * kv_dim * f);
-    kv_ref_launch_observe(s, layer, KV_POINT_V, s->vn, n * kv_dim * f);
+    launch_observe(s, layer, KV_POINT_Q, s->q, n * q_dim * f);
+    launch_observe(s, layer, KV_POINT_K, s->kn, n * kv_dim * f);
+    launch_observe(s, layer, KV_POINT_V, s->vn, n * kv_dim * f);
 
     /* the cache store and attention: the static cache's, or a hook's */
     const KvRefHooks *hk = s->hooks;
     if (hk == NULL || hk->launch_attention == NULL || !hk->launch_attention(hk->ctx, s, layer, n)) {
         kv_ref_launch_static_attention(s, layer, n);
     }
-    kv_ref_launch_observe(s, layer, KV_POINT_CACHE, NULL, 0);
-    kv_ref_launch_observe(s, layer, KV_POINT_ATTN, s->att, n * q_dim * f);
+    launch_observe(s, layer, KV_POINT_CACHE, NULL, 0);
+    launch_observe(s, layer, KV_POINT_ATTN, s->att, n * q_dim * f);
 
     /* output projection and residual */
     ArgsMatmul mo = {s->att, {w->wo}, {s->tmp}, {hidden}, rows, q_dim, 1, mm, skip, n};
@@ -428,9 +428,9 @@ static void launch_layer(KvRefState *s, int64_t layer, int64_t n) {
         ArgsNorm post = {c, s->tmp, w->post_ffw_norm, s->tmp, rows};
         kv_stream_launch(st, op_norm_rows, &post, sizeof post);
     }
-    kv_ref_launch_observe(s, layer, KV_POINT_MLP, s->tmp, n * hidden * f);
+    launch_observe(s, layer, KV_POINT_MLP, s->tmp, n * hidden * f);
     kv_stream_launch(st, op_add, &add, sizeof add);
-    kv_ref_launch_observe(s, layer, KV_POINT_RESIDUAL, s->x, n * hidden * f);
+    launch_observe(s, layer, KV_POINT_RESIDUAL, s->x, n * hidden * f);
 }
 
 void kv_ref_launch_forward(KvRefState *s, int64_t n) {
@@ -442,11 +442,11 @@ void kv_ref_launch_forward(KvRefState *s, int64_t n) {
         kv_stream_launch(&s->stream, op_positions, &sn, sizeof sn);
     }
     kv_stream_launch(&s->stream, op_embed, &sn, sizeof sn);
-    kv_ref_launch_observe(s, -1, KV_POINT_EMBED, s->x, n * c->hidden_size * f);
+    launch_observe(s, -1, KV_POINT_EMBED, s->x, n * c->hidden_size * f);
     for (int64_t l = 0; l < c->num_layers; l++) launch_layer(s, l, n);
     kv_stream_launch(&s->stream, op_final, &sn, sizeof sn);
-    kv_ref_launch_observe(s, -1, KV_POINT_FINAL_NORM, s->last, c->hidden_size * f);
-    kv_ref_launch_observe(s, -1, KV_POINT_LOGITS, s->logits, c->vocab_size * f);
+    launch_observe(s, -1, KV_POINT_FINAL_NORM, s->last, c->hidden_size * f);
+    launch_observe(s, -1, KV_POINT_LOGITS, s->logits, c->vocab_size * f);
     kv_stream_launch(&s->stream, op_argmax_advance, &sn, sizeof sn);
 }
 

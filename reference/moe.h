@@ -4,7 +4,7 @@
 
 #include <stdint.h>
 
-#include "forward.h"
+#include "state.h"
 
 /* Launches the MoE block over s->xn (rows, hidden) into s->tmp (rows,
  * hidden); mm: the matmul (NULL: kv_matmul). */

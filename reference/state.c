@@ -7,7 +7,7 @@
 #include <omp.h>
 #endif
 
-#include "forward.h"
+#include "state.h"
 #include "kvmath.h"
 
 static void *kv_alloc_floats(int64_t n) {
