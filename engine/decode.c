@@ -1,7 +1,9 @@
 /* decode.c: the one decode driver: greedy decoding of a left-padded (or,
- * with per-row positions, right-padded) batch on any backend (backend.h): prefill (whole or in chunks), then one token
- * per step, eager or through the graph runner, with teacher forcing, the
- * replay check and the recording of every step. */
+ * with per-row positions, right-padded) batch on any backend (backend.h):
+ * prefill (whole or in chunks), then one token per step, eager or through
+ * the graph runner, with teacher forcing, the replay check and the
+ * recording of every step. What a scenario does besides (a request switch,
+ * a context shift) is the harness's script, called at fixed points. */
 #include "decode.h"
 
 #include <stdlib.h>
@@ -77,14 +79,9 @@ bool kv_decode_right_padded(const uint8_t *real, int64_t batch, int64_t n) {
     return false;
 }
 
-/* Checks n tokens per row, tokens (B, n) and real (B, n), starting at
- * cache position pos0: ids inside the vocabulary, and the padding: left
- * padding (no pad after a real token within the call), or with `right` a
- * row of left pads, real tokens and trailing pads (no real token after a
- * trailing pad). */
-static KvStatus decode_check_tokens(int64_t vocab, const int32_t *tokens, const uint8_t *real,
-                                    int64_t batch, int64_t n, int64_t pos0, bool right,
-                                    KvError *err) {
+KvStatus kv_decode_check_tokens(int64_t vocab, const int32_t *tokens, const uint8_t *real,
+                                int64_t batch, int64_t n, int64_t pos0, bool right,
+                                KvError *err) {
     for (int64_t b = 0; b < batch; b++) {
         bool seen_real = false, trailing = false;
         for (int64_t t = 0; t < n; t++) {
@@ -117,30 +114,6 @@ static KvStatus decode_check_tokens(int64_t vocab, const int32_t *tokens, const 
     return KV_OK;
 }
 
-/* A context-shift script: whole, alone, on left padding, and within what
- * the sliding caches still hold when it happens (kv_cpu_shift's rule: the
- * positions stored then, less the largest window, cover keep + drop). */
-static KvStatus decode_check_shift(const KvConfig *c, const KvDecodeSpec *sp, bool right,
-                                   KvError *err) {
-    const int64_t w_max = kv_config_max_window(c);
-    const int64_t stored = sp->prompt_len + sp->shift_step - 1; /* positions before the shift */
-    if (right || sp->switch_step != 0) {
-        return kv_error_set(err, KV_ERR_INPUT,
-                            "decode: a context shift with %s is not supported",
-                            right ? "a right-padded prompt" : "a request switch");
-    }
-    if (sp->shift_step < 1 || sp->shift_keep < 0 || sp->shift_drop < 1 ||
-        sp->shift_keep + sp->shift_drop > stored - w_max) {
-        return kv_error_set(err, KV_ERR_INPUT,
-                            "decode: context shift: expected shift step >= 1, keep >= 0, drop >= "
-                            "1 and keep + drop <= the %lld positions stored before the shift - "
-                            "the largest window %lld; found step %lld, keep %lld, drop %lld",
-                            (long long)stored, (long long)w_max, (long long)sp->shift_step,
-                            (long long)sp->shift_keep, (long long)sp->shift_drop);
-    }
-    return KV_OK;
-}
-
 KvStatus kv_decode_check_spec(const KvModel *m, const KvDecodeSpec *sp, KvError *err) {
     if (sp->batch < 1 || sp->prompt_len < 1 || sp->new_tokens < 1 || sp->prefill_chunk < 0 ||
         sp->prompt == NULL || sp->prompt_real == NULL) {
@@ -168,42 +141,8 @@ KvStatus kv_decode_check_spec(const KvModel *m, const KvDecodeSpec *sp, KvError 
                                 any ? "a pad" : "only pads");
         }
     }
-    KvStatus st = decode_check_tokens(m->config.vocab_size, sp->prompt, sp->prompt_real,
-                                      sp->batch, sp->prompt_len, 0, right, err);
-    if (st == KV_OK && (sp->shift_step != 0 || sp->shift_keep != 0 || sp->shift_drop != 0)) {
-        st = decode_check_shift(&m->config, sp, right, err);
-    }
-    if (st != KV_OK || sp->switch_step == 0) return st;
-    if (right) {
-        return kv_error_set(err, KV_ERR_INPUT,
-                            "decode: a right-padded prompt with a request switch (prefix reuse "
-                            "or speculative rollback) is not supported");
-    }
-    if (sp->switch_step < 0 || sp->save_after < 1 || sp->save_after >= sp->prompt_len ||
-        sp->suffix_len < 1 || sp->suffix == NULL) {
-        return kv_error_set(err, KV_ERR_INPUT,
-                            "decode: prefix reuse: expected switch step >= 1, 1 <= save_after < "
-                            "prompt length %lld and a suffix of >= 1 tokens; found %lld, %lld, "
-                            "%lld tokens",
-                            (long long)sp->prompt_len, (long long)sp->switch_step,
-                            (long long)sp->save_after, (long long)sp->suffix_len);
-    }
-    /* the suffix is all real: the prefix ended on a real token (left padding) */
-    for (int64_t b = 0; b < sp->batch; b++) {
-        if (!sp->prompt_real[b * sp->prompt_len + sp->save_after - 1]) {
-            return kv_error_set(err, KV_ERR_INPUT,
-                                "decode: prefix reuse: row %lld: the prefix's last column %lld is "
-                                "a pad, so the suffix would follow a pad",
-                                (long long)b, (long long)(sp->save_after - 1));
-        }
-    }
-    uint8_t *real = malloc((size_t)(sp->batch * sp->suffix_len));
-    if (real == NULL) return kv_error_set(err, KV_ERR_INTERNAL, "decode: out of memory");
-    memset(real, 1, (size_t)(sp->batch * sp->suffix_len));
-    st = decode_check_tokens(m->config.vocab_size, sp->suffix, real, sp->batch, sp->suffix_len,
-                             sp->save_after, false, err);
-    free(real);
-    return st;
+    return kv_decode_check_tokens(m->config.vocab_size, sp->prompt, sp->prompt_real, sp->batch,
+                                  sp->prompt_len, 0, right, err);
 }
 
 /* Moves the backend's non-finite probe record (the forward just run) into
@@ -263,7 +202,7 @@ static KvStatus decode_step(const KvBackendOps *ops, KvBackend *b, const KvModel
             tok[b] = sp->forced[(step - 1) * B + b];
             real[b] = 1;
         }
-        st = decode_check_tokens(V, tok, real, B, 1, sp->prompt_len + step - 1, false, err);
+        st = kv_decode_check_tokens(V, tok, real, B, 1, sp->prompt_len + step - 1, false, err);
         if (st == KV_OK) st = ops->set_input(b, tok, real, 1, err);
         if (st != KV_OK) return st;
     }
@@ -301,16 +240,6 @@ static KvStatus decode_step(const KvBackendOps *ops, KvBackend *b, const KvModel
     return KV_OK;
 }
 
-/* Whether the spec has a prefix-reuse script: its prefill saves the prefix
- * entry (also when the decode stops before the switch, so that a shorter
- * rerun of a recorded run prefills in the same chunks). */
-static bool decode_scripted(const KvDecodeSpec *sp) { return sp->switch_step > 0; }
-
-/* Whether the spec switches requests inside its decode. */
-static bool decode_switches(const KvDecodeSpec *sp) {
-    return decode_scripted(sp) && sp->switch_step < sp->new_tokens;
-}
-
 /* The chunk a prefill forwards at once. */
 static int64_t decode_chunk(const KvDecodeSpec *sp) {
     return sp->prefill_chunk > 0 && sp->prefill_chunk < sp->prompt_len ? sp->prefill_chunk
@@ -321,9 +250,11 @@ KvStatus kv_decode_prefill(const KvBackendOps *ops, KvBackend *b, const KvDecode
                            KvDecodeResult *out, KvError *err) {
     KvStatus st = KV_OK;
     const int64_t B = sp->batch, P = sp->prompt_len, chunk = decode_chunk(sp);
-    /* A prefix-cache entry is saved after column save_after: the chunks stop
-     * there and start again after it (as a serving engine's prefix does). */
-    const int64_t save = decode_scripted(sp) && sp->save_after < P ? sp->save_after : 0;
+    /* A script's pause (a prefix-cache entry saved after its column): the
+     * chunks stop there and start again after it (as a serving engine's
+     * prefix does). */
+    const KvDecodeScript *sc = sp->script;
+    const int64_t pause = sc != NULL && sc->prefill_pause < P ? sc->prefill_pause : 0;
     int32_t *tok = malloc((size_t)(B * chunk) * sizeof *tok); /* (B, chunk) */
     uint8_t *real = malloc((size_t)(B * chunk));               /* (B, chunk) */
     if (tok == NULL || real == NULL) {
@@ -331,7 +262,7 @@ KvStatus kv_decode_prefill(const KvBackendOps *ops, KvBackend *b, const KvDecode
         goto cleanup;
     }
     for (int64_t off = 0; off < P;) {
-        const int64_t end = save > off ? save : P;
+        const int64_t end = pause > off ? pause : P;
         const int64_t n = end - off < chunk ? end - off : chunk;
         for (int64_t row = 0; row < B; row++) {
             memcpy(tok + row * n, sp->prompt + row * P + off, (size_t)n * sizeof *tok);
@@ -342,29 +273,13 @@ KvStatus kv_decode_prefill(const KvBackendOps *ops, KvBackend *b, const KvDecode
         if (st != KV_OK) goto cleanup;
         if (out != NULL) decode_note_nonfinite(ops, b, 0, out);
         off += n;
-        if (off == save) {
-            st = ops->snapshot_save(b, KV_SNAP_PREFIX, err);
+        if (off == pause && sc->at_pause != NULL) {
+            st = sc->at_pause(sc->ctx, ops, b, err);
             if (st != KV_OK) goto cleanup;
         }
     }
 cleanup:
     free(tok);
-    free(real);
-    return st;
-}
-
-/* The request switch of a prefix-reuse spec at decode step `step`: the
- * prefix entry restored, the suffix fed as one eager forward. */
-static KvStatus decode_switch(const KvBackendOps *ops, KvBackend *b, const KvDecodeSpec *sp,
-                              int64_t step, KvDecodeResult *out, KvError *err) {
-    const int64_t B = sp->batch, n = sp->suffix_len;
-    uint8_t *real = malloc((size_t)(B * n)); /* (B, n) */
-    if (real == NULL) return kv_error_set(err, KV_ERR_INTERNAL, "decode: out of memory");
-    memset(real, 1, (size_t)(B * n));
-    KvStatus st = ops->snapshot_load(b, KV_SNAP_PREFIX, err);
-    if (st == KV_OK) st = ops->set_input(b, sp->suffix, real, n, err);
-    if (st == KV_OK) st = ops->forward(b, n, err);
-    if (st == KV_OK) decode_note_nonfinite(ops, b, step, out);
     free(real);
     return st;
 }
@@ -389,20 +304,18 @@ KvStatus kv_decode_run(const KvBackendOps *ops, const KvModel *m, const KvDecode
     const int64_t V = m->config.vocab_size;
     const int64_t chunk = decode_chunk(sp);
     /* The last generated token is never fed back, so P + new_tokens - 1
-     * slots suffice; a second request (prefix reuse) needs its prefix, its
-     * suffix and the steps after the switch. */
-    const bool switches = decode_switches(sp);
+     * slots suffice, unless a script feeds more (a second request). */
+    const KvDecodeScript *script = sp->script;
     int64_t max_len = P + sp->new_tokens - 1, max_chunk = chunk;
-    if (switches) {
-        const int64_t second = sp->save_after + sp->suffix_len + sp->new_tokens - sp->switch_step - 1;
-        max_len = second > max_len ? second : max_len;
-        max_chunk = sp->suffix_len > max_chunk ? sp->suffix_len : max_chunk;
+    if (script != NULL) {
+        max_len = script->max_len > max_len ? script->max_len : max_len;
+        max_chunk = script->max_chunk > max_chunk ? script->max_chunk : max_chunk;
     }
     const KvBackendSetup setup = {
         .batch = B,
         .max_len = max_len,
         .max_chunk = max_chunk,
-        .prefix_slot = decode_scripted(sp),
+        .prefix_slot = script != NULL && script->prefix_slot,
         .variant = sp->variant,
         .faults = sp->faults,
         .order = sp->order,
@@ -410,9 +323,8 @@ KvStatus kv_decode_run(const KvBackendOps *ops, const KvModel *m, const KvDecode
         .dump_probes = sp->record_probes && sp->dump_probes,
         .per_row = kv_decode_right_padded(sp->prompt_real, B, P),
     };
-    const bool shifts = sp->shift_step > 0 && sp->shift_step < sp->new_tokens;
-    if (shifts && !kv_backend_can_shift(ops)) {
-        st = kv_backend_shift(ops, NULL, sp->shift_keep, sp->shift_drop, err); /* the refusal */
+    if (script != NULL && script->shifts && !kv_backend_can_shift(ops)) {
+        st = kv_backend_shift(ops, NULL, 0, 1, err); /* the refusal, naming the backend */
         goto cleanup;
     }
     if (setup.per_row && !ops->per_row) {
@@ -464,14 +376,13 @@ KvStatus kv_decode_run(const KvBackendOps *ops, const KvModel *m, const KvDecode
      * forward wrote into the backend's input, or the forced one copied over
      * it (a host-to-memory copy, as before a graph replay). */
     for (int64_t step = 1; step < sp->new_tokens; step++) {
-        if (shifts && step == sp->shift_step) {
-            /* between two forwards, as an engine shifts when its context
-             * is full; the step then feeds its token at the new position */
-            st = kv_backend_shift(ops, b, sp->shift_keep, sp->shift_drop, err);
+        bool fed = false; /* the script ran this step's forward */
+        if (script != NULL && script->before_step != NULL) {
+            st = script->before_step(script->ctx, ops, b, step, &fed, err);
             if (st != KV_OK) goto cleanup;
         }
-        if (switches && step == sp->switch_step) {
-            st = decode_switch(ops, b, sp, step, out, err);
+        if (fed) {
+            decode_note_nonfinite(ops, b, step, out);
         } else {
             st = decode_step(ops, b, m, sp, step, &runner, chunk_tok, chunk_real, first_logits,
                              out, err);

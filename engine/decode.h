@@ -18,6 +18,25 @@ typedef enum {
                         * when a cache's capture key (host regime, attended length) changes */
 } KvExecMode;
 
+/* A decode's script: what a scenario does besides decoding (a request
+ * switch, a context shift), written by the harness over the backend table
+ * (harness/script.c) and called by the driver at fixed points. */
+typedef struct KvDecodeScript {
+    void *ctx;
+    int64_t max_len;       /* slots the backend must hold at least (0: the decode's own) */
+    int64_t max_chunk;     /* tokens one of its forwards feeds at most (0: none) */
+    bool prefix_slot;      /* it saves and restores snapshot slot KV_SNAP_PREFIX */
+    bool shifts;           /* it shifts the context: refused before the run on a backend
+                            * without shift */
+    int64_t prefill_pause; /* the prefill's chunks stop after this many columns and at_pause
+                            * runs there (0, or >= the prompt length: never) */
+    KvStatus (*at_pause)(void *ctx, const KvBackendOps *ops, KvBackend *b, KvError *err);
+    /* Before decode step `step` (>= 1): *fed true when it ran the step's
+     * forward itself (eager, one forward), which then is the step. */
+    KvStatus (*before_step)(void *ctx, const KvBackendOps *ops, KvBackend *b, int64_t step,
+                            bool *fed, KvError *err);
+} KvDecodeScript;
+
 typedef struct {
     int64_t batch;             /* B */
     int64_t prompt_len;        /* P, padded length (longest prompt) */
@@ -29,24 +48,9 @@ typedef struct {
                                 * s > 0 feeds forced[s - 1] instead of the greedy token;
                                 * the result still records the greedy choice at each step.
                                 * Used to keep comparing after a flip at a near-tie. */
-    /* Prefix reuse (KvScenario's save_after..suffix; 0 / NULL: none): the
-     * prefill saves a prefix-cache entry (snapshot slot KV_SNAP_PREFIX)
-     * after its first save_after columns; at decode step switch_step
-     * (1 <= switch_step < new_tokens) the entry is restored and the
-     * suffix, (B, suffix_len) real tokens, is fed as one eager forward
-     * whose last token's logits are that step's. */
-    int64_t save_after;
-    int64_t switch_step;
-    int64_t suffix_len;
-    const int32_t *suffix;
-    /* Context shift (KvScenario's shift_*; 0: none): before decode step
-     * shift_step's forward (1 <= shift_step; none when the decode stops
-     * first) the backend drops positions shift_keep .. shift_keep +
-     * shift_drop - 1 and moves the later ones down (backend.h shift). Not
-     * with a prefix-reuse script or right padding. */
-    int64_t shift_step;
-    int64_t shift_keep;
-    int64_t shift_drop;
+    /* A scripted decode (prefix reuse, speculative rollback, a context
+     * shift: harness/script.h), or NULL. */
+    const struct KvDecodeScript *script;
     const KvCacheOps *variant; /* NULL: the reference; else the sliding-layer cache variant */
     KvExecMode mode;           /* eager (default) or graph */
     unsigned faults;           /* planted KV_FAULT_* bits (forward.h); 0 for clean runs */
@@ -120,7 +124,15 @@ KvStatus kv_batch_pad(const int32_t *const *prompts, const int64_t *lens, int64_
 KvStatus kv_decode_run(const KvBackendOps *ops, const KvModel *m, const KvDecodeSpec *spec,
                        KvDecodeResult *out, KvBackendStats *stats, KvError *err);
 
-/* The spec checks kv_decode_run makes before any backend is touched. */
+/* Checks n tokens per row, tokens (B, n) and real (B, n), starting at
+ * cache position pos0: ids inside the vocabulary, and the padding: left
+ * padding, or with `right` left pads, real tokens, then trailing pads. */
+KvStatus kv_decode_check_tokens(int64_t vocab, const int32_t *tokens, const uint8_t *real,
+                                int64_t batch, int64_t n, int64_t pos0, bool right,
+                                KvError *err);
+
+/* The spec checks kv_decode_run makes before any backend is touched (a
+ * script checks its own when it is bound: harness/script.h). */
 KvStatus kv_decode_check_spec(const KvModel *m, const KvDecodeSpec *spec, KvError *err);
 
 /* Runs the prefill of spec's prompt on run b eagerly, in chunks of

@@ -12,6 +12,7 @@
 #include "fault.h"
 #include "forward.h"
 #include "prng.h"
+#include "script.h"
 #include "cache_registry.h"
 
 /* "'name'" for probe p of run r, or "(none)" past its last probe. */
@@ -318,13 +319,7 @@ KvStatus kv_bisect_rerun_digests(const KvModel *m, const KvRun *run, int64_t ste
         return kv_error_set(err, KV_ERR_INPUT, "step %lld outside the run's %lld steps",
                             (long long)step, (long long)run->steps);
     }
-    KvDecodeSpec spec = {
-        .batch = run->batch,
-        .prompt_len = run->prompt_len,
-        .prompt = run->prompt,
-        .prompt_real = run->prompt_real,
-        .new_tokens = step + 1,
-        .prefill_chunk = run->prefill_chunk,
+    KvScript script = {
         .save_after = run->save_after,
         .switch_step = run->switch_step,
         .suffix_len = run->suffix_len,
@@ -332,6 +327,14 @@ KvStatus kv_bisect_rerun_digests(const KvModel *m, const KvRun *run, int64_t ste
         .shift_step = run->shift_step,
         .shift_keep = run->shift_keep,
         .shift_drop = run->shift_drop,
+    };
+    KvDecodeSpec spec = {
+        .batch = run->batch,
+        .prompt_len = run->prompt_len,
+        .prompt = run->prompt,
+        .prompt_real = run->prompt_real,
+        .new_tokens = step + 1,
+        .prefill_chunk = run->prefill_chunk,
         .variant = variant,
         .mode = strncmp(run->mode, "graph", sizeof run->mode) == 0 ? KV_MODE_GRAPH : KV_MODE_EAGER,
         .faults = faults,
@@ -349,7 +352,8 @@ KvStatus kv_bisect_rerun_digests(const KvModel *m, const KvRun *run, int64_t ste
         spec.on_step_dump = bisect_digest_step;
         spec.on_step_dump_ctx = &dg;
     }
-    st = kv_decode_run(ops, m, &spec, out, NULL, err);
+    st = kv_script_bind(&script, m, &spec, err);
+    if (st == KV_OK) st = kv_decode_run(ops, m, &spec, out, NULL, err);
     if (st == KV_SKIP) {
         free(dg.digest);
         return kv_error_set(err, KV_ERR_INPUT, "--rerun: the %s backend cannot run here: %s",

@@ -791,20 +791,19 @@ cleanup:
     return st;
 }
 
-/* Without --model or --fixture the gate runs the six tiny fixtures: the
- * five families, and mistral with layers of different windows. */
+/* Without --model or --fixture the gate runs the registry's tiny fixtures
+ * (fixtures/fixture.c): the five families, and mistral with layers of
+ * different windows. */
 static void gate_default_models(GateArgs *a) {
-    static const char *const k_default_models[] = {"gemma2-tiny",  "mistral-tiny",
-                                                   "qwen2-tiny",   "gemma3-tiny",
-                                                   "gpt_oss-tiny", "mistral_mixed-tiny"};
-    const int n = (int)(sizeof k_default_models / sizeof k_default_models[0]);
-    if (a->n_models == 0) {
-        for (int i = 0; i < n; i++) {
-            a->models[i] = k_default_models[i];
-            a->model_is_dir[i] = false;
-        }
-        a->n_models = n;
+    if (a->n_models != 0) return;
+    const char *names[KV_CLI_MAX_NAMES];
+    int n = kv_cli_names(KV_NAMES_FIXTURES_DEFAULT, names, KV_CLI_MAX_NAMES);
+    if (n > KV_GATE_MAX_MODELS) n = KV_GATE_MAX_MODELS;
+    for (int i = 0; i < n; i++) {
+        a->models[i] = names[i];
+        a->model_is_dir[i] = false;
     }
+    a->n_models = n;
 }
 
 /* The lines a gate log opens with: the version, where it runs (and which

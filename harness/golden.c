@@ -200,7 +200,7 @@ static KvStatus golden_run(KvGoldenScenario *s, const KvConfig *cfg, const char 
     s->tokens = NULL;
     s->logits = NULL;
     s->margins = NULL;
-    return kv_run_from_result(r, cfg, &spec, &res, err);
+    return kv_run_from_result(r, cfg, &spec, NULL, &res, err);
 }
 
 KvStatus kv_gate_run_golden(const char *root, const char *family, const KvGateOptions *o,

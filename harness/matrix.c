@@ -48,7 +48,9 @@ void kv_run_identify(KvRun *r, const char *model, const char *scenario, const ch
 }
 
 KvStatus kv_run_from_result(KvRun *run, const KvConfig *cfg, const KvDecodeSpec *spec,
-                            KvDecodeResult *res, KvError *err) {
+                            const KvScript *script, KvDecodeResult *res, KvError *err) {
+    const KvScript none = {0};
+    const KvScript *sc = script != NULL ? script : &none;
     KvStatus st = KV_OK;
     const int64_t B = res->batch, S = res->steps, V = res->vocab, P = spec->prompt_len;
     run->steps = S;
@@ -56,12 +58,12 @@ KvStatus kv_run_from_result(KvRun *run, const KvConfig *cfg, const KvDecodeSpec 
     run->vocab = V;
     run->prompt_len = P;
     run->prefill_chunk = spec->prefill_chunk;
-    run->save_after = spec->save_after;
-    run->switch_step = spec->switch_step;
-    run->suffix_len = spec->suffix_len;
-    run->shift_step = spec->shift_step;
-    run->shift_keep = spec->shift_keep;
-    run->shift_drop = spec->shift_drop;
+    run->save_after = sc->save_after;
+    run->switch_step = sc->switch_step;
+    run->suffix_len = sc->suffix_len;
+    run->shift_step = sc->shift_step;
+    run->shift_keep = sc->shift_keep;
+    run->shift_drop = sc->shift_drop;
     run->prompt = malloc((size_t)(B * P) * sizeof *run->prompt);
     run->prompt_real = malloc((size_t)(B * P));
     run->logits_hash = malloc((size_t)(S * B) * sizeof *run->logits_hash);
@@ -69,18 +71,18 @@ KvStatus kv_run_from_result(KvRun *run, const KvConfig *cfg, const KvDecodeSpec 
     if (res->n_probes > 0) {
         run->probe_names = calloc((size_t)res->n_probes, sizeof *run->probe_names);
     }
-    if (spec->suffix != NULL) {
-        run->suffix = malloc((size_t)(B * spec->suffix_len) * sizeof *run->suffix);
+    if (sc->suffix != NULL) {
+        run->suffix = malloc((size_t)(B * sc->suffix_len) * sizeof *run->suffix);
     }
     if (!run->prompt || !run->prompt_real || !run->logits_hash ||
-        (res->n_probes > 0 && !run->probe_names) || (spec->suffix != NULL && !run->suffix)) {
+        (res->n_probes > 0 && !run->probe_names) || (sc->suffix != NULL && !run->suffix)) {
         st = kv_error_set(err, KV_ERR_INTERNAL, "out of memory recording a run");
         goto cleanup;
     }
     memcpy(run->prompt, spec->prompt, (size_t)(B * P) * sizeof *run->prompt);
     memcpy(run->prompt_real, spec->prompt_real, (size_t)(B * P));
-    if (spec->suffix != NULL) {
-        memcpy(run->suffix, spec->suffix, (size_t)(B * spec->suffix_len) * sizeof *run->suffix);
+    if (sc->suffix != NULL) {
+        memcpy(run->suffix, sc->suffix, (size_t)(B * sc->suffix_len) * sizeof *run->suffix);
     }
     for (int64_t i = 0; i < S * B; i++) {
         run->logits_hash[i] =
@@ -156,7 +158,16 @@ static KvStatus run_decode(const KvModel *m, const KvScenario *sc, const KvCache
                            const KvBackendOps *ops, unsigned order, KvRun *run, KvError *err) {
     /* the script only when it switches inside this decode (what the run
      * records, so a rerun from the report does the same) */
-    const bool script = kv_scenario_switches(sc);
+    const bool switches = kv_scenario_switches(sc);
+    KvScript script = {
+        .save_after = switches ? sc->save_after : 0,
+        .switch_step = switches ? sc->switch_step : 0,
+        .suffix_len = switches ? sc->suffix_len : 0,
+        .suffix = switches ? sc->suffix : NULL,
+        .shift_step = sc->shift_step,
+        .shift_keep = sc->shift_keep,
+        .shift_drop = sc->shift_drop,
+    };
     KvDecodeSpec spec = {
         .batch = sc->batch,
         .prompt_len = sc->prompt_len,
@@ -164,13 +175,6 @@ static KvStatus run_decode(const KvModel *m, const KvScenario *sc, const KvCache
         .prompt_real = sc->real,
         .new_tokens = sc->new_tokens,
         .prefill_chunk = sc->prefill_chunk,
-        .save_after = script ? sc->save_after : 0,
-        .switch_step = script ? sc->switch_step : 0,
-        .suffix_len = script ? sc->suffix_len : 0,
-        .suffix = script ? sc->suffix : NULL,
-        .shift_step = sc->shift_step,
-        .shift_keep = sc->shift_keep,
-        .shift_drop = sc->shift_drop,
         .forced = forced,
         .variant = variant,
         .mode = mode,
@@ -181,10 +185,11 @@ static KvStatus run_decode(const KvModel *m, const KvScenario *sc, const KvCache
     };
     KvDecodeResult res;
     const double t0 = kv_gate_now();
-    KvStatus st = kv_decode_run(ops, m, &spec, &res, NULL, err);
+    KvStatus st = kv_script_bind(&script, m, &spec, err);
+    if (st == KV_OK) st = kv_decode_run(ops, m, &spec, &res, NULL, err);
     if (st != KV_OK) return st;
     const double t1 = kv_gate_now();
-    st = kv_run_from_result(run, &m->config, &spec, &res, err);
+    st = kv_run_from_result(run, &m->config, &spec, &script, &res, err);
     if (st != KV_OK) return st;
     if (variant != NULL && mode == KV_MODE_GRAPH) {
         run->graph_budget = run_graph_budget(m, sc, variant);

@@ -12,6 +12,7 @@
 #include "cache.h"
 #include "compare.h"
 #include "decode.h"
+#include "script.h"
 #include "model.h"
 #include "report.h"
 #include "scenario.h"
@@ -129,8 +130,8 @@ void kv_run_identify(KvRun *r, const char *model, const char *scenario, const ch
                      const char *backend, const char *mode, int repeat, unsigned faults);
 
 /* Records in run (made by kv_run_init, identity aside) the decode of spec
- * that gave res: the sizes, a copy of the prompt, its script and shift as
- * spec holds them, each row's logits hash, the probes' names (cfg's; none
+ * that gave res: the sizes, a copy of the prompt, its script (switch and
+ * shift; NULL: none), each row's logits hash, the probes' names (cfg's; none
  * when res has no probes), the graph, replay and non-finite findings; res's
  * tokens, logits, margins and probe hashes move into run. The one place a
  * decode becomes a report run: the gate's runs, a golden's (another
@@ -139,7 +140,7 @@ void kv_run_identify(KvRun *r, const char *model, const char *scenario, const ch
  * (run then holds what was allocated, for kv_run_free). The wall time and
  * the graph budget are the caller's. */
 KvStatus kv_run_from_result(KvRun *run, const KvConfig *cfg, const KvDecodeSpec *spec,
-                            KvDecodeResult *res, KvError *err);
+                            const KvScript *script, KvDecodeResult *res, KvError *err);
 
 /* Appends a run made by kv_run_init to rep->runs; returns its index, or -1
  * when out of memory. */

@@ -15,7 +15,7 @@ set_tests_properties(cuda_device PROPERTIES LABELS cuda SKIP_RETURN_CODE 77)
 # products do: kvcuda's references to kvcore resolve at this final link.
 # compare.h (header only) gives the gate's tolerances for GPU vs CPU.
 kv_add_check(test_cuda_forward kvcuda test_cuda_forward.c no_device.c)
-target_link_libraries(test_cuda_forward PRIVATE kvcore)
+target_link_libraries(test_cuda_forward PRIVATE kvharness kvcore)
 target_include_directories(test_cuda_forward PRIVATE ${CMAKE_SOURCE_DIR}/harness
   ${CMAKE_SOURCE_DIR}/reports)
 set_target_properties(test_cuda_forward PROPERTIES LINKER_LANGUAGE C)

@@ -23,6 +23,7 @@
 #include "layout.h"
 #include "scenario.h"
 #include "cache_registry.h"
+#include "script.h"
 
 #define TEST_PROMPT_SEED 11ULL
 /* The models on which a shift is judged against a fresh run: every layer
@@ -58,9 +59,14 @@ static KvDecodeSpec scenario_spec(const KvScenario *sc, const int32_t *forced) {
     return (KvDecodeSpec){
         .batch = sc->batch, .prompt_len = sc->prompt_len, .prompt = sc->prompt,
         .prompt_real = sc->real, .new_tokens = sc->new_tokens,
-        .prefill_chunk = sc->prefill_chunk, .shift_step = sc->shift_step,
-        .shift_keep = sc->shift_keep, .shift_drop = sc->shift_drop, .forced = forced,
+        .prefill_chunk = sc->prefill_chunk, .forced = forced,
     };
+}
+
+/* The scenario's shift as the harness's script (script.h). */
+static KvScript scenario_script(const KvScenario *sc) {
+    return (KvScript){.shift_step = sc->shift_step, .shift_keep = sc->shift_keep,
+                      .shift_drop = sc->shift_drop};
 }
 
 /* The gate's context_shift scenario: the decode after the shift agrees
@@ -78,9 +84,11 @@ START_TEST(test_shift_matches_fresh) {
     shift_scenario(m, &sc);
     ck_assert(kv_scenario_shifts(&sc));
     KvDecodeSpec spec = scenario_spec(&sc, NULL);
+    KvScript script = scenario_script(&sc);
     KvDecodeResult r, plain, f;
-    ck_assert_msg(kv_decode_greedy(m, &spec, &r, &err) == KV_OK, "%s", err.msg);
-    spec.shift_step = spec.shift_keep = spec.shift_drop = 0;
+    ck_assert_msg(kv_script_decode(NULL, &script, m, &spec, &r, NULL, &err) == KV_OK, "%s",
+                  err.msg);
+    spec = scenario_spec(&sc, NULL); /* no script */
     ck_assert_msg(kv_decode_greedy(m, &spec, &plain, &err) == KV_OK, "%s", err.msg);
     const int64_t V = r.vocab, s0 = sc.shift_step;
     ck_assert_mem_eq(r.logits, plain.logits, (size_t)(s0 * V) * sizeof(float));
@@ -258,26 +266,28 @@ START_TEST(test_shift_rules) {
     ck_assert_int_eq(kv_cpu_shift(&s, 0, P - w, &err), KV_OK); /* the most it may drop */
     kv_cpu_state_free(&s);
 
-    /* the decode's own checks, before any backend is touched */
+    /* the script's own checks, before any backend is touched */
     KvDecodeSpec spec = scenario_spec(&sc, NULL);
-    spec.shift_drop = P + sc.shift_step; /* more than is stored before the shift */
-    ck_assert_int_eq(kv_decode_check_spec(m, &spec, &err), KV_ERR_INPUT);
+    KvScript script = scenario_script(&sc);
+    script.shift_drop = P + sc.shift_step; /* more than is stored before the shift */
+    ck_assert_int_eq(kv_script_bind(&script, m, &spec, &err), KV_ERR_INPUT);
     ck_assert_msg(strstr(err.msg, "context shift") != NULL, "%s", err.msg);
-    spec = scenario_spec(&sc, NULL);
-    spec.shift_drop = 0; /* partial */
-    ck_assert_int_eq(kv_decode_check_spec(m, &spec, &err), KV_ERR_INPUT);
-    spec = scenario_spec(&sc, NULL);
+    script = scenario_script(&sc);
+    script.shift_drop = 0; /* partial */
+    ck_assert_int_eq(kv_script_bind(&script, m, &spec, &err), KV_ERR_INPUT);
+    script = scenario_script(&sc);
     const int32_t suffix[1] = {5};
-    spec.save_after = 1;
-    spec.switch_step = 2;
-    spec.suffix_len = 1;
-    spec.suffix = suffix;
-    ck_assert_int_eq(kv_decode_check_spec(m, &spec, &err), KV_ERR_INPUT);
+    script.save_after = 1;
+    script.switch_step = 2;
+    script.suffix_len = 1;
+    script.suffix = suffix;
+    ck_assert_int_eq(kv_script_bind(&script, m, &spec, &err), KV_ERR_INPUT);
     ck_assert_msg(strstr(err.msg, "request switch") != NULL, "%s", err.msg);
     /* a backend without the op refuses the decode by name */
     spec = scenario_spec(&sc, NULL);
+    script = scenario_script(&sc);
     KvDecodeResult r;
-    ck_assert_int_eq(kv_decode_run(backend_without_shift(), m, &spec, &r, NULL, &err),
+    ck_assert_int_eq(kv_script_decode(backend_without_shift(), &script, m, &spec, &r, NULL, &err),
                      KV_ERR_INPUT);
     ck_assert_msg(strstr(err.msg, "not implemented on the cpu backend") != NULL, "%s", err.msg);
     /* per-row positions (right padding) are not shifted */

@@ -57,6 +57,7 @@
 #include "forward.h"
 #include "prng.h"
 #include "cache_registry.h"
+#include "script.h"
 
 #define TEST_SEED KV_FIXTURE_DEFAULT_SEED
 #define TEST_PROMPT_SEED 7ULL
@@ -580,24 +581,23 @@ START_TEST(test_context_shift_gpu) {
     char what[160];
     KvError err = {{0}};
     KvDecodeSpec spec = make_spec(&p, NULL, KV_MODE_EAGER);
-    spec.shift_step = W / 2 + 1;
-    spec.shift_keep = W / 4;
-    const int64_t stored = p.plen + spec.shift_step - 1; /* positions before the shift */
-    spec.shift_drop = W + 1;
-    if (spec.shift_keep + spec.shift_drop > stored - W) {
-        spec.shift_drop = stored - W - spec.shift_keep;
+    KvScript shift = {.shift_step = W / 2 + 1, .shift_keep = W / 4};
+    const int64_t stored = p.plen + shift.shift_step - 1; /* positions before the shift */
+    shift.shift_drop = W + 1;
+    if (shift.shift_keep + shift.shift_drop > stored - W) {
+        shift.shift_drop = stored - W - shift.shift_keep;
     }
-    ck_assert_msg(spec.shift_drop >= 1, "%s: prompt too short to shift", k_families[_i]);
-    ck_assert_msg(spec.shift_step < spec.new_tokens, "%s: the shift must fall inside the decode",
+    ck_assert_msg(shift.shift_drop >= 1, "%s: prompt too short to shift", k_families[_i]);
+    ck_assert_msg(shift.shift_step < spec.new_tokens, "%s: the shift must fall inside the decode",
                   k_families[_i]);
+    ck_assert_msg(kv_script_bind(&shift, m, &spec, &err) == KV_OK, "%s", err.msg);
     snprintf(what, sizeof what, "%s shift gpu reference eager", k_families[_i]);
     KvDecodeResult ref = run_gpu(m, &spec, NULL, what);
     for (int v = 1; v < N_IMPLS; v++) {
         for (int g = 0; g < 2; g++) {
             KvDecodeSpec vs = make_spec(&p, impl_variant(v), g ? KV_MODE_GRAPH : KV_MODE_EAGER);
-            vs.shift_step = spec.shift_step;
-            vs.shift_keep = spec.shift_keep;
-            vs.shift_drop = spec.shift_drop;
+            KvScript vshift = shift;
+            ck_assert_msg(kv_script_bind(&vshift, m, &vs, &err) == KV_OK, "%s", err.msg);
             snprintf(what, sizeof what, "%s shift: %s %s vs gpu reference eager", k_families[_i],
                      impl_name(v), g ? "graph" : "eager");
             KvDecodeResult r = run_gpu(m, &vs, NULL, what);
@@ -617,9 +617,8 @@ START_TEST(test_context_shift_gpu) {
     printf("cuda_forward: %s: shifted GPU vs shifted CPU max rel err %.3g\n", what, worst);
     /* The planted shift_cells on ring. */
     KvDecodeSpec fs = make_spec(&p, &kv_cache_ring, KV_MODE_EAGER);
-    fs.shift_step = spec.shift_step;
-    fs.shift_keep = spec.shift_keep;
-    fs.shift_drop = spec.shift_drop;
+    KvScript fshift = shift;
+    ck_assert_msg(kv_script_bind(&fshift, m, &fs, &err) == KV_OK, "%s", err.msg);
     KvDecodeResult clean, faulty;
     snprintf(what, sizeof what, "%s shift_cells", k_families[_i]);
     fault_pair(m, &fs, KV_FAULT_SHIFT_CELLS, &clean, &faulty, NULL, what);

@@ -177,18 +177,22 @@ static void record_run(const KvModel *m, const char *family, const KvScenario *s
     KvDecodeSpec spec = {
         .batch = sc->batch, .prompt_len = sc->prompt_len, .prompt = sc->prompt,
         .prompt_real = sc->real, .new_tokens = sc->new_tokens, .prefill_chunk = sc->prefill_chunk,
-        .save_after = sc->save_after, .switch_step = sc->switch_step,
-        .suffix_len = sc->suffix_len, .suffix = sc->suffix,
-        .shift_step = sc->shift_step, .shift_keep = sc->shift_keep, .shift_drop = sc->shift_drop,
         .variant = kv_cache_find(site->variant), .mode = site->mode, .faults = faults,
         .record_probes = true,
     };
+    KvScript script = {
+        .save_after = sc->save_after, .switch_step = sc->switch_step,
+        .suffix_len = sc->suffix_len, .suffix = sc->suffix,
+        .shift_step = sc->shift_step, .shift_keep = sc->shift_keep, .shift_drop = sc->shift_drop,
+    };
     KvDecodeResult r;
     KvError err = {{0}};
-    ck_assert_msg(kv_decode_greedy(m, &spec, &r, &err) == KV_OK, "%s", err.msg);
+    ck_assert_msg(kv_script_decode(NULL, &script, m, &spec, &r, NULL, &err) == KV_OK, "%s",
+                  err.msg);
     kv_run_identify(run, family, sc->name, site->variant, "cpu",
                     site->mode == KV_MODE_GRAPH ? "graph" : "eager", 0, faults);
-    ck_assert_msg(kv_run_from_result(run, &m->config, &spec, &r, &err) == KV_OK, "%s", err.msg);
+    ck_assert_msg(kv_run_from_result(run, &m->config, &spec, &script, &r, &err) == KV_OK, "%s",
+                  err.msg);
 }
 
 /* Family fam's fixture, site's scenario on it, and that scenario decoded

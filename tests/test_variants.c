@@ -19,6 +19,7 @@
 #include "prng.h"
 #include "scenario.h"
 #include "cache_registry.h"
+#include "script.h"
 
 #define TEST_SEED KV_FIXTURE_DEFAULT_SEED
 #define TEST_PROMPT_SEED 11ULL
@@ -98,13 +99,7 @@ static KvDecodeResult scenario_decode(const KvModel *m, const char *name,
     KvError err = {{0}};
     ck_assert_msg(kv_scenario_build(&m->config, name, TEST_PROMPT_SEED, &sc, &err) == KV_OK, "%s",
                   err.msg);
-    KvDecodeSpec spec = {
-        .batch = sc.batch,
-        .prompt_len = sc.prompt_len,
-        .prompt = sc.prompt,
-        .prompt_real = sc.real,
-        .new_tokens = sc.new_tokens,
-        .prefill_chunk = sc.prefill_chunk,
+    KvScript script = {
         .save_after = sc.save_after,
         .switch_step = sc.switch_step,
         .suffix_len = sc.suffix_len,
@@ -112,6 +107,14 @@ static KvDecodeResult scenario_decode(const KvModel *m, const char *name,
         .shift_step = sc.shift_step,
         .shift_keep = sc.shift_keep,
         .shift_drop = sc.shift_drop,
+    };
+    KvDecodeSpec spec = {
+        .batch = sc.batch,
+        .prompt_len = sc.prompt_len,
+        .prompt = sc.prompt,
+        .prompt_real = sc.real,
+        .new_tokens = sc.new_tokens,
+        .prefill_chunk = sc.prefill_chunk,
         .variant = variant,
         .mode = mode,
         .faults = faults,
@@ -121,7 +124,7 @@ static KvDecodeResult scenario_decode(const KvModel *m, const char *name,
     if (prompt_len != NULL) *prompt_len = sc.prompt_len;
     if (row_lens != NULL) row_lengths(sc.real, sc.batch, sc.prompt_len, row_lens);
     KvDecodeResult r;
-    KvStatus st = kv_decode_greedy(m, &spec, &r, &err);
+    KvStatus st = kv_script_decode(NULL, &script, m, &spec, &r, NULL, &err);
     ck_assert_msg(st == KV_OK, "%s %s: %s", name, variant ? variant->name : "reference", err.msg);
     kv_scenario_free(&sc);
     return r;
@@ -303,11 +306,12 @@ START_TEST(test_prefix_reuse_equals_fresh) {
     kv_decode_result_free(&fixed);
     /* A script the decode cannot follow is refused before the backend. */
     KvDecodeSpec bad = {.batch = 1, .prompt_len = sc.prompt_len, .prompt = sc.prompt,
-                        .prompt_real = sc.real, .new_tokens = sc.new_tokens,
-                        .save_after = sc.prompt_len, .switch_step = K,
-                        .suffix_len = sc.suffix_len, .suffix = sc.suffix};
+                        .prompt_real = sc.real, .new_tokens = sc.new_tokens};
+    KvScript bad_script = {.save_after = sc.prompt_len, .switch_step = K,
+                           .suffix_len = sc.suffix_len, .suffix = sc.suffix};
     KvDecodeResult none;
-    ck_assert_int_eq(kv_decode_greedy(&f.model, &bad, &none, &err), KV_ERR_INPUT);
+    ck_assert_int_eq(kv_script_decode(NULL, &bad_script, &f.model, &bad, &none, NULL, &err),
+                     KV_ERR_INPUT);
     ck_assert_msg(strstr(err.msg, "save_after") != NULL, "%s", err.msg);
     kv_decode_result_free(&twin);
     kv_scenario_free(&fresh);
