@@ -44,13 +44,13 @@
 #include <string.h>
 
 #include "cache.h"
+#include "cache_registry.h"
 #include "cuda_device.h"
 #include "cuda_forward.h"
 #include "cuda_validate.h"
 #include "decode.h"
 #include "fixture.h"
 #include "prng.h"
-#include "cache_registry.h"
 
 #define BENCH_EXIT_SKIP 77
 #define BENCH_EXIT_USAGE 2

@@ -30,8 +30,8 @@
 #include <string.h>
 
 #include "cache_internal.h"
-#include "fault.h"
 #include "cache_registry.h"
+#include "fault.h"
 
 struct KvSlidingCache {
     const KvCacheOps *ops; /* &kv_cache_dynamic: a handle given to another table is refused */

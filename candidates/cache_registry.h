@@ -6,7 +6,11 @@
 
 #include "cache.h"
 
-/* The six variants of DESIGN §3. */
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The six variants of DESIGN §3 (a new one adds its line here). */
 extern const KvCacheOps kv_cache_index_copy;
 extern const KvCacheOps kv_cache_cat_shift;
 extern const KvCacheOps kv_cache_roll;
@@ -18,5 +22,9 @@ extern const KvCacheOps kv_cache_dynamic;
 const KvCacheOps *const *kv_cache_all(int *count);
 /* By name, or NULL. */
 const KvCacheOps *kv_cache_find(const char *name);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -9,11 +9,11 @@
 
 #include "backends.h"
 #include "cache.h"
+#include "cache_registry.h"
 #include "fault.h"
 #include "forward.h"
 #include "prng.h"
 #include "script.h"
-#include "cache_registry.h"
 
 /* "'name'" for probe p of run r, or "(none)" past its last probe. */
 static const char *bisect_probe_quoted(const KvRun *r, int64_t p, char *buf, size_t n) {

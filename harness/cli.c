@@ -12,12 +12,12 @@
 
 #include "backends.h"
 #include "cache.h"
+#include "cache_registry.h"
 #include "config.h"
 #include "fault.h"
 #include "fixture.h"
 #include "junit.h"
 #include "scenario.h"
-#include "cache_registry.h"
 
 const char *kv_cli_version(void) {
     return "kvrepro " KV_VERSION " (commit " KV_GIT_COMMIT ")";

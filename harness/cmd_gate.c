@@ -14,8 +14,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "cli.h"
 #include "backends.h"
+#include "cache_registry.h"
+#include "cli.h"
 #include "compare.h"
 #include "ensemble.h"
 #include "fault.h"
@@ -23,8 +24,8 @@
 #include "forward.h"
 #include "gate_external.h"
 #include "gate_output.h"
-#include "kv_limits.h"
 #include "golden.h"
+#include "kv_limits.h"
 #include "matrix.h"
 #include "model.h"
 #include "mutation.h"
@@ -32,7 +33,6 @@
 #include "report.h"
 #include "scenario.h"
 #include "shard_env.h"
-#include "cache_registry.h"
 
 #ifdef _OPENMP
 #include <omp.h>

@@ -158,16 +158,11 @@ static KvStatus run_decode(const KvModel *m, const KvScenario *sc, const KvCache
                            const KvBackendOps *ops, unsigned order, KvRun *run, KvError *err) {
     /* the script only when it switches inside this decode (what the run
      * records, so a rerun from the report does the same) */
-    const bool switches = kv_scenario_switches(sc);
-    KvScript script = {
-        .save_after = switches ? sc->save_after : 0,
-        .switch_step = switches ? sc->switch_step : 0,
-        .suffix_len = switches ? sc->suffix_len : 0,
-        .suffix = switches ? sc->suffix : NULL,
-        .shift_step = sc->shift_step,
-        .shift_keep = sc->shift_keep,
-        .shift_drop = sc->shift_drop,
-    };
+    KvScript script = kv_script_of_scenario(sc);
+    if (!kv_scenario_switches(sc)) {
+        script.save_after = script.switch_step = script.suffix_len = 0;
+        script.suffix = NULL;
+    }
     KvDecodeSpec spec = {
         .batch = sc->batch,
         .prompt_len = sc->prompt_len,

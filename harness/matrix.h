@@ -12,10 +12,10 @@
 #include "cache.h"
 #include "compare.h"
 #include "decode.h"
-#include "script.h"
 #include "model.h"
 #include "report.h"
 #include "scenario.h"
+#include "script.h"
 #include "status.h"
 
 /* Logits kept per row when the vocabulary is too large to store whole. */

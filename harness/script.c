@@ -99,6 +99,16 @@ static KvStatus script_before_step(void *ctx, const KvBackendOps *ops, KvBackend
     return st;
 }
 
+KvScript kv_script_of_scenario(const KvScenario *sc) {
+    return (KvScript){.save_after = sc->save_after,
+                      .switch_step = sc->switch_step,
+                      .suffix_len = sc->suffix_len,
+                      .suffix = sc->suffix,
+                      .shift_step = sc->shift_step,
+                      .shift_keep = sc->shift_keep,
+                      .shift_drop = sc->shift_drop};
+}
+
 KvStatus kv_script_bind(KvScript *s, const KvModel *m, KvDecodeSpec *spec, KvError *err) {
     spec->script = NULL;
     KvStatus st = kv_decode_check_spec(m, spec, err);

@@ -10,6 +10,7 @@
 
 #include "decode.h"
 #include "model.h"
+#include "scenario.h"
 #include "status.h"
 
 typedef struct {
@@ -35,6 +36,9 @@ typedef struct {
     int64_t batch;
     int64_t new_tokens;
 } KvScript;
+
+/* A scenario's script: its switch and its shift (unbound). */
+KvScript kv_script_of_scenario(const KvScenario *sc);
 
 /* Checks the spec (kv_decode_check_spec) and then s against it and the
  * model, with the messages a bad script gets (KV_ERR_INPUT), and sets

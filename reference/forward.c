@@ -147,15 +147,6 @@ static KvMatmulFn matmul_hook(const KvRefState *s) {
     return s->hooks != NULL ? s->hooks->matmul : NULL;
 }
 
-static void matmul_by(KvMatmulFn mm, const float *x, const float *w, int64_t rows, int64_t in,
-                      int64_t out, float *y) {
-    if (mm != NULL) {
-        mm(x, w, rows, in, out, y);
-    } else {
-        kv_matmul(x, w, rows, in, out, y);
-    }
-}
-
 /* Up to three projections of one input: y[j] = x w[j]^T. */
 typedef struct {
     const float *x;     /* (rows, in) */
@@ -180,7 +171,7 @@ static void matmul_rows(const ArgsMatmul *a, int64_t r0, int64_t rows) {
         return;
     }
     for (int j = 0; j < a->count; j++) {
-        matmul_by(a->mm, x, a->w[j], rows, a->in, a->out[j], a->y[j] + r0 * a->out[j]);
+        kv_ref_matmul(a->mm, x, a->w[j], rows, a->in, a->out[j], a->y[j] + r0 * a->out[j]);
     }
 }
 
@@ -316,7 +307,7 @@ static void op_final(const void *ap) {
         kv_rmsnorm(s->x + (b * a->n + s->n_new[b] - 1) * hidden, m->final_norm, hidden,
                    (float)c->rms_norm_eps, kv_config_gemma_style(c), s->last + b * hidden);
     }
-    matmul_by(matmul_hook(s), s->last, m->lm_head, s->batch, hidden, c->vocab_size, s->logits);
+    kv_ref_matmul(matmul_hook(s), s->last, m->lm_head, s->batch, hidden, c->vocab_size, s->logits);
     if (c->final_logit_softcapping > 0.0) {
         const float cap = (float)c->final_logit_softcapping;
         const int64_t count = s->batch * c->vocab_size;

@@ -6,15 +6,6 @@
 
 #include "kvmath.h"
 
-static void moe_matmul(KvMatmulFn mm, const float *x, const float *w, int64_t rows, int64_t in,
-                       int64_t out, float *y) {
-    if (mm != NULL) {
-        mm(x, w, rows, in, out, y);
-    } else {
-        kv_matmul(x, w, rows, in, out, y);
-    }
-}
-
 /* gpt_oss's MoE block (GptOssMLP with experts_implementation "eager"),
  * s->xn (rows, hidden) into s->tmp (rows, hidden), one token at a time:
  *   router logits = W_r x + b_r; the experts_per_tok largest, by descending
@@ -43,7 +34,7 @@ static void op_moe(const void *ap) {
     for (int64_t r = 0; r < a->rows; r++) {
         const float *x = s->xn + r * H; /* (hidden) */
         float *acc = s->tmp + r * H;    /* (hidden) */
-        moe_matmul(a->mm, x, w->router_w, 1, H, E, s->moe_logits);
+        kv_ref_matmul(a->mm, x, w->router_w, 1, H, E, s->moe_logits);
         for (int64_t e = 0; e < E; e++) s->moe_logits[e] = s->moe_logits[e] + w->router_b[e];
         /* top-k by descending logit, ties to the lowest id */
         for (int64_t k = 0; k < K; k++) {
@@ -64,7 +55,7 @@ static void op_moe(const void *ap) {
                 if (s->moe_pick[k] == e) rank = k;
             }
             if (rank < 0) continue; /* not chosen for this token */
-            moe_matmul(a->mm, x, w->experts_gate_up + e * 2 * I * H, 1, H, 2 * I, s->moe_gu);
+            kv_ref_matmul(a->mm, x, w->experts_gate_up + e * 2 * I * H, 1, H, 2 * I, s->moe_gu);
             const float *bgu = w->experts_gate_up_b + e * 2 * I; /* (2I) */
             for (int64_t j = 0; j < I; j++) {
                 float gate = s->moe_gu[2 * j] + bgu[2 * j];
@@ -74,7 +65,7 @@ static void op_moe(const void *ap) {
                 const float glu = gate * (1.0f / (1.0f + expf(-(gate * alpha))));
                 s->moe_h[j] = (up + 1.0f) * glu;
             }
-            moe_matmul(a->mm, s->moe_h, w->experts_down + e * H * I, 1, I, H, s->moe_out);
+            kv_ref_matmul(a->mm, s->moe_h, w->experts_down + e * H * I, 1, I, H, s->moe_out);
             const float *bd = w->experts_down_b + e * H; /* (hidden) */
             const float weight = s->moe_weight[rank];
             for (int64_t i = 0; i < H; i++) acc[i] = acc[i] + (s->moe_out[i] + bd[i]) * weight;

@@ -1,5 +1,6 @@
-/* state.c: the reference's state (forward.h KvRefState): its allocation,
- * sized once for the largest forward it will run. */
+/* state.c: the reference's state (state.h KvRefState): its allocation,
+ * sized once for the largest forward it will run; and the matmul a hook
+ * may replace. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -116,4 +117,13 @@ KvStatus kv_ref_state_init(KvRefState *s, const KvModel *m, int64_t batch, int64
 const float *kv_ref_layer_inv_freq(const KvRefState *s, int64_t layer) {
     const bool local = s->inv_freq_local != NULL && s->model->config.layer_sliding[layer];
     return local ? s->inv_freq_local : s->inv_freq;
+}
+
+void kv_ref_matmul(KvMatmulFn mm, const float *x, const float *w, int64_t rows, int64_t in,
+                   int64_t out, float *y) {
+    if (mm != NULL) {
+        mm(x, w, rows, in, out, y);
+    } else {
+        kv_matmul(x, w, rows, in, out, y);
+    }
 }

@@ -114,6 +114,10 @@ KvStatus kv_ref_state_init(KvRefState *s, const KvModel *m, int64_t batch, int64
                            int64_t max_chunk, KvError *err);
 void kv_ref_state_free(KvRefState *s);
 
+/* y = x w^T by mm, or by kv_matmul when mm is NULL (no hook installed). */
+void kv_ref_matmul(KvMatmulFn mm, const float *x, const float *w, int64_t rows, int64_t in,
+                   int64_t out, float *y);
+
 /* Layer l's RoPE inverse frequencies (head_dim / 2). */
 const float *kv_ref_layer_inv_freq(const KvRefState *s, int64_t layer);
 

@@ -8,12 +8,12 @@
 
 #include "backends.h"
 #include "cache.h"
+#include "cache_registry.h"
 #include "config.h"
 #include "fault.h"
 #include "fixture.h"
 #include "junit.h"
 #include "scenario.h"
-#include "cache_registry.h"
 
 int main(void) {
     int n = 0;

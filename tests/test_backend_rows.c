@@ -21,12 +21,12 @@
 #include "backend.h"
 #include "backend_rows.h"
 #include "cache.h"
+#include "cache_registry.h"
 #include "decode.h"
 #include "fault.h"
 #include "fixture.h"
 #include "forward.h"
 #include "scenario.h"
-#include "cache_registry.h"
 
 #define TEST_PROMPT_SEED 23ULL
 

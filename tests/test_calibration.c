@@ -21,13 +21,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cache_registry.h"
 #include "compare.h"
 #include "fault.h"
 #include "fixture.h"
 #include "matrix.h"
 #include "scenario.h"
 #include "shadow64.h"
-#include "cache_registry.h"
 
 static const char *const k_tiny[] = {"gemma2-tiny", "mistral-tiny", "qwen2-tiny", "gemma3-tiny", "gpt_oss-tiny"};
 /* ~100M parameters, hidden 768 (`test_calibration medium`, label long). */

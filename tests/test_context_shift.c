@@ -15,14 +15,14 @@
 
 #include "backend.h"
 #include "cache.h"
+#include "cache_registry.h"
+#include "cpu_state.h"
 #include "decode.h"
 #include "fault.h"
 #include "fixture.h"
-#include "cpu_state.h"
 #include "kvmath.h"
 #include "layout.h"
 #include "scenario.h"
-#include "cache_registry.h"
 #include "script.h"
 
 #define TEST_PROMPT_SEED 11ULL

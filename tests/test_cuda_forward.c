@@ -47,16 +47,16 @@
 #include <unistd.h>
 
 #include "cache.h"
+#include "cache_registry.h"
 #include "compare.h"
 #include "cuda_device.h"
-#include "no_device.h"
 #include "cuda_forward.h"
 #include "decode.h"
 #include "fault.h"
 #include "fixture.h"
 #include "forward.h"
+#include "no_device.h"
 #include "prng.h"
-#include "cache_registry.h"
 #include "script.h"
 
 #define TEST_SEED KV_FIXTURE_DEFAULT_SEED

@@ -33,12 +33,12 @@
 #include <string.h>
 
 #include "cache.h"
+#include "cache_registry.h"
 #include "cuda_device.h"
 #include "cuda_validate.h"
 #include "fault.h"
 #include "fixture.h"
 #include "no_device.h"
-#include "cache_registry.h"
 
 #define TEST_SEED KV_FIXTURE_DEFAULT_SEED
 /* The inputs' seed, printed with every report. */

@@ -12,12 +12,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cache_registry.h"
 #include "decode.h"
 #include "fixture.h"
 #include "gemm.h"
 #include "kvmath.h"
 #include "prng.h"
-#include "cache_registry.h"
 
 #ifdef _OPENMP
 #include <omp.h>

@@ -28,10 +28,10 @@
 #include <string.h>
 
 #include "cache.h"
+#include "cache_registry.h"
 #include "decode.h"
 #include "golden.h"
 #include "model.h"
-#include "cache_registry.h"
 
 /* KV_GOLDEN_MAX_REL_ERR and KV_GOLDEN_TIE_MARGIN (golden.h): the gate's own
  * golden tolerances. */

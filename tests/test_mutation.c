@@ -29,6 +29,7 @@
 
 #include "bisect.h"
 #include "cache.h"
+#include "cache_registry.h"
 #include "compare.h"
 #include "decode.h"
 #include "fault.h"
@@ -39,7 +40,7 @@
 #include "matrix.h"
 #include "mutation.h"
 #include "scenario.h"
-#include "cache_registry.h"
+#include "script.h"
 
 /* the default gate's models (cmd_gate.c) but gpt_oss-tiny, left out to keep the eleven
  * fault passes inside the suite's time budget (its faults are the same code paths) */
@@ -180,11 +181,7 @@ static void record_run(const KvModel *m, const char *family, const KvScenario *s
         .variant = kv_cache_find(site->variant), .mode = site->mode, .faults = faults,
         .record_probes = true,
     };
-    KvScript script = {
-        .save_after = sc->save_after, .switch_step = sc->switch_step,
-        .suffix_len = sc->suffix_len, .suffix = sc->suffix,
-        .shift_step = sc->shift_step, .shift_keep = sc->shift_keep, .shift_drop = sc->shift_drop,
-    };
+    KvScript script = kv_script_of_scenario(sc);
     KvDecodeResult r;
     KvError err = {{0}};
     ck_assert_msg(kv_script_decode(NULL, &script, m, &spec, &r, NULL, &err) == KV_OK, "%s",

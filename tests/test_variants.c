@@ -12,13 +12,13 @@
 #include <string.h>
 
 #include "cache.h"
-#include "decode.h"
+#include "cache_registry.h"
 #include "cpu_state.h"
+#include "decode.h"
 #include "fault.h"
 #include "fixture.h"
 #include "prng.h"
 #include "scenario.h"
-#include "cache_registry.h"
 #include "script.h"
 
 #define TEST_SEED KV_FIXTURE_DEFAULT_SEED
@@ -99,15 +99,7 @@ static KvDecodeResult scenario_decode(const KvModel *m, const char *name,
     KvError err = {{0}};
     ck_assert_msg(kv_scenario_build(&m->config, name, TEST_PROMPT_SEED, &sc, &err) == KV_OK, "%s",
                   err.msg);
-    KvScript script = {
-        .save_after = sc.save_after,
-        .switch_step = sc.switch_step,
-        .suffix_len = sc.suffix_len,
-        .suffix = sc.suffix,
-        .shift_step = sc.shift_step,
-        .shift_keep = sc.shift_keep,
-        .shift_drop = sc.shift_drop,
-    };
+    KvScript script = kv_script_of_scenario(&sc);
     KvDecodeSpec spec = {
         .batch = sc.batch,
         .prompt_len = sc.prompt_len,

@@ -27,7 +27,7 @@
  * there); KV_FAULT_DYNAMIC_KEEPS_W gives dynamic W slots (cuda_ctx.cu);
  * KV_FAULT_STATIC_LAYER makes index_copy a static layer: identity gather
  * indices and writes at min(p, W - 1). */
-#include "cuda_internal.cuh"
+#include "cuda_internal.cuh" /* first: it includes the C headers with C linkage */
 #include "cache_registry.h"
 
 #include <math.h>

@@ -18,8 +18,8 @@
 
 extern "C" {
 #include "cache.h"
-#include "prng.h"
 #include "cache_registry.h"
+#include "prng.h"
 }
 
 /* ---- device buffers ---- */
