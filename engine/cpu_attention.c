@@ -32,8 +32,8 @@ static void op_cache_update(const void *ap) {
     KvCpuState *cs = a->cs;
     KvRefState *s = &cs->ref;
     if (!cs->per_row) {
-        cs->variant->update(kv_cpu_cache(cs, a->layer, 0, NULL), s->kn, s->vn, s->real_in, a->n, &s->total_mem,
-                           a->host_total);
+        cs->variant->update(kv_cpu_cache(cs, a->layer, 0, NULL), s->kn, s->vn, s->real_in, a->n,
+                            &s->total_mem, a->host_total);
         return;
     }
     /* Each row's own cache takes the row's tokens that take positions (its

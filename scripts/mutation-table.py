@@ -156,9 +156,9 @@ MUTATIONS: list[Mutation] = [
         10,
         "stale position in graph mode: the cache update reads the host count "
         "captured at launch (&a->host_total) instead of &s->total_mem",
-        "reference/forward.c",
-        "s->variant->update(s->caches[a->layer], s->kn, s->vn, s->real_in, a->n, &s->total_mem,",
-        "s->variant->update(s->caches[a->layer], s->kn, s->vn, s->real_in, a->n, &a->host_total,",
+        "engine/cpu_attention.c",
+        "                            &s->total_mem, a->host_total);",
+        "                            &a->host_total, a->host_total);",
     ),
     Mutation(
         11,
@@ -170,9 +170,9 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         12,
         "probe hash covers only the first half of each row (per_row / 2)",
-        "reference/forward.c",
-        "kv_fnv1a(KV_FNV_OFFSET, row, (size_t)a->per_row);",
-        "kv_fnv1a(KV_FNV_OFFSET, row, (size_t)a->per_row / 2);",
+        "engine/cpu_probe.c",
+        "kv_fnv1a(KV_FNV_OFFSET, row, (size_t)per_row);",
+        "kv_fnv1a(KV_FNV_OFFSET, row, (size_t)per_row / 2);",
     ),
     Mutation(
         13,
@@ -200,7 +200,7 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         16,
         "a chunk (n > 1) updates the cache before attending",
-        "reference/forward.c",
+        "engine/cpu_attention.c",
         "const bool after = n == 1 && ops->one_token_order == KV_ATTEND_AFTER_UPDATE;",
         "const bool after = ops->one_token_order == KV_ATTEND_AFTER_UPDATE;",
     ),
