@@ -1,5 +1,5 @@
 /* cpu_state.h: one run of the reference on the CPU as the engine drives it:
- * the reference's state (forward.h) plus what plugs into it from outside,
+ * the reference's state (state.h) plus what plugs into it from outside,
  * through its hooks: a cache variant's sliding layers (DESIGN §3), one
  * single-row cache per row when rows sit at their own positions (right
  * padding, DESIGN §2), the probes (probe.h), planted faults (fault.h) and a

@@ -53,7 +53,7 @@ typedef struct {
     const struct KvDecodeScript *script;
     const KvCacheOps *variant; /* NULL: the reference; else the sliding-layer cache variant */
     KvExecMode mode;           /* eager (default) or graph */
-    unsigned faults;           /* planted KV_FAULT_* bits (forward.h); 0 for clean runs */
+    unsigned faults;           /* planted KV_FAULT_* bits (fault.h); 0 for clean runs */
     unsigned order;            /* KV_ORDER_* bits (ensemble.h): a calibration run of the
                                 * reference in another valid reduction order; 0 normally */
     int64_t replay_every;      /* replay check at every decode step s with s % replay_every
@@ -83,7 +83,7 @@ typedef struct {
     int64_t graphs_captured; /* graph mode: captures made (0 in eager mode) */
     int64_t replays_checked; /* steps that went through the replay check */
     int64_t replay_mismatch_step; /* first step whose replays differed, -1 when none */
-    int64_t n_probes;         /* kv_probe_count (forward.h) when probes were recorded, else 0 */
+    int64_t n_probes;         /* kv_probe_count (probe.h) when probes were recorded, else 0 */
     uint64_t *probe_hash;     /* (steps, n_probes, B) or NULL */
     KvProbeDump dump;         /* dump_probes: every probe's values at the last step */
     /* The first non-finite probe value (record_probes only; the prefill

@@ -1,5 +1,5 @@
 /* probe.h: probes (DESIGN §6): per forward, an FNV-1a 64 hash per batch row
- * of every named intermediate of the reference (forward.h KvPoint), the
+ * of every named intermediate of the reference (state.h KvPoint), the
  * first non-finite value among them, and on request their full values.
  * Computed by an observer the engine installs in the reference's hooks, run
  * as ops, so graph replays record them too.

@@ -14,7 +14,7 @@
  * Determinism: every reduction is a kv_dot (fixed 16-lane pattern) or a
  * kv_attend over visible keys in ascending position; OpenMP splits only
  * independent outputs, so results are bitwise the same for any thread count.
- * A hook (KvRefHooks, forward.h) is called at fixed places and changes only
+ * A hook (KvRefHooks, state.h) is called at fixed places and changes only
  * what it replaces. */
 #include "forward.h"
 
