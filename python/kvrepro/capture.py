@@ -21,6 +21,7 @@ probe_names say so.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import platform
@@ -247,6 +248,21 @@ def variant_name(layer: str, impl: str, dtype: str) -> str:
     return f"hf:{layer}:{impl}:{dtype}"
 
 
+def last_logits_kwargs(model: torch.nn.Module) -> dict[str, int]:
+    """The forward keyword that asks for the last position's logits only,
+    as transformers' generate asks (GenerationMixin._supports_logits_to_keep):
+    `logits_to_keep` in transformers 5 (every family kvrepro captures),
+    `num_logits_to_keep` in the 4.4x releases that named it so, nothing for
+    a model that takes neither. Without it the prefill projects every prompt
+    position onto the vocabulary (P x V floats per row) for one row of output;
+    the kept row is the same lm_head product of the same hidden state."""
+    params = inspect.signature(model.forward).parameters
+    for name in ("logits_to_keep", "num_logits_to_keep"):
+        if name in params:
+            return {name: 1}
+    return {}
+
+
 def decode(model, spec: CaptureSpec, ids_np: np.ndarray, real_np: np.ndarray, repeat: int) -> Run:
     """One recorded greedy decode of spec.new_tokens steps."""
     config = model.config
@@ -264,6 +280,10 @@ def decode(model, spec: CaptureSpec, ids_np: np.ndarray, real_np: np.ndarray, re
     am = torch.from_numpy(real_np.astype(np.int64)).to(dev)
     pos = (am.cumsum(-1) - 1).masked_fill(am == 0, 0)
     fn = model.forward
+    # the prefill's only: a decode step has one position anyway, and its
+    # compiled graphs (and their guards, which `recompiles` counts) stay
+    # the ones they were
+    prefill_kwargs = last_logits_kwargs(model)
     graphs = recompiles = 0
     first_reason = ""
     if compiled:
@@ -275,20 +295,20 @@ def decode(model, spec: CaptureSpec, ids_np: np.ndarray, real_np: np.ndarray, re
     logger = _recompile_logger()
     try:
         with torch.no_grad():
-            def step(f, input_ids, seen, n):
+            def step(f, input_ids, seen, n, **kwargs):
                 mask = am if setup.native else build_masks(
                     setup, config.model_type, real_np, seen, n, spec.impl, dtype, dev)
                 if setup.mark_dynamic and f is not model.forward:
                     mark_growing_dims(setup, mask)
                 out = f(input_ids=input_ids, attention_mask=mask, position_ids=pos,
-                        past_key_values=setup.cache, use_cache=True)
+                        past_key_values=setup.cache, use_cache=True, **kwargs)
                 if not setup.native and n == 1:
                     for lay in setup.cache.layers:
                         if isinstance(lay, SlidingLayer):
                             lay.advance(1)
                 return out.logits[:, -1, :].float()
 
-            lg = step(model.forward, ids, 0, p)            # prefill: eager
+            lg = step(model.forward, ids, 0, p, **prefill_kwargs)  # prefill: eager, last position
             graphs0 = counters["stats"]["unique_graphs"]
             if compiled:
                 torch._logging.set_logs(recompiles=True)
@@ -322,7 +342,9 @@ def decode(model, spec: CaptureSpec, ids_np: np.ndarray, real_np: np.ndarray, re
     if compiled:
         extra["probes_seen"] = "layerN.cache and logits: a fullgraph compiled region runs no forward hooks"
         if first_reason:
-            extra["first_recompile"] = first_reason[:1000]
+            # at most 1023 UTF-8 bytes, cut at a character: what the C side's
+            # report keeps (KvRun.first_recompile) and `gate --external` copies
+            extra["first_recompile"] = first_reason.encode()[:1023].decode(errors="ignore")
     return Run(model=os.path.basename(os.path.abspath(spec.model_dir)), scenario=spec.scenario,
                variant=variant_name(spec.layer, spec.impl, spec.dtype),
                backend="torch-cuda" if dev.startswith("cuda") else "torch-cpu", mode=spec.mode,
