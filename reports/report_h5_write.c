@@ -201,13 +201,15 @@ static KvStatus report_validate(const KvReport *rep, ReportCtx *c) {
     }
     for (int64_t i = 0; i < rep->n_runs; i++) {
         const KvRun *r = &rep->runs[i];
-        CHECK_FIELD(r, model, "runs", i);
-        CHECK_FIELD(r, scenario, "runs", i);
-        CHECK_FIELD(r, variant, "runs", i);
-        CHECK_FIELD(r, backend, "runs", i);
-        CHECK_FIELD(r, mode, "runs", i);
-        CHECK_FIELD(r, skip_reason, "runs", i);
-        CHECK_FIELD(r, engine, "runs", i);
+        /* every string attribute of the table, so that one added there (the
+         * capture's attn_impl, first_recompile, ...) is checked too */
+        for (size_t a = 0; a < H5_RUN_ATTRS.n; a++) {
+            const AttrField *f = &H5_RUN_ATTRS.fields[a];
+            if (f->kind != FIELD_STR) continue;
+            const KvStatus cs = check_field(c, (const char *)r + f->offset, f->width, "runs", i,
+                                            f->name);
+            if (cs != KV_OK) return cs;
+        }
         RunCounts n;
         if (!h5_run_counts(r, &n)) {
             return h5_report_fail(c, KV_ERR_INPUT,
