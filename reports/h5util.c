@@ -307,6 +307,15 @@ static const AttrField RUN_FIELDS[] = {
      .unset = -1},
     {FIELD(KvRun, graph_budget), .lo = -1, .hi = INT64_MAX, .optional = true, .when_set = true,
      .unset = -1},
+    /* kvrepro-hf capture's own (docs/SCHEMA.md), only when set: `gate
+     * --external` keeps what the recording says about the run */
+    {FIELD(KvRun, attn_impl), .optional = true, .when_set = true},
+    {FIELD(KvRun, dtype), .optional = true, .when_set = true},
+    {FIELD(KvRun, cache_layer), .optional = true, .when_set = true},
+    {FIELD(KvRun, window), .lo = 0, .hi = INT64_MAX, .optional = true, .when_set = true,
+     .unset = 0},
+    {FIELD(KvRun, probes_seen), .optional = true, .when_set = true},
+    {FIELD(KvRun, first_recompile), .optional = true, .when_set = true},
     {FIELD(KvRun, skipped), .lo = 0, .hi = 1},
     {FIELD(KvRun, skip_reason)},
     /* the sizes are capped before their products are formed and before

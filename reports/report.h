@@ -39,6 +39,15 @@ typedef struct {
     char engine[KV_ENGINE_LEN];
     int64_t recompiles;
     int64_t graph_budget;
+    /* Written by kvrepro-hf capture (docs/SCHEMA.md), optional ("" / 0 =
+     * unset, and then not written): what `gate --external` copies from the
+     * recording into its report, for the plots and the recompile reason. */
+    char attn_impl[32];          /* "eager", "sdpa", "flex_attention" */
+    char dtype[16];              /* "fp32", "bf16" */
+    char cache_layer[KV_NAME_LEN]; /* e.g. "static_sliding" */
+    int64_t window;              /* the sliding window W the run decoded with */
+    char probes_seen[256];       /* a compiled run: which probes it records */
+    char first_recompile[1024];  /* a compiled run: dynamo's first guard failure */
     int32_t repeat;              /* 0 .. repeats-1 */
     bool skipped;                /* not run here (e.g. no CUDA device) */
     char skip_reason[256];
