@@ -1,5 +1,5 @@
 #!/bin/sh
-# seed-shape.sh: the seed bug report's shape on the CPU reference (issue 17).
+# seed-shape.sh: the seed bug report's shape on the CPU reference (pytorch #159855's shape).
 #
 # The report ran google/gemma-2-2b (window W = 4096) on a left-padded batch
 # of 2 (one 4,200-token prompt, one short one) for 20 new tokens. This runs
