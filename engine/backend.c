@@ -9,13 +9,14 @@ bool kv_backend_can_shift(const KvBackendOps *ops) {
     return ops->shift != NULL;
 }
 
+KvStatus kv_backend_refuse_shift(const KvBackendOps *ops, KvError *err) {
+    return kv_error_set(err, KV_ERR_INPUT,
+                        "decode: a context shift is not implemented on the %s backend", ops->name);
+}
+
 KvStatus kv_backend_shift(const KvBackendOps *ops, KvBackend *b, int64_t keep, int64_t drop,
                           KvError *err) {
-    if (ops->shift == NULL) {
-        return kv_error_set(err, KV_ERR_INPUT,
-                            "decode: a context shift is not implemented on the %s backend",
-                            ops->name);
-    }
+    if (ops->shift == NULL) return kv_backend_refuse_shift(ops, err);
     return ops->shift(b, keep, drop, err);
 }
 

@@ -144,6 +144,8 @@ typedef struct {
  * has both dump entries or neither); without
  * stats *out is left as it is. */
 bool kv_backend_can_shift(const KvBackendOps *ops);
+/* The refusal a backend without shift gives (KV_ERR_INPUT naming it). */
+KvStatus kv_backend_refuse_shift(const KvBackendOps *ops, KvError *err);
 KvStatus kv_backend_shift(const KvBackendOps *ops, KvBackend *b, int64_t keep, int64_t drop,
                           KvError *err);
 bool kv_backend_checks_nonfinite(const KvBackendOps *ops);

@@ -324,7 +324,7 @@ KvStatus kv_decode_run(const KvBackendOps *ops, const KvModel *m, const KvDecode
         .per_row = kv_decode_right_padded(sp->prompt_real, B, P),
     };
     if (script != NULL && script->shifts && !kv_backend_can_shift(ops)) {
-        st = kv_backend_shift(ops, NULL, 0, 1, err); /* the refusal, naming the backend */
+        st = kv_backend_refuse_shift(ops, err);
         goto cleanup;
     }
     if (setup.per_row && !ops->per_row) {
