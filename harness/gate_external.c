@@ -575,14 +575,15 @@ static KvStatus ext_judge(const KvExternalOptions *o, const ExtGroup *groups,
                                             &groups[group_of[x - first_ext]], j, err);
         if (st != KV_OK) return st;
     }
-    /* Every comparison is made: large vocabularies now keep only their
-     * top-k logits, as in the matrix gate (the external runs keep what
-     * their engine stored). */
-    for (int64_t i = 0; i < rep->n_runs; i++) {
-        if (i == first_ext) i = end_ext; /* the references, then the calibration members */
-        if (i >= rep->n_runs) break;
-        if (rep->runs[i].vocab <= o->full_logits_max_vocab || rep->runs[i].logits == NULL) continue;
-        const KvStatus st = kv_gate_keep_topk(&rep->runs[i], err);
+    /* Every comparison is made on the full rows the gate decoded: large
+     * vocabularies now keep only the top-k logits of the calibration members
+     * and forced references that passed, as in the matrix gate; the
+     * references [0, first_ext) keep their full rows, and so does every run
+     * of a failed tolerance comparison (the external runs keep what their
+     * engine stored). */
+    if (rep->n_runs > end_ext && rep->runs[end_ext].vocab > o->full_logits_max_vocab) {
+        /* the calibration members and forced references follow the external runs */
+        const KvStatus st = kv_gate_trim_logits(rep, end_ext, rep->n_runs, NULL, 0, 0, err);
         if (st != KV_OK) return st;
     }
     *failed = kv_gate_print_failures(rep, false, o->verbose);

@@ -301,6 +301,39 @@ KvStatus kv_gate_keep_topk(KvRun *r, KvError *err) {
     return KV_OK;
 }
 
+/* Whether a failed comparison of this kind keeps its runs' full logits:
+ * those judged within a tolerance (what `kvrepro diff` and the plots
+ * measure), and a run's own finite check (a NaN outside the top-k would
+ * otherwise be gone from the report). Bitwise failures keep the row hashes,
+ * which say where they differ. */
+static bool kind_keeps_logits(KvCompareKind k) {
+    return k == KV_CMP_REFERENCE || k == KV_CMP_COMPILED || k == KV_CMP_SHIFT ||
+           k == KV_CMP_FINITE;
+}
+
+KvStatus kv_gate_trim_logits(KvReport *rep, int64_t lo, int64_t hi, const int64_t *keep,
+                             int64_t n_keep, int64_t cmp_from, KvError *err) {
+    if (hi <= lo) return KV_OK;
+    bool *full = calloc((size_t)(hi - lo), sizeof *full); /* (hi - lo) */
+    if (full == NULL) return kv_error_set(err, KV_ERR_INTERNAL, "out of memory");
+    for (int64_t k = 0; k < n_keep; k++) {
+        if (keep[k] >= lo && keep[k] < hi) full[keep[k] - lo] = true;
+    }
+    for (int64_t c = cmp_from; c < rep->n_comparisons; c++) {
+        const KvComparison *cmp = &rep->comparisons[c];
+        if (cmp->verdict != KV_VERDICT_FAIL || !kind_keeps_logits(cmp->kind)) continue;
+        if (cmp->run_a >= lo && cmp->run_a < hi) full[cmp->run_a - lo] = true;
+        if (cmp->run_b >= lo && cmp->run_b < hi) full[cmp->run_b - lo] = true;
+    }
+    KvStatus st = KV_OK;
+    for (int64_t i = lo; i < hi && st == KV_OK; i++) {
+        if (full[i - lo] || rep->runs[i].logits == NULL) continue;
+        st = kv_gate_keep_topk(&rep->runs[i], err);
+    }
+    free(full);
+    return st;
+}
+
 static const char *const k_mode_name[2] = {"eager", "graph"};
 
 /* Every selected variant x mode x repeat on one backend, each compared as
@@ -763,6 +796,7 @@ cleanup:
 
 static KvStatus run_scenario(const KvModel *m, const char *model_name, const KvScenario *sc,
                              const KvGateOptions *o, KvReport *rep, KvError *err) {
+    const int64_t cmp_from = rep->n_comparisons;
     int64_t ref = -1;
     KvComparison fin;
     KvStatus st = kv_gate_run_reference(m, model_name, sc, o, rep, &ref, &fin, err);
@@ -816,17 +850,17 @@ static KvStatus run_scenario(const KvModel *m, const char *model_name, const KvS
         if (st != KV_OK) return st;
     }
 
-    /* Every comparison of this scenario is done: large vocabularies now keep
-     * only their top-k logits (the report would otherwise be huge), and so
-     * do planted-fault passes: their logits differ run to run, so nothing
-     * hard-links, and `--faults all` would store ~13x the clean logits. */
-    const bool keep_topk = m->config.vocab_size > o->full_logits_max_vocab || o->faults != 0;
-    for (int64_t i = ref; i < rep->n_runs && keep_topk; i++) {
-        if (rep->runs[i].logits == NULL) continue;
-        st = kv_gate_keep_topk(&rep->runs[i], err);
-        if (st != KV_OK) return st;
+    /* Every comparison of this scenario was made on the full rows in
+     * memory. Large vocabularies now keep only the top-k logits of the runs
+     * that passed (the report would otherwise be huge), and so do
+     * planted-fault passes: their logits differ run to run, so nothing
+     * hard-links, and `--faults all` would store ~13x the clean logits. The
+     * reference and both runs of every failed tolerance comparison keep
+     * their full rows: what `kvrepro diff` and the plots measure. */
+    if (m->config.vocab_size > o->full_logits_max_vocab || o->faults != 0) {
+        st = kv_gate_trim_logits(rep, ref, rep->n_runs, &ref, 1, cmp_from, err);
     }
-    return KV_OK;
+    return st;
 }
 
 /* sum over t = 1..T of min(t, W) (W <= 0: no window): the keys the queries

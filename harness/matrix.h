@@ -210,6 +210,16 @@ KvStatus kv_gate_calibrate(const KvModel *m, const char *model_name, const KvSce
  * ties to the lowest id); logits_hash still identifies the full rows. */
 KvStatus kv_gate_keep_topk(KvRun *r, KvError *err);
 
+/* After every comparison of runs [lo, hi) is made: each of them that holds
+ * full logits keeps only its top-k (kv_gate_keep_topk), except the runs
+ * named in keep ((n_keep) indices: the references) and both runs of every
+ * comparison from cmp_from on that failed within a tolerance (reference
+ * agreement, compiled vs eager, a shift) or failed its finite check: those
+ * keep their full logits, so `kvrepro diff` and the plots can measure what
+ * failed. */
+KvStatus kv_gate_trim_logits(KvReport *rep, int64_t lo, int64_t hi, const int64_t *keep,
+                             int64_t n_keep, int64_t cmp_from, KvError *err);
+
 /* Runs the matrix for one model and appends runs and comparisons to rep.
  * *unit is the running (model, scenario) counter used for sharding. */
 KvStatus kv_gate_run_model(const KvModel *m, const char *model_name, const KvGateOptions *o,

@@ -1,1 +1,10 @@
 # (tests added by the real-weights work; see the file's first test for what it checks)
+
+# Issue 34, item 3: large vocabularies and planted-fault passes are judged
+# on every logit, and their reports keep the full rows of each reference and
+# of every run that failed (full_logits_cli.cmake says what each step checks).
+add_test(NAME full_logits_cli COMMAND ${CMAKE_COMMAND}
+  -DKVREPRO=$<TARGET_FILE:kvrepro> -DPOISON=$<TARGET_FILE:poison_weight>
+  -DWORK=${CMAKE_CURRENT_BINARY_DIR}/full_logits_work
+  -P ${CMAKE_CURRENT_SOURCE_DIR}/full_logits_cli.cmake)
+set_tests_properties(full_logits_cli PROPERTIES LABELS cli)
