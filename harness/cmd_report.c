@@ -23,6 +23,61 @@ static void report_print_root(const KvReport *rep, const char *path) {
     }
 }
 
+/* Whether runs a and b hold the same row texts and tokenizer. */
+static bool show_same_texts(const KvRun *a, const KvRun *b) {
+    if (a->batch != b->batch || strcmp(a->tokenizer, b->tokenizer) != 0) return false;
+    for (int64_t r = 0; r < a->batch; r++) {
+        if (strcmp(a->prompt_text[r], b->prompt_text[r]) != 0) return false;
+    }
+    return true;
+}
+
+/* The row texts of the runs of a prompts file with texts (docs/SCHEMA.md),
+ * each batch once with the runs that decoded it; nothing for a report
+ * without texts. The C side has no tokenizer: the generated tokens are
+ * decoded by kvrepro-hf. */
+static void show_prompt_texts(const KvReport *rep, const char *path) {
+    bool any = false;
+    for (int64_t i = 0; i < rep->n_runs; i++) {
+        const KvRun *r = &rep->runs[i];
+        if (r->prompt_text == NULL) continue;
+        bool seen = false;
+        for (int64_t j = 0; j < i && !seen; j++) {
+            seen = rep->runs[j].prompt_text != NULL && show_same_texts(&rep->runs[j], r);
+        }
+        if (seen) continue;
+        any = true;
+        /* the runs with this batch, as ranges of indices */
+        char runs[160] = "";
+        size_t used = 0;
+        for (int64_t j = i; j < rep->n_runs && used + 24 < sizeof runs; j++) {
+            const KvRun *q = &rep->runs[j];
+            if (q->prompt_text == NULL || !show_same_texts(q, r)) continue;
+            int64_t k = j;
+            while (k + 1 < rep->n_runs && rep->runs[k + 1].prompt_text != NULL &&
+                   show_same_texts(&rep->runs[k + 1], r)) {
+                k++;
+            }
+            used += (size_t)snprintf(runs + used, sizeof runs - used, "%s%lld", used ? ", " : "",
+                                     (long long)j);
+            if (k > j) {
+                used += (size_t)snprintf(runs + used, sizeof runs - used, "-%lld", (long long)k);
+            }
+            j = k;
+        }
+        printf("prompt texts of runs %s (%s%s):\n", runs,
+               r->tokenizer[0] != '\0' ? "tokenizer " : "no tokenizer recorded",
+               r->tokenizer);
+        for (int64_t b = 0; b < r->batch; b++) {
+            char snip[256];
+            kv_text_snippet(r->prompt_text[b], 60, snip, sizeof snip);
+            printf("  row %lld (%lld ids): \"%s\"\n", (long long)b,
+                   (long long)kv_run_row_ids(r, b), snip);
+        }
+    }
+    if (any) printf("decode the tokens: kvrepro-hf show %s --model DIR\n", path);
+}
+
 int kv_cmd_show(int argc, char **argv) {
     if (argc != 2 || strcmp(argv[1], "--help") == 0) {
         fprintf(argc == 2 ? stdout : stderr,
@@ -39,6 +94,7 @@ int kv_cmd_show(int argc, char **argv) {
     }
     report_print_root(&rep, argv[1]);
     st = kv_report_print_summary(&rep, stdout);
+    if (st == KV_OK) show_prompt_texts(&rep, argv[1]);
     kv_report_free(&rep);
     return st == KV_OK ? KV_EXIT_PASS : KV_EXIT_INTERNAL;
 }

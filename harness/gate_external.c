@@ -251,8 +251,10 @@ static KvScenario ext_scenario(const KvRun *r) {
         .real = r->prompt_real,
         .new_tokens = r->steps,
         .prefill_chunk = 0,
+        .texts = r->prompt_text, /* the recording's row texts go to its reference */
     };
     snprintf(sc.name, sizeof sc.name, "%.63s", r->scenario);
+    snprintf(sc.tokenizer, sizeof sc.tokenizer, "%s", r->tokenizer);
     return sc;
 }
 

@@ -107,7 +107,7 @@ KvStatus kv_gate_check_outputs_apart(const char *report_path, const char *junit_
 }
 
 bool kv_gate_print_failures(const KvReport *rep, bool mutation, bool verbose) {
-    bool failed = false;
+    bool failed = false, texts = false;
     for (int64_t c = 0; c < rep->n_comparisons; c++) {
         const KvComparison *cmp = &rep->comparisons[c];
         const bool planted = mutation && rep->runs[cmp->run_b].fault[0] != '\0';
@@ -122,7 +122,19 @@ bool kv_gate_print_failures(const KvReport *rep, bool mutation, bool verbose) {
         printf("%s %s %s: %s %s: %s\n", cmp->verdict == KV_VERDICT_FAIL ? "FAIL" : "ok  ",
                rep->runs[cmp->run_b].model, rep->runs[cmp->run_b].scenario, pair,
                kv_compare_kind_name(cmp->kind), cmp->message);
+        /* a prompts file with texts: the failing row as text (the C side
+         * has no tokenizer for the generated ids: said once) */
+        const KvRun *rb = &rep->runs[cmp->run_b];
+        if (cmp->verdict == KV_VERDICT_FAIL && rb->prompt_text != NULL && cmp->first_row >= 0 &&
+            cmp->first_row < rb->batch) {
+            char snip[256];
+            kv_text_snippet(rb->prompt_text[cmp->first_row], 60, snip, sizeof snip);
+            printf("     row %lld (%lld ids): \"%s\"\n", (long long)cmp->first_row,
+                   (long long)kv_run_row_ids(rb, cmp->first_row), snip);
+            texts = true;
+        }
     }
+    if (texts) printf("decode the tokens: kvrepro-hf show REPORT.h5 --model DIR\n");
     return failed;
 }
 

@@ -190,6 +190,12 @@ static KvStatus run_decode(const KvModel *m, const KvScenario *sc, const KvCache
         run->graph_budget = run_graph_budget(m, sc, variant);
     }
     run->seconds = o->timings ? t1 - t0 : 0.0;
+    /* a prompts file with texts: every run of its batch carries them */
+    if (sc->texts != NULL) {
+        run->prompt_text = kv_prompt_text_copy(sc->texts, sc->batch);
+        if (run->prompt_text == NULL) return kv_error_set(err, KV_ERR_INTERNAL, "out of memory");
+        snprintf(run->tokenizer, sizeof run->tokenizer, "%s", sc->tokenizer);
+    }
     return KV_OK;
 }
 

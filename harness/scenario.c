@@ -1,6 +1,8 @@
 /* scenario.c: building the default scenarios from a config and a seed. */
 #include "scenario.h"
 
+#include "report.h"
+
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -390,5 +392,6 @@ void kv_scenario_free(KvScenario *s) {
     free(s->prompt);
     free(s->real);
     free(s->suffix);
+    kv_prompt_text_free(s->texts);
     memset(s, 0, sizeof *s);
 }

@@ -37,6 +37,11 @@ typedef struct {
     int64_t shift_step;
     int64_t shift_keep;
     int64_t shift_drop;
+    /* A prompts file with texts (kv_prompts_load; NULL / "" otherwise): each
+     * row's text ((batch + 1) entries, a NULL after the last) and the
+     * tokenizer that made the ids, as KvRun.prompt_text and .tokenizer. */
+    char **texts;
+    char tokenizer[256];
 } KvScenario;
 
 /* Names of the default set, in order; *count receives their number. */

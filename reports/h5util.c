@@ -316,6 +316,8 @@ static const AttrField RUN_FIELDS[] = {
      .unset = 0},
     {FIELD(KvRun, probes_seen), .optional = true, .when_set = true},
     {FIELD(KvRun, first_recompile), .optional = true, .when_set = true},
+    /* a run of a prompts file with texts, only when given */
+    {FIELD(KvRun, tokenizer), .optional = true, .when_set = true},
     {FIELD(KvRun, skipped), .lo = 0, .hi = 1},
     {FIELD(KvRun, skip_reason)},
     /* the sizes are capped before their products are formed and before
@@ -679,4 +681,32 @@ bool h5_read_cost(const KvReport *rep, uint64_t *out) {
     }
     *out = acc;
     return ok;
+}
+
+bool h5_prompt_text_ok(const KvRun *r, char *why, size_t n) {
+    if (r->prompt_text == NULL) return true;
+    for (int64_t b = 0; b < r->batch; b++) {
+        const char *t = r->prompt_text[b];
+        if (t == NULL) {
+            snprintf(why, n, "prompt_text: expected %" PRId64 " row texts, found %" PRId64,
+                     r->batch, b);
+            return false;
+        }
+        const size_t len = strnlen(t, KV_PROMPT_TEXT_MAX_BYTES);
+        if (len >= KV_PROMPT_TEXT_MAX_BYTES) {
+            snprintf(why, n, "prompt_text[%" PRId64 "]: expected at most %zu bytes, found more",
+                     b, KV_PROMPT_TEXT_MAX_BYTES - 1);
+            return false;
+        }
+        if (!kv_utf8_valid(t)) {
+            snprintf(why, n, "prompt_text[%" PRId64 "]: expected UTF-8 text, found bytes that "
+                     "are not", b);
+            return false;
+        }
+    }
+    if (r->prompt_text[r->batch] != NULL) {
+        snprintf(why, n, "prompt_text: expected %" PRId64 " row texts, found more", r->batch);
+        return false;
+    }
+    return true;
 }

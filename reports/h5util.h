@@ -322,6 +322,12 @@ bool h5_run_is_foreign(const KvRun *r);
  * ("<field>[...]: expected ..., found ..."). */
 bool h5_run_values_ok(const KvRun *r, char *why, size_t n);
 
+/* The row texts of a run (KvRun.prompt_text, written only when set, as the
+ * (batch,) variable-length UTF-8 dataset prompt_text): NULL, or exactly
+ * batch strings (then a NULL), each valid UTF-8 of fewer than
+ * KV_PROMPT_TEXT_MAX_BYTES bytes. False with why naming the row otherwise. */
+bool h5_prompt_text_ok(const KvRun *r, char *why, size_t n);
+
 /* ---- what a read allocates ---------------------------------------------- */
 
 /* The bytes kv_report_read_h5 charges to its budget (kv_limits_read_budget)

@@ -30,6 +30,101 @@ void kv_run_init(KvRun *r) {
     r->graph_budget = -1;
 }
 
+/* Whether s is well-formed UTF-8 (RFC 3629: no overlong forms, no
+ * surrogates, nothing above U+10FFFF). */
+bool kv_utf8_valid(const char *text) {
+    const unsigned char *s = (const unsigned char *)text;
+    while (*s != 0) {
+        const unsigned c = *s;
+        int more = 0;
+        unsigned cp = 0, min = 0;
+        if (c < 0x80) {
+            s++;
+            continue;
+        } else if ((c & 0xE0) == 0xC0) {
+            more = 1, cp = c & 0x1F, min = 0x80;
+        } else if ((c & 0xF0) == 0xE0) {
+            more = 2, cp = c & 0x0F, min = 0x800;
+        } else if ((c & 0xF8) == 0xF0) {
+            more = 3, cp = c & 0x07, min = 0x10000;
+        } else {
+            return false;
+        }
+        s++;
+        for (int k = 0; k < more; k++, s++) {
+            if ((*s & 0xC0) != 0x80) return false;
+            cp = cp << 6 | (*s & 0x3F);
+        }
+        if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
+    }
+    return true;
+}
+
+void kv_text_snippet(const char *text, int max_chars, char *out, size_t n) {
+    size_t w = 0;
+    int chars = 0;
+    bool space = false;
+    if (n == 0) return;
+    for (const unsigned char *s = (const unsigned char *)text; *s != 0;) {
+        if (*s == ' ' || *s == '\n' || *s == '\t' || *s == '\r' || *s == '\f' || *s == '\v') {
+            space = w > 0; /* leading whitespace dropped, inner runs become one space */
+            s++;
+            continue;
+        }
+        size_t len = 1; /* a whole UTF-8 sequence, or one byte of a bad one */
+        if ((*s & 0xE0) == 0xC0) len = 2;
+        else if ((*s & 0xF0) == 0xE0) len = 3;
+        else if ((*s & 0xF8) == 0xF0) len = 4;
+        for (size_t k = 1; k < len; k++) {
+            if ((s[k] & 0xC0) != 0x80) len = k;
+        }
+        const bool ctrl = *s < 0x20 || *s == 0x7F; /* never a raw control byte in a log */
+        if (chars + (space ? 1 : 0) + 1 > max_chars || w + len + 5 >= n) {
+            snprintf(out + w, n - w, "...");
+            return;
+        }
+        if (space) {
+            out[w++] = ' ';
+            chars++;
+            space = false;
+        }
+        if (ctrl) {
+            out[w++] = '?';
+        } else {
+            memcpy(out + w, s, len);
+            w += len;
+        }
+        chars++;
+        s += len;
+    }
+    out[w] = '\0';
+}
+
+int64_t kv_run_row_ids(const KvRun *r, int64_t b) {
+    int64_t n = 0;
+    for (int64_t i = 0; r->prompt_real != NULL && i < r->prompt_len; i++) {
+        n += r->prompt_real[b * r->prompt_len + i] != 0;
+    }
+    return n;
+}
+
+char **kv_prompt_text_copy(char *const *texts, int64_t n) {
+    char **out = calloc((size_t)(n > 0 ? n : 0) + 1, sizeof *out);
+    for (int64_t b = 0; out != NULL && b < n; b++) {
+        out[b] = strdup(texts[b] != NULL ? texts[b] : "");
+        if (out[b] == NULL) {
+            kv_prompt_text_free(out);
+            out = NULL;
+        }
+    }
+    return out;
+}
+
+void kv_prompt_text_free(char **texts) {
+    for (char **t = texts; t != NULL && *t != NULL; t++) free(*t);
+    free(texts);
+}
+
 void kv_run_free(KvRun *r) {
     if (r == NULL) return;
     free(r->prompt);
@@ -44,6 +139,7 @@ void kv_run_free(KvRun *r) {
     free(r->probe_names);
     free(r->probe_hash);
     free(r->fp64_rel_err);
+    kv_prompt_text_free(r->prompt_text);
     memset(r, 0, sizeof *r);
 }
 

@@ -15,6 +15,25 @@
 #define KV_REPORT_SCHEMA_VERSION 1
 #define KV_NAME_LEN 64
 
+/* The longest row text a run keeps (KvRun.prompt_text), in bytes. */
+#define KV_PROMPT_TEXT_MAX_BYTES ((size_t)1 << 16)
+
+/* A copy of texts ((n) strings) as a KvRun.prompt_text array (n + 1
+ * entries, a NULL after the last); NULL when out of memory. */
+char **kv_prompt_text_copy(char *const *texts, int64_t n);
+
+/* Whether text is well-formed UTF-8 (RFC 3629: no overlong forms, no
+ * surrogates, nothing above U+10FFFF). */
+bool kv_utf8_valid(const char *text);
+
+/* text as one line for a log: each run of whitespace (a line break, a tab)
+ * one space, at most max_chars characters (UTF-8 sequences kept whole),
+ * "..." after a cut; into out (n bytes, NUL-terminated). */
+void kv_text_snippet(const char *text, int max_chars, char *out, size_t n);
+
+/* Frees a KvRun.prompt_text array (NULL: nothing). */
+void kv_prompt_text_free(char **texts);
+
 /* Length of KvRun.engine. */
 #define KV_ENGINE_LEN 256
 
@@ -48,6 +67,11 @@ typedef struct {
     int64_t window;              /* the sliding window W the run decoded with */
     char probes_seen[256];       /* a compiled run: which probes it records */
     char first_recompile[1024];  /* a compiled run: dynamo's first guard failure */
+    /* A run of a prompts file with texts (docs/SCHEMA.md; NULL / "" = none,
+     * and then not written): each row's text and the tokenizer that made
+     * its ids, "<name> vocab=<V> sha256=<first 16 hex of the vocab hash>". */
+    char **prompt_text;          /* (batch + 1) NUL-terminated UTF-8, a NULL after the last */
+    char tokenizer[256];
     int32_t repeat;              /* 0 .. repeats-1 */
     bool skipped;                /* not run here (e.g. no CUDA device) */
     char skip_reason[256];
@@ -96,6 +120,9 @@ typedef struct {
     int64_t nonfinite_step, nonfinite_probe, nonfinite_row, nonfinite_index;
     float nonfinite_value;
 } KvRun;
+
+/* The real (non-pad) prompt tokens of row b of run r. */
+int64_t kv_run_row_ids(const KvRun *r, int64_t b);
 
 typedef enum { KV_VERDICT_PASS = 0, KV_VERDICT_FAIL = 1, KV_VERDICT_SKIP = 2 } KvVerdict;
 

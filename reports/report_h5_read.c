@@ -456,6 +456,8 @@ static herr_t h5r_scan_link(hid_t g, const char *name, const H5L_info_t *info, v
             allowed = strcmp(d->name, name) == 0 &&
                       (d->held == HELD_IF_SET ? !s->run->skipped : h5_run_holds(s->run, d));
         }
+        /* the row texts of a prompts file with texts (h5r_prompt_text) */
+        allowed = allowed || (strcmp(name, "prompt_text") == 0 && !s->run->skipped);
     } else if (s->names == NULL) {
         allowed = is_run_name(name, s->n_runs);
     } else {
@@ -1125,6 +1127,88 @@ static KvStatus h5r_run_datasets(hid_t g, const char *objpath, int64_t run, KvRu
     return KV_OK;
 }
 
+/* The optional (batch,) dataset prompt_text of a run that ran: each row's
+ * text, variable-length ASCII or UTF-8 strings, into r->prompt_text
+ * (h5_prompt_text_ok says what each must be). Absent: stays NULL. */
+static KvStatus h5r_prompt_text(hid_t g, const char *gpath, KvRun *r, ReportCtx *c) {
+    KvStatus st = KV_OK;
+    hid_t dset = H5I_INVALID_HID, type = H5I_INVALID_HID, space = H5I_INVALID_HID;
+    hid_t mem = H5I_INVALID_HID;
+    char **vls = NULL;
+    char objpath[128], expect[96], why[160];
+    snprintf(objpath, sizeof objpath, "%s/prompt_text", gpath);
+    snprintf(expect, sizeof expect, "a (%" PRId64 ",) variable-length string dataset", r->batch);
+    const htri_t there = H5Lexists(g, "prompt_text", H5P_DEFAULT);
+    if (there < 0) return h5_fail(c, KV_ERR_INPUT, "%s: cannot look up", objpath);
+    if (there == 0 || r->skipped) return KV_OK;
+    H5O_info_t oi;
+    st = h5r_check_object_info(g, objpath, "prompt_text", H5O_TYPE_DATASET, false, expect, &oi, c);
+    if (st != KV_OK) goto cleanup;
+    dset = H5Dopen2(g, "prompt_text", H5P_DEFAULT);
+    type = dset < 0 ? H5I_INVALID_HID : H5Dget_type(dset);
+    space = dset < 0 ? H5I_INVALID_HID : H5Dget_space(dset);
+    if (dset < 0 || type < 0 || space < 0) {
+        st = h5_fail(c, KV_ERR_INPUT, "%s: expected %s, found one HDF5 cannot open", objpath,
+                     expect);
+        goto cleanup;
+    }
+    hsize_t dims[H5S_MAX_RANK];
+    const int rank = H5Sget_simple_extent_ndims(space);
+    const H5T_cset_t cset = H5Tget_cset(type);
+    if (H5Tget_class(type) != H5T_STRING || H5Tis_variable_str(type) <= 0 || rank != 1 ||
+        H5Sget_simple_extent_dims(space, dims, NULL) < 0 || dims[0] != (hsize_t)r->batch ||
+        (cset != H5T_CSET_ASCII && cset != H5T_CSET_UTF8)) {
+        st = h5_report_fail(c, KV_ERR_INPUT, "%s: expected %s of ASCII or UTF-8 text", objpath,
+                            expect);
+        goto cleanup;
+    }
+    mem = H5Tcopy(H5T_C_S1);
+    if (mem < 0 || H5Tset_size(mem, H5T_VARIABLE) < 0 || H5Tset_cset(mem, cset) < 0) {
+        st = h5_fail(c, KV_ERR_INTERNAL, "%s: cannot make a string type", objpath);
+        goto cleanup;
+    }
+    vls = calloc((size_t)r->batch + 1, sizeof *vls);
+    if (vls == NULL) {
+        st = h5_report_fail(c, KV_ERR_INTERNAL, "out of memory");
+        goto cleanup;
+    }
+    if (r->batch > 0 && H5Dread(dset, mem, H5S_ALL, H5S_ALL, H5P_DEFAULT, vls) < 0) {
+        st = h5_fail(c, KV_ERR_INPUT, "%s: cannot read", objpath);
+        goto cleanup;
+    }
+    uint64_t bytes = 0;
+    for (int64_t b = 0; b < r->batch; b++) {
+        if (vls[b] == NULL) {
+            st = h5_report_fail(c, KV_ERR_INPUT, "%s: row %" PRId64 ": expected a string, found "
+                                "none", objpath, b);
+            goto cleanup;
+        }
+        bytes += strnlen(vls[b], KV_PROMPT_TEXT_MAX_BYTES) + 1;
+    }
+    st = h5r_charge(c, objpath, bytes);
+    if (st != KV_OK) goto cleanup;
+    /* HDF5's strings are released with its own call: the run keeps copies */
+    r->prompt_text = kv_prompt_text_copy(vls, r->batch);
+    if (r->prompt_text == NULL) {
+        st = h5_report_fail(c, KV_ERR_INTERNAL, "out of memory");
+        goto cleanup;
+    }
+    if (!h5_prompt_text_ok(r, why, sizeof why)) {
+        st = h5_report_fail(c, KV_ERR_INPUT, "%s: %s", gpath, why);
+    }
+cleanup:
+    if (vls != NULL && r->batch > 0 && mem >= 0 &&
+        H5Dvlen_reclaim(mem, space, H5P_DEFAULT, vls) < 0 && st == KV_OK) {
+        st = h5_fail(c, KV_ERR_INTERNAL, "%s: cannot release variable-length strings", objpath);
+    }
+    free(vls);
+    h5_close(H5Tclose, mem, objpath, &st, c);
+    h5_close(H5Sclose, space, objpath, &st, c);
+    h5_close(H5Tclose, type, objpath, &st, c);
+    h5_close(H5Dclose, dset, objpath, &st, c);
+    return st;
+}
+
 static KvStatus h5r_run(hid_t runs, int64_t i, int64_t n_runs, KvRun *r, ReportCtx *c) {
     KvStatus st = KV_OK;
     hid_t g = H5I_INVALID_HID;
@@ -1167,6 +1251,7 @@ static KvStatus h5r_run(hid_t runs, int64_t i, int64_t n_runs, KvRun *r, ReportC
                         c);
     if (st != KV_OK) goto cleanup;
     st = h5r_run_datasets(g, objpath, i, r, c); /* none when skipped */
+    if (st == KV_OK) st = h5r_prompt_text(g, objpath, r, c);
     if (st != KV_OK) goto cleanup;
     /* a prefix-reuse script is whole: its three attributes within the
      * run's sizes and its suffix there (a run without one has none) */

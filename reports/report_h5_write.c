@@ -247,6 +247,10 @@ static KvStatus report_validate(const KvReport *rep, ReportCtx *c) {
                                   r->shift_step, r->shift_keep, r->shift_drop);
         }
         if (r->skipped) continue;
+        char why[160];
+        if (!h5_prompt_text_ok(r, why, sizeof why)) {
+            return h5_report_fail(c, KV_ERR_INPUT, "runs[%" PRId64 "].%s", i, why);
+        }
         for (size_t a = 0; a < H5_RUN_DATASETS.n; a++) {
             const RunDataset *d = &H5_RUN_DATASETS.sets[a];
             const size_t count = h5_run_holds(r, d) ? run_shape_count(r, &n, d->shape) : 0;
@@ -688,6 +692,21 @@ static KvStatus h5w_run_dataset(hid_t g, const char *objpath, const KvRun *r, co
     return h5w_dataset(g, objpath, d->name, file_type, mem_type, rank, dims, data, d->chunked, c);
 }
 
+/* A run's row texts (report_validate checked them) as the (batch,)
+ * variable-length UTF-8 dataset prompt_text. */
+static KvStatus h5w_prompt_text(hid_t g, const char *objpath, const KvRun *r, ReportCtx *c) {
+    KvStatus st = KV_OK;
+    hid_t type = H5Tcopy(H5T_C_S1);
+    if (type < 0 || H5Tset_size(type, H5T_VARIABLE) < 0 || H5Tset_cset(type, H5T_CSET_UTF8) < 0) {
+        st = h5_fail(c, KV_ERR_INTERNAL, "%s/prompt_text: cannot make a string type", objpath);
+    } else {
+        const hsize_t dims[1] = {(hsize_t)r->batch};
+        st = h5w_dataset(g, objpath, "prompt_text", type, type, 1, dims, r->prompt_text, false, c);
+    }
+    h5_close(H5Tclose, type, "string type", &st, c);
+    return st;
+}
+
 /* share: identical logits of one unit are one dataset (h5w_logits_twins);
  * otherwise every run stores its own. */
 static KvStatus h5w_runs(hid_t file, hid_t gcpl, const KvReport *rep, bool share, ReportCtx *c) {
@@ -729,6 +748,9 @@ static KvStatus h5w_runs(hid_t file, hid_t gcpl, const KvReport *rep, bool share
             if (h5_run_holds(&rep->runs[i], d)) {
                 st = h5w_run_dataset(g, objpath, &rep->runs[i], d, twin[i], c);
             }
+        }
+        if (st == KV_OK && !rep->runs[i].skipped && rep->runs[i].prompt_text != NULL) {
+            st = h5w_prompt_text(g, objpath, &rep->runs[i], c);
         }
         h5_close(H5Gclose, g, objpath, &st, c);
         g = H5I_INVALID_HID;
