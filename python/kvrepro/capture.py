@@ -56,6 +56,11 @@ class CaptureSpec:
     dtype: str
     repeats: int
     device: str
+    # the rows' texts and "<name> vocab=<V> sha256=<16 hex>" of their
+    # tokenizer, when the prompts came from texts (None: ids only, and the
+    # report has no prompt_text, no tokenizer attribute)
+    texts: list[str] | None = None
+    tokenizer: str | None = None
 
 
 class RecompileLog(logging.Handler):
@@ -345,6 +350,8 @@ def decode(model, spec: CaptureSpec, ids_np: np.ndarray, real_np: np.ndarray, re
             # at most 1023 UTF-8 bytes, cut at a character: what the C side's
             # report keeps (KvRun.first_recompile) and `gate --external` copies
             extra["first_recompile"] = first_reason.encode()[:1023].decode(errors="ignore")
+    if spec.texts is not None and spec.tokenizer is not None:
+        extra["tokenizer"] = spec.tokenizer
     return Run(model=os.path.basename(os.path.abspath(spec.model_dir)), scenario=spec.scenario,
                variant=variant_name(spec.layer, spec.impl, spec.dtype),
                backend="torch-cuda" if dev.startswith("cuda") else "torch-cpu", mode=spec.mode,
@@ -353,7 +360,7 @@ def decode(model, spec: CaptureSpec, ids_np: np.ndarray, real_np: np.ndarray, re
                probe_names=probes.names, probe_hash=hashes,
                graphs_captured=graphs if compiled else 0, recompiles=recompiles if compiled else -1,
                graph_budget=GRAPH_BUDGET.get(spec.layer, -1) if compiled else -1,
-               extra=extra, vocab=config.vocab_size, steps=n_steps)
+               extra=extra, vocab=config.vocab_size, steps=n_steps, prompt_text=spec.texts)
 
 
 def load_or_refusal(spec: CaptureSpec) -> tuple[torch.nn.Module | None, str]:

@@ -4,7 +4,12 @@
                      [--cache LAYER[,LAYER...]] [--mode MODE[,MODE...]]
                      [--attn IMPL[,IMPL...]] [--dtype fp32|bf16] [--repeats R]
                      [--scenario NAME] [--device cpu|cuda[:N]] [--threads T] --out RUN.h5
+  kvrepro-hf capture ... (--text TEXT [--text TEXT ...] | --text-file FILE) ...
   kvrepro-hf plot REPORT.h5 --out DIR [--window W]
+  kvrepro-hf prompts --model DIR (--text TEXT [--text ...] | --text-file FILE) --out P.json
+                     [--no-special-tokens]
+  kvrepro-hf show REPORT.h5 --model DIR
+  kvrepro-hf convert-gguf FILE.gguf --out DIR [--sliding-window N] [--dtype fp32|bf16]
 
 Exit codes: 0 done, 2 bad input or usage (a message naming the file and
 field), 3 internal error. Every argument is checked, against the bounds in
@@ -23,6 +28,7 @@ from typing import Any
 
 from .errors import InputError
 from .files import check_out_dir, check_writable, open_regular, read_regular, same_file
+from .prompts import SEPARATOR, PromptsFile, check_text, parse_prompts_file, parse_text_file
 from .names import (BROKEN, DTYPE_NAMES, IMPLS, LAYERS, MAX_CONFIG_BYTES, MAX_CUDA_INDEX, MAX_HOLD_BYTES,
                     MAX_NAME_BYTES, MAX_NEW_TOKENS, MAX_PROMPT_LEN, MAX_PROMPT_ROWS, MAX_PROMPTS_BYTES,
                     MAX_REPEATS, MAX_THREADS, MAX_VOCAB, MAX_WINDOW, MODES)
@@ -116,34 +122,29 @@ class _Once(argparse.Action):
 # ---------------------------------------------------------------- inputs
 
 def parse_prompts(path: str, data: bytes) -> list[list[int]]:
-    """A JSON array of non-empty arrays of token ids (the C gate's --prompts
-    format), within the reader's bounds."""
-    try:
-        rows = json.loads(data)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:   # trailing content included
-        raise InputError(f"{path}: not JSON: {e}") from None
-    except RecursionError:
-        raise InputError(f"{path}: not a prompts file: arrays nested too deeply") from None
-    if not isinstance(rows, list) or not rows:
-        raise InputError(f"{path}: expected a non-empty JSON array of token-id arrays")
-    if len(rows) > MAX_PROMPT_ROWS:
-        raise InputError(f"{path}: {len(rows)} prompts, above the {MAX_PROMPT_ROWS} rows a run may have")
-    for i, row in enumerate(rows):
-        if not isinstance(row, list) or not row:
-            raise InputError(f"{path}: prompt {i}: expected a non-empty array of token ids")
-        if len(row) > MAX_PROMPT_LEN:
-            raise InputError(f"{path}: prompt {i}: {len(row)} tokens, above the {MAX_PROMPT_LEN} a "
-                             "prompt may have")
-        for j, t in enumerate(row):
-            if not isinstance(t, int) or isinstance(t, bool) or t < 0 or t > 2**31 - 1:
-                raise InputError(f"{path}: prompt {i} token {j}: expected a token id (integer >= 0)")
-    return rows
+    """The token ids of a prompts file (the C gate's --prompts format: a
+    JSON array of token-id arrays, or the object form of kvrepro/prompts.py),
+    within the reader's bounds."""
+    return parse_prompts_file(path, data).prompts
+
+
+def read_prompts_file(path: str) -> PromptsFile:
+    """The prompts file: a regular file (a FIFO would block the read, a
+    device never end it) of at most MAX_PROMPTS_BYTES."""
+    return parse_prompts_file(path, read_regular(path, MAX_PROMPTS_BYTES, "prompts"))
 
 
 def read_prompts(path: str) -> list[list[int]]:
-    """The prompts file: a regular file (a FIFO would block the read, a
-    device never end it) of at most MAX_PROMPTS_BYTES."""
-    return parse_prompts(path, read_regular(path, MAX_PROMPTS_BYTES, "prompts"))
+    return read_prompts_file(path).prompts
+
+
+def read_texts(args: argparse.Namespace) -> list[str] | None:
+    """--text (each given) or --text-file's prompts, or None when neither."""
+    if getattr(args, "text_file", None):
+        return parse_text_file(args.text_file, read_regular(args.text_file, MAX_PROMPTS_BYTES, "text"))
+    if getattr(args, "text", None):
+        return [check_text(t, f"--text {i + 1}") for i, t in enumerate(args.text)]
+    return None
 
 
 def read_model_config(path: str) -> dict[str, Any]:
@@ -218,11 +219,22 @@ def cmd_capture(args: argparse.Namespace) -> int:
     config = read_model_config(args.model)
     model_name = os.path.basename(os.path.abspath(args.model))
     check_name(model_name, f"{args.model}: the model's name (its directory's)")
-    prompts = read_prompts(args.prompts)
-    scenario = args.scenario or check_name(os.path.splitext(os.path.basename(args.prompts))[0],
-                                           f"{args.prompts}: the scenario's name (give --scenario)")
     cfg_path = os.path.join(args.model, "config.json")
     vocab = config_int(config, "vocab_size", MAX_VOCAB, cfg_path)
+    texts = read_texts(args)
+    if texts is not None:
+        from .prompts import check_has_tokenizer, tokenize
+
+        check_has_tokenizer(args.model)
+        source = args.text_file or "--text"
+        default_scenario = os.path.splitext(os.path.basename(args.text_file))[0] if args.text_file else "text"
+        pfile = tokenize(args.model, texts, vocab=vocab)
+    else:
+        source = args.prompts
+        default_scenario = os.path.splitext(os.path.basename(args.prompts))[0]
+        pfile = read_prompts_file(args.prompts)
+    prompts = pfile.prompts
+    scenario = args.scenario or check_name(default_scenario, f"{source}: the scenario's name (give --scenario)")
     n_layers = config_int(config, "num_hidden_layers", 1 << 16, cfg_path) or 0
     if vocab is not None:
         n_runs = len(args.attn) * len(args.cache) * len(args.mode) * args.repeats
@@ -230,13 +242,13 @@ def cmd_capture(args: argparse.Namespace) -> int:
     for i, row in enumerate(prompts):
         for j, t in enumerate(row):
             if isinstance(vocab, int) and t >= vocab:
-                raise InputError(f"{args.prompts}: prompt {i} token {j}: id {t} is not below the "
+                raise InputError(f"{source}: prompt {i} token {j}: id {t} is not below the "
                                  f"model's vocab_size {vocab} ({args.model}/config.json)")
     try:
         model_files = [os.path.join(args.model, n) for n in os.listdir(args.model)]
     except OSError as e:
         raise InputError(f"{args.model}: cannot list: {e.strerror or e}") from None
-    _check_out_not_input(args.out, [args.prompts, *model_files])
+    _check_out_not_input(args.out, [p for p in (args.prompts, args.text_file) if p] + model_files)
 
     import torch
 
@@ -253,7 +265,10 @@ def cmd_capture(args: argparse.Namespace) -> int:
             for mode in args.mode:
                 spec = CaptureSpec(model_dir=args.model, prompts=prompts, scenario=scenario,
                                    new_tokens=args.max_new_tokens, layer=layer, mode=mode, impl=impl,
-                                   dtype=args.dtype, repeats=args.repeats, device=args.device)
+                                   dtype=args.dtype, repeats=args.repeats, device=args.device,
+                                   texts=pfile.texts,
+                                   tokenizer=(pfile.tokenizer_text() if pfile.texts is not None
+                                              and pfile.tokenizer is not None else None))
                 if model is None and not refusal:
                     model, refusal = load_or_refusal(spec)
                 got = (capture(spec, model) if model is not None
@@ -295,6 +310,53 @@ def cmd_plot(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_prompts(args: argparse.Namespace) -> int:
+    from .files import publish
+    from .prompts import check_has_tokenizer, dump_prompts_file, tokenize
+
+    check_writable(args.out, "--out")
+    texts = read_texts(args)
+    assert texts is not None   # argparse requires --text or --text-file
+    check_has_tokenizer(args.model)
+    vocab = None
+    if os.path.lexists(os.path.join(args.model, "config.json")):
+        vocab = config_int(read_model_config(args.model), "vocab_size", MAX_VOCAB,
+                           os.path.join(args.model, "config.json"))
+    inputs = [os.path.join(args.model, n) for n in os.listdir(args.model)]
+    if args.text_file:
+        inputs.append(args.text_file)
+    for path in inputs:
+        if same_file(args.out, path):
+            raise InputError(f"{args.out}: is an input ({path}): choose another --out")
+    pf = tokenize(args.model, texts, add_special_tokens=not args.no_special_tokens, vocab=vocab)
+    data = dump_prompts_file(pf)
+    publish(args.out, lambda f: f.write(data), "--out")
+    lens = ", ".join(str(len(r)) for r in pf.prompts)
+    print(f"wrote {len(pf.prompts)} prompts ({lens} tokens) to {args.out}")
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    os.close(open_regular(args.report, "report"))
+    from .prompts import load_tokenizer
+    from .show import show_report
+
+    tok = load_tokenizer(args.model)
+    for line in show_report(args.report, tok, args.model):
+        print(line)
+    return 0
+
+
+def cmd_convert_gguf(args: argparse.Namespace) -> int:
+    from .gguf_convert import convert
+
+    cfg = convert(args.gguf, args.out, args.sliding_window, args.dtype)
+    window = cfg.get("sliding_window")
+    print(f"wrote {args.out}: {cfg['model_type']} ({cfg['architectures'][0]}), {cfg['num_hidden_layers']} layers, "
+          f"vocab {cfg['vocab_size']}, sliding_window {window}, {cfg['dtype']}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The command line; every option has a type that bounds it (the test
     test_cli_errors runs each with bad values)."""
@@ -303,9 +365,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("capture", help="record greedy decodes as kvrepro runs", allow_abbrev=False)
     c.add_argument("--model", required=True, type=_path, action=_Once, help="Hugging Face checkpoint directory")
-    c.add_argument("--prompts", required=True, type=_path, action=_Once,
-                   help="JSON array of token-id arrays (left-padded batch), a regular file of at most "
-                        f"{MAX_PROMPTS_BYTES >> 20} MiB, {MAX_PROMPT_ROWS} rows of {MAX_PROMPT_LEN} tokens")
+    src = c.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompts", type=_path, action=_Once,
+                     help="JSON array of token-id arrays (left-padded batch), or the object form "
+                          "`kvrepro-hf prompts` writes; a regular file of at most "
+                          f"{MAX_PROMPTS_BYTES >> 20} MiB, {MAX_PROMPT_ROWS} rows of {MAX_PROMPT_LEN} tokens")
+    _text_options(src)
     c.add_argument("--max-new-tokens", type=_int_in(1, MAX_NEW_TOKENS, "longer than any model's context"),
                    required=True, action=_Once, metavar="N")
     c.add_argument("--cache", default=list(LAYERS), type=_names(LAYERS + BROKEN), action=_Once,
@@ -325,6 +390,43 @@ def build_parser() -> argparse.ArgumentParser:
                    help="torch CPU threads (default 1; 0 = torch's default)")
     c.add_argument("--out", required=True, type=_path, action=_Once,
                    help="report to write (HDF5, docs/SCHEMA.md): a new name or a regular file")
+    t = sub.add_parser("prompts", help="tokenize texts into a prompts file", allow_abbrev=False,
+                       description="Tokenizes each text with the model directory's own tokenizer "
+                                   "(AutoTokenizer), adding the special tokens transformers' generate "
+                                   "adds (add_special_tokens=True: e.g. Gemma's BOS), and writes the "
+                                   "prompts file `kvrepro gate --prompts` and `kvrepro-hf capture "
+                                   "--prompts` read, with the texts and the tokenizer's identity "
+                                   "(name, vocabulary size, sha256 of its vocabulary).")
+    t.add_argument("--model", required=True, type=_path, action=_Once,
+                   help="Hugging Face checkpoint directory holding its tokenizer "
+                        "(tokenizer.json, tokenizer.model or tokenizer_config.json)")
+    _text_options(t.add_mutually_exclusive_group(required=True))
+    t.add_argument("--no-special-tokens", action="store_true",
+                   help="tokenize without the special tokens (no BOS): not what generate sees")
+    t.add_argument("--out", required=True, type=_path, action=_Once,
+                   help="prompts file to write (JSON): a new name or a regular file")
+    sh = sub.add_parser("show", help="print a report's prompts and decodes as text", allow_abbrev=False)
+    sh.add_argument("report", type=_path)
+    sh.add_argument("--model", required=True, type=_path, action=_Once,
+                    help="model directory whose tokenizer decodes the ids (the one the prompts were "
+                         "tokenized with)")
+    g = sub.add_parser("convert-gguf", help="dequantize a GGUF checkpoint into a Hugging Face directory",
+                       allow_abbrev=False,
+                       description="Dequantizes a GGUF checkpoint (llama.cpp's format) through transformers "
+                                   "and writes a Hugging Face directory: config.json with every field "
+                                   "resolved, model.safetensors, tokenizer.json and tokenizer_config.json. "
+                                   "Architectures: llama (Mistral is written as llama), gemma2, gemma3, "
+                                   "qwen2. Works offline.")
+    g.add_argument("gguf", type=_path, metavar="FILE", help="the .gguf file (one file, not a split one)")
+    g.add_argument("--out", required=True, type=_path, action=_Once,
+                   help="directory to create: a new name or an empty directory")
+    g.add_argument("--sliding-window", type=_int_in(1, MAX_WINDOW, "a sliding window"), default=None,
+                   action=_Once, metavar="N",
+                   help="make it a sliding-window model of window N (at most max_position_embeddings): "
+                        "llama weights become model_type mistral; qwen2 slides on every layer; gemma2, "
+                        "gemma3 and mistral take N as their sliding_window")
+    g.add_argument("--dtype", default="fp32", choices=DTYPE_NAMES, action=_Once,
+                   help="weights written as float32 (default) or bfloat16")
     p = sub.add_parser("plot", help="render a report's runs as PNGs", allow_abbrev=False)
     p.add_argument("report", type=_path)
     p.add_argument("--out", required=True, type=_path, action=_Once, help="directory for the PNGs")
@@ -334,10 +436,20 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def _text_options(group: argparse._MutuallyExclusiveGroup) -> None:
+    group.add_argument("--text", action="append", type=str, metavar="TEXT",
+                       help="a prompt's text (give it once per prompt)")
+    group.add_argument("--text-file", type=_path, action=_Once, metavar="FILE",
+                       help=f"UTF-8 text file of prompts separated by lines holding only '{SEPARATOR}' "
+                            "(each prompt is the lines between, without the newline before a separator)")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    commands = {"capture": cmd_capture, "plot": cmd_plot, "prompts": cmd_prompts, "show": cmd_show,
+                "convert-gguf": cmd_convert_gguf}
     try:
-        return cmd_capture(args) if args.cmd == "capture" else cmd_plot(args)
+        return commands[args.cmd](args)
     except InputError as e:
         print(f"kvrepro-hf: {e}", file=sys.stderr)
         return EXIT_INPUT

@@ -56,3 +56,6 @@ MAX_CUDA_INDEX = 1023
 # report may hold (KV_REPORT_MAX_PROMPT_LEN + KV_REPORT_MAX_STEPS) is never
 # full in any run, so it is a typo.
 MAX_WINDOW = MAX_PROMPT_LEN + MAX_NEW_TOKENS
+# --text, a --text-file's prompt: a prompt text's UTF-8 bytes (16 MiB; a row
+# is at most MAX_PROMPT_LEN tokens anyway).
+MAX_TEXT_BYTES = 1 << 24

@@ -64,6 +64,7 @@ class Run:
     extra: dict[str, str | int] = field(default_factory=dict)  # attributes the C side ignores
     vocab: int = 0
     steps: int = 0
+    prompt_text: list[str] | None = None    # (B,) the rows' texts, when the prompts came from texts
 
 
 def _fixed(text: str, size: int, what: str) -> np.bytes_:
@@ -186,6 +187,10 @@ def _write_run(g: h5py.Group, run: Run) -> None:
     logits = np.ascontiguousarray(run.logits, dtype="<f4")
     g.create_dataset("prompt", data=run.prompt.astype("<i4"))
     g.create_dataset("prompt_real", data=run.prompt_real.astype("u1"))
+    if run.prompt_text is not None:
+        # written only when texts were given: a report of ids stays as it was
+        g.create_dataset("prompt_text", data=np.array(run.prompt_text, dtype=object),
+                         dtype=h5py.string_dtype("utf-8"))
     g.create_dataset("tokens", data=run.tokens.astype("<i4"))
     if big:
         ids, vals = _topk(logits, TOPK)
