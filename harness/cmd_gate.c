@@ -79,7 +79,9 @@ static void gate_usage(FILE *f) {
             "                    [--quiet | --verbose]\n"
             "       kvrepro gate --model DIR --external RUN.h5 [--external RUN.h5]...\n"
             "                    [--report PATH.h5] [--junit PATH.xml] [--tol NAME=VALUE]...\n"
-            "                    [--no-calibrate] [--quiet | --verbose]\n\n"
+            "                    [--no-calibrate] [--quiet | --verbose]\n"
+            "       kvrepro gate --model DIR --golden GOLDEN.h5 [--report PATH.h5]\n"
+            "                    [--junit PATH.xml] [--tol NAME=VALUE]... [--quiet | --verbose]\n\n"
             "Runs the reference and every selected cache variant on every scenario, compares\n"
             "them (reference agreement within tolerances; repeats, graph vs eager, variant vs\n"
             "variant and replays bitwise), prints one line per run and a final\n"
@@ -110,6 +112,13 @@ static void gate_usage(FILE *f) {
                   NULL);
     gate_help_opt(f, "--goldens DIR", "where the transformers goldens are (default: this source "
                   "tree's fixtures/hf, or $KVREPRO_SOURCE_DIR/fixtures/hf)", -1, NULL, NULL);
+    snprintf(t, sizeof t, "judge the reference on --model DIR against transformers' greedy "
+             "decodes of it recorded in FILE (fixtures/hf/README.md's golden layout, e.g. "
+             "written by fixtures/real/generate.py), instead of running the matrix: each "
+             "batch teacher-forced with transformers' tokens, every logit of every row within "
+             "max_rel_err %g and tie_margin %g unless --tol says otherwise, and each row of a "
+             "batch bitwise the row decoded alone", KV_GOLDEN_MAX_REL_ERR, KV_GOLDEN_TIE_MARGIN);
+    gate_help_opt(f, "--golden FILE", t, -1, NULL, NULL);
     gate_help_opt(f, "--no-goldens", "do not judge the reference against transformers' goldens "
                   "(by default each built-in fixture's family is)", -1, NULL, NULL);
     gate_help_opt(f, "--allow-empty", "accept a shard that holds no unit (exit 0, said so); "
@@ -331,6 +340,8 @@ typedef struct {
     const KvCacheOps *variants[KV_GATE_MAX_LIST];
     KvGateBackend backends[KV_GATE_MAX_LIST]; /* o->backends points here */
     const char *externals[KV_GATE_MAX_EXTERNAL]; /* --external files, in order */
+    const char *golden_path;  /* --golden FILE: the reference judged against it alone */
+    bool tie_margin_set;      /* --tol tie_margin=... given */
     int n_external;
     const char *matrix_opt;  /* the first option given that shapes the matrix (or picks a
                               * fixture): refused with --external, which runs none */
@@ -358,6 +369,29 @@ static bool gate_check_external_args(const GateArgs *a) {
     if (a->n_models != 1) {
         fprintf(stderr, "kvrepro gate: --external needs exactly one --model DIR, the checkpoint "
                 "the external runs decoded; found %d\n", a->n_models);
+        return false;
+    }
+    return true;
+}
+
+/* --golden judges the reference alone, on one checkpoint directory: the
+ * options that shape a matrix would be silently ignored, so they are
+ * refused, as with --external. Prints the problem; false when refused. */
+static bool gate_check_golden_args(const GateArgs *a) {
+    if (a->golden_path == NULL) return true;
+    if (a->n_external > 0) {
+        fprintf(stderr, "kvrepro gate: --golden and --external exclude each other\n");
+        return false;
+    }
+    if (a->matrix_opt != NULL) {
+        fprintf(stderr, "kvrepro gate: %s cannot be used with --golden: the golden gate runs no "
+                "cache variants and no scenarios (it decodes the golden's prompts with the CPU "
+                "reference)\n", a->matrix_opt);
+        return false;
+    }
+    if (a->n_models != 1 || !a->model_is_dir[0]) {
+        fprintf(stderr, "kvrepro gate: --golden needs exactly one --model DIR, the checkpoint "
+                "the golden decoded\n");
         return false;
     }
     return true;
@@ -413,6 +447,9 @@ static bool gate_parse_args(int argc, char **argv, GateArgs *a, KvGateOptions *o
         } else if (strcmp(argv[i], "--no-goldens") == 0) {
             a->no_goldens = true;
             gate_note_matrix_opt(a, "--no-goldens");
+        } else if (kv_cli_take(argc, argv, &i, "--golden", &v, &bad)) {
+            if (bad) break;
+            a->golden_path = v;
         } else if (kv_cli_take(argc, argv, &i, "--goldens", &v, &bad)) {
             if (bad) break;
             a->goldens_root = v;
@@ -510,6 +547,9 @@ static bool gate_parse_args(int argc, char **argv, GateArgs *a, KvGateOptions *o
             if (!bad && strncmp(v, "max_rel_err=", strlen("max_rel_err=")) == 0) {
                 o->tol_max_rel_err_set = true; /* overrides the calibrated value */
             }
+            if (!bad && strncmp(v, "tie_margin=", strlen("tie_margin=")) == 0) {
+                a->tie_margin_set = true;
+            }
         } else if (kv_cli_take(argc, argv, &i, "--shard", &v, &bad)) {
             gate_note_matrix_opt(a, "--shard");
             if (bad) break;
@@ -563,6 +603,7 @@ static bool gate_parse_args(int argc, char **argv, GateArgs *a, KvGateOptions *o
         bad = true;
     }
     if (!bad && !gate_check_external_args(a)) bad = true;
+    if (!bad && !gate_check_golden_args(a)) bad = true;
     if (!bad && a->mutation && !scen_given) {
         /* The mutation score covers every planted fault: pad_slots acts
          * only on the extended right-padded scenarios, shift_cells only on
@@ -1057,6 +1098,74 @@ static void gate_tune_malloc(void) {
 #endif
 }
 
+/* `gate --model DIR --golden FILE`: the reference on DIR judged against
+ * transformers' decodes recorded in FILE, and nothing else. Exit 0 only
+ * when something was judged and all of it agrees. */
+static int gate_run_golden_only(const GateArgs *a, KvGateOptions *o) {
+    KvReport rep;
+    memset(&rep, 0, sizeof rep);
+    KvError err = {{0}};
+    int rc = KV_EXIT_PASS;
+    bool failed = false;
+    int64_t judged = 0;
+    const char *dir = a->models[0];
+    KvTolerances tol = {KV_GOLDEN_MAX_REL_ERR, KV_GOLDEN_TIE_MARGIN};
+    if (o->tol_max_rel_err_set) tol.max_rel_err = o->tol.max_rel_err;
+    if (a->tie_margin_set) tol.tie_margin = o->tol.tie_margin;
+    o->tol = tol;
+    o->tol_max_rel_err_set = true; /* recorded as given, not calibrated */
+    /* the runs are named by the directory's last component */
+    char path[1024], name[KV_NAME_LEN];
+    snprintf(path, sizeof path, "%s", dir);
+    for (size_t n = strlen(path); n > 1 && path[n - 1] == '/'; n--) path[n - 1] = '\0';
+    const char *slash = strrchr(path, '/');
+    snprintf(name, sizeof name, "%.63s", slash != NULL && slash[1] != '\0' ? slash + 1 : path);
+    kv_gate_fill_root(&rep, a->seed, o->prompt_seed, 1, 1);
+    snprintf(rep.device, sizeof rep.device, "cpu only (--golden: the CPU reference alone)");
+    KvStatus st = kv_gate_record_tolerances(o, &rep, &err);
+    if (st == KV_OK) {
+        snprintf(rep.tolerances[0].reason, sizeof rep.tolerances[0].reason,
+                 "--golden: every logit against transformers' (--tol overrides)");
+    }
+    if (st == KV_OK) st = kv_gate_check_outputs(a->report_path, a->junit_path, &err);
+    if (st == KV_OK) {
+        const char *inputs[1] = {a->golden_path};
+        st = kv_gate_check_outputs_apart(a->report_path, a->junit_path, inputs, 1, &dir, 1,
+                                         &err);
+    }
+    if (st != KV_OK) goto cleanup;
+    if (!a->quiet) {
+        printf("%s gate\n", kv_cli_version());
+        printf("reference judged by: transformers golden %s (teacher-forced with its tokens; "
+               "every logit within max_rel_err %g, tie_margin %g; each row of a batch bitwise "
+               "the row alone)\n", a->golden_path, tol.max_rel_err, tol.tie_margin);
+        fflush(stdout);
+    }
+    st = kv_gate_run_golden_at(dir, a->golden_path, name, o, &tol, &rep, &judged, &err);
+    if (st != KV_OK) goto cleanup;
+    failed = kv_gate_print_failures(&rep, false, a->verbose);
+    if (!a->quiet && kv_report_print_table_folded(&rep, NULL, 0, stdout) != KV_OK) {
+        st = kv_error_set(&err, KV_ERR_INTERNAL, "cannot print the summary table");
+        goto cleanup;
+    }
+    st = kv_gate_write_outputs(&rep, a->report_path, a->junit_path, a->quiet, &err);
+    if (st == KV_OK && kv_report_print_counts(&rep, stdout) != KV_OK) {
+        st = kv_error_set(&err, KV_ERR_INTERNAL, "cannot print the summary table");
+    }
+    if (st == KV_OK && judged == 0) {
+        printf("FAIL: %s holds no decode to judge\n", a->golden_path);
+        failed = true;
+    }
+    if (st == KV_OK && failed) rc = KV_EXIT_GATE_FAIL;
+cleanup:
+    if (st != KV_OK) {
+        fprintf(stderr, "kvrepro gate: %s\n", err.msg);
+        rc = kv_cli_exit_code(st);
+    }
+    kv_report_free(&rep);
+    return rc;
+}
+
 int kv_cmd_gate(int argc, char **argv) {
     GateArgs a;
     memset(&a, 0, sizeof a);
@@ -1093,6 +1202,7 @@ int kv_cmd_gate(int argc, char **argv) {
         };
         return kv_gate_external(&x);
     }
+    if (a.golden_path != NULL) return gate_run_golden_only(&a, &o);
     gate_default_models(&a);
     if (gate_pick_goldens(&a, &err) != KV_OK) {
         fprintf(stderr, "kvrepro gate: %s\n", err.msg);

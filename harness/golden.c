@@ -209,13 +209,20 @@ KvStatus kv_gate_run_golden(const char *root, const char *family, const KvGateOp
     snprintf(dir, sizeof dir, "%s/%s", root, family);
     snprintf(path, sizeof path, "%s/golden.h5", dir);
     snprintf(model_name, sizeof model_name, "hf/%.40s", family);
+    const KvTolerances tol = {KV_GOLDEN_MAX_REL_ERR, KV_GOLDEN_TIE_MARGIN};
+    return kv_gate_run_golden_at(dir, path, model_name, o, &tol, rep, judged, err);
+}
+
+KvStatus kv_gate_run_golden_at(const char *dir, const char *path, const char *model_name,
+                               const KvGateOptions *o, const KvTolerances *tol, KvReport *rep,
+                               int64_t *judged, KvError *err) {
     KvModel m;
     memset(&m, 0, sizeof m);
     KvGoldenFile g;
     KvStatus st = kv_golden_load(path, &g, err);
     if (st != KV_OK) return st;
     st = kv_model_load_dir(dir, &m, err);
-    const KvTolerances tol = {KV_GOLDEN_MAX_REL_ERR, KV_GOLDEN_TIE_MARGIN};
+    const int64_t first_run = rep->n_runs;
     for (int i = 0; i < g.n && st == KV_OK; i++) {
         KvGoldenScenario *s = &g.sc[i];
         if (s->vocab != m.config.vocab_size) {
@@ -242,7 +249,7 @@ KvStatus kv_gate_run_golden(const char *root, const char *family, const KvGateOp
         if (st == KV_OK) st = golden_run(s, &m.config, model_name, path, rep, &gold, err);
         if (st != KV_OK) break;
         KvComparison c;
-        kv_compare_outputs_forced(&rep->runs[gold], &rep->runs[ref], &tol, KV_CMP_GOLDEN, gold,
+        kv_compare_outputs_forced(&rep->runs[gold], &rep->runs[ref], tol, KV_CMP_GOLDEN, gold,
                                   ref, &c);
         st = kv_gate_add_comparison(rep, &c, err);
         ++*judged;
@@ -254,6 +261,13 @@ KvStatus kv_gate_run_golden(const char *root, const char *family, const KvGateOp
         c.run_b = ref;
         if (st == KV_OK) st = kv_gate_add_comparison(rep, &c, err);
         ++*judged;
+    }
+    /* every comparison above saw the full rows; a large vocabulary keeps
+     * top-k in the report, as the matrix's runs do */
+    for (int64_t r = first_run; r < rep->n_runs && st == KV_OK; r++) {
+        if (rep->runs[r].logits != NULL && rep->runs[r].vocab > o->full_logits_max_vocab) {
+            st = kv_gate_keep_topk(&rep->runs[r], err);
+        }
     }
     kv_golden_file_free(&g);
     kv_model_free(&m);

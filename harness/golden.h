@@ -64,4 +64,12 @@ void kv_golden_default_root(char *out, size_t n);
 KvStatus kv_gate_run_golden(const char *root, const char *family, const KvGateOptions *o,
                             KvReport *rep, int64_t *judged, KvError *err);
 
+/* The same for any checkpoint directory and golden file (`kvrepro gate
+ * --model DIR --golden FILE`), with the tolerances given; the runs are
+ * named model_name. A vocabulary above o->full_logits_max_vocab keeps
+ * top-k in the report once every comparison has seen the full rows. */
+KvStatus kv_gate_run_golden_at(const char *dir, const char *path, const char *model_name,
+                               const KvGateOptions *o, const KvTolerances *tol, KvReport *rep,
+                               int64_t *judged, KvError *err);
+
 #endif
