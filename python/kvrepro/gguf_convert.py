@@ -19,6 +19,8 @@ end: --out is either absent or complete.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import shutil
@@ -36,8 +38,9 @@ DEFAULT_ALIGNMENT = 32
 # has no architecture of its own in llama.cpp: convert_hf_to_gguf.py writes
 # MistralForCausalLM as "llama" (transformers reads it back as mistral when
 # general.name is "mistral"). gpt-oss is left out: transformers 5.23's GGUF
-# loader maps its stacked experts (blk.N.ffn_*_exps) onto per-expert names
-# GptOssForCausalLM does not have, so the experts would stay random.
+# loader has no tensor processor under the file's name "gpt-oss" and no GGUF
+# name for GptOssForCausalLM's fused mlp.experts.gate_up_proj and expert
+# biases, so those would stay unloaded.
 SUPPORTED_ARCHS = ("llama", "gemma2", "gemma3", "qwen2")
 
 # The GGML tensor types gguf 0.19.0's dequantizer (gguf.quants.dequantize,
@@ -230,12 +233,27 @@ def check_header(h: GgufHeader) -> str:
     arch = h.metadata.get("general.architecture")
     if arch is None:
         raise InputError(f"{path}: field general.architecture: missing")
+    if arch == "gpt-oss":
+        raise InputError(f"{path}: field general.architecture: 'gpt-oss' is not supported: transformers 5.23's "
+                         "GGUF loader leaves its fused expert tensors (mlp.experts.gate_up_proj and the expert "
+                         f"biases) unloaded; supported: {', '.join(SUPPORTED_ARCHS)}")
     if arch not in SUPPORTED_ARCHS:
         raise InputError(f"{path}: field general.architecture: {str(arch)[:64]!r} has no family in the "
                          f"reference; supported: {', '.join(SUPPORTED_ARCHS)}")
     for k in REQUIRED_KEYS:
         if f"{arch}.{k}" not in h.metadata:
             raise InputError(f"{path}: field {arch}.{k}: missing")
+    # RoPE scaling: transformers 5.23's GGUF reader reads neither the scaling
+    # keys (Gemma 3 4B's linear factor 8) nor llama.cpp's rope_freqs tensor
+    # (Llama 3.1's llama3 scaling), so the converted model would rotate
+    # differently from the trained one, silently: refused instead
+    scaling = h.metadata.get(f"{arch}.rope.scaling.type")
+    if scaling not in (None, "none"):
+        raise InputError(f"{path}: field {arch}.rope.scaling.type: {str(scaling)[:32]!r}: RoPE scaling is not "
+                         "carried over by transformers' GGUF reader (nor supported by the reference)")
+    if any(t.name == "rope_freqs.weight" for t in h.tensors):
+        raise InputError(f"{path}: tensor rope_freqs.weight: RoPE frequency factors (llama3 scaling) are not "
+                         "carried over by transformers' GGUF reader (nor supported by the reference)")
     for k in ("tokenizer.ggml.model", "tokenizer.ggml.tokens"):
         if k not in h.metadata:
             raise InputError(f"{path}: field {k}: missing (convert-gguf writes the tokenizer too)")
@@ -274,6 +292,12 @@ def _attention_scalar(arch: str, md: dict[str, Any], head_dim: int, hidden: int,
     return hidden // heads if big else head_dim
 
 
+def _f32_decimal(v: float) -> float:
+    import numpy as np
+
+    return float(np.format_float_positional(np.float32(v), unique=True, trim="-"))
+
+
 def _resolve_config(arch: str, md: dict[str, Any], config: Any, model_class: str, sliding_window: int | None,
                     dtype_name: str) -> dict[str, Any]:
     """config.json: the loaded config with what transformers' GGUF reader
@@ -284,6 +308,12 @@ def _resolve_config(arch: str, md: dict[str, Any], config: Any, model_class: str
     d["architectures"] = [model_class]
     for k in ("quantization_config", "_name_or_path"):
         d.pop(k, None)
+    # llama.cpp stores these as float32: written as the shortest decimal that
+    # is that float32 (1e-06, as the original config says, not
+    # 9.999999974752427e-07); the model adds them in float32 either way
+    for k in ("rms_norm_eps",):
+        if isinstance(d.get(k), float):
+            d[k] = _f32_decimal(d[k])
     if arch in ("gemma2", "gemma3"):
         # transformers 5.23's GGUF config mapping reads neither of these
         d["query_pre_attn_scalar"] = _attention_scalar(arch, md, d["head_dim"], d["hidden_size"],
@@ -291,7 +321,7 @@ def _resolve_config(arch: str, md: dict[str, Any], config: Any, model_class: str
         if arch == "gemma2":
             for k in ("attn_logit_softcapping", "final_logit_softcapping"):
                 if f"gemma2.{k}" in md:
-                    d[k] = float(md[f"gemma2.{k}"])
+                    d[k] = _f32_decimal(float(md[f"gemma2.{k}"]))
     if sliding_window is not None:
         max_pos = d.get("max_position_embeddings")
         if isinstance(max_pos, int) and sliding_window > max_pos:
@@ -341,6 +371,47 @@ def _load_mistral(path: str) -> tuple[Any, dict[str, Any], str]:
     return config, tensors, "MistralForCausalLM"
 
 
+# Texts the saved tokenizer must tokenize as the GGUF's does: spaces, a
+# newline, accents, CJK, an emoji, digits, a special token's spelling.
+PROBE_TEXTS = ("The quick brown fox jumps over the lazy dog.", "  two spaces\nnew line\ttab",
+               "café naïve 日本語 🙂", "1234567 3.14", "the cat is in the sea")
+
+
+def _check_tokenizer(path: str, directory: str, tok: Any) -> None:
+    """The tokenizer as saved in directory tokenizes the probe texts as the
+    one built from the GGUF file does: transformers 5 loads a directory's
+    tokenizer through the model type's class, which imposes its own
+    pipeline (Qwen2Tokenizer its byte-level pre-tokenizer), whatever
+    tokenizer.json says; a file whose vocabulary does not fit that class
+    would otherwise be converted into a directory that tokenizes
+    differently. Also drops the loading option local_files_only that
+    save_pretrained writes back into tokenizer_config.json."""
+    import transformers
+
+    cfg_path = os.path.join(directory, "tokenizer_config.json")
+
+    def edit(**changes: Any) -> None:
+        with open(cfg_path, encoding="utf-8") as f:
+            c = json.load(f)
+        for k, v in changes.items():
+            if v is None:
+                c.pop(k, None)
+            else:
+                c[k] = v
+        with open(cfg_path, "w", encoding="utf-8") as f:
+            json.dump(c, f, indent=2, sort_keys=True, ensure_ascii=False)
+            f.write("\n")
+
+    def same() -> bool:
+        back = transformers.AutoTokenizer.from_pretrained(directory, local_files_only=True)
+        return all(back(t)["input_ids"] == tok(t)["input_ids"] for t in PROBE_TEXTS)
+
+    edit(local_files_only=None)
+    if not same():
+        raise InputError(f"{path}: field tokenizer.ggml.model: the tokenizer transformers builds from the "
+                         "file tokenizes differently once saved and loaded as the model type's tokenizer")
+
+
 def convert(path: str, out: str, sliding_window: int | None, dtype_name: str) -> dict[str, Any]:
     """Converts the GGUF file at path into the directory out; returns the
     config written."""
@@ -356,21 +427,27 @@ def convert(path: str, out: str, sliding_window: int | None, dtype_name: str) ->
     import transformers
     from safetensors.torch import save_file
 
+    print(f"dequantizing {len(h.tensors)} tensors of {path} ({arch}) through transformers", flush=True)
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype_name]
     src_dir, src_name = os.path.split(os.path.abspath(path))
     tmp = f"{os.path.abspath(out).rstrip('/')}.tmp-{os.getpid()}"
     if os.path.lexists(tmp):   # an earlier process with this pid left it
         shutil.rmtree(tmp) if os.path.isdir(tmp) and not os.path.islink(tmp) else os.unlink(tmp)
     os.mkdir(tmp)
+    # transformers' progress bars (tqdm) go to stderr, where a refusal must
+    # be one line: they are swallowed; convert-gguf says on stdout what it does
+    quiet = contextlib.redirect_stderr(io.StringIO())
     try:
         try:
-            if arch == "llama" and h.metadata.get("general.name") == "mistral":
-                config, sd, cls_name = _load_mistral(path)
-            else:
-                model = transformers.AutoModelForCausalLM.from_pretrained(
-                    src_dir, gguf_file=src_name, dtype=torch.float32, local_files_only=True)
-                config, sd, cls_name = model.config, model.state_dict(), type(model).__name__
-            tok = transformers.AutoTokenizer.from_pretrained(src_dir, gguf_file=src_name, local_files_only=True)
+            with quiet:
+                if arch == "llama" and h.metadata.get("general.name") == "mistral":
+                    config, sd, cls_name = _load_mistral(path)
+                else:
+                    model = transformers.AutoModelForCausalLM.from_pretrained(
+                        src_dir, gguf_file=src_name, dtype=torch.float32, local_files_only=True)
+                    config, sd, cls_name = model.config, model.state_dict(), type(model).__name__
+                tok = transformers.AutoTokenizer.from_pretrained(src_dir, gguf_file=src_name,
+                                                                 local_files_only=True)
         except (ValueError, KeyError, NotImplementedError, RuntimeError) as e:
             first = (str(e).strip().splitlines() or [""])[0][:300]
             raise InputError(f"{path}: transformers cannot load it: {type(e).__name__}: {first}") from None
@@ -385,6 +462,8 @@ def convert(path: str, out: str, sliding_window: int | None, dtype_name: str) ->
             json.dump(cfg, f, indent=2, sort_keys=True)
             f.write("\n")
         tok.save_pretrained(tmp)
+        with contextlib.redirect_stderr(io.StringIO()):
+            _check_tokenizer(path, tmp, tok)
         if os.path.isdir(out):
             os.rmdir(out)   # empty (checked): the rename takes its place
         os.rename(tmp, out)

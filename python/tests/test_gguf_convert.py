@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import struct
 import subprocess
 import sys
@@ -69,6 +70,30 @@ def tiny_tokens() -> list[str]:
     toks += ["\u2581" + w for w in words]
     assert len(set(toks)) >= VOCAB, len(set(toks))
     return toks[:VOCAB]
+
+
+def tiny_bpe() -> tuple[list[str], list[str]]:
+    """A byte-level BPE vocabulary of VOCAB tokens and its merges, as a
+    Qwen2 GGUF has (tokenizer.ggml.model "gpt2"): three control tokens, the
+    letters, "\u0120" (GPT-2's spelling of a space) and words built up one
+    merge at a time."""
+    sp = "\u0120"
+    toks = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", sp, ".", ","] + list("abcdefghijklmnopqrstuvwxyz")
+    merges: list[str] = []
+    for w in ("the", "cat", "is", "in", "sea", "sky", "red", "blue", "dog", "fox", "over", "lazy", "quick",
+              "brown", "jumps", "new", "line", "two", "spaces", "tab", "and", "of", "to", "it", "on"):
+        prev = sp
+        for c in w:
+            nxt = prev + c
+            if nxt not in toks:
+                if len(toks) == VOCAB:
+                    return toks, merges
+                toks.append(nxt)
+                merges.append(f"{prev} {c}")
+            prev = nxt
+    while len(toks) < VOCAB:   # unreachable with the words above; keeps the size exact
+        toks.append(f"<|extra_{len(toks)}|>")
+    return toks, merges
 
 
 def hf_model(arch: str) -> tuple[Any, dict[str, torch.Tensor]]:
@@ -129,7 +154,8 @@ def llama_permute(w: np.ndarray, n_head: int, n_head_kv: int) -> np.ndarray:
 
 
 def write_gguf(path: str, arch: str, *, omit_arch: bool = False, gguf_arch: str | None = None,
-               raw_override: dict[str, tuple[np.ndarray, Any]] | None = None) -> tuple[Any, dict[str, torch.Tensor]]:
+               raw_override: dict[str, tuple[np.ndarray, Any]] | None = None,
+               rope_scaling: str | None = None, spm: bool | None = None) -> tuple[Any, dict[str, torch.Tensor]]:
     """Writes the tiny model of arch to path as llama.cpp would, F32
     tensors. Returns the HF config and state dict it came from."""
     cfg, sd = hf_model(arch)
@@ -164,17 +190,31 @@ def write_gguf(path: str, arch: str, *, omit_arch: bool = False, gguf_arch: str 
     if arch == "gemma2":
         w.add_attn_logit_softcapping(cfg.attn_logit_softcapping)
         w.add_final_logit_softcapping(cfg.final_logit_softcapping)
+    if rope_scaling:   # as convert_hf_to_gguf.py writes Gemma 3 4B's
+        w.add_rope_scaling_type(gguf.RopeScalingType(rope_scaling))
+        w.add_rope_scaling_factor(8.0)
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
-    toks = tiny_tokens()
-    w.add_tokenizer_model("llama")
-    w.add_token_list(toks)
-    w.add_token_scores([0.0, 0.0, 0.0] + [-float(i) for i in range(len(toks) - 3)])
-    w.add_token_types([gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL]
-                      + [gguf.TokenType.NORMAL] * (len(toks) - 3))
-    w.add_unk_token_id(0)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_add_bos_token(True)
+    if (arch == "qwen2") if spm is None else not spm:   # as convert_hf_to_gguf.py writes Qwen2's byte-level BPE
+        toks, merges = tiny_bpe()
+        w.add_tokenizer_model("gpt2")
+        w.add_tokenizer_pre("qwen2")
+        w.add_token_list(toks)
+        w.add_token_types([gguf.TokenType.CONTROL] * 3 + [gguf.TokenType.NORMAL] * (len(toks) - 3))
+        w.add_token_merges(merges)
+        w.add_eos_token_id(2)
+        w.add_pad_token_id(0)
+        w.add_add_bos_token(False)
+    else:   # sentencepiece ("llama"), as Llama 2, Mistral and Gemma files have
+        toks = tiny_tokens()
+        w.add_tokenizer_model("llama")
+        w.add_token_list(toks)
+        w.add_token_scores([0.0, 0.0, 0.0] + [-float(i) for i in range(len(toks) - 3)])
+        w.add_token_types([gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL]
+                          + [gguf.TokenType.NORMAL] * (len(toks) - 3))
+        w.add_unk_token_id(0)
+        w.add_bos_token_id(1)
+        w.add_eos_token_id(2)
+        w.add_add_bos_token(True)
     name_map = gguf.get_tensor_name_map(gguf_model_arch, LAYERS)
     for hf_name, t in sd.items():
         base, suffix = hf_name.rsplit(".", 1)
@@ -214,7 +254,8 @@ class ConvertTest(unittest.TestCase):
         cls.tmp.cleanup()
 
     def convert(self, arch: str, *extra: str, **kw: Any) -> tuple[Any, dict[str, torch.Tensor], str]:
-        tag = "-".join([arch, *[e.strip("-") for e in extra]])
+        # each conversion its own names (test_gate_accepts_it converts gemma3 too)
+        tag = "-".join([self._testMethodName, arch, *[e.strip("-") for e in extra]])
         src = os.path.join(self.d, f"{tag}.gguf")
         cfg, sd = write_gguf(src, arch, **kw)
         out = os.path.join(self.d, f"{tag}-hf")
@@ -238,6 +279,7 @@ class ConvertTest(unittest.TestCase):
         self.assertNotIn("quantization_config", c)
         self.assertNotIn("_name_or_path", c)
         self.assertEqual(c["dtype"], "float32")
+        self.assertEqual(c["rms_norm_eps"], 1e-5)   # the float32 in the file, written as the original decimal
         ref = cfg.to_dict()
         for key in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
                     "head_dim", "intermediate_size", "rms_norm_eps", "tie_word_embeddings", "sliding_window",
@@ -257,9 +299,13 @@ class ConvertTest(unittest.TestCase):
         src_dir, src_name = os.path.split(self.src)
         from_gguf = transformers.AutoTokenizer.from_pretrained(src_dir, gguf_file=src_name)
         self.assertEqual(tok.get_vocab(), from_gguf.get_vocab(), f"{arch}: the saved tokenizer's vocabulary")
-        self.assertEqual(tok.get_vocab()["\u2581the"], tiny_tokens().index("\u2581the"))
+        if arch == "qwen2":
+            self.assertEqual(tok.get_vocab()["\u0120the"], tiny_bpe()[0].index("\u0120the"))
+        else:
+            self.assertEqual(tok.get_vocab()["\u2581the"], tiny_tokens().index("\u2581the"))
         ids = tok("the cat is in the sea")["input_ids"]
-        self.assertEqual(ids[0], 1, f"{arch}: BOS first: {ids}")
+        if arch != "qwen2":   # Qwen2 has no BOS
+            self.assertEqual(ids[0], 1, f"{arch}: BOS first: {ids}")
         self.assertTrue(all(0 <= i < VOCAB for i in ids), ids)
         self.assertIn("the", tok.decode(ids, skip_special_tokens=True))
         self.assertEqual(ids, from_gguf("the cat is in the sea")["input_ids"])
@@ -378,8 +424,12 @@ class BadFileTest(unittest.TestCase):
     def refused(self, src: str, *want: str, extra: tuple[str, ...] = ()) -> str:
         out = os.path.join(self.d, "out")
         before = sorted(os.listdir(self.d))
-        self.src = src
-        rc, so, se = run_cli(["convert-gguf", src, "--out", out, *extra])
+        try:
+            rc, so, se = run_cli(["convert-gguf", src, "--out", out, *extra])
+        finally:   # what a wrongly accepted case wrote: the next case is judged on its own
+            if os.path.isdir(out):
+                shutil.rmtree(out)
+                before.append("out (written)")
         self.assertEqual(rc, 2, f"exit {rc}\n{so}\n{se}")
         self.assertNotIn("Traceback", se)
         # one line: ours, or argparse's after its usage lines
@@ -434,6 +484,24 @@ class BadFileTest(unittest.TestCase):
         line = self.refused(src, src, "general.architecture", "bloom")
         for arch in ("llama", "gemma2", "gemma3", "qwen2"):
             self.assertIn(arch, line)
+
+    def test_gpt_oss(self) -> None:
+        src = os.path.join(self.d, "gptoss.gguf")
+        write_gguf(src, "llama", gguf_arch="gpt-oss")
+        self.refused(src, src, "general.architecture", "gpt-oss", "gate_up_proj")
+
+    def test_rope_scaling(self) -> None:
+        src = os.path.join(self.d, "scaled.gguf")
+        write_gguf(src, "llama", rope_scaling="linear")
+        self.refused(src, src, "llama.rope.scaling.type", "linear")
+
+    def test_tokenizer_that_does_not_survive(self) -> None:
+        """A qwen2 file with a sentencepiece vocabulary: the directory's
+        tokenizer would be Qwen2Tokenizer, whose byte-level pipeline splits
+        these tokens differently; refused rather than written."""
+        src = os.path.join(self.d, "qwen2-spm.gguf")
+        write_gguf(src, "qwen2", spm=True)
+        self.refused(src, src, "tokenizer.ggml.model")
 
     def test_missing_architecture(self) -> None:
         src = os.path.join(self.d, "noarch.gguf")
