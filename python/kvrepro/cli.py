@@ -406,7 +406,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--out", required=True, type=_path, action=_Once,
                    help="prompts file to write (JSON): a new name or a regular file")
     sh = sub.add_parser("show", help="print a report's prompts and decodes as text", allow_abbrev=False)
-    sh.add_argument("report", type=_path)
+    sh.add_argument("report", type=_path, help="a report (HDF5) of `kvrepro gate` or `kvrepro-hf capture`")
     sh.add_argument("--model", required=True, type=_path, action=_Once,
                     help="model directory whose tokenizer decodes the ids (the one the prompts were "
                          "tokenized with)")
@@ -415,8 +415,10 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Dequantizes a GGUF checkpoint (llama.cpp's format) through transformers "
                                    "and writes a Hugging Face directory: config.json with every field "
                                    "resolved, model.safetensors, tokenizer.json and tokenizer_config.json. "
-                                   "Architectures: llama (Mistral is written as llama), gemma2, gemma3, "
-                                   "qwen2. Works offline.")
+                                   "Architectures: llama (llama.cpp writes Mistral as llama: give "
+                                   "--sliding-window to get a mistral), gemma2, gemma3, qwen2; refused with "
+                                   "the reason: gpt-oss, RoPE scaling (transformers' GGUF reader drops "
+                                   "both), a tensor type gguf cannot dequantize. Works offline.")
     g.add_argument("gguf", type=_path, metavar="FILE", help="the .gguf file (one file, not a split one)")
     g.add_argument("--out", required=True, type=_path, action=_Once,
                    help="directory to create: a new name or an empty directory")

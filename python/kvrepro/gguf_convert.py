@@ -230,6 +230,10 @@ def check_header(h: GgufHeader) -> str:
         end = h.data_start + t.offset + nbytes
         if end > h.size:
             raise InputError(f"{path}: truncated: tensor {t.name}'s data ends at byte {end}, the file has {h.size}")
+    n_split = h.metadata.get("split.count")
+    if isinstance(n_split, int) and n_split > 1:
+        raise InputError(f"{path}: field split.count: {n_split}: one part of a split GGUF file (merge it "
+                         "first: llama.cpp's llama-gguf-split --merge)")
     arch = h.metadata.get("general.architecture")
     if arch is None:
         raise InputError(f"{path}: field general.architecture: missing")

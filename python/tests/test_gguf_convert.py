@@ -155,7 +155,7 @@ def llama_permute(w: np.ndarray, n_head: int, n_head_kv: int) -> np.ndarray:
 
 def write_gguf(path: str, arch: str, *, omit_arch: bool = False, gguf_arch: str | None = None,
                raw_override: dict[str, tuple[np.ndarray, Any]] | None = None,
-               rope_scaling: str | None = None, spm: bool | None = None) -> tuple[Any, dict[str, torch.Tensor]]:
+               rope_scaling: str | None = None, spm: bool | None = None, split_count: int | None = None) -> tuple[Any, dict[str, torch.Tensor]]:
     """Writes the tiny model of arch to path as llama.cpp would, F32
     tensors. Returns the HF config and state dict it came from."""
     cfg, sd = hf_model(arch)
@@ -193,6 +193,8 @@ def write_gguf(path: str, arch: str, *, omit_arch: bool = False, gguf_arch: str 
     if rope_scaling:   # as convert_hf_to_gguf.py writes Gemma 3 4B's
         w.add_rope_scaling_type(gguf.RopeScalingType(rope_scaling))
         w.add_rope_scaling_factor(8.0)
+    if split_count:   # what llama-gguf-split writes in each part
+        w.add_uint16("split.count", split_count)
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
     if (arch == "qwen2") if spm is None else not spm:   # as convert_hf_to_gguf.py writes Qwen2's byte-level BPE
         toks, merges = tiny_bpe()
@@ -489,6 +491,11 @@ class BadFileTest(unittest.TestCase):
         src = os.path.join(self.d, "gptoss.gguf")
         write_gguf(src, "llama", gguf_arch="gpt-oss")
         self.refused(src, src, "general.architecture", "gpt-oss", "gate_up_proj")
+
+    def test_split_file(self) -> None:
+        src = os.path.join(self.d, "part.gguf")
+        write_gguf(src, "llama", split_count=3)
+        self.refused(src, src, "split.count")
 
     def test_rope_scaling(self) -> None:
         src = os.path.join(self.d, "scaled.gguf")
