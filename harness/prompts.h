@@ -1,6 +1,12 @@
 /* prompts.h: a prompts file as a scenario. The file is a JSON array of
- * non-empty arrays of token ids, one per row; the rows become one left-padded
- * batch (kv_scenario_custom), named "prompts". */
+ * non-empty arrays of token ids, one per row, or the object {"format":
+ * "kvrepro-prompts", "version": 1, "prompts": [the same array], "texts":
+ * [one string per row] (optional), "tokenizer": {"name", "vocab_size",
+ * "vocab_sha256", "add_special_tokens" (optional)} (optional)}, no other key;
+ * the rows become one left-padded batch (kv_scenario_custom), named
+ * "prompts", and the texts (with the tokenizer's identity) go to its
+ * KvScenario.texts / .tokenizer. A bad object form is KV_ERR_INPUT naming
+ * the file and the key. */
 #ifndef KV_PROMPTS_H
 #define KV_PROMPTS_H
 
