@@ -67,7 +67,7 @@ static void gate_help_opt(FILE *f, const char *opt, const char *text, int which,
 }
 
 static void gate_usage(FILE *f) {
-    char t[512];
+    char t[768];
     fprintf(f,
             "usage: kvrepro gate [--model DIR | --fixture NAME]... [--scenarios LIST]\n"
             "                    [--variants LIST] [--backends LIST] [--modes LIST]\n"
@@ -116,8 +116,11 @@ static void gate_usage(FILE *f) {
              "decodes of it recorded in FILE (fixtures/hf/README.md's golden layout, e.g. "
              "written by fixtures/real/generate.py), instead of running the matrix: each "
              "batch teacher-forced with transformers' tokens, every logit of every row within "
-             "max_rel_err %g and tie_margin %g unless --tol says otherwise, and each row of a "
-             "batch bitwise the row decoded alone", KV_GOLDEN_MAX_REL_ERR, KV_GOLDEN_TIE_MARGIN);
+             "max_rel_err (%g, or, where the golden records its own error against float64, "
+             "%g x the sum of that and the reference's against its fp64 shadow, if larger) "
+             "and tie_margin %g, unless --tol says otherwise; each row of a batch bitwise the "
+             "row decoded alone", KV_GOLDEN_MAX_REL_ERR, KV_GOLDEN_BOUND_MULT,
+             KV_GOLDEN_TIE_MARGIN);
     gate_help_opt(f, "--golden FILE", t, -1, NULL, NULL);
     gate_help_opt(f, "--no-goldens", "do not judge the reference against transformers' goldens "
                   "(by default each built-in fixture's family is)", -1, NULL, NULL);
@@ -136,8 +139,10 @@ static void gate_usage(FILE *f) {
     snprintf(t, sizeof t, "no ensemble: max_rel_err is then %g unless --tol sets it",
              KV_TOL_MAX_REL_ERR);
     gate_help_opt(f, "--no-calibrate", t, -1, NULL, NULL);
-    gate_help_opt(f, "--prompts FILE", "a JSON array of token-id arrays, run as one left-padded "
-                  "batch instead of the scenarios; needs --max-new-tokens N", -1, NULL, NULL);
+    gate_help_opt(f, "--prompts FILE", "a JSON array of token-id arrays, or a {\"format\": "
+                  "\"kvrepro-prompts\", ...} object with the texts (kvrepro-hf prompts writes "
+                  "it), run as one left-padded batch instead of the scenarios; needs "
+                  "--max-new-tokens N", -1, NULL, NULL);
     gate_help_opt(f, "--max-new-tokens N", "tokens each --prompts row decodes; with the "
                   "scenarios, the most each decodes (they decode 3 x W past the window)", -1,
                   NULL, NULL);
@@ -170,9 +175,11 @@ static void gate_usage(FILE *f) {
                   "be given with it", -1, NULL, NULL);
     gate_help_opt(f, "--timings", "record wall times (the report is then not "
                   "byte-reproducible)", -1, NULL, NULL);
-    snprintf(t, sizeof t, "above this vocabulary the report keeps each row's top-%d logits and "
-             "the hash of the full row (default %d); comparisons always use the full logits",
-             KV_TOPK, KV_FULL_LOGITS_MAX_VOCAB);
+    snprintf(t, sizeof t, "above this vocabulary (default %d), and in planted-fault passes, "
+             "the report keeps each row's top-%d logits and the hash of the full row, except "
+             "for the reference runs and every run that failed a tolerance or finite "
+             "comparison (full rows); comparisons always use the full logits",
+             KV_FULL_LOGITS_MAX_VOCAB, KV_TOPK);
     gate_help_opt(f, "--full-logits-max-vocab N", t, -1, NULL, NULL);
     col = fprintf(f, "Comparisons, as the summary, the report and JUnit name them:");
     kv_cli_print_list(f, &col, 2, KV_NAMES_KINDS, NULL);
@@ -678,12 +685,12 @@ static KvStatus gate_check_work(const GateArgs *a, const KvGateOptions *o, KvErr
                             KV_GATE_MAX_WORK_FLOP / 1e12);
     }
     /* the report these runs make must be one its reader reads back: every
-     * run at the largest unit's sizes bounds it from above */
+     * run at the largest unit's sizes, with full logits (references and
+     * failing runs keep theirs at any vocabulary, kv_gate_trim_logits),
+     * bounds it from above */
     if (w.runs > 0) {
-        return kv_limits_check_report(
-            w.runs * passes, w.max_steps, w.max_batch, max_vocab,
-            max_vocab > o->full_logits_max_vocab || a->mutation ? KV_TOPK : 0, max_probes,
-            w.max_prompt_len, "the matrix", err);
+        return kv_limits_check_report(w.runs * passes, w.max_steps, w.max_batch, max_vocab, 0,
+                                      max_probes, w.max_prompt_len, "the matrix", err);
     }
     return KV_OK;
 }
@@ -1113,7 +1120,6 @@ static int gate_run_golden_only(const GateArgs *a, KvGateOptions *o) {
     if (o->tol_max_rel_err_set) tol.max_rel_err = o->tol.max_rel_err;
     if (a->tie_margin_set) tol.tie_margin = o->tol.tie_margin;
     o->tol = tol;
-    o->tol_max_rel_err_set = true; /* recorded as given, not calibrated */
     /* the runs are named by the directory's last component */
     char path[1024], name[KV_NAME_LEN];
     snprintf(path, sizeof path, "%s", dir);
@@ -1124,8 +1130,9 @@ static int gate_run_golden_only(const GateArgs *a, KvGateOptions *o) {
     snprintf(rep.device, sizeof rep.device, "cpu only (--golden: the CPU reference alone)");
     KvStatus st = kv_gate_record_tolerances(o, &rep, &err);
     if (st == KV_OK) {
-        snprintf(rep.tolerances[0].reason, sizeof rep.tolerances[0].reason,
-                 "--golden: every logit against transformers' (--tol overrides)");
+        snprintf(rep.tolerances[0].reason, sizeof rep.tolerances[0].reason, "%s",
+                 o->tol_max_rel_err_set ? "set by --tol" : "--golden: the floor of each "
+                 "scenario's measured bound (max_rel_err@MODEL/SCENARIO)");
     }
     if (st == KV_OK) st = kv_gate_check_outputs(a->report_path, a->junit_path, &err);
     if (st == KV_OK) {
@@ -1137,8 +1144,10 @@ static int gate_run_golden_only(const GateArgs *a, KvGateOptions *o) {
     if (!a->quiet) {
         printf("%s gate\n", kv_cli_version());
         printf("reference judged by: transformers golden %s (teacher-forced with its tokens; "
-               "every logit within max_rel_err %g, tie_margin %g; each row of a batch bitwise "
-               "the row alone)\n", a->golden_path, tol.max_rel_err, tol.tie_margin);
+               "every logit within max_rel_err %g%s, tie_margin %g; each row of a batch "
+               "bitwise the row alone)\n", a->golden_path, tol.max_rel_err,
+               o->tol_max_rel_err_set ? "" : ", or the bound measured against fp64 on both "
+               "sides where the golden records its own", tol.tie_margin);
         fflush(stdout);
     }
     st = kv_gate_run_golden_at(dir, a->golden_path, name, o, &tol, &rep, &judged, &err);

@@ -10,6 +10,7 @@
 #include "compare.h"
 #include "model.h"
 #include "scenario.h"
+#include "shadow64.h"
 
 /* A golden holds tiny decodes: far below this many logits per scenario. */
 #define KV_GOLDEN_MAX_ELEMS ((hsize_t)1 << 26)
@@ -103,6 +104,17 @@ static KvStatus golden_scenario(hid_t file, const char *path, const char *name,
     }
     if (st == KV_OK) {
         st = golden_dataset(gid, path, group, "margins", H5T_NATIVE_FLOAT, 4, 2, dg, &p[4], err);
+    }
+    s->fp64_rel_err = -1.0;
+    if (st == KV_OK && H5Aexists(gid, "fp64_rel_err") > 0) {
+        hid_t at = H5Aopen(gid, "fp64_rel_err", H5P_DEFAULT);
+        double v = -1.0;
+        if (at < 0 || H5Aread(at, H5T_NATIVE_DOUBLE, &v) < 0 || !(v >= 0.0 && v < 1.0)) {
+            st = kv_error_set(err, KV_ERR_INPUT, "%s: %s: attribute fp64_rel_err: expected a "
+                              "relative error in [0, 1)", path, group);
+        }
+        if (at >= 0) H5Aclose(at);
+        s->fp64_rel_err = v;
     }
     H5Gclose(gid);
     s->input_ids = p[0];
@@ -203,6 +215,69 @@ static KvStatus golden_run(KvGoldenScenario *s, const KvConfig *cfg, const char 
     return kv_run_from_result(r, cfg, &spec, NULL, &res, err);
 }
 
+/* Appends a tolerance row (name, value, why) to rep. */
+static KvStatus golden_add_tolerance(KvReport *rep, const char *name, double value,
+                                     const char *reason, KvError *err) {
+    KvTolerance *ts = realloc(rep->tolerances, (size_t)(rep->n_tolerances + 1) * sizeof *ts);
+    if (ts == NULL) return kv_error_set(err, KV_ERR_INTERNAL, "out of memory");
+    rep->tolerances = ts;
+    KvTolerance *t = &ts[rep->n_tolerances++];
+    memset(t, 0, sizeof *t);
+    snprintf(t->name, sizeof t->name, "%s", name);
+    t->value = value;
+    snprintf(t->reason, sizeof t->reason, "%s", reason);
+    return KV_OK;
+}
+
+/* The measured bound of a golden scenario that records its fp64 error:
+ * the reference run `ref` against its fp64 shadow (fed the golden run
+ * `gold`'s tokens), judged as the matrix judges it (KV_CMP_SHADOW), and *tol's
+ * max_rel_err raised to KV_GOLDEN_BOUND_MULT x (reference's + golden's),
+ * both recorded as tolerance rows. */
+static KvStatus golden_bound(const KvModel *m, const KvGoldenScenario *s, const char *model_name,
+                             const KvGateOptions *o, int64_t ref, int64_t gold, KvReport *rep,
+                             KvTolerances *tol, KvError *err) {
+    const KvRun *r = &rep->runs[ref];
+    double fp64 = 0.0;
+    KvStatus st = kv_shadow64_rel_error(m, r->batch, r->prompt_len, r->prompt, r->prompt_real,
+                                        r->steps, rep->runs[gold].tokens, r->logits, NULL, &fp64,
+                                        err);
+    if (st != KV_OK) return st;
+    KvComparison c;
+    memset(&c, 0, sizeof c);
+    c.kind = KV_CMP_SHADOW;
+    c.run_a = c.run_b = ref;
+    c.first_step = c.first_row = c.first_probe = -1;
+    c.max_rel_err = fp64;
+    c.verdict = fp64 <= KV_FP64_MAX_REL_ERR ? KV_VERDICT_PASS : KV_VERDICT_FAIL;
+    snprintf(c.message, sizeof c.message, "the reference is %s its fp64 shadow: max rel err "
+             "%.3g (bound %g)", c.verdict == KV_VERDICT_PASS ? "within" : "beyond", fp64,
+             KV_FP64_MAX_REL_ERR);
+    st = kv_gate_add_comparison(rep, &c, err);
+    char name[KV_NAME_LEN], why[160];
+    snprintf(name, sizeof name, "fp64_err@%.23s/%.27s", model_name, s->name);
+    if (st == KV_OK) {
+        st = golden_add_tolerance(rep, name, fp64, "max rel logit err of the reference "
+                                  "against its fp64 shadow (shadow64.h)", err);
+    }
+    snprintf(name, sizeof name, "golden_fp64_err@%.16s/%.27s", model_name, s->name);
+    if (st == KV_OK) {
+        st = golden_add_tolerance(rep, name, s->fp64_rel_err, "max rel logit err of the "
+                                  "golden against transformers in float64 (its fp64_rel_err)",
+                                  err);
+    }
+    const double bound = KV_GOLDEN_BOUND_MULT * (fp64 + s->fp64_rel_err);
+    if (o->tol_max_rel_err_set) {
+        snprintf(why, sizeof why, "set by --tol (the measured bound would be %.3g)", bound);
+    } else {
+        if (bound > tol->max_rel_err) tol->max_rel_err = bound;
+        snprintf(why, sizeof why, "golden: max(%g, %g x (fp64_err + golden_fp64_err))",
+                 KV_GOLDEN_MAX_REL_ERR, KV_GOLDEN_BOUND_MULT);
+    }
+    snprintf(name, sizeof name, "max_rel_err@%.23s/%.27s", model_name, s->name);
+    return st == KV_OK ? golden_add_tolerance(rep, name, tol->max_rel_err, why, err) : st;
+}
+
 KvStatus kv_gate_run_golden(const char *root, const char *family, const KvGateOptions *o,
                             KvReport *rep, int64_t *judged, KvError *err) {
     char dir[1024], path[1100], model_name[KV_NAME_LEN];
@@ -247,9 +322,13 @@ KvStatus kv_gate_run_golden_at(const char *dir, const char *path, const char *mo
         int64_t ref = -1, gold = -1;
         st = kv_gate_run_forced_reference(&m, model_name, &sc, o, forced, rep, &ref, err);
         if (st == KV_OK) st = golden_run(s, &m.config, model_name, path, rep, &gold, err);
+        KvTolerances use = *tol;
+        if (st == KV_OK && s->fp64_rel_err >= 0.0) {
+            st = golden_bound(&m, s, model_name, o, ref, gold, rep, &use, err);
+        }
         if (st != KV_OK) break;
         KvComparison c;
-        kv_compare_outputs_forced(&rep->runs[gold], &rep->runs[ref], tol, KV_CMP_GOLDEN, gold,
+        kv_compare_outputs_forced(&rep->runs[gold], &rep->runs[ref], &use, KV_CMP_GOLDEN, gold,
                                   ref, &c);
         st = kv_gate_add_comparison(rep, &c, err);
         ++*judged;

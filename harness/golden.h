@@ -25,6 +25,9 @@
 /* Below this margin (absolute; logits are O(1..10)) fp32 rounding may flip
  * the greedy token legitimately: ~100x the largest absolute logit error. */
 #define KV_GOLDEN_TIE_MARGIN 1e-4
+/* Headroom over the triangle bound (both yardsticks are maxima over the
+ * batch, measured once). */
+#define KV_GOLDEN_BOUND_MULT 2.0
 /* Scenarios one golden file may hold (the regenerate script writes 6). */
 #define KV_GOLDEN_MAX_SCENARIOS 16
 
@@ -37,6 +40,8 @@ typedef struct {
     int32_t *tokens;    /* (N, B) transformers' greedy tokens */
     float *logits;      /* (N, B, V) */
     float *margins;     /* (N, B) top-1 minus top-2 logit */
+    double fp64_rel_err; /* the golden's own fp32 error against the same model in
+                          * float64 (attribute fp64_rel_err), or -1 where absent */
 } KvGoldenScenario;
 
 typedef struct {
@@ -66,8 +71,16 @@ KvStatus kv_gate_run_golden(const char *root, const char *family, const KvGateOp
 
 /* The same for any checkpoint directory and golden file (`kvrepro gate
  * --model DIR --golden FILE`), with the tolerances given; the runs are
- * named model_name. A vocabulary above o->full_logits_max_vocab keeps
- * top-k in the report once every comparison has seen the full rows. */
+ * named model_name. A scenario that records its own fp64 error
+ * (fp64_rel_err) is judged by a measured bound instead of tol's
+ * max_rel_err (unless o->tol_max_rel_err_set): the reference's error
+ * against its fp64 shadow (itself a comparison, KV_CMP_SHADOW) plus the
+ * golden's against transformers in float64, by the triangle inequality
+ * |ref - hf| <= |ref - exact| + |hf - exact|, times KV_GOLDEN_BOUND_MULT,
+ * never below tol's. The two yardsticks are independent: a semantic bug
+ * the shadow shares with the reference leaves both small. A vocabulary
+ * above o->full_logits_max_vocab keeps top-k in the report once every
+ * comparison has seen the full rows. */
 KvStatus kv_gate_run_golden_at(const char *dir, const char *path, const char *model_name,
                                const KvGateOptions *o, const KvTolerances *tol, KvReport *rep,
                                int64_t *judged, KvError *err);

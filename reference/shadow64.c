@@ -88,17 +88,45 @@ static bool shadow_state_init(ShadowState *s, const KvConfig *c, int64_t n) {
 
 /* y[r, o] = sum_i x[r, i] * w[o, i] in ascending i, weights widened on the
  * fly. Threads split the outputs only; each element is one thread's
- * sequential sum, so the bits do not depend on the thread count. */
+ * sequential sum, so the bits do not depend on the thread count. Four
+ * outputs are summed side by side (each still in ascending i, so the bits
+ * are those of one at a time): four independent additions hide the
+ * latency of one dependent chain, and each x row is read once for four. */
+#define SHADOW_OUT_BLOCK 4
 static void shadow_matmul(const double *x /* (rows, in) */, const float *w /* (out, in) */,
                           int64_t rows, int64_t in, int64_t out, double *y /* (rows, out) */) {
+    const int64_t blocks = (out + SHADOW_OUT_BLOCK - 1) / SHADOW_OUT_BLOCK;
 #pragma omp parallel for schedule(static) if (rows * in * out >= kv_parallel_min_work())
-    for (int64_t o = 0; o < out; o++) {
-        const float *wo = w + o * in; /* (in) */
+    for (int64_t blk = 0; blk < blocks; blk++) {
+        const int64_t o0 = blk * SHADOW_OUT_BLOCK;
+        if (o0 + SHADOW_OUT_BLOCK > out) {
+            for (int64_t o = o0; o < out; o++) {
+                const float *wo = w + o * in; /* (in) */
+                for (int64_t r = 0; r < rows; r++) {
+                    const double *xr = x + r * in; /* (in) */
+                    double sum = 0.0;
+                    for (int64_t i = 0; i < in; i++) sum += xr[i] * (double)wo[i];
+                    y[r * out + o] = sum;
+                }
+            }
+            continue;
+        }
+        const float *w0 = w + o0 * in, *w1 = w0 + in, *w2 = w1 + in, *w3 = w2 + in; /* (in) */
         for (int64_t r = 0; r < rows; r++) {
             const double *xr = x + r * in; /* (in) */
-            double sum = 0.0;
-            for (int64_t i = 0; i < in; i++) sum += xr[i] * (double)wo[i];
-            y[r * out + o] = sum;
+            double s0 = 0.0, s1 = 0.0, s2 = 0.0, s3 = 0.0;
+            for (int64_t i = 0; i < in; i++) {
+                const double xi = xr[i];
+                s0 += xi * (double)w0[i];
+                s1 += xi * (double)w1[i];
+                s2 += xi * (double)w2[i];
+                s3 += xi * (double)w3[i];
+            }
+            double *yr = y + r * out + o0; /* (SHADOW_OUT_BLOCK) */
+            yr[0] = s0;
+            yr[1] = s1;
+            yr[2] = s2;
+            yr[3] = s3;
         }
     }
 }

@@ -17,3 +17,11 @@ set_tests_properties(real_golden PROPERTIES LABELS "real" SKIP_RETURN_CODE 77 TI
 add_test(NAME real_variants COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/real_model.sh variants
   $<TARGET_FILE:kvrepro> ${KV_REAL_DIR})
 set_tests_properties(real_variants PROPERTIES LABELS "real;long" SKIP_RETURN_CODE 77 TIMEOUT 3600)
+
+# gate --model DIR --golden FILE on a committed tiny golden (no set-up
+# needed): it passes, it fails when the tolerance is below the error it
+# measures (so it compared values), and the options it cannot honour are
+# refused with exit 2.
+add_test(NAME golden_mode COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/real_model.sh mode
+  $<TARGET_FILE:kvrepro> ${CMAKE_SOURCE_DIR}/fixtures/hf/mistral)
+set_tests_properties(golden_mode PROPERTIES LABELS "cli")
