@@ -394,9 +394,9 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Tokenizes each text with the model directory's own tokenizer "
                                    "(AutoTokenizer), adding the special tokens transformers' generate "
                                    "adds (add_special_tokens=True: e.g. Gemma's BOS), and writes the "
-                                   "prompts file `kvrepro gate --prompts` and `kvrepro-hf capture "
-                                   "--prompts` read, with the texts and the tokenizer's identity "
-                                   "(name, vocabulary size, sha256 of its vocabulary).")
+                                   "prompts file the gate and the capture read, in its object form: "
+                                   "the token ids, the texts and the tokenizer's identity (name, "
+                                   "vocabulary size, sha256 of its vocabulary).")
     t.add_argument("--model", required=True, type=_path, action=_Once,
                    help="Hugging Face checkpoint directory holding its tokenizer "
                         "(tokenizer.json, tokenizer.model or tokenizer_config.json)")
