@@ -153,7 +153,8 @@ class CliErrorTest(unittest.TestCase):
         cls.junk_report = put("junk.h5", "not hdf5")
         cls.report = os.path.join(d, "report.h5")
         write_tiny_report(cls.report)
-        cls.cases = cls._capture_cases() + cls._plot_cases()
+        cls.cases = (cls._capture_cases() + cls._plot_cases() + cls._prompts_cases() + cls._show_cases()
+                     + cls._convert_cases())
 
     @classmethod
     def tearDownClass(cls) -> None:
@@ -228,8 +229,69 @@ class CliErrorTest(unittest.TestCase):
             Case("--max-new-tokens", c() + ["--max-new-tokens", "3"], "--max-new-tokens"),
             Case("--max-new-tokens", c(max_new_tokens=None) + ["--max-new", "2"], "--max-new"),
             Case("--bogus", c() + ["--bogus"], "--bogus"),
+            # texts instead of ids (kvrepro/prompts.py): an empty or blank text, a text file
+            # that is not a readable UTF-8 regular file, both sources, a model without a tokenizer
+            *[Case("--text", c(prompts=None) + ["--text", v], "--text 1") for v in ("", "  \n")],
+            Case("--text", c() + ["--text", "a"], "--text"),
+            Case("--text", c(prompts=None) + ["--text", "a"], cls.model),   # no tokenizer there
+            Case("--text-file", c(prompts=None) + ["--text-file", ""], "--text-file"),
+            Case("--text-file", c(prompts=None) + ["--text-file", os.path.join(d, "nope.txt")], "nope.txt"),
+            Case("--text-file", c(prompts=None) + ["--text-file", cls.dir], cls.dir),
+            Case("--text-file", c(prompts=None) + ["--text-file", cls.fifo], "FIFO"),
+            Case("--text-file", c(prompts=None) + ["--text-file", "/dev/zero"], "/dev/zero"),
+            Case("--text-file", c(prompts=None) + ["--text-file", cls.bad_prompts["utf8"]], "UTF-8"),
+            Case("--text-file", c(prompts=None) + ["--text", "a", "--text-file", cls.prompts], "--text-file"),
         ]
         return cases
+
+    @classmethod
+    def _prompts_cases(cls) -> list[Case]:
+        d, out = cls.d, os.path.join(cls.out_dir, "p.json")
+
+        def t(*rest: str, model: str | None = None) -> list[str]:
+            return ["prompts", "--model", cls.model if model is None else model, *rest]
+
+        return [
+            Case("--model", t("--text", "a", "--out", out), cls.model),   # no tokenizer
+            Case("--model", t("--text", "a", "--out", out, model=""), "--model"),
+            Case("--model", t("--text", "a", "--out", out, model=os.path.join(d, "nope")), "nope"),
+            Case("--text", t("--text", "", "--out", out), "--text 1"),
+            Case("--text", t("--out", out), "--text"),
+            Case("--text-file", t("--text-file", cls.fifo, "--out", out), "FIFO"),
+            Case("--text-file", t("--text-file", "", "--out", out), "--text-file"),
+            Case("--no-special-tokens", t("--text", "a", "--no-special-tokens=1", "--out", out),
+                 "--no-special-tokens"),
+            Case("--out", t("--text", "a"), "--out"),
+            Case("--out", t("--text", "a", "--out", cls.dir), cls.dir),
+            Case("--out", t("--text", "a", "--out", cls.fifo), cls.fifo),
+            Case("--out", t("--text", "a", "--out", os.path.join(d, "no", "such", "p.json")), "p.json"),
+        ]
+
+    @classmethod
+    def _show_cases(cls) -> list[Case]:
+        d = cls.d
+        return [
+            Case("report", ["show", "--model", cls.model], "report"),
+            Case("report", ["show", os.path.join(d, "nope.h5"), "--model", cls.model], "nope.h5"),
+            Case("report", ["show", cls.fifo, "--model", cls.model], cls.fifo),
+            Case("--model", ["show", cls.report], "--model"),
+            Case("--model", ["show", cls.report, "--model", cls.model], cls.model),   # no tokenizer
+        ]
+
+    @classmethod
+    def _convert_cases(cls) -> list[Case]:
+        d, out = cls.d, os.path.join(cls.out_dir, "hf")
+        return [
+            Case("FILE", ["convert-gguf", "--out", out], "FILE"),
+            Case("FILE", ["convert-gguf", os.path.join(d, "nope.gguf"), "--out", out], "nope.gguf"),
+            Case("FILE", ["convert-gguf", cls.fifo, "--out", out], cls.fifo),
+            Case("FILE", ["convert-gguf", "/dev/zero", "--out", out], "/dev/zero"),
+            Case("FILE", ["convert-gguf", cls.prompts, "--out", out], "magic"),
+            Case("--out", ["convert-gguf", cls.prompts], "--out"),
+            *[Case("--sliding-window", ["convert-gguf", cls.prompts, "--out", out, "--sliding-window", v],
+                   "--sliding-window") for v in ("0", "-1", "x", "")],
+            Case("--dtype", ["convert-gguf", cls.prompts, "--out", out, "--dtype", "fp16"], "--dtype"),
+        ]
 
     @classmethod
     def _plot_cases(cls) -> list[Case]:
@@ -268,7 +330,7 @@ class CliErrorTest(unittest.TestCase):
         ]
 
     def test_every_option_has_a_case(self) -> None:
-        for cmd in ("capture", "plot"):
+        for cmd in ("capture", "plot", "prompts", "show", "convert-gguf"):
             rc, out, err = run_cli([cmd, "--help"])
             self.assertEqual(rc, 0, err)
             options = set(re.findall(r"(?<![\w-])(--[a-z][a-z-]*)", out)) - {"--help"}
@@ -308,7 +370,7 @@ class CliErrorTest(unittest.TestCase):
         self.assertEqual(rc, 2, err[-2000:])
         self.assertNotIn(LOADING, err)   # refused before a model was loaded
         last = err.rstrip("\n").splitlines()[-1] if err.strip() else ""
-        self.assertRegex(last, r"^kvrepro-hf( capture| plot)?: ", err[-2000:])
+        self.assertRegex(last, r"^kvrepro-hf( capture| plot| prompts| show| convert-gguf)?: ", err[-2000:])
         self.assertIn(case.want, last)
         # nothing written: no report, no figure, no temporary
         self.assertEqual(os.listdir(self.out_dir), [])
