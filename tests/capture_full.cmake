@@ -1,0 +1,1 @@
+# kvrepro-hf capture keeps the full logits the gate judges (large vocabularies)
