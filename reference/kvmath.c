@@ -200,14 +200,34 @@ KvStatus kv_matmul_tf32(const float *x, const float *w, int64_t rows, int64_t in
     return oom ? KV_ERR_INTERNAL : KV_OK;
 }
 
+/* Outputs summed side by side in the sequential kernel: each accumulator
+ * is still one output's ascending sum (the bits of one at a time), but
+ * eight independent chains hide the add latency of one, and each x row is
+ * read once for eight outputs. */
+#define KV_SEQ_OUT_BLOCK 8
+
 void kv_matmul_sequential(const float *x, const float *w, int64_t rows, int64_t in, int64_t out,
                           float *y) {
+    const int64_t blocks = (out + KV_SEQ_OUT_BLOCK - 1) / KV_SEQ_OUT_BLOCK;
 #pragma omp parallel for schedule(static) if (rows * in * out >= kv_parallel_min_work())
-    for (int64_t o = 0; o < out; o++) {
+    for (int64_t blk = 0; blk < blocks; blk++) {
+        const int64_t o0 = blk * KV_SEQ_OUT_BLOCK;
+        const int64_t n = out - o0 < KV_SEQ_OUT_BLOCK ? out - o0 : KV_SEQ_OUT_BLOCK;
+        const float *wb = w + o0 * in; /* (n, in) */
         for (int64_t r = 0; r < rows; r++) {
-            float acc = 0.0f;
-            for (int64_t i = 0; i < in; i++) acc += x[r * in + i] * w[o * in + i];
-            y[r * out + o] = acc;
+            const float *xr = x + r * in; /* (in) */
+            float acc[KV_SEQ_OUT_BLOCK] = {0.0f};
+            if (n == KV_SEQ_OUT_BLOCK) {
+                for (int64_t i = 0; i < in; i++) {
+                    const float xi = xr[i];
+                    for (int k = 0; k < KV_SEQ_OUT_BLOCK; k++) acc[k] += xi * wb[k * in + i];
+                }
+            } else {
+                for (int64_t k = 0; k < n; k++) {
+                    for (int64_t i = 0; i < in; i++) acc[k] += xr[i] * wb[k * in + i];
+                }
+            }
+            for (int64_t k = 0; k < n; k++) y[r * out + o0 + k] = acc[k];
         }
     }
 }
