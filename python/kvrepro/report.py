@@ -10,6 +10,7 @@ integers and floats of the stated widths.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
@@ -17,12 +18,33 @@ import h5py
 import numpy as np
 
 from .files import publish
+from .names import MAX_HOLD_BYTES
 
 SCHEMA_VERSION = 1
-# Above this vocabulary a run keeps each row's TOPK largest logits and the
-# hash of the full row, as the C gate does (--full-logits-max-vocab).
-FULL_LOGITS_MAX_VOCAB = 65536
-TOPK = 16
+# Every run keeps its full logits (`topk` 0): `kvrepro gate --external`
+# judges each captured run against the reference, and compiled against
+# eager, within a tolerance, and checks that it is finite, so it needs every
+# logit of every run (kept top-k rows would show it 16 of a 256k
+# vocabulary). Above this vocabulary (a row is 256 KiB or more) a run whose
+# logits are bitwise those of an earlier run of the report (repeats of a
+# deterministic engine) stores them as an HDF5 hard link to that run's
+# dataset, as the C writer shares them (docs/SCHEMA.md, `logits`): stored
+# once, read like any dataset. At or below it every run stores its own copy,
+# as captures always did, so their reports keep their bytes.
+SHARE_LOGITS_ABOVE_VOCAB = 65536
+# The reader's budget for a whole report (reports/kv_limits.h
+# kv_limits_read_budget): max(KV_REPORT_READ_FLOOR_BYTES,
+# KV_REPORT_MAX_READ_RATIO x the file's size), at most
+# KV_REPORT_MAX_READ_BYTES (names.MAX_HOLD_BYTES). It counts each run's copy
+# of a shared dataset, so a small file of many links may ask for more than
+# it allows: then every run stores its own copy (a file without links is
+# always within deflate's ratio), as the C writer does.
+READ_FLOOR_BYTES = 64 << 20
+READ_RATIO = 1032
+# Over what the C reader allocates per run besides its arrays (KvRun, its
+# summary row, comparisons' share: a few KiB): counted generously, so a
+# report that the estimate lets keep its links is one the reader takes.
+READ_RUN_OVERHEAD_BYTES = 64 << 10
 
 TOLERANCE_DTYPE = np.dtype([("name", "S64"), ("value", "<f8"), ("reason", "S160")])
 COMPARISON_DTYPE = np.dtype([
@@ -83,15 +105,6 @@ def _str_attr(obj: h5py.HLObject, name: str, text: str, size: int) -> None:
     obj.attrs.create(name, np.array(b, dtype=f"S{size}"), dtype=h5py.Datatype(tid))
 
 
-def _topk(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """Each row's k largest logits by descending value, ties to the lowest id
-    (a stable sort of the negated values keeps the lower id first)."""
-    flat = logits.reshape(-1, logits.shape[-1])
-    order = np.argsort(-flat, axis=1, kind="stable")[:, :k].astype(np.int32)
-    vals = np.take_along_axis(flat, order, axis=1).astype(np.float32)
-    return order.reshape(*logits.shape[:-1], k), vals.reshape(*logits.shape[:-1], k)
-
-
 def margins_of(logits: np.ndarray) -> np.ndarray:
     """Top-1 minus runner-up of each row (..., V) -> (...) float32."""
     part = np.sort(logits, axis=-1)
@@ -103,17 +116,98 @@ def write_report(path: str, runs: list[Run], root: dict[str, str | int]) -> None
     complete, never written through a link, and a path that is not a
     regular file (a device, a FIFO, a directory) is refused. A failure of
     the destination raises InputError naming path."""
+    twin = logits_twins(runs)
+    cost = read_cost(runs)
 
     def write(fobj: BinaryIO) -> None:
         # HDF5 through the file object: the temporary publish created is
         # the file written, never a name opened again
-        with h5py.File(fobj, "w", libver=("v108", "v108"), track_order=True) as f:
-            _write(f, runs, root)
+        _write_file(fobj, runs, root, twin)
+        if any(t >= 0 for t in twin) and cost > read_budget(fobj.seek(0, os.SEEK_END)):
+            # the links would ask the reader for more than this file's
+            # budget: every run its own copy, within deflate's ratio
+            fobj.seek(0)
+            fobj.truncate()
+            _write_file(fobj, runs, root, [-1] * len(runs))
 
     publish(path, write, "--out")
 
 
-def _write(f: h5py.File, runs: list[Run], root: dict[str, str | int]) -> None:
+def _write_file(fobj: BinaryIO, runs: list[Run], root: dict[str, str | int], twin: list[int]) -> None:
+    with h5py.File(fobj, "w", libver=("v108", "v108"), track_order=True) as f:
+        _write(f, runs, root, twin)
+
+
+def read_budget(file_size: int) -> int:
+    """The bytes the C reader allocates at most for a file of file_size
+    bytes (reports/kv_limits.h kv_limits_read_budget)."""
+    return min(max(READ_FLOOR_BYTES, READ_RATIO * file_size), MAX_HOLD_BYTES)
+
+
+def read_cost(runs: list[Run]) -> int:
+    """At least what the C reader allocates for these runs (reports/h5util.c
+    h5_read_cost, each run's copy of a shared logits dataset counted): their
+    arrays and a generous READ_RUN_OVERHEAD_BYTES per run."""
+    total = 0
+    for run in runs:
+        total += READ_RUN_OVERHEAD_BYTES
+        if run.skipped or run.tokens is None or run.logits is None or run.prompt is None:
+            continue
+        s, b = run.tokens.shape
+        n_probes = len(run.probe_names)
+        # logits, tokens, logits_hash, margins, probe_hash; prompt, prompt_real; names; texts
+        total += s * b * (run.logits.shape[2] * 4 + 4 + 8 + 4 + n_probes * 8) + run.prompt.size * 5
+        total += n_probes * 64 + sum(len(t.encode()) + 1 for t in run.prompt_text or [])
+    return total
+
+
+def _logits_f4(run: Run) -> np.ndarray:
+    """(S, B, V) little-endian float32, contiguous: the bytes stored."""
+    assert run.logits is not None
+    return np.ascontiguousarray(run.logits, dtype="<f4")
+
+
+def _logits_hash(run: Run, logits: np.ndarray) -> np.ndarray:
+    """(S, B) FNV-1a 64 of each row: the capture's own (its logits probe),
+    or computed here (FNV is serial in the bytes, seconds per run at a 256k
+    vocabulary)."""
+    from .fnv import fnv1a64_rows
+
+    if run.logits_hash is not None:
+        return run.logits_hash
+    s, b, v = logits.shape
+    return fnv1a64_rows(logits.reshape(s * b, v)).reshape(s, b)
+
+
+def logits_twins(runs: list[Run]) -> list[int]:
+    """twin[i]: the earlier run of the same model, scenario and shape whose
+    logits are bitwise run i's and which stores them itself, above
+    SHARE_LOGITS_ABOVE_VOCAB; -1 when none (and for a skipped run). Only
+    runs with equal row hashes are compared byte by byte."""
+    twin = [-1] * len(runs)
+    stored: dict[tuple[str, str, tuple[int, ...], bytes], list[int]] = {}
+    for i, run in enumerate(runs):
+        if run.skipped or run.logits is None or run.logits.ndim != 3 or run.logits.size == 0:
+            continue
+        if run.logits.shape[2] <= SHARE_LOGITS_ABOVE_VOCAB:
+            continue
+        logits = _logits_f4(run)
+        key = (run.model, run.scenario, logits.shape, _logits_hash(run, logits).astype("<u8").tobytes())
+        for j in stored.get(key, []):
+            # as bits: NaN rows compare equal to themselves, -0.0 unequal to 0.0
+            if np.array_equal(_logits_f4(runs[j]).view("<u4"), logits.view("<u4")):
+                twin[i] = j
+                break
+        else:
+            stored.setdefault(key, []).append(i)
+    return twin
+
+
+def _run_name(i: int) -> str:
+    return f"{i:04d}" if i < 10000 else f"{i:05d}"
+
+
+def _write(f: h5py.File, runs: list[Run], root: dict[str, str | int], twin: list[int]) -> None:
     f.attrs.create("schema_version", np.int32(SCHEMA_VERSION))
     for name, size in (("tool_version", 64), ("git_commit", 64), ("host", 128), ("device", 256),
                        ("math_mode", 64)):
@@ -130,7 +224,8 @@ def _write(f: h5py.File, runs: list[Run], root: dict[str, str | int]) -> None:
     f.create_dataset("tolerances", data=np.zeros(0, TOLERANCE_DTYPE))
     runs_group = f.create_group("runs", track_order=True)
     for i, run in enumerate(runs):
-        _write_run(runs_group.create_group(f"{i:04d}" if i < 10000 else f"{i:05d}"), run)
+        _write_run(runs_group.create_group(_run_name(i)), run,
+                   runs_group[_run_name(twin[i])]["logits"] if twin[i] >= 0 else None)
     f.create_dataset("comparisons", data=np.zeros(0, COMPARISON_DTYPE))
     summary = np.zeros(len(runs), SUMMARY_DTYPE)
     for i, run in enumerate(runs):
@@ -146,9 +241,9 @@ def _write(f: h5py.File, runs: list[Run], root: dict[str, str | int]) -> None:
     f.create_dataset("summary", data=summary)
 
 
-def _write_run(g: h5py.Group, run: Run) -> None:
-    from .fnv import fnv1a64_rows
-
+def _write_run(g: h5py.Group, run: Run, shared: h5py.Dataset | None) -> None:
+    """One run group; shared: the identical logits dataset of an earlier
+    run, which this run's `logits` becomes a hard link to."""
     for name, text, size in (("model", run.model, 64), ("scenario", run.scenario, 64),
                              ("variant", run.variant, 64), ("backend", run.backend, 16),
                              ("mode", run.mode, 16)):
@@ -156,8 +251,7 @@ def _write_run(g: h5py.Group, run: Run) -> None:
     g.attrs.create("repeat", np.int32(run.repeat))
     _str_attr(g, "fault", "", 64)
     g.attrs.create("prefill_chunk", np.int64(0))
-    big = run.vocab > FULL_LOGITS_MAX_VOCAB
-    g.attrs.create("topk", np.int32(TOPK if big and not run.skipped else 0))
+    g.attrs.create("topk", np.int32(0))
     g.attrs.create("skipped", np.uint8(1 if run.skipped else 0))
     _str_attr(g, "skip_reason", run.skip_reason[:255], 256)
     if run.skipped:
@@ -184,7 +278,7 @@ def _write_run(g: h5py.Group, run: Run) -> None:
     if run.skipped:
         return
     assert run.margins is not None and run.probe_hash is not None and run.prompt_real is not None
-    logits = np.ascontiguousarray(run.logits, dtype="<f4")
+    logits = _logits_f4(run)
     g.create_dataset("prompt", data=run.prompt.astype("<i4"))
     g.create_dataset("prompt_real", data=run.prompt_real.astype("u1"))
     if run.prompt_text is not None:
@@ -192,20 +286,14 @@ def _write_run(g: h5py.Group, run: Run) -> None:
         g.create_dataset("prompt_text", data=np.array(run.prompt_text, dtype=object),
                          dtype=h5py.string_dtype("utf-8"))
     g.create_dataset("tokens", data=run.tokens.astype("<i4"))
-    if big:
-        ids, vals = _topk(logits, TOPK)
-        g.create_dataset("topk_ids", data=ids, chunks=(1, b, TOPK), compression="gzip")
-        g.create_dataset("topk_values", data=vals, chunks=(1, b, TOPK), compression="gzip")
+    if shared is not None:
+        g["logits"] = shared   # a hard link: the same dataset, stored once
     elif logits.size:
         g.create_dataset("logits", data=logits, chunks=(1, b, v), shuffle=True,
                          compression="gzip", compression_opts=4)
     else:
         g.create_dataset("logits", data=logits)
-    # the capture hashed the rows once already (its logits probe); FNV is
-    # serial in the bytes, seconds per run at a 256k vocabulary
-    lh = run.logits_hash if run.logits_hash is not None else fnv1a64_rows(
-        logits.reshape(s * b, v)).reshape(s, b)
-    g.create_dataset("logits_hash", data=lh.astype("<u8"))
+    g.create_dataset("logits_hash", data=_logits_hash(run, logits).astype("<u8"))
     g.create_dataset("margins", data=run.margins.astype("<f4"))
     tid = h5py.h5t.C_S1.copy()
     tid.set_size(64)
