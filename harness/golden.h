@@ -77,7 +77,8 @@ KvStatus kv_gate_run_golden(const char *root, const char *family, const KvGateOp
  * against its fp64 shadow (itself a comparison, KV_CMP_SHADOW) plus the
  * golden's against transformers in float64, by the triangle inequality
  * |ref - hf| <= |ref - exact| + |hf - exact|, times KV_GOLDEN_BOUND_MULT,
- * never below tol's. The two yardsticks are independent: a semantic bug
+ * never below tol's; a reference beyond KV_FP64_MAX_REL_ERR of its shadow
+ * fails that comparison and lends nothing (the floor). The two yardsticks are independent: a semantic bug
  * the shadow shares with the reference leaves both small. A vocabulary
  * above o->full_logits_max_vocab keeps top-k in the report once every
  * comparison has seen the full rows. */
