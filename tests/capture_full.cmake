@@ -1,6 +1,6 @@
 # kvrepro-hf capture keeps the full logits the gate judges (large vocabularies)
 #
-# Issue 34, item 3 (the Python side): a capture of a 70000-token model keeps
+# A capture of a 70000-token model keeps
 # every run's full logits (repeats bitwise equal to an earlier run linked to
 # its dataset, unless the links would pass the C reader's budget), and
 # `kvrepro gate --external` judges the reference agreement and the `finite`

@@ -1,6 +1,5 @@
-# (tests added by the real-weights work; see the file's first test for what it checks)
 
-# Issue 34, item 3: large vocabularies and planted-fault passes are judged
+# Large vocabularies and planted-fault passes are judged
 # on every logit, and their reports keep the full rows of each reference and
 # of every run that failed (full_logits_cli.cmake says what each step checks).
 add_test(NAME full_logits_cli COMMAND ${CMAKE_COMMAND}
@@ -9,7 +8,7 @@ add_test(NAME full_logits_cli COMMAND ${CMAKE_COMMAND}
   -P ${CMAKE_CURRENT_SOURCE_DIR}/full_logits_cli.cmake)
 set_tests_properties(full_logits_cli PROPERTIES LABELS cli)
 
-# Issue 34, item 2 (the C side): a prompts file with texts through the gate,
+# A prompts file with texts through the gate,
 # show, the failure lines, merge and gate --external; the bad object forms.
 add_executable(drop_reference_runs drop_reference_runs.c)
 target_compile_options(drop_reference_runs PRIVATE ${KV_C_FLAGS})

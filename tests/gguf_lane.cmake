@@ -1,4 +1,3 @@
-# (tests added by the real-weights work; see the file's first test for what it checks)
 # kvrepro-hf convert-gguf (python/kvrepro/gguf_convert.py): a tiny random model
 # of each supported architecture written as llama.cpp writes a GGUF file, converted
 # back bit for bit (the llama q/k permutation and Gemma's norm + 1 undone),

@@ -1,7 +1,7 @@
 """A capture of a model with a large vocabulary keeps the full logits of every
 run, so that `kvrepro gate --external` judges the reference agreement, the
 compiled-vs-eager agreement and the `finite` check on every logit, not on
-each row's top 16 (issue 34, item 3). Repeats bitwise equal to an earlier
+each row's top 16. Repeats bitwise equal to an earlier
 run share its logits dataset (a hard link: stored once), unless the links
 would ask the C reader for more than its budget for the file.
 
