@@ -97,6 +97,26 @@ static const CraftCase k_cases[] = {
     {"pair_model", CRAFT_MODEL, CRAFT_RUN1},
 };
 
+/* The vocab attribute one larger: a top-k run stores no full logits, so no
+ * array changes shape; a run that keeps its full rows (a reference, a
+ * failing run) gets one more, lowest, logit per row so that the file stays
+ * consistent and only the vocabulary disagrees with the model. */
+static int craft_vocab(KvRun *r) {
+    if (r->logits != NULL) {
+        const int64_t rows = r->steps * r->batch, V = r->vocab;
+        float *grown = malloc((size_t)(rows * (V + 1)) * sizeof *grown); /* (S, B, V + 1) */
+        if (grown == NULL) return -1;
+        for (int64_t i = 0; i < rows; i++) {
+            memcpy(grown + i * (V + 1), r->logits + i * V, (size_t)V * sizeof *grown);
+            grown[i * (V + 1) + V] = -1e30f;
+        }
+        free(r->logits);
+        r->logits = grown;
+    }
+    r->vocab += 1;
+    return 0;
+}
+
 /* Replaces run r's probe list: n_new probes, new probe q taken from old
  * probe map[q] (-1: a new probe named `fresh`, hashed like old probe
  * fresh_from). Returns 0, or -1 when out of memory. */
@@ -192,8 +212,7 @@ static int craft_run(KvRun *r, CraftEdit e) {
         r->tokens[0] = (int32_t)r->vocab;
         break;
     case CRAFT_VOCAB:
-        r->vocab += 1; /* topk runs store no full logits, so no array changes shape */
-        rc = r->logits == NULL ? 0 : -1;
+        rc = craft_vocab(r);
         break;
     case CRAFT_STEPS:
         r->steps -= 1; /* every per-step array is step-major: the prefix is written */

@@ -116,7 +116,7 @@ class CliInputTest(unittest.TestCase):
         model = os.path.join(here, "..", "..", "fixtures", "hf", "mistral")
         with tempfile.TemporaryDirectory() as d:
             bad = os.path.join(d, "p.json")
-            cases = [("[[1, 2], []]", "prompt 1"), ("{}", "non-empty JSON array"), ("[[1, -3]]", "token 1"),
+            cases = [("[[1, 2], []]", "prompt 1"), ("{}", "format"), ("[[1, -3]]", "token 1"),
                      ("[[1, 2", "not JSON"), ("[[1, 9999]]", "vocab_size")]
             for text, want in cases:
                 with open(bad, "w") as f:
