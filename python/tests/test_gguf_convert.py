@@ -16,6 +16,8 @@ Run: cd python/tests && PYTHONPATH=.. python -m unittest -v test_gguf_convert
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import shutil
@@ -49,6 +51,21 @@ def _env() -> dict[str, str]:
     env["OMP_NUM_THREADS"] = "1"
     env["HF_HUB_OFFLINE"] = "1"
     return env
+
+
+def run_cli_here(argv: list[str]) -> tuple[int, str, str]:
+    """kvrepro-hf in this process: the round trips convert a dozen files, and
+    a fresh interpreter would import torch and transformers for each (the
+    refusals, whose exit codes and lines matter, run as a real process)."""
+    from kvrepro import cli
+    out, err = io.StringIO(), io.StringIO()
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            rc = cli.main(argv)
+        except SystemExit as e:  # argparse usage errors
+            rc = int(e.code) if isinstance(e.code, int) else 2
+    return rc, out.getvalue(), err.getvalue()
 
 
 def run_cli(argv: list[str]) -> tuple[int, str, str]:
@@ -262,7 +279,7 @@ class ConvertTest(unittest.TestCase):
         cfg, sd = write_gguf(src, arch, **kw)
         out = os.path.join(self.d, f"{tag}-hf")
         self.src = src
-        rc, so, se = run_cli(["convert-gguf", src, "--out", out, *extra])
+        rc, so, se = run_cli_here(["convert-gguf", src, "--out", out, *extra])
         self.assertEqual(rc, 0, f"{arch}: exit {rc}\n{so}\n{se}")
         return cfg, sd, out
 
