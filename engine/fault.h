@@ -59,7 +59,7 @@ enum {
     KV_FAULT_DYNAMIC_KEEPS_W = 1u << 10,
     /* cache_index_copy.c: the sliding layer replaced by a static layer of W
      * slots (transformers' export path swaps StaticSlidingWindowLayer for
-     * StaticLayer(max_cache_len), seed 004): no shift, position p written
+     * StaticLayer(max_cache_len), transformers #44181): no shift, position p written
      * to slot min(p, W - 1) and recorded there, so slots 0..W-2 keep the
      * first positions for ever and "generation beyond the window" reads
      * garbage from the first step past W. */
@@ -72,7 +72,7 @@ enum {
     /* engine/cpu_state.c op_positions_planted (CUDA: backend_rows.c feeds the pads): a
      * right-padded row's trailing pads take slots and positions, as a
      * static-shape loop that writes its whole padded chunk into the cache
-     * and advances every row by the padded length (seed 002). The pads are
+     * and advances every row by the padded length (transformers #44742). The pads are
      * masked but fill the window, so a sliding layer sees fewer real keys
      * than the row run alone. */
     KV_FAULT_PAD_SLOTS = 1u << 13,

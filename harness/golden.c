@@ -215,20 +215,6 @@ static KvStatus golden_run(KvGoldenScenario *s, const KvConfig *cfg, const char 
     return kv_run_from_result(r, cfg, &spec, NULL, &res, err);
 }
 
-/* Appends a tolerance row (name, value, why) to rep. */
-static KvStatus golden_add_tolerance(KvReport *rep, const char *name, double value,
-                                     const char *reason, KvError *err) {
-    KvTolerance *ts = realloc(rep->tolerances, (size_t)(rep->n_tolerances + 1) * sizeof *ts);
-    if (ts == NULL) return kv_error_set(err, KV_ERR_INTERNAL, "out of memory");
-    rep->tolerances = ts;
-    KvTolerance *t = &ts[rep->n_tolerances++];
-    memset(t, 0, sizeof *t);
-    snprintf(t->name, sizeof t->name, "%s", name);
-    t->value = value;
-    snprintf(t->reason, sizeof t->reason, "%s", reason);
-    return KV_OK;
-}
-
 /* The measured bound of a golden scenario that records its fp64 error:
  * the reference run `ref` against its fp64 shadow (fed the golden run
  * `gold`'s tokens), judged as the matrix judges it (KV_CMP_SHADOW), and *tol's
@@ -257,12 +243,12 @@ static KvStatus golden_bound(const KvModel *m, const KvGoldenScenario *s, const 
     char name[KV_NAME_LEN], why[160];
     snprintf(name, sizeof name, "fp64_err@%.23s/%.27s", model_name, s->name);
     if (st == KV_OK) {
-        st = golden_add_tolerance(rep, name, fp64, "max rel logit err of the reference "
+        st = kv_gate_add_tolerance(rep, name, fp64, "max rel logit err of the reference "
                                   "against its fp64 shadow (shadow64.h)", err);
     }
     snprintf(name, sizeof name, "golden_fp64_err@%.16s/%.27s", model_name, s->name);
     if (st == KV_OK) {
-        st = golden_add_tolerance(rep, name, s->fp64_rel_err, "max rel logit err of the "
+        st = kv_gate_add_tolerance(rep, name, s->fp64_rel_err, "max rel logit err of the "
                                   "golden against transformers in float64 (its fp64_rel_err)",
                                   err);
     }
@@ -279,7 +265,7 @@ static KvStatus golden_bound(const KvModel *m, const KvGoldenScenario *s, const 
                  c.verdict == KV_VERDICT_PASS ? "" : "; fp64_err beyond its bound: the floor");
     }
     snprintf(name, sizeof name, "max_rel_err@%.23s/%.27s", model_name, s->name);
-    return st == KV_OK ? golden_add_tolerance(rep, name, tol->max_rel_err, why, err) : st;
+    return st == KV_OK ? kv_gate_add_tolerance(rep, name, tol->max_rel_err, why, err) : st;
 }
 
 KvStatus kv_gate_run_golden(const char *root, const char *family, const KvGateOptions *o,

@@ -576,8 +576,8 @@ static bool rows_alone_applies(const KvScenario *sc) {
 
 /* Appends a tolerance entry to the report (the calibrated value a unit
  * used, and why). */
-static KvStatus add_tolerance(KvReport *rep, const char *name, double value, const char *reason,
-                              KvError *err) {
+KvStatus kv_gate_add_tolerance(KvReport *rep, const char *name, double value, const char *reason,
+                               KvError *err) {
     KvTolerance *ts = realloc(rep->tolerances, (size_t)(rep->n_tolerances + 1) * sizeof *ts);
     if (ts == NULL) return kv_error_set(err, KV_ERR_INTERNAL, "out of memory");
     rep->tolerances = ts;
@@ -688,10 +688,10 @@ KvStatus kv_gate_calibrate(const KvModel *m, const char *model_name, const KvSce
     snprintf(reason, sizeof reason, "max rel logit err of the reference under %d other orders: "
              "keys_reversed %.3g, dot_sequential %.3g, both %.3g", KV_ENSEMBLE_SIZE, each[0],
              each[1], each[2]);
-    st = add_tolerance(rep, tname, spread, reason, err);
+    st = kv_gate_add_tolerance(rep, tname, spread, reason, err);
     if (st != KV_OK) return st;
     snprintf(tname, sizeof tname, "fp64_err@%.23s/%.27s", model_name, sc->name);
-    st = add_tolerance(rep, tname, fp64,
+    st = kv_gate_add_tolerance(rep, tname, fp64,
                        "max rel logit err of the reference against its fp64 shadow (shadow64.h)",
                        err);
     if (st != KV_OK) return st;
@@ -703,7 +703,7 @@ KvStatus kv_gate_calibrate(const KvModel *m, const char *model_name, const KvSce
                  KV_CAL_SPREAD_MULT, KV_CAL_FP64_MULT, KV_CAL_FLOOR);
     }
     snprintf(tname, sizeof tname, "max_rel_err@%.23s/%.27s", model_name, sc->name);
-    st = add_tolerance(rep, tname, tol->max_rel_err, reason, err);
+    st = kv_gate_add_tolerance(rep, tname, tol->max_rel_err, reason, err);
     for (int i = 0; st == KV_OK && i < KV_ENSEMBLE_SIZE; i++) {
         KvComparison c;
         kv_compare_reference(&rep->runs[ref], &rep->runs[members[i]], tol, ref, members[i], &c);

@@ -185,6 +185,10 @@ KvStatus kv_gate_rows_alone(const KvModel *m, const KvRun *r, const int32_t *fed
  * used (calibrated per unit), or the value itself (--no-calibrate). */
 KvStatus kv_gate_record_tolerances(const KvGateOptions *o, KvReport *rep, KvError *err);
 
+/* Appends a tolerance row (name, value, why) to rep's /tolerances. */
+KvStatus kv_gate_add_tolerance(KvReport *rep, const char *name, double value, const char *reason,
+                               KvError *err);
+
 /* The calibration ensemble of one unit (ensemble.h, DESIGN §6): the
  * reference run rep->runs[ref] again under each valid reduction order,
  * each compared with it. Their largest relative logit error is the spread a

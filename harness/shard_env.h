@@ -1,5 +1,5 @@
 /* shard_env.h: which shard of the gate this process runs, for
- * `kvrepro gate --shard I/N` and `--shard auto` (issue 19). `auto` reads the
+ * `kvrepro gate --shard I/N` and `--shard auto`. `auto` reads the
  * index and count a scheduler already gives each job, so one job script
  * serves every shard; the environment is read through a lookup callback, so
  * the unit test passes a table instead of racing on setenv. */

@@ -1,5 +1,5 @@
 """kvrepro-hf's command line: every option of every subcommand, given bad
-values, ends in a one-line message and exit 2 (issue 32, item 6), never a
+values, ends in a one-line message and exit 2, never a
 Python traceback, a hang on a FIFO or a read of /dev/zero until memory runs
 out; and nothing is written (no report, no temporary).
 

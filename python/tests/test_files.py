@@ -1,4 +1,4 @@
-"""Writes go only where they were named (issue 32, item 4, the Python half):
+"""Writes go only where they were named:
 `kvrepro-hf capture --out` (report.write_report) and `plot --out`
 (plot.plot_report) publish through files.publish, the rules of the C gate's
 reports/report.c kv_report_file_publish:
