@@ -21,6 +21,7 @@
 #include "status.h"
 
 typedef struct KvBackend KvBackend; /* opaque: one run's state on one backend */
+struct KvPrefillTape;               /* prefill_tape.h */
 
 /* What a run needs allocated before its first forward. */
 typedef struct {
@@ -135,6 +136,18 @@ typedef struct {
     const KvProbeDump *(*peek_dump)(const KvBackend *b);
     /* Counters and device text of the run so far. */
     void (*stats)(const KvBackend *b, KvBackendStats *out);
+    /* The prefill tape (prefill_tape.h). tape_save, after the run's first
+     * forward of n tokens from an empty state (its input tokens, real (B,
+     * n)), records it into an empty *t when this run can give one (a clean
+     * reference; else t stays empty). tape_load, in place of that forward
+     * (the input set), leaves the state as the forward would, the sliding
+     * layers' keys and values written by the run's own variant update;
+     * *used false when the tape does not fit the run (the caller then
+     * forwards). */
+    KvStatus (*tape_save)(KvBackend *b, const int32_t *tokens, const uint8_t *real, int64_t n,
+                          struct KvPrefillTape *t, KvError *err);
+    KvStatus (*tape_load)(KvBackend *b, int64_t n, const struct KvPrefillTape *t, bool *used,
+                          KvError *err);
 } KvBackendOps;
 
 /* The optional entries, checked once (backend.c): a backend without shift

@@ -8,6 +8,7 @@
 #include "backend.h"
 #include "cpu_state.h"
 #include "fault.h"
+#include "prefill_tape.h"
 #include "stream.h"
 
 typedef struct {
@@ -90,6 +91,18 @@ static KvStatus cpu_forward(KvBackend *b, int64_t n, KvError *err) {
     kv_ref_launch_forward(&r->cs.ref, n);
     r->eager_forwards++;
     return cpu_advance(&r->cs, n, err);
+}
+
+static KvStatus cpu_tape_save(KvBackend *b, const int32_t *tokens, const uint8_t *real,
+                              int64_t n, KvPrefillTape *t, KvError *err) {
+    return kv_cpu_tape_save(&cpu_run(b)->cs, tokens, real, n, t, err);
+}
+
+static KvStatus cpu_tape_load(KvBackend *b, int64_t n, const KvPrefillTape *t, bool *used,
+                              KvError *err) {
+    CpuRun *r = cpu_run(b);
+    KvStatus st = kv_cpu_tape_load(&r->cs, n, t, used, err);
+    return st == KV_OK && *used ? cpu_advance(&r->cs, n, err) : st;
 }
 
 static void cpu_layer_key(const KvBackend *b, int64_t layer, int64_t n, int64_t *regime,
@@ -289,4 +302,6 @@ const KvBackendOps kv_backend_cpu = {
     .take_dump = cpu_take_dump,
     .peek_dump = cpu_peek_dump,
     .stats = cpu_stats,
+    .tape_save = cpu_tape_save,
+    .tape_load = cpu_tape_load,
 };

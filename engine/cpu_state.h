@@ -96,6 +96,18 @@ KvStatus kv_cpu_forward(KvCpuState *cs, const int32_t *tokens, const uint8_t *re
  * prefix must lie outside the next query's window. (shift.c) */
 KvStatus kv_cpu_shift(KvCpuState *cs, int64_t keep, int64_t drop, KvError *err);
 
+struct KvPrefillTape;
+/* The prefill tape (prefill_tape.h, cpu_tape.c): records the first forward
+ * of n tokens (input tokens, real (B, n)) of a clean reference run into an
+ * empty *t (else leaves it empty); takes it in place of a run's first
+ * forward, *used false when it does not fit (another model or input, a
+ * calibration order, per-row positions, full probe dumps). The caller then
+ * advances the host count as after a forward. */
+KvStatus kv_cpu_tape_save(const KvCpuState *cs, const int32_t *tokens, const uint8_t *real,
+                          int64_t n, struct KvPrefillTape *t, KvError *err);
+KvStatus kv_cpu_tape_load(KvCpuState *cs, int64_t n, const struct KvPrefillTape *t, bool *used,
+                          KvError *err);
+
 /* The variant attention hook (cpu_attention.c): launches layer l's variant
  * update and attention when the layer has a variant cache. */
 bool kv_cpu_launch_attention(void *ctx, KvRefState *s, int64_t layer, int64_t n);

@@ -269,8 +269,17 @@ KvStatus kv_decode_prefill(const KvBackendOps *ops, KvBackend *b, const KvDecode
             memcpy(real + row * n, sp->prompt_real + row * P + off, (size_t)n);
         }
         st = ops->set_input(b, tok, real, n, err);
-        if (st == KV_OK) st = ops->forward(b, n, err);
+        /* The first forward from the tape when it fits (prefill_tape.h). */
+        bool taped = false;
+        if (st == KV_OK && off == 0 && sp->tape_play != NULL && ops->tape_load != NULL) {
+            st = ops->tape_load(b, n, sp->tape_play, &taped, err);
+        }
+        if (st == KV_OK && !taped) st = ops->forward(b, n, err);
+        if (st == KV_OK && off == 0 && sp->tape_record != NULL && ops->tape_save != NULL) {
+            st = ops->tape_save(b, tok, real, n, sp->tape_record, err);
+        }
         if (st != KV_OK) goto cleanup;
+        if (taped && out != NULL) out->prefill_taped = true;
         if (out != NULL) decode_note_nonfinite(ops, b, 0, out);
         off += n;
         if (off == pause && sc->at_pause != NULL) {

@@ -71,6 +71,12 @@ typedef struct {
      * Not called on a backend that keeps no dumps (peek_dump NULL). */
     void (*on_step_dump)(void *ctx, int64_t step, const KvProbeDump *dump);
     void *on_step_dump_ctx;
+    /* The prefill tape (prefill_tape.h): the first prefill forward is
+     * recorded into tape_record when empty (a clean CPU reference), or
+     * taken from tape_play when it fits the run (the backend's tape_load);
+     * NULL: neither. */
+    struct KvPrefillTape *tape_record;
+    const struct KvPrefillTape *tape_play;
 } KvDecodeSpec;
 
 typedef struct {
@@ -93,6 +99,7 @@ typedef struct {
     bool nonfinite_checked;
     int64_t nonfinite_step, nonfinite_probe, nonfinite_row, nonfinite_index;
     float nonfinite_value;
+    bool prefill_taped; /* the first prefill forward came from spec.tape_play */
 } KvDecodeResult;
 
 /* True when a row of real (B, n) has a pad after a real token: a

@@ -86,6 +86,15 @@ enum {
 
 #define KV_FAULT_COUNT 15
 
+/* The faults that change the forward's own computation (positions, the
+ * reduction order, the mask, the slots gathered, the matmul precision)
+ * rather than a variant's data movement or the graph rule: a run with one
+ * planted computes its whole prefill, never the reference's shared one
+ * (prefill_tape.h), as a real engine with such a bug would. */
+#define KV_FAULTS_IN_FORWARD                                                                     \
+    (KV_FAULT_STALE_SCALAR | KV_FAULT_ATOMIC_REDUCTION | KV_FAULT_WINDOW_OFF_BY_ONE |           \
+     KV_FAULT_UNWRITTEN_SLOT | KV_FAULT_TF32)
+
 typedef struct {
     unsigned bit;
     const char *name;      /* as on the command line */

@@ -39,7 +39,7 @@ static void fixture_usage(FILE *f) {
     fixture_print_choices(f, &col, KV_NAMES_FIXTURE_SIZES);
     kv_cli_print_text(f, &col, 23, "] [--seed N]");
     fprintf(f,
-            "\n%23s[--dtype f32|bf16]\n\n"
+            "\n%23s[--dtype f32|bf16] [--sliding-window N]\n\n"
             "Writes DIR/config.json and DIR/model.safetensors, generated from the seed\n"
             "with kvrepro's own PRNG (SplitMix64 streams keyed by tensor name; see\n"
             "model/prng.h), so the same seed gives the same bytes on every machine.\n"
@@ -60,6 +60,10 @@ static void fixture_usage(FILE *f) {
             "  --dtype    f32 or bf16 (default f32; bf16 for 2b): the stored tensors; bf16\n"
             "             rounds each drawn F32 value to nearest even\n"
             "  --seed N   weight seed (default %llu)\n"
+            "  --sliding-window N\n"
+            "             the window W instead of the size's (1 .. max positions / 4): a\n"
+            "             tiny model at a real model's W runs the gate's real-scale\n"
+            "             scenarios in seconds (not with the mixed-window family)\n"
             "Prints the smallest top-1 margin over the default decode.\n",
             "", (unsigned long long)KV_FIXTURE_DEFAULT_SEED);
 }
@@ -138,6 +142,7 @@ int kv_cmd_fixture(int argc, char **argv) {
     const char *out = NULL;
     const char *size_s = "tiny";
     const char *dtype_s = NULL;
+    uint64_t window = 0; /* 0: the size's */
     uint64_t seed = KV_FIXTURE_DEFAULT_SEED;
     bool bad = false;
     for (int i = 1; i < argc && !bad; i++) {
@@ -155,6 +160,12 @@ int kv_cmd_fixture(int argc, char **argv) {
             bad = bad || !kv_cli_parse_u64("--seed", v, &seed);
         } else if (kv_cli_take(argc, argv, &i, "--dtype", &v, &bad)) {
             dtype_s = v;
+        } else if (kv_cli_take(argc, argv, &i, "--sliding-window", &v, &bad)) {
+            bad = bad || !kv_cli_parse_u64("--sliding-window", v, &window);
+            if (!bad && window == 0) {
+                fprintf(stderr, "kvrepro fixture: --sliding-window: expected at least 1\n");
+                bad = true;
+            }
         } else {
             fprintf(stderr, "kvrepro fixture: unknown option '%s'\n", argv[i]);
             bad = true;
@@ -195,6 +206,20 @@ int kv_cmd_fixture(int argc, char **argv) {
     uint64_t file_bytes = 0;
     KvModel m = {0};
     KvStatus st = kv_fixture_config(family, size, &cfg, &err);
+    if (st == KV_OK && window > 0) {
+        if (kv_config_mixed_windows(&cfg)) {
+            st = kv_error_set(&err, KV_ERR_INPUT, "--sliding-window: %s has windows of its own "
+                              "per layer; use another family", family_s);
+        } else if (window > (uint64_t)cfg.max_position_embeddings / 4) {
+            st = kv_error_set(&err, KV_ERR_INPUT, "--sliding-window %llu: above %lld, a quarter "
+                              "of the model's %lld positions (the scenarios need room past W)",
+                              (unsigned long long)window,
+                              (long long)(cfg.max_position_embeddings / 4),
+                              (long long)cfg.max_position_embeddings);
+        } else {
+            cfg.sliding_window = (int64_t)window;
+        }
+    }
     double t0 = fixture_now();
     /* each file through the reports' publish path: an unnamed temporary
      * (or one created new, never through a link), fsync, rename */

@@ -76,7 +76,7 @@ static void gate_usage(FILE *f) {
             "                    --max-new-tokens N] [--seed N] [--prompt-seed N]\n"
             "                    [--replay-every N] [--fault LIST | --faults LIST|all]\n"
             "                    [--timings] [--allow-large-work] [--no-calibrate]\n"
-            "                    [--quiet | --verbose]\n"
+            "                    [--no-shared-prefill] [--quiet | --verbose]\n"
             "       kvrepro gate --model DIR --external RUN.h5 [--external RUN.h5]...\n"
             "                    [--report PATH.h5] [--junit PATH.xml] [--tol NAME=VALUE]...\n"
             "                    [--no-calibrate] [--quiet | --verbose]\n"
@@ -140,6 +140,10 @@ static void gate_usage(FILE *f) {
     snprintf(t, sizeof t, "no ensemble: max_rel_err is then %g unless --tol sets it",
              KV_TOL_MAX_REL_ERR);
     gate_help_opt(f, "--no-calibrate", t, -1, NULL, NULL);
+    gate_help_opt(f, "--no-shared-prefill", "every CPU variant run computes its own first "
+                  "prefill forward; by default each takes the reference's (the same "
+                  "computation up to the variant's cache write, which still runs on its own "
+                  "buffers)", -1, NULL, NULL);
     gate_help_opt(f, "--prompts FILE", "a JSON array of token-id arrays, or a {\"format\": "
                   "\"kvrepro-prompts\", ...} object with the texts (kvrepro-hf prompts writes "
                   "it), run as one left-padded batch instead of the scenarios; needs "
@@ -452,6 +456,9 @@ static bool gate_parse_args(int argc, char **argv, GateArgs *a, KvGateOptions *o
             o->timings = true;
         } else if (strcmp(argv[i], "--no-calibrate") == 0) {
             o->calibrate = false;
+        } else if (strcmp(argv[i], "--no-shared-prefill") == 0) {
+            o->share_prefill = false;
+            gate_note_matrix_opt(a, "--no-shared-prefill");
         } else if (strcmp(argv[i], "--no-goldens") == 0) {
             a->no_goldens = true;
             gate_note_matrix_opt(a, "--no-goldens");
@@ -1186,7 +1193,7 @@ int kv_cmd_gate(int argc, char **argv) {
     KvGateOptions o = {
         .eager = true, .graph = true, .repeats = 3,
         .replay_every = 5, .tol = kv_tolerances_default(), .calibrate = true,
-        .prompt_seed = KV_FIXTURE_DEFAULT_SEED, .shard_i = 1, .shard_n = 1,
+        .share_prefill = true, .prompt_seed = KV_FIXTURE_DEFAULT_SEED, .shard_i = 1, .shard_n = 1,
         .full_logits_max_vocab = KV_FULL_LOGITS_MAX_VOCAB,
     };
     bool help = false;

@@ -281,8 +281,8 @@ static KvStatus ext_run_references(const ExtRuns *e, ExtGroup *groups, int64_t n
     for (int64_t g = 0; g < n_groups; g++) {
         const KvScenario sc = ext_scenario(&e->runs[groups[g].leader]);
         KvComparison fin;
-        KvStatus st = kv_gate_run_reference(m, model_name, &sc, &go, rep, &groups[g].ref, &fin,
-                                            err);
+        KvStatus st = kv_gate_run_reference(m, model_name, &sc, &go, NULL, rep, &groups[g].ref,
+                                            &fin, err);
         groups[g].tol = o->tol;
         if (st != KV_OK) {
             char where[700];

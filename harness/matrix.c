@@ -10,6 +10,7 @@
 #include "ensemble.h"
 #include "fault.h"
 #include "forward.h"
+#include "prefill_tape.h"
 #include "kv_limits.h"
 #include "prng.h"
 #include "shadow64.h"
@@ -152,10 +153,13 @@ static int64_t run_graph_budget(const KvModel *m, const KvScenario *sc,
 /* Decodes sc on backend ops and fills run (identity already set). forced:
  * (steps, B) or NULL. KV_SKIP when the backend cannot run here. A variant's
  * graph-mode run records its graph budget; eager runs and the reference
- * capture nothing and record none. */
+ * capture nothing and record none. tape (NULL: none): the scenario's
+ * prefill tape (prefill_tape.h), recorded by the reference's run and taken
+ * by a variant's where it fits. */
 static KvStatus run_decode(const KvModel *m, const KvScenario *sc, const KvCacheOps *variant,
                            KvExecMode mode, const KvGateOptions *o, const int32_t *forced,
-                           const KvBackendOps *ops, unsigned order, KvRun *run, KvError *err) {
+                           const KvBackendOps *ops, unsigned order, KvPrefillTape *tape,
+                           KvRun *run, KvError *err) {
     /* the script only when it switches inside this decode (what the run
      * records, so a rerun from the report does the same) */
     KvScript script = kv_script_of_scenario(sc);
@@ -177,6 +181,8 @@ static KvStatus run_decode(const KvModel *m, const KvScenario *sc, const KvCache
         .order = order,
         .replay_every = variant != NULL ? o->replay_every : 0,
         .record_probes = true,
+        .tape_record = variant == NULL && order == 0 ? tape : NULL,
+        .tape_play = variant != NULL ? tape : NULL,
     };
     KvDecodeResult res;
     const double t0 = kv_gate_now();
@@ -364,8 +370,8 @@ static const char *const k_mode_name[2] = {"eager", "graph"};
  * the run and every later run of it are then recorded as skipped. */
 static KvStatus run_candidates(const KvModel *m, const char *model_name, const KvScenario *sc,
                                const KvGateOptions *o, const KvTolerances *tol,
-                               const KvBackendOps *ops, int64_t ref, KvReport *rep, char *skip,
-                               size_t skip_len, KvError *err) {
+                               const KvBackendOps *ops, int64_t ref, KvPrefillTape *tape,
+                               KvReport *rep, char *skip, size_t skip_len, KvError *err) {
     KvStatus st = KV_OK;
     const int modes[2] = {o->eager ? (int)KV_MODE_EAGER : -1, o->graph ? (int)KV_MODE_GRAPH : -1};
     const char *bname = ops->name;
@@ -409,7 +415,7 @@ static KvStatus run_candidates(const KvModel *m, const char *model_name, const K
                     break;
                 }
                 st = run_decode(m, sc, o->variants[v], (KvExecMode)modes[mi], o,
-                                forcing ? rep->runs[ref].tokens : NULL, ops, 0, run, err);
+                                forcing ? rep->runs[ref].tokens : NULL, ops, 0, tape, run, err);
                 if (st == KV_SKIP) {
                     snprintf(skip, skip_len, "%.250s", err->msg);
                     run->skipped = true;
@@ -431,7 +437,7 @@ static KvStatus run_candidates(const KvModel *m, const char *model_name, const K
                         kv_run_identify(&forced, model_name, sc->name, o->variants[v]->name,
                                         bname, k_mode_name[mi], k, o->faults);
                         st = run_decode(m, sc, o->variants[v], (KvExecMode)modes[mi], o,
-                                        rep->runs[ref].tokens, ops, 0, &forced, err);
+                                        rep->runs[ref].tokens, ops, 0, tape, &forced, err);
                         if (st != KV_OK) {
                             kv_run_free(&forced);
                             goto cleanup;
@@ -492,13 +498,13 @@ cleanup:
 }
 
 KvStatus kv_gate_run_reference(const KvModel *m, const char *model_name, const KvScenario *sc,
-                               const KvGateOptions *o, KvReport *rep, int64_t *ref,
-                               KvComparison *fin, KvError *err) {
+                               const KvGateOptions *o, KvPrefillTape *tape, KvReport *rep,
+                               int64_t *ref, KvComparison *fin, KvError *err) {
     *ref = kv_gate_add_run(rep);
     if (*ref < 0) return kv_error_set(err, KV_ERR_INTERNAL, "out of memory");
     kv_run_identify(&rep->runs[*ref], model_name, sc->name, "reference", "cpu", "eager", 0, 0);
-    KvStatus st =
-        run_decode(m, sc, NULL, KV_MODE_EAGER, o, NULL, &kv_backend_cpu, 0, &rep->runs[*ref], err);
+    KvStatus st = run_decode(m, sc, NULL, KV_MODE_EAGER, o, NULL, &kv_backend_cpu, 0, tape,
+                             &rep->runs[*ref], err);
     if (st != KV_OK) return st;
     kv_compare_finite(&rep->runs[*ref], *ref, fin);
     st = kv_gate_add_comparison(rep, fin, err);
@@ -652,7 +658,7 @@ KvStatus kv_gate_calibrate(const KvModel *m, const char *model_name, const KvSce
         members[i] = kv_gate_add_run(rep);
         if (members[i] < 0) return kv_error_set(err, KV_ERR_INTERNAL, "out of memory");
         kv_run_identify(&rep->runs[members[i]], model_name, sc->name, name, "cpu", "eager", 0, 0);
-        st = run_decode(m, sc, NULL, KV_MODE_EAGER, o, NULL, &kv_backend_cpu, order,
+        st = run_decode(m, sc, NULL, KV_MODE_EAGER, o, NULL, &kv_backend_cpu, order, NULL,
                         &rep->runs[members[i]], err);
         if (st != KV_OK) return st;
         KvComparison c;
@@ -729,7 +735,7 @@ KvStatus kv_gate_run_forced_reference(const KvModel *m, const char *model_name,
     *idx = kv_gate_add_run(rep);
     if (*idx < 0) return kv_error_set(err, KV_ERR_INTERNAL, "out of memory");
     kv_run_identify(&rep->runs[*idx], model_name, fresh->name, "reference", "cpu", "eager", 0, 0);
-    KvStatus st = run_decode(m, fresh, NULL, KV_MODE_EAGER, o, forced, &kv_backend_cpu, 0,
+    KvStatus st = run_decode(m, fresh, NULL, KV_MODE_EAGER, o, forced, &kv_backend_cpu, 0, NULL,
                              &rep->runs[*idx], err);
     if (st != KV_OK) return st;
     KvComparison c;
@@ -805,11 +811,15 @@ static KvStatus run_scenario(const KvModel *m, const char *model_name, const KvS
     const int64_t cmp_from = rep->n_comparisons;
     int64_t ref = -1;
     KvComparison fin;
-    KvStatus st = kv_gate_run_reference(m, model_name, sc, o, rep, &ref, &fin, err);
-    if (st != KV_OK) return st;
+    /* the reference's first prefill forward, taken by every CPU variant run
+     * of this scenario (prefill_tape.h) unless --no-shared-prefill */
+    KvPrefillTape tape = {0};
+    KvPrefillTape *share = o->share_prefill ? &tape : NULL;
+    KvStatus st = kv_gate_run_reference(m, model_name, sc, o, share, rep, &ref, &fin, err);
+    if (st != KV_OK) goto cleanup;
     if (kv_scenario_switches(sc)) {
         st = run_fresh_twin(m, model_name, sc, o, ref, rep, err);
-        if (st != KV_OK) return st;
+        if (st != KV_OK) goto cleanup;
     }
     /* RoPE sees only relative positions, so a reference that counts pads
      * in them agrees with its fp64 shadow and with every candidate: only
@@ -817,18 +827,18 @@ static KvStatus run_scenario(const KvModel *m, const char *model_name, const KvS
     if (fin.verdict != KV_VERDICT_FAIL && rows_alone_applies(sc)) {
         KvComparison c;
         st = kv_gate_rows_alone(m, &rep->runs[ref], rep->runs[ref].tokens, &c, err);
-        if (st != KV_OK) return st;
+        if (st != KV_OK) goto cleanup;
         c.run_a = c.run_b = ref;
         st = kv_gate_add_comparison(rep, &c, err);
-        if (st != KV_OK) return st;
+        if (st != KV_OK) goto cleanup;
     }
     KvTolerances tol;
     st = kv_gate_calibrate(m, model_name, sc, o, ref, fin.verdict != KV_VERDICT_FAIL, rep, &tol,
                            err);
-    if (st != KV_OK) return st;
+    if (st != KV_OK) goto cleanup;
     if (kv_scenario_shifts(sc) && fin.verdict != KV_VERDICT_FAIL) {
         st = run_shift_twin(m, model_name, sc, o, &tol, ref, rep, err);
-        if (st != KV_OK) return st;
+        if (st != KV_OK) goto cleanup;
     }
 
     /* A reference that is not finite has nothing to judge candidates by:
@@ -852,8 +862,9 @@ static KvStatus run_scenario(const KvModel *m, const char *model_name, const KvS
             skip = local;
             skip_len = sizeof local;
         }
-        st = run_candidates(m, model_name, sc, o, &tol, gb->ops, ref, rep, skip, skip_len, err);
-        if (st != KV_OK) return st;
+        st = run_candidates(m, model_name, sc, o, &tol, gb->ops, ref, share, rep, skip, skip_len,
+                            err);
+        if (st != KV_OK) goto cleanup;
     }
 
     /* Every comparison of this scenario was made on the full rows in
@@ -866,6 +877,8 @@ static KvStatus run_scenario(const KvModel *m, const char *model_name, const KvS
     if (m->config.vocab_size > o->full_logits_max_vocab || o->faults != 0) {
         st = kv_gate_trim_logits(rep, ref, rep->n_runs, &ref, 1, cmp_from, err);
     }
+cleanup:
+    kv_prefill_tape_free(&tape);
     return st;
 }
 

@@ -75,6 +75,9 @@ typedef struct {
     int64_t full_logits_max_vocab;    /* above this vocabulary, runs keep only their top
                                        * KV_TOPK logits per row (after all comparisons) */
     int64_t max_new_tokens;           /* > 0: the scenarios decode at most this many tokens */
+    bool share_prefill;               /* CPU variant runs take the reference's first prefill
+                                       * forward (prefill_tape.h); false: each computes its own
+                                       * (--no-shared-prefill) */
 } KvGateOptions;
 
 /* Whether (model, scenario) unit u (counted over all models) is in this
@@ -155,10 +158,12 @@ KvStatus kv_gate_add_comparison(KvReport *rep, const KvComparison *c, KvError *e
  * model_name / sc->name), appended to rep at *ref together with its finite
  * check, which is also copied to *fin (a reference that is not finite has
  * nothing to judge candidates by). Errors of the decode are returned as
- * they are (KV_ERR_INPUT for a batch the model cannot take). */
+ * they are (KV_ERR_INPUT for a batch the model cannot take). tape (NULL:
+ * none) receives its first prefill forward (prefill_tape.h) for the
+ * scenario's CPU variant runs. */
 KvStatus kv_gate_run_reference(const KvModel *m, const char *model_name, const KvScenario *sc,
-                               const KvGateOptions *o, KvReport *rep, int64_t *ref,
-                               KvComparison *fin, KvError *err);
+                               const KvGateOptions *o, struct KvPrefillTape *tape, KvReport *rep,
+                               int64_t *ref, KvComparison *fin, KvError *err);
 
 /* A CPU reference decode of scenario sc teacher-forced with forced ((new
  * tokens, batch) token ids fed after each step; NULL: free-running),

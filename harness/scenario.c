@@ -13,17 +13,23 @@
 
 #define MAX_ROWS 4
 
-/* Prompt b (b < batch) has len_w[b] * W + len_half[b] * (W / 2) +
- * len_add[b] tokens; a script adds its own (context_shift's sets the
- * length: kv_scenario_build). An entry names what it sets; what it leaves
- * out is 0: no tokens, one prefill, no script, left padding, in the
- * default set. */
+/* A row's prompt length: w * W + half * (W / 2) + w32 * (W / 32) + add
+ * tokens (a script adds its own: kv_scenario_build). */
+typedef struct {
+    int64_t w, half, w32, add;
+} RowLen;
+
+/* A scenario at both scales (kv_scenario_scale): `full` for small windows,
+ * `real` above KV_SCENARIO_FULL_MAX_W, where a decode of 3 W past the
+ * window would cost hours and each bug class needs only the crossing it
+ * is about plus KV_SCENARIO_TAIL steps. An entry names what it sets; what
+ * it leaves out is 0: no tokens, one prefill, no script, left padding, in
+ * the default set. */
 typedef struct {
     const char *name;
     int64_t batch;
-    int64_t len_w[MAX_ROWS];
-    int64_t len_half[MAX_ROWS];
-    int64_t len_add[MAX_ROWS];
+    RowLen full[MAX_ROWS];
+    RowLen real[MAX_ROWS];
     bool chunked; /* prefill in chunks of W / 2 + 1 */
     int script;   /* SCRIPT_*: a request switch judged against a fresh twin */
     bool right;   /* right-padded: rows at their own positions (DESIGN §2) */
@@ -76,61 +82,82 @@ bool kv_scenario_shift_judged(const KvConfig *cfg, char *why, size_t why_len) {
 static int64_t spec_drafts(int64_t w) { return w / 4 + 1 < 9 ? w / 4 + 1 : 9; }
 
 static const ScenarioDef k_defs[] = {
-    {.name = "short_prompt_crosses_window", .batch = 1, .len_w = {0}, .len_add = {5}},
-    {.name = "prompt_w_minus_1", .batch = 1, .len_w = {1}, .len_add = {-1}},
-    {.name = "prompt_w", .batch = 1, .len_w = {1}, .len_add = {0}},
-    {.name = "prompt_w_plus_1", .batch = 1, .len_w = {1}, .len_add = {1}},
-    {.name = "prefill_longer_than_window", .batch = 1, .len_w = {3}, .len_add = {0}},
-    {.name = "left_padded_batch", .batch = 2, .len_w = {3, 0}, .len_add = {0, 3}},
-    {.name = "chunked_prefill", .batch = 1, .len_w = {3}, .len_add = {0}, .chunked = true},
+    /* A short prompt whose decode fills the cache token by token and
+     * crosses W; at real scale the prompt is W - 8 (the crossing is what
+     * the class needs, not W one-token steps). */
+    {.name = "short_prompt_crosses_window", .batch = 1, .full = {{.add = 5}},
+     .real = {{.w = 1, .add = -8}}},
+    {.name = "prompt_w_minus_1", .batch = 1, .full = {{.w = 1, .add = -1}},
+     .real = {{.w = 1, .add = -1}}},
+    {.name = "prompt_w", .batch = 1, .full = {{.w = 1}}, .real = {{.w = 1}}},
+    {.name = "prompt_w_plus_1", .batch = 1, .full = {{.w = 1, .add = 1}},
+     .real = {{.w = 1, .add = 1}}},
+    /* 1.5 W + 3 at real scale: past W, not a multiple of it */
+    {.name = "prefill_longer_than_window", .batch = 1, .full = {{.w = 3}},
+     .real = {{.w = 1, .half = 1, .add = 3}}},
+    /* At real scale pytorch #159855's batch: a ~1.03 W prompt (W + W/32:
+     * 4224 tokens at W 4096, the test's 4200) beside one of 10, left-padded. */
+    {.name = "left_padded_batch", .batch = 2, .full = {{.w = 3}, {.add = 3}},
+     .real = {{.w = 1, .w32 = 1}, {.add = 10}}},
+    /* chunks of W / 2 + 1; at real scale W + 3 tokens: the third chunk
+     * crosses W (only the first chunk is shared, prefill_tape.h) */
+    {.name = "chunked_prefill", .batch = 1, .full = {{.w = 3}},
+     .real = {{.w = 1, .add = 3}}, .chunked = true},
     /* TRT-LLM PR #2983: a prefix-cache entry of a request's first W/2 + 1
      * tokens (a shared system prompt) is reused by a second request after
      * the first request's sliding cache has wrapped (its prompt is 1.5 W, and
-     * it decodes W/2 tokens before the switch). The second request's suffix
-     * of W/2 + 2 tokens crosses the window inside one forward. An engine
-     * whose entry aliases the live cyclic cache (planted: prefix_alias)
-     * reads the first request's later keys there. */
-    {.name = "prefix_reuse_after_wrap", .batch = 1, .len_w = {1}, .len_add = {0},
-     .script = SCRIPT_PREFIX_REUSE},
+     * it decodes W/2 tokens before the switch; 2 at real scale). The second
+     * request's suffix of W/2 + 2 tokens crosses the window inside one
+     * forward. An engine whose entry aliases the live cyclic cache
+     * (planted: prefix_alias) reads the first request's later keys there. */
+    {.name = "prefix_reuse_after_wrap", .batch = 1, .full = {{.w = 1, .half = 1}},
+     .real = {{.w = 1, .half = 1}}, .script = SCRIPT_PREFIX_REUSE},
     /* flashinfer #3864: speculative decoding past the window. At position
      * 1.5 W (every sliding cache wrapped) k = spec_drafts(W) draft tokens
      * are verified in one forward, which writes their keys over the oldest
      * k slots of a cyclic cache; then the sequence rolls back to the first
      * k / 2 drafts (the accepted prefix: scripted, not judged from the
-     * verification's per-position tokens) and decodes 3 W + 1 more. The
+     * verification's per-position tokens) and decodes 3 W + 1 more (the
+     * tail at real scale). The
      * rollback restores the state saved before the verification and feeds
      * the accepted drafts again; an engine that only truncates positions
      * (planted: prefix_alias) keeps the rejected drafts' keys in slots the
      * window still needs. The decode after the rollback must equal the
      * accepted context decoded from scratch. */
-    {.name = "speculative_rollback_past_window", .batch = 1, .len_w = {1}, .len_add = {0},
-     .script = SCRIPT_SPECULATIVE},
-    /* Seed 002's static-shape loop: a batch right-padded to a fixed length
+    {.name = "speculative_rollback_past_window", .batch = 1, .full = {{.w = 1, .half = 1}},
+     .real = {{.w = 1, .half = 1}}, .script = SCRIPT_SPECULATIVE},
+    /* transformers #44742's static-shape loop: a batch right-padded to a fixed length
      * (a whole number of chunks), prefilled in chunks of one fixed shape
      * (W / 2 + 1; a row whose prompt has ended feeds a chunk of pads), then
      * a fixed-count decode. Each row writes at its own position (prompt
      * length + step), so the rows' sliding caches wrap at different steps;
      * every row must equal the row run alone. An engine that stores the
      * right pads as positions (planted: pad_slots) pushes real keys out of
-     * the window. */
-    {.name = "right_padded_static_loop", .batch = 3, .len_w = {1, 0, 0}, .len_half = {0, 1, 0},
-     .len_add = {3, 1, 2}, .chunked = true, .right = true, .extended = true},
+     * the window. Real scale: rows of W + 3, W - 2 and W - 5 tokens. */
+    {.name = "right_padded_static_loop", .batch = 3,
+     .full = {{.w = 1, .add = 3}, {.half = 1, .add = 1}, {.add = 2}},
+     .real = {{.w = 1, .add = 3}, {.w = 1, .add = -2}, {.w = 1, .add = -5}}, .chunked = true,
+     .right = true, .extended = true},
     /* llama.cpp #14097: parallel sequences at different positions in one
      * batch: prompts of 2 W + 3, W - 1, W / 2 and 1 tokens (right-padded,
      * one prefill), so the rows cross the window at decode steps 1, W / 2
-     * and W - 1 while the first is long past it. */
-    {.name = "parallel_positions", .batch = 4, .len_w = {2, 1, 0, 0}, .len_half = {0, 0, 1, 0},
-     .len_add = {3, -1, 0, 1}, .right = true, .extended = true},
+     * and W - 1 while the first is long past it (real scale: 1.5 W + 3, W - 1,
+     * W - 3 and W - 6 tokens, crossing at steps 1, 3 and 6). */
+    {.name = "parallel_positions", .batch = 4,
+     .full = {{.w = 2, .add = 3}, {.w = 1, .add = -1}, {.half = 1}, {.add = 1}},
+     .real = {{.w = 1, .half = 1, .add = 3}, {.w = 1, .add = -1}, {.w = 1, .add = -3},
+              {.w = 1, .add = -6}},
+     .right = true, .extended = true},
     /* llama.cpp #12357 (Gemma 3 gibberish after a context shift): at
      * decode step W/2 + 1 the context is shifted as an engine does when it
      * is full: the first W/4 positions are kept (a system prompt), the next
      * 1.5 W + 1 dropped (not a multiple of any window, so a ring's slots
      * must move), the rest moved down with their keys re-rotated; then
-     * 3 W + 1 more steps. The context before the shift is long enough that
-     * the dropped span lies beyond the receptive field of every key still
-     * read when every layer slides, so the decode after the shift must
-     * match the shifted context run from scratch within the shift's
-     * tolerance; every variant must match the reference's shift bitwise.
+     * 3 W + 1 more steps (real scale: at step 2, then the tail). The context
+     * before the shift is long enough that the dropped span lies beyond
+     * the receptive field of every key still read when every layer slides,
+     * so the decode after the shift must match the shifted context run from
+     * scratch within the shift's tolerance; every variant must match the reference's shift bitwise.
      * An engine that leaves each slot in its cell (planted: shift_cells)
      * reads the wrong keys through the ring's p % W. */
     {.name = "context_shift", .batch = 1, .script = SCRIPT_CONTEXT_SHIFT, .extended = true},
@@ -194,8 +221,18 @@ KvStatus kv_scenario_custom_padded(const char *name, const int32_t *const *promp
     return KV_OK;
 }
 
+KvScenarioScale kv_scenario_scale(const KvConfig *cfg) {
+    const int64_t w = cfg->sliding_window > 0 ? cfg->sliding_window : 16;
+    return w <= KV_SCENARIO_FULL_MAX_W ? KV_SCALE_FULL : KV_SCALE_REAL;
+}
+
 KvStatus kv_scenario_build(const KvConfig *cfg, const char *name, uint64_t seed, KvScenario *out,
                            KvError *err) {
+    return kv_scenario_build_at(cfg, name, seed, kv_scenario_scale(cfg), out, err);
+}
+
+KvStatus kv_scenario_build_at(const KvConfig *cfg, const char *name, uint64_t seed,
+                              KvScenarioScale scale, KvScenario *out, KvError *err) {
     memset(out, 0, sizeof *out);
     const ScenarioDef *d = NULL;
     for (int i = 0; i < N_DEFS; i++) {
@@ -215,18 +252,22 @@ KvStatus kv_scenario_build(const KvConfig *cfg, const char *name, uint64_t seed,
                             names);
     }
     const int64_t w = cfg->sliding_window > 0 ? cfg->sliding_window : 16;
+    const bool full = scale == KV_SCALE_FULL;
+    /* Steps decoded past the scenario's last crossing or scripted event. */
+    const int64_t tail = full ? 3 * w + 1 : KV_SCENARIO_TAIL;
     /* A context shift's keep, drop and step, and the positions stored
      * before it: keep + drop + the largest window + the receptive field. */
     const int64_t ws = shift_window(cfg);
-    const int64_t sh_keep = ws / 4 > 0 ? ws / 4 : 1, sh_drop = ws + ws / 2 + 1, sh_step = ws / 2 + 1;
+    const int64_t sh_keep = ws / 4 > 0 ? ws / 4 : 1, sh_drop = ws + ws / 2 + 1;
+    const int64_t sh_step = full ? ws / 2 + 1 : 2;
     const int64_t sh_stored = sh_keep + sh_drop + ws + shift_receptive(cfg);
     int32_t *rows[MAX_ROWS] = {NULL};
     int64_t lens[MAX_ROWS] = {0};
     KvStatus st = KV_OK;
     for (int64_t b = 0; b < d->batch; b++) {
-        lens[b] = d->len_w[b] * w + d->len_add[b] + d->len_half[b] * (w / 2) +
-                  (d->script == SCRIPT_PREFIX_REUSE ? w / 2 : 0) +
-                  (d->script == SCRIPT_SPECULATIVE ? w / 2 + spec_drafts(w) : 0);
+        const RowLen *rl = full ? &d->full[b] : &d->real[b];
+        lens[b] = rl->w * w + rl->half * (w / 2) + rl->w32 * (w / 32) + rl->add +
+                  (d->script == SCRIPT_SPECULATIVE ? spec_drafts(w) : 0);
         if (d->script == SCRIPT_CONTEXT_SHIFT) lens[b] = sh_stored - (sh_step - 1);
         if (lens[b] < 1) lens[b] = 1;
         rows[b] = malloc((size_t)lens[b] * sizeof(int32_t));
@@ -242,16 +283,19 @@ KvStatus kv_scenario_build(const KvConfig *cfg, const char *name, uint64_t seed,
         }
     }
     {
-        int64_t longest = 0;
-        for (int64_t b = 0; b < d->batch; b++) longest = lens[b] > longest ? lens[b] : longest;
-        /* Cross the window if the prompt does not, then 3 x W more steps
-         * (right-padded rows at their own positions: a short row crosses W
-         * within the first W steps and decodes 2 W past it). */
-        const int64_t to_window = longest < w ? w - longest : 0;
+        /* Cross the window if the prompt does not, then `tail` more steps.
+         * Right-padded rows sit at their own positions and cross at their
+         * own steps: at real scale the tail follows the last of them (the
+         * full set's 3 W + 1 already covers every row). */
+        int64_t longest = 0, cross = 0;
+        for (int64_t b = 0; b < d->batch; b++) {
+            longest = lens[b] > longest ? lens[b] : longest;
+            if (d->right && !full && w - lens[b] > cross) cross = w - lens[b];
+        }
+        if (longest < w && w - longest > cross) cross = w - longest;
         const int64_t chunk = d->chunked ? w / 2 + 1 : 0;
         st = kv_scenario_custom_padded(name, (const int32_t *const *)rows, lens, d->batch,
-                                       to_window + 3 * w + 1, d->right,
-                                       d->right ? chunk : 0, out, err);
+                                       cross + tail, d->right, d->right ? chunk : 0, out, err);
         if (st != KV_OK) goto cleanup;
         out->seed = seed;
         out->prefill_chunk = chunk;
@@ -260,19 +304,20 @@ KvStatus kv_scenario_build(const KvConfig *cfg, const char *name, uint64_t seed,
         out->shift_step = sh_step;
         out->shift_keep = sh_keep;
         out->shift_drop = sh_drop;
-        out->new_tokens = sh_step + 3 * ws + 1;
+        out->new_tokens = sh_step + (full ? 3 * ws + 1 : KV_SCENARIO_TAIL);
     } else if (d->script != SCRIPT_NONE) {
         const bool reuse = d->script == SCRIPT_PREFIX_REUSE;
-        /* Prefix reuse: the first request decodes W/2 tokens, the second
-         * 3 W + 1 after the switch (DESIGN §5: at least 3 W past the
-         * window). Speculative: the prompt's last k tokens are the drafts,
-         * the prefill saves the state before them and verifies them in one
-         * forward (step 0); step 1 rolls back and feeds the accepted k / 2
-         * again, as one forward. */
+        /* Prefix reuse: the first request decodes W/2 tokens (at real
+         * scale 2: its 1.5 W prompt has wrapped every sliding cache
+         * already), the second `tail` after the switch. Speculative: the
+         * prompt's last k tokens are the drafts, the prefill saves the
+         * state before them and verifies them in one forward (step 0);
+         * step 1 rolls back and feeds the accepted k / 2 again, as one
+         * forward. */
         const int64_t k = spec_drafts(w);
         out->save_after = reuse ? w / 2 + 1 : out->prompt_len - k;
-        out->switch_step = reuse ? w / 2 : 1;
-        out->new_tokens = out->switch_step + 3 * w + 1;
+        out->switch_step = reuse ? (full ? w / 2 : 2) : 1;
+        out->new_tokens = out->switch_step + tail;
         out->suffix_len = reuse ? w / 2 + 2 : k / 2;
         out->suffix = malloc((size_t)(d->batch * out->suffix_len) * sizeof *out->suffix);
         if (out->suffix == NULL) {

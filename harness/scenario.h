@@ -1,6 +1,7 @@
 /* scenario.h: the default decode scenarios (DESIGN §5), parameterised by
- * the window W of the model, each decoding at least 3 x W steps past the
- * window. Prompt tokens come from the prompt seed (kv_prng_stream keyed by
+ * the window W of the model: at the full scale each decodes 3 W + 1 steps
+ * past the window, at real scale (large W) KV_SCENARIO_TAIL steps past the
+ * crossing or scripted event it is about. Prompt tokens come from the prompt seed (kv_prng_stream keyed by
  * scenario and row), drawn from [1, vocab) so id 0 can pad. */
 #ifndef KV_SCENARIO_H
 #define KV_SCENARIO_H
@@ -44,6 +45,21 @@ typedef struct {
     char tokenizer[256];
 } KvScenario;
 
+/* Windows up to this get the full set: every scenario decodes 3 W + 1
+ * steps past its crossing (cheap at W 16, and several wraps of every
+ * cache). Above it the real-scale set: the same scenarios and bug classes,
+ * prompts sized to cross W (pytorch #159855's ~1.03 W batch among them),
+ * and KV_SCENARIO_TAIL steps past the crossing: 3 W steps at W 512 would be
+ * ~1500 decode steps of the whole model per run. */
+#define KV_SCENARIO_FULL_MAX_W 32
+#define KV_SCENARIO_TAIL 8
+
+typedef enum { KV_SCALE_FULL = 0, KV_SCALE_REAL = 1 } KvScenarioScale;
+
+/* The scale of cfg's scenarios: full when its window (16 without one) is
+ * at most KV_SCENARIO_FULL_MAX_W, else real. */
+KvScenarioScale kv_scenario_scale(const KvConfig *cfg);
+
 /* Names of the default set, in order; *count receives their number. */
 const char *const *kv_scenario_names(int *count);
 
@@ -52,10 +68,15 @@ const char *const *kv_scenario_names(int *count);
  * gate for its time. *count receives their number. */
 const char *const *kv_scenario_all_names(int *count);
 
-/* Builds scenario `name` for cfg (W = the window, or 16 without one).
- * Unknown name: KV_ERR_INPUT listing the known ones. */
+/* Builds scenario `name` for cfg (W = the window, or 16 without one) at
+ * kv_scenario_scale(cfg). Unknown name: KV_ERR_INPUT listing the known
+ * ones. */
 KvStatus kv_scenario_build(const KvConfig *cfg, const char *name, uint64_t seed, KvScenario *out,
                            KvError *err);
+
+/* The same at a given scale. */
+KvStatus kv_scenario_build_at(const KvConfig *cfg, const char *name, uint64_t seed,
+                              KvScenarioScale scale, KvScenario *out, KvError *err);
 
 /* A custom scenario: `batch` prompts (any lengths >= 1, left-padded here)
  * decoding new_tokens tokens. */

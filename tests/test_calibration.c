@@ -60,7 +60,7 @@ static void gate_unit(const KvFixtureModel *fx, const char *family, const char *
         .scenarios = scen, .n_scenarios = 1, .variants = variants, .n_variants = 2,
         .backends = &cpu_only, .n_backends = 1, .eager = true, .graph = true, .repeats = 1,
         .replay_every = 5, .faults = faults, .tol = kv_tolerances_default(), .calibrate = true,
-        .tol_max_rel_err_set = max_rel_err > 0.0,
+        .tol_max_rel_err_set = max_rel_err > 0.0, .share_prefill = true,
         .prompt_seed = KV_FIXTURE_DEFAULT_SEED, .shard_i = 1, .shard_n = 1,
         .full_logits_max_vocab = KV_FULL_LOGITS_MAX_VOCAB,
     };

@@ -47,7 +47,8 @@
 static const char *const k_families[] = {"gemma2-tiny", "mistral-tiny", "qwen2-tiny", "gemma3-tiny"};
 #define N_FAM ((int)(sizeof k_families / sizeof k_families[0]))
 
-/* The options `kvrepro gate` runs with when given none (cmd_gate.c), CPU
+/* The options `kvrepro gate` runs with when given none (cmd_gate.c; the
+ * variants take the reference's first prefill forward, prefill_tape.h), CPU
  * only: CUDA runs are skipped without a device and cannot catch anything.
  * A fault pass leaves out the scripted scenarios (prefix_reuse_after_wrap,
  * speculative_rollback_past_window: the default set's last two), which only
@@ -76,7 +77,7 @@ static KvGateOptions default_gate(unsigned faults, const KvCacheOps *const *vari
             .variants = variants, .n_variants = n_variants, .backends = &cpu_only,
             .n_backends = 1, .eager = true, .graph = true, .repeats = 3, .replay_every = 5,
             .faults = faults, .tol = kv_tolerances_default(), .calibrate = true,
-            .prompt_seed = KV_FIXTURE_DEFAULT_SEED, .shard_i = 1, .shard_n = 1,
+            .share_prefill = true, .prompt_seed = KV_FIXTURE_DEFAULT_SEED, .shard_i = 1, .shard_n = 1,
             .full_logits_max_vocab = KV_FULL_LOGITS_MAX_VOCAB,
         };
     }
@@ -90,7 +91,7 @@ static KvGateOptions default_gate(unsigned faults, const KvCacheOps *const *vari
         .scenarios = scen, .n_scenarios = n_scen, .variants = variants,
         .n_variants = n_variants, .backends = &cpu_only, .n_backends = 1, .eager = true, .graph = true,
         .repeats = 3, .replay_every = 5, .faults = faults, .tol = kv_tolerances_default(),
-        .calibrate = true,
+        .calibrate = true, .share_prefill = true,
         .prompt_seed = KV_FIXTURE_DEFAULT_SEED, .shard_i = 1, .shard_n = 1,
         .full_logits_max_vocab = KV_FULL_LOGITS_MAX_VOCAB,
     };

@@ -328,4 +328,6 @@ extern "C" const KvBackendOps kv_backend_cuda = {
     /* .take_dump = */ NULL,
     /* .peek_dump = */ NULL,
     /* .stats = */ cuda_stats,
+    /* .tape_save = */ NULL, /* the prefill tape is the CPU backend's (prefill_tape.h) */
+    /* .tape_load = */ NULL,
 };
