@@ -9,6 +9,7 @@
 #ifdef __GLIBC__
 #include <malloc.h>
 #endif
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,6 +31,7 @@
 #include "model.h"
 #include "mutation.h"
 #include "prompts.h"
+#include "rate.h"
 #include "report.h"
 #include "scenario.h"
 #include "shard_env.h"
@@ -657,11 +659,29 @@ static KvStatus gate_check_work(const GateArgs *a, const KvGateOptions *o, KvErr
     int unit = 0;
     char windows[512] = "";
     int64_t max_vocab = 0, max_probes = 0;
+    /* The machine's rate, measured once with the widest model's shapes
+     * (a fraction of a second), for the estimated wall time. */
+    KvRate rate;
+    bool have_rate = false;
+    if (!a->quiet) {
+        KvConfig widest;
+        int64_t best = -1;
+        for (int i = 0; i < a->n_models; i++) {
+            KvConfig cfg;
+            KvStatus st = gate_model_config(a, i, &cfg, err);
+            if (st != KV_OK) return st;
+            if (cfg.hidden_size * cfg.intermediate_size > best) {
+                best = cfg.hidden_size * cfg.intermediate_size;
+                widest = cfg;
+            }
+        }
+        have_rate = best >= 0 && kv_rate_measure(&widest, &rate, err) == KV_OK;
+    }
     for (int i = 0; i < a->n_models; i++) {
         KvConfig cfg;
         KvStatus st = gate_model_config(a, i, &cfg, err);
         if (st != KV_OK) return st;
-        st = kv_gate_work_add(&cfg, o, &unit, &w, err);
+        st = kv_gate_work_add(&cfg, o, have_rate ? &rate : NULL, &unit, &w, err);
         if (st != KV_OK) return st;
         if (cfg.vocab_size > max_vocab) max_vocab = cfg.vocab_size;
         if (kv_probe_count(&cfg) > max_probes) max_probes = kv_probe_count(&cfg);
@@ -675,11 +695,27 @@ static KvStatus gate_check_work(const GateArgs *a, const KvGateOptions *o, KvErr
     }
     const int passes = a->mutation ? a->n_passes : 1;
     w.decodes *= passes;
+    w.references *= passes;
+    w.twins *= passes;
+    w.members *= passes;
+    w.shadows *= passes;
+    w.candidates *= passes;
     w.tokens *= passes;
     w.flop *= passes;
+    w.seconds *= passes;
     if (!a->quiet) {
-        printf("work: %lld cpu decodes, %lld token positions, ~%.3g GFLOP (%s)\n",
-               (long long)w.decodes, (long long)w.tokens, w.flop / 1e9, windows);
+        char est[96] = "";
+        if (w.seconds > 0.0) {
+            snprintf(est, sizeof est, "; estimated %.0f min %02.0f s on this machine",
+                     floor(w.seconds / 60.0), fmod(w.seconds, 60.0));
+        }
+        printf("work: %lld cpu decodes (%lld reference, %lld fresh twin, %lld calibration "
+               "member, %lld fp64 shadow, %lld candidate%s), %lld token positions, ~%.3g "
+               "GFLOP%s (%s)\n",
+               (long long)w.decodes, (long long)w.references, (long long)w.twins,
+               (long long)w.members, (long long)w.shadows, (long long)w.candidates,
+               o->share_prefill ? " taking the reference's first prefill forward" : "",
+               (long long)w.tokens, w.flop / 1e9, est, windows);
         fflush(stdout); /* a CI log shows it before the matrix starts */
     }
     if (w.flop > KV_GATE_MAX_WORK_FLOP && !a->allow_large) {
@@ -880,10 +916,20 @@ static void gate_print_header(const GateArgs *a, const KvGateOptions *o, const K
             printf("%s: skipped, no device: %s\n", o->backends[i].ops->name, o->backends[i].skip);
         }
     }
-    char rel[96];
+    /* a model of the real-scale set calibrates once, on one unit */
+    bool per_model = false;
+    for (int i = 0; i < a->n_models; i++) {
+        KvConfig cfg;
+        KvError ignored = {{0}};
+        per_model = per_model || (gate_model_config(a, i, &cfg, &ignored) == KV_OK &&
+                                  kv_gate_calibrates_per_model(&cfg, o));
+    }
+    char rel[192];
     if (o->calibrate && !o->tol_max_rel_err_set) {
-        snprintf(rel, sizeof rel, "calibrated per unit (%d x the %d-order spread, >= %g)",
-                 KV_CAL_SPREAD_MULT, KV_ENSEMBLE_SIZE, KV_CAL_FLOOR);
+        snprintf(rel, sizeof rel, "calibrated per %s (max(%d x the %d-order spread, %d x the "
+                 "fp64 error), >= %g)", per_model ? "model at real scale, on its unit with the "
+                 "most token positions, else per unit" : "unit", KV_CAL_SPREAD_MULT,
+                 KV_ENSEMBLE_SIZE, KV_CAL_FP64_MULT, KV_CAL_FLOOR);
     } else {
         snprintf(rel, sizeof rel, "%g", o->tol.max_rel_err);
     }
@@ -896,9 +942,11 @@ static void gate_print_header(const GateArgs *a, const KvGateOptions *o, const K
     /* What judges the reference itself, which every candidate shares. */
     bool dirs = false;
     for (int i = 0; i < a->n_models; i++) dirs = dirs || a->model_is_dir[i];
-    const char *shadow = o->calibrate ? "its fp64 shadow (within %g) in every unit"
-                                      : "no fp64 shadow (--no-calibrate)";
-    char sh[96];
+    const char *shadow = !o->calibrate ? "no fp64 shadow (--no-calibrate)"
+                         : per_model ? "its fp64 shadow (within %g) in every calibrating unit "
+                                       "(one per model at real scale)"
+                                     : "its fp64 shadow (within %g) in every unit";
+    char sh[128];
     snprintf(sh, sizeof sh, shadow, KV_FP64_MAX_REL_ERR);
     if (a->n_golden > 0) {
         printf("reference judged by: transformers goldens (%d famil%s) and %s%s\n", a->n_golden,

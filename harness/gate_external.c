@@ -454,7 +454,7 @@ static KvStatus ext_check_work(const ExtRuns *e, const ExtGroup *groups, int64_t
         KvGateOptions go = ext_gate_options(o);
         go.custom = &sc;
         int unit = 0;
-        const KvStatus st = kv_gate_work_add(&m->config, &go, &unit, &w, err);
+        const KvStatus st = kv_gate_work_add(&m->config, &go, NULL, &unit, &w, err);
         if (st != KV_OK) return st;
     }
     /* the members decode as the reference does; the fp64 shadow costs about two */

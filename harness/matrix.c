@@ -11,6 +11,7 @@
 #include "fault.h"
 #include "forward.h"
 #include "prefill_tape.h"
+#include "rate.h"
 #include "kv_limits.h"
 #include "prng.h"
 #include "shadow64.h"
@@ -806,8 +807,14 @@ cleanup:
     return st;
 }
 
+/* Runs one (model, scenario) unit. model_tol NULL: the unit calibrates
+ * itself; else it is judged by the model's calibration, made on another
+ * unit (*model_tol, model_cal its scenario: kv_gate_run_model). *tol_out
+ * (may be NULL) receives the tolerances the unit judged by. */
 static KvStatus run_scenario(const KvModel *m, const char *model_name, const KvScenario *sc,
-                             const KvGateOptions *o, KvReport *rep, KvError *err) {
+                             const KvGateOptions *o, const KvTolerances *model_tol,
+                             const char *model_cal, KvTolerances *tol_out, KvReport *rep,
+                             KvError *err) {
     const int64_t cmp_from = rep->n_comparisons;
     int64_t ref = -1;
     KvComparison fin;
@@ -833,9 +840,23 @@ static KvStatus run_scenario(const KvModel *m, const char *model_name, const KvS
         if (st != KV_OK) goto cleanup;
     }
     KvTolerances tol;
-    st = kv_gate_calibrate(m, model_name, sc, o, ref, fin.verdict != KV_VERDICT_FAIL, rep, &tol,
-                           err);
+    if (model_tol == NULL) {
+        st = kv_gate_calibrate(m, model_name, sc, o, ref, fin.verdict != KV_VERDICT_FAIL, rep,
+                               &tol, err);
+    } else {
+        tol = *model_tol;
+        /* the members planned for this unit are accounted for by the
+         * tolerance row's stated reason, as when a reference is not finite */
+        account_runs(o, KV_ENSEMBLE_SIZE);
+        if (o->runs_done != NULL) *o->runs_done += KV_ENSEMBLE_SIZE;
+        char tname[KV_NAME_LEN], reason[160];
+        snprintf(tname, sizeof tname, "max_rel_err@%.23s/%.27s", model_name, sc->name);
+        snprintf(reason, sizeof reason, "the model's calibration, made once on %.60s (the "
+                 "real-scale set calibrates per model)", model_cal);
+        st = kv_gate_add_tolerance(rep, tname, tol.max_rel_err, reason, err);
+    }
     if (st != KV_OK) goto cleanup;
+    if (tol_out != NULL) *tol_out = tol;
     if (kv_scenario_shifts(sc) && fin.verdict != KV_VERDICT_FAIL) {
         st = run_shift_twin(m, model_name, sc, o, &tol, ref, rep, err);
         if (st != KV_OK) goto cleanup;
@@ -891,15 +912,37 @@ static double keys_attended(int64_t T, int64_t W) {
     return w * (w + 1.0) / 2.0 + (t - w) * w;
 }
 
-KvStatus kv_gate_work_add(const KvConfig *cfg, const KvGateOptions *o, int *unit, KvGateWork *w,
-                          KvError *err) {
+/* The columns of sc's first prefill forward (what a shared prefill gives
+ * every CPU variant run), 0 when none is shared: right padding (per-row
+ * positions) or --no-shared-prefill. */
+static int64_t work_shared_columns(const KvScenario *sc, const KvGateOptions *o) {
+    if (!o->share_prefill || kv_decode_right_padded(sc->real, sc->batch, sc->prompt_len) ||
+        (o->faults & KV_FAULTS_IN_FORWARD) != 0) {
+        return 0;
+    }
+    int64_t n = sc->prompt_len;
+    if (sc->prefill_chunk > 0 && sc->prefill_chunk < n) n = sc->prefill_chunk;
+    if (kv_scenario_switches(sc) && sc->save_after > 0 && sc->save_after < n) n = sc->save_after;
+    return n;
+}
+
+static int gate_calibration_unit_of(const KvConfig *cfg, const KvGateOptions *o, KvError *err,
+                                    KvStatus *st);
+
+KvStatus kv_gate_work_add(const KvConfig *cfg, const KvGateOptions *o, const KvRate *rate,
+                          int *unit, KvGateWork *w, KvError *err) {
     const double H = (double)cfg->hidden_size, I = (double)cfg->intermediate_size;
     const double qd = (double)(cfg->num_heads * cfg->head_dim);
     const double kvd = (double)(cfg->num_kv_heads * cfg->head_dim);
     /* multiply-adds per token per layer: q, k, v, o projections and the MLP */
     const double layer_mac = H * (qd + 2.0 * kvd) + qd * H + 3.0 * H * I;
-    const int64_t per_unit = 1 + gate_candidate_runs(o, true); /* the reference runs on the CPU */
+    const int64_t cands = gate_candidate_runs(o, true); /* CPU candidate runs per unit */
     const int n = o->custom != NULL ? 1 : o->n_scenarios;
+    KvStatus cst = KV_OK;
+    const int cal = kv_gate_calibrates_per_model(cfg, o) ? gate_calibration_unit_of(cfg, o, err,
+                                                                                     &cst)
+                                                         : -1;
+    if (cst != KV_OK) return cst;
     for (int i = 0; i < n; i++, (*unit)++) {
         if (!kv_gate_unit_in_shard(o, *unit)) continue;
         KvScenario sc = {0};
@@ -922,12 +965,12 @@ KvStatus kv_gate_work_add(const KvConfig *cfg, const KvGateOptions *o, int *unit
         if (use->new_tokens > w->max_steps) w->max_steps = use->new_tokens;
         if (use->batch > w->max_batch) w->max_batch = use->batch;
         if (use->prompt_len > w->max_prompt_len) w->max_prompt_len = use->prompt_len;
-        const int64_t T = use->prompt_len + use->new_tokens - 1; /* positions fed */
+        const int64_t B = use->batch, P = use->prompt_len, S = use->new_tokens;
+        const int64_t T = P + S - 1; /* positions fed */
+        const int64_t steps = S - 1;  /* one-token forwards after the prefill */
         const int64_t replays =
-            o->replay_every > 0 && use->new_tokens > 1
-                ? 2 * ((use->new_tokens - 1) / o->replay_every > 0
-                           ? (use->new_tokens - 1) / o->replay_every
-                           : 1)
+            o->replay_every > 0 && S > 1
+                ? 2 * ((S - 1) / o->replay_every > 0 ? (S - 1) / o->replay_every : 1)
                 : 0;
         double keys = 0.0;
         for (int64_t l = 0; l < cfg->num_layers; l++) {
@@ -936,33 +979,99 @@ KvStatus kv_gate_work_add(const KvConfig *cfg, const KvGateOptions *o, int *unit
         /* per row: matmuls over every position, QK and PV over the keys each
          * query sees, the lm_head once per forward (decode steps + prefill) */
         const double row_flop = 2.0 * layer_mac * (double)cfg->num_layers * (double)T +
-                                4.0 * qd * keys +
-                                2.0 * H * (double)cfg->vocab_size * (double)use->new_tokens;
-        const double run_flop = (double)use->batch * row_flop;
-        /* the reference once, each candidate with its replayed steps; a
-         * scripted unit's fresh twin (prefix reuse; a shift judged against one)
-         * is about one more reference */
+                                4.0 * qd * keys + 2.0 * H * (double)cfg->vocab_size * (double)S;
+        const double run_flop = (double)B * row_flop;
+        const double per_pos = run_flop / (double)(B * (T > 0 ? T : 1));
+        const int64_t shared = work_shared_columns(use, o);
+        /* the reference, its fresh twin (a scripted unit's, about one more
+         * reference), the calibration's members and fp64 shadow, and each
+         * CPU candidate with its replayed steps, without the shared columns */
         char why[256];
-        if (kv_scenario_switches(use) ||
-            (kv_scenario_shifts(use) && kv_scenario_shift_judged(cfg, why, sizeof why))) {
-            w->decodes += 1;
-            w->tokens += use->batch * T;
-            w->flop += run_flop;
+        const bool twin =
+            kv_scenario_switches(use) ||
+            (kv_scenario_shifts(use) && kv_scenario_shift_judged(cfg, why, sizeof why));
+        const bool calibrates = o->calibrate && (cal < 0 || cal == i);
+        const int64_t members = calibrates ? KV_ENSEMBLE_SIZE : 0;
+        const int64_t cand_tokens = B * (T - shared + replays);
+        w->references += 1;
+        w->twins += twin ? 1 : 0;
+        w->members += members;
+        w->shadows += calibrates ? 1 : 0;
+        w->candidates += cands;
+        w->decodes += 1 + (twin ? 1 : 0) + members + (calibrates ? 1 : 0) + cands;
+        w->tokens += B * T * (1 + (twin ? 1 : 0) + members + (calibrates ? 1 : 0)) +
+                     cands * cand_tokens;
+        w->flop += run_flop * (double)(1 + (twin ? 1 : 0) + members + (calibrates ? 1 : 0)) +
+                   (double)cands * per_pos * (double)cand_tokens;
+        if (rate != NULL) {
+            const double ref_s = kv_rate_decode_seconds(cfg, rate, B * P, steps, B, keys, false);
+            /* a member in the sequential order costs what the reference
+             * does with the sequential matmul; the shadow, in doubles
+             * summed one at a time, about twice that */
+            const double seq_s = kv_rate_decode_seconds(cfg, rate, B * P, steps, B, keys, true);
+            const double cand_s = kv_rate_decode_seconds(cfg, rate, B * (P - shared),
+                                                         steps + replays, B, keys, false);
+            double unit_s = ref_s * (twin ? 2.0 : 1.0) + (double)cands * cand_s;
+            if (calibrates) unit_s += ref_s + 2.0 * seq_s + 2.0 * seq_s;
+            w->seconds += unit_s;
         }
-        w->decodes += per_unit;
-        w->tokens += use->batch * (T + (per_unit - 1) * (T + replays)) ;
-        w->flop += run_flop + (double)(per_unit - 1) * run_flop *
-                                  (1.0 + (double)replays / (double)(T > 0 ? T : 1));
         kv_scenario_free(&sc);
     }
     return KV_OK;
 }
 
+/* Whether the units of model m calibrate once, on one of them, instead of
+ * each its own (DESIGN §6): the real-scale set, calibrated, one shard (a
+ * shard that does not hold the calibration unit would have no tolerance). */
+bool kv_gate_calibrates_per_model(const KvConfig *cfg, const KvGateOptions *o) {
+    return o->calibrate && o->custom == NULL && o->shard_n == 1 && o->n_scenarios > 1 &&
+           kv_scenario_scale(cfg) == KV_SCALE_REAL;
+}
+
+/* The unit whose calibration the model's units share: the scenario with
+ * the most token positions (rows x (prompt + decode)), where rounding has
+ * the longest sums and the most steps to gather; the first of equals. */
+static KvStatus gate_calibration_unit(const KvConfig *cfg, const KvGateOptions *o, int *pick,
+                                      KvError *err) {
+    int64_t best = -1;
+    *pick = 0;
+    for (int i = 0; i < o->n_scenarios; i++) {
+        KvScenario sc;
+        KvStatus st = kv_scenario_build(cfg, o->scenarios[i], o->prompt_seed, &sc, err);
+        if (st != KV_OK) return st;
+        int64_t steps = sc.new_tokens;
+        if (o->max_new_tokens > 0 && steps > o->max_new_tokens) steps = o->max_new_tokens;
+        const int64_t positions = sc.batch * (sc.prompt_len + steps);
+        if (positions > best) {
+            best = positions;
+            *pick = i;
+        }
+        kv_scenario_free(&sc);
+    }
+    return KV_OK;
+}
+
+static int gate_calibration_unit_of(const KvConfig *cfg, const KvGateOptions *o, KvError *err,
+                                    KvStatus *st) {
+    int pick = 0;
+    *st = gate_calibration_unit(cfg, o, &pick, err);
+    return pick;
+}
+
 KvStatus kv_gate_run_model(const KvModel *m, const char *model_name, const KvGateOptions *o,
                            int *unit, KvReport *rep, KvError *err) {
     const int n = o->custom != NULL ? 1 : o->n_scenarios;
-    for (int i = 0; i < n; i++, (*unit)++) {
-        if (!kv_gate_unit_in_shard(o, *unit)) continue;
+    const bool per_model = kv_gate_calibrates_per_model(&m->config, o);
+    int cal = -1; /* the calibration unit, run first */
+    if (per_model) {
+        KvStatus st = gate_calibration_unit(&m->config, o, &cal, err);
+        if (st != KV_OK) return st;
+    }
+    KvTolerances model_tol = o->tol;
+    for (int k = 0; k < n; k++) {
+        /* per model: the calibration unit first, then the others in order */
+        const int i = !per_model ? k : k == 0 ? cal : k <= cal ? k - 1 : k;
+        if (!kv_gate_unit_in_shard(o, *unit + i)) continue;
         KvScenario sc = {0};
         KvStatus st = KV_OK;
         const KvScenario *use = o->custom;
@@ -974,9 +1083,13 @@ KvStatus kv_gate_run_model(const KvModel *m, const char *model_name, const KvGat
             }
             use = &sc;
         }
-        st = run_scenario(m, model_name, use, o, rep, err);
+        const bool shared = per_model && i != cal;
+        st = run_scenario(m, model_name, use, o, shared ? &model_tol : NULL,
+                          per_model ? o->scenarios[cal] : NULL,
+                          per_model && i == cal ? &model_tol : NULL, rep, err);
         kv_scenario_free(&sc);
         if (st != KV_OK) return st;
     }
+    *unit += n;
     return KV_OK;
 }

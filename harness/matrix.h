@@ -13,6 +13,7 @@
 #include "compare.h"
 #include "decode.h"
 #include "model.h"
+#include "rate.h"
 #include "report.h"
 #include "scenario.h"
 #include "script.h"
@@ -110,21 +111,26 @@ double kv_gate_now(void);
  * happens to be 4096 (a tiny model with that window: ~66 TFLOP). */
 #define KV_GATE_MAX_WORK_FLOP 2e13 /* both gates: the matrix and --external */
 
-/* The CPU work a gate will do for one model, stated before it runs. */
+/* The CPU work a gate will do, stated before it runs. */
 typedef struct {
     int64_t runs;    /* runs planned, every backend's (the report's /runs) */
     int64_t max_steps, max_batch, max_prompt_len; /* the largest unit's sizes */
-    int64_t decodes; /* CPU decodes (reference + candidates) */
-    int64_t tokens;  /* token positions those decodes run through the model */
+    int64_t decodes; /* CPU decodes, all kinds: */
+    int64_t references, twins, members, shadows, candidates;
+    int64_t tokens;  /* token positions those decodes run through the model (a candidate's
+                      * shared prefill columns not counted) */
     double flop;     /* ~floating-point operations (matmuls and attention) */
+    double seconds;  /* estimated wall time at the measured rate (0: not estimated) */
 } KvGateWork;
 
 /* Adds to *w the CPU work of the units of one model with config cfg that
  * this shard runs (the same units, scenario sizes, --max-new-tokens cap and
  * replay checks as kv_gate_run_model; *unit advances the same way), and
  * refuses (KV_ERR_INPUT) a unit whose sizes the report could not hold
- * (kv_limits_check_scenario). */
-KvStatus kv_gate_work_add(const KvConfig *cfg, const KvGateOptions *o, int *unit, KvGateWork *w,
+ * (kv_limits_check_scenario). rate (NULL: none) adds the estimated wall
+ * time to w->seconds. */
+KvStatus kv_gate_work_add(const KvConfig *cfg, const KvGateOptions *o, const KvRate *rate,
+                          int *unit, KvGateWork *w,
                           KvError *err);
 
 /* Names a run: model, scenario, variant, backend, mode, repeat, and the
@@ -228,6 +234,11 @@ KvStatus kv_gate_keep_topk(KvRun *r, KvError *err);
  * failed. */
 KvStatus kv_gate_trim_logits(KvReport *rep, int64_t lo, int64_t hi, const int64_t *keep,
                              int64_t n_keep, int64_t cmp_from, KvError *err);
+
+/* Whether the units of a model with config cfg calibrate once, on the unit
+ * with the most token positions, instead of each its own (DESIGN §6): the
+ * real-scale set (kv_scenario_scale), calibrated, not sharded. */
+bool kv_gate_calibrates_per_model(const KvConfig *cfg, const KvGateOptions *o);
 
 /* Runs the matrix for one model and appends runs and comparisons to rep.
  * *unit is the running (model, scenario) counter used for sharding. */

@@ -202,9 +202,27 @@ KvStatus kv_matmul_tf32(const float *x, const float *w, int64_t rows, int64_t in
 
 /* Outputs summed side by side in the sequential kernel: each accumulator
  * is still one output's ascending sum (the bits of one at a time), but
- * eight independent chains hide the add latency of one, and each x row is
- * read once for eight outputs. */
+ * eight outputs sit in the lanes of one vector (a block of weight rows
+ * transposed so their i-th elements are adjacent) and four input rows run
+ * at once: 4 x 8 independent chains hide the add latency, and each lane
+ * does the scalar kernel's mul then add, so the bits are the scalar's. */
 #define KV_SEQ_OUT_BLOCK 8
+#define KV_SEQ_ROWS 4
+typedef float KvSeqLanes __attribute__((vector_size(KV_SEQ_OUT_BLOCK * sizeof(float))));
+_Static_assert(KV_SEQ_OUT_BLOCK == 8, "the lane splats below write eight values");
+
+/* One block of n < KV_SEQ_OUT_BLOCK outputs, or any block when the
+ * transposed copy could not be allocated: one output at a time. */
+static void seq_block_scalar(const float *x /* (rows, in) */, const float *wb /* (n, in) */,
+                             int64_t rows, int64_t in, int64_t n, int64_t out, float *y0) {
+    for (int64_t r = 0; r < rows; r++) {
+        for (int64_t k = 0; k < n; k++) {
+            float acc = 0.0f;
+            for (int64_t i = 0; i < in; i++) acc += x[r * in + i] * wb[k * in + i];
+            y0[r * out + k] = acc;
+        }
+    }
+}
 
 void kv_matmul_sequential(const float *x, const float *w, int64_t rows, int64_t in, int64_t out,
                           float *y) {
@@ -214,21 +232,43 @@ void kv_matmul_sequential(const float *x, const float *w, int64_t rows, int64_t 
         const int64_t o0 = blk * KV_SEQ_OUT_BLOCK;
         const int64_t n = out - o0 < KV_SEQ_OUT_BLOCK ? out - o0 : KV_SEQ_OUT_BLOCK;
         const float *wb = w + o0 * in; /* (n, in) */
-        for (int64_t r = 0; r < rows; r++) {
-            const float *xr = x + r * in; /* (in) */
-            float acc[KV_SEQ_OUT_BLOCK] = {0.0f};
-            if (n == KV_SEQ_OUT_BLOCK) {
+        /* (in) lanes, aligned for the vector type */
+        KvSeqLanes *wt =
+            n == KV_SEQ_OUT_BLOCK ? aligned_alloc(sizeof *wt, (size_t)in * sizeof *wt) : NULL;
+        if (wt == NULL) {
+            seq_block_scalar(x, wb, rows, in, n, out, y + o0);
+            continue;
+        }
+        for (int64_t i = 0; i < in; i++) {
+            for (int k = 0; k < KV_SEQ_OUT_BLOCK; k++) wt[i][k] = wb[k * in + i];
+        }
+        for (int64_t r0 = 0; r0 < rows; r0 += KV_SEQ_ROWS) {
+            const int64_t nr = rows - r0 < KV_SEQ_ROWS ? rows - r0 : KV_SEQ_ROWS;
+            KvSeqLanes acc[KV_SEQ_ROWS] = {{0.0f}};
+            if (nr == KV_SEQ_ROWS) {
+                const float *x0 = x + r0 * in; /* (KV_SEQ_ROWS, in) */
                 for (int64_t i = 0; i < in; i++) {
-                    const float xi = xr[i];
-                    for (int k = 0; k < KV_SEQ_OUT_BLOCK; k++) acc[k] += xi * wb[k * in + i];
+                    for (int q = 0; q < KV_SEQ_ROWS; q++) {
+                        const float xi = x0[q * in + i];
+                        const KvSeqLanes xv = {xi, xi, xi, xi, xi, xi, xi, xi};
+                        acc[q] += xv * wt[i];
+                    }
                 }
             } else {
-                for (int64_t k = 0; k < n; k++) {
-                    for (int64_t i = 0; i < in; i++) acc[k] += xr[i] * wb[k * in + i];
+                for (int64_t q = 0; q < nr; q++) {
+                    const float *xr = x + (r0 + q) * in; /* (in) */
+                    for (int64_t i = 0; i < in; i++) {
+                        const KvSeqLanes xv = {xr[i], xr[i], xr[i], xr[i],
+                                               xr[i], xr[i], xr[i], xr[i]};
+                        acc[q] += xv * wt[i];
+                    }
                 }
             }
-            for (int64_t k = 0; k < n; k++) y[r * out + o0 + k] = acc[k];
+            for (int64_t q = 0; q < nr; q++) {
+                for (int k = 0; k < KV_SEQ_OUT_BLOCK; k++) y[(r0 + q) * out + o0 + k] = acc[q][k];
+            }
         }
+        free(wt);
     }
 }
 

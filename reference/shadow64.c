@@ -89,45 +89,75 @@ static bool shadow_state_init(ShadowState *s, const KvConfig *c, int64_t n) {
 /* y[r, o] = sum_i x[r, i] * w[o, i] in ascending i, weights widened on the
  * fly. Threads split the outputs only; each element is one thread's
  * sequential sum, so the bits do not depend on the thread count. Four
- * outputs are summed side by side (each still in ascending i, so the bits
- * are those of one at a time): four independent additions hide the
- * latency of one dependent chain, and each x row is read once for four. */
+ * outputs sit in the lanes of one vector (a block of weight rows widened
+ * once and transposed so their i-th elements are adjacent) and four input
+ * rows run at once: each lane is still one output's ascending sum of
+ * IEEE double products (the bits of one at a time), and 4 x 4 independent
+ * chains hide the add latency of one. */
 #define SHADOW_OUT_BLOCK 4
+#define SHADOW_ROWS 4
+typedef double ShadowLanes __attribute__((vector_size(SHADOW_OUT_BLOCK * sizeof(double))));
+_Static_assert(SHADOW_OUT_BLOCK == 4, "the lane splats below write four values");
+
+/* Outputs o0 .. o0 + n - 1 one at a time (a last partial block, or any
+ * block when the widened copy could not be allocated). */
+static void shadow_matmul_scalar(const double *x /* (rows, in) */, const float *w /* (out, in) */,
+                                 int64_t rows, int64_t in, int64_t out, int64_t o0, int64_t n,
+                                 double *y /* (rows, out) */) {
+    for (int64_t o = o0; o < o0 + n; o++) {
+        const float *wo = w + o * in; /* (in) */
+        for (int64_t r = 0; r < rows; r++) {
+            const double *xr = x + r * in; /* (in) */
+            double sum = 0.0;
+            for (int64_t i = 0; i < in; i++) sum += xr[i] * (double)wo[i];
+            y[r * out + o] = sum;
+        }
+    }
+}
+
 static void shadow_matmul(const double *x /* (rows, in) */, const float *w /* (out, in) */,
                           int64_t rows, int64_t in, int64_t out, double *y /* (rows, out) */) {
     const int64_t blocks = (out + SHADOW_OUT_BLOCK - 1) / SHADOW_OUT_BLOCK;
 #pragma omp parallel for schedule(static) if (rows * in * out >= kv_parallel_min_work())
     for (int64_t blk = 0; blk < blocks; blk++) {
         const int64_t o0 = blk * SHADOW_OUT_BLOCK;
-        if (o0 + SHADOW_OUT_BLOCK > out) {
-            for (int64_t o = o0; o < out; o++) {
-                const float *wo = w + o * in; /* (in) */
-                for (int64_t r = 0; r < rows; r++) {
-                    const double *xr = x + r * in; /* (in) */
-                    double sum = 0.0;
-                    for (int64_t i = 0; i < in; i++) sum += xr[i] * (double)wo[i];
-                    y[r * out + o] = sum;
-                }
-            }
+        const int64_t n = out - o0 < SHADOW_OUT_BLOCK ? out - o0 : SHADOW_OUT_BLOCK;
+        /* (in) lanes, aligned for the vector type */
+        ShadowLanes *wt =
+            n == SHADOW_OUT_BLOCK ? aligned_alloc(sizeof *wt, (size_t)in * sizeof *wt) : NULL;
+        if (wt == NULL) {
+            shadow_matmul_scalar(x, w, rows, in, out, o0, n, y);
             continue;
         }
-        const float *w0 = w + o0 * in, *w1 = w0 + in, *w2 = w1 + in, *w3 = w2 + in; /* (in) */
-        for (int64_t r = 0; r < rows; r++) {
-            const double *xr = x + r * in; /* (in) */
-            double s0 = 0.0, s1 = 0.0, s2 = 0.0, s3 = 0.0;
-            for (int64_t i = 0; i < in; i++) {
-                const double xi = xr[i];
-                s0 += xi * (double)w0[i];
-                s1 += xi * (double)w1[i];
-                s2 += xi * (double)w2[i];
-                s3 += xi * (double)w3[i];
-            }
-            double *yr = y + r * out + o0; /* (SHADOW_OUT_BLOCK) */
-            yr[0] = s0;
-            yr[1] = s1;
-            yr[2] = s2;
-            yr[3] = s3;
+        for (int64_t i = 0; i < in; i++) {
+            for (int k = 0; k < SHADOW_OUT_BLOCK; k++) wt[i][k] = (double)w[(o0 + k) * in + i];
         }
+        for (int64_t r0 = 0; r0 < rows; r0 += SHADOW_ROWS) {
+            const int64_t nr = rows - r0 < SHADOW_ROWS ? rows - r0 : SHADOW_ROWS;
+            ShadowLanes acc[SHADOW_ROWS] = {{0.0}};
+            if (nr == SHADOW_ROWS) {
+                const double *x0 = x + r0 * in; /* (SHADOW_ROWS, in) */
+                for (int64_t i = 0; i < in; i++) {
+                    for (int q = 0; q < SHADOW_ROWS; q++) {
+                        const double xi = x0[q * in + i];
+                        const ShadowLanes xv = {xi, xi, xi, xi};
+                        acc[q] += xv * wt[i];
+                    }
+                }
+            } else {
+                for (int64_t q = 0; q < nr; q++) {
+                    const double *xr = x + (r0 + q) * in; /* (in) */
+                    for (int64_t i = 0; i < in; i++) {
+                        const ShadowLanes xv = {xr[i], xr[i], xr[i], xr[i]};
+                        acc[q] += xv * wt[i];
+                    }
+                }
+            }
+            for (int64_t q = 0; q < nr; q++) {
+                for (int k = 0; k < SHADOW_OUT_BLOCK; k++) y[(r0 + q) * out + o0 + k] = acc[q][k];
+            }
+        }
+        free(wt);
     }
 }
 

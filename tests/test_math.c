@@ -241,6 +241,36 @@ START_TEST(test_matmul) {
 }
 END_TEST
 
+/* The ensemble's sequential order (KV_ORDER_DOT_SEQUENTIAL): every output
+ * bitwise one accumulator summed in ascending i, whatever the blocking
+ * (rows not a multiple of 4, outputs not a multiple of 8, one row). */
+START_TEST(test_matmul_sequential) {
+    static const int64_t shapes[][3] = {{1, 1, 1}, {1, 37, 8}, {3, 37, 19}, {4, 64, 8},
+                                        {5, 100, 33}, {9, 129, 17}, {8, 640, 64}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        const int64_t rows = shapes[s][0], in = shapes[s][1], out = shapes[s][2];
+        TestRng g = test_rng_seed(TEST_SEED * 11 + s);
+        float *x = test_alloc(rows * in), *w = test_alloc(out * in), *y = test_alloc(rows * out);
+        for (int64_t i = 0; i < rows * in; i++) x[i] = test_rng_sym(&g);
+        for (int64_t i = 0; i < out * in; i++) w[i] = test_rng_sym(&g);
+        kv_matmul_sequential(x, w, rows, in, out, y);
+        for (int64_t r = 0; r < rows; r++) {
+            for (int64_t o = 0; o < out; o++) {
+                float acc = 0.0f;
+                for (int64_t i = 0; i < in; i++) acc += x[r * in + i] * w[o * in + i];
+                EXPECT(test_bits(y[r * out + o]) == test_bits(acc),
+                       "kv_matmul_sequential (%lld,%lld,%lld) y[%lld,%lld]=%.9g, one accumulator "
+                       "%.9g", (long long)rows, (long long)in, (long long)out, (long long)r,
+                       (long long)o, (double)y[r * out + o], (double)acc);
+            }
+        }
+        free(x);
+        free(w);
+        free(y);
+    }
+}
+END_TEST
+
 /* ---- the blocked GEMM (gemm.h) ------------------------------------------ */
 
 /* Shapes around the GEMM's blocking (gemm.c: 6 x 4 micro-tiles, 48-row by
@@ -916,6 +946,7 @@ static Suite *math_suite(void) {
     tcase_add_loop_test(dot, test_dot_each_index, 0, N_DOT_LENGTHS);
     tcase_add_loop_test(dot, test_dot_lane_pattern_bitwise, 0, N_DOT_LENGTHS);
     tcase_add_test(dot, test_matmul);
+    tcase_add_test(dot, test_matmul_sequential);
     suite_add_tcase(s, dot);
 
     TCase *gemm = tcase_create("gemm");

@@ -10,7 +10,8 @@
  * forward's own computation is not taken; a fault in the variant's own
  * update still shows through the tape.
  * gate: the real-scale matrix on tiny models at W 64, every variant, eager
- * and graph, passes with and without the shared prefill, bitwise alike. */
+ * and graph, passes with and without the shared prefill, bitwise alike,
+ * calibrated once per model (on the unit with the most token positions). */
 #include <check.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -260,6 +261,43 @@ START_TEST(test_gate) {
     }
     ck_assert_int_gt(shared.n_comparisons, 0);
     ck_assert_int_eq(failed, 0);
+    /* calibrated once per model: the members of one unit, the one with the
+     * most token positions (rows x (prompt + decode)), and every unit
+     * judged by a max_rel_err row */
+    int n_scen = 0;
+    const char *const *names = kv_scenario_all_names(&n_scen);
+    KvFixtureModel fx;
+    load_window(fam, 64, &fx);
+    const char *most = NULL;
+    int64_t best = -1;
+    for (int i = 0; i < n_scen; i++) {
+        KvScenario sc;
+        build(&fx.model.config, names[i], &sc);
+        if (sc.batch * (sc.prompt_len + sc.new_tokens) > best) {
+            best = sc.batch * (sc.prompt_len + sc.new_tokens);
+            most = names[i];
+        }
+        kv_scenario_free(&sc);
+    }
+    kv_fixture_free(&fx);
+    char made[128];
+    snprintf(made, sizeof made, "made once on %s", most);
+    int64_t members = 0, rows = 0, shared_rows = 0;
+    for (int64_t i = 0; i < shared.n_runs; i++) {
+        if (strncmp(shared.runs[i].variant, "reference~", 10) == 0) {
+            members++;
+            ck_assert_str_eq(shared.runs[i].scenario, most);
+        }
+    }
+    for (int64_t i = 0; i < shared.n_tolerances; i++) {
+        const KvTolerance *t = &shared.tolerances[i];
+        if (strncmp(t->name, "max_rel_err@", 12) != 0) continue;
+        rows++;
+        shared_rows += strstr(t->reason, made) != NULL;
+    }
+    ck_assert_int_eq(members, KV_ENSEMBLE_SIZE);
+    ck_assert_int_eq(rows, n_scen);
+    ck_assert_int_eq(shared_rows, n_scen - 1);
     ck_assert_int_eq(shared.n_runs, alone.n_runs);
     for (int64_t i = 0; i < shared.n_runs; i++) {
         const KvRun *a = &shared.runs[i], *b = &alone.runs[i];

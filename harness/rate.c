@@ -1,0 +1,84 @@
+/* rate.c: the machine's rate for the reference's kernels (rate.h). */
+#include "rate.h"
+
+#include <stdbool.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "kvmath.h"
+
+static double rate_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Seconds per call of mm(x, w, rows, in, out, y), repeated for at least
+ * `budget` seconds (once at least). */
+static double rate_time(void (*mm)(const float *, const float *, int64_t, int64_t, int64_t,
+                                   float *),
+                        const float *x, const float *w, int64_t rows, int64_t in, int64_t out,
+                        float *y, double budget) {
+    const double t0 = rate_now();
+    int64_t calls = 0;
+    double t = t0;
+    do {
+        mm(x, w, rows, in, out, y);
+        calls++;
+        t = rate_now();
+    } while (t - t0 < budget);
+    return (t - t0) / (double)calls;
+}
+
+/* Rows of a prefill-like matmul, and the weights a decode-like one streams
+ * (well beyond the last-level caches of the machines this runs on). */
+#define RATE_ROWS 64
+#define RATE_STREAM_BYTES (64 << 20)
+
+KvStatus kv_rate_measure(const KvConfig *cfg, KvRate *r, KvError *err) {
+    const int64_t in = cfg->hidden_size > 0 ? cfg->hidden_size : 256;
+    const int64_t out = cfg->intermediate_size > 0 ? cfg->intermediate_size : 4 * in;
+    const int64_t big = RATE_STREAM_BYTES / (int64_t)sizeof(float) / in; /* stream rows */
+    const int64_t wn = (out > big ? out : big) * in;
+    float *x = malloc((size_t)(RATE_ROWS * in) * sizeof *x);   /* (RATE_ROWS, in) */
+    float *w = malloc((size_t)wn * sizeof *w);                 /* (max(out, big), in) */
+    float *y = malloc((size_t)(RATE_ROWS * (out > big ? out : big)) * sizeof *y);
+    if (x == NULL || w == NULL || y == NULL) {
+        free(x);
+        free(w);
+        free(y);
+        return kv_error_set(err, KV_ERR_INTERNAL, "rate: out of memory");
+    }
+    for (int64_t i = 0; i < RATE_ROWS * in; i++) x[i] = (float)(i % 7) * 0.125f - 0.375f;
+    for (int64_t i = 0; i < wn; i++) w[i] = (float)(i % 5) * 0.0625f - 0.125f;
+    const double macs = (double)RATE_ROWS * (double)in * (double)out;
+    r->mac_s = rate_time(kv_matmul, x, w, RATE_ROWS, in, out, y, 0.1) / macs;
+    r->seq_mac_s = rate_time(kv_matmul_sequential, x, w, RATE_ROWS, in, out, y, 0.1) / macs;
+    r->byte_s = rate_time(kv_matmul, x, w, 1, in, big, y, 0.1) /
+                ((double)big * (double)in * (double)sizeof(float));
+    free(x);
+    free(w);
+    free(y);
+    return KV_OK;
+}
+
+double kv_rate_decode_seconds(const KvConfig *cfg, const KvRate *r, int64_t prefill,
+                              int64_t steps, int64_t batch, double keys, bool seq) {
+    const double H = (double)cfg->hidden_size, I = (double)cfg->intermediate_size;
+    const double qd = (double)(cfg->num_heads * cfg->head_dim);
+    const double kvd = (double)(cfg->num_kv_heads * cfg->head_dim);
+    const double L = (double)cfg->num_layers, V = (double)cfg->vocab_size;
+    /* multiply-adds per token of every layer (q, k, v, o, the MLP; a MoE
+     * runs its experts_per_tok experts), and the weights one step reads */
+    const double experts = cfg->num_experts > 0 ? (double)cfg->experts_per_tok : 1.0;
+    const double layer_mac = H * (qd + 2.0 * kvd) + qd * H + experts * 3.0 * H * I;
+    const double mac_s = seq ? r->seq_mac_s : r->mac_s;
+    const double head = H * V; /* the lm_head, once per row per forward */
+    const double step_bytes = 4.0 * (L * layer_mac + head);
+    const double pre = (double)prefill * L * layer_mac * mac_s;
+    const double per_step = (double)batch * (L * layer_mac + head) * mac_s;
+    const double stream = step_bytes * r->byte_s;
+    /* attention: QK and PV over the keys each query sees, per head */
+    const double att = 2.0 * qd * keys * r->mac_s;
+    return pre + (double)steps * (per_step > stream ? per_step : stream) + att;
+}
