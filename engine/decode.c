@@ -280,6 +280,7 @@ KvStatus kv_decode_prefill(const KvBackendOps *ops, KvBackend *b, const KvDecode
         }
         if (st != KV_OK) goto cleanup;
         if (taped && out != NULL) out->prefill_taped = true;
+        if (sp->on_progress != NULL) sp->on_progress(sp->on_progress_ctx, off + n, 0);
         if (out != NULL) decode_note_nonfinite(ops, b, 0, out);
         off += n;
         if (off == pause && sc->at_pause != NULL) {
@@ -399,6 +400,7 @@ KvStatus kv_decode_run(const KvBackendOps *ops, const KvModel *m, const KvDecode
         if (st == KV_OK) st = decode_record_step(ops, b, step, out, err);
         if (st != KV_OK) goto cleanup;
         decode_step_dump(ops, b, sp, step);
+        if (sp->on_progress != NULL) sp->on_progress(sp->on_progress_ctx, P, step);
     }
     if (sp->record_probes && sp->dump_probes) kv_backend_take_dump(ops, b, &out->dump);
 

@@ -77,6 +77,11 @@ typedef struct {
      * NULL: neither. */
     struct KvPrefillTape *tape_record;
     const struct KvPrefillTape *tape_play;
+    /* Called (NULL: not) after each prefill forward and each decode step
+     * with the prompt columns and the decode steps done so far: a gate's
+     * progress during a long run. */
+    void (*on_progress)(void *ctx, int64_t columns, int64_t steps);
+    void *on_progress_ctx;
 } KvDecodeSpec;
 
 typedef struct {

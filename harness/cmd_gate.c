@@ -653,7 +653,8 @@ static KvStatus gate_model_config(const GateArgs *a, int i, KvConfig *cfg, KvErr
 
 /* States the CPU work up front, and refuses (KV_ERR_INPUT) work beyond
  * KV_GATE_MAX_WORK_FLOP unless --allow-large-work was given. */
-static KvStatus gate_check_work(const GateArgs *a, const KvGateOptions *o, KvError *err) {
+static KvStatus gate_check_work(const GateArgs *a, const KvGateOptions *o, KvRate *rate_out,
+                                double *seconds_out, KvError *err) {
     KvGateWork w;
     memset(&w, 0, sizeof w);
     int unit = 0;
@@ -676,6 +677,7 @@ static KvStatus gate_check_work(const GateArgs *a, const KvGateOptions *o, KvErr
             }
         }
         have_rate = best >= 0 && kv_rate_measure(&widest, &rate, err) == KV_OK;
+        if (have_rate) *rate_out = rate;
     }
     for (int i = 0; i < a->n_models; i++) {
         KvConfig cfg;
@@ -703,6 +705,7 @@ static KvStatus gate_check_work(const GateArgs *a, const KvGateOptions *o, KvErr
     w.tokens *= passes;
     w.flop *= passes;
     w.seconds *= passes;
+    *seconds_out = have_rate ? w.seconds : 0.0;
     if (!a->quiet) {
         char est[96] = "";
         if (w.seconds > 0.0) {
@@ -732,11 +735,23 @@ static KvStatus gate_check_work(const GateArgs *a, const KvGateOptions *o, KvErr
      * run at the largest unit's sizes, with full logits (references and
      * failing runs keep theirs at any vocabulary, kv_gate_trim_logits),
      * bounds it from above */
-    if (w.runs > 0) {
+    if (w.runs <= 0) return KV_OK;
+    if (max_vocab <= o->full_logits_max_vocab && o->faults == 0 && !a->mutation) {
         return kv_limits_check_report(w.runs * passes, w.max_steps, w.max_batch, max_vocab, 0,
                                       max_probes, w.max_prompt_len, "the matrix", err);
     }
-    return KV_OK;
+    /* Trimmed (kv_gate_trim_logits): per unit the reference, a fresh twin
+     * and at most KV_FAILING_FULL_MAX failing runs keep their full logits,
+     * every other run its top-k; each part must fit. */
+    const int64_t units = w.references * passes;
+    const int64_t full = units * (2 + KV_FAILING_FULL_MAX);
+    KvStatus st = kv_limits_check_report(full < w.runs * passes ? full : w.runs * passes,
+                                         w.max_steps, w.max_batch, max_vocab, 0, max_probes,
+                                         w.max_prompt_len, "the matrix's full-logit runs", err);
+    if (st != KV_OK) return st;
+    const int64_t topk = max_vocab < KV_TOPK ? max_vocab : KV_TOPK;
+    return kv_limits_check_report(w.runs * passes, w.max_steps, w.max_batch, max_vocab, topk,
+                                  max_probes, w.max_prompt_len, "the matrix", err);
 }
 
 /* The reference reads a config as it was written (DESIGN §6, the
@@ -1275,6 +1290,20 @@ int kv_cmd_gate(int argc, char **argv) {
     }
     int64_t runs_done = 0, runs_accounted = 0;
     double progress_last = 0.0;
+    /* a log's progress interval: KVREPRO_PROGRESS_EVERY seconds (tests see a
+     * line inside one short run), else KV_PROGRESS_EVERY_S */
+    o.progress_every = KV_PROGRESS_EVERY_S;
+    const char *every = getenv("KVREPRO_PROGRESS_EVERY");
+    if (every != NULL) {
+        char *end = NULL;
+        const double v = strtod(every, &end);
+        if (end == every || *end != '\0' || !(v >= 0.0 && v <= 3600.0)) {
+            fprintf(stderr, "kvrepro gate: KVREPRO_PROGRESS_EVERY: expected seconds in 0..3600, "
+                    "found '%s'\n", every);
+            return KV_EXIT_USAGE;
+        }
+        o.progress_every = v;
+    }
     o.progress = a.quiet ? KV_PROGRESS_OFF
                          : isatty(STDERR_FILENO) ? KV_PROGRESS_TTY : KV_PROGRESS_LINES;
     o.runs_done = &runs_done;
@@ -1322,7 +1351,12 @@ int kv_cmd_gate(int argc, char **argv) {
         st = kv_gate_check_outputs_apart(a.report_path, a.junit_path, inputs, 1, dirs, n_dirs,
                                          &err);
     }
-    if (st == KV_OK) st = gate_check_work(&a, &o, &err);
+    KvRate rate;
+    double est_done = 0.0, est_running = 0.0;
+    o.est_done = &est_done;
+    o.est_running = &est_running;
+    if (st == KV_OK) st = gate_check_work(&a, &o, &rate, &o.est_total, &err);
+    if (st == KV_OK && o.est_total > 0.0) o.rate = &rate;
     if (st == KV_OK) st = gate_run_all(&a, &o, &rep, &err);
     if (st == KV_OK) st = gate_print_findings(&rep, &a, &o, &failed, &err);
     /* the verdict comes last, after the files are safely written: a CI log

@@ -151,6 +151,39 @@ static int64_t run_graph_budget(const KvModel *m, const KvScenario *sc,
     return 1 + (recaptures < decode_steps - 1 ? recaptures : decode_steps - 1);
 }
 
+static double keys_attended(int64_t T, int64_t W);
+
+/* The (query, key) pairs a decode of sc attends, summed over the layers. */
+static double run_keys(const KvConfig *cfg, const KvScenario *sc) {
+    double keys = 0.0;
+    for (int64_t l = 0; l < cfg->num_layers; l++) {
+        keys += keys_attended(sc->prompt_len + sc->new_tokens - 1, kv_config_layer_window(cfg, l));
+    }
+    return keys;
+}
+
+/* A running decode's share of the gate's estimated work. */
+typedef struct {
+    const KvGateOptions *o;
+    const KvRun *run; /* its identity, for the progress line */
+    const KvConfig *cfg;
+    int64_t batch;
+    bool seq;         /* a member in the sequential order */
+    double keys, est; /* the whole run's attention pairs and estimated seconds */
+} RunProgress;
+
+static void run_progress(void *ctx, int64_t columns, int64_t steps) {
+    const RunProgress *p = ctx;
+    const double so_far = kv_rate_decode_seconds(p->cfg, p->o->rate, p->batch * columns, steps,
+                                                 p->batch, 0.0, p->seq);
+    *p->o->est_running = so_far < p->est ? so_far : p->est;
+    char cur[320];
+    snprintf(cur, sizeof cur, "%s %s %s/%s/%s/r%d (step %lld)", p->run->model, p->run->scenario,
+             p->run->variant, p->run->backend, p->run->mode, (int)p->run->repeat,
+             (long long)steps);
+    kv_gate_progress_print(p->o, cur, false);
+}
+
 /* Decodes sc on backend ops and fills run (identity already set). forced:
  * (steps, B) or NULL. KV_SKIP when the backend cannot run here. A variant's
  * graph-mode run records its graph budget; eager runs and the reference
@@ -185,10 +218,27 @@ static KvStatus run_decode(const KvModel *m, const KvScenario *sc, const KvCache
         .tape_record = variant == NULL && order == 0 ? tape : NULL,
         .tape_play = variant != NULL ? tape : NULL,
     };
+    /* progress during the run, by its estimated cost */
+    RunProgress rp = {o, run, &m->config, sc->batch, (order & KV_ORDER_DOT_SEQUENTIAL) != 0, 0.0,
+                      0.0};
+    if (o->rate != NULL && o->est_done != NULL && ops->host) {
+        const bool taped = tape != NULL && variant != NULL && tape->filled;
+        const int64_t cols = taped ? sc->prompt_len - tape->n : sc->prompt_len;
+        rp.keys = run_keys(&m->config, sc);
+        rp.est = kv_rate_decode_seconds(&m->config, o->rate, sc->batch * cols,
+                                        sc->new_tokens - 1, sc->batch, rp.keys,
+                                        (order & KV_ORDER_DOT_SEQUENTIAL) != 0);
+        spec.on_progress = run_progress;
+        spec.on_progress_ctx = &rp;
+    }
     KvDecodeResult res;
     const double t0 = kv_gate_now();
     KvStatus st = kv_script_bind(&script, m, &spec, err);
     if (st == KV_OK) st = kv_decode_run(ops, m, &spec, &res, NULL, err);
+    if (o->est_done != NULL) {
+        *o->est_done += rp.est;
+        *o->est_running = 0.0;
+    }
     if (st != KV_OK) return st;
     const double t1 = kv_gate_now();
     st = kv_run_from_result(run, &m->config, &spec, &script, &res, err);
@@ -259,12 +309,17 @@ void kv_gate_progress_print(const KvGateOptions *o, const char *current, bool fi
         fflush(stderr);
         return;
     }
-    if (!final && o->progress_last != NULL && now - *o->progress_last < KV_PROGRESS_EVERY_S) {
+    if (!final && o->progress_last != NULL && now - *o->progress_last < o->progress_every) {
         return;
     }
     if (o->progress_last != NULL) *o->progress_last = now;
     char eta[48] = "";
-    if (!final && done > 0 && total > done) {
+    const double est = o->est_done != NULL ? *o->est_done + *o->est_running : 0.0;
+    if (!final && o->est_total > 0.0 && est > 0.0) {
+        /* the estimate's remaining work at the speed measured so far */
+        const double left = o->est_total > est ? o->est_total - est : 0.0;
+        snprintf(eta, sizeof eta, ", ETA %.0fs", left * elapsed / est);
+    } else if (!final && done > 0 && total > done) {
         snprintf(eta, sizeof eta, ", ETA %.0fs", elapsed / (double)done * (double)(total - done));
     }
     fprintf(stderr, "kvrepro gate: %s%lld/%lld runs, %.0fs elapsed%s%s%s\n", final ? "done: " : "",
@@ -332,11 +387,20 @@ KvStatus kv_gate_trim_logits(KvReport *rep, int64_t lo, int64_t hi, const int64_
     for (int64_t k = 0; k < n_keep; k++) {
         if (keep[k] >= lo && keep[k] < hi) full[keep[k] - lo] = true;
     }
+    /* the first KV_FAILING_FULL_MAX failing runs: enough to measure what
+     * failed, and a report that stays readable when every run fails (a
+     * planted fault on a 256K vocabulary) */
+    int64_t failing = 0;
     for (int64_t c = cmp_from; c < rep->n_comparisons; c++) {
         const KvComparison *cmp = &rep->comparisons[c];
         if (cmp->verdict != KV_VERDICT_FAIL || !kind_keeps_logits(cmp->kind)) continue;
-        if (cmp->run_a >= lo && cmp->run_a < hi) full[cmp->run_a - lo] = true;
-        if (cmp->run_b >= lo && cmp->run_b < hi) full[cmp->run_b - lo] = true;
+        const int64_t ab[2] = {cmp->run_a, cmp->run_b};
+        for (int j = 0; j < 2; j++) {
+            if (ab[j] < lo || ab[j] >= hi || full[ab[j] - lo]) continue;
+            if (failing >= KV_FAILING_FULL_MAX) continue;
+            full[ab[j] - lo] = true;
+            failing++;
+        }
     }
     KvStatus st = KV_OK;
     for (int64_t i = lo; i < hi && st == KV_OK; i++) {
@@ -685,6 +749,13 @@ KvStatus kv_gate_calibrate(const KvModel *m, const char *model_name, const KvSce
     st = kv_shadow64_rel_error(m, r->batch, r->prompt_len, r->prompt, r->prompt_real,
                                shadow_steps, r->tokens, r->logits, r->fp64_rel_err, &fp64, err);
     if (st != KV_OK) return st;
+    if (o->rate != NULL && o->est_done != NULL) {
+        /* the shadow, in doubles summed one at a time: about twice a
+         * sequential-order member (kv_gate_work_add counts it so) */
+        *o->est_done += 2.0 * kv_rate_decode_seconds(&m->config, o->rate,
+                                                     r->batch * r->prompt_len, r->steps - 1,
+                                                     r->batch, run_keys(&m->config, sc), true);
+    }
     st = shadow_judge(r, ref, fp64, shadow_steps, rep, err);
     if (st != KV_OK) return st;
     double cal = KV_CAL_SPREAD_MULT * spread;

@@ -21,6 +21,9 @@
 
 /* Logits kept per row when the vocabulary is too large to store whole. */
 #define KV_TOPK 16
+/* Failing runs per unit that keep their full logits where the others keep
+ * their top-k (kv_gate_trim_logits). */
+#define KV_FAILING_FULL_MAX 8
 /* Default --full-logits-max-vocab: tiny and medium fixtures keep everything;
  * real checkpoints (128K-256K vocabularies) keep the top KV_TOPK + a hash. */
 #define KV_FULL_LOGITS_MAX_VOCAB 65536
@@ -73,12 +76,21 @@ typedef struct {
                                        * the units x kv_gate_runs_planned_per_unit: a run
                                        * that silently did not happen fails the gate */
     double started;                   /* progress: CLOCK_MONOTONIC seconds at gate start */
+    double progress_every;            /* progress: seconds between two lines in a log
+                                       * (KV_PROGRESS_EVERY_S; KVREPRO_PROGRESS_EVERY) */
     int64_t full_logits_max_vocab;    /* above this vocabulary, runs keep only their top
                                        * KV_TOPK logits per row (after all comparisons) */
     int64_t max_new_tokens;           /* > 0: the scenarios decode at most this many tokens */
     bool share_prefill;               /* CPU variant runs take the reference's first prefill
                                        * forward (prefill_tape.h); false: each computes its own
                                        * (--no-shared-prefill) */
+    /* progress by estimated cost (rate.h), NULL / 0 when not measured: the
+     * rate, the whole gate's estimated seconds, and the estimated seconds
+     * of the work done so far (runs finished, plus the running one's share) */
+    const KvRate *rate;
+    double est_total;
+    double *est_done;
+    double *est_running;
 } KvGateOptions;
 
 /* Whether (model, scenario) unit u (counted over all models) is in this
@@ -230,8 +242,8 @@ KvStatus kv_gate_keep_topk(KvRun *r, KvError *err);
  * named in keep ((n_keep) indices: the references) and both runs of every
  * comparison from cmp_from on that failed within a tolerance (reference
  * agreement, compiled vs eager, a shift) or failed its finite check: those
- * keep their full logits, so `kvrepro diff` and the plots can measure what
- * failed. */
+ * keep their full logits (the first KV_FAILING_FULL_MAX of them), so
+ * `kvrepro diff` and the plots can measure what failed. */
 KvStatus kv_gate_trim_logits(KvReport *rep, int64_t lo, int64_t hi, const int64_t *keep,
                              int64_t n_keep, int64_t cmp_from, KvError *err);
 
