@@ -480,6 +480,13 @@ void kv_compare_shifted(const KvRun *shifted, const KvRun *fresh, int64_t offset
              out->top1_agreement, (long long)out->near_ties, least);
 }
 
+double kv_cal_tolerance(double spread, double fp64) {
+    double cal = KV_CAL_FLOOR;
+    if (KV_CAL_SPREAD_MULT * spread > cal) cal = KV_CAL_SPREAD_MULT * spread; /* NaN: false */
+    if (KV_CAL_FP64_MULT * fp64 > cal) cal = KV_CAL_FP64_MULT * fp64;
+    return cal;
+}
+
 void kv_compare_reference(const KvRun *ref, const KvRun *cand, const KvTolerances *t,
                           int64_t ref_index, int64_t cand_index, KvComparison *out) {
     compare_init(out, KV_CMP_REFERENCE, ref_index, cand_index);

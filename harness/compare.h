@@ -45,6 +45,10 @@
 /* The least calibrated max_rel_err: should every member agree bitwise with
  * the reference (a spread of 0), a few fp32 ulps of the largest logit. */
 #define KV_CAL_FLOOR 1e-6
+
+/* The calibrated max_rel_err: max(KV_CAL_SPREAD_MULT x spread,
+ * KV_CAL_FP64_MULT x fp64, KV_CAL_FLOOR); a NaN term lends nothing. */
+double kv_cal_tolerance(double spread, double fp64);
 /* The farthest the reference may be from its own fp64 shadow before the
  * reference itself fails (comparison fp64_shadow): a bug in the reference
  * moves every run alike, so no candidate comparison sees it, but the fp64

@@ -758,9 +758,7 @@ KvStatus kv_gate_calibrate(const KvModel *m, const char *model_name, const KvSce
     }
     st = shadow_judge(r, ref, fp64, shadow_steps, rep, err);
     if (st != KV_OK) return st;
-    double cal = KV_CAL_SPREAD_MULT * spread;
-    if (KV_CAL_FP64_MULT * fp64 > cal) cal = KV_CAL_FP64_MULT * fp64;
-    if (!(cal >= KV_CAL_FLOOR)) cal = KV_CAL_FLOOR;
+    const double cal = kv_cal_tolerance(spread, fp64);
     char reason[160], tname[KV_NAME_LEN];
     snprintf(tname, sizeof tname, "spread@%.23s/%.27s", model_name, sc->name);
     snprintf(reason, sizeof reason, "max rel logit err of the reference under %d other orders: "

@@ -410,6 +410,25 @@ START_TEST(test_repeat_layouts_differ) {
 }
 END_TEST
 
+/* The calibration rule (DESIGN §6): each of its three terms decides in one
+ * case, so a rule that drops one of them fails here, not only as false
+ * alarms on a real model. */
+START_TEST(test_cal_tolerance_terms) {
+    /* the spread decides: 16 x 2e-6 above 8 x 1e-6 and the floor */
+    ck_assert_double_eq_tol(kv_cal_tolerance(2e-6, 1e-6), 3.2e-5, 1e-12);
+    /* the fp64 error decides: a deep model whose orders agree closely but
+     * which is far from exact (8 x 1.3e-5 above 16 x 1e-6) */
+    ck_assert_double_eq_tol(kv_cal_tolerance(1e-6, 1.3e-5), 1.04e-4, 1e-12);
+    /* the floor decides: members bitwise equal, a shadow exact */
+    ck_assert_double_eq_tol(kv_cal_tolerance(0.0, 0.0), 1e-6, 1e-15);
+    ck_assert_double_eq_tol(kv_cal_tolerance(1e-8, 1e-8), 1e-6, 1e-15);
+    /* a NaN term lends nothing */
+    ck_assert_double_eq_tol(kv_cal_tolerance(NAN, 1e-5), 8e-5, 1e-12);
+    ck_assert_double_eq_tol(kv_cal_tolerance(1e-5, NAN), 1.6e-4, 1e-12);
+    ck_assert_double_eq_tol(kv_cal_tolerance(NAN, NAN), 1e-6, 1e-15);
+}
+END_TEST
+
 int main(void) {
     Suite *s = suite_create("compare");
     TCase *tc = tcase_create("comparator");
@@ -427,6 +446,7 @@ int main(void) {
     tcase_add_test(tc, test_outputs_name_no_probe);
     tcase_add_test(tc, test_graph_budget);
     tcase_add_test(tc, test_repeat_layouts_differ);
+    tcase_add_test(tc, test_cal_tolerance_terms);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
