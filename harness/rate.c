@@ -36,9 +36,11 @@ static double rate_time(void (*mm)(const float *, const float *, int64_t, int64_
 #define RATE_STREAM_BYTES (64 << 20)
 
 KvStatus kv_rate_measure(const KvConfig *cfg, KvRate *r, KvError *err) {
-    const int64_t in = cfg->hidden_size > 0 ? cfg->hidden_size : 256;
-    const int64_t out = cfg->intermediate_size > 0 ? cfg->intermediate_size : 4 * in;
+    const int64_t in = cfg->hidden_size > 0 && cfg->hidden_size <= 16384 ? cfg->hidden_size : 4096;
     const int64_t big = RATE_STREAM_BYTES / (int64_t)sizeof(float) / in; /* stream rows */
+    /* the model's MLP width, its weights at most the streamed size */
+    int64_t out = cfg->intermediate_size > 0 ? cfg->intermediate_size : 4 * in;
+    if (out > big) out = big;
     const int64_t wn = (out > big ? out : big) * in;
     float *x = malloc((size_t)(RATE_ROWS * in) * sizeof *x);   /* (RATE_ROWS, in) */
     float *w = malloc((size_t)wn * sizeof *w);                 /* (max(out, big), in) */

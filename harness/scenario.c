@@ -106,12 +106,13 @@ static const ScenarioDef k_defs[] = {
     /* TRT-LLM PR #2983: a prefix-cache entry of a request's first W/2 + 1
      * tokens (a shared system prompt) is reused by a second request after
      * the first request's sliding cache has wrapped (its prompt is 1.5 W, and
-     * it decodes W/2 tokens before the switch; 2 at real scale). The second
+     * it decodes W/2 tokens before the switch; W + W/8 and 2 at real scale,
+     * whose positions past W still overwrite the entry's first slots). The second
      * request's suffix of W/2 + 2 tokens crosses the window inside one
      * forward. An engine whose entry aliases the live cyclic cache
      * (planted: prefix_alias) reads the first request's later keys there. */
     {.name = "prefix_reuse_after_wrap", .batch = 1, .full = {{.w = 1, .half = 1}},
-     .real = {{.w = 1, .half = 1}}, .script = SCRIPT_PREFIX_REUSE},
+     .real = {{.w = 1, .w32 = 4}}, .script = SCRIPT_PREFIX_REUSE},
     /* flashinfer #3864: speculative decoding past the window. At position
      * 1.5 W (every sliding cache wrapped) k = spec_drafts(W) draft tokens
      * are verified in one forward, which writes their keys over the oldest
@@ -308,7 +309,7 @@ KvStatus kv_scenario_build_at(const KvConfig *cfg, const char *name, uint64_t se
     } else if (d->script != SCRIPT_NONE) {
         const bool reuse = d->script == SCRIPT_PREFIX_REUSE;
         /* Prefix reuse: the first request decodes W/2 tokens (at real
-         * scale 2: its 1.5 W prompt has wrapped every sliding cache
+         * scale 2: its W + W/8 prompt has wrapped every sliding cache
          * already), the second `tail` after the switch. Speculative: the
          * prompt's last k tokens are the drafts, the prefill saves the
          * state before them and verifies them in one forward (step 0);
