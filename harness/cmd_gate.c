@@ -151,7 +151,8 @@ static void gate_usage(FILE *f) {
                   "it), run as one left-padded batch instead of the scenarios; needs "
                   "--max-new-tokens N", -1, NULL, NULL);
     gate_help_opt(f, "--max-new-tokens N", "tokens each --prompts row decodes; with the "
-                  "scenarios, the most each decodes (they decode 3 x W past the window)", -1,
+                  "scenarios, the most each decodes (3 x W past the window at W <= 32, 8 past the "
+                  "crossing above)", -1,
                   NULL, NULL);
     snprintf(t, sizeof t, "run a matrix above %.0f TFLOP of CPU work (the gate states the work "
              "before it starts and refuses more without this)", KV_GATE_MAX_WORK_FLOP / 1e12);
@@ -725,8 +726,8 @@ static KvStatus gate_check_work(const GateArgs *a, const KvGateOptions *o, KvRat
         return kv_error_set(err, KV_ERR_INPUT,
                             "the selected matrix is ~%.3g TFLOP of CPU work (%lld decodes, %lld "
                             "token positions; %s), above the %.3g TFLOP that runs without "
-                            "asking (hours on a CI machine; the scenarios are sized in multiples "
-                            "of the window). Narrow it with --scenarios, --variants, --modes, "
+                            "asking (hours on a CI machine; even at real scale the scenarios' "
+                            "prompts are about the window long). Narrow it with --scenarios, --variants, --modes, "
                             "--repeats or --max-new-tokens N, or pass --allow-large-work",
                             w.flop / 1e12, (long long)w.decodes, (long long)w.tokens, windows,
                             KV_GATE_MAX_WORK_FLOP / 1e12);
