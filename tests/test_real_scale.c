@@ -231,7 +231,7 @@ static void gate_real(KvFamily family, bool share, KvReport *rep) {
     const KvCacheOps *const *all = kv_cache_all(&n_var);
     const KvGateOptions o = {
         .scenarios = scen, .n_scenarios = n_scen, .variants = all, .n_variants = n_var,
-        .backends = &cpu_only, .n_backends = 1, .eager = true, .graph = true, .repeats = 2,
+        .backends = &cpu_only, .n_backends = 1, .eager = true, .graph = true, .repeats = 1,
         .replay_every = 5, .tol = kv_tolerances_default(), .calibrate = true,
         .share_prefill = share, .prompt_seed = SEED, .shard_i = 1, .shard_n = 1,
         .full_logits_max_vocab = KV_FULL_LOGITS_MAX_VOCAB,
@@ -327,7 +327,11 @@ int main(int argc, char **argv) {
     suite_add_tcase(s, tc);
     tc = tcase_create("gate");
     tcase_set_timeout(tc, 900);
-    tcase_add_loop_test(tc, test_gate, 0, 2);
+    tcase_add_loop_test(tc, test_gate, 0, 1);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("gate_gemma3");
+    tcase_set_timeout(tc, 900);
+    tcase_add_loop_test(tc, test_gate, 1, 2);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     if (argc > 1) srunner_run(sr, NULL, argv[1], CK_NORMAL);
