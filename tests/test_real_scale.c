@@ -97,7 +97,7 @@ START_TEST(test_sizes) {
                       (long long)want[i].prompt, (long long)want[i].steps);
         kv_scenario_free(&sc);
     }
-    /* the seed's batch: a ~1.03 W row beside a 10-token one */
+    /* pytorch #159855's batch: a ~1.03 W row beside a 10-token one */
     build(&cfg, "left_padded_batch", &sc);
     int64_t second = 0;
     for (int64_t t = 0; t < sc.prompt_len; t++) second += sc.real[sc.prompt_len + t];
