@@ -1,4 +1,4 @@
-/* shadow64.h: an fp64 shadow of the reference forward (issue 14).
+/* shadow64.h: an fp64 shadow of the reference forward.
  *
  * Why it exists: it is the yardstick for tolerances. Two correct fp32
  * implementations (the C reference, transformers, a CUDA forward) differ by

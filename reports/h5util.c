@@ -275,7 +275,7 @@ static const AttrField RUN_FIELDS[] = {
     {FIELD(KvRun, backend)},
     {FIELD(KvRun, mode)},
     /* counts are never negative: a negative repeat or graph count is no
-     * run's (issue 32: the external reader took them) */
+     * run's (the external reader once took them) */
     {FIELD(KvRun, repeat), .lo = 0, .hi = INT32_MAX},
     /* topk, fault and prefill_chunk are absent from reports that always
      * stored full logits, and from those written before planted faults

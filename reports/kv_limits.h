@@ -1,7 +1,7 @@
 /* kv_limits.h (not limits.h: reports/ is on the include path of every
  * target that links the report library, and a "limits.h" there would
  * shadow the C library's <limits.h>): the one table of size limits that the report writer, the report
- * reader and the gate share (issue 32 §5). A size the gate accepts is one
+ * reader and the gate share. A size the gate accepts is one
  * its writer writes and its reader reads back: the gate checks a scenario
  * (kv_limits_check_scenario) before any work, the writer refuses a report
  * its reader would refuse (kv_report_write_h5), and the reader refuses

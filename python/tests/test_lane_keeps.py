@@ -1,5 +1,5 @@
 """The capture's prefill asks the model for the last position's logits only
-(issue 34, item 6), as transformers' generate does: every family of the
+(as transformers' generate does): every family of the
 committed tiny checkpoints (fixtures/hf) takes the keyword, the prefill's
 forward is called with it and returns one position, and the decode steps'
 forwards are called as before (their compiled graphs and guards unchanged).
