@@ -231,3 +231,59 @@ void kv_cli_print_text(FILE *f, int *col, int indent, const char *text) {
     /* a trailing space is dropped: what follows decides (a list always
      * starts with a space or a fold), so no line ends in one */
 }
+
+/* Levenshtein distance of a and b, capped: at most `cap` + 1. */
+static size_t cli_distance(const char *a, const char *b, size_t cap) {
+    const size_t na = strlen(a), nb = strlen(b);
+    if (na > 64 || nb > 64) return cap + 1;
+    size_t row[65];
+    for (size_t j = 0; j <= nb; j++) row[j] = j;
+    for (size_t i = 1; i <= na; i++) {
+        size_t diag = row[0], best = i;
+        row[0] = i;
+        for (size_t j = 1; j <= nb; j++) {
+            const size_t up = row[j];
+            size_t v = diag + (a[i - 1] != b[j - 1]);
+            v = up + 1 < v ? up + 1 : v;
+            v = row[j - 1] + 1 < v ? row[j - 1] + 1 : v;
+            row[j] = v;
+            diag = up;
+            best = v < best ? v : best;
+        }
+        if (best > cap) return cap + 1;
+    }
+    return row[nb];
+}
+
+bool kv_cli_nearest_option(void (*usage)(FILE *), const char *typed, char *out, size_t n) {
+    char *text = NULL;
+    size_t len = 0;
+    FILE *m = open_memstream(&text, &len);
+    if (m == NULL) return false;
+    usage(m);
+    if (fclose(m) != 0 || text == NULL) {
+        free(text);
+        return false;
+    }
+    /* the name as typed, without "=VALUE" */
+    char name[80];
+    snprintf(name, sizeof name, "%.*s", (int)strcspn(typed, "="), typed);
+    const size_t cap = strlen(name) / 3 + 1; /* a slip, not another word */
+    size_t best = cap + 1;
+    for (const char *p = strstr(text, "--"); p != NULL; p = strstr(p + 2, "--")) {
+        if (p > text && p[-1] != ' ' && p[-1] != '[' && p[-1] != '|' && p[-1] != '\n') continue;
+        const size_t k = strspn(p + 2, "abcdefghijklmnopqrstuvwxyz0123456789-") + 2;
+        if (k <= 2 || k >= 64) continue;
+        char cand[64];
+        memcpy(cand, p, k);
+        cand[k] = '\0';
+        const size_t d = cli_distance(name, cand, cap);
+        if (d < best) {
+            best = d;
+            snprintf(out, n, "%s", cand);
+        }
+    }
+    free(text);
+    return best <= cap;
+}
+

@@ -35,6 +35,12 @@ bool kv_cli_check_repeats(const char *cmd, int argc, char **argv, const char *co
  * false when it is not one. */
 bool kv_cli_parse_u64(const char *opt, const char *text, uint64_t *out);
 
+/* The option of a command's usage text (what usage(f) prints: every
+ * "--name" in it) nearest to `typed` (its "=VALUE" dropped) by edit
+ * distance, into out, when it is a slip (at most a third of its letters
+ * plus one); false when none is that near. */
+bool kv_cli_nearest_option(void (*usage)(FILE *), const char *typed, char *out, size_t n);
+
 /* "kvrepro VERSION (commit C)": the first line of `kvrepro version`, of the
  * usage text and of a gate log. */
 const char *kv_cli_version(void);

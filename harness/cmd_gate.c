@@ -25,6 +25,7 @@
 #include "forward.h"
 #include "gate_external.h"
 #include "gate_output.h"
+#include "gate_verdict.h"
 #include "golden.h"
 #include "kv_limits.h"
 #include "matrix.h"
@@ -78,7 +79,8 @@ static void gate_usage(FILE *f) {
             "                    --max-new-tokens N] [--seed N] [--prompt-seed N]\n"
             "                    [--replay-every N] [--fault LIST | --faults LIST|all]\n"
             "                    [--timings] [--allow-large-work] [--no-calibrate]\n"
-            "                    [--no-shared-prefill] [--quiet | --verbose]\n"
+            "                    [--no-shared-prefill] [--table] [--summary-md FILE]\n"
+            "                    [--summary-json FILE] [--quiet | --verbose]\n"
             "       kvrepro gate --model DIR --external RUN.h5 [--external RUN.h5]...\n"
             "                    [--report PATH.h5] [--junit PATH.xml] [--tol NAME=VALUE]...\n"
             "                    [--no-calibrate] [--quiet | --verbose]\n"
@@ -87,8 +89,10 @@ static void gate_usage(FILE *f) {
             "                    [--quiet | --verbose]\n\n"
             "Runs the reference and every selected cache variant on every scenario, compares\n"
             "them (reference agreement within tolerances; repeats, graph vs eager, variant vs\n"
-            "variant and replays bitwise), prints one line per run and a final\n"
-            "'N passed, N failed, N skipped' line.\n\n");
+            "variant and replays bitwise), and prints the verdict on one screen: a model x\n"
+            "scenario grid of runs passed/failed/skipped, each failure with the command that\n"
+            "bisects it, the skipped runs grouped by reason, and a final\n"
+            "'N passed, N failed, N skipped' line (runs).\n\n");
     gate_help_opt(f, "--model DIR", "a Hugging Face checkpoint directory whose config.json's "
                   "model_type is", KV_NAMES_MODEL_TYPES, "or",
                   " (llama is read as mistral)");
@@ -157,6 +161,13 @@ static void gate_usage(FILE *f) {
     snprintf(t, sizeof t, "run a matrix above %.0f TFLOP of CPU work (the gate states the work "
              "before it starts and refuses more without this)", KV_GATE_MAX_WORK_FLOP / 1e12);
     gate_help_opt(f, "--allow-large-work", t, -1, NULL, NULL);
+    gate_help_opt(f, "--table", "print the per-run table too (one line per run, before the "
+                  "grid; kvrepro show REPORT.h5 prints it from a report)", -1, NULL, NULL);
+    gate_help_opt(f, "--summary-md FILE", "the verdict (counts, grid, failures with their "
+                  "bisect commands, skips) as Markdown, e.g. for $GITHUB_STEP_SUMMARY", -1, NULL,
+                  NULL);
+    gate_help_opt(f, "--summary-json FILE", "the same as JSON for scripts (docs/SCHEMA.md, "
+                  "kvrepro-summary)", -1, NULL, NULL);
     gate_help_opt(f, "--quiet", "print only the failures and the final count line", -1, NULL,
                   NULL);
     snprintf(t, sizeof t, "fixture weight seed (default %llu)",
@@ -341,8 +352,9 @@ typedef struct {
     bool model_is_dir[KV_GATE_MAX_MODELS];
     int n_models;
     const char *report_path, *junit_path, *prompts_path;
+    const char *summary_md, *summary_json; /* --summary-md, --summary-json, or NULL */
     uint64_t seed, max_new;
-    bool quiet, verbose, mutation, allow_large, allow_empty;
+    bool quiet, verbose, table, mutation, allow_large, allow_empty;
     bool no_goldens;           /* --no-goldens: the reference is not judged against
                                 * transformers */
     const char *goldens_root;  /* --goldens DIR, or NULL: kv_golden_default_root */
@@ -455,6 +467,14 @@ static bool gate_parse_args(int argc, char **argv, GateArgs *a, KvGateOptions *o
             a->quiet = true;
         } else if (strcmp(argv[i], "--verbose") == 0) {
             a->verbose = true;
+        } else if (strcmp(argv[i], "--table") == 0) {
+            a->table = true;
+        } else if (kv_cli_take(argc, argv, &i, "--summary-md", &v, &bad)) {
+            if (bad) break;
+            a->summary_md = v;
+        } else if (kv_cli_take(argc, argv, &i, "--summary-json", &v, &bad)) {
+            if (bad) break;
+            a->summary_json = v;
         } else if (strcmp(argv[i], "--timings") == 0) {
             o->timings = true;
         } else if (strcmp(argv[i], "--no-calibrate") == 0) {
@@ -603,7 +623,13 @@ static bool gate_parse_args(int argc, char **argv, GateArgs *a, KvGateOptions *o
             a->n_passes = 1 + n_list; /* passes[0] is the clean pass */
             for (int k = 0; k < n_list; k++) a->passes[1 + k].faults = list[k];
         } else {
-            fprintf(stderr, "kvrepro gate: unknown option '%s'\n", argv[i]);
+            char near[64];
+            if (kv_cli_nearest_option(gate_usage, argv[i], near, sizeof near)) {
+                fprintf(stderr, "kvrepro gate: unknown option '%s'; did you mean '%s'?\n",
+                        argv[i], near);
+            } else {
+                fprintf(stderr, "kvrepro gate: unknown option '%s'\n", argv[i]);
+            }
             bad = true;
         }
     }
@@ -1106,6 +1132,27 @@ static KvStatus gate_run_goldens(GateArgs *a, const KvGateOptions *o, KvReport *
     return st;
 }
 
+/* --summary-md and --summary-json: writable, and neither names (as
+ * written) the other, the report, the JUnit file or the prompts file: two
+ * writers would leave one survivor, and an input would be overwritten. */
+static KvStatus gate_check_summaries(const GateArgs *a, KvError *err) {
+    const char *paths[5] = {a->summary_md, a->summary_json, a->report_path, a->junit_path,
+                            a->prompts_path};
+    const char *opts[5] = {"--summary-md", "--summary-json", "--report", "--junit", "--prompts"};
+    for (int i = 0; i < 2; i++) {
+        if (paths[i] == NULL) continue;
+        KvStatus st = kv_report_check_writable(paths[i], err);
+        if (st != KV_OK) return st;
+        for (int j = i + 1; j < 5; j++) {
+            if (paths[j] != NULL && strcmp(paths[i], paths[j]) == 0) {
+                return kv_error_set(err, KV_ERR_INPUT, "%s %s and %s %s name the same file",
+                                    opts[i], paths[i], opts[j], paths[j]);
+            }
+        }
+    }
+    return KV_OK;
+}
+
 /* Runs every pass of the matrix on every model into rep; the progress line
  * is closed whether or not a run failed. */
 static KvStatus gate_run_all(GateArgs *a, KvGateOptions *o, KvReport *rep, KvError *err) {
@@ -1123,28 +1170,37 @@ static KvStatus gate_run_all(GateArgs *a, KvGateOptions *o, KvReport *rep, KvErr
     return st;
 }
 
-/* Prints what the gate found: the failures, then the summary table (not
- * with --quiet; for a mutation run only with --verbose). The lines that say
- * whether the gate passed come from gate_print_verdict, once the output
- * files are written. *failed says whether the gate fails. */
+/* Prints what the gate found (the lines that say whether it passed come
+ * from gate_print_verdict, once the output files are written). --quiet:
+ * the failures only. A mutation run: the failures of its clean pass (its
+ * per-run table, thousands of lines, with --verbose; the report and
+ * `kvrepro show` have it). Otherwise the verdict on one screen: the
+ * per-run table first when asked for (--table, --verbose), then the model
+ * x scenario grid, each failure with the command that bisects it, and the
+ * skipped runs grouped by reason. *failed says whether the gate fails. */
 static KvStatus gate_print_findings(const KvReport *rep, const GateArgs *a,
                                     const KvGateOptions *o, bool *failed, KvError *err) {
     KvStatus st = KV_OK;
-    *failed = kv_gate_print_failures(rep, a->mutation, a->verbose);
-    if (a->mutation) {
-        /* The per-run table of a mutation run is thousands of lines: the
-         * report and `kvrepro show` have it; --verbose prints it. */
-        if (a->verbose) st = kv_report_print_table_folded(rep, NULL, 0, stdout);
-        *failed = kv_mutation_caught(a->passes, a->n_passes) < a->n_passes - 1 ||
-                  a->passes[0].failed > 0;
-    } else if (!a->quiet) {
-        /* Backends that could not run were named in one line up front. */
-        const char *fold[KV_GATE_MAX_LIST];
-        int n_fold = 0;
-        for (int i = 0; i < o->n_backends; i++) {
-            if (o->backends[i].skip[0] != '\0') fold[n_fold++] = o->backends[i].ops->name;
+    if (a->mutation || a->quiet) {
+        *failed = kv_gate_print_failures(rep, a->mutation, a->verbose, false, NULL, stdout);
+        if (a->mutation && a->verbose) st = kv_report_print_table_folded(rep, NULL, 0, stdout);
+        if (a->mutation) {
+            *failed = kv_mutation_caught(a->passes, a->n_passes) < a->n_passes - 1 ||
+                      a->passes[0].failed > 0;
         }
-        st = kv_report_print_table_folded(rep, fold, n_fold, stdout);
+    } else {
+        if (a->table || a->verbose) {
+            /* Backends that could not run were named in one line up front. */
+            const char *fold[KV_GATE_MAX_LIST];
+            int n_fold = 0;
+            for (int i = 0; i < o->n_backends; i++) {
+                if (o->backends[i].skip[0] != '\0') fold[n_fold++] = o->backends[i].ops->name;
+            }
+            st = kv_report_print_table_folded(rep, fold, n_fold, stdout);
+        }
+        if (st == KV_OK) st = kv_gate_print_grid(rep, stdout);
+        *failed = kv_gate_print_failures(rep, false, a->verbose, true, a->report_path, stdout);
+        if (st == KV_OK) st = kv_gate_print_skips(rep, stdout);
     }
     if (st != KV_OK) return kv_error_set(err, st, "cannot print the summary table");
     return KV_OK;
@@ -1224,7 +1280,7 @@ static int gate_run_golden_only(const GateArgs *a, KvGateOptions *o) {
     }
     st = kv_gate_run_golden_at(dir, a->golden_path, name, o, &tol, &rep, &judged, &err);
     if (st != KV_OK) goto cleanup;
-    failed = kv_gate_print_failures(&rep, false, a->verbose);
+    failed = kv_gate_print_failures(&rep, false, a->verbose, false, NULL, stdout);
     if (!a->quiet && kv_report_print_table_folded(&rep, NULL, 0, stdout) != KV_OK) {
         st = kv_error_set(&err, KV_ERR_INTERNAL, "cannot print the summary table");
         goto cleanup;
@@ -1265,7 +1321,8 @@ int kv_cmd_gate(int argc, char **argv) {
                                                NULL};
     if (!kv_cli_check_repeats("gate", argc, argv, k_repeatable) ||
         !gate_parse_args(argc, argv, &a, &o, &help)) {
-        gate_usage(stderr);
+        /* the line above says what is wrong; the whole usage would bury it */
+        fprintf(stderr, "kvrepro gate: see 'kvrepro gate --help'\n");
         return KV_EXIT_USAGE;
     }
     if (help) {
@@ -1334,6 +1391,7 @@ int kv_cmd_gate(int argc, char **argv) {
     }
     /* Everything that can be refused is refused before the first decode. */
     st = kv_gate_check_outputs(a.report_path, a.junit_path, &err);
+    if (st == KV_OK) st = gate_check_summaries(&a, &err);
     if (st == KV_OK) {
         char why[512];
         if (!gate_configs_read_back(&a, why, sizeof why, &st, &err) && st == KV_OK) {
@@ -1362,11 +1420,23 @@ int kv_cmd_gate(int argc, char **argv) {
     if (st == KV_OK) st = gate_print_findings(&rep, &a, &o, &failed, &err);
     /* the verdict comes last, after the files are safely written: a CI log
      * ending in "N passed" means the report is there */
+    char why[512] = "";
+    const bool too_little =
+        st == KV_OK && gate_judged_too_little(&a, &o, &rep, runs_accounted, failed, why, sizeof why);
     if (st == KV_OK) st = kv_gate_write_outputs(&rep, a.report_path, a.junit_path, a.quiet, &err);
+    if (st == KV_OK && a.summary_md != NULL) {
+        st = kv_gate_write_summary_md(&rep, failed || too_little, too_little ? why : NULL,
+                                      a.report_path, a.summary_md, &err);
+        if (st == KV_OK && !a.quiet) printf("summary: %s\n", a.summary_md);
+    }
+    if (st == KV_OK && a.summary_json != NULL) {
+        st = kv_gate_write_summary_json(&rep, failed || too_little, too_little ? why : NULL,
+                                        a.report_path, a.summary_json, &err);
+        if (st == KV_OK && !a.quiet) printf("summary: %s\n", a.summary_json);
+    }
     if (st == KV_OK) st = gate_print_verdict(&rep, &a, &err);
     if (st == KV_OK) {
-        char why[512];
-        if (gate_judged_too_little(&a, &o, &rep, runs_accounted, failed, why, sizeof why)) {
+        if (too_little) {
             printf("FAIL: %s\n", why);
             failed = true;
         } else if (a.allow_empty && rep.n_runs == 0) {

@@ -17,6 +17,7 @@
 #include "decode.h"
 #include "ensemble.h"
 #include "gate_output.h"
+#include "gate_verdict.h"
 #include "matrix.h"
 #include "model.h"
 #include "report.h"
@@ -440,39 +441,42 @@ static KvStatus ext_compare_run(KvReport *rep, int64_t x, int64_t lo, int64_t hi
     return st;
 }
 
-/* The CPU work of the reference decodes (and, calibrating, each group's
- * reduction-order members and fp64 shadow, counted as that many more
- * decodes), refused above KV_GATE_MAX_WORK_FLOP without --allow-large-work
- * as the matrix gate refuses it: a small file can hold a prompt that runs
- * for hours. */
+/* The CPU work of the reference decodes and, calibrating, each group's
+ * reduction-order members and fp64 shadow (kv_gate_work_add counts them,
+ * once), refused above KV_GATE_MAX_WORK_FLOP without --allow-large-work as
+ * the matrix gate refuses it: a small file can hold a prompt that runs for
+ * hours. */
 static KvStatus ext_check_work(const ExtRuns *e, const ExtGroup *groups, int64_t n_groups,
                                const KvModel *m, const KvExternalOptions *o, KvError *err) {
-    KvGateWork w;
+    KvGateWork w, refs; /* everything, and the reference decodes alone */
     memset(&w, 0, sizeof w);
+    memset(&refs, 0, sizeof refs);
     for (int64_t g = 0; g < n_groups; g++) {
         const KvScenario sc = ext_scenario(&e->runs[groups[g].leader]);
         KvGateOptions go = ext_gate_options(o);
         go.custom = &sc;
         int unit = 0;
-        const KvStatus st = kv_gate_work_add(&m->config, &go, NULL, &unit, &w, err);
+        KvStatus st = kv_gate_work_add(&m->config, &go, NULL, &unit, &w, err);
+        if (st != KV_OK) return st;
+        go.calibrate = false;
+        unit = 0;
+        st = kv_gate_work_add(&m->config, &go, NULL, &unit, &refs, err);
         if (st != KV_OK) return st;
     }
-    /* the members decode as the reference does; the fp64 shadow costs about two */
-    const double per_ref = o->calibrate ? 1.0 + KV_ENSEMBLE_SIZE + 2.0 : 1.0;
-    const double flop = w.flop * per_ref;
+    const double flop = w.flop;
     if (!o->quiet) {
         printf("work: %lld reference decodes%s, %lld token positions, ~%.3g GFLOP\n",
-               (long long)w.decodes, o->calibrate ? " (and their calibration)" : "",
+               (long long)refs.decodes, o->calibrate ? " and their calibration" : "",
                (long long)w.tokens, flop / 1e9);
     }
     if (flop > KV_GATE_MAX_WORK_FLOP && !o->allow_large) {
         return kv_error_set(err, KV_ERR_INPUT, "the external runs' prompt batches are ~%.3g "
                             "TFLOP of CPU reference work (%lld decodes, %lld token positions), "
                             "above the %.3g TFLOP that runs without asking; pass "
-                            "--allow-large-work (or --no-calibrate: the calibration is %.0f of "
-                            "every %.0f decodes)", flop / 1e12, (long long)w.decodes,
-                            (long long)w.tokens, KV_GATE_MAX_WORK_FLOP / 1e12, per_ref - 1.0,
-                            per_ref);
+                            "--allow-large-work (or --no-calibrate: the calibration is %.0f%% "
+                            "of it)", flop / 1e12, (long long)w.decodes, (long long)w.tokens,
+                            KV_GATE_MAX_WORK_FLOP / 1e12,
+                            flop > 0.0 ? 100.0 * (flop - refs.flop) / flop : 0.0);
     }
     return KV_OK;
 }
@@ -588,7 +592,7 @@ static KvStatus ext_judge(const KvExternalOptions *o, const ExtGroup *groups,
         const KvStatus st = kv_gate_trim_logits(rep, end_ext, rep->n_runs, NULL, 0, 0, err);
         if (st != KV_OK) return st;
     }
-    *failed = kv_gate_print_failures(rep, false, o->verbose);
+    *failed = kv_gate_print_failures(rep, false, o->verbose, false, NULL, stdout);
     const KvStatus st = o->quiet ? KV_OK : kv_report_print_table_folded(rep, NULL, 0, stdout);
     if (st != KV_OK) return kv_error_set(err, st, "cannot print the summary table");
     return KV_OK;

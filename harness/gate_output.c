@@ -106,38 +106,6 @@ KvStatus kv_gate_check_outputs_apart(const char *report_path, const char *junit_
     return KV_OK;
 }
 
-bool kv_gate_print_failures(const KvReport *rep, bool mutation, bool verbose) {
-    bool failed = false, texts = false;
-    for (int64_t c = 0; c < rep->n_comparisons; c++) {
-        const KvComparison *cmp = &rep->comparisons[c];
-        const bool planted = mutation && rep->runs[cmp->run_b].fault[0] != '\0';
-        failed = failed || cmp->verdict == KV_VERDICT_FAIL;
-        if (!verbose && (planted || cmp->verdict != KV_VERDICT_FAIL)) continue;
-        char la[96], lb[96], pair[200];
-        kv_run_label(&rep->runs[cmp->run_a], la, sizeof la);
-        kv_run_label(&rep->runs[cmp->run_b], lb, sizeof lb);
-        /* a per-run check (finite, replay) names its one run */
-        if (cmp->run_a == cmp->run_b) snprintf(pair, sizeof pair, "%s", lb);
-        else snprintf(pair, sizeof pair, "%s vs %s", la, lb);
-        printf("%s %s %s: %s %s: %s\n", cmp->verdict == KV_VERDICT_FAIL ? "FAIL" : "ok  ",
-               rep->runs[cmp->run_b].model, rep->runs[cmp->run_b].scenario, pair,
-               kv_compare_kind_name(cmp->kind), cmp->message);
-        /* a prompts file with texts: the failing row as text (the C side
-         * has no tokenizer for the generated ids: said once) */
-        const KvRun *rb = &rep->runs[cmp->run_b];
-        if (cmp->verdict == KV_VERDICT_FAIL && rb->prompt_text != NULL && cmp->first_row >= 0 &&
-            cmp->first_row < rb->batch) {
-            char snip[256];
-            kv_text_snippet(rb->prompt_text[cmp->first_row], 60, snip, sizeof snip);
-            printf("     row %lld (%lld ids): \"%s\"\n", (long long)cmp->first_row,
-                   (long long)kv_run_row_ids(rb, cmp->first_row), snip);
-            texts = true;
-        }
-    }
-    if (texts) printf("decode the tokens: kvrepro-hf show REPORT.h5 --model DIR\n");
-    return failed;
-}
-
 KvStatus kv_gate_write_outputs(const KvReport *rep, const char *report_path,
                                const char *junit_path, bool quiet, KvError *err) {
     if (report_path != NULL) {

@@ -31,13 +31,6 @@ KvStatus kv_gate_check_outputs_apart(const char *report_path, const char *junit_
                                      const char *const *inputs, int n_inputs,
                                      const char *const *model_dirs, int n_dirs, KvError *err);
 
-/* Prints the failing comparisons (every comparison with verbose), one line
- * each: "FAIL MODEL SCENARIO: A vs B KIND: MESSAGE" (a per-run check names
- * its one run). mutation: runs with a planted fault are meant to fail, so
- * only the clean runs' failures (false alarms) are listed unless verbose.
- * Returns whether any comparison failed. */
-bool kv_gate_print_failures(const KvReport *rep, bool mutation, bool verbose);
-
 /* Writes the HDF5 report and the JUnit XML where their paths are not NULL,
  * saying where unless quiet ("report: PATH", "junit: PATH"). A gate calls
  * it before printing its count line, so that a log ending in that line

@@ -1,6 +1,7 @@
 /* matrix.c: running the gate matrix and recording it (see matrix.h). */
 #include "matrix.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -338,6 +339,33 @@ static void progress_line(const KvGateOptions *o, const KvRun *r) {
     kv_gate_progress_print(o, cur, false);
 }
 
+/* The top k of a row without NaN in one pass: kept sorted by value, then
+ * by id, which is what k rounds of "the largest untaken, the lowest id of
+ * equals" pick (ids arrive in ascending order, so an equal value never
+ * displaces a kept one). False, touching nothing, when the row holds a NaN:
+ * the rounds' own scan then decides (a NaN wins where it is the lowest
+ * untaken id, as `>` never replaces it). */
+static bool topk_one_pass(const float *row /* (vocab) */, int64_t vocab, int64_t k,
+                          int32_t *ids /* (k) */, float *vals /* (k) */) {
+    for (int64_t v = 0; v < vocab; v++) {
+        if (isnan(row[v])) return false;
+    }
+    int64_t n = 0;
+    for (int64_t v = 0; v < vocab; v++) {
+        const float x = row[v];
+        if (n == k && !(x > vals[k - 1])) continue;
+        int64_t at = n < k ? n++ : k - 1; /* the slot it takes, then moves up */
+        while (at > 0 && x > vals[at - 1]) {
+            vals[at] = vals[at - 1];
+            ids[at] = ids[at - 1];
+            at--;
+        }
+        vals[at] = x;
+        ids[at] = (int32_t)v;
+    }
+    return true;
+}
+
 KvStatus kv_gate_keep_topk(KvRun *r, KvError *err) {
     const int64_t k = r->vocab < KV_TOPK ? r->vocab : KV_TOPK;
     const int64_t rows = r->steps * r->batch;
@@ -350,6 +378,7 @@ KvStatus kv_gate_keep_topk(KvRun *r, KvError *err) {
         const float *row = r->logits + i * r->vocab;
         int32_t *ids = r->topk_ids + i * k;
         float *vals = r->topk_values + i * k;
+        if (topk_one_pass(row, r->vocab, k, ids, vals)) continue;
         for (int64_t j = 0; j < k; j++) {
             /* j-th largest: strictly below the previous, or equal with a higher id */
             int64_t best = -1;

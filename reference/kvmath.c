@@ -224,8 +224,123 @@ static void seq_block_scalar(const float *x /* (rows, in) */, const float *wb /*
     }
 }
 
+/* Fewer than KV_SEQ_ROWS input rows (a decode step's): transposing a
+ * weight block would cost more than the few rows' sums, so eight outputs
+ * run as eight scalar chains over their weight rows, each read in order
+ * (still one ascending sum per output: the scalar kernel's bits). */
+static void seq_few_rows(const float *x /* (rows, in) */, const float *w /* (out, in) */,
+                         int64_t rows, int64_t in, int64_t out, float *y /* (rows, out) */) {
+    const int64_t blocks = (out + KV_SEQ_OUT_BLOCK - 1) / KV_SEQ_OUT_BLOCK;
+#pragma omp parallel for schedule(static) if (rows * in * out >= kv_parallel_min_work())
+    for (int64_t blk = 0; blk < blocks; blk++) {
+        const int64_t o0 = blk * KV_SEQ_OUT_BLOCK;
+        const int64_t n = out - o0 < KV_SEQ_OUT_BLOCK ? out - o0 : KV_SEQ_OUT_BLOCK;
+        const float *wb = w + o0 * in; /* (n, in) */
+        if (n < KV_SEQ_OUT_BLOCK) {
+            seq_block_scalar(x, wb, rows, in, n, out, y + o0);
+            continue;
+        }
+        const float *w0 = wb, *w1 = wb + in, *w2 = wb + 2 * in, *w3 = wb + 3 * in;
+        const float *w4 = wb + 4 * in, *w5 = wb + 5 * in, *w6 = wb + 6 * in, *w7 = wb + 7 * in;
+        for (int64_t q = 0; q < rows; q++) {
+            const float *xr = x + q * in; /* (in) */
+            float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
+            float a4 = 0.0f, a5 = 0.0f, a6 = 0.0f, a7 = 0.0f;
+            for (int64_t i = 0; i < in; i++) {
+                const float xi = xr[i];
+                a0 += xi * w0[i];
+                a1 += xi * w1[i];
+                a2 += xi * w2[i];
+                a3 += xi * w3[i];
+                a4 += xi * w4[i];
+                a5 += xi * w5[i];
+                a6 += xi * w6[i];
+                a7 += xi * w7[i];
+            }
+            float *yr = y + q * out + o0; /* (KV_SEQ_OUT_BLOCK) */
+            yr[0] = a0;
+            yr[1] = a1;
+            yr[2] = a2;
+            yr[3] = a3;
+            yr[4] = a4;
+            yr[5] = a5;
+            yr[6] = a6;
+            yr[7] = a7;
+        }
+    }
+}
+
+/* Every row of x against one transposed block wt of KV_SEQ_OUT_BLOCK
+ * outputs from o0 on: four rows at once in named accumulators (GCC keeps
+ * an array of vectors on the stack), then one at a time. Inlined into a
+ * plain and an AVX-512 wrapper: the same IEEE multiply then add per lane
+ * either way (-ffp-contract=off), so the same bits. */
+static inline __attribute__((always_inline)) void
+seq_block_rows(const float *x /* (rows, in) */, const KvSeqLanes *wt /* (in) */, int64_t rows,
+               int64_t in, int64_t out, int64_t o0, float *y /* (rows, out) */) {
+    int64_t r0 = 0;
+    for (; r0 + KV_SEQ_ROWS <= rows; r0 += KV_SEQ_ROWS) {
+        const float *x0 = x + r0 * in, *x1 = x0 + in, *x2 = x1 + in, *x3 = x2 + in; /* (in) */
+        KvSeqLanes a0 = {0.0f}, a1 = {0.0f}, a2 = {0.0f}, a3 = {0.0f};
+        for (int64_t i = 0; i < in; i++) {
+            const KvSeqLanes v0 = {x0[i], x0[i], x0[i], x0[i], x0[i], x0[i], x0[i], x0[i]};
+            const KvSeqLanes v1 = {x1[i], x1[i], x1[i], x1[i], x1[i], x1[i], x1[i], x1[i]};
+            const KvSeqLanes v2 = {x2[i], x2[i], x2[i], x2[i], x2[i], x2[i], x2[i], x2[i]};
+            const KvSeqLanes v3 = {x3[i], x3[i], x3[i], x3[i], x3[i], x3[i], x3[i], x3[i]};
+            a0 += v0 * wt[i];
+            a1 += v1 * wt[i];
+            a2 += v2 * wt[i];
+            a3 += v3 * wt[i];
+        }
+        for (int k = 0; k < KV_SEQ_OUT_BLOCK; k++) {
+            y[r0 * out + o0 + k] = a0[k];
+            y[(r0 + 1) * out + o0 + k] = a1[k];
+            y[(r0 + 2) * out + o0 + k] = a2[k];
+            y[(r0 + 3) * out + o0 + k] = a3[k];
+        }
+    }
+    for (; r0 < rows; r0++) {
+        const float *xr = x + r0 * in; /* (in) */
+        KvSeqLanes acc = {0.0f};
+        for (int64_t i = 0; i < in; i++) {
+            const KvSeqLanes xv = {xr[i], xr[i], xr[i], xr[i], xr[i], xr[i], xr[i], xr[i]};
+            acc += xv * wt[i];
+        }
+        for (int k = 0; k < KV_SEQ_OUT_BLOCK; k++) y[r0 * out + o0 + k] = acc[k];
+    }
+}
+
+typedef void (*SeqBlockFn)(const float *, const KvSeqLanes *, int64_t, int64_t, int64_t, int64_t,
+                           float *);
+
+static void seq_block_plain(const float *x, const KvSeqLanes *wt, int64_t rows, int64_t in,
+                            int64_t out, int64_t o0, float *y) {
+    seq_block_rows(x, wt, rows, in, out, o0, y);
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#define KV_SEQ_X86 1
+/* The same code with AVX-512 enabled (a block's eight lanes in one
+ * register), taken when the GEMM's path is (gemm.h). */
+__attribute__((target("avx512f"))) static void
+seq_block_wide(const float *x, const KvSeqLanes *wt, int64_t rows, int64_t in, int64_t out,
+               int64_t o0, float *y) {
+    seq_block_rows(x, wt, rows, in, out, o0, y);
+}
+#else
+#define KV_SEQ_X86 0
+#endif
+
 void kv_matmul_sequential(const float *x, const float *w, int64_t rows, int64_t in, int64_t out,
                           float *y) {
+    if (rows < KV_SEQ_ROWS) {
+        seq_few_rows(x, w, rows, in, out, y);
+        return;
+    }
+    SeqBlockFn block = seq_block_plain;
+#if KV_SEQ_X86
+    if (kv_gemm_path() == KV_GEMM_AVX512) block = seq_block_wide;
+#endif
     const int64_t blocks = (out + KV_SEQ_OUT_BLOCK - 1) / KV_SEQ_OUT_BLOCK;
 #pragma omp parallel for schedule(static) if (rows * in * out >= kv_parallel_min_work())
     for (int64_t blk = 0; blk < blocks; blk++) {
@@ -239,35 +354,11 @@ void kv_matmul_sequential(const float *x, const float *w, int64_t rows, int64_t 
             seq_block_scalar(x, wb, rows, in, n, out, y + o0);
             continue;
         }
-        for (int64_t i = 0; i < in; i++) {
-            for (int k = 0; k < KV_SEQ_OUT_BLOCK; k++) wt[i][k] = wb[k * in + i];
+        for (int k = 0; k < KV_SEQ_OUT_BLOCK; k++) {
+            const float *src = wb + k * in; /* (in) one weight row, read in order */
+            for (int64_t i = 0; i < in; i++) wt[i][k] = src[i];
         }
-        for (int64_t r0 = 0; r0 < rows; r0 += KV_SEQ_ROWS) {
-            const int64_t nr = rows - r0 < KV_SEQ_ROWS ? rows - r0 : KV_SEQ_ROWS;
-            KvSeqLanes acc[KV_SEQ_ROWS] = {{0.0f}};
-            if (nr == KV_SEQ_ROWS) {
-                const float *x0 = x + r0 * in; /* (KV_SEQ_ROWS, in) */
-                for (int64_t i = 0; i < in; i++) {
-                    for (int q = 0; q < KV_SEQ_ROWS; q++) {
-                        const float xi = x0[q * in + i];
-                        const KvSeqLanes xv = {xi, xi, xi, xi, xi, xi, xi, xi};
-                        acc[q] += xv * wt[i];
-                    }
-                }
-            } else {
-                for (int64_t q = 0; q < nr; q++) {
-                    const float *xr = x + (r0 + q) * in; /* (in) */
-                    for (int64_t i = 0; i < in; i++) {
-                        const KvSeqLanes xv = {xr[i], xr[i], xr[i], xr[i],
-                                               xr[i], xr[i], xr[i], xr[i]};
-                        acc[q] += xv * wt[i];
-                    }
-                }
-            }
-            for (int64_t q = 0; q < nr; q++) {
-                for (int k = 0; k < KV_SEQ_OUT_BLOCK; k++) y[(r0 + q) * out + o0 + k] = acc[q][k];
-            }
-        }
+        block(x, wt, rows, in, out, o0, y);
         free(wt);
     }
 }

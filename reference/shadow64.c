@@ -10,7 +10,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "gemm.h"
 #include "kvmath.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#define KV_SHADOW_X86 1
+#else
+#define KV_SHADOW_X86 0
+#endif
 
 /* Activations of one row's whole sequence (n positions). */
 typedef struct {
@@ -28,7 +35,6 @@ typedef struct {
                      * [1] the sliding layers' (gemma3's rope_theta_local, else the same) */
     double *sin_t;  /* (2, n, head_dim / 2) */
     double *scores; /* (num_heads, n) one query's scores per head */
-    double *last;   /* (1, hidden) one position's final-normed state */
     /* gpt_oss's MoE, one position at a time (NULL for a dense MLP): */
     double *moe;    /* (num_experts + 3 * intermediate + hidden + 2 * experts_per_tok) */
 } ShadowState;
@@ -55,7 +61,6 @@ static void shadow_state_free(ShadowState *s) {
     free(s->cos_t);
     free(s->sin_t);
     free(s->scores);
-    free(s->last);
     free(s->moe);
     memset(s, 0, sizeof *s);
 }
@@ -76,28 +81,26 @@ static bool shadow_state_init(ShadowState *s, const KvConfig *c, int64_t n) {
     s->cos_t = shadow_alloc(2 * n, c->head_dim / 2);
     s->sin_t = shadow_alloc(2 * n, c->head_dim / 2);
     s->scores = shadow_alloc(c->num_heads, n);
-    s->last = shadow_alloc(1, c->hidden_size);
     if (c->num_experts > 0) {
         s->moe = shadow_alloc(1, c->num_experts + 3 * c->intermediate_size + c->hidden_size +
                                      2 * c->experts_per_tok);
         if (s->moe == NULL) return false;
     }
     return s->x && s->xn && s->q && s->k && s->v && s->att && s->tmp && s->gate && s->up &&
-           s->cos_t && s->sin_t && s->scores && s->last;
+           s->cos_t && s->sin_t && s->scores;
 }
 
 /* y[r, o] = sum_i x[r, i] * w[o, i] in ascending i, weights widened on the
  * fly. Threads split the outputs only; each element is one thread's
- * sequential sum, so the bits do not depend on the thread count. Four
+ * sequential sum, so the bits do not depend on the thread count. Eight
  * outputs sit in the lanes of one vector (a block of weight rows widened
  * once and transposed so their i-th elements are adjacent) and four input
  * rows run at once: each lane is still one output's ascending sum of
- * IEEE double products (the bits of one at a time), and 4 x 4 independent
+ * IEEE double products (the bits of one at a time), and 4 x 8 independent
  * chains hide the add latency of one. */
-#define SHADOW_OUT_BLOCK 4
+#define SHADOW_OUT_BLOCK 8
 #define SHADOW_ROWS 4
 typedef double ShadowLanes __attribute__((vector_size(SHADOW_OUT_BLOCK * sizeof(double))));
-_Static_assert(SHADOW_OUT_BLOCK == 4, "the lane splats below write four values");
 
 /* Outputs o0 .. o0 + n - 1 one at a time (a last partial block, or any
  * block when the widened copy could not be allocated). */
@@ -115,9 +118,69 @@ static void shadow_matmul_scalar(const double *x /* (rows, in) */, const float *
     }
 }
 
+/* Every row of x against one widened block wt of SHADOW_OUT_BLOCK outputs
+ * from o0 on. Four rows run at once in named accumulators (GCC keeps an
+ * array of vectors on the stack). Inlined into a plain and an AVX-512
+ * wrapper: the same IEEE double multiply then add per lane either way. */
+static inline __attribute__((always_inline)) void
+shadow_block_rows(const double *x /* (rows, in) */, const ShadowLanes *wt /* (in) */,
+                  int64_t rows, int64_t in, int64_t out, int64_t o0,
+                  double *y /* (rows, out) */) {
+    int64_t r0 = 0;
+    for (; r0 + SHADOW_ROWS <= rows; r0 += SHADOW_ROWS) {
+        const double *x0 = x + r0 * in, *x1 = x0 + in, *x2 = x1 + in, *x3 = x2 + in; /* (in) */
+        ShadowLanes a0 = {0.0}, a1 = {0.0}, a2 = {0.0}, a3 = {0.0};
+        for (int64_t i = 0; i < in; i++) {
+            a0 += x0[i] * wt[i]; /* the scalar splat to every lane */
+            a1 += x1[i] * wt[i];
+            a2 += x2[i] * wt[i];
+            a3 += x3[i] * wt[i];
+        }
+        for (int k = 0; k < SHADOW_OUT_BLOCK; k++) {
+            y[r0 * out + o0 + k] = a0[k];
+            y[(r0 + 1) * out + o0 + k] = a1[k];
+            y[(r0 + 2) * out + o0 + k] = a2[k];
+            y[(r0 + 3) * out + o0 + k] = a3[k];
+        }
+    }
+    for (; r0 < rows; r0++) {
+        const double *xr = x + r0 * in; /* (in) */
+        ShadowLanes acc = {0.0};
+        for (int64_t i = 0; i < in; i++) acc += xr[i] * wt[i];
+        for (int k = 0; k < SHADOW_OUT_BLOCK; k++) y[r0 * out + o0 + k] = acc[k];
+    }
+}
+
+typedef void (*ShadowBlockFn)(const double *, const ShadowLanes *, int64_t, int64_t, int64_t,
+                              int64_t, double *);
+
+static void shadow_block_plain(const double *x, const ShadowLanes *wt, int64_t rows, int64_t in,
+                               int64_t out, int64_t o0, double *y) {
+    shadow_block_rows(x, wt, rows, in, out, o0, y);
+}
+
+#if KV_SHADOW_X86
+/* The same code with AVX-512 enabled: a block's eight doubles in one
+ * register, no contraction (-ffp-contract=off), so the bits are the plain
+ * wrapper's; taken when the GEMM's path is (gemm.h). */
+__attribute__((target("avx512f"))) static void
+shadow_block_wide(const double *x, const ShadowLanes *wt, int64_t rows, int64_t in, int64_t out,
+                  int64_t o0, double *y) {
+    shadow_block_rows(x, wt, rows, in, out, o0, y);
+}
+#endif
+
+static ShadowBlockFn shadow_block_fn(void) {
+#if KV_SHADOW_X86
+    if (kv_gemm_path() == KV_GEMM_AVX512) return shadow_block_wide;
+#endif
+    return shadow_block_plain;
+}
+
 static void shadow_matmul(const double *x /* (rows, in) */, const float *w /* (out, in) */,
                           int64_t rows, int64_t in, int64_t out, double *y /* (rows, out) */) {
     const int64_t blocks = (out + SHADOW_OUT_BLOCK - 1) / SHADOW_OUT_BLOCK;
+    const ShadowBlockFn block = shadow_block_fn();
 #pragma omp parallel for schedule(static) if (rows * in * out >= kv_parallel_min_work())
     for (int64_t blk = 0; blk < blocks; blk++) {
         const int64_t o0 = blk * SHADOW_OUT_BLOCK;
@@ -129,34 +192,11 @@ static void shadow_matmul(const double *x /* (rows, in) */, const float *w /* (o
             shadow_matmul_scalar(x, w, rows, in, out, o0, n, y);
             continue;
         }
-        for (int64_t i = 0; i < in; i++) {
-            for (int k = 0; k < SHADOW_OUT_BLOCK; k++) wt[i][k] = (double)w[(o0 + k) * in + i];
+        for (int k = 0; k < SHADOW_OUT_BLOCK; k++) {
+            const float *src = w + (o0 + k) * in; /* (in) one weight row, read in order */
+            for (int64_t i = 0; i < in; i++) wt[i][k] = (double)src[i];
         }
-        for (int64_t r0 = 0; r0 < rows; r0 += SHADOW_ROWS) {
-            const int64_t nr = rows - r0 < SHADOW_ROWS ? rows - r0 : SHADOW_ROWS;
-            ShadowLanes acc[SHADOW_ROWS] = {{0.0}};
-            if (nr == SHADOW_ROWS) {
-                const double *x0 = x + r0 * in; /* (SHADOW_ROWS, in) */
-                for (int64_t i = 0; i < in; i++) {
-                    for (int q = 0; q < SHADOW_ROWS; q++) {
-                        const double xi = x0[q * in + i];
-                        const ShadowLanes xv = {xi, xi, xi, xi};
-                        acc[q] += xv * wt[i];
-                    }
-                }
-            } else {
-                for (int64_t q = 0; q < nr; q++) {
-                    const double *xr = x + (r0 + q) * in; /* (in) */
-                    for (int64_t i = 0; i < in; i++) {
-                        const ShadowLanes xv = {xr[i], xr[i], xr[i], xr[i]};
-                        acc[q] += xv * wt[i];
-                    }
-                }
-            }
-            for (int64_t q = 0; q < nr; q++) {
-                for (int k = 0; k < SHADOW_OUT_BLOCK; k++) y[(r0 + q) * out + o0 + k] = acc[q][k];
-            }
-        }
+        block(x, wt, rows, in, out, o0, y);
         free(wt);
     }
 }
@@ -476,11 +516,13 @@ KvStatus kv_shadow64_logits(const KvModel *m, const int32_t *tokens, int64_t n, 
     for (int64_t l = 0; l < c->num_layers; l++) shadow_layer(c, &m->layers[l], &s, l, n);
     /* Final norm, lm_head and softcap only where logits are asked for. */
     const double final_cap = (double)(float)c->final_logit_softcapping;
-    for (int64_t p = from; p < n; p++) {
-        double *row = logits + (p - from) * c->vocab_size; /* (vocab) */
-        shadow_norm_rows(c, s.x + p * hidden, m->final_norm, 1, s.last);
-        shadow_matmul(s.last, m->lm_head, 1, hidden, c->vocab_size, row);
-        for (int64_t i = 0; i < c->vocab_size; i++) row[i] = shadow_softcap(row[i], final_cap);
+    /* every asked-for position at once: the lm_head's weight block is then
+     * widened once for all of them (each logit is still one sum) */
+    double *last = s.xn + from * hidden; /* (n - from, hidden) the final-normed states */
+    shadow_norm_rows(c, s.x + from * hidden, m->final_norm, n - from, last);
+    shadow_matmul(last, m->lm_head, n - from, hidden, c->vocab_size, logits);
+    for (int64_t i = 0; i < (n - from) * c->vocab_size; i++) {
+        logits[i] = shadow_softcap(logits[i], final_cap);
     }
 cleanup:
     shadow_state_free(&s);

@@ -42,6 +42,17 @@ kv_run(2 out err ${KVREPRO} gate --modes eagerly)
 kv_expect_match("${err}" "unknown name 'eagerly'" "mode substring")
 kv_run(2 out err ${KVREPRO} gate --variants ring,ring)
 kv_expect_match("${err}" "'ring' given twice" "repeated variant")
+# A mistyped option: one line naming the nearest option and where the rest
+# is, not the whole usage.
+kv_run(2 out err ${KVREPRO} gate --variant ring)
+kv_expect_match("${err}" "unknown option '--variant'; did you mean '--variants'\\?"
+                "a slip names the option meant")
+kv_expect_match("${err}" "see 'kvrepro gate --help'" "a usage error points to --help")
+if(err MATCHES "usage:")
+  message(FATAL_ERROR "a usage error printed the whole usage:\n${err}")
+endif()
+kv_run(2 out err ${KVREPRO} gate --frobnicate)
+kv_expect_match("${err}" "unknown option '--frobnicate'\n" "no near option: none named")
 kv_run(2 out err ${KVREPRO} gate --max-new-tokens 18446744073709551615)
 kv_expect_match("${err}" "--max-new-tokens: expected 1..1048576" "max-new-tokens wrap")
 # Outputs are checked before the matrix runs (fast, and nothing left behind).
@@ -129,6 +140,9 @@ kv_expect_match("${mem}" "\ncuda: skipped, no device: [^\n]*(cudaGetDeviceCount|
 if(mem MATCHES "cuda +eager +0 +SKIP")
   message(FATAL_ERROR "the gate table still lists skipped cuda runs row by row:\n${mem}")
 endif()
+# and the verdict counts them once, by backend and reason, before the count line
+kv_expect_match("${mem}" "\n[1-9][0-9]* runs skipped on cuda: [^\n]*(cudaGetDeviceCount|built without CUDA)[^\n]*\n([^\n]*\n)*[0-9]+ passed, 0 failed, [1-9][0-9]* skipped\n"
+                "skipped cuda runs grouped by reason")
 
 # NaN passes nothing (issue 18). One NaN weight: the reference is not finite,
 # the gate exits 1 naming the step and probe where it first appears, and the
@@ -140,7 +154,7 @@ kv_run(1 out err ${KVREPRO} gate --model "${WORK}/nan" --scenarios prompt_w --va
        --repeats 1 --report "${WORK}/nan.h5")
 kv_expect_match("${out}" "FAIL nan prompt_w: reference/cpu/eager/r0 finite: the reference itself is not finite: nan first at step 0 row 0, probe layer1.mlp element 0"
                 "NaN weight names the first non-finite probe")
-kv_expect_match("${out}" "ring +cpu +eager +0 +SKIP +skipped: not run: the reference is not finite"
+kv_expect_match("${out}" "\n2 runs skipped on cpu: not run: the reference is not finite"
                 "candidates skipped behind a non-finite reference")
 kv_run(0 out err ${KVREPRO} fixture --family mistral --seed 3 --out "${WORK}/inf")
 kv_run(0 out err ${POISON} "${WORK}/inf/model.safetensors" lm_head.weight 300 inf)
@@ -197,9 +211,29 @@ if(NOT dump_rc EQUAL 0)
 endif()
 
 # Planted faults make the gate fail (exit 1) and say where.
-kv_run(1 out err ${KVREPRO} gate --fixture mistral-tiny ${SMALL} --fault stale_scalar)
+kv_run(1 out err ${KVREPRO} gate --fixture mistral-tiny ${SMALL} --fault stale_scalar
+       --report "${WORK}/stale.h5")
 kv_expect_match("${out}" "FAIL" "stale_scalar is caught")
 kv_expect_match("${out}" "[1-9][0-9]* failed" "stale_scalar counted as failed")
+# The verdict on one screen: the grid marks the failing unit, each failure
+# comes with the command that bisects it, and that command runs as printed.
+kv_expect_match("${out}" "\nscenario [^\n]* mistral-tiny\n([^\n]*\n)*prompt_w_plus_1 [^\n]* [0-9]+/[1-9][0-9]*/[0-9]+!\n"
+                "the grid marks the failing unit")
+if(out MATCHES "\n *[0-9]+  mistral-tiny  prompt_w_plus_1  ")
+  message(FATAL_ERROR "the per-run table was printed without --table:\n${out}")
+endif()
+string(REGEX MATCH "next: kvrepro bisect [^\n]* --rerun" next "${out}")
+if(NOT next)
+  message(FATAL_ERROR "no bisect command after a failure:\n${out}")
+endif()
+string(REPLACE "next: kvrepro bisect " "" next "${next}")
+separate_arguments(next_args UNIX_COMMAND "${next}")
+kv_run(1 bout berr ${KVREPRO} bisect ${next_args} --out "${WORK}/stale_bisect.h5")
+kv_expect_match("${bout}" "diverge|differ" "the printed bisect command finds the divergence")
+kv_run(1 out err ${KVREPRO} gate --fixture mistral-tiny ${SMALL} --fault stale_scalar --table)
+kv_expect_match("${out}" "\n *[0-9]+  mistral-tiny  prompt_w_plus_1  " "--table prints the table")
+kv_expect_match("${out}" "next: kvrepro bisect REPORT.h5 [^\n]* \\(write REPORT.h5 with --report\\)"
+                "without --report the command says to write one")
 kv_run(1 out err ${KVREPRO} gate --fixture mistral-tiny ${SMALL} --fault atomic_reduction)
 kv_expect_match("${out}" "replays of step [0-9]+ from one snapshot were not bitwise identical"
                 "atomic_reduction is caught by the replay check")
@@ -274,7 +308,7 @@ endif()
 file(WRITE "${WORK}/prompts.json" "[[5, 6, 7, 8], [9, 10]]")
 kv_run(0 out err ${KVREPRO} gate --fixture mistral-tiny --variants ring --repeats 1
        --prompts "${WORK}/prompts.json" --max-new-tokens 40)
-kv_expect_match("${out}" "prompts +ring" "custom prompts run")
+kv_expect_match("${out}" "\nprompts [^\n]* [1-9][0-9]*/0/[0-9]+\n" "custom prompts run")
 file(WRITE "${WORK}/prompts_bad.json" "[[5, -1]]")
 kv_run(2 out err ${KVREPRO} gate --prompts "${WORK}/prompts_bad.json" --max-new-tokens 4)
 kv_expect_match("${err}" "prompts_bad.json: prompt 0 token 1" "bad prompt token")

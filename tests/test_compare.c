@@ -4,10 +4,13 @@
  * computed here by hand from the constructed data. */
 #include <check.h>
 #include <math.h>
+#include <stdbool.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "compare.h"
+#include "matrix.h"
 #include "report.h"
 
 #define S 4 /* steps */
@@ -413,6 +416,66 @@ END_TEST
 /* The calibration rule (DESIGN §6): each of its three terms decides in one
  * case, so a rule that drops one of them fails here, not only as false
  * alarms on a real model. */
+/* kv_gate_keep_topk against its definition, k rounds of "the largest
+ * untaken logit, the lowest id of equals, where `>` decides" (so a NaN
+ * wins only as the lowest untaken id): rows with ties, signed zeros,
+ * infinities and NaN. */
+static void topk_rounds(const float *row, int64_t vocab, int64_t k, int32_t *ids, float *vals) {
+    for (int64_t j = 0; j < k; j++) {
+        int64_t best = -1;
+        for (int64_t v = 0; v < vocab; v++) {
+            bool taken = false;
+            for (int64_t q = 0; q < j && !taken; q++) taken = ids[q] == v;
+            if (taken) continue;
+            if (best < 0 || row[v] > row[best]) best = v;
+        }
+        ids[j] = (int32_t)best;
+        vals[j] = row[best];
+    }
+}
+
+START_TEST(test_keep_topk_rounds) {
+    enum { TS = 3, TB = 4, TV = 300 };
+    const float pool[] = {0.0f, -0.0f, 1.0f, 1.0f, -1.0f, 2.5f, INFINITY, -INFINITY, 7.0f, 0.5f};
+    KvRun r;
+    memset(&r, 0, sizeof r);
+    r.steps = TS;
+    r.batch = TB;
+    r.vocab = TV;
+    r.logits = malloc((size_t)(TS * TB * TV) * sizeof *r.logits);
+    float *copy = malloc((size_t)(TS * TB * TV) * sizeof *copy);
+    ck_assert(r.logits && copy);
+    uint32_t g = 12345u;
+    for (int64_t i = 0; i < TS * TB * TV; i++) {
+        g = g * 1664525u + 1013904223u;
+        r.logits[i] = (g >> 8) % 3 == 0 ? pool[(g >> 12) % 10] : (float)((g >> 10) % 2000) / 7.0f;
+    }
+    r.logits[1 * TV + 5] = NAN;           /* row 1: a NaN in the middle */
+    r.logits[2 * TV + 0] = NAN;           /* row 2: a NaN at id 0 (wins round 0) */
+    r.logits[2 * TV + 1] = NAN;           /* and at id 1 (wins round 1) */
+    for (int64_t v = 0; v < TV; v++) r.logits[3 * TV + v] = 1.0f; /* row 3: all equal */
+    memcpy(copy, r.logits, (size_t)(TS * TB * TV) * sizeof *copy);
+    KvError err = {{0}};
+    ck_assert(kv_gate_keep_topk(&r, &err) == KV_OK);
+    ck_assert_int_eq(r.topk, KV_TOPK);
+    for (int64_t i = 0; i < TS * TB; i++) {
+        int32_t ids[KV_TOPK];
+        float vals[KV_TOPK];
+        topk_rounds(copy + i * TV, TV, KV_TOPK, ids, vals);
+        for (int j = 0; j < KV_TOPK; j++) {
+            ck_assert_msg(r.topk_ids[i * KV_TOPK + j] == ids[j] &&
+                              memcmp(&r.topk_values[i * KV_TOPK + j], &vals[j], sizeof(float)) ==
+                                  0,
+                          "row %lld rank %d: id %d (%g), the rounds give %d (%g)", (long long)i, j,
+                          r.topk_ids[i * KV_TOPK + j], (double)r.topk_values[i * KV_TOPK + j],
+                          ids[j], (double)vals[j]);
+        }
+    }
+    kv_run_free(&r);
+    free(copy);
+}
+END_TEST
+
 START_TEST(test_cal_tolerance_terms) {
     /* the spread decides: 16 x 2e-6 above 8 x 1e-6 and the floor */
     ck_assert_double_eq_tol(kv_cal_tolerance(2e-6, 1e-6), 3.2e-5, 1e-12);
@@ -447,6 +510,7 @@ int main(void) {
     tcase_add_test(tc, test_graph_budget);
     tcase_add_test(tc, test_repeat_layouts_differ);
     tcase_add_test(tc, test_cal_tolerance_terms);
+    tcase_add_test(tc, test_keep_topk_rounds);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

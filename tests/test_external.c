@@ -48,6 +48,7 @@
 #include <unistd.h>
 
 #include "decode.h"
+#include "ensemble.h"
 #include "model.h"
 #include "prng.h"
 #include "report.h"
@@ -631,6 +632,31 @@ START_TEST(test_work_limit_applies) {
 }
 END_TEST
 
+/* The work line counts the calibration once: its members and the fp64
+ * shadow are KV_ENSEMBLE_SIZE + 1 more decodes of the batch (the shadow
+ * counted as one), so calibrating multiplies the reference's work by
+ * KV_ENSEMBLE_SIZE + 2, not by that again (the limit above is held to
+ * this figure). */
+static double work_gflop(void) {
+    const char *w = strstr(out, "token positions, ~");
+    ck_assert_msg(w != NULL, "no work line in:\n%s", out);
+    return strtod(w + strlen("token positions, ~"), NULL);
+}
+
+START_TEST(test_work_counts_calibration_once) {
+    KvRun runs[1] = {ext_run("short", "eager", 0)};
+    const char *ext = ext_write("ext.h5", runs, 1);
+    ck_assert_int_eq(kvrepro("gate", "--model", EXT_MODEL_DIR, "--external", ext, "--no-calibrate",
+                             NULL), 0);
+    const double plain = work_gflop();
+    ck_assert_int_eq(kvrepro("gate", "--model", EXT_MODEL_DIR, "--external", ext, NULL), 0);
+    const double calibrated = work_gflop();
+    ck_assert_msg(plain > 0.0 && fabs(calibrated / plain - (KV_ENSEMBLE_SIZE + 2)) < 0.05,
+                  "calibrated work %g GFLOP against %g without: ratio %g, expected %d", calibrated,
+                  plain, calibrated / plain, KV_ENSEMBLE_SIZE + 2);
+}
+END_TEST
+
 /* ---- failures ------------------------------------------------------------- */
 
 START_TEST(test_logit_beyond_tolerance_fails_reference) {
@@ -1094,6 +1120,7 @@ static Suite *external_suite(void) {
     tcase_add_test(tc, test_noise_after_tie_flip_fails);
     tcase_add_test(tc, test_all_skipped_fails);
     tcase_add_test(tc, test_work_limit_applies);
+    tcase_add_test(tc, test_work_counts_calibration_once);
     tcase_add_test(tc, test_logit_beyond_tolerance_fails_reference);
     tcase_add_test(tc, test_repeat_probe_hash_fails_repeat);
     tcase_add_test(tc, test_compile_flip_fails_compiled_vs_eager);

@@ -245,23 +245,33 @@ END_TEST
  * bitwise one accumulator summed in ascending i, whatever the blocking
  * (rows not a multiple of 4, outputs not a multiple of 8, one row). */
 START_TEST(test_matmul_sequential) {
-    static const int64_t shapes[][3] = {{1, 1, 1}, {1, 37, 8}, {3, 37, 19}, {4, 64, 8},
-                                        {5, 100, 33}, {9, 129, 17}, {8, 640, 64}};
-    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+    /* rows below 4 (a decode step's) take four blocks of outputs at once:
+     * whole spans of 32 and a partial one */
+    static const int64_t shapes[][3] = {{1, 1, 1},    {1, 37, 8},    {3, 37, 19},
+                                        {4, 64, 8},   {5, 100, 33},  {9, 129, 17},
+                                        {8, 640, 64}, {1, 37, 70},   {2, 129, 64},
+                                        {3, 640, 96}, {2, 17, 33}};
+    /* every path: the AVX-512 build of the block kernel and the plain one */
+    static const KvGemmPath paths[] = {KV_GEMM_AVX512, KV_GEMM_PORTABLE};
+    for (size_t t = 0; t < 2 * sizeof shapes / sizeof shapes[0]; t++) {
+        const size_t s = t / 2;
+        if (kv_gemm_set_path(paths[t % 2]) != KV_OK) continue; /* no AVX-512 here */
         const int64_t rows = shapes[s][0], in = shapes[s][1], out = shapes[s][2];
         TestRng g = test_rng_seed(TEST_SEED * 11 + s);
         float *x = test_alloc(rows * in), *w = test_alloc(out * in), *y = test_alloc(rows * out);
         for (int64_t i = 0; i < rows * in; i++) x[i] = test_rng_sym(&g);
         for (int64_t i = 0; i < out * in; i++) w[i] = test_rng_sym(&g);
         kv_matmul_sequential(x, w, rows, in, out, y);
+        kv_gemm_set_path(KV_GEMM_AUTO);
         for (int64_t r = 0; r < rows; r++) {
             for (int64_t o = 0; o < out; o++) {
                 float acc = 0.0f;
                 for (int64_t i = 0; i < in; i++) acc += x[r * in + i] * w[o * in + i];
                 EXPECT(test_bits(y[r * out + o]) == test_bits(acc),
                        "kv_matmul_sequential (%lld,%lld,%lld) y[%lld,%lld]=%.9g, one accumulator "
-                       "%.9g", (long long)rows, (long long)in, (long long)out, (long long)r,
-                       (long long)o, (double)y[r * out + o], (double)acc);
+                       "%.9g (%s)", (long long)rows, (long long)in, (long long)out,
+                       (long long)r, (long long)o, (double)y[r * out + o], (double)acc,
+                       kv_gemm_path_name(paths[t % 2]));
             }
         }
         free(x);

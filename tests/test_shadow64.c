@@ -28,6 +28,7 @@
 
 #include "decode.h"
 #include "fixture.h"
+#include "gemm.h"
 #include "golden.h"
 #include "model.h"
 #include "scenario.h"
@@ -299,6 +300,17 @@ START_TEST(test_shadow_causal) {
     ck_assert(tok != NULL && all != NULL && part != NULL);
     for (int64_t i = 0; i < n; i++) tok[i] = (int32_t)(1 + (i * 37 + 11) % (V - 1));
     ck_assert_msg(kv_shadow64_logits(m, tok, n, 0, all, &err) == KV_OK, "%s", err.msg);
+    /* the plain build of the matmul block gives the AVX-512 build's bits */
+    if (kv_gemm_path() == KV_GEMM_AVX512) {
+        ck_assert(kv_gemm_set_path(KV_GEMM_PORTABLE) == KV_OK);
+        ck_assert_msg(kv_shadow64_logits(m, tok, n, 0, part, &err) == KV_OK, "%s", err.msg);
+        kv_gemm_set_path(KV_GEMM_AUTO);
+        ck_assert_msg(memcmp(part, all, (size_t)(n * V) * sizeof *part) == 0,
+                      "%s: the portable path's logits differ from the AVX-512 path's",
+                      k_families[_i]);
+    } else {
+        fprintf(stderr, "shadow_causal: no AVX-512 here, one path checked\n");
+    }
     const int64_t cuts[] = {1, m->config.sliding_window, n - 1};
     for (int c = 0; c < 3; c++) {
         const int64_t len = cuts[c];

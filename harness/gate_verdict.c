@@ -1,0 +1,413 @@
+/* gate_verdict.c: the gate's verdict on one screen (gate_verdict.h): the
+ * model x scenario grid, the skips grouped by reason, the next command for
+ * a failure. */
+#include "gate_verdict.h"
+
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+#include "compare.h"
+#include "junit.h"
+
+/* Index of name in names[0 .. *n), appended when absent and *n < cap;
+ * -1 when absent and full. */
+static int64_t name_index(char (*names)[KV_NAME_LEN], int64_t *n, int64_t cap, const char *name) {
+    for (int64_t i = 0; i < *n; i++) {
+        if (strncmp(names[i], name, KV_NAME_LEN) == 0) return i;
+    }
+    if (*n >= cap) return -1;
+    snprintf(names[*n], KV_NAME_LEN, "%.*s", (int)strnlen(name, KV_NAME_LEN), name);
+    return (*n)++;
+}
+
+KvStatus kv_gate_print_grid(const KvReport *rep, FILE *f) {
+    if (rep->n_runs == 0) return KV_OK;
+    KvStatus st = KV_OK;
+    KvRunSummary *sum = NULL;
+    char(*models)[KV_NAME_LEN] = calloc((size_t)rep->n_runs, KV_NAME_LEN);
+    char(*scens)[KV_NAME_LEN] = calloc((size_t)rep->n_runs, KV_NAME_LEN);
+    int64_t *cells = NULL; /* (n_scen, n_models, 3) passed, failed, skipped */
+    int64_t n_models = 0, n_scens = 0;
+    if (models == NULL || scens == NULL || kv_report_summarize_runs(rep, &sum) != KV_OK) {
+        st = KV_ERR_INTERNAL;
+        goto cleanup;
+    }
+    for (int64_t i = 0; i < rep->n_runs; i++) {
+        name_index(models, &n_models, rep->n_runs, rep->runs[i].model);
+        name_index(scens, &n_scens, rep->n_runs, rep->runs[i].scenario);
+    }
+    cells = calloc((size_t)(n_scens * n_models * 3), sizeof *cells);
+    if (cells == NULL) {
+        st = KV_ERR_INTERNAL;
+        goto cleanup;
+    }
+    for (int64_t i = 0; i < rep->n_runs; i++) {
+        const int64_t m = name_index(models, &n_models, n_models, rep->runs[i].model);
+        const int64_t s = name_index(scens, &n_scens, n_scens, rep->runs[i].scenario);
+        const int k = sum[i].verdict == KV_VERDICT_PASS ? 0 : sum[i].verdict == KV_VERDICT_FAIL ? 1
+                                                                                                : 2;
+        cells[(s * n_models + m) * 3 + k]++;
+    }
+    /* column widths: the scenario names, then each model's name or cell */
+    int sw = (int)strlen("scenario");
+    for (int64_t s = 0; s < n_scens; s++) {
+        const int len = (int)strnlen(scens[s], KV_NAME_LEN);
+        sw = len > sw ? len : sw;
+    }
+    fprintf(f, "%-*s", sw, "scenario");
+    int *mw = calloc((size_t)n_models, sizeof *mw);
+    if (mw == NULL) {
+        st = KV_ERR_INTERNAL;
+        goto cleanup;
+    }
+    char cell[96];
+    for (int64_t m = 0; m < n_models; m++) {
+        mw[m] = (int)strnlen(models[m], KV_NAME_LEN);
+        for (int64_t s = 0; s < n_scens; s++) {
+            const int64_t *c = cells + (s * n_models + m) * 3;
+            const int len = snprintf(cell, sizeof cell, "%" PRId64 "/%" PRId64 "/%" PRId64 "%s",
+                                     c[0], c[1], c[2], c[1] > 0 ? "!" : "");
+            mw[m] = len > mw[m] ? len : mw[m];
+        }
+        fprintf(f, "  %*.*s", mw[m], KV_NAME_LEN, models[m]);
+    }
+    fputc('\n', f);
+    for (int64_t s = 0; s < n_scens; s++) {
+        fprintf(f, "%-*.*s", sw, KV_NAME_LEN, scens[s]);
+        for (int64_t m = 0; m < n_models; m++) {
+            const int64_t *c = cells + (s * n_models + m) * 3;
+            if (c[0] + c[1] + c[2] == 0) snprintf(cell, sizeof cell, ".");
+            else snprintf(cell, sizeof cell, "%" PRId64 "/%" PRId64 "/%" PRId64 "%s", c[0], c[1],
+                          c[2], c[1] > 0 ? "!" : "");
+            fprintf(f, "  %*s", mw[m], cell);
+        }
+        fputc('\n', f);
+    }
+    fprintf(f, "(runs passed/failed/skipped per model and scenario; ! marks a failure; the "
+               "per-run table: --table, or kvrepro show REPORT.h5)\n");
+    free(mw);
+    if (fflush(f) != 0 || ferror(f)) st = KV_ERR_INTERNAL;
+cleanup:
+    free(sum);
+    free(models);
+    free(scens);
+    free(cells);
+    return st;
+}
+
+KvStatus kv_gate_print_skips(const KvReport *rep, FILE *f) {
+    if (rep->n_runs == 0) return KV_OK;
+    KvRunSummary *sum = NULL;
+    if (kv_report_summarize_runs(rep, &sum) != KV_OK) return KV_ERR_INTERNAL;
+    /* groups: (backend, reason) of their first run, and their counts */
+    int64_t *first = malloc((size_t)rep->n_runs * sizeof *first);
+    int64_t *count = calloc((size_t)rep->n_runs, sizeof *count);
+    const char **why = calloc((size_t)rep->n_runs, sizeof *why);
+    if (first == NULL || count == NULL || why == NULL) {
+        free(sum);
+        free(first);
+        free(count);
+        free(why);
+        return KV_ERR_INTERNAL;
+    }
+    int64_t n = 0;
+    for (int64_t i = 0; i < rep->n_runs; i++) {
+        if (sum[i].verdict != KV_VERDICT_SKIP) continue;
+        const KvRun *r = &rep->runs[i];
+        const char *reason = r->skipped ? r->skip_reason
+                             : sum[i].first_skip >= 0
+                                 ? rep->comparisons[sum[i].first_skip].message
+                                 : "no comparison judged it";
+        int64_t g = 0;
+        while (g < n && !(strcmp(why[g], reason) == 0 &&
+                          strcmp(rep->runs[first[g]].backend, r->backend) == 0)) {
+            g++;
+        }
+        if (g == n) {
+            first[n] = i;
+            why[n++] = reason;
+        }
+        count[g]++;
+    }
+    for (int64_t g = 0; g < n; g++) {
+        fprintf(f, "%" PRId64 " run%s skipped on %s: %s\n", count[g], count[g] == 1 ? "" : "s",
+                rep->runs[first[g]].backend, why[g]);
+    }
+    free(sum);
+    free(first);
+    free(count);
+    free(why);
+    return fflush(f) != 0 || ferror(f) ? KV_ERR_INTERNAL : KV_OK;
+}
+
+bool kv_gate_print_next(const KvReport *rep, const KvComparison *c, const char *report_path,
+                        FILE *f) {
+    if (c->run_a == c->run_b || c->run_a < 0 || c->run_b < 0 || c->run_a >= rep->n_runs ||
+        c->run_b >= rep->n_runs || rep->runs[c->run_a].skipped || rep->runs[c->run_b].skipped) {
+        return false;
+    }
+    /* bisect's run label: MODEL/SCENARIO/VARIANT[+FAULT]/BACKEND/MODE/rN */
+    char la[KV_NAME_LEN * 4], lb[KV_NAME_LEN * 4];
+    kv_run_label(&rep->runs[c->run_a], la, sizeof la);
+    kv_run_label(&rep->runs[c->run_b], lb, sizeof lb);
+    const KvRun *a = &rep->runs[c->run_a], *b = &rep->runs[c->run_b];
+    fprintf(f, "     next: kvrepro bisect %s --run %.*s/%.*s/%s --run %.*s/%.*s/%s --rerun%s\n",
+            report_path != NULL ? report_path : "REPORT.h5", (int)strnlen(a->model, KV_NAME_LEN),
+            a->model, (int)strnlen(a->scenario, KV_NAME_LEN), a->scenario, la,
+            (int)strnlen(b->model, KV_NAME_LEN), b->model,
+            (int)strnlen(b->scenario, KV_NAME_LEN), b->scenario, lb,
+            report_path != NULL ? "" : " (write REPORT.h5 with --report)");
+    return true;
+}
+
+bool kv_gate_print_failures(const KvReport *rep, bool mutation, bool verbose, bool next,
+                            const char *report_path, FILE *f) {
+    bool failed = false, texts = false;
+    int64_t nexts = 0, more = 0; /* next lines printed, and failures past KV_GATE_NEXT_MAX */
+    for (int64_t c = 0; c < rep->n_comparisons; c++) {
+        const KvComparison *cmp = &rep->comparisons[c];
+        const bool planted = mutation && rep->runs[cmp->run_b].fault[0] != '\0';
+        failed = failed || cmp->verdict == KV_VERDICT_FAIL;
+        if (!verbose && (planted || cmp->verdict != KV_VERDICT_FAIL)) continue;
+        char la[96], lb[96], pair[200];
+        kv_run_label(&rep->runs[cmp->run_a], la, sizeof la);
+        kv_run_label(&rep->runs[cmp->run_b], lb, sizeof lb);
+        /* a per-run check (finite, replay) names its one run */
+        if (cmp->run_a == cmp->run_b) snprintf(pair, sizeof pair, "%s", lb);
+        else snprintf(pair, sizeof pair, "%s vs %s", la, lb);
+        fprintf(f, "%s %s %s: %s %s: %s\n", cmp->verdict == KV_VERDICT_FAIL ? "FAIL" : "ok  ",
+               rep->runs[cmp->run_b].model, rep->runs[cmp->run_b].scenario, pair,
+               kv_compare_kind_name(cmp->kind), cmp->message);
+        /* a prompts file with texts: the failing row as text (the C side
+         * has no tokenizer for the generated ids: said once) */
+        const KvRun *rb = &rep->runs[cmp->run_b];
+        if (cmp->verdict == KV_VERDICT_FAIL && rb->prompt_text != NULL && cmp->first_row >= 0 &&
+            cmp->first_row < rb->batch) {
+            char snip[256];
+            kv_text_snippet(rb->prompt_text[cmp->first_row], 60, snip, sizeof snip);
+            fprintf(f, "     row %lld (%lld ids): \"%s\"\n", (long long)cmp->first_row,
+                   (long long)kv_run_row_ids(rb, cmp->first_row), snip);
+            texts = true;
+        }
+        /* then the command that looks closer */
+        if (next && cmp->verdict == KV_VERDICT_FAIL) {
+            if (nexts < KV_GATE_NEXT_MAX) nexts += kv_gate_print_next(rep, cmp, report_path, f);
+            else more++;
+        }
+    }
+    if (more > 0) {
+        fprintf(f, "     (%lld more failures: bisect them the same way, with their runs' labels)\n",
+               (long long)more);
+    }
+    if (texts) fprintf(f, "decode the tokens: kvrepro-hf show REPORT.h5 --model DIR\n");
+    return failed;
+}
+
+/* The counts of kv_report_print_counts, into three numbers. */
+static KvStatus verdict_counts(const KvReport *rep, int64_t *passed, int64_t *failed,
+                               int64_t *skipped) {
+    *passed = *failed = *skipped = 0;
+    KvRunSummary *sum = NULL;
+    if (rep->n_runs > 0 && kv_report_summarize_runs(rep, &sum) != KV_OK) return KV_ERR_INTERNAL;
+    for (int64_t i = 0; i < rep->n_runs; i++) {
+        *passed += sum[i].verdict == KV_VERDICT_PASS;
+        *failed += sum[i].verdict == KV_VERDICT_FAIL;
+        *skipped += sum[i].verdict == KV_VERDICT_SKIP;
+    }
+    free(sum);
+    return KV_OK;
+}
+
+KvStatus kv_gate_write_summary_md(const KvReport *rep, bool failed, const char *fail_why,
+                                  const char *report_path, const char *path, KvError *err) {
+    int64_t np, nf, ns;
+    if (verdict_counts(rep, &np, &nf, &ns) != KV_OK) {
+        return kv_error_set(err, KV_ERR_INTERNAL, "%s: out of memory", path);
+    }
+    char *text = NULL;
+    size_t len = 0;
+    FILE *m = open_memstream(&text, &len);
+    if (m == NULL) return kv_error_set(err, KV_ERR_INTERNAL, "%s: out of memory", path);
+    fprintf(m, "## kvrepro gate: %s\n\n", failed ? "FAIL" : "PASS");
+    fprintf(m, "%" PRId64 " passed, %" PRId64 " failed, %" PRId64 " skipped (runs)%s%s%s\n\n",
+            np, nf, ns, report_path != NULL ? "; report `" : "",
+            report_path != NULL ? report_path : "", report_path != NULL ? "`" : "");
+    fprintf(m, "```text\n");
+    KvStatus st = kv_gate_print_grid(rep, m);
+    kv_gate_print_failures(rep, false, false, true, report_path, m);
+    if (st == KV_OK) st = kv_gate_print_skips(rep, m);
+    if (fail_why != NULL) fprintf(m, "FAIL: %s\n", fail_why);
+    fprintf(m, "```\n");
+    if (fclose(m) != 0 || st != KV_OK) {
+        free(text);
+        return kv_error_set(err, KV_ERR_INTERNAL, "%s: out of memory", path);
+    }
+    st = kv_report_file_publish(path, text, len, err);
+    free(text);
+    return st;
+}
+
+/* cJSON's adders return NULL when out of memory; one flag for all. */
+static void json_num(cJSON *o, const char *k, double v, bool *oom) {
+    if (cJSON_AddNumberToObject(o, k, v) == NULL) *oom = true;
+}
+static void json_str(cJSON *o, const char *k, const char *v, bool *oom) {
+    if (cJSON_AddStringToObject(o, k, v) == NULL) *oom = true;
+}
+
+/* "MODEL/SCENARIO/" + kv_run_label: bisect's --run label. */
+static void run_full_label(const KvRun *r, char *out, size_t n) {
+    char l[KV_NAME_LEN * 4];
+    kv_run_label(r, l, sizeof l);
+    snprintf(out, n, "%.*s/%.*s/%s", (int)strnlen(r->model, KV_NAME_LEN), r->model,
+             (int)strnlen(r->scenario, KV_NAME_LEN), r->scenario, l);
+}
+
+KvStatus kv_gate_write_summary_json(const KvReport *rep, bool failed, const char *fail_why,
+                                    const char *report_path, const char *path, KvError *err) {
+    int64_t np, nf, ns;
+    KvRunSummary *sum = NULL;
+    if (verdict_counts(rep, &np, &nf, &ns) != KV_OK ||
+        (rep->n_runs > 0 && kv_report_summarize_runs(rep, &sum) != KV_OK)) {
+        return kv_error_set(err, KV_ERR_INTERNAL, "%s: out of memory", path);
+    }
+    bool oom = false;
+    cJSON *root = cJSON_CreateObject();
+    cJSON *grid = cJSON_CreateArray(), *fails = cJSON_CreateArray(), *skips = cJSON_CreateArray();
+    if (root == NULL || grid == NULL || fails == NULL || skips == NULL) oom = true;
+    if (!oom) {
+        json_str(root, "format", "kvrepro-summary", &oom);
+        json_num(root, "version", 1, &oom);
+        json_str(root, "verdict", failed ? "fail" : "pass", &oom);
+        json_num(root, "passed", (double)np, &oom);
+        json_num(root, "failed", (double)nf, &oom);
+        json_num(root, "skipped", (double)ns, &oom);
+        if (fail_why != NULL) json_str(root, "gate_failure", fail_why, &oom);
+        else if (cJSON_AddNullToObject(root, "gate_failure") == NULL) oom = true;
+        if (report_path != NULL) json_str(root, "report", report_path, &oom);
+        else if (cJSON_AddNullToObject(root, "report") == NULL) oom = true;
+    }
+    /* the grid's cells: (model, scenario) in the order first seen */
+    for (int64_t i = 0; i < rep->n_runs && !oom; i++) {
+        const KvRun *r = &rep->runs[i];
+        cJSON *cell = NULL;
+        cJSON *it = NULL;
+        cJSON_ArrayForEach(it, grid) {
+            if (strcmp(cJSON_GetObjectItem(it, "model")->valuestring, r->model) == 0 &&
+                strcmp(cJSON_GetObjectItem(it, "scenario")->valuestring, r->scenario) == 0) {
+                cell = it;
+                break;
+            }
+        }
+        if (cell == NULL) {
+            cell = cJSON_CreateObject();
+            if (cell == NULL || !cJSON_AddItemToArray(grid, cell)) {
+                cJSON_Delete(cell);
+                oom = true;
+                break;
+            }
+            char name[KV_NAME_LEN + 1];
+            snprintf(name, sizeof name, "%.*s", (int)strnlen(r->model, KV_NAME_LEN), r->model);
+            json_str(cell, "model", name, &oom);
+            snprintf(name, sizeof name, "%.*s", (int)strnlen(r->scenario, KV_NAME_LEN),
+                     r->scenario);
+            json_str(cell, "scenario", name, &oom);
+            json_num(cell, "passed", 0, &oom);
+            json_num(cell, "failed", 0, &oom);
+            json_num(cell, "skipped", 0, &oom);
+            if (oom) break;
+        }
+        const char *k = sum[i].verdict == KV_VERDICT_PASS   ? "passed"
+                        : sum[i].verdict == KV_VERDICT_FAIL ? "failed"
+                                                            : "skipped";
+        cJSON *n = cJSON_GetObjectItem(cell, k);
+        cJSON_SetNumberValue(n, n->valuedouble + 1.0);
+    }
+    for (int64_t c = 0; c < rep->n_comparisons && !oom; c++) {
+        const KvComparison *cmp = &rep->comparisons[c];
+        if (cmp->verdict != KV_VERDICT_FAIL || cmp->run_a < 0 || cmp->run_b < 0 ||
+            cmp->run_a >= rep->n_runs || cmp->run_b >= rep->n_runs) {
+            continue;
+        }
+        cJSON *o = cJSON_CreateObject();
+        if (o == NULL || !cJSON_AddItemToArray(fails, o)) {
+            cJSON_Delete(o);
+            oom = true;
+            break;
+        }
+        char la[KV_NAME_LEN * 6], lb[KV_NAME_LEN * 6];
+        run_full_label(&rep->runs[cmp->run_a], la, sizeof la);
+        run_full_label(&rep->runs[cmp->run_b], lb, sizeof lb);
+        json_str(o, "kind", kv_compare_kind_name(cmp->kind), &oom);
+        json_str(o, "run_a", la, &oom);
+        json_str(o, "run_b", lb, &oom);
+        json_num(o, "first_step", (double)cmp->first_step, &oom);
+        json_num(o, "first_row", (double)cmp->first_row, &oom);
+        json_str(o, "message", cmp->message, &oom);
+        if (cmp->run_a != cmp->run_b && !rep->runs[cmp->run_a].skipped &&
+            !rep->runs[cmp->run_b].skipped) {
+            char cmd[KV_NAME_LEN * 16];
+            snprintf(cmd, sizeof cmd, "kvrepro bisect %s --run %s --run %s --rerun",
+                     report_path != NULL ? report_path : "REPORT.h5", la, lb);
+            json_str(o, "next", cmd, &oom);
+        }
+    }
+    /* the skip groups, as kv_gate_print_skips groups them */
+    for (int64_t i = 0; i < rep->n_runs && !oom; i++) {
+        if (sum[i].verdict != KV_VERDICT_SKIP) continue;
+        const KvRun *r = &rep->runs[i];
+        const char *reason = r->skipped ? r->skip_reason
+                             : sum[i].first_skip >= 0
+                                 ? rep->comparisons[sum[i].first_skip].message
+                                 : "no comparison judged it";
+        cJSON *g = NULL, *it = NULL;
+        cJSON_ArrayForEach(it, skips) {
+            if (strcmp(cJSON_GetObjectItem(it, "backend")->valuestring, r->backend) == 0 &&
+                strcmp(cJSON_GetObjectItem(it, "reason")->valuestring, reason) == 0) {
+                g = it;
+                break;
+            }
+        }
+        if (g == NULL) {
+            g = cJSON_CreateObject();
+            if (g == NULL || !cJSON_AddItemToArray(skips, g)) {
+                cJSON_Delete(g);
+                oom = true;
+                break;
+            }
+            json_str(g, "backend", r->backend, &oom);
+            json_str(g, "reason", reason, &oom);
+            json_num(g, "runs", 0, &oom);
+            if (oom) break;
+        }
+        cJSON *n = cJSON_GetObjectItem(g, "runs");
+        cJSON_SetNumberValue(n, n->valuedouble + 1.0);
+    }
+    free(sum);
+    /* each array owned by root once added */
+    if (!oom && cJSON_AddItemToObject(root, "grid", grid)) grid = NULL;
+    else oom = true;
+    if (!oom && cJSON_AddItemToObject(root, "failures", fails)) fails = NULL;
+    else oom = true;
+    if (!oom && cJSON_AddItemToObject(root, "skips", skips)) skips = NULL;
+    else oom = true;
+    char *text = oom ? NULL : cJSON_Print(root);
+    cJSON_Delete(root);
+    cJSON_Delete(grid);
+    cJSON_Delete(fails);
+    cJSON_Delete(skips);
+    char *line = NULL; /* the document and its final newline */
+    if (text != NULL) {
+        line = malloc(strlen(text) + 2);
+        if (line != NULL) snprintf(line, strlen(text) + 2, "%s\n", text);
+        cJSON_free(text);
+    }
+    if (line == NULL) return kv_error_set(err, KV_ERR_INTERNAL, "%s: out of memory", path);
+    KvStatus st = kv_report_file_publish(path, line, strlen(line), err);
+    free(line);
+    return st;
+}
+
