@@ -12,6 +12,14 @@
 #include "compare.h"
 #include "junit.h"
 
+/* Index of name in names[0 .. n), -1 when absent. */
+static int64_t name_find(char (*names)[KV_NAME_LEN], int64_t n, const char *name) {
+    for (int64_t i = 0; i < n; i++) {
+        if (strncmp(names[i], name, KV_NAME_LEN) == 0) return i;
+    }
+    return -1;
+}
+
 /* Index of name in names[0 .. *n), appended when absent and *n < cap;
  * -1 when absent and full. */
 static int64_t name_index(char (*names)[KV_NAME_LEN], int64_t *n, int64_t cap, const char *name) {
@@ -23,34 +31,84 @@ static int64_t name_index(char (*names)[KV_NAME_LEN], int64_t *n, int64_t cap, c
     return (*n)++;
 }
 
+/* A unit's scenario as the grid shows it: a twin run ("S.fresh", the
+ * second request decoded from scratch) counts under its scenario S. */
+static void grid_scenario(const KvRun *r, char *out) {
+    const int len = (int)strnlen(r->scenario, KV_NAME_LEN);
+    const char *dot = memchr(r->scenario, '.', (size_t)len);
+    snprintf(out, KV_NAME_LEN, "%.*s", dot != NULL ? (int)(dot - r->scenario) : len, r->scenario);
+}
+
+/* Whether run r judges the reference against transformers' goldens (the
+ * golden units: one line each in the header, one line here). */
+static bool grid_golden(const KvRun *r) {
+    return strncmp(r->engine, "transformers golden", strlen("transformers golden")) == 0;
+}
+
 KvStatus kv_gate_print_grid(const KvReport *rep, FILE *f) {
     if (rep->n_runs == 0) return KV_OK;
     KvStatus st = KV_OK;
     KvRunSummary *sum = NULL;
     char(*models)[KV_NAME_LEN] = calloc((size_t)rep->n_runs, KV_NAME_LEN);
     char(*scens)[KV_NAME_LEN] = calloc((size_t)rep->n_runs, KV_NAME_LEN);
+    bool *golden = calloc((size_t)rep->n_runs, sizeof *golden); /* (n_runs) by model index */
     int64_t *cells = NULL; /* (n_scen, n_models, 3) passed, failed, skipped */
-    int64_t n_models = 0, n_scens = 0;
-    if (models == NULL || scens == NULL || kv_report_summarize_runs(rep, &sum) != KV_OK) {
+    int64_t n_models = 0, n_scens = 0, gold[3] = {0, 0, 0}, gold_models = 0;
+    if (models == NULL || scens == NULL || golden == NULL ||
+        kv_report_summarize_runs(rep, &sum) != KV_OK) {
         st = KV_ERR_INTERNAL;
         goto cleanup;
     }
+    /* a golden unit's model ("hf/FAMILY") is golden for all its runs */
     for (int64_t i = 0; i < rep->n_runs; i++) {
-        name_index(models, &n_models, rep->n_runs, rep->runs[i].model);
-        name_index(scens, &n_scens, rep->n_runs, rep->runs[i].scenario);
+        const int64_t m = name_index(models, &n_models, rep->n_runs, rep->runs[i].model);
+        if (m >= 0 && grid_golden(&rep->runs[i])) golden[m] = true;
     }
-    cells = calloc((size_t)(n_scens * n_models * 3), sizeof *cells);
+    int64_t n_all = n_models;
+    n_models = 0;
+    char name[KV_NAME_LEN];
+    for (int64_t i = 0; i < rep->n_runs; i++) {
+        const int64_t m = name_find(models, n_all, rep->runs[i].model);
+        if (m >= 0 && golden[m]) continue;
+        grid_scenario(&rep->runs[i], name);
+        name_index(scens, &n_scens, rep->n_runs, name);
+    }
+    /* the matrix models, in order, first; the golden ones after */
+    char(*order)[KV_NAME_LEN] = calloc((size_t)(n_all > 0 ? n_all : 1), KV_NAME_LEN);
+    if (order == NULL) {
+        st = KV_ERR_INTERNAL;
+        goto cleanup;
+    }
+    for (int64_t m = 0; m < n_all; m++) {
+        if (!golden[m]) memcpy(order[n_models++], models[m], KV_NAME_LEN);
+        else gold_models++;
+    }
+    memcpy(models, order, (size_t)n_models * KV_NAME_LEN);
+    free(order);
+    cells = calloc((size_t)((n_scens > 0 ? n_scens : 1) * (n_models > 0 ? n_models : 1) * 3),
+                   sizeof *cells);
     if (cells == NULL) {
         st = KV_ERR_INTERNAL;
         goto cleanup;
     }
     for (int64_t i = 0; i < rep->n_runs; i++) {
-        const int64_t m = name_index(models, &n_models, n_models, rep->runs[i].model);
-        const int64_t s = name_index(scens, &n_scens, n_scens, rep->runs[i].scenario);
         const int k = sum[i].verdict == KV_VERDICT_PASS ? 0 : sum[i].verdict == KV_VERDICT_FAIL ? 1
                                                                                                 : 2;
+        const int64_t m = name_find(models, n_models, rep->runs[i].model);
+        if (m < 0) { /* a golden unit's */
+            gold[k]++;
+            continue;
+        }
+        grid_scenario(&rep->runs[i], name);
+        const int64_t s = name_find(scens, n_scens, name);
         cells[(s * n_models + m) * 3 + k]++;
     }
+    if (gold_models > 0) {
+        fprintf(f, "transformers goldens (%" PRId64 " famil%s): %" PRId64 "/%" PRId64 "/%" PRId64
+                   "%s\n", gold_models, gold_models == 1 ? "y" : "ies", gold[0], gold[1], gold[2],
+                gold[1] > 0 ? "!" : "");
+    }
+    if (n_models == 0 || n_scens == 0) goto legend;
     /* column widths: the scenario names, then each model's name or cell */
     int sw = (int)strlen("scenario");
     for (int64_t s = 0; s < n_scens; s++) {
@@ -86,14 +144,16 @@ KvStatus kv_gate_print_grid(const KvReport *rep, FILE *f) {
         }
         fputc('\n', f);
     }
+    free(mw);
+legend:
     fprintf(f, "(runs passed/failed/skipped per model and scenario; ! marks a failure; the "
                "per-run table: --table, or kvrepro show REPORT.h5)\n");
-    free(mw);
     if (fflush(f) != 0 || ferror(f)) st = KV_ERR_INTERNAL;
 cleanup:
     free(sum);
     free(models);
     free(scens);
+    free(golden);
     free(cells);
     return st;
 }

@@ -219,6 +219,8 @@ kv_expect_match("${out}" "[1-9][0-9]* failed" "stale_scalar counted as failed")
 # comes with the command that bisects it, and that command runs as printed.
 kv_expect_match("${out}" "\nscenario [^\n]* mistral-tiny\n([^\n]*\n)*prompt_w_plus_1 [^\n]* [0-9]+/[1-9][0-9]*/[0-9]+!\n"
                 "the grid marks the failing unit")
+kv_expect_match("${out}" "\ntransformers goldens \\(1 family\\): [1-9][0-9]*/0/0\nscenario "
+                "the golden units in one line above the grid")
 if(out MATCHES "\n *[0-9]+  mistral-tiny  prompt_w_plus_1  ")
   message(FATAL_ERROR "the per-run table was printed without --table:\n${out}")
 endif()

@@ -89,7 +89,7 @@ string(REGEX MATCH "([0-9]+) passed, ([0-9]+) failed, ([0-9]+) skipped\n$" count
 set(np ${CMAKE_MATCH_1})
 set(ns ${CMAKE_MATCH_3})
 file(READ "${WORK}/s.md" md)
-kv_expect_match("${md}" "^## kvrepro gate: PASS\n\n${np} passed, 0 failed, ${ns} skipped \\(runs\\)\n\n```text\nscenario "
+kv_expect_match("${md}" "^## kvrepro gate: PASS\n\n${np} passed, 0 failed, ${ns} skipped \\(runs\\)\n\n```text\n(transformers goldens [^\n]*\n)?scenario "
                 "--summary-md: the verdict, the counts, the grid")
 file(READ "${WORK}/s.json" js)
 string(JSON fmt GET "${js}" format)
