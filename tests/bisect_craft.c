@@ -13,7 +13,7 @@
  *
  *   bisect_craft hide GATE.h5 OUTDIR
  *     Makes the recorded hashes of run 1 blame a later probe than the one
- *     at which runs 0 and 1 truly first differ (issue 20, item 5: a probe
+ *     at which runs 0 and 1 truly first differ (the effect of a probe
  *     hash that covers part of a tensor). The runs' first differing step s
  *     must have a differing final_norm. OUTDIR/hide_probe.h5: run 1's hashes
  *     of every probe before final_norm at step s made run 0's, so the hashes

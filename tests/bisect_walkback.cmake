@@ -1,5 +1,5 @@
 # bisect_walkback.cmake: `kvrepro bisect --rerun` does not trust the
-# localisation from the recorded hashes (issue 20, item 5). A real gate
+# localisation from the recorded hashes. A real gate
 # report (reference vs ring with a window off by one, which truly first
 # differ at layer0.attn, probe 5 of 31, step 0) is edited by `bisect_craft
 # hide` so that run 1's recorded hashes agree with run 0's where the values

@@ -31,7 +31,7 @@ kv_run(2 out err ${KVREPRO} gate --scenarios prompt_w,nope)
 kv_expect_match("${err}" "--scenarios 'prompt_w,nope': unknown name 'nope'" "unknown scenario")
 
 # A selection that runs nothing, or something other than what was asked, is
-# a usage error, never a vacuous pass (issue 18).
+# a usage error, never a vacuous pass.
 kv_run(2 out err ${KVREPRO} gate --scenarios=)
 kv_expect_match("${err}" "--scenarios '': an empty name" "empty scenario list")
 kv_run(2 out err ${KVREPRO} gate --variants ,)
@@ -83,7 +83,7 @@ kv_expect_match("${err}" "--shard: expected I/N" "bad shard")
 kv_run(2 out err ${KVREPRO} fixture --family gpt2 --out "${WORK}/x")
 kv_expect_match("${err}" "--family: expected gemma2, gemma3, gpt_oss, mistral or qwen2, found 'gpt2'" "bad family")
 
-# The 2b size (gemma-2-2b's shape, issue 17) is listed, gemma2 only, and
+# The 2b size (gemma-2-2b's shape) is listed, gemma2 only, and
 # never built in memory; bad --size and --dtype values name the option.
 kv_run(0 out err ${KVREPRO} fixture --help)
 kv_expect_match("${out}" "2b: +gemma2 only: google/gemma-2-2b's shape" "fixture --help lists 2b")
@@ -144,7 +144,7 @@ endif()
 kv_expect_match("${mem}" "\n[1-9][0-9]* runs skipped on cuda: [^\n]*(cudaGetDeviceCount|built without CUDA)[^\n]*\n([^\n]*\n)*[0-9]+ passed, 0 failed, [1-9][0-9]* skipped\n"
                 "skipped cuda runs grouped by reason")
 
-# NaN passes nothing (issue 18). One NaN weight: the reference is not finite,
+# NaN passes nothing. One NaN weight: the reference is not finite,
 # the gate exits 1 naming the step and probe where it first appears, and the
 # candidates of each scenario are skipped with that reason. An Inf in the
 # lm_head shows first in the logits probe.
@@ -182,8 +182,8 @@ file(WRITE "${WORK}/big/config.json" "${big}")
 kv_run(2 out err ${KVREPRO} gate --model "${WORK}/big")
 kv_expect_match("${out}" "window 4096 \\(no sliding_window in config.json" "defaulted window noted")
 kv_expect_match("${err}" "TFLOP of CPU work .* --allow-large-work" "large work refused")
-# A decode shorter than the replay interval replay-checks its last step
-# (issue 14): no run is SKIP for want of a replay-checked step, nor when there
+# A decode shorter than the replay interval replay-checks its last step:
+# no run is SKIP for want of a replay-checked step, nor when there
 # is no decode step at all (nothing to replay, no comparison).
 foreach(k 5 1)
   kv_run(0 out err ${KVREPRO} gate --backends cpu --scenarios prompt_w --variants ring,dynamic
@@ -256,7 +256,7 @@ file(WRITE "${WORK}/bad/config.json" "${cfg}")
 kv_run(2 out err ${KVREPRO} gate --model "${WORK}/bad")
 kv_expect_match("${err}" "bad/model.safetensors" "truncated safetensors")
 
-# Sharded checkpoints (issue 13). fixtures/sharded/mistral is
+# Sharded checkpoints. fixtures/sharded/mistral is
 # fixtures/hf/mistral split by scripts/shard-checkpoint.py: it passes the
 # gate and is the same model (the weights hash) as the single file. A shard
 # missing on disk is exit 2 naming the index, the tensor and the shard.
@@ -449,7 +449,7 @@ if(EXISTS "${WORK}/m3.h5" OR EXISTS "${WORK}/m4.h5")
   message(FATAL_ERROR "a refused merge left an output behind")
 endif()
 
-# --shard auto (issue 19): the shard from the variables a scheduler sets.
+# --shard auto: the shard from the variables a scheduler sets.
 # Every variable it reads is cleared first, so that a ctest run inside a
 # Slurm array task or a GitLab job sees only what each case sets.
 set(KV_SHARD_VARS KVREPRO_SHARD SLURM_ARRAY_TASK_ID SLURM_ARRAY_TASK_MIN SLURM_ARRAY_TASK_MAX

@@ -1,5 +1,5 @@
-# gate_outputs.cmake: the matrix gate's verdict comes after its files (issue
-# 20, item 4; `gate --external` is checked in test_external.c). Run by ctest
+# gate_outputs.cmake: the matrix gate's verdict comes after its files
+# (`gate --external` is checked in test_external.c). Run by ctest
 # with -DKVREPRO and -DWORK.
 #   - With --report and --junit: the grid, "report: R", "junit: J", then
 #     "N passed, N failed, N skipped" as the last line; --quiet prints only

@@ -1,4 +1,4 @@
-# Issue 34, item 6 ("what the lane keeps"), registered from tests/CMakeLists.txt.
+# What the lane keeps, registered from tests/CMakeLists.txt.
 #
 # gate --external keeps the per-run attributes kvrepro-hf capture records
 # (attn_impl, dtype, cache_layer, window, probes_seen, first_recompile:

@@ -1,5 +1,5 @@
-# issue 32 (bounds): tests registered here.
-# Item 5: one limits table (reports/kv_limits.h) for the writer, the reader
+# Size limits: tests registered here.
+# One limits table (reports/kv_limits.h) for the writer, the reader
 # and the gate; the prompts file is one JSON value within it. (The report
 # reader's budget and shared logits: test_report; an external recording's
 # values: test_external.)

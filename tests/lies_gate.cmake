@@ -1,12 +1,12 @@
-# issue 32 (gate): tests registered here.
-# Items 1 and 4: nothing judged is a failure (empty shard, every run skipped);
+# The gate's verdict: tests registered here.
+# Nothing judged is a failure (empty shard, every run skipped);
 # --report/--junit never name one file or an input.
 add_test(NAME lies_gate_judged COMMAND ${CMAKE_COMMAND}
   -DKVREPRO=$<TARGET_FILE:kvrepro> -DWORK=${CMAKE_CURRENT_BINARY_DIR}/lies_gate_judged
   -DSOURCE_DIR=${CMAKE_SOURCE_DIR}
   -P ${CMAKE_CURRENT_SOURCE_DIR}/lies_gate_cli.cmake)
 set_tests_properties(lies_gate_judged PROPERTIES LABELS cli)
-# Item 2: the reference judged against transformers' goldens: an edited
+# The reference judged against transformers' goldens: an edited
 # golden (a moved logit, a flipped token) fails `golden`; a missing one is
 # exit 2 unless --no-goldens.
 kv_add_check(test_gate_golden kvreport test_gate_golden.c tool_run.c)

@@ -1,5 +1,5 @@
 # lies_gate_cli.cmake: a gate that judged nothing, or less than it planned,
-# does not pass (issue 32, item 1). Run by ctest (lies_gate.cmake) with
+# does not pass. Run by ctest (lies_gate.cmake) with
 # -DKVREPRO=<binary> -DWORK=<scratch dir>.
 include(${CMAKE_CURRENT_LIST_DIR}/cli_helpers.cmake)
 # kv_run_any(RC_VAR OUT_VAR ERR_VAR args...): any exit code.
@@ -42,7 +42,7 @@ endif()
 kv_run(0 out err ${KVREPRO} gate ${one_unit} --no-goldens --backends cpu)
 kv_expect_no_match("${out}" "FAIL|empty shard" "one unit judged")
 
-# Item 4: --report/--junit never name one file, nor a file the gate reads:
+# --report/--junit never name one file, nor a file the gate reads:
 # exit 2 before any work, the input untouched.
 set(prompts ${WORK}/prompts.json)
 file(WRITE ${prompts} "[[5,17,42]]\n")
@@ -72,7 +72,7 @@ if(NOT cfg_hash STREQUAL cfg_after)
   message(FATAL_ERROR "config.json was changed")
 endif()
 
-# Item 7: an option's value that looks like an option, a repeated option,
+# An option's value that looks like an option, a repeated option,
 # an empty or repeated fault name: exit 2, nothing written.
 kv_run(2 out err ${KVREPRO} gate ${one_unit} --report --quiet)
 kv_expect_match("${err}" "option --report needs a value, found the option '--quiet'" "value that is an option")

@@ -1,4 +1,4 @@
-# issue 32 (writes): tests registered here.
+# Output writes: tests registered here.
 
 # Tools: writes_craft makes the crafted inputs of lies_writes_cli.cmake.
 add_executable(writes_craft writes_craft.c)
@@ -6,7 +6,7 @@ target_compile_options(writes_craft PRIVATE ${KV_C_FLAGS})
 target_compile_definitions(writes_craft PRIVATE _POSIX_C_SOURCE=200809L)
 target_link_libraries(writes_craft PRIVATE kvreport)
 
-# End to end (item 4 and item 7's merge labels, damaged /bisect, fixture
+# End to end (bisect --rerun --out, merge's shard labels, damaged /bisect, fixture
 # directory). Not yet against kvrepro_san: libhdf5 1.10 does not free what
 # a failed read of the damaged header allocated, which LeakSanitizer would
 # report (tests/fuzz known-open F5); unverified there.

@@ -1,5 +1,5 @@
-# lies_writes_cli.cmake: writes go only where they were named (issue 32,
-# items 4 and 7), end to end: `bisect --rerun --out` never follows a link at
+# lies_writes_cli.cmake: writes go only where they were named, end to end:
+# `bisect --rerun --out` never follows a link at
 # OUT, refuses an OUT that exists and is not a regular file, removes the
 # temporaries killed bisects left; a damaged /bisect group is exit 2 naming
 # it (no libhdf5 dump); `merge` refuses shard labels that are no shard of a

@@ -2,7 +2,7 @@
  * of, one "LIST NAME" line each, read straight from the registries (not
  * through the CLI's own list code, harness/cli.c kv_cli_names, which is
  * what is checked): names_listed.cmake then finds each one in the help
- * texts and the "expected ..." messages (issue 33, names listed once). */
+ * texts and the "expected ..." messages (names listed once). */
 #include <stdio.h>
 #include <string.h>
 

@@ -1,4 +1,4 @@
-# issue 33, "names listed once": every list of names a user sees (help texts,
+# Names listed once: every list of names a user sees (help texts,
 # "expected ..." messages) holds every name of its registry, as
 # names_listed.c reads them; help texts fit 80 columns and name only paths
 # that exist in the source tree.

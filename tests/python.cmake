@@ -1,4 +1,4 @@
-# The transformers lane (python/, issue "The transformers lane"): its unittest
+# The transformers lane (python/): its unittest
 # modules, run with the project's Python environment .venv/ that `make test`
 # builds (scripts/ensure-venv.sh). Without that environment (cmake run by
 # hand, no `make`), each test prints why and is reported as skipped (77).
@@ -21,10 +21,10 @@ kv_add_python_test(hf_plot test_plot)
 kv_add_python_test(bench_vs_torch test_vs_torch bench)
 # kvrepro fixture's config.json read by transformers (its field types), every family.
 kv_add_python_test(hf_fixture_config test_fixture_config hf)
-# kvrepro-hf's command line (issue 32, item 6): every option of every
+# kvrepro-hf's command line: every option of every
 # subcommand with bad values is exit 2 and a one-line message, no traceback,
 # no hang on a FIFO, nothing written; refused before a model is loaded (~20 s).
 kv_add_python_test(hf_cli_errors test_cli_errors)
-# capture --out and plot --out publish as the C gate does (issue 32, item 4):
+# capture --out and plot --out publish as the C gate does:
 # no write through a link, non-regular outputs refused, no temporary left.
 kv_add_python_test(hf_files test_files)

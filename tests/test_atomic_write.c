@@ -1,6 +1,6 @@
 /* test_atomic_write.c: the "atomic_write" suite: a report file is the
  * previous one or the complete new one, whatever stops its writer
- * (docs/SCHEMA.md, "Writing and reading"; issue 20, item 4).
+ * (docs/SCHEMA.md, "Writing and reading").
  *
  * Both writers (kv_report_write_h5, kv_junit_write) go through
  * kv_report_file_publish. Each test runs for both, on this file system

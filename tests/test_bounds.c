@@ -1,5 +1,5 @@
 /* test_bounds.c: the limits table the report writer, its reader and the
- * gate share (reports/kv_limits.h, issue 32 item 5), and the prompts file
+ * gate share (reports/kv_limits.h), and the prompts file
  * (harness/prompts.c):
  *   - kv_limits_check_scenario takes the table's largest sizes and refuses
  *     one more of each, naming the source and the field;

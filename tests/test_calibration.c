@@ -1,5 +1,5 @@
-/* test_calibration.c: calibrated tolerances on the tiny fixtures (issue 14,
- * DESIGN §6, compare.h).
+/* test_calibration.c: calibrated tolerances on the tiny fixtures (DESIGN §6,
+ * compare.h).
  *
  * For each tiny family and two scenarios (`medium`: each medium family, one
  * scenario; label long, not in `make test`) the gate unit runs with its
@@ -12,7 +12,7 @@
  *     members really reorder, the shadow really is another precision);
  *   - planted tf32, window_off_by_one and stale_scalar each fail at least
  *     one reference comparison under that calibrated tolerance.
- * Every figure is printed (the closing note of issue 14 quotes them): the
+ * Every figure is printed (so that a report can quote them): the
  * fp64 error, the spread, the tolerance and each fault's smallest failing
  * error as a multiple of it. */
 #include <check.h>
@@ -32,7 +32,7 @@
 static const char *const k_tiny[] = {"gemma2-tiny", "mistral-tiny", "qwen2-tiny", "gemma3-tiny", "gpt_oss-tiny"};
 /* ~100M parameters, hidden 768 (`test_calibration medium`, label long). */
 static const char *const k_medium[] = {"gemma2-medium", "mistral-medium"};
-/* issue 14's 125M Mistral shape (`test_calibration 125m`, label long). */
+/* A reported 125M Mistral shape (`test_calibration 125m`, label long). */
 static const char *const k_125m[] = {"mistral-125m"};
 static const char *const *k_families = k_tiny; /* main picks the set */
 static int k_n_families = 5;

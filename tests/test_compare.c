@@ -74,7 +74,7 @@ START_TEST(test_nonfinite_logits_fail_reference) {
             ck_assert_int_eq(c.first_row, 1);
             /* the row is kept out of the metrics, which stay finite */
             ck_assert(isfinite(c.max_rel_err) && c.max_rel_err == 0.0);
-            /* and no tolerance is offered that would pass it (issue 32) */
+            /* and no tolerance is offered that would pass it */
             ck_assert_msg(strstr(c.message, "no tolerance passes a non-finite logit") != NULL &&
                           strstr(c.message, "least passing") == NULL, "%s", c.message);
             kv_compare_outputs(&a, &b, &t, KV_CMP_REFERENCE, 0, 1, &c);
@@ -240,7 +240,7 @@ END_TEST
 /* The boundary of "near-tie" (DESIGN §6): a flip where the reference's
  * margin equals tie_margin exactly is still a near-tie (<=), one float step
  * above it is a real flip; for kv_compare_reference and kv_compare_outputs
- * alike (issue 20's mutation 11, `<` for `<=`, passed every check). */
+ * alike (a mutant with `<` for `<=` once passed every check). */
 START_TEST(test_near_tie_boundary_inclusive) {
     KvTolerances t = kv_tolerances_default();
     t.tie_margin = 0.015625; /* 2^-6: exact in float and double */
@@ -329,7 +329,7 @@ END_TEST
 /* After a flip at a near-tie the unforced comparison stops comparing that
  * row (the runs were fed different tokens), so anything may follow; against
  * a baseline teacher-forced with the candidate's tokens every later step is
- * compared, and a later wrong logit fails (issue 32, item 3). */
+ * compared, and a later wrong logit fails. */
 START_TEST(test_forced_outputs_compare_after_tie) {
     KvRun ref = make_run(), cand = copy_run(&ref);
     cand.tokens[1 * B + 0] = (cand.tokens[1 * B + 0] + 1) % V; /* step 1, row 0: a flip ... */

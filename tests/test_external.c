@@ -537,7 +537,7 @@ END_TEST
  * (random logits and tokens) for the rest of that row: before teacher
  * forcing the rest of the row was never compared and this passed with "max
  * rel err 0"; now the reference fed its tokens judges every later step, and
- * the report says from where it forced (issue 32, item 3). */
+ * the report says from where it forced. */
 START_TEST(test_noise_after_tie_flip_fails) {
     KvRun runs[1] = {ext_run("short", "eager", 0)};
     KvRun *r = &runs[0];
@@ -573,8 +573,7 @@ START_TEST(test_noise_after_tie_flip_fails) {
 }
 END_TEST
 
-/* Every external run skipped: nothing was judged, the gate fails (issue
- * 32, item 1). */
+/* Every external run skipped: nothing was judged, the gate fails. */
 START_TEST(test_all_skipped_fails) {
     KvRun runs[2] = {ext_skipped("short", "reduce-overhead", "no CUDA device"),
                      ext_skipped("short", "compile", "no CUDA device")};
@@ -586,7 +585,7 @@ END_TEST
 
 /* A prompt batch whose reference work is above the gate's limit is
  * refused before it runs (exit 2), as the matrix gate refuses, unless
- * --allow-large-work (issue 32, item 5): a file of a few hundred KB held
+ * --allow-large-work: a file of a few hundred KB held
  * a 100,000-token prompt that ran for hours. Here: one row of 200,000
  * tokens, one step, on fixtures/hf/gemma2, whose full-attention layers
  * make the prefill quadratic. */
@@ -829,7 +828,7 @@ START_TEST(test_bad_input_exits_2) {
 }
 END_TEST
 
-/* ---- values a recording may not hold (issue 32, item 3) ----------------- */
+/* ---- values a recording may not hold ------------------------------------ */
 
 /* The files below are written valid (the writer refuses these values too)
  * and then edited with HDF5, as a hand-made or damaged recording would be. */

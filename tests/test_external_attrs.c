@@ -1,7 +1,7 @@
 /* test_external_attrs.c: `kvrepro gate --external` keeps the per-run
  * attributes kvrepro-hf capture records (docs/SCHEMA.md: attn_impl, dtype,
  * cache_layer, window, and on compiled runs probes_seen and
- * first_recompile), issue 34 item 6: the plots read the window from the
+ * first_recompile): the plots read the window from the
  * gate's report, and the recompile reason is the one line that says why a
  * compiled decode recompiled.
  *

@@ -7,18 +7,18 @@
  * from reports written by the kvrepro binary of commit 732c781 (before
  * `gate --external` existed), with the same gates as here. They were taken
  * again when the gate began to judge its own graph-mode runs against their
- * variant's graph budget (issue 20): each graph-mode run now carries the
+ * variant's graph budget: each graph-mode run now carries the
  * graph_budget attribute and one comparison of kind 7, and h5dump of the
  * reports of both binaries differs in exactly those (and nothing else).
  * And again when reference comparisons began to state the least passing
- * tolerances in their messages and the root max_rel_err its reason (issue
- * 14): the sizes stayed the same to the byte (messages are fixed-width), only
+ * tolerances in their messages and the root max_rel_err its reason: the
+ * sizes stayed the same to the byte (messages are fixed-width), only
  * those texts changed. These gates run with --no-calibrate, so the run list
  * is what it was; the calibration ensemble is checked by cli tests. They
- * run with --no-goldens: the transformers goldens (issue 32) add units of
+ * run with --no-goldens: the transformers goldens add units of
  * their own, and these pins show that nothing else about the report moved.
  * Taken again when the gate began to judge the reference's left-padded
- * batches row by row (issue 32, comparison kind 12 row_alone): the two
+ * batches row by row (comparison kind 12 row_alone): the two
  * --prompts gates (a left-padded batch of rows of different lengths) grew by
  * exactly one comparison row (608 bytes), kind 12 on run 0, and nothing
  * else; the fault gate (one row) kept its bytes.

@@ -1,5 +1,5 @@
 /* test_gate_golden.c: the gate judges the reference itself against
- * transformers' goldens (issue 32, item 2; harness/golden.c), end to end.
+ * transformers' goldens (harness/golden.c), end to end.
  *
  * A reference bug moves every run alike, so no candidate comparison sees
  * it; from the gate's side a reference that disagrees with a golden is the

@@ -1,4 +1,4 @@
-/* test_golden.c: the CPU reference against transformers (issue 3).
+/* test_golden.c: the CPU reference against transformers.
  *
  * fixtures/hf/<family>/ holds a tiny model saved by transformers and
  * golden.h5 with greedy decodes that transformers produced from it (layout:
@@ -162,7 +162,7 @@ START_TEST(test_golden_family) {
     fprintf(stderr, "golden %s: %d scenarios, %lld (step, row) pairs, max rel error %.3g, "
                     "%d near-tie flips\n",
             fam, n_scen, (long long)steps_checked, worst_rel, near_ties);
-    ck_assert_msg(n_scen >= 6, "%s: expected the 6 scenarios of issue 3, found %d", h5path, n_scen);
+    ck_assert_msg(n_scen >= 6, "%s: expected the 6 golden scenarios, found %d", h5path, n_scen);
     kv_golden_file_free(&gf);
     kv_model_free(&m);
 }

@@ -2072,7 +2072,7 @@ START_TEST(test_unused_tensors) {
 }
 END_TEST
 
-/* ---- fixtures streamed to disk (issue 17) ------------------------------ */
+/* ---- fixtures streamed to disk ----------------------------------------- */
 
 /* x rounded to BF16 bits, by distance: the two BF16 neighbours of x (its
  * bits truncated, and one unit further out) and the nearer in double
@@ -2451,7 +2451,7 @@ START_TEST(test_converted_map_released) {
 }
 END_TEST
 
-/* ---- issue 32 (items 5 and 7): leniencies of the JSON readers --------- */
+/* ---- leniencies of the JSON readers ------------------------------------ */
 
 /* config.json with a UTF-8 byte-order mark: Python's json.loads refuses it
  * ("Unexpected UTF-8 BOM"), so transformers cannot load it; cJSON skips it.

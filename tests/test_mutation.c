@@ -15,7 +15,7 @@
  * (a probe hash over part of a tensor) make bisect blame final_norm; the
  * walk back over the reruns' full values finds the true first divergence.
  * gate_forcing: a flip at a near-tie teacher-forces every run of that
- * variant alike, so repeats and modes still compare bitwise (issue 20).
+ * variant alike, so repeats and modes still compare bitwise.
  * gate_budget: a graph re-captured every step fails the gate by its graph
  * count alone; clean graph runs record their budget and stay within it.
  *
@@ -308,7 +308,7 @@ START_TEST(test_bisect_locates_fault) {
 }
 END_TEST
 
-/* ---- the walk back (issue 20, item 5) ---- */
+/* ---- the walk back ---- */
 
 /* Faults whose runs differ in final_norm from their first divergence on,
  * so hashes hidden up to final_norm make bisect blame it: an eager one and
@@ -436,8 +436,8 @@ static int64_t small_gate(const char *family, const char *scenario, unsigned fau
     return window;
 }
 
-/* A flip at a near-tie must not turn into a repeat failure (issue 20, item
- * 1). window_off_by_one flips tokens deterministically on prompt_w_plus_1;
+/* A flip at a near-tie must not turn into a repeat failure.
+ * window_off_by_one flips tokens deterministically on prompt_w_plus_1;
  * with tie_margin 1 those flips count as near-ties, so each repeat 0 is
  * re-run teacher-forced. Its repeats and its graph mode must then be forced
  * alike: the fault is deterministic, so every bitwise comparison passes and
@@ -480,7 +480,7 @@ static const KvComparison *find_kind(const KvReport *rep, KvCompareKind kind, in
     return found;
 }
 
-/* Graph counts are judged (issue 20, item 2). Clean: every graph-mode run
+/* Graph counts are judged. Clean: every graph-mode run
  * of every variant records its variant's budget and one passing
  * graph_budget comparison; eager runs and the reference record none.
  * recapture_every_step: the outputs are the clean ones, so only the graph
@@ -539,7 +539,7 @@ START_TEST(test_gate_graph_budget) {
 }
 END_TEST
 
-/* static_layer (seed 004's export path) changes nothing while the positions
+/* static_layer (an exported static layer) changes nothing while the positions
  * fit in W slots and is seen at the first step past W: the decode step that
  * feeds position W (prompt P, step s >= 1 feeds position P + s - 1). */
 START_TEST(test_static_layer_first_step_past_w) {

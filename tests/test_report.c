@@ -1614,7 +1614,7 @@ START_TEST(test_refuse_shared_objects) {
 }
 END_TEST
 
-/* ---- shared logits and the read budget (issue 32, item 5) ---------------- */
+/* ---- shared logits and the read budget ----------------------------------- */
 
 /* A report of n runs of one unit, each (1, 1, vocab) with all-zero logits
  * (identical, so the writer links them), prompt length 1 and no probes. */
@@ -1660,7 +1660,7 @@ static unsigned logits_links(const char *path, int i) {
  * would each be decompressed into a copy: gigabytes from a small file. The
  * reader's budget follows the file's size (kv_limits_read_budget: 1032
  * bytes a byte, at least 64 MiB), so it is refused within its headroom;
- * before, every copy was made (640 MiB here, 4.8 GiB in the issue). */
+ * before, every copy was made (640 MiB here, 4.8 GiB in the reported case). */
 #define T_AMP_RUNS 40
 START_TEST(test_refuse_shared_logits_amplified) {
     KvReport rep;

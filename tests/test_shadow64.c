@@ -1,5 +1,5 @@
 /* test_shadow64.c: the fp64 shadow (reference/shadow64.h), the yardstick of
- * fp32 rounding (issue 14).
+ * fp32 rounding.
  *
  * Asserted:
  *   - fixtures: on the tiny gemma2 and mistral fixtures, a reference decode of

@@ -41,7 +41,7 @@ static const char *scenario_name(int i) {
     return kv_scenario_all_names(&n)[i];
 }
 
-/* The captures a graph-mode decode must make (issue 4): 1 for variants
+/* The captures a graph-mode decode must make: 1 for variants
  * without a host branch or shape change; cat_shift and roll re-capture once
  * when the decode crosses W (their host regime flips); dynamic once per
  * distinct attended length min(total, W - 1) over the decode steps. */
@@ -285,7 +285,7 @@ START_TEST(test_prefix_reuse_equals_fresh) {
                   "%s %s: prefix_alias left the switch step unchanged", name, fam);
     kv_decode_result_free(&clean);
     kv_decode_result_free(&alias);
-    /* seed 004's export-style static layer is caught here too (DESIGN §7):
+    /* the export-style static layer is caught here too (DESIGN §7):
      * the first request is past W from its prefill on */
     clean = scenario_decode(&f.model, name, kv_cache_find("index_copy"),
                             KV_MODE_EAGER, 0, NULL, 0, NULL);
@@ -312,7 +312,7 @@ START_TEST(test_prefix_reuse_equals_fresh) {
 }
 END_TEST
 
-/* The right-padded scenarios (DESIGN §2, §5: seed 002's static-shape loop
+/* The right-padded scenarios (DESIGN §2, §5: transformers #44742's static-shape loop
  * and llama.cpp #14097's parallel sequences): every row of the batch is
  * bitwise the row decoded alone (its real tokens, no pads), so rows at
  * different positions keep their own windows; the variants' equality with

@@ -1,4 +1,4 @@
-/* writes_craft.c: inputs for lies_writes_cli.cmake (issue 32, items 4 and 7).
+/* writes_craft.c: inputs for lies_writes_cli.cmake.
  *
  *   writes_craft shard IN.h5 OUT.h5 LABEL
  *     OUT.h5: IN.h5 with its root "shard" attribute set to LABEL, through

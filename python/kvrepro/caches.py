@@ -7,8 +7,8 @@ DynamicLayer). They build their attention masks through transformers' own
 masking code from the 2-D padding mask.
 
 `dynamic_sliding_md` is the same DynamicCache with its growing dimensions
-marked dynamic before every compiled step (transformers PR #40328, the seed
-001: torch.compile with DynamicCache, mark_dynamic, no CUDA graphs).
+marked dynamic before every compiled step (transformers PR #40328:
+torch.compile with DynamicCache, mark_dynamic, no CUDA graphs).
 
 The other four are written here from their descriptions (docs/DESIGN.md §3,
 the seeds in shared/seeds/): `index_copy` (transformers' original
