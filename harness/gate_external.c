@@ -9,6 +9,7 @@
 #include "gate_external.h"
 
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,6 +41,10 @@ typedef struct {
     int64_t ref;     /* its reference run's index in the report */
     char skip[256];  /* "" or why its reference comparisons are skipped */
     KvTolerances tol; /* its tolerances: calibrated on its reference decode, or o->tol */
+    /* The bf16 yardstick (ext_bf16_yardstick): whether its bf16 runs have
+     * one, and the tolerances they are judged by then. */
+    bool bf16_judged;
+    KvTolerances tol_bf16;
 } ExtGroup;
 
 static void ext_runs_free(ExtRuns *e) {
@@ -344,6 +349,116 @@ static int64_t ext_find_twin(const KvReport *rep, int64_t lo, int64_t hi, const 
     return -1;
 }
 
+/* A run of another engine computed in bfloat16 (its recorded dtype). */
+static bool ext_is_bf16(const KvRun *r) {
+    return strncmp(r->dtype, "bf16", sizeof r->dtype) == 0;
+}
+
+/* max over steps and rows of max_i |a - b| / max_i |a|, each row up to the
+ * first step whose tokens differ (after a flip the rows are fed different
+ * tokens); -1 when the runs' shapes differ or a row holds a non-finite
+ * logit. */
+static double ext_rel_until_flip(const KvRun *a, const KvRun *b) {
+    if (a->steps != b->steps || a->batch != b->batch || a->vocab != b->vocab ||
+        a->logits == NULL || b->logits == NULL) {
+        return -1.0;
+    }
+    const int64_t B = a->batch, V = a->vocab;
+    double worst = 0.0;
+    for (int64_t r = 0; r < B; r++) {
+        for (int64_t s = 0; s < a->steps; s++) {
+            const float *x = a->logits + (s * B + r) * V, *y = b->logits + (s * B + r) * V;
+            double d = 0.0, mx = 0.0;
+            for (int64_t v = 0; v < V; v++) {
+                if (!isfinite(x[v]) || !isfinite(y[v])) return -1.0;
+                const double e = fabs((double)x[v] - (double)y[v]);
+                d = e > d ? e : d;
+                mx = fabs((double)x[v]) > mx ? fabs((double)x[v]) : mx;
+            }
+            const double rel = d / (mx > 0.0 ? mx : 1.0);
+            worst = rel > worst ? rel : worst;
+            if (a->tokens[s * B + r] != b->tokens[s * B + r]) break;
+        }
+    }
+    return worst;
+}
+
+/* Whether r can stand for the engine in the bf16 yardstick: an eager bf16
+ * run of transformers' own cache classes (never a cache layer under test,
+ * which would otherwise set its own tolerance), its attention kernel named. */
+static bool ext_bf16_member(const KvRun *r) {
+    return !r->skipped && ext_is_bf16(r) && r->repeat == 0 && r->logits != NULL &&
+           strncmp(r->mode, "eager", sizeof r->mode) == 0 && r->attn_impl[0] != '\0' &&
+           (strncmp(r->cache_layer, "static_sliding", KV_NAME_LEN) == 0 ||
+            strncmp(r->cache_layer, "dynamic_sliding", KV_NAME_LEN) == 0);
+}
+
+/* The bf16 yardstick of each group (DESIGN §6): fp32's calibration bounds
+ * fp32 rounding, which bfloat16 exceeds a thousandfold, so a bf16 run is
+ * judged against the spread of the engine's own bf16 eager runs of the same
+ * batch under another attention kernel (transformers' own cache class, the
+ * same in both: ext_bf16_member): the largest relative logit error between
+ * two of them, each row up to its first flip. Its runs are then held to
+ * KV_BF16_SPREAD_MULT x that spread,
+ * and a margin of KV_BF16_TIE_ULPS bf16 ulps of the largest logit is a
+ * near-tie. Recorded as bf16_spread@, bf16_max_rel_err@ and
+ * bf16_tie_margin@ rows; a group with fewer than two such runs has none,
+ * and its bf16 runs stay judged (and failed) by fp32's yardstick, the
+ * message saying what to capture. */
+static KvStatus ext_bf16_yardstick(ExtGroup *groups, int64_t n_groups, const int64_t *group_of,
+                                   int64_t first_ext, int64_t end_ext, const char *model_name,
+                                   KvReport *rep, KvError *err) {
+    for (int64_t g = 0; g < n_groups; g++) {
+        double spread = -1.0, top = 0.0;
+        char pair[200] = "";
+        for (int64_t a = first_ext; a < end_ext; a++) {
+            const KvRun *ra = &rep->runs[a];
+            if (group_of[a - first_ext] != g || !ext_bf16_member(ra)) continue;
+            for (int64_t i = 0; i < ra->steps * ra->batch * ra->vocab; i++) {
+                const double v = fabs((double)ra->logits[i]);
+                top = isfinite(v) && v > top ? v : top;
+            }
+            for (int64_t b = a + 1; b < end_ext; b++) {
+                const KvRun *rb = &rep->runs[b];
+                if (group_of[b - first_ext] != g || !ext_bf16_member(rb) ||
+                    strncmp(ra->cache_layer, rb->cache_layer, KV_NAME_LEN) != 0 ||
+                    strncmp(ra->attn_impl, rb->attn_impl, sizeof ra->attn_impl) == 0) {
+                    continue;
+                }
+                const double e = ext_rel_until_flip(ra, rb);
+                if (e > spread) {
+                    spread = e;
+                    snprintf(pair, sizeof pair, "%.60s vs %.60s", ra->variant, rb->variant);
+                }
+            }
+        }
+        if (spread < 0.0) continue;
+        ExtGroup *gr = &groups[g];
+        gr->bf16_judged = true;
+        gr->tol_bf16 = gr->tol;
+        gr->tol_bf16.max_rel_err = KV_BF16_SPREAD_MULT * spread;
+        gr->tol_bf16.tie_margin = KV_BF16_TIE_ULPS * ldexp(top, -7);
+        const char *scen = rep->runs[gr->ref].scenario;
+        char name[KV_NAME_LEN], reason[160];
+        snprintf(name, sizeof name, "bf16_spread@%.22s/%.27s", model_name, scen);
+        snprintf(reason, sizeof reason, "max rel logit err between the engine's bf16 eager runs "
+                 "under two attention kernels: %.70s", pair);
+        KvStatus st = kv_gate_add_tolerance(rep, name, spread, reason, err);
+        snprintf(name, sizeof name, "bf16_max_rel_err@%.22s/%.22s", model_name, scen);
+        snprintf(reason, sizeof reason, "the bf16 runs' max_rel_err: %d x bf16_spread",
+                 KV_BF16_SPREAD_MULT);
+        if (st == KV_OK) st = kv_gate_add_tolerance(rep, name, gr->tol_bf16.max_rel_err, reason,
+                                                    err);
+        snprintf(name, sizeof name, "bf16_tie_margin@%.22s/%.22s", model_name, scen);
+        snprintf(reason, sizeof reason, "the bf16 runs' tie_margin: %d bf16 ulps (2^-7 relative) "
+                 "of the largest logit, %.4g", KV_BF16_TIE_ULPS, top);
+        if (st == KV_OK) st = kv_gate_add_tolerance(rep, name, gr->tol_bf16.tie_margin, reason,
+                                                    err);
+        if (st != KV_OK) return st;
+    }
+    return KV_OK;
+}
+
 /* What judging needs besides the report: the model and its name, the
  * options, and how many forced reference runs were added so far (their
  * repeat numbers, which keep their labels apart). */
@@ -360,8 +475,9 @@ typedef struct {
  * "reference~forced/cpu/eager/rN"), and x is judged against it at every
  * step of every row; *c becomes that comparison, its message saying from
  * which step of which row the inputs were forced. */
-static KvStatus ext_compare_forced(KvReport *rep, int64_t x, const ExtGroup *g, ExtJudge *j,
-                                   KvComparison *c, KvError *err) {
+static KvStatus ext_compare_forced(KvReport *rep, int64_t x, const ExtGroup *g,
+                                   const KvTolerances *tol, ExtJudge *j, KvComparison *c,
+                                   KvError *err) {
     int64_t first_s = -1, first_b = -1;
     {
         const KvRun *ref = &rep->runs[g->ref], *run = &rep->runs[x];
@@ -387,7 +503,7 @@ static KvStatus ext_compare_forced(KvReport *rep, int64_t x, const ExtGroup *g, 
     KvRun *fr = &rep->runs[idx];
     snprintf(fr->variant, sizeof fr->variant, "reference~forced");
     fr->repeat = j->n_forced++;
-    kv_compare_outputs_forced(fr, &rep->runs[x], &g->tol, KV_CMP_REFERENCE, idx, x, c);
+    kv_compare_outputs_forced(fr, &rep->runs[x], tol, KV_CMP_REFERENCE, idx, x, c);
     char note[200];
     snprintf(note, sizeof note, "; the reference teacher-forced with this run's tokens (row "
              "%lld flipped at a near-tie at step %lld: forced from step %lld on)",
@@ -400,12 +516,20 @@ static KvStatus ext_compare_forced(KvReport *rep, int64_t x, const ExtGroup *g, 
 /* The comparisons of external run x (gate_external.h gives the list). */
 static KvStatus ext_compare_run(KvReport *rep, int64_t x, int64_t lo, int64_t hi,
                                 const ExtGroup *g, ExtJudge *j, KvError *err) {
-    const KvTolerances *tol = &g->tol;
+    const bool bf16 = ext_is_bf16(&rep->runs[x]);
+    const KvTolerances *tol = bf16 && g->bf16_judged ? &g->tol_bf16 : &g->tol;
     KvComparison c;
     kv_compare_outputs(&rep->runs[g->ref], &rep->runs[x], tol, KV_CMP_REFERENCE, g->ref, x, &c);
     if (g->skip[0] == '\0' && c.verdict == KV_VERDICT_PASS && c.near_ties > 0) {
-        const KvStatus fst = ext_compare_forced(rep, x, g, j, &c, err);
+        const KvStatus fst = ext_compare_forced(rep, x, g, tol, j, &c, err);
         if (fst != KV_OK) return fst;
+    }
+    if (bf16 && !g->bf16_judged && c.verdict == KV_VERDICT_FAIL) {
+        /* judged by fp32's yardstick, which no bf16 engine meets */
+        const size_t used = strlen(c.message);
+        snprintf(c.message + used, sizeof c.message - used, "; a bf16 run is judged by a bf16 "
+                 "yardstick: capture this batch in bf16 eager with two attention kernels "
+                 "(--cache static_sliding --attn eager,sdpa)");
     }
     const KvRun *run = &rep->runs[x];
     if (g->skip[0] != '\0') {
@@ -654,6 +778,10 @@ int kv_gate_external(const KvExternalOptions *o) {
     const int64_t first_ext = rep.n_runs, end_ext = first_ext + e.n;
     st = ext_append_runs(&rep, &e, &err);
     if (st == KV_OK) st = ext_calibrate(groups, n_groups, &m, model_name, o, &rep, &err);
+    if (st == KV_OK) {
+        st = ext_bf16_yardstick(groups, n_groups, group_of, first_ext, end_ext, model_name, &rep,
+                                &err);
+    }
     if (st == KV_OK) {
         ExtJudge j = {&m, model_name, o, 0};
         st = ext_judge(o, groups, group_of, first_ext, end_ext, &j, &rep, &failed, &err);

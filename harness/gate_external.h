@@ -14,6 +14,15 @@
 
 #include "compare.h"
 
+/* The bf16 yardstick (gate_external.c, ext_bf16_yardstick): a bf16 run's
+ * max_rel_err is this many times the spread of the engine's own bf16 eager
+ * runs under other kernels (a correct bf16 run's distance from the fp32
+ * reference measured under twice that spread: docs/measurements.md), and a
+ * top-1 margin of this many bf16 ulps of the largest logit is a near-tie
+ * (logits that tie in bf16 differ by a few ulps in another kernel). */
+#define KV_BF16_SPREAD_MULT 4
+#define KV_BF16_TIE_ULPS 4
+
 typedef struct {
     const char *model_dir;            /* --model DIR: the checkpoint the runs decoded */
     const char *const *paths;         /* (n_paths) --external files, in the order given */

@@ -18,6 +18,15 @@ add_test(NAME real_variants COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/real_model.sh
   $<TARGET_FILE:kvrepro> ${KV_REAL_DIR})
 set_tests_properties(real_variants PROPERTIES LABELS "real;long" SKIP_RETURN_CODE 77 TIMEOUT 3600)
 
+# transformers in bfloat16 judged by its own bf16 yardstick (DESIGN §6): the
+# (a) batch captured in bf16 with transformers' static cache under two
+# attention kernels, eager and compiled, and with two planted broken layers;
+# every correct run passes, both broken ones fail, the yardstick is recorded.
+# Six captures and a compile: minutes, so outside the default suite.
+add_test(NAME real_bf16 COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/real_model.sh bf16
+  $<TARGET_FILE:kvrepro> ${KV_REAL_DIR} ${CMAKE_SOURCE_DIR}/.venv/bin/kvrepro-hf)
+set_tests_properties(real_bf16 PROPERTIES LABELS "real;long" SKIP_RETURN_CODE 77 TIMEOUT 3600)
+
 # gate --model DIR --golden FILE on a committed tiny golden (no set-up
 # needed): it passes, it fails when the tolerance is below the error it
 # measures (so it compared values), and the options it cannot honour are

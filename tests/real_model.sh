@@ -1,5 +1,6 @@
 #!/bin/sh
-# real_model.sh golden|variants KVREPRO DIR: the checks of tests/real_model.cmake.
+# real_model.sh golden|variants|bf16 KVREPRO DIR [KVREPRO_HF]: the checks of
+# tests/real_model.cmake.
 set -u
 what="$1" kv="$2" dir="$3"
 tmp="$(mktemp -d)"
@@ -45,6 +46,36 @@ variants)
     "$kv" gate --model "$dir" --prompts "$dir/prompts/a_repeated_beside_short.json" \
         --max-new-tokens 24 --backends cpu --repeats 1 --no-calibrate --tol max_rel_err=0 \
         --report "$tmp/variants.h5"
+    ;;
+bf16)
+    hf="${4:-}"
+    if [ ! -x "$hf" ]; then
+        echo "skipped: no kvrepro-hf at '$hf': make test builds .venv (scripts/ensure-venv.sh)"
+        exit 77
+    fi
+    p="$dir/prompts/a_repeated_beside_short.json"
+    "$hf" capture --model "$dir" --prompts "$p" --max-new-tokens 24 --cache static_sliding \
+        --mode eager,compile --attn eager,sdpa --dtype bf16 --threads 2 --out "$tmp/ok.h5" \
+        > "$tmp/cap.log" 2>&1 || { cat "$tmp/cap.log"; echo "FAIL: capture"; exit 1; }
+    "$hf" capture --model "$dir" --prompts "$p" --max-new-tokens 24 \
+        --cache always_roll_off_by_one,index_copy_first_w --mode eager --attn eager \
+        --dtype bf16 --threads 2 --out "$tmp/bad.h5" > "$tmp/cap.log" 2>&1 ||
+        { cat "$tmp/cap.log"; echo "FAIL: capture"; exit 1; }
+    "$kv" gate --model "$dir" --external "$tmp/ok.h5" --external "$tmp/bad.h5" --table \
+        --report "$tmp/bf16.h5" > "$tmp/out" 2>&1
+    rc=$?
+    cat "$tmp/out"
+    [ "$rc" = 1 ] || { echo "FAIL: exit $rc, expected 1 (the broken layers fail)"; exit 1; }
+    for v in always_roll_off_by_one index_copy_first_w; do
+        grep -q "vs hf:$v:eager:bf16/torch-cpu/eager/r0 reference: logits beyond max_rel_err" \
+            "$tmp/out" || { echo "FAIL: $v was not caught"; exit 1; }
+    done
+    grep -q "^[0-9]* passed, 2 failed, 0 skipped" "$tmp/out" ||
+        { echo "FAIL: a correct bf16 run failed"; exit 1; }
+    h5dump -d /tolerances "$tmp/bf16.h5" | grep -q "bf16_spread@" ||
+        { echo "FAIL: no bf16_spread@ row in the report"; exit 1; }
+    echo "bf16: correct runs pass by the engine's own yardstick, both broken layers fail"
+    exit 0
     ;;
 *)
     echo "real_model.sh: unknown check '$what'" >&2

@@ -656,6 +656,109 @@ START_TEST(test_work_counts_calibration_once) {
 }
 END_TEST
 
+/* ---- bfloat16 runs ---------------------------------------------------------- */
+
+/* ext_run as a bf16 run of attention `attn` whose logits carry noise of
+ * `scale` x each row's largest |logit| (a deterministic LCG per run), the
+ * tokens kept: what bfloat16 arithmetic does to a correct run. */
+static KvRun bf16_run(const char *cache, const char *attn, const char *mode, double scale,
+                      uint32_t seed) {
+    KvRun r = ext_run("bf16", mode, 0);
+    snprintf(r.variant, sizeof r.variant, "hf:%s:%s:bf16", cache, attn);
+    snprintf(r.dtype, sizeof r.dtype, "bf16");
+    snprintf(r.cache_layer, sizeof r.cache_layer, "%s", cache);
+    snprintf(r.attn_impl, sizeof r.attn_impl, "%s", attn);
+    const int64_t rows = r.steps * r.batch, V = r.vocab;
+    uint32_t g = seed;
+    for (int64_t i = 0; i < rows; i++) {
+        float *row = r.logits + i * V;
+        float mx = 0.0f;
+        for (int64_t v = 0; v < V; v++) mx = fabsf(row[v]) > mx ? fabsf(row[v]) : mx;
+        for (int64_t v = 0; v < V; v++) {
+            g = g * 1664525u + 1013904223u;
+            row[v] += (float)(scale * mx * ((double)(g >> 8) / 16777216.0 - 0.5));
+        }
+        r.logits_hash[i] = kv_fnv1a(KV_FNV_OFFSET, row, (size_t)V * sizeof(float));
+    }
+    return r;
+}
+
+/* The tolerance row named PREFIX@... of rep, or NULL. */
+static const KvTolerance *find_tol(const KvReport *rep, const char *prefix) {
+    for (int64_t i = 0; i < rep->n_tolerances; i++) {
+        if (strncmp(rep->tolerances[i].name, prefix, strlen(prefix)) == 0) {
+            return &rep->tolerances[i];
+        }
+    }
+    return NULL;
+}
+
+/* A bf16 run is judged by the spread of the engine's own bf16 eager runs
+ * (transformers' cache class) under two attention kernels: fp32's
+ * calibration is a thousand times tighter than bfloat16 rounding. Correct
+ * bf16 runs, eager and compiled, pass within 4x that spread; a cache layer
+ * under test never joins the yardstick, so a broken one cannot excuse
+ * itself, even run eager under both kernels; a lone bf16 run has no
+ * yardstick and fails saying what to capture. */
+START_TEST(test_bf16_yardstick) {
+    KvRun runs[3] = {bf16_run("static_sliding", "eager", "eager", 0.01, 1u),
+                     bf16_run("static_sliding", "sdpa", "eager", 0.01, 2u),
+                     bf16_run("static_sliding", "sdpa", "compile", 0.01, 3u)};
+    const char *ext = ext_write("bf16.h5", runs, 3);
+    const char *rep_path = ext_path("bf16_r.h5");
+    ck_assert_int_eq(kvrepro("gate", "--model", EXT_MODEL_DIR, "--external", ext, "--report",
+                             rep_path, NULL), 0);
+    KvReport rep = read_report(rep_path);
+    const KvTolerance *spread = find_tol(&rep, "bf16_spread@");
+    const KvTolerance *mre = find_tol(&rep, "bf16_max_rel_err@");
+    const KvTolerance *tie = find_tol(&rep, "bf16_tie_margin@");
+    ck_assert_ptr_nonnull(spread);
+    ck_assert_ptr_nonnull(mre);
+    ck_assert_ptr_nonnull(tie);
+    /* two runs of uniform noise +-0.005 x max differ by at most 0.01 x max */
+    ck_assert_msg(spread->value > 0.002 && spread->value <= 0.0101, "spread %g", spread->value);
+    ck_assert(mre->value == 4.0 * spread->value);
+    ck_assert(tie->value > 0.0);
+    kv_report_free(&rep);
+
+    /* a cache layer under test, eager under both kernels, one logit of its
+     * last step 0.2 x max off in both: its pair does not set the yardstick,
+     * and it fails against the one set by transformers' own layer */
+    KvRun more[5] = {bf16_run("static_sliding", "eager", "eager", 0.01, 1u),
+                     bf16_run("static_sliding", "sdpa", "eager", 0.01, 2u),
+                     bf16_run("static_sliding", "sdpa", "compile", 0.01, 3u),
+                     bf16_run("always_roll", "eager", "eager", 0.01, 4u),
+                     bf16_run("always_roll", "sdpa", "eager", 0.01, 5u)};
+    for (int k = 3; k < 5; k++) {
+        KvRun *r = &more[k];
+        const int64_t row = ((r->steps - 1) * r->batch) * r->vocab;
+        float mx = 0.0f;
+        int64_t low = 0; /* the smallest logit: the token stays */
+        for (int64_t v = 0; v < r->vocab; v++) {
+            mx = fabsf(r->logits[row + v]) > mx ? fabsf(r->logits[row + v]) : mx;
+            low = r->logits[row + v] < r->logits[row + low] ? v : low;
+        }
+        r->logits[row + low] -= 0.2f * mx;
+        r->logits_hash[(r->steps - 1) * r->batch] =
+            kv_fnv1a(KV_FNV_OFFSET, r->logits + row, (size_t)r->vocab * sizeof(float));
+    }
+    ext = ext_write("bf16_bad.h5", more, 5);
+    ck_assert_int_eq(kvrepro("gate", "--model", EXT_MODEL_DIR, "--external", ext, NULL), 1);
+    EXPECT_OUT("hf:always_roll:eager:bf16/torch-cpu/eager/r0 reference: logits beyond "
+               "max_rel_err");
+    EXPECT_OUT("hf:always_roll:sdpa:bf16/torch-cpu/eager/r0 reference: logits beyond "
+               "max_rel_err");
+    EXPECT_OUT(" 2 failed"); /* never more: transformers' own runs pass */
+
+    /* one bf16 run alone: no yardstick, judged by fp32's, and told why */
+    KvRun lone[1] = {bf16_run("static_sliding", "eager", "eager", 0.01, 1u)};
+    ext = ext_write("bf16_lone.h5", lone, 1);
+    ck_assert_int_eq(kvrepro("gate", "--model", EXT_MODEL_DIR, "--external", ext, NULL), 1);
+    EXPECT_OUT("a bf16 run is judged by a bf16 yardstick: capture this batch in bf16 eager with "
+               "two attention kernels (--cache static_sliding --attn eager,sdpa)");
+}
+END_TEST
+
 /* ---- failures ------------------------------------------------------------- */
 
 START_TEST(test_logit_beyond_tolerance_fails_reference) {
@@ -1120,6 +1223,7 @@ static Suite *external_suite(void) {
     tcase_add_test(tc, test_all_skipped_fails);
     tcase_add_test(tc, test_work_limit_applies);
     tcase_add_test(tc, test_work_counts_calibration_once);
+    tcase_add_test(tc, test_bf16_yardstick);
     tcase_add_test(tc, test_logit_beyond_tolerance_fails_reference);
     tcase_add_test(tc, test_repeat_probe_hash_fails_repeat);
     tcase_add_test(tc, test_compile_flip_fails_compiled_vs_eager);
