@@ -183,7 +183,8 @@ KvStatus kv_gate_print_skips(const KvReport *rep, FILE *f) {
                                  : "no comparison judged it";
         int64_t g = 0;
         while (g < n && !(strcmp(why[g], reason) == 0 &&
-                          strcmp(rep->runs[first[g]].backend, r->backend) == 0)) {
+                          strncmp(rep->runs[first[g]].backend, r->backend,
+                                  sizeof r->backend) == 0)) {
             g++;
         }
         if (g == n) {
@@ -193,8 +194,9 @@ KvStatus kv_gate_print_skips(const KvReport *rep, FILE *f) {
         count[g]++;
     }
     for (int64_t g = 0; g < n; g++) {
-        fprintf(f, "%" PRId64 " run%s skipped on %s: %s\n", count[g], count[g] == 1 ? "" : "s",
-                rep->runs[first[g]].backend, why[g]);
+        const KvRun *r = &rep->runs[first[g]];
+        fprintf(f, "%" PRId64 " run%s skipped on %.*s: %s\n", count[g], count[g] == 1 ? "" : "s",
+                (int)strnlen(r->backend, sizeof r->backend), r->backend, why[g]);
     }
     free(sum);
     free(first);
@@ -356,8 +358,10 @@ KvStatus kv_gate_write_summary_json(const KvReport *rep, bool failed, const char
         cJSON *cell = NULL;
         cJSON *it = NULL;
         cJSON_ArrayForEach(it, grid) {
-            if (strcmp(cJSON_GetObjectItem(it, "model")->valuestring, r->model) == 0 &&
-                strcmp(cJSON_GetObjectItem(it, "scenario")->valuestring, r->scenario) == 0) {
+            if (strncmp(cJSON_GetObjectItem(it, "model")->valuestring, r->model, KV_NAME_LEN) ==
+                    0 &&
+                strncmp(cJSON_GetObjectItem(it, "scenario")->valuestring, r->scenario,
+                        KV_NAME_LEN) == 0) {
                 cell = it;
                 break;
             }
@@ -425,7 +429,8 @@ KvStatus kv_gate_write_summary_json(const KvReport *rep, bool failed, const char
                                  : "no comparison judged it";
         cJSON *g = NULL, *it = NULL;
         cJSON_ArrayForEach(it, skips) {
-            if (strcmp(cJSON_GetObjectItem(it, "backend")->valuestring, r->backend) == 0 &&
+            if (strncmp(cJSON_GetObjectItem(it, "backend")->valuestring, r->backend,
+                        sizeof r->backend) == 0 &&
                 strcmp(cJSON_GetObjectItem(it, "reason")->valuestring, reason) == 0) {
                 g = it;
                 break;
@@ -438,7 +443,10 @@ KvStatus kv_gate_write_summary_json(const KvReport *rep, bool failed, const char
                 oom = true;
                 break;
             }
-            json_str(g, "backend", r->backend, &oom);
+            char be[sizeof r->backend + 1];
+            snprintf(be, sizeof be, "%.*s", (int)strnlen(r->backend, sizeof r->backend),
+                     r->backend);
+            json_str(g, "backend", be, &oom);
             json_str(g, "reason", reason, &oom);
             json_num(g, "runs", 0, &oom);
             if (oom) break;
