@@ -770,7 +770,7 @@ static KvStatus gate_check_work(const GateArgs *a, const KvGateOptions *o, KvRat
     /* Trimmed (kv_gate_trim_logits): per unit the reference, a fresh twin
      * and at most KV_FAILING_FULL_MAX failing runs keep their full logits,
      * every other run its top-k; each part must fit. */
-    const int64_t units = w.references * passes;
+    const int64_t units = w.references; /* every pass's: counted once, above */
     const int64_t full = units * (2 + KV_FAILING_FULL_MAX);
     KvStatus st = kv_limits_check_report(full < w.runs * passes ? full : w.runs * passes,
                                          w.max_steps, w.max_batch, max_vocab, 0, max_probes,

@@ -480,6 +480,13 @@ void kv_compare_shifted(const KvRun *shifted, const KvRun *fresh, int64_t offset
              out->top1_agreement, (long long)out->near_ties, least);
 }
 
+double kv_compare_row_rel_err(const float *ref, const float *cand, int64_t n) {
+    double se = 0.0, ss = 0.0;
+    RowError e;
+    row_error(ref, cand, n, false, &se, &ss, &e);
+    return e.max_abs / (e.max_ref > 0.0 ? e.max_ref : 1.0);
+}
+
 double kv_cal_tolerance(double spread, double fp64) {
     double cal = KV_CAL_FLOOR;
     if (KV_CAL_SPREAD_MULT * spread > cal) cal = KV_CAL_SPREAD_MULT * spread; /* NaN: false */

@@ -46,6 +46,13 @@
  * the reference (a spread of 0), a few fp32 ulps of the largest logit. */
 #define KV_CAL_FLOOR 1e-6
 
+/* One row's relative error as every reference comparison measures it:
+ * max_i |cand - ref| / max_i |ref| (the denominator 1 when ref is all
+ * zero); non-finite values count in neither max (the finite check judges
+ * them). */
+double kv_compare_row_rel_err(const float *ref /* (n) */, const float *cand /* (n) */,
+                              int64_t n);
+
 /* The calibrated max_rel_err: max(KV_CAL_SPREAD_MULT x spread,
  * KV_CAL_FP64_MULT x fp64, KV_CAL_FLOOR); a NaN term lends nothing. */
 double kv_cal_tolerance(double spread, double fp64);

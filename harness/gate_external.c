@@ -354,10 +354,10 @@ static bool ext_is_bf16(const KvRun *r) {
     return strncmp(r->dtype, "bf16", sizeof r->dtype) == 0;
 }
 
-/* max over steps and rows of max_i |a - b| / max_i |a|, each row up to the
+/* max over steps and rows of kv_compare_row_rel_err, each row up to the
  * first step whose tokens differ (after a flip the rows are fed different
- * tokens); -1 when the runs' shapes differ or a row holds a non-finite
- * logit. */
+ * tokens); -1 when the runs' shapes differ. A non-finite logit counts in
+ * neither max: that run's own finite check fails the gate. */
 static double ext_rel_until_flip(const KvRun *a, const KvRun *b) {
     if (a->steps != b->steps || a->batch != b->batch || a->vocab != b->vocab ||
         a->logits == NULL || b->logits == NULL) {
@@ -368,14 +368,7 @@ static double ext_rel_until_flip(const KvRun *a, const KvRun *b) {
     for (int64_t r = 0; r < B; r++) {
         for (int64_t s = 0; s < a->steps; s++) {
             const float *x = a->logits + (s * B + r) * V, *y = b->logits + (s * B + r) * V;
-            double d = 0.0, mx = 0.0;
-            for (int64_t v = 0; v < V; v++) {
-                if (!isfinite(x[v]) || !isfinite(y[v])) return -1.0;
-                const double e = fabs((double)x[v] - (double)y[v]);
-                d = e > d ? e : d;
-                mx = fabs((double)x[v]) > mx ? fabs((double)x[v]) : mx;
-            }
-            const double rel = d / (mx > 0.0 ? mx : 1.0);
+            const double rel = kv_compare_row_rel_err(x, y, V);
             worst = rel > worst ? rel : worst;
             if (a->tokens[s * B + r] != b->tokens[s * B + r]) break;
         }

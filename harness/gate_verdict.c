@@ -158,6 +158,23 @@ cleanup:
     return st;
 }
 
+/* Why skipped run i was not judged: its own reason, or its first skipped
+ * comparison's (sum: kv_report_summarize_runs). */
+static const char *skip_reason_of(const KvReport *rep, const KvRunSummary *sum, int64_t i) {
+    const KvRun *r = &rep->runs[i];
+    if (r->skipped) return r->skip_reason;
+    return sum[i].first_skip >= 0 ? rep->comparisons[sum[i].first_skip].message
+                                  : "no comparison judged it";
+}
+
+/* bisect's run label: MODEL/SCENARIO/VARIANT[+FAULT]/BACKEND/MODE/rN */
+static void run_full_label(const KvRun *r, char *out, size_t n) {
+    char l[KV_NAME_LEN * 4];
+    kv_run_label(r, l, sizeof l);
+    snprintf(out, n, "%.*s/%.*s/%s", (int)strnlen(r->model, KV_NAME_LEN), r->model,
+             (int)strnlen(r->scenario, KV_NAME_LEN), r->scenario, l);
+}
+
 KvStatus kv_gate_print_skips(const KvReport *rep, FILE *f) {
     if (rep->n_runs == 0) return KV_OK;
     KvRunSummary *sum = NULL;
@@ -177,10 +194,7 @@ KvStatus kv_gate_print_skips(const KvReport *rep, FILE *f) {
     for (int64_t i = 0; i < rep->n_runs; i++) {
         if (sum[i].verdict != KV_VERDICT_SKIP) continue;
         const KvRun *r = &rep->runs[i];
-        const char *reason = r->skipped ? r->skip_reason
-                             : sum[i].first_skip >= 0
-                                 ? rep->comparisons[sum[i].first_skip].message
-                                 : "no comparison judged it";
+        const char *reason = skip_reason_of(rep, sum, i);
         int64_t g = 0;
         while (g < n && !(strcmp(why[g], reason) == 0 &&
                           strncmp(rep->runs[first[g]].backend, r->backend,
@@ -211,16 +225,11 @@ bool kv_gate_print_next(const KvReport *rep, const KvComparison *c, const char *
         c->run_b >= rep->n_runs || rep->runs[c->run_a].skipped || rep->runs[c->run_b].skipped) {
         return false;
     }
-    /* bisect's run label: MODEL/SCENARIO/VARIANT[+FAULT]/BACKEND/MODE/rN */
-    char la[KV_NAME_LEN * 4], lb[KV_NAME_LEN * 4];
-    kv_run_label(&rep->runs[c->run_a], la, sizeof la);
-    kv_run_label(&rep->runs[c->run_b], lb, sizeof lb);
-    const KvRun *a = &rep->runs[c->run_a], *b = &rep->runs[c->run_b];
-    fprintf(f, "     next: kvrepro bisect %s --run %.*s/%.*s/%s --run %.*s/%.*s/%s --rerun%s\n",
-            report_path != NULL ? report_path : "REPORT.h5", (int)strnlen(a->model, KV_NAME_LEN),
-            a->model, (int)strnlen(a->scenario, KV_NAME_LEN), a->scenario, la,
-            (int)strnlen(b->model, KV_NAME_LEN), b->model,
-            (int)strnlen(b->scenario, KV_NAME_LEN), b->scenario, lb,
+    char la[KV_NAME_LEN * 6], lb[KV_NAME_LEN * 6];
+    run_full_label(&rep->runs[c->run_a], la, sizeof la);
+    run_full_label(&rep->runs[c->run_b], lb, sizeof lb);
+    fprintf(f, "     next: kvrepro bisect %s --run %s --run %s --rerun%s\n",
+            report_path != NULL ? report_path : "REPORT.h5", la, lb,
             report_path != NULL ? "" : " (write REPORT.h5 with --report)");
     return true;
 }
@@ -320,21 +329,47 @@ static void json_str(cJSON *o, const char *k, const char *v, bool *oom) {
     if (cJSON_AddStringToObject(o, k, v) == NULL) *oom = true;
 }
 
-/* "MODEL/SCENARIO/" + kv_run_label: bisect's --run label. */
-static void run_full_label(const KvRun *r, char *out, size_t n) {
-    char l[KV_NAME_LEN * 4];
-    kv_run_label(r, l, sizeof l);
-    snprintf(out, n, "%.*s/%.*s/%s", (int)strnlen(r->model, KV_NAME_LEN), r->model,
-             (int)strnlen(r->scenario, KV_NAME_LEN), r->scenario, l);
+/* The object of arr whose ka and kb are va and vb, appended with them and
+ * each of counters (NULL-terminated) at 0 when absent; NULL, *oom set, when
+ * out of memory. Both the grid's cells and the skip groups are these. */
+static cJSON *json_group(cJSON *arr, const char *ka, const char *va, const char *kb,
+                         const char *vb, const char *const *counters, bool *oom) {
+    cJSON *it = NULL;
+    cJSON_ArrayForEach(it, arr) {
+        if (strcmp(cJSON_GetObjectItem(it, ka)->valuestring, va) == 0 &&
+            strcmp(cJSON_GetObjectItem(it, kb)->valuestring, vb) == 0) {
+            return it;
+        }
+    }
+    cJSON *g = cJSON_CreateObject();
+    if (g == NULL || !cJSON_AddItemToArray(arr, g)) {
+        cJSON_Delete(g);
+        *oom = true;
+        return NULL;
+    }
+    json_str(g, ka, va, oom);
+    json_str(g, kb, vb, oom);
+    for (int i = 0; counters[i] != NULL; i++) json_num(g, counters[i], 0, oom);
+    return *oom ? NULL : g;
+}
+
+/* counter k of group g plus one */
+static void json_count(cJSON *g, const char *k) {
+    cJSON *n = cJSON_GetObjectItem(g, k);
+    cJSON_SetNumberValue(n, n->valuedouble + 1.0);
 }
 
 KvStatus kv_gate_write_summary_json(const KvReport *rep, bool failed, const char *fail_why,
                                     const char *report_path, const char *path, KvError *err) {
-    int64_t np, nf, ns;
+    int64_t np = 0, nf = 0, ns = 0;
     KvRunSummary *sum = NULL;
-    if (verdict_counts(rep, &np, &nf, &ns) != KV_OK ||
-        (rep->n_runs > 0 && kv_report_summarize_runs(rep, &sum) != KV_OK)) {
+    if (rep->n_runs > 0 && kv_report_summarize_runs(rep, &sum) != KV_OK) {
         return kv_error_set(err, KV_ERR_INTERNAL, "%s: out of memory", path);
+    }
+    for (int64_t i = 0; i < rep->n_runs; i++) {
+        np += sum[i].verdict == KV_VERDICT_PASS;
+        nf += sum[i].verdict == KV_VERDICT_FAIL;
+        ns += sum[i].verdict == KV_VERDICT_SKIP;
     }
     bool oom = false;
     cJSON *root = cJSON_CreateObject();
@@ -353,42 +388,17 @@ KvStatus kv_gate_write_summary_json(const KvReport *rep, bool failed, const char
         else if (cJSON_AddNullToObject(root, "report") == NULL) oom = true;
     }
     /* the grid's cells: (model, scenario) in the order first seen */
+    static const char *const verdicts[] = {"passed", "failed", "skipped", NULL};
     for (int64_t i = 0; i < rep->n_runs && !oom; i++) {
         const KvRun *r = &rep->runs[i];
-        cJSON *cell = NULL;
-        cJSON *it = NULL;
-        cJSON_ArrayForEach(it, grid) {
-            if (strncmp(cJSON_GetObjectItem(it, "model")->valuestring, r->model, KV_NAME_LEN) ==
-                    0 &&
-                strncmp(cJSON_GetObjectItem(it, "scenario")->valuestring, r->scenario,
-                        KV_NAME_LEN) == 0) {
-                cell = it;
-                break;
-            }
-        }
-        if (cell == NULL) {
-            cell = cJSON_CreateObject();
-            if (cell == NULL || !cJSON_AddItemToArray(grid, cell)) {
-                cJSON_Delete(cell);
-                oom = true;
-                break;
-            }
-            char name[KV_NAME_LEN + 1];
-            snprintf(name, sizeof name, "%.*s", (int)strnlen(r->model, KV_NAME_LEN), r->model);
-            json_str(cell, "model", name, &oom);
-            snprintf(name, sizeof name, "%.*s", (int)strnlen(r->scenario, KV_NAME_LEN),
-                     r->scenario);
-            json_str(cell, "scenario", name, &oom);
-            json_num(cell, "passed", 0, &oom);
-            json_num(cell, "failed", 0, &oom);
-            json_num(cell, "skipped", 0, &oom);
-            if (oom) break;
-        }
-        const char *k = sum[i].verdict == KV_VERDICT_PASS   ? "passed"
-                        : sum[i].verdict == KV_VERDICT_FAIL ? "failed"
-                                                            : "skipped";
-        cJSON *n = cJSON_GetObjectItem(cell, k);
-        cJSON_SetNumberValue(n, n->valuedouble + 1.0);
+        char model[KV_NAME_LEN + 1], scen[KV_NAME_LEN + 1];
+        snprintf(model, sizeof model, "%.*s", (int)strnlen(r->model, KV_NAME_LEN), r->model);
+        snprintf(scen, sizeof scen, "%.*s", (int)strnlen(r->scenario, KV_NAME_LEN), r->scenario);
+        cJSON *cell = json_group(grid, "model", model, "scenario", scen, verdicts, &oom);
+        if (cell == NULL) break;
+        json_count(cell, verdicts[sum[i].verdict == KV_VERDICT_PASS   ? 0
+                                  : sum[i].verdict == KV_VERDICT_FAIL ? 1
+                                                                      : 2]);
     }
     for (int64_t c = 0; c < rep->n_comparisons && !oom; c++) {
         const KvComparison *cmp = &rep->comparisons[c];
@@ -420,39 +430,16 @@ KvStatus kv_gate_write_summary_json(const KvReport *rep, bool failed, const char
         }
     }
     /* the skip groups, as kv_gate_print_skips groups them */
+    static const char *const runs_count[] = {"runs", NULL};
     for (int64_t i = 0; i < rep->n_runs && !oom; i++) {
         if (sum[i].verdict != KV_VERDICT_SKIP) continue;
         const KvRun *r = &rep->runs[i];
-        const char *reason = r->skipped ? r->skip_reason
-                             : sum[i].first_skip >= 0
-                                 ? rep->comparisons[sum[i].first_skip].message
-                                 : "no comparison judged it";
-        cJSON *g = NULL, *it = NULL;
-        cJSON_ArrayForEach(it, skips) {
-            if (strncmp(cJSON_GetObjectItem(it, "backend")->valuestring, r->backend,
-                        sizeof r->backend) == 0 &&
-                strcmp(cJSON_GetObjectItem(it, "reason")->valuestring, reason) == 0) {
-                g = it;
-                break;
-            }
-        }
-        if (g == NULL) {
-            g = cJSON_CreateObject();
-            if (g == NULL || !cJSON_AddItemToArray(skips, g)) {
-                cJSON_Delete(g);
-                oom = true;
-                break;
-            }
-            char be[sizeof r->backend + 1];
-            snprintf(be, sizeof be, "%.*s", (int)strnlen(r->backend, sizeof r->backend),
-                     r->backend);
-            json_str(g, "backend", be, &oom);
-            json_str(g, "reason", reason, &oom);
-            json_num(g, "runs", 0, &oom);
-            if (oom) break;
-        }
-        cJSON *n = cJSON_GetObjectItem(g, "runs");
-        cJSON_SetNumberValue(n, n->valuedouble + 1.0);
+        char be[sizeof r->backend + 1];
+        snprintf(be, sizeof be, "%.*s", (int)strnlen(r->backend, sizeof r->backend), r->backend);
+        cJSON *g = json_group(skips, "backend", be, "reason", skip_reason_of(rep, sum, i),
+                              runs_count, &oom);
+        if (g == NULL) break;
+        json_count(g, "runs");
     }
     free(sum);
     /* each array owned by root once added */
