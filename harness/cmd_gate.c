@@ -192,8 +192,8 @@ static void gate_usage(FILE *f) {
                   "calibrated per prompt batch as above (--tol, --no-calibrate apply); no "
                   "scenario, variant, backend, mode, repeat, prompts, fault or shard option may "
                   "be given with it", -1, NULL, NULL);
-    gate_help_opt(f, "--timings", "record wall times (the report is then not "
-                  "byte-reproducible)", -1, NULL, NULL);
+    gate_help_opt(f, "--timings", "keep the runs' wall times in the HDF5 report too (it is "
+                  "then not byte-reproducible; JUnit always has them)", -1, NULL, NULL);
     snprintf(t, sizeof t, "above this vocabulary (default %d), and in planted-fault passes, "
              "the report keeps each row's top-%d logits and the hash of the full row, except "
              "for the reference runs and every run that failed a tolerance or finite "
@@ -1285,7 +1285,7 @@ static int gate_run_golden_only(const GateArgs *a, KvGateOptions *o) {
         st = kv_error_set(&err, KV_ERR_INTERNAL, "cannot print the summary table");
         goto cleanup;
     }
-    st = kv_gate_write_outputs(&rep, a->report_path, a->junit_path, a->quiet, &err);
+    st = kv_gate_write_outputs(&rep, a->report_path, a->junit_path, o->timings, a->quiet, &err);
     if (st == KV_OK && kv_report_print_counts(&rep, stdout) != KV_OK) {
         st = kv_error_set(&err, KV_ERR_INTERNAL, "cannot print the summary table");
     }
@@ -1423,7 +1423,9 @@ int kv_cmd_gate(int argc, char **argv) {
     char why[512] = "";
     const bool too_little =
         st == KV_OK && gate_judged_too_little(&a, &o, &rep, runs_accounted, failed, why, sizeof why);
-    if (st == KV_OK) st = kv_gate_write_outputs(&rep, a.report_path, a.junit_path, a.quiet, &err);
+    if (st == KV_OK) {
+        st = kv_gate_write_outputs(&rep, a.report_path, a.junit_path, o.timings, a.quiet, &err);
+    }
     if (st == KV_OK && a.summary_md != NULL) {
         st = kv_gate_write_summary_md(&rep, failed || too_little, too_little ? why : NULL,
                                       a.report_path, a.summary_md, &err);

@@ -782,7 +782,8 @@ int kv_gate_external(const KvExternalOptions *o) {
     /* the count line last, once the files are safely written, as in the
      * matrix gate */
     if (st == KV_OK) {
-        st = kv_gate_write_outputs(&rep, o->report_path, o->junit_path, o->quiet, &err);
+        st = kv_gate_write_outputs(&rep, o->report_path, o->junit_path, o->timings, o->quiet,
+                                   &err);
     }
     if (st == KV_OK && kv_report_print_counts(&rep, stdout) != KV_OK) {
         st = kv_error_set(&err, KV_ERR_INTERNAL, "cannot print the summary table");

@@ -106,10 +106,31 @@ KvStatus kv_gate_check_outputs_apart(const char *report_path, const char *junit_
     return KV_OK;
 }
 
+/* Writes rep to path with every run's seconds 0: a shallow copy of the
+ * run table (the runs' arrays are shared, only read). */
+static KvStatus gate_write_untimed(const KvReport *rep, const char *path, KvError *err) {
+    KvReport copy = *rep;
+    KvRun *runs = NULL;
+    if (rep->n_runs > 0) {
+        runs = malloc((size_t)rep->n_runs * sizeof *runs);
+        if (runs == NULL) {
+            return kv_error_set(err, KV_ERR_INTERNAL, "%s: out of memory for %lld runs", path,
+                                (long long)rep->n_runs);
+        }
+        memcpy(runs, rep->runs, (size_t)rep->n_runs * sizeof *runs);
+        for (int64_t i = 0; i < rep->n_runs; i++) runs[i].seconds = 0.0;
+        copy.runs = runs;
+    }
+    const KvStatus st = kv_report_write_h5(&copy, path, err);
+    free(runs);
+    return st;
+}
+
 KvStatus kv_gate_write_outputs(const KvReport *rep, const char *report_path,
-                               const char *junit_path, bool quiet, KvError *err) {
+                               const char *junit_path, bool timings, bool quiet, KvError *err) {
     if (report_path != NULL) {
-        KvStatus st = kv_report_write_h5(rep, report_path, err);
+        KvStatus st = timings ? kv_report_write_h5(rep, report_path, err)
+                              : gate_write_untimed(rep, report_path, err);
         if (st != KV_OK) return st;
         if (!quiet) printf("report: %s\n", report_path);
     }

@@ -35,8 +35,12 @@ KvStatus kv_gate_check_outputs_apart(const char *report_path, const char *junit_
  * saying where unless quiet ("report: PATH", "junit: PATH"). A gate calls
  * it before printing its count line, so that a log ending in that line
  * means the files are complete; a failure is KV_ERR_INPUT naming the path
- * (exit 2), with the previous file at the path untouched. */
+ * (exit 2), with the previous file at the path untouched. The runs'
+ * seconds (wall times the gate measured) go to JUnit's time attributes;
+ * the HDF5 report gets them only when timings (--timings), 0 otherwise,
+ * so that the same gate writes the same report bytes (docs/SCHEMA.md).
+ * KV_ERR_INTERNAL when out of memory. */
 KvStatus kv_gate_write_outputs(const KvReport *rep, const char *report_path,
-                               const char *junit_path, bool quiet, KvError *err);
+                               const char *junit_path, bool timings, bool quiet, KvError *err);
 
 #endif

@@ -64,7 +64,9 @@ typedef struct {
     uint64_t prompt_seed;
     int shard_i, shard_n;             /* run the (model, scenario) units u with
                                        * u % shard_n == shard_i - 1 */
-    bool timings;                     /* record wall time (breaks byte-identical reports) */
+    bool timings;                     /* keep each run's wall time in the HDF5 report too
+                                       * (breaks byte-identical reports); the runs always
+                                       * carry it, for JUnit (kv_gate_write_outputs) */
     KvProgress progress;              /* progress on stderr */
     int64_t *runs_done;               /* progress: runs finished so far (all models) */
     double *progress_last;            /* progress: when the last KV_PROGRESS_LINES line was

@@ -183,7 +183,7 @@ static void junit_put_escaped(JunitBuf *b, const char *s, size_t max, int in_att
 
 #define JUNIT_FIELD(b, field, in_attr) junit_put_escaped((b), (field), sizeof(field), (in_attr))
 
-/* "variant[+fault]/backend/mode/rN", escaped. */
+/* "variant[+fault]/backend/mode rN", escaped: a run within its suite. */
 static void junit_put_run_label(JunitBuf *b, const KvRun *r, int in_attr) {
     char vl[2 * KV_NAME_LEN + 2];
     kv_run_variant_label(r, vl, sizeof vl);
@@ -192,7 +192,19 @@ static void junit_put_run_label(JunitBuf *b, const KvRun *r, int in_attr) {
     JUNIT_FIELD(b, r->backend, in_attr);
     junit_puts(b, "/");
     JUNIT_FIELD(b, r->mode, in_attr);
-    junit_printf(b, "/r%d", (int)r->repeat);
+    junit_printf(b, " r%d", (int)r->repeat);
+}
+
+/* "model/scenario/variant[+fault]/backend/mode rN": a test case's name,
+ * whole, so that it reads alone in a flat list of failures (GitLab's, a
+ * GitHub check's annotations) and is the same from pipeline to pipeline
+ * whatever the verdict (CI tracks a test's history by its name). */
+static void junit_put_run_name(JunitBuf *b, const KvRun *r, int in_attr) {
+    JUNIT_FIELD(b, r->model, in_attr);
+    junit_puts(b, "/");
+    JUNIT_FIELD(b, r->scenario, in_attr);
+    junit_puts(b, "/");
+    junit_put_run_label(b, r, in_attr);
 }
 
 static void junit_put_classname(JunitBuf *b, const KvRun *r) {
@@ -286,13 +298,29 @@ static void junit_put_seeds_line(JunitBuf *b, const KvReport *rep) {
                  (unsigned long long)rep->prompt_seed);
 }
 
-/* "<kind>: <a> vs <b>" */
-static void junit_put_cmp_name(JunitBuf *b, const KvReport *rep, const KvComparison *cmp, int in_attr) {
+/* Run i as a test case's text names it: its label within the case's
+ * suite, or its whole name when it belongs to another (model, scenario),
+ * e.g. a reference run of the fresh twin "S.fresh". */
+static void junit_put_run_ref(JunitBuf *b, const KvReport *rep, int64_t i, const KvRun *home) {
+    const KvRun *r = &rep->runs[i];
+    if (junit_same_pair(r, home)) {
+        junit_put_run_label(b, r, 0);
+    } else {
+        junit_put_run_name(b, r, 0);
+    }
+}
+
+/* "<kind>: <a> vs <b>", or "<kind>: <run>" for a check of one run (replay,
+ * finite, graph_budget: run_a == run_b). */
+static void junit_put_cmp_name(JunitBuf *b, const KvReport *rep, const KvComparison *cmp) {
+    const KvRun *home = &rep->runs[cmp->run_b];
     junit_puts(b, kv_compare_kind_name(cmp->kind));
     junit_puts(b, ": ");
-    junit_put_run_label(b, &rep->runs[cmp->run_a], in_attr);
-    junit_puts(b, " vs ");
-    junit_put_run_label(b, &rep->runs[cmp->run_b], in_attr);
+    if (cmp->run_a != cmp->run_b) {
+        junit_put_run_ref(b, rep, cmp->run_a, home);
+        junit_puts(b, " vs ");
+    }
+    junit_put_run_ref(b, rep, cmp->run_b, home);
 }
 
 /* The comparison's message, or a stand-in when the harness left it empty
@@ -306,70 +334,93 @@ static void junit_put_cmp_message(JunitBuf *b, const KvComparison *cmp, int in_a
     }
 }
 
-static void junit_put_run_case(JunitBuf *b, const KvReport *rep, int64_t i, const int64_t *first_fail) {
-    const KvRun *r = &rep->runs[i];
-    junit_puts(b, "    <testcase name=\"");
-    junit_put_run_label(b, r, 1);
-    junit_puts(b, "\" classname=\"");
-    junit_put_classname(b, r);
-    junit_printf(b, "\" time=\"%.3f\"", junit_run_seconds(r));
-    if (first_fail[i] >= 0) {
-        const KvComparison *first = &rep->comparisons[first_fail[i]];
-        junit_puts(b, ">\n      <failure message=\"");
-        junit_put_cmp_message(b, first, 1);
-        junit_printf(b, "\" type=\"%s\">", kv_compare_kind_name(first->kind));
-        for (int64_t c = first_fail[i]; c < rep->n_comparisons; c++) {
-            const KvComparison *cmp = &rep->comparisons[c];
-            if (cmp->run_b != i || cmp->verdict != KV_VERDICT_FAIL) continue;
-            junit_put_cmp_name(b, rep, cmp, 0);
-            junit_puts(b, ": ");
-            junit_put_cmp_message(b, cmp, 0);
-            junit_puts(b, "\n");
-        }
-        junit_put_seeds_line(b, rep);
-        junit_puts(b, "</failure>\n    </testcase>\n");
-    } else if (r->skipped) {
-        junit_puts(b, ">\n      <skipped message=\"");
-        if (r->skip_reason[0] != '\0') {
-            JUNIT_FIELD(b, r->skip_reason, 1);
-        } else {
-            junit_puts(b, "skipped");
-        }
-        junit_puts(b, "\"/>\n    </testcase>\n");
-    } else {
-        junit_puts(b, "/>\n");
+/* A failing comparison in a failure's body: its name and message, where
+ * it first differs, and the errors of a tolerance comparison. */
+static void junit_put_cmp_failure(JunitBuf *b, const KvReport *rep, const KvComparison *cmp) {
+    junit_put_cmp_name(b, rep, cmp);
+    junit_puts(b, ": ");
+    junit_put_cmp_message(b, cmp, 0);
+    junit_printf(b, "\n  first_step=%lld first_row=%lld first_probe=%lld\n", (long long)cmp->first_step,
+                 (long long)cmp->first_row, (long long)cmp->first_probe);
+    if (cmp->kind == KV_CMP_REFERENCE || cmp->kind == KV_CMP_COMPILED) {
+        junit_printf(b,
+                     "  max_abs_err=%.9g max_rel_err=%.9g nmse=%.9g kl=%.9g top1_agreement=%.9g "
+                     "near_ties=%lld\n",
+                     cmp->max_abs_err, cmp->max_rel_err, cmp->nmse, cmp->kl, cmp->top1_agreement,
+                     (long long)cmp->near_ties);
     }
 }
 
-static void junit_put_cmp_case(JunitBuf *b, const KvReport *rep, const KvComparison *cmp) {
+/* Run i as one test case: its verdict is the console's (sum[i], from
+ * kv_report_summarize_runs, which kv_report_print_counts counts), its
+ * time the run's seconds. The comparisons that judged it are listed in
+ * <system-out>, one line each with its verdict, so a passing case still
+ * says what it was checked by. */
+static void junit_put_run_case(JunitBuf *b, const KvReport *rep, int64_t i, const KvRunSummary *sum) {
+    const KvRun *r = &rep->runs[i];
+    const KvRunSummary *s = &sum[i];
     junit_puts(b, "    <testcase name=\"");
-    junit_put_cmp_name(b, rep, cmp, 1);
+    junit_put_run_name(b, r, 1);
     junit_puts(b, "\" classname=\"");
-    junit_put_classname(b, &rep->runs[cmp->run_b]);
-    junit_puts(b, "\" time=\"0\"");
-    if (cmp->verdict == KV_VERDICT_FAIL) {
-        junit_puts(b, ">\n      <failure message=\"");
-        junit_put_cmp_message(b, cmp, 1);
-        junit_printf(b, "\" type=\"%s\">", kv_compare_kind_name(cmp->kind));
-        junit_put_cmp_message(b, cmp, 0);
-        junit_printf(b, "\nfirst_step=%lld first_row=%lld first_probe=%lld\n", (long long)cmp->first_step,
-                     (long long)cmp->first_row, (long long)cmp->first_probe);
-        if (cmp->kind == KV_CMP_REFERENCE || cmp->kind == KV_CMP_COMPILED) {
-            junit_printf(b,
-                         "max_abs_err=%.9g max_rel_err=%.9g nmse=%.9g kl=%.9g top1_agreement=%.9g "
-                         "near_ties=%lld\n",
-                         cmp->max_abs_err, cmp->max_rel_err, cmp->nmse, cmp->kl, cmp->top1_agreement,
-                         (long long)cmp->near_ties);
+    junit_put_classname(b, r);
+    junit_printf(b, "\" time=\"%.3f\"", junit_run_seconds(r));
+    if (s->verdict == KV_VERDICT_PASS && s->n_comparisons == 0) {
+        junit_puts(b, "/>\n");
+        return;
+    }
+    junit_puts(b, ">\n");
+    if (s->verdict == KV_VERDICT_FAIL) {
+        const KvComparison *first = &rep->comparisons[s->first_fail];
+        int64_t n_fail = 0;
+        for (int64_t c = s->first_fail; c < rep->n_comparisons; c++) {
+            const KvComparison *cmp = &rep->comparisons[c];
+            n_fail += cmp->run_b == i && cmp->verdict == KV_VERDICT_FAIL;
+        }
+        /* the headline: which check failed, and how; the body: every one */
+        junit_printf(b, "      <failure message=\"%s: ", kv_compare_kind_name(first->kind));
+        junit_put_cmp_message(b, first, 1);
+        if (n_fail > 1) junit_printf(b, " (and %lld more)", (long long)(n_fail - 1));
+        junit_printf(b, "\" type=\"%s\">", kv_compare_kind_name(first->kind));
+        for (int64_t c = s->first_fail; c < rep->n_comparisons; c++) {
+            const KvComparison *cmp = &rep->comparisons[c];
+            if (cmp->run_b == i && cmp->verdict == KV_VERDICT_FAIL) junit_put_cmp_failure(b, rep, cmp);
         }
         junit_put_seeds_line(b, rep);
-        junit_puts(b, "</failure>\n    </testcase>\n");
-    } else if (cmp->verdict == KV_VERDICT_SKIP) {
-        junit_puts(b, ">\n      <skipped message=\"");
-        junit_put_cmp_message(b, cmp, 1);
-        junit_puts(b, "\"/>\n    </testcase>\n");
-    } else {
-        junit_puts(b, "/>\n");
+        junit_puts(b, "</failure>\n");
+    } else if (s->verdict == KV_VERDICT_SKIP) {
+        /* the console's reason (gate_verdict.c): the run's own, or its
+         * first skipped comparison's */
+        junit_puts(b, "      <skipped message=\"");
+        if (r->skipped && r->skip_reason[0] != '\0') {
+            JUNIT_FIELD(b, r->skip_reason, 1);
+        } else if (!r->skipped && s->first_skip >= 0) {
+            junit_put_cmp_message(b, &rep->comparisons[s->first_skip], 1);
+        } else {
+            junit_puts(b, "skipped");
+        }
+        junit_puts(b, "\"/>\n");
     }
+    if (s->n_comparisons > 0) {
+        junit_puts(b, "      <system-out>");
+        for (int64_t c = 0; c < rep->n_comparisons; c++) {
+            const KvComparison *cmp = &rep->comparisons[c];
+            if (cmp->run_b != i) continue;
+            junit_put_cmp_name(b, rep, cmp);
+            if (cmp->verdict == KV_VERDICT_PASS) {
+                junit_puts(b, ": pass");
+                if (cmp->message[0] != '\0') {
+                    junit_puts(b, ": ");
+                    JUNIT_FIELD(b, cmp->message, 0);
+                }
+            } else {
+                junit_puts(b, cmp->verdict == KV_VERDICT_FAIL ? ": FAIL: " : ": skipped: ");
+                junit_put_cmp_message(b, cmp, 0);
+            }
+            junit_puts(b, "\n");
+        }
+        junit_puts(b, "</system-out>\n");
+    }
+    junit_puts(b, "    </testcase>\n");
 }
 
 static void junit_put_counts(JunitBuf *b, const JunitCounts *k) {
@@ -378,9 +429,9 @@ static void junit_put_counts(JunitBuf *b, const JunitCounts *k) {
 }
 
 /* The whole document. leader[i]: index of the first run with run i's
- * (model, scenario); first_fail[i]: the first FAIL comparison with run_b == i,
- * or -1; counts[L]: the totals of the suite led by run L. */
-static void junit_build(JunitBuf *b, const KvReport *rep, const int64_t *leader, const int64_t *first_fail,
+ * (model, scenario); sum[i]: run i's summary; counts[L]: the totals of
+ * the suite led by run L. */
+static void junit_build(JunitBuf *b, const KvReport *rep, const int64_t *leader, const KvRunSummary *sum,
                         const JunitCounts *counts, const JunitCounts *total) {
     junit_puts(b, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<testsuites name=\"kvrepro\"");
     junit_put_counts(b, total);
@@ -397,11 +448,7 @@ static void junit_build(JunitBuf *b, const KvReport *rep, const int64_t *leader,
         junit_puts(b, ">\n");
         junit_put_properties(b, rep);
         for (int64_t i = l; i < rep->n_runs; i++) {
-            if (leader[i] == l) junit_put_run_case(b, rep, i, first_fail);
-        }
-        for (int64_t c = 0; c < rep->n_comparisons; c++) {
-            const KvComparison *cmp = &rep->comparisons[c];
-            if (leader[cmp->run_b] == l) junit_put_cmp_case(b, rep, cmp);
+            if (leader[i] == l) junit_put_run_case(b, rep, i, sum);
         }
         junit_puts(b, "  </testsuite>\n");
     }
@@ -412,7 +459,8 @@ static void junit_build(JunitBuf *b, const KvReport *rep, const int64_t *leader,
 
 KvStatus kv_junit_write(const KvReport *rep, const char *path, KvError *err) {
     KvStatus st = KV_OK;
-    int64_t *leader = NULL, *first_fail = NULL;
+    int64_t *leader = NULL;
+    KvRunSummary *sum = NULL;
     JunitCounts *counts = NULL;
     JunitBuf buf = {0};
     JunitCounts total = {0};
@@ -428,15 +476,15 @@ KvStatus kv_junit_write(const KvReport *rep, const char *path, KvError *err) {
 
     size_t nr = (size_t)rep->n_runs;
     leader = malloc((nr > 0 ? nr : 1) * sizeof *leader);
-    first_fail = malloc((nr > 0 ? nr : 1) * sizeof *first_fail);
     counts = calloc(nr > 0 ? nr : 1, sizeof *counts);
-    if (leader == NULL || first_fail == NULL || counts == NULL) {
+    if (leader == NULL || counts == NULL || kv_report_summarize_runs(rep, &sum) != KV_OK) {
         st = kv_error_set(err, KV_ERR_INTERNAL, "%s: out of memory for %zu runs", path, nr);
         goto cleanup;
     }
 
-    /* Quadratic in the run count, which is a test matrix (hundreds at most),
-     * and it keeps suite order = order of first appearance without sorting. */
+    /* Quadratic in the run count, which is a test matrix (thousands at
+     * most), and it keeps suite order = order of first appearance without
+     * sorting. */
     for (int64_t i = 0; i < rep->n_runs; i++) {
         leader[i] = i;
         for (int64_t j = 0; j < i; j++) {
@@ -445,29 +493,17 @@ KvStatus kv_junit_write(const KvReport *rep, const char *path, KvError *err) {
                 break;
             }
         }
-        first_fail[i] = -1;
-    }
-    for (int64_t c = rep->n_comparisons - 1; c >= 0; c--) {
-        const KvComparison *cmp = &rep->comparisons[c];
-        if (cmp->verdict == KV_VERDICT_FAIL) first_fail[cmp->run_b] = c;
     }
 
+    /* A test case is a run, with the console's verdict: the same
+     * summaries kv_report_print_counts counts, so the totals here are its
+     * "N passed, N failed, N skipped" line, by construction. */
     for (int64_t i = 0; i < rep->n_runs; i++) {
         JunitCounts *k = &counts[leader[i]];
         k->tests++;
-        if (first_fail[i] >= 0) {
-            k->failures++;
-        } else if (rep->runs[i].skipped) {
-            k->skipped++;
-        }
+        k->failures += sum[i].verdict == KV_VERDICT_FAIL;
+        k->skipped += sum[i].verdict == KV_VERDICT_SKIP;
         k->seconds += junit_run_seconds(&rep->runs[i]);
-    }
-    for (int64_t c = 0; c < rep->n_comparisons; c++) {
-        const KvComparison *cmp = &rep->comparisons[c];
-        JunitCounts *k = &counts[leader[cmp->run_b]];
-        k->tests++;
-        if (cmp->verdict == KV_VERDICT_FAIL) k->failures++;
-        if (cmp->verdict == KV_VERDICT_SKIP) k->skipped++;
     }
     /* Totals summed suite by suite in suite order, so the root's time is the
      * sum of the suites' own (unrounded) times in one fixed order. */
@@ -479,7 +515,7 @@ KvStatus kv_junit_write(const KvReport *rep, const char *path, KvError *err) {
         total.seconds += counts[l].seconds;
     }
 
-    junit_build(&buf, rep, leader, first_fail, counts, &total);
+    junit_build(&buf, rep, leader, sum, counts, &total);
     if (buf.oom) {
         st = kv_error_set(err, KV_ERR_INTERNAL, "%s: out of memory building the JUnit document", path);
         goto cleanup;
@@ -493,7 +529,7 @@ KvStatus kv_junit_write(const KvReport *rep, const char *path, KvError *err) {
 cleanup:
     free(buf.data);
     free(counts);
-    free(first_fail);
+    free(sum);
     free(leader);
     return st;
 }

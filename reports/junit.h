@@ -1,7 +1,7 @@
 /* junit.h: a gate run (KvReport) as JUnit XML, the format CI test reporters
  * render (Jenkins junit, GitLab artifacts:reports:junit, GitHub test-report
- * actions). One <testsuite> per (model, scenario), holding one <testcase> per
- * run and one per comparison; see kv_junit_write for the exact mapping. */
+ * actions). One <testsuite> per (model, scenario), one <testcase> per run
+ * with the console's verdict; see kv_junit_write for the exact mapping. */
 #ifndef KV_JUNIT_H
 #define KV_JUNIT_H
 
@@ -16,28 +16,39 @@ const char *kv_compare_kind_name(KvCompareKind kind);
 
 /* Writes rep to path as JUnit XML (UTF-8).
  *
+ * The unit is the run, as the gate's console counts them: the root's and
+ * every suite's tests/failures/skipped are the runs that
+ * kv_report_print_counts counts as run, failed and skipped (both read
+ * kv_report_summarize_runs), so the file's totals are the count line's.
+ *
  * Layout: <testsuites name="kvrepro"> holds one <testsuite> per distinct
- * (model, scenario) pair, in order of first appearance in rep->runs. A suite
- * holds, in report order, one <testcase> per run of that pair, named
- * "variant/backend/mode/rN", classname "kvrepro.<model>.<scenario>", time the
- * run's seconds (%.3f); then one <testcase> per comparison whose run_b is in
- * that pair, named "<kind>: <run_a label> vs <run_b label>", time 0.
- *   - A run fails when any comparison with run_b == that run has verdict FAIL:
- *     <failure message=first failing comparison's message, type=its kind>,
- *     the body listing every failing comparison. A failure outranks a skip
- *     (a skipped run with a failing comparison is reported failed, so the
- *     inconsistency is seen rather than hidden).
- *   - Otherwise a skipped run gives <skipped message=skip_reason/>.
- *   - A comparison gives <failure> on FAIL, <skipped> on SKIP.
- * tests/failures/skipped on every <testsuite> count its testcases and the
- * <testsuites> totals are their sums; errors is always 0. The report's root
- * attributes (seeds, commit, device, tolerances) go in each suite's
- * <properties>. Text is escaped for XML 1.0: the five markup characters as
- * entities, tab/newline/CR as character references inside attributes, and
- * bytes XML cannot carry (other control characters, invalid UTF-8) as the
- * visible text "\xNN". Fixed-size name fields are read up to their size even
- * when not NUL-terminated. The same report always gives the same bytes
- * (nothing from the clock, host or environment is added).
+ * (model, scenario) pair, named "model/scenario", in order of first
+ * appearance in rep->runs. A suite holds, in report order, one <testcase>
+ * per run of that pair, named "model/scenario/variant[+fault]/backend/mode
+ * rN", classname "kvrepro.<model>.<scenario>", time the run's seconds
+ * (%.3f; the suites' and the root's time their sums).
+ *   - A run fails when any comparison with run_b == that run has verdict
+ *     FAIL: <failure message="<kind>: <message>" of the first failing
+ *     comparison (" (and N more)" when there are), type=its kind>, the body
+ *     listing every failing comparison ("<kind>: <a> vs <b>: <message>",
+ *     where it first differs, the errors of a tolerance comparison) and the
+ *     seeds. A failure outranks a skip.
+ *   - Otherwise a run that was skipped, or one of whose comparisons was,
+ *     gives <skipped message=its skip_reason, or that comparison's message>.
+ *   - A run with comparisons lists them all in <system-out>, one line each:
+ *     "<kind>: <a> vs <b>: pass|FAIL|skipped[: <message>]" ("<kind>: <run>"
+ *     for a check of one run), runs of the case's own suite by their label
+ *     "variant/backend/mode rN", others by their whole name.
+ * errors is always 0. The report's root attributes (seeds, commit, device,
+ * tolerances) go in each suite's <properties>. Text is escaped for XML
+ * 1.0: the five markup characters as entities, tab/newline/CR as character
+ * references inside attributes, and bytes XML cannot carry (other control
+ * characters, invalid UTF-8) as the visible text "\xNN". Fixed-size name
+ * fields are read up to their size even when not NUL-terminated. Nothing
+ * from the clock, host or environment is added: the same report always
+ * gives the same bytes, but a gate's runs carry the wall times it measured
+ * (the HDF5 report keeps them only with --timings), so two gates' files
+ * differ in their time attributes.
  *
  * The file is written by kv_report_file_publish (report.h): an unnamed
  * temporary in path's directory, flushed to disk, then linked and renamed

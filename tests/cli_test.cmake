@@ -197,7 +197,35 @@ kv_expect_match("${err}" "kvrepro gate: done: [0-9]+/[0-9]+ runs" "progress line
 foreach(t 1 2 4)
   kv_run(0 out err ${CMAKE_COMMAND} -E env OMP_NUM_THREADS=${t}
          ${KVREPRO} gate --quiet ${SMALL} --report "${WORK}/t${t}.h5" --junit "${WORK}/t${t}.xml")
+  set(count_line_t${t} "${out}")
 endforeach()
+# JUnit counts what the console counts: its totals are the count line's runs.
+string(REGEX MATCH "([0-9]+) passed, ([0-9]+) failed, ([0-9]+) skipped\n$" m "${count_line_t1}")
+if(NOT m)
+  message(FATAL_ERROR "no count line last:\n${count_line_t1}")
+endif()
+math(EXPR runs "${CMAKE_MATCH_1} + ${CMAKE_MATCH_2} + ${CMAKE_MATCH_3}")
+file(READ "${WORK}/t1.xml" junit_t1)
+kv_expect_match("${junit_t1}" "<testsuites name=\"kvrepro\" tests=\"${runs}\" failures=\"${CMAKE_MATCH_2}\" errors=\"0\" skipped=\"${CMAKE_MATCH_3}\" "
+                "JUnit's totals are the console's count line (${count_line_t1})")
+# One test case per run, named MODEL/SCENARIO/VARIANT/BACKEND/MODE rN.
+string(REGEX MATCHALL "<testcase " cases "${junit_t1}")
+list(LENGTH cases n_cases)
+if(NOT n_cases EQUAL runs)
+  message(FATAL_ERROR "${n_cases} JUnit test cases for ${runs} runs")
+endif()
+kv_expect_match("${junit_t1}" "<testcase name=\"gemma2-tiny/prompt_w_plus_1/ring/cpu/graph r1\" "
+                "a test case named by its run")
+# Durations: JUnit carries the runs' wall times (so its bytes differ from
+# gate to gate, on purpose), the HDF5 report does not (compared below).
+# With the times normalised the JUnit files of two gates are the same.
+kv_expect_no_match("${junit_t1}" "<testsuites [^>]* time=\"0.000\"" "JUnit records the runs' durations")
+file(READ "${WORK}/t2.xml" junit_t2)
+string(REGEX REPLACE " time=\"[0-9.]+\"" " time=\"T\"" norm_t1 "${junit_t1}")
+string(REGEX REPLACE " time=\"[0-9.]+\"" " time=\"T\"" norm_t2 "${junit_t2}")
+if(NOT norm_t1 STREQUAL norm_t2)
+  message(FATAL_ERROR "Nondeterminism! the JUnit files of OMP_NUM_THREADS=1 and 2 differ in more than their times")
+endif()
 foreach(t 2 4)
   execute_process(COMMAND ${CMAKE_COMMAND} -E compare_files "${WORK}/t1.h5" "${WORK}/t${t}.h5"
                   RESULT_VARIABLE same)

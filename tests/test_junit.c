@@ -1,11 +1,20 @@
 /* test_junit.c: the "junit" suite: JUnit XML from a report (reports/junit.h).
  *
  * A synthetic KvReport (one model, two scenarios, a reference run, a passing
- * and a failing candidate, a skipped run, comparisons of every kind) is
- * written and the file is read back as text. Expected counts are stated by
- * hand from the report built here, and are also recounted from the elements
- * in the file, so a writer whose attributes disagree with its own testcases
- * fails even when the hand count happens to match. Well-formedness is checked
+ * and a failing candidate, a skipped run, a run whose one comparison was
+ * skipped, comparisons of every kind) is written and the file is read back
+ * as text. A test case is a run, as the console counts them. Expected
+ * counts are stated by hand from the report built here, are recounted from
+ * the elements in the file (so a writer whose attributes disagree with its
+ * own testcases fails even when the hand count happens to match), and are
+ * compared with the console's count line (kv_report_print_counts) for this
+ * report and for variants of it.
+ *
+ * Bytes: two writes of one report are identical, but the times are the
+ * runs' measured wall times, which differ from gate to gate; so the file is
+ * pinned with its time attributes normalised (test_times_only_differ): two
+ * reports that differ only in their runs' seconds give files equal but for
+ * time="...", and those carry the seconds. Well-formedness is checked
  * by xmllint when it is installed (and said to be SKIPPED when not) and always
  * by the small checker below, which is itself shown to reject bad input.
  * Writing shares kv_report_file_publish with the HDF5 report: a "full disk"
@@ -15,6 +24,7 @@
 #include <check.h>
 #include <dirent.h>
 #include <errno.h>
+#include <math.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -135,20 +145,23 @@ static void set_cmp(KvComparison *c, KvCompareKind kind, int64_t a, int64_t b, K
 }
 
 /* Runs (model "tiny"):
- *   0 short reference/cpu/eager/r0      pass
- *   1 short ring/cpu/eager/r0           pass
- *   2 short roll/cpu/eager/r0           FAIL (comparisons 1 and 2)
- *   3 short ring/cuda/graph/r0          skipped
- *   4 long  reference/cpu/eager/r0      pass
- *   5 long  ring/cpu/eager/r0           pass
- *   6 long  ring/cpu/eager/r1           pass
- *   7 long  ring/cpu/graph/r0           pass
+ *   0 short reference/cpu/eager r0      pass
+ *   1 short ring/cpu/eager r0           pass
+ *   2 short roll/cpu/eager r0           FAIL (comparisons 1 and 2)
+ *   3 short ring/cuda/graph r0          skipped (not run)
+ *   4 long  reference/cpu/eager r0      pass
+ *   5 long  ring/cpu/eager r0           pass
+ *   6 long  ring/cpu/eager r1           pass
+ *   7 long  ring/cpu/graph r0           pass
+ *   8 long  ring/cuda/eager r0          skipped (ran; its one comparison skipped)
  * Comparisons:
  *   0 reference 0->1 PASS   1 reference 0->2 FAIL   2 variant 1->2 FAIL
  *   3 graph 1->3 SKIP       4 reference 4->5 PASS   5 repeat 5->6 PASS
- *   6 graph 5->7 PASS       7 replay 7->7 PASS
- * so short: 8 tests, 3 failures, 2 skipped; long: 8, 0, 0. */
-enum { N_RUNS = 8, N_CMPS = 8 };
+ *   6 graph 5->7 PASS       7 replay 7->7 PASS      8 reference 4->8 SKIP
+ * so short: 4 tests, 1 failure, 1 skipped; long: 5, 0, 1; as the console
+ * counts them: "6 passed, 1 failed, 2 skipped". */
+#define CMP_SKIP_MSG "no logits to compare: the run stored none"
+enum { N_RUNS = 9, N_CMPS = 9 };
 
 static KvReport *make_report(void) {
     KvReport *rep = calloc(1, sizeof *rep);
@@ -182,6 +195,7 @@ static KvReport *make_report(void) {
     set_run(&rep->runs[5], "long", "ring", "cpu", "eager", 0, 1.5);
     set_run(&rep->runs[6], "long", "ring", "cpu", "eager", 1, 1.5);
     set_run(&rep->runs[7], "long", "ring", "cpu", "graph", 0, 0.125);
+    set_run(&rep->runs[8], "long", "ring", "cuda", "eager", 0, 0.25);
 
     rep->n_comparisons = N_CMPS;
     rep->comparisons = calloc(N_CMPS, sizeof *rep->comparisons);
@@ -198,6 +212,7 @@ static KvReport *make_report(void) {
     set_cmp(&c[5], KV_CMP_REPEAT, 5, 6, KV_VERDICT_PASS, "");
     set_cmp(&c[6], KV_CMP_GRAPH, 5, 7, KV_VERDICT_PASS, "");
     set_cmp(&c[7], KV_CMP_REPLAY, 7, 7, KV_VERDICT_PASS, "");
+    set_cmp(&c[8], KV_CMP_REFERENCE, 4, 8, KV_VERDICT_SKIP, CMP_SKIP_MSG);
     return rep;
 }
 
@@ -508,7 +523,7 @@ START_TEST(test_counts) {
         const char *name;
         int tests, failures, skipped;
         const char *time;
-    } want[] = {{"tiny/short", 8, 3, 2, "1.750"}, {"tiny/long", 8, 0, 0, "5.125"}};
+    } want[] = {{"tiny/short", 4, 1, 1, "1.750"}, {"tiny/long", 5, 0, 1, "5.375"}};
     const char *root = strstr(doc, "<testsuites ");
     ck_assert(root != NULL);
     int sum_tests = 0, sum_fail = 0, sum_skip = 0;
@@ -547,82 +562,122 @@ START_TEST(test_counts) {
     char v[64];
     tag_attr(root, "name", v, sizeof v);
     ck_assert_str_eq(v, "kvrepro");
-    ck_assert_int_eq(tag_attr_int(root, "tests"), 16);
-    ck_assert_int_eq(tag_attr_int(root, "failures"), 3);
+    ck_assert_int_eq(tag_attr_int(root, "tests"), N_RUNS);
+    ck_assert_int_eq(tag_attr_int(root, "failures"), 1);
     ck_assert_int_eq(tag_attr_int(root, "skipped"), 2);
     ck_assert_int_eq(tag_attr_int(root, "errors"), 0);
     ck_assert_int_eq(tag_attr_int(root, "tests"), sum_tests);
     ck_assert_int_eq(tag_attr_int(root, "failures"), sum_fail);
     ck_assert_int_eq(tag_attr_int(root, "skipped"), sum_skip);
     tag_attr(root, "time", v, sizeof v);
-    ck_assert_str_eq(v, "6.875");
+    ck_assert_str_eq(v, "7.125");
     free(doc);
     free_report(rep);
 }
 END_TEST
 
-START_TEST(test_failing_run_and_comparison) {
+/* The root's totals against the console's "N passed, N failed, N skipped"
+ * (kv_report_print_counts) for rep: passed = tests - failures - skipped. */
+static void assert_counts_match_console(const KvReport *rep, const char *what) {
+    char path[128];
+    char *doc = write_and_read(rep, "console.xml", path, sizeof path);
+    const char *root = strstr(doc, "<testsuites ");
+    ck_assert(root != NULL);
+    const long long tests = tag_attr_int(root, "tests"), failures = tag_attr_int(root, "failures"),
+                    skipped = tag_attr_int(root, "skipped");
+    char *line = NULL;
+    size_t len = 0;
+    FILE *m = open_memstream(&line, &len);
+    ck_assert(m != NULL);
+    ck_assert_int_eq(kv_report_print_counts(rep, m), KV_OK);
+    ck_assert_int_eq(fclose(m), 0);
+    char want[128];
+    snprintf(want, sizeof want, "%lld passed, %lld failed, %lld skipped\n", tests - failures - skipped,
+             failures, skipped);
+    ck_assert_msg(strcmp(line, want) == 0, "%s: the console says '%s', JUnit's totals say '%s'", what, line,
+                  want);
+    free(line);
+    free(doc);
+}
+
+/* JUnit counts what the console counts: the report above, and variants
+ * that move runs between the verdicts in the ways that once made the two
+ * disagree (a skipped run with a failing comparison, a run that ran but
+ * whose comparison was skipped, a run failing several comparisons). */
+START_TEST(test_counts_match_console) {
+    KvReport *rep = make_report();
+    assert_counts_match_console(rep, "the synthetic report");
+    rep->comparisons[3].verdict = KV_VERDICT_FAIL; /* skipped run 3 now also fails */
+    assert_counts_match_console(rep, "a skipped run with a failing comparison");
+    rep->comparisons[5].verdict = KV_VERDICT_SKIP;
+    rep->comparisons[6].verdict = KV_VERDICT_FAIL;
+    rep->comparisons[7].verdict = KV_VERDICT_FAIL;
+    assert_counts_match_console(rep, "skips and failures moved");
+    for (int64_t k = 0; k < rep->n_comparisons; k++) rep->comparisons[k].verdict = KV_VERDICT_PASS;
+    rep->runs[3].skipped = false;
+    assert_counts_match_console(rep, "everything passing");
+    free_report(rep);
+}
+END_TEST
+
+START_TEST(test_failing_run) {
     KvReport *rep = make_report();
     char path[128];
     char *doc = write_and_read(rep, "out.xml", path, sizeof path);
 
-    char *tc = testcase_text(doc, "tiny/short", "roll/cpu/eager/r0");
+    char *tc = testcase_text(doc, "tiny/short", "tiny/short/roll/cpu/eager r0");
     ck_assert_msg(strstr(tc, " classname=\"kvrepro.tiny.short\"") != NULL, "%s", tc);
     ck_assert_msg(strstr(tc, " time=\"1.000\"") != NULL, "%s", tc);
-    /* message = the first failing comparison's, type = its kind */
-    ck_assert_msg(strstr(tc, "<failure message=\"" MSG_NASTY_ATTR "\" type=\"reference\">") != NULL, "%s", tc);
-    /* details: every failing comparison of this run */
-    ck_assert_msg(strstr(tc, "reference: reference/cpu/eager/r0 vs roll/cpu/eager/r0: " MSG_NASTY_TEXT "\n") !=
-                      NULL,
+    /* message = the first failing comparison's kind and message, type = its kind */
+    ck_assert_msg(strstr(tc, "<failure message=\"reference: " MSG_NASTY_ATTR " (and 1 more)\" "
+                             "type=\"reference\">") != NULL,
                   "%s", tc);
-    ck_assert_msg(strstr(tc, "variant_vs_variant: ring/cpu/eager/r0 vs roll/cpu/eager/r0: variant diverged at "
+    /* the body: every failing comparison of this run, where it differs */
+    ck_assert_msg(strstr(tc, ">reference: reference/cpu/eager r0 vs roll/cpu/eager r0: " MSG_NASTY_TEXT "\n"
+                             "  first_step=3 first_row=1 first_probe=-1\n  max_abs_err=0.5 ") != NULL,
+                  "%s", tc);
+    ck_assert_msg(strstr(tc, "\nvariant_vs_variant: ring/cpu/eager r0 vs roll/cpu/eager r0: variant diverged at "
                              "step 2\n") != NULL,
                   "%s", tc);
-    ck_assert_msg(strstr(tc, "weight_seed=1234 prompt_seed=5678") != NULL, "%s", tc);
+    ck_assert_msg(strstr(tc, "weight_seed=1234 prompt_seed=5678\n</failure>") != NULL, "%s", tc);
     ck_assert_int_eq(count_in(tc, tc + strlen(tc), "<failure "), 1);
-    free(tc);
-
-    tc = testcase_text(doc, "tiny/short", "reference: reference/cpu/eager/r0 vs roll/cpu/eager/r0");
-    ck_assert_msg(strstr(tc, "<failure message=\"" MSG_NASTY_ATTR "\" type=\"reference\">" MSG_NASTY_TEXT) != NULL,
+    /* and what judged it, with the verdicts */
+    ck_assert_msg(strstr(tc, "<system-out>reference: reference/cpu/eager r0 vs roll/cpu/eager r0: FAIL: ") != NULL,
                   "%s", tc);
-    ck_assert_msg(strstr(tc, " time=\"0\"") != NULL, "%s", tc);
-    ck_assert_msg(strstr(tc, "first_step=3 first_row=1 first_probe=-1") != NULL, "%s", tc);
-    free(tc);
-
-    tc = testcase_text(doc, "tiny/short", "variant_vs_variant: ring/cpu/eager/r0 vs roll/cpu/eager/r0");
-    ck_assert_msg(strstr(tc, "<failure message=\"variant diverged at step 2\" type=\"variant_vs_variant\">") !=
-                      NULL,
+    ck_assert_msg(strstr(tc, "\nvariant_vs_variant: ring/cpu/eager r0 vs roll/cpu/eager r0: FAIL: variant "
+                             "diverged at step 2\n</system-out>\n    </testcase>") != NULL,
                   "%s", tc);
     free(tc);
 
-    /* passing runs and comparisons: no child elements at all */
+    /* one test case per run, named so it reads alone; none per comparison */
+    ck_assert_int_eq(count_in(doc, doc + strlen(doc), "<testcase "), N_RUNS);
+    ck_assert_msg(strstr(doc, "<testcase name=\"reference:") == NULL, "%s", doc);
+
+    /* a run no comparison names: no child elements at all */
+    ck_assert_msg(strstr(doc, "<testcase name=\"tiny/short/reference/cpu/eager r0\" classname=\"kvrepro.tiny.short\" "
+                              "time=\"0.500\"/>") != NULL,
+                  "%s", doc);
+    /* passing runs: no failure, no skip; their comparisons in system-out */
+    tc = testcase_text(doc, "tiny/long", "tiny/long/ring/cpu/graph r0");
+    ck_assert_msg(strstr(tc, "<testcase name=\"tiny/long/ring/cpu/graph r0\" classname=\"kvrepro.tiny.long\" "
+                             "time=\"0.125\">\n      <system-out>graph_vs_eager: ring/cpu/eager r0 vs "
+                             "ring/cpu/graph r0: pass\nreplay: ring/cpu/graph r0: pass\n</system-out>\n"
+                             "    </testcase>") == tc,
+                  "%s", tc);
+    free(tc);
     static const struct {
         const char *suite, *name;
     } passing[] = {
-        {"tiny/short", "reference/cpu/eager/r0"},
-        {"tiny/short", "ring/cpu/eager/r0"},
-        {"tiny/short", "reference: reference/cpu/eager/r0 vs ring/cpu/eager/r0"},
-        {"tiny/long", "reference/cpu/eager/r0"},
-        {"tiny/long", "ring/cpu/eager/r0"},
-        {"tiny/long", "ring/cpu/eager/r1"},
-        {"tiny/long", "ring/cpu/graph/r0"},
-        {"tiny/long", "reference: reference/cpu/eager/r0 vs ring/cpu/eager/r0"},
-        {"tiny/long", "repeat: ring/cpu/eager/r0 vs ring/cpu/eager/r1"},
-        {"tiny/long", "graph_vs_eager: ring/cpu/eager/r0 vs ring/cpu/graph/r0"},
-        {"tiny/long", "replay: ring/cpu/graph/r0 vs ring/cpu/graph/r0"},
+        {"tiny/short", "tiny/short/ring/cpu/eager r0"},
+        {"tiny/long", "tiny/long/reference/cpu/eager r0"},
+        {"tiny/long", "tiny/long/ring/cpu/eager r0"},
+        {"tiny/long", "tiny/long/ring/cpu/eager r1"},
     };
     for (size_t k = 0; k < sizeof passing / sizeof passing[0]; k++) {
         tc = testcase_text(doc, passing[k].suite, passing[k].name);
-        ck_assert_msg(strchr(tc, '>') == tc + strlen(tc) - 1 && tc[strlen(tc) - 2] == '/',
-                      "passing testcase has children: %s", tc);
+        ck_assert_msg(strstr(tc, "<failure") == NULL && strstr(tc, "<skipped") == NULL, "passing run: %s", tc);
         free(tc);
     }
-    ck_assert_msg(strstr(doc, "<testcase name=\"reference/cpu/eager/r0\" classname=\"kvrepro.tiny.short\" "
-                              "time=\"0.500\"/>") != NULL,
-                  "%s", doc);
-    ck_assert_msg(strstr(doc, "<testcase name=\"ring/cpu/graph/r0\" classname=\"kvrepro.tiny.long\" "
-                              "time=\"0.125\"/>") != NULL,
-                  "%s", doc);
     free(doc);
     free_report(rep);
 }
@@ -632,12 +687,34 @@ START_TEST(test_skipped) {
     KvReport *rep = make_report();
     char path[128];
     char *doc = write_and_read(rep, "out.xml", path, sizeof path);
-    char *tc = testcase_text(doc, "tiny/short", "ring/cuda/graph/r0");
+    /* not run: the run's own reason */
+    char *tc = testcase_text(doc, "tiny/short", "tiny/short/ring/cuda/graph r0");
     ck_assert_msg(strstr(tc, "<skipped message=\"" SKIP_NASTY_ATTR "\"/>") != NULL, "%s", tc);
     ck_assert_msg(strstr(tc, "<failure") == NULL, "%s", tc);
+    ck_assert_msg(strstr(tc, "graph_vs_eager: ring/cpu/eager r0 vs ring/cuda/graph r0: skipped: no CUDA device\n") !=
+                      NULL,
+                  "%s", tc);
     free(tc);
-    tc = testcase_text(doc, "tiny/short", "graph_vs_eager: ring/cpu/eager/r0 vs ring/cuda/graph/r0");
-    ck_assert_msg(strstr(tc, "<skipped message=\"no CUDA device\"/>") != NULL, "%s", tc);
+    /* ran, but its comparison was skipped: that comparison's reason, as the
+     * console's skip lines give it */
+    tc = testcase_text(doc, "tiny/long", "tiny/long/ring/cuda/eager r0");
+    ck_assert_msg(strstr(tc, "<skipped message=\"" CMP_SKIP_MSG "\"/>") != NULL, "%s", tc);
+    free(tc);
+    free(doc);
+    free_report(rep);
+}
+END_TEST
+
+/* A run of another (model, scenario) is named whole in a case's text: the
+ * case's own suite is not where it is. */
+START_TEST(test_other_suite_named_whole) {
+    KvReport *rep = make_report();
+    rep->comparisons[8].run_a = 0; /* long's run 8 against short's reference */
+    char path[128];
+    char *doc = write_and_read(rep, "out.xml", path, sizeof path);
+    char *tc = testcase_text(doc, "tiny/long", "tiny/long/ring/cuda/eager r0");
+    ck_assert_msg(strstr(tc, "reference: tiny/short/reference/cpu/eager r0 vs ring/cuda/eager r0: skipped: ") != NULL,
+                  "%s", tc);
     free(tc);
     free(doc);
     free_report(rep);
@@ -672,12 +749,61 @@ START_TEST(test_escaping) {
     doc = read_text(path, &len);
     char want[KV_NAME_LEN + 32];
     memset(want, 'v', KV_NAME_LEN);
-    strcpy(want + KV_NAME_LEN, "/cpu/eager/r0\"");
+    strcpy(want + KV_NAME_LEN, "/cpu/eager r0\"");
     ck_assert_msg(strstr(doc, want) != NULL, "%s", doc);
-    ck_assert_msg(strstr(doc, "<testcase name=\"a&lt;b&gt;&amp;&quot;c&quot;/cpu/eager/r0\"") != NULL, "%s", doc);
+    ck_assert_msg(strstr(doc, "<testcase name=\"tiny/long/a&lt;b&gt;&amp;&quot;c&quot;/cpu/eager r0\"") != NULL,
+                  "%s", doc);
     const char *why = xml_problem(doc, len);
     ck_assert_msg(why == NULL, "not well-formed: %s", why);
     free(doc);
+    free_report(rep);
+}
+END_TEST
+
+/* doc with every time="..." value replaced by "T", in place. */
+static void normalise_times(char *doc) {
+    char *w = doc;
+    for (const char *r = doc; *r != '\0';) {
+        if (strncmp(r, " time=\"", 7) == 0) {
+            const char *end = strchr(r + 7, '"'); /* before w can overwrite it */
+            ck_assert(end != NULL && end - r >= 8);
+            memcpy(w, " time=\"T\"", 9);
+            w += 9;
+            r = end + 1;
+        } else {
+            *w++ = *r++;
+        }
+    }
+    *w = '\0';
+}
+
+/* The time attributes are the runs' seconds (measured wall times: they
+ * differ from gate to gate), and nothing else in the file depends on them:
+ * two reports that differ only in their runs' seconds give files equal
+ * once the times are normalised, and different before. */
+START_TEST(test_times_only_differ) {
+    KvReport *rep = make_report();
+    char p1[128], p2[128];
+    char *a = write_and_read(rep, "one.xml", p1, sizeof p1);
+    for (int64_t i = 0; i < rep->n_runs; i++) rep->runs[i].seconds = 0.001 * (double)(i * i + 7);
+    rep->runs[2].seconds = NAN; /* never measured: written as 0 */
+    char *b = write_and_read(rep, "two.xml", p2, sizeof p2);
+    ck_assert_msg(strcmp(a, b) != 0, "the runs' seconds are not in the file");
+    char *tc = testcase_text(b, "tiny/short", "tiny/short/ring/cpu/eager r0");
+    ck_assert_msg(strstr(tc, " time=\"0.008\"") != NULL, "%s", tc);
+    free(tc);
+    tc = testcase_text(b, "tiny/short", "tiny/short/roll/cpu/eager r0");
+    ck_assert_msg(strstr(tc, " time=\"0.000\"") != NULL, "%s", tc);
+    free(tc);
+    normalise_times(a);
+    normalise_times(b);
+    size_t at = 0;
+    while (a[at] != '\0' && a[at] == b[at]) at++;
+    ck_assert_msg(a[at] == b[at], "files differ in more than their times, at byte %zu: '%.60s' vs '%.60s'",
+                  at, a + at, b + at);
+    ck_assert_int_eq(count_in(a, a + strlen(a), " time=\"T\""), 1 + 2 + N_RUNS);
+    free(a);
+    free(b);
     free_report(rep);
 }
 END_TEST
@@ -873,8 +999,11 @@ static Suite *junit_suite(void) {
     tcase_add_test(tc, test_checker_rejects_bad_xml);
     tcase_add_test(tc, test_wellformed);
     tcase_add_test(tc, test_counts);
-    tcase_add_test(tc, test_failing_run_and_comparison);
+    tcase_add_test(tc, test_counts_match_console);
+    tcase_add_test(tc, test_failing_run);
     tcase_add_test(tc, test_skipped);
+    tcase_add_test(tc, test_other_suite_named_whole);
+    tcase_add_test(tc, test_times_only_differ);
     tcase_add_test(tc, test_escaping);
     tcase_add_test(tc, test_deterministic);
     tcase_add_test(tc, test_unwritable);
