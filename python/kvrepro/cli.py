@@ -6,6 +6,7 @@
                      [--scenario NAME] [--device cpu|cuda[:N]] [--threads T] --out RUN.h5
   kvrepro-hf capture ... (--text TEXT [--text TEXT ...] | --text-file FILE) ...
   kvrepro-hf plot REPORT.h5 --out DIR [--window W]
+  kvrepro-hf report REPORT.h5 --html OUT.html [--window W]
   kvrepro-hf prompts --model DIR (--text TEXT [--text ...] | --text-file FILE) --out P.json
                      [--no-special-tokens]
   kvrepro-hf show REPORT.h5 --model DIR
@@ -291,7 +292,7 @@ def cmd_capture(args: argparse.Namespace) -> int:
 
 
 # plot's figures (plot.FIGURES, without importing matplotlib for the checks)
-FIGURES = ("error_vs_reference.png", "divergence_map.png", "graphs_per_decode.png")
+FIGURES = ("summary.png", "error_vs_reference.png", "divergence_map.png", "graphs_per_decode.png")
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
@@ -307,6 +308,18 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
     for path in plot_report(args.report, args.out, window=args.window):
         print(path)
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    # the checks that need neither h5py nor matplotlib first
+    # (write_html_report makes them again)
+    os.close(open_regular(args.report, "report"))
+    check_writable(args.html, "--html")
+
+    from .html_report import write_html_report
+
+    print(write_html_report(args.report, args.html, window=args.window))
     return 0
 
 
@@ -435,6 +448,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--window", type=_int_in(1, MAX_WINDOW, "a sliding window"), default=None, metavar="W",
                    action=_Once,
                    help="sliding window W, for runs without a 'window' attribute (marks where the window is full)")
+    h = sub.add_parser("report", help="write a report as one self-contained HTML page", allow_abbrev=False,
+                       description="Writes one HTML page a reviewer opens from a CI artifact: the verdict, the "
+                                   "model x scenario grid, every failure with its bisect command, the skips, "
+                                   "the tolerances the gate applied, each model's window and the figures of "
+                                   "`plot`, inline (no file or URL beside it).")
+    h.add_argument("report", type=_path, help="a report (HDF5) of `kvrepro gate` or `kvrepro-hf capture`")
+    h.add_argument("--html", required=True, type=_path, action=_Once,
+                   help="page to write: a new name or a regular file")
+    h.add_argument("--window", type=_int_in(1, MAX_WINDOW, "a sliding window"), default=None, metavar="W",
+                   action=_Once, help="sliding window W, for a report that records none")
     return ap
 
 
@@ -449,7 +472,7 @@ def _text_options(group: argparse._MutuallyExclusiveGroup) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     commands = {"capture": cmd_capture, "plot": cmd_plot, "prompts": cmd_prompts, "show": cmd_show,
-                "convert-gguf": cmd_convert_gguf}
+                "convert-gguf": cmd_convert_gguf, "report": cmd_report}
     try:
         return commands[args.cmd](args)
     except InputError as e:

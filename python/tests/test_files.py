@@ -32,7 +32,7 @@ from kvrepro.plot import plot_report
 from kvrepro.report import Run, margins_of, write_report
 
 ROOT = {"tool_version": "test", "git_commit": "none", "host": "test", "device": "cpu only", "math_mode": "fp32"}
-FIGURES = ("error_vs_reference.png", "divergence_map.png", "graphs_per_decode.png")
+FIGURES = ("summary.png", "error_vs_reference.png", "divergence_map.png", "graphs_per_decode.png")
 VICTIM = b"not yours to write\n"
 
 

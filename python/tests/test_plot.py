@@ -16,8 +16,10 @@ import h5py
 import numpy as np
 
 from kvrepro.cli import InputError, main
-from kvrepro.plot import (divergence_matrix, kept_rel_error_series, load_comparisons, plot_report,
-                          rel_error_series, window_step)
+from kvrepro.plot import (FIGURES, G_BEYOND, G_EQUAL, G_TOKEN, G_WITHIN, MAX_PX, NO_DATA, Tolerance,
+                          divergence_matrix, graded_codes, kept_rel_error_series, load_comparisons, load_report,
+                          plot_report, rel_error_series, render_figures, unit_tolerance, window_from_sweep,
+                          window_step)
 from kvrepro.report import Run, margins_of, write_report
 
 S, B, V, P = 6, 2, 8, 3
@@ -166,11 +168,11 @@ class PlotTest(unittest.TestCase):
 
     # -- the figures
 
-    def test_plot_writes_three_pngs(self) -> None:
+    def test_plot_writes_four_pngs(self) -> None:
         out = os.path.join(self.tmp.name, "figs", "new")          # created, parents too
         paths = plot_report(self.report, out, window=4)
         self.assertEqual([os.path.basename(p) for p in paths],
-                         ["error_vs_reference.png", "divergence_map.png", "graphs_per_decode.png"])
+                         ["summary.png", "error_vs_reference.png", "divergence_map.png", "graphs_per_decode.png"])
         first = []
         for p in paths:
             with open(p, "rb") as f:
@@ -191,7 +193,7 @@ class PlotTest(unittest.TestCase):
         with contextlib.redirect_stdout(buf):
             self.assertEqual(main(["plot", self.report, "--out", out, "--window", "4"]), 0)
         self.assertEqual(buf.getvalue().split(),
-                         [os.path.join(out, n) for n in ("error_vs_reference.png",
+                         [os.path.join(out, n) for n in ("summary.png", "error_vs_reference.png",
                                                          "divergence_map.png",
                                                          "graphs_per_decode.png")])
 
