@@ -405,14 +405,14 @@ static int bench_prefill_matmuls(const KvModel *m, int64_t rows, int repeats, do
         double t0 = bench_now();
         for (int64_t l = 0; l < c->num_layers; l++) {
             const KvLayerWeights *w = &m->layers[l];
-            const float *qkv[3] = {w->wq, w->wk, w->wv};
+            const KvMat qkv[3] = {w->wq, w->wk, w->wv};
             const int64_t qkv_out[3] = {q, kv, kv};
             kv_matmul_multi(x, rows, h, 3, qkv, qkv_out, ys);
-            kv_matmul(x, w->wo, rows, q, h, ys[0]);
-            const float *gu[2] = {w->w_gate, w->w_up};
+            kv_matmul_mat(x, w->wo, rows, q, h, ys[0]);
+            const KvMat gu[2] = {w->w_gate, w->w_up};
             const int64_t gu_out[2] = {inter, inter};
             kv_matmul_multi(x, rows, h, 2, gu, gu_out, ys);
-            kv_matmul(x, w->w_down, rows, inter, h, ys[0]);
+            kv_matmul_mat(x, w->w_down, rows, inter, h, ys[0]);
         }
         double t = bench_now() - t0;
         if (rep > 0 && t < best) best = t;

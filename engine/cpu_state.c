@@ -48,8 +48,8 @@ static int64_t cpu_mask_window(void *ctx, int64_t window) {
 
 /* KV_FAULT_TF32: every matmul input rounded to TF32 (out of memory for its
  * scratch: NaN outputs, so the failure cannot pass unseen). */
-static void cpu_matmul_tf32(const float *x, const float *w, int64_t rows, int64_t in,
-                            int64_t out, float *y) {
+static void cpu_matmul_tf32(const float *x, KvMat w, int64_t rows, int64_t in, int64_t out,
+                            float *y) {
     if (kv_matmul_tf32(x, w, rows, in, out, y) != KV_OK) {
         for (int64_t i = 0; i < rows * out; i++) y[i] = NAN;
     }

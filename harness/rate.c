@@ -15,15 +15,14 @@ static double rate_now(void) {
 
 /* Seconds per call of mm(x, w, rows, in, out, y), repeated for at least
  * `budget` seconds (once at least). */
-static double rate_time(void (*mm)(const float *, const float *, int64_t, int64_t, int64_t,
-                                   float *),
+static double rate_time(void (*mm)(const float *, KvMat, int64_t, int64_t, int64_t, float *),
                         const float *x, const float *w, int64_t rows, int64_t in, int64_t out,
                         float *y, double budget) {
     const double t0 = rate_now();
     int64_t calls = 0;
     double t = t0;
     do {
-        mm(x, w, rows, in, out, y);
+        mm(x, kv_mat_f32(w), rows, in, out, y);
         calls++;
         t = rate_now();
     } while (t - t0 < budget);
@@ -54,9 +53,9 @@ KvStatus kv_rate_measure(const KvConfig *cfg, KvRate *r, KvError *err) {
     for (int64_t i = 0; i < RATE_ROWS * in; i++) x[i] = (float)(i % 7) * 0.125f - 0.375f;
     for (int64_t i = 0; i < wn; i++) w[i] = (float)(i % 5) * 0.0625f - 0.125f;
     const double macs = (double)RATE_ROWS * (double)in * (double)out;
-    r->mac_s = rate_time(kv_matmul, x, w, RATE_ROWS, in, out, y, 0.1) / macs;
+    r->mac_s = rate_time(kv_matmul_mat, x, w, RATE_ROWS, in, out, y, 0.1) / macs;
     r->seq_mac_s = rate_time(kv_matmul_sequential, x, w, RATE_ROWS, in, out, y, 0.1) / macs;
-    r->byte_s = rate_time(kv_matmul, x, w, 1, in, big, y, 0.1) /
+    r->byte_s = rate_time(kv_matmul_mat, x, w, 1, in, big, y, 0.1) /
                 ((double)big * (double)in * (double)sizeof(float));
     free(x);
     free(w);

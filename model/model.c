@@ -3,12 +3,13 @@
  * Every tensor the family needs is looked up by its Hugging Face name and
  * checked for dtype and shape against the config before anything is used;
  * then every tensor the checkpoint holds must have been bound or be on the
- * ignore list below. Aligned F32 tensors are used in place (no copy of a
- * mapped file); F16, BF16 and unaligned F32 are converted once into owned
- * buffers, and the mapped pages they came from are released as each is
- * converted (kv_st_release), so a converted checkpoint costs its F32 weights
- * in resident memory, not the weights plus the file. On any failure
- * everything is released and *out is left zeroed: no partial model. */
+ * ignore list below. Matrices are used in place, as stored (F32, BF16 or
+ * F16: the kernels widen them as they read, weight.h); only an unaligned F32
+ * matrix is copied. The small vectors are F32: used in place when the file
+ * holds aligned F32, else converted once into owned buffers, and the mapped
+ * pages they came from released as each is converted (kv_st_release), so no
+ * tensor stays resident twice. On any failure everything is released and
+ * *out is left zeroed: no partial model. */
 #include "model.h"
 
 #include "bigalloc.h"
@@ -128,7 +129,6 @@ static const KvTensorInfo *binder_find(ModelBinder *b, const char *name,
     return t;
 }
 
-/* Resolves one tensor to an F32 pointer; rank 1 uses only d0. */
 /* "[d0, d1, ...]" of t's shape into buf (NUL-terminated, truncated to n). */
 static void shape_text(const KvTensorInfo *t, char *buf, size_t n) {
     size_t used = (size_t)snprintf(buf, n, "[");
@@ -138,9 +138,10 @@ static void shape_text(const KvTensorInfo *t, char *buf, size_t n) {
     if (used < n) snprintf(buf + used, n - used, "]");
 }
 
-static KvStatus bind_tensor(ModelBinder *b, const char *name, int rank, int64_t d0, int64_t d1,
-                            const float **dst, KvError *err) {
-    KvModel *m = b->m;
+/* The tensor called name, checked for a weight dtype and the shape
+ * [d0] (rank 1) or [d0, d1]; *file is the file holding it. */
+static KvStatus bind_lookup(ModelBinder *b, const char *name, int rank, int64_t d0, int64_t d1,
+                            const KvSafetensors **file, const KvTensorInfo **out, KvError *err) {
     const KvSafetensors *st = NULL;
     const KvTensorInfo *t = binder_find(b, name, &st);
     char want[64];
@@ -167,7 +168,38 @@ static KvStatus bind_tensor(ModelBinder *b, const char *name, int rank, int64_t 
         return kv_error_set(err, KV_ERR_INPUT, "%s: tensor '%s': expected shape %s, found %s",
                             st->label, name, want, found);
     }
+    *file = st;
+    *out = t;
+    return KV_OK;
+}
 
+/* t's values as an owned F32 buffer; the file's pages it came from are
+ * released (nothing reads them again: without this a converted tensor
+ * stays resident twice, as file pages and as F32). */
+static KvStatus bind_convert(ModelBinder *b, const KvSafetensors *st, const KvTensorInfo *t,
+                             const char *name, size_t numel, float **dst, KvError *err) {
+    KvModel *m = b->m;
+    float *buf = kv_big_alloc(numel > 0 ? numel * sizeof(float) : 1);
+    if (buf == NULL) {
+        return kv_error_set(err, KV_ERR_INTERNAL,
+                            "%s: tensor '%s': out of memory converting %zu values to F32",
+                            st->label, name, numel);
+    }
+    kv_dtype_to_f32(t->dtype, st->data + t->begin, numel, buf);
+    kv_st_release(st, t->begin, t->end);
+    m->owned[m->n_owned++] = buf;
+    *dst = buf;
+    return KV_OK;
+}
+
+/* A vector (norm, bias, sinks) or the router as F32: in place when the file
+ * holds aligned F32, else converted (they are small). Rank 1 uses only d0. */
+static KvStatus bind_tensor(ModelBinder *b, const char *name, int rank, int64_t d0, int64_t d1,
+                            const float **dst, KvError *err) {
+    const KvSafetensors *st = NULL;
+    const KvTensorInfo *t = NULL;
+    KvStatus rc = bind_lookup(b, name, rank, d0, d1, &st, &t, err);
+    if (rc != KV_OK) return rc;
     /* The config's size checks make numel * 4 representable. */
     size_t numel = (size_t)d0 * (size_t)(rank == 1 ? 1 : d1);
     const uint8_t *src = st->data + t->begin;
@@ -176,27 +208,40 @@ static KvStatus bind_tensor(ModelBinder *b, const char *name, int rank, int64_t 
         b->in_place[binder_index(b, st, t)] = true;
         return KV_OK;
     }
-    float *buf = kv_big_alloc(numel > 0 ? numel * sizeof(float) : 1); /* streamed every step */
-    if (buf == NULL) {
-        return kv_error_set(err, KV_ERR_INTERNAL,
-                            "%s: tensor '%s': out of memory converting %zu values to F32",
-                            st->label, name, numel);
+    float *buf = NULL;
+    rc = bind_convert(b, st, t, name, numel, &buf, err);
+    if (rc == KV_OK) *dst = buf;
+    return rc;
+}
+
+/* A matrix [d0, d1] as stored: in place from the mapping (BF16, F16, and
+ * aligned F32, read through kv_mat_rows); only an unaligned F32 one is
+ * copied (kernels load F32 rows as floats). */
+static KvStatus bind_matrix(ModelBinder *b, const char *name, int64_t d0, int64_t d1, KvMat *dst,
+                            KvError *err) {
+    const KvSafetensors *st = NULL;
+    const KvTensorInfo *t = NULL;
+    KvStatus rc = bind_lookup(b, name, 2, d0, d1, &st, &t, err);
+    if (rc != KV_OK) return rc;
+    const uint8_t *src = st->data + t->begin;
+    if (t->dtype != KV_DTYPE_F32 || (uintptr_t)src % _Alignof(float) == 0) {
+        dst->data = src;
+        dst->dtype = t->dtype;
+        b->in_place[binder_index(b, st, t)] = true;
+        return KV_OK;
     }
-    kv_dtype_to_f32(t->dtype, src, numel, buf);
-    /* Nothing reads these file bytes again: without this a BF16 checkpoint
-     * keeps its mapped pages resident beside the F32 copy, and the peak RSS
-     * is weights + file (gemma-2-2b: 10.5 + 5.2 GB) instead of weights. */
-    kv_st_release(st, t->begin, t->end);
-    m->owned[m->n_owned++] = buf;
-    *dst = buf;
-    return KV_OK;
+    float *buf = NULL;
+    rc = bind_convert(b, st, t, name, (size_t)d0 * (size_t)d1, &buf, err);
+    if (rc == KV_OK) *dst = kv_mat_f32(buf);
+    return rc;
 }
 
 /* An expert stack [E, d1, d2] (gpt_oss's gate_up_proj, down_proj: x @ W
- * per expert) as an owned F32 buffer (E, d2, d1): each expert's matrix
- * transposed to the (out, in) layout every matmul here takes. */
+ * per expert) as an owned buffer (E, d2, d1) in the file's dtype: each
+ * expert's matrix transposed to the (out, in) layout every matmul here
+ * takes, element bytes moved, no value converted. */
 static KvStatus bind_experts(ModelBinder *b, const char *name, int64_t E, int64_t d1, int64_t d2,
-                             const float **dst, KvError *err) {
+                             KvMat *dst, KvError *err) {
     KvModel *m = b->m;
     const KvSafetensors *st = NULL;
     const KvTensorInfo *t = binder_find(b, name, &st);
@@ -230,26 +275,27 @@ static KvStatus bind_experts(ModelBinder *b, const char *name, int64_t E, int64_
                             st->label, name, E, d1, d2, found);
     }
     const size_t per = (size_t)d1 * (size_t)d2, numel = (size_t)E * per;
-    float *tmp = malloc(numel > 0 ? numel * sizeof(float) : 1);
-    float *buf = kv_big_alloc(numel > 0 ? numel * sizeof(float) : 1);
-    if (tmp == NULL || buf == NULL) {
-        free(tmp);
-        free(buf);
+    const size_t es = t->dtype == KV_DTYPE_F32 ? 4u : 2u;
+    uint8_t *buf = kv_big_alloc(numel > 0 ? numel * es : 1);
+    if (buf == NULL) {
         return kv_error_set(err, KV_ERR_INTERNAL, "%s: tensor '%s': out of memory", st->label,
                             name);
     }
-    kv_dtype_to_f32(t->dtype, st->data + t->begin, numel, tmp);
-    kv_st_release(st, t->begin, t->end); /* converted: see bind_tensor */
+    const uint8_t *data = st->data + t->begin;
     for (int64_t e = 0; e < E; e++) {
-        const float *src = tmp + (size_t)e * per;  /* (d1, d2) */
-        float *out = buf + (size_t)e * per;        /* (d2, d1) */
+        const uint8_t *src = data + (size_t)e * per * es; /* (d1, d2) */
+        uint8_t *out = buf + (size_t)e * per * es;        /* (d2, d1) */
         for (int64_t i = 0; i < d1; i++) {
-            for (int64_t j = 0; j < d2; j++) out[j * d1 + i] = src[i * d2 + j];
+            for (int64_t j = 0; j < d2; j++) {
+                memcpy(out + ((size_t)j * (size_t)d1 + (size_t)i) * es,
+                       src + ((size_t)i * (size_t)d2 + (size_t)j) * es, es);
+            }
         }
     }
-    free(tmp);
+    kv_st_release(st, t->begin, t->end); /* copied: see bind_convert */
     m->owned[m->n_owned++] = buf;
-    *dst = buf;
+    dst->data = buf;
+    dst->dtype = t->dtype;
     return KV_OK;
 }
 
@@ -272,7 +318,7 @@ static KvStatus bind_all(ModelBinder *b, KvError *err) {
                             b->label);
     }
 
-    st = bind_tensor(b, "model.embed_tokens.weight", 2, c->vocab_size, h, &m->embed, err);
+    st = bind_matrix(b, "model.embed_tokens.weight", c->vocab_size, h, &m->embed, err);
     if (st != KV_OK) return st;
     for (int64_t i = 0; i < c->num_layers; i++) {
         KvLayerWeights *L = &m->layers[i];
@@ -283,39 +329,42 @@ static KvStatus bind_all(ModelBinder *b, KvError *err) {
             const char *suffix;
             int rank;
             int64_t d0, d1;
-            const float **dst;
+            const float **dst; /* a vector, or NULL: */
+            KvMat *mat;        /* a matrix kept as stored */
             bool used;
         } spec[KV_TENSORS_PER_LAYER] = {
-            {"input_layernorm.weight", 1, h, 0, &L->input_norm, true},
-            {"post_attention_layernorm.weight", 1, h, 0, &L->post_attn_norm, true},
-            {"self_attn.q_proj.weight", 2, q_dim, h, &L->wq, true},
-            {"self_attn.k_proj.weight", 2, kv_dim, h, &L->wk, true},
-            {"self_attn.v_proj.weight", 2, kv_dim, h, &L->wv, true},
-            {"self_attn.o_proj.weight", 2, h, q_dim, &L->wo, true},
-            {"mlp.gate_proj.weight", 2, c->intermediate_size, h, &L->w_gate, true},
-            {"mlp.up_proj.weight", 2, c->intermediate_size, h, &L->w_up, true},
-            {"mlp.down_proj.weight", 2, h, c->intermediate_size, &L->w_down, true},
-            {"pre_feedforward_layernorm.weight", 1, h, 0, &L->pre_ffw_norm, gemma},
-            {"post_feedforward_layernorm.weight", 1, h, 0, &L->post_ffw_norm, gemma},
-            {"self_attn.q_proj.bias", 1, q_dim, 0, &L->bq, c->attn_qkv_bias},
-            {"self_attn.k_proj.bias", 1, kv_dim, 0, &L->bk, c->attn_qkv_bias},
-            {"self_attn.v_proj.bias", 1, kv_dim, 0, &L->bv, c->attn_qkv_bias},
-            {"self_attn.q_norm.weight", 1, c->head_dim, 0, &L->q_norm, c->qk_norm},
-            {"self_attn.k_norm.weight", 1, c->head_dim, 0, &L->k_norm, c->qk_norm},
-            {"self_attn.o_proj.bias", 1, h, 0, &L->bo, c->attn_o_bias},
-            {"self_attn.sinks", 1, c->num_heads, 0, &L->sinks, c->attn_sinks},
-            {"mlp.router.weight", 2, c->num_experts, h, &L->router_w, moe},
-            {"mlp.router.bias", 1, c->num_experts, 0, &L->router_b, moe},
+            {"input_layernorm.weight", 1, h, 0, &L->input_norm, NULL, true},
+            {"post_attention_layernorm.weight", 1, h, 0, &L->post_attn_norm, NULL, true},
+            {"self_attn.q_proj.weight", 2, q_dim, h, NULL, &L->wq, true},
+            {"self_attn.k_proj.weight", 2, kv_dim, h, NULL, &L->wk, true},
+            {"self_attn.v_proj.weight", 2, kv_dim, h, NULL, &L->wv, true},
+            {"self_attn.o_proj.weight", 2, h, q_dim, NULL, &L->wo, true},
+            {"mlp.gate_proj.weight", 2, c->intermediate_size, h, NULL, &L->w_gate, true},
+            {"mlp.up_proj.weight", 2, c->intermediate_size, h, NULL, &L->w_up, true},
+            {"mlp.down_proj.weight", 2, h, c->intermediate_size, NULL, &L->w_down, true},
+            {"pre_feedforward_layernorm.weight", 1, h, 0, &L->pre_ffw_norm, NULL, gemma},
+            {"post_feedforward_layernorm.weight", 1, h, 0, &L->post_ffw_norm, NULL, gemma},
+            {"self_attn.q_proj.bias", 1, q_dim, 0, &L->bq, NULL, c->attn_qkv_bias},
+            {"self_attn.k_proj.bias", 1, kv_dim, 0, &L->bk, NULL, c->attn_qkv_bias},
+            {"self_attn.v_proj.bias", 1, kv_dim, 0, &L->bv, NULL, c->attn_qkv_bias},
+            {"self_attn.q_norm.weight", 1, c->head_dim, 0, &L->q_norm, NULL, c->qk_norm},
+            {"self_attn.k_norm.weight", 1, c->head_dim, 0, &L->k_norm, NULL, c->qk_norm},
+            {"self_attn.o_proj.bias", 1, h, 0, &L->bo, NULL, c->attn_o_bias},
+            {"self_attn.sinks", 1, c->num_heads, 0, &L->sinks, NULL, c->attn_sinks},
+            {"mlp.router.weight", 2, c->num_experts, h, &L->router_w, NULL, moe},
+            {"mlp.router.bias", 1, c->num_experts, 0, &L->router_b, NULL, moe},
             {"mlp.experts.gate_up_proj_bias", 2, c->num_experts, 2 * c->intermediate_size,
-             &L->experts_gate_up_b, moe},
-            {"mlp.experts.down_proj_bias", 2, c->num_experts, h, &L->experts_down_b, moe},
+             &L->experts_gate_up_b, NULL, moe},
+            {"mlp.experts.down_proj_bias", 2, c->num_experts, h, &L->experts_down_b, NULL, moe},
         };
         /* the dense MLP, or gpt_oss's experts instead */
         for (int k = 6; k <= 8; k++) spec[k].used = !moe;
         for (int k = 0; k < KV_TENSORS_PER_LAYER; k++) {
             if (!spec[k].used) continue;
             snprintf(n, sizeof n, "model.layers.%" PRId64 ".%s", i, spec[k].suffix);
-            st = bind_tensor(b, n, spec[k].rank, spec[k].d0, spec[k].d1, spec[k].dst, err);
+            st = spec[k].mat != NULL
+                     ? bind_matrix(b, n, spec[k].d0, spec[k].d1, spec[k].mat, err)
+                     : bind_tensor(b, n, spec[k].rank, spec[k].d0, spec[k].d1, spec[k].dst, err);
             if (st != KV_OK) return st;
         }
         if (moe) {
@@ -336,23 +385,35 @@ static KvStatus bind_all(ModelBinder *b, KvError *err) {
          * lm_head.weight in the file (the ignore list above). */
         m->lm_head = m->embed;
     } else {
-        st = bind_tensor(b, "lm_head.weight", 2, c->vocab_size, h, &m->lm_head, err);
+        st = bind_matrix(b, "lm_head.weight", c->vocab_size, h, &m->lm_head, err);
         if (st != KV_OK) return st;
     }
 
     uint64_t norms = (uint64_t)(gemma ? 4 : 2) * (uint64_t)h +
                      (c->attn_qkv_bias ? (uint64_t)(q_dim + 2 * kv_dim) : 0) + /* biases */
                      (c->qk_norm ? 2 * (uint64_t)c->head_dim : 0);              /* q/k norms */
-    /* gpt_oss: every expert counted, as a prefill reads them all */
-    const uint64_t mlp_copies = moe ? (uint64_t)c->num_experts : 1;
-    uint64_t per_layer = 2 * (uint64_t)q_dim * (uint64_t)h + 2 * (uint64_t)kv_dim * (uint64_t)h +
-                         3 * mlp_copies * (uint64_t)c->intermediate_size * (uint64_t)h + norms;
-    /* What one decode step streams: every layer, the final norm and the
-     * (vocab, hidden) lm_head. The embedding is read whole only when it is
-     * the lm_head (tied); untied, a step reads one row of it, not counted. */
-    uint64_t lm_head = (uint64_t)c->vocab_size * (uint64_t)h;
-    uint64_t floats = per_layer * (uint64_t)c->num_layers + (uint64_t)h + lm_head;
-    m->weight_bytes = floats * sizeof(float);
+    const uint64_t qd = (uint64_t)q_dim, kvd = (uint64_t)kv_dim, hh = (uint64_t)h;
+    const uint64_t inter = (uint64_t)c->intermediate_size, E = (uint64_t)c->num_experts;
+    /* What one decode step streams, in stored bytes: every layer, the final
+     * norm and the (vocab, hidden) lm_head. The embedding is read whole only
+     * when it is the lm_head (tied); untied, a step reads one row of it, not
+     * counted. gpt_oss: every expert counted, as a prefill reads them all. */
+    uint64_t bytes = 0;
+    for (int64_t i = 0; i < c->num_layers; i++) {
+        const KvLayerWeights *L = &m->layers[i];
+        bytes += norms * sizeof(float);
+        bytes += (qd * hh) * kv_mat_elem_size(L->wq) + (kvd * hh) * kv_mat_elem_size(L->wk) +
+                 (kvd * hh) * kv_mat_elem_size(L->wv) + (hh * qd) * kv_mat_elem_size(L->wo);
+        if (moe) {
+            bytes += E * 2 * inter * hh * kv_mat_elem_size(L->experts_gate_up) +
+                     E * inter * hh * kv_mat_elem_size(L->experts_down);
+        } else {
+            bytes += inter * hh * (kv_mat_elem_size(L->w_gate) + kv_mat_elem_size(L->w_up) +
+                                   kv_mat_elem_size(L->w_down));
+        }
+    }
+    bytes += hh * sizeof(float) + (uint64_t)c->vocab_size * hh * kv_mat_elem_size(m->lm_head);
+    m->weight_bytes = bytes;
     return KV_OK;
 }
 
@@ -555,6 +616,20 @@ static uint64_t hash_floats(uint64_t h, const float *p, int64_t n) {
     return p != NULL ? kv_fnv1a(h, p, (size_t)n * sizeof(float)) : h;
 }
 
+/* A matrix hashed as its F32 values, whatever its stored dtype: widened a
+ * chunk at a time (FNV-1a runs on, so the chunks give the whole's hash). */
+static uint64_t hash_mat(uint64_t h, KvMat w, int64_t n) {
+    if (w.data == NULL) return h;
+    if (w.dtype == KV_DTYPE_F32) return hash_floats(h, w.data, n);
+    float chunk[4096];
+    for (int64_t i = 0; i < n; i += 4096) {
+        const int64_t k = n - i < 4096 ? n - i : 4096;
+        kv_mat_widen(w, i, k, chunk);
+        h = hash_floats(h, chunk, k);
+    }
+    return h;
+}
+
 uint64_t kv_model_hash(const KvModel *m) {
     const KvConfig *c = &m->config;
     int64_t h = c->hidden_size;
@@ -562,7 +637,7 @@ uint64_t kv_model_hash(const KvModel *m) {
     int64_t kv_dim = c->num_kv_heads * c->head_dim;
     int64_t inter = c->intermediate_size;
     uint64_t x = KV_FNV_OFFSET;
-    x = hash_floats(x, m->embed, c->vocab_size * h);
+    x = hash_mat(x, m->embed, c->vocab_size * h);
     for (int64_t i = 0; m->layers != NULL && i < c->num_layers; i++) {
         const KvLayerWeights *L = &m->layers[i];
         /* Struct order; the gemma2-only norms are NULL (skipped) for mistral. */
@@ -570,10 +645,10 @@ uint64_t kv_model_hash(const KvModel *m) {
         x = hash_floats(x, L->post_attn_norm, h);
         x = hash_floats(x, L->pre_ffw_norm, h);
         x = hash_floats(x, L->post_ffw_norm, h);
-        x = hash_floats(x, L->wq, q_dim * h);
-        x = hash_floats(x, L->wk, kv_dim * h);
-        x = hash_floats(x, L->wv, kv_dim * h);
-        x = hash_floats(x, L->wo, h * q_dim);
+        x = hash_mat(x, L->wq, q_dim * h);
+        x = hash_mat(x, L->wk, kv_dim * h);
+        x = hash_mat(x, L->wv, kv_dim * h);
+        x = hash_mat(x, L->wo, h * q_dim);
         x = hash_floats(x, L->bq, q_dim); /* qwen2's biases; NULL (skipped) otherwise */
         x = hash_floats(x, L->bk, kv_dim);
         x = hash_floats(x, L->bv, kv_dim);
@@ -585,15 +660,15 @@ uint64_t kv_model_hash(const KvModel *m) {
         x = hash_floats(x, L->sinks, c->num_heads);
         x = hash_floats(x, L->router_w, E * h);
         x = hash_floats(x, L->router_b, E);
-        x = hash_floats(x, L->experts_gate_up, E * 2 * inter * h);
+        x = hash_mat(x, L->experts_gate_up, E * 2 * inter * h);
         x = hash_floats(x, L->experts_gate_up_b, E * 2 * inter);
-        x = hash_floats(x, L->experts_down, E * h * inter);
+        x = hash_mat(x, L->experts_down, E * h * inter);
         x = hash_floats(x, L->experts_down_b, E * h);
-        x = hash_floats(x, L->w_gate, inter * h);
-        x = hash_floats(x, L->w_up, inter * h);
-        x = hash_floats(x, L->w_down, h * inter);
+        x = hash_mat(x, L->w_gate, inter * h);
+        x = hash_mat(x, L->w_up, inter * h);
+        x = hash_mat(x, L->w_down, h * inter);
     }
     x = hash_floats(x, m->final_norm, h);
-    if (!c->tie_word_embeddings) x = hash_floats(x, m->lm_head, c->vocab_size * h);
+    if (!c->tie_word_embeddings) x = hash_mat(x, m->lm_head, c->vocab_size * h);
     return x;
 }

@@ -1,7 +1,11 @@
-/* model.h: a loaded model: configuration plus F32 weight pointers.
+/* model.h: a loaded model: configuration plus weight pointers.
  *
- * F32 tensors are used in place from the mapping when aligned; F16/BF16 (and
- * unaligned F32) are converted once at load into owned buffers. Every HF
+ * The matrices (KvMat) stay in the checkpoint's dtype, read in place from
+ * the mapping (F32 when aligned, BF16 and F16 always): the kernels widen
+ * them to F32 as they read, which is exact (weight.h). The small vectors
+ * (norms, biases, sinks, the router) are F32, converted once at load where
+ * the file holds another dtype; gpt_oss's expert stacks are transposed at
+ * load into owned buffers of their own dtype. Every HF
  * tensor name the family needs must be present with the shape the config
  * implies, and every tensor the checkpoint holds must be one the family uses
  * or one on the ignore list (model.c); anything else is KV_ERR_INPUT and no
@@ -15,16 +19,17 @@
 #include "safetensors.h"
 #include "shards.h"
 #include "status.h"
+#include "weight.h"
 
 typedef struct {
     const float *input_norm;     /* (hidden) input_layernorm */
     const float *post_attn_norm; /* (hidden) post_attention_layernorm */
     const float *pre_ffw_norm;   /* (hidden) gemma2/3 pre_feedforward_layernorm; else NULL */
     const float *post_ffw_norm;  /* (hidden) gemma2/3 post_feedforward_layernorm; else NULL */
-    const float *wq;             /* (num_heads * head_dim, hidden) */
-    const float *wk;             /* (num_kv_heads * head_dim, hidden) */
-    const float *wv;             /* (num_kv_heads * head_dim, hidden) */
-    const float *wo;             /* (hidden, num_heads * head_dim) */
+    KvMat wq;                    /* (num_heads * head_dim, hidden) */
+    KvMat wk;                    /* (num_kv_heads * head_dim, hidden) */
+    KvMat wv;                    /* (num_kv_heads * head_dim, hidden) */
+    KvMat wo;                    /* (hidden, num_heads * head_dim) */
     const float *bq;             /* (num_heads * head_dim) qwen2 q_proj.bias; NULL otherwise */
     const float *bk;             /* (num_kv_heads * head_dim) qwen2 k_proj.bias; NULL otherwise */
     const float *bv;             /* (num_kv_heads * head_dim) qwen2 v_proj.bias; NULL otherwise */
@@ -35,32 +40,32 @@ typedef struct {
     const float *sinks;          /* (num_heads) self_attn.sinks */
     const float *router_w;       /* (num_experts, hidden) mlp.router.weight */
     const float *router_b;       /* (num_experts) mlp.router.bias */
-    const float *experts_gate_up; /* (num_experts, 2 * intermediate, hidden): the file's
-                                   * gate_up_proj [E, hidden, 2I] transposed per expert, columns
-                                   * still interleaved (row 2j gate j, row 2j + 1 up j) */
+    KvMat experts_gate_up;       /* (num_experts, 2 * intermediate, hidden): the file's
+                                  * gate_up_proj [E, hidden, 2I] transposed per expert, columns
+                                  * still interleaved (row 2j gate j, row 2j + 1 up j) */
     const float *experts_gate_up_b; /* (num_experts, 2 * intermediate) */
-    const float *experts_down;   /* (num_experts, hidden, intermediate): down_proj [E, I, hidden]
+    KvMat experts_down;          /* (num_experts, hidden, intermediate): down_proj [E, I, hidden]
                                   * transposed per expert */
     const float *experts_down_b; /* (num_experts, hidden) */
-    const float *w_gate;         /* (intermediate, hidden) */
-    const float *w_up;           /* (intermediate, hidden) */
-    const float *w_down;         /* (hidden, intermediate) */
+    KvMat w_gate;                /* (intermediate, hidden) */
+    KvMat w_up;                  /* (intermediate, hidden) */
+    KvMat w_down;                /* (hidden, intermediate) */
 } KvLayerWeights;
 
 typedef struct {
     KvConfig config;
-    const float *embed;      /* (vocab, hidden) model.embed_tokens.weight */
+    KvMat embed;             /* (vocab, hidden) model.embed_tokens.weight */
     const float *final_norm; /* (hidden) model.norm.weight */
-    const float *lm_head;    /* (vocab, hidden); == embed when tied */
+    KvMat lm_head;           /* (vocab, hidden); == embed when tied */
     KvLayerWeights *layers;  /* (num_layers) */
-    uint64_t weight_bytes;   /* F32 bytes a decode step reads: every layer matrix and norm,
+    uint64_t weight_bytes;   /* bytes a decode step reads, as stored: every layer matrix and norm,
                               * final_norm and lm_head (vocab * hidden) once; an untied
                               * embedding (one row read per token) is not counted */
     KvSafetensors st;        /* keeps the mapping alive: the single model.safetensors;
                               * zeroed for a sharded checkpoint */
     KvShards shards;         /* a sharded checkpoint's index and shard mappings, kept alive;
                               * zeroed for a single file */
-    float **owned;           /* (n_owned) converted buffers */
+    void **owned;            /* (n_owned) converted or transposed buffers */
     size_t n_owned;
 } KvModel;
 

@@ -98,9 +98,10 @@ static void op_embed(const void *ap) {
      * dtype (F32), as torch.tensor(hidden**0.5, dtype=...) does. */
     const float normalizer = gemma ? (float)sqrt((double)hidden) : 1.0f;
     for (int64_t r = 0; r < s->batch * a->n; r++) {
-        const float *e = s->model->embed + (int64_t)s->tok_in[r] * hidden; /* (hidden) */
-        for (int64_t i = 0; i < hidden; i++) {
-            s->x[r * hidden + i] = gemma ? e[i] * normalizer : e[i];
+        float *xr = s->x + r * hidden; /* (hidden) the token's embedding row, widened */
+        kv_mat_widen(s->model->embed, (int64_t)s->tok_in[r] * hidden, hidden, xr);
+        if (gemma) {
+            for (int64_t i = 0; i < hidden; i++) xr[i] = xr[i] * normalizer;
         }
     }
 }
@@ -150,7 +151,7 @@ static KvMatmulFn matmul_hook(const KvRefState *s) {
 /* Up to three projections of one input: y[j] = x w[j]^T. */
 typedef struct {
     const float *x;     /* (rows, in) */
-    const float *w[3];  /* (out[j], in) */
+    KvMat w[3];         /* (out[j], in) as stored */
     float *y[3];        /* (rows, out[j]) */
     int64_t out[3];
     int64_t rows, in;

@@ -42,8 +42,10 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "kvmath.h"
 #include "kvmath_lanes.h"
 #include "kvparallel.h"
 
@@ -221,9 +223,10 @@ static void gemm_pack_x(const float *const xp[GEMM_MR] /* -> (in) */, int64_t k0
     }
 }
 
-/* One job: rows [r0, r1) by outputs [o0, o1) of y = x w^T. */
+/* One job: rows [r0, r1) by outputs [o0, o1) of y = x w^T; w holds the
+ * job's weight rows o0 .. o1 as F32. */
 GEMM_AVX512 static void gemm_job_avx512(const float *x /* (rows, in) */, int64_t in,
-                                        const float *w /* (out, in) */, int64_t out,
+                                        const float *w /* (o1 - o0, in) */, int64_t out,
                                         float *y /* (rows, out) */, int64_t r0, int64_t r1,
                                         int64_t o0, int64_t o1) {
     enum { TILES = GEMM_NC / GEMM_NR };
@@ -252,7 +255,7 @@ GEMM_AVX512 static void gemm_job_avx512(const float *x /* (rows, in) */, int64_t
                     const int64_t o = o0 + t * GEMM_NR;
                     const float *wp[GEMM_NR]; /* -> (in) */
                     for (int c = 0; c < GEMM_NR; c++) {
-                        wp[c] = w + (o + c < o1 ? o + c : o1 - 1) * in; /* past the edge: dropped */
+                        wp[c] = w + ((o + c < o1 ? o + c : o1 - 1) - o0) * in; /* past the edge: dropped */
                     }
                     gemm_tile_avx512(&xpk[0][0][0], wp, k0, k1, acc[t], k0 == 0, false);
                 }
@@ -267,7 +270,7 @@ GEMM_AVX512 static void gemm_job_avx512(const float *x /* (rows, in) */, int64_t
                 const int64_t o = o0 + t * GEMM_NR;
                 const float *wp[GEMM_NR]; /* -> (in) */
                 for (int c = 0; c < GEMM_NR; c++) {
-                    wp[c] = w + (o + c < o1 ? o + c : o1 - 1) * in; /* past the edge: dropped */
+                    wp[c] = w + ((o + c < o1 ? o + c : o1 - 1) - o0) * in; /* past the edge: dropped */
                 }
                 int64_t k0 = 0;
                 do {
@@ -285,7 +288,7 @@ GEMM_AVX512 static void gemm_job_avx512(const float *x /* (rows, in) */, int64_t
                     const int64_t o = o0 + t * GEMM_NR + c;
                     if (o >= o1) break;
                     const float s = gemm_lanes_sum_avx512(acc[t][i * GEMM_NR + c]);
-                    y[(r + i) * out + o] = kv_dot_tail(xp[i], w + o * in, n16, in, s);
+                    y[(r + i) * out + o] = kv_dot_tail(xp[i], w + (o - o0) * in, n16, in, s);
                 }
             }
         }
@@ -301,27 +304,46 @@ static int64_t gemm_jobs(int64_t rows, int64_t out) {
 
 #endif /* KV_GEMM_X86 */
 
-bool kv_gemm_multi(const float *x, int64_t rows, int64_t in, int count, const float *const *ws,
+bool kv_gemm_multi(const float *x, int64_t rows, int64_t in, int count, const KvMat *ws,
                    const int64_t *outs, float *const *ys) {
 #if KV_GEMM_X86
     if (kv_gemm_path() != KV_GEMM_AVX512) return false;
     int64_t jobs = 0, work = 0;
+    bool stored = false; /* some matrix is not F32: a job's rows are widened first */
     for (int j = 0; j < count; j++) {
         jobs += gemm_jobs(rows, outs[j]);
         work += rows * in * outs[j];
+        stored = stored || ws[j].dtype != KV_DTYPE_F32;
     }
     const int64_t rblocks = (rows + GEMM_MC - 1) / GEMM_MC;
     /* Every job writes its own outputs and each output is finished by the
      * job that starts it, so the schedule decides only who computes what. */
-#pragma omp parallel for schedule(static) if (work >= kv_parallel_min_work())
-    for (int64_t q = 0; q < jobs; q++) {
-        int j = 0;
-        int64_t rest = q;
-        while (rest >= gemm_jobs(rows, outs[j])) rest -= gemm_jobs(rows, outs[j++]);
-        const int64_t g = rest / rblocks, rb = rest % rblocks;
-        const int64_t o0 = g * GEMM_NC, o1 = o0 + GEMM_NC < outs[j] ? o0 + GEMM_NC : outs[j];
-        const int64_t r0 = rb * GEMM_MC, r1 = r0 + GEMM_MC < rows ? r0 + GEMM_MC : rows;
-        gemm_job_avx512(x, in, ws[j], outs[j], ys[j], r0, r1, o0, o1);
+#pragma omp parallel if (work >= kv_parallel_min_work())
+    {
+        /* (GEMM_NC, in): a job's weight rows widened, per thread. Widening
+         * is once per job, against MC x NC x in multiply-adds. */
+        float *scratch = stored ? malloc((size_t)(GEMM_NC * in) * sizeof(float) + 1) : NULL;
+#pragma omp for schedule(static)
+        for (int64_t q = 0; q < jobs; q++) {
+            int j = 0;
+            int64_t rest = q;
+            while (rest >= gemm_jobs(rows, outs[j])) rest -= gemm_jobs(rows, outs[j++]);
+            const int64_t g = rest / rblocks, rb = rest % rblocks;
+            const int64_t o0 = g * GEMM_NC, o1 = o0 + GEMM_NC < outs[j] ? o0 + GEMM_NC : outs[j];
+            const int64_t r0 = rb * GEMM_MC, r1 = r0 + GEMM_MC < rows ? r0 + GEMM_MC : rows;
+            if (ws[j].dtype != KV_DTYPE_F32 && scratch == NULL) {
+                /* out of memory for the scratch: the same dots, widened in chunks */
+                for (int64_t r = r0; r < r1; r++) {
+                    for (int64_t o = o0; o < o1; o++) {
+                        ys[j][r * outs[j] + o] = kv_dot_mat(x + r * in, ws[j], o, in);
+                    }
+                }
+                continue;
+            }
+            const float *wj = kv_mat_rows(ws[j], in, o0, o1 - o0, scratch); /* (o1 - o0, in) */
+            gemm_job_avx512(x, in, wj, outs[j], ys[j], r0, r1, o0, o1);
+        }
+        free(scratch);
     }
     return true;
 #else

@@ -16,6 +16,7 @@
 #include <stdint.h>
 
 #include "status.h"
+#include "weight.h"
 
 /* Which code computes kv_matmul's rows > 1 case. Every path gives the same
  * bits; they differ in speed only. */
@@ -51,7 +52,7 @@ bool kv_gemm_path_supported(KvGemmPath path);
  * current path is KV_GEMM_PORTABLE: the caller then runs its own kernel.
  * Called by kv_matmul_multi for rows > 1; callers use kv_matmul(_multi). */
 bool kv_gemm_multi(const float *x /* (rows, in) */, int64_t rows, int64_t in, int count,
-                   const float *const *ws /* (count) -> (outs[j], in) */,
+                   const KvMat *ws /* (count) -> (outs[j], in), as stored */,
                    const int64_t *outs /* (count) */,
                    float *const *ys /* (count) -> (rows, outs[j]) */);
 

@@ -115,12 +115,11 @@ __attribute__((noinline)) static void kv_dot_rows(const float *x, const float *w
     }
 }
 
-/* Rows r of y[o0 .. o0 + KV_MM_ROWS) for one block. */
-static void kv_matmul_block(const float *x, const float *w, int64_t rows, int64_t in,
-                            int64_t out, int64_t blk, float *y) {
-    const int64_t o = blk * KV_MM_ROWS;
+/* Rows r of y[o .. o + KV_MM_ROWS) for one block; wb: the block's weight
+ * rows as F32. */
+static void kv_matmul_block(const float *x, const float *wb /* (KV_MM_ROWS, in) */, int64_t rows,
+                            int64_t in, int64_t out, int64_t o, float *y) {
     const int64_t n16 = in - in % KV_DOT_LANES;
-    const float *wb = w + o * in; /* (KV_MM_ROWS, in) */
     for (int64_t r = 0; r < rows; r++) {
         const float *xr = x + r * in; /* (in) */
         float lanes[KV_MM_ROWS][KV_DOT_LANES];
@@ -131,31 +130,81 @@ static void kv_matmul_block(const float *x, const float *w, int64_t rows, int64_
     }
 }
 
-void kv_matmul_multi(const float *x, int64_t rows, int64_t in, int count,
-                     const float *const *ws, const int64_t *outs, float *const *ys) {
+/* Elements widened per step of kv_dot_mat: a multiple of KV_DOT_LANES. */
+#define KV_DOT_MAT_CHUNK 256
+
+float kv_dot_mat(const float *x, KvMat w, int64_t row, int64_t n) {
+    if (w.dtype == KV_DTYPE_F32) return kv_dot(x, (const float *)w.data + row * n, n);
+    /* kv_dot's lanes carried across chunks of widened weights: each lane
+     * still adds its products in ascending i from zero. */
+    KvF4 l0 = {0.0f, 0.0f, 0.0f, 0.0f}, l1 = l0, l2 = l0, l3 = l0;
+    float wc[KV_DOT_MAT_CHUNK]; /* (chunk) the row's widened elements */
+    const int64_t n16 = n - n % KV_DOT_LANES;
+    for (int64_t c0 = 0; c0 < n16; c0 += KV_DOT_MAT_CHUNK) {
+        const int64_t c1 = c0 + KV_DOT_MAT_CHUNK < n16 ? c0 + KV_DOT_MAT_CHUNK : n16;
+        kv_mat_widen(w, row * n + c0, c1 - c0, wc);
+        for (int64_t i = c0; i < c1; i += KV_DOT_LANES) {
+            const float *wi = wc + (i - c0);
+            l0 += kv_load4(x + i) * kv_load4(wi);
+            l1 += kv_load4(x + i + 4) * kv_load4(wi + 4);
+            l2 += kv_load4(x + i + 8) * kv_load4(wi + 8);
+            l3 += kv_load4(x + i + 12) * kv_load4(wi + 12);
+        }
+    }
+    float lanes[KV_DOT_LANES];
+    memcpy(lanes, &l0, 16);
+    memcpy(lanes + 4, &l1, 16);
+    memcpy(lanes + 8, &l2, 16);
+    memcpy(lanes + 12, &l3, 16);
+    float s = kv_lanes_sum(lanes);
+    for (int64_t i = n16; i < n; i++) s += x[i] * kv_mat_at(w, row * n + i);
+    return s;
+}
+
+void kv_matmul_multi(const float *x, int64_t rows, int64_t in, int count, const KvMat *ws,
+                     const int64_t *outs, float *const *ys) {
     /* Several rows share every weight load there: the blocked GEMM (gemm.c),
      * bitwise the same outputs. One row (the decode matvec) is memory-bound
      * and stays on the row kernel below, tuned for that. */
     if (rows > 1 && kv_gemm_multi(x, rows, in, count, ws, outs, ys)) return;
     int64_t work = 0;
-    for (int j = 0; j < count; j++) work += rows * in * outs[j];
+    bool stored = false; /* some matrix is not F32: blocks are widened first */
+    for (int j = 0; j < count; j++) {
+        work += rows * in * outs[j];
+        stored = stored || ws[j].dtype != KV_DTYPE_F32;
+    }
 #pragma omp parallel if (work >= kv_parallel_min_work())
     {
+        /* (KV_MM_ROWS, in): a block's weight rows widened, per thread */
+        float *scratch = stored ? malloc((size_t)(KV_MM_ROWS * in) * sizeof(float) + 1) : NULL;
         for (int j = 0; j < count; j++) {
             const int64_t blocks = outs[j] / KV_MM_ROWS;
+            const bool direct = ws[j].dtype == KV_DTYPE_F32 || scratch != NULL;
             /* nowait: the matrices are independent, so threads move on to
              * the next one without a barrier in between. */
 #pragma omp for schedule(static) nowait
             for (int64_t blk = 0; blk < blocks; blk++) {
-                kv_matmul_block(x, ws[j], rows, in, outs[j], blk, ys[j]);
+                const int64_t o = blk * KV_MM_ROWS;
+                if (direct) {
+                    const float *wb = kv_mat_rows(ws[j], in, o, KV_MM_ROWS, scratch);
+                    kv_matmul_block(x, wb, rows, in, outs[j], o, ys[j]);
+                    continue;
+                }
+                /* no scratch (out of memory): the same dots, widened in chunks */
+                for (int64_t k = 0; k < KV_MM_ROWS; k++) {
+                    for (int64_t r = 0; r < rows; r++) {
+                        ys[j][r * outs[j] + o + k] = kv_dot_mat(x + r * in, ws[j], o + k, in);
+                    }
+                }
             }
         }
+        free(scratch);
     }
     /* Tails (out not a multiple of KV_MM_ROWS): one kv_dot each. */
     for (int j = 0; j < count; j++) {
         for (int64_t o = outs[j] / KV_MM_ROWS * KV_MM_ROWS; o < outs[j]; o++) {
             for (int64_t r = 0; r < rows; r++) {
-                ys[j][r * outs[j] + o] = kv_dot(x + r * in, ws[j] + o * in, in);
+                ys[j][r * outs[j] + o] = kv_dot_mat(x + r * in, ws[j], o, in);
             }
         }
     }
@@ -174,7 +223,7 @@ float kv_round_tf32(float f) {
     return f;
 }
 
-KvStatus kv_matmul_tf32(const float *x, const float *w, int64_t rows, int64_t in, int64_t out,
+KvStatus kv_matmul_tf32(const float *x, KvMat w, int64_t rows, int64_t in, int64_t out,
                         float *y) {
     float *xr = malloc((size_t)(rows * in > 0 ? rows * in : 1) * sizeof *xr); /* (rows, in) */
     if (xr == NULL) return KV_ERR_INTERNAL;
@@ -191,7 +240,8 @@ KvStatus kv_matmul_tf32(const float *x, const float *w, int64_t rows, int64_t in
 #pragma omp for schedule(static)
         for (int64_t o = 0; o < out; o++) {
             if (wr == NULL) continue;
-            for (int64_t i = 0; i < in; i++) wr[i] = kv_round_tf32(w[o * in + i]);
+            kv_mat_widen(w, o * in, in, wr);
+            for (int64_t i = 0; i < in; i++) wr[i] = kv_round_tf32(wr[i]);
             for (int64_t r = 0; r < rows; r++) y[r * out + o] = kv_dot(xr + r * in, wr, in);
         }
         free(wr);
@@ -211,16 +261,57 @@ KvStatus kv_matmul_tf32(const float *x, const float *w, int64_t rows, int64_t in
 typedef float KvSeqLanes __attribute__((vector_size(KV_SEQ_OUT_BLOCK * sizeof(float))));
 _Static_assert(KV_SEQ_OUT_BLOCK == 8, "the lane splats below write eight values");
 
-/* One block of n < KV_SEQ_OUT_BLOCK outputs, or any block when the
- * transposed copy could not be allocated: one output at a time. */
-static void seq_block_scalar(const float *x /* (rows, in) */, const float *wb /* (n, in) */,
-                             int64_t rows, int64_t in, int64_t n, int64_t out, float *y0) {
-    for (int64_t r = 0; r < rows; r++) {
-        for (int64_t k = 0; k < n; k++) {
+/* One block of n < KV_SEQ_OUT_BLOCK outputs from o0 on, or any block when
+ * no scratch could be allocated: one output at a time, its weight row
+ * widened a chunk at a time (still one ascending sum per output). */
+static void seq_block_scalar(const float *x /* (rows, in) */, KvMat w /* (out, in) */,
+                             int64_t rows, int64_t in, int64_t o0, int64_t n, int64_t out,
+                             float *y /* (rows, out) */) {
+    float wc[KV_DOT_MAT_CHUNK]; /* (chunk) widened weights */
+    for (int64_t k = 0; k < n; k++) {
+        for (int64_t r = 0; r < rows; r++) {
             float acc = 0.0f;
-            for (int64_t i = 0; i < in; i++) acc += x[r * in + i] * wb[k * in + i];
-            y0[r * out + k] = acc;
+            for (int64_t c0 = 0; c0 < in; c0 += KV_DOT_MAT_CHUNK) {
+                const int64_t c1 = c0 + KV_DOT_MAT_CHUNK < in ? c0 + KV_DOT_MAT_CHUNK : in;
+                kv_mat_widen(w, (o0 + k) * in + c0, c1 - c0, wc);
+                for (int64_t i = c0; i < c1; i++) acc += x[r * in + i] * wc[i - c0];
+            }
+            y[r * out + o0 + k] = acc;
         }
+    }
+}
+
+/* Eight outputs from o0 on as eight scalar chains over their weight rows
+ * wb, each read in order: one ascending sum per output. */
+static void seq_eight_rows(const float *x /* (rows, in) */, const float *wb /* (8, in) */,
+                           int64_t rows, int64_t in, int64_t out, int64_t o0,
+                           float *y /* (rows, out) */) {
+    const float *w0 = wb, *w1 = wb + in, *w2 = wb + 2 * in, *w3 = wb + 3 * in;
+    const float *w4 = wb + 4 * in, *w5 = wb + 5 * in, *w6 = wb + 6 * in, *w7 = wb + 7 * in;
+    for (int64_t q = 0; q < rows; q++) {
+        const float *xr = x + q * in; /* (in) */
+        float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
+        float a4 = 0.0f, a5 = 0.0f, a6 = 0.0f, a7 = 0.0f;
+        for (int64_t i = 0; i < in; i++) {
+            const float xi = xr[i];
+            a0 += xi * w0[i];
+            a1 += xi * w1[i];
+            a2 += xi * w2[i];
+            a3 += xi * w3[i];
+            a4 += xi * w4[i];
+            a5 += xi * w5[i];
+            a6 += xi * w6[i];
+            a7 += xi * w7[i];
+        }
+        float *yr = y + q * out + o0; /* (KV_SEQ_OUT_BLOCK) */
+        yr[0] = a0;
+        yr[1] = a1;
+        yr[2] = a2;
+        yr[3] = a3;
+        yr[4] = a4;
+        yr[5] = a5;
+        yr[6] = a6;
+        yr[7] = a7;
     }
 }
 
@@ -228,45 +319,27 @@ static void seq_block_scalar(const float *x /* (rows, in) */, const float *wb /*
  * weight block would cost more than the few rows' sums, so eight outputs
  * run as eight scalar chains over their weight rows, each read in order
  * (still one ascending sum per output: the scalar kernel's bits). */
-static void seq_few_rows(const float *x /* (rows, in) */, const float *w /* (out, in) */,
-                         int64_t rows, int64_t in, int64_t out, float *y /* (rows, out) */) {
+static void seq_few_rows(const float *x /* (rows, in) */, KvMat w /* (out, in) */, int64_t rows,
+                         int64_t in, int64_t out, float *y /* (rows, out) */) {
     const int64_t blocks = (out + KV_SEQ_OUT_BLOCK - 1) / KV_SEQ_OUT_BLOCK;
-#pragma omp parallel for schedule(static) if (rows * in * out >= kv_parallel_min_work())
-    for (int64_t blk = 0; blk < blocks; blk++) {
-        const int64_t o0 = blk * KV_SEQ_OUT_BLOCK;
-        const int64_t n = out - o0 < KV_SEQ_OUT_BLOCK ? out - o0 : KV_SEQ_OUT_BLOCK;
-        const float *wb = w + o0 * in; /* (n, in) */
-        if (n < KV_SEQ_OUT_BLOCK) {
-            seq_block_scalar(x, wb, rows, in, n, out, y + o0);
-            continue;
-        }
-        const float *w0 = wb, *w1 = wb + in, *w2 = wb + 2 * in, *w3 = wb + 3 * in;
-        const float *w4 = wb + 4 * in, *w5 = wb + 5 * in, *w6 = wb + 6 * in, *w7 = wb + 7 * in;
-        for (int64_t q = 0; q < rows; q++) {
-            const float *xr = x + q * in; /* (in) */
-            float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
-            float a4 = 0.0f, a5 = 0.0f, a6 = 0.0f, a7 = 0.0f;
-            for (int64_t i = 0; i < in; i++) {
-                const float xi = xr[i];
-                a0 += xi * w0[i];
-                a1 += xi * w1[i];
-                a2 += xi * w2[i];
-                a3 += xi * w3[i];
-                a4 += xi * w4[i];
-                a5 += xi * w5[i];
-                a6 += xi * w6[i];
-                a7 += xi * w7[i];
+#pragma omp parallel if (rows * in * out >= kv_parallel_min_work())
+    {
+        /* (KV_SEQ_OUT_BLOCK, in): a block's rows widened, per thread; F32 is read in place */
+        float *scratch = w.dtype != KV_DTYPE_F32
+                             ? malloc((size_t)(KV_SEQ_OUT_BLOCK * in) * sizeof(float) + 1)
+                             : NULL;
+#pragma omp for schedule(static)
+        for (int64_t blk = 0; blk < blocks; blk++) {
+            const int64_t o0 = blk * KV_SEQ_OUT_BLOCK;
+            const int64_t n = out - o0 < KV_SEQ_OUT_BLOCK ? out - o0 : KV_SEQ_OUT_BLOCK;
+            if (n < KV_SEQ_OUT_BLOCK || (w.dtype != KV_DTYPE_F32 && scratch == NULL)) {
+                seq_block_scalar(x, w, rows, in, o0, n, out, y);
+                continue;
             }
-            float *yr = y + q * out + o0; /* (KV_SEQ_OUT_BLOCK) */
-            yr[0] = a0;
-            yr[1] = a1;
-            yr[2] = a2;
-            yr[3] = a3;
-            yr[4] = a4;
-            yr[5] = a5;
-            yr[6] = a6;
-            yr[7] = a7;
+            const float *wb = kv_mat_rows(w, in, o0, n, scratch); /* (n, in) */
+            seq_eight_rows(x, wb, rows, in, out, o0, y);
         }
+        free(scratch);
     }
 }
 
@@ -331,7 +404,7 @@ seq_block_wide(const float *x, const KvSeqLanes *wt, int64_t rows, int64_t in, i
 #define KV_SEQ_X86 0
 #endif
 
-void kv_matmul_sequential(const float *x, const float *w, int64_t rows, int64_t in, int64_t out,
+void kv_matmul_sequential(const float *x, KvMat w, int64_t rows, int64_t in, int64_t out,
                           float *y) {
     if (rows < KV_SEQ_ROWS) {
         seq_few_rows(x, w, rows, in, out, y);
@@ -342,33 +415,45 @@ void kv_matmul_sequential(const float *x, const float *w, int64_t rows, int64_t 
     if (kv_gemm_path() == KV_GEMM_AVX512) block = seq_block_wide;
 #endif
     const int64_t blocks = (out + KV_SEQ_OUT_BLOCK - 1) / KV_SEQ_OUT_BLOCK;
-#pragma omp parallel for schedule(static) if (rows * in * out >= kv_parallel_min_work())
-    for (int64_t blk = 0; blk < blocks; blk++) {
-        const int64_t o0 = blk * KV_SEQ_OUT_BLOCK;
-        const int64_t n = out - o0 < KV_SEQ_OUT_BLOCK ? out - o0 : KV_SEQ_OUT_BLOCK;
-        const float *wb = w + o0 * in; /* (n, in) */
-        /* (in) lanes, aligned for the vector type */
-        KvSeqLanes *wt =
-            n == KV_SEQ_OUT_BLOCK ? aligned_alloc(sizeof *wt, (size_t)in * sizeof *wt) : NULL;
-        if (wt == NULL) {
-            seq_block_scalar(x, wb, rows, in, n, out, y + o0);
-            continue;
+#pragma omp parallel if (rows * in * out >= kv_parallel_min_work())
+    {
+        /* (in) lanes, aligned for the vector type: a block transposed, per thread */
+        KvSeqLanes *wt = aligned_alloc(sizeof *wt, (size_t)in * sizeof *wt + sizeof *wt);
+        /* (KV_SEQ_OUT_BLOCK, in): the block's rows widened; F32 is read in place */
+        float *scratch = w.dtype != KV_DTYPE_F32
+                             ? malloc((size_t)(KV_SEQ_OUT_BLOCK * in) * sizeof(float) + 1)
+                             : NULL;
+#pragma omp for schedule(static)
+        for (int64_t blk = 0; blk < blocks; blk++) {
+            const int64_t o0 = blk * KV_SEQ_OUT_BLOCK;
+            const int64_t n = out - o0 < KV_SEQ_OUT_BLOCK ? out - o0 : KV_SEQ_OUT_BLOCK;
+            if (n < KV_SEQ_OUT_BLOCK || wt == NULL ||
+                (w.dtype != KV_DTYPE_F32 && scratch == NULL)) {
+                seq_block_scalar(x, w, rows, in, o0, n, out, y);
+                continue;
+            }
+            const float *wb = kv_mat_rows(w, in, o0, n, scratch); /* (n, in) */
+            for (int k = 0; k < KV_SEQ_OUT_BLOCK; k++) {
+                const float *src = wb + k * in; /* (in) one weight row, read in order */
+                for (int64_t i = 0; i < in; i++) wt[i][k] = src[i];
+            }
+            block(x, wt, rows, in, out, o0, y);
         }
-        for (int k = 0; k < KV_SEQ_OUT_BLOCK; k++) {
-            const float *src = wb + k * in; /* (in) one weight row, read in order */
-            for (int64_t i = 0; i < in; i++) wt[i][k] = src[i];
-        }
-        block(x, wt, rows, in, out, o0, y);
+        free(scratch);
         free(wt);
     }
 }
 
-void kv_matmul(const float *x, const float *w, int64_t rows, int64_t in, int64_t out, float *y) {
+void kv_matmul_mat(const float *x, KvMat w, int64_t rows, int64_t in, int64_t out, float *y) {
     /* Outputs are split across threads in blocks of KV_MM_ROWS; each y
      * element is computed by one thread with kv_dot's exact pattern, so the
      * result does not depend on the thread count. A block of weight rows
      * stays in cache while every input row uses it. */
     kv_matmul_multi(x, rows, in, 1, &w, &out, &y);
+}
+
+void kv_matmul(const float *x, const float *w, int64_t rows, int64_t in, int64_t out, float *y) {
+    kv_matmul_mat(x, kv_mat_f32(w), rows, in, out, y);
 }
 
 void kv_rmsnorm(const float *x, const float *w, int64_t n, float eps, bool offset, float *out) {

@@ -15,6 +15,7 @@
 #include "status.h"
 #include "config.h"
 #include "kvparallel.h"
+#include "weight.h"
 
 /* KV_DOT_LANES, the dot-product pattern, and the parallel threshold. */
 
@@ -28,25 +29,34 @@ float kv_dot(const float *a /* (n) */, const float *b /* (n) */, int64_t n);
  * fastest path this CPU runs; the path never changes a bit. */
 void kv_matmul(const float *x, const float *w, int64_t rows, int64_t in, int64_t out, float *y);
 
+/* kv_matmul with w as stored (weight.h): BF16 and F16 rows are widened to
+ * F32 as the kernels read them, which is exact, so every y element is the
+ * bits kv_matmul gives on the F32 copy of w. */
+void kv_matmul_mat(const float *x, KvMat w, int64_t rows, int64_t in, int64_t out, float *y);
+
+/* kv_dot(x, row `row` of w widened, n): the same bits, the row widened a
+ * chunk at a time (no allocation). */
+float kv_dot_mat(const float *x /* (n) */, KvMat w /* (rows, n) */, int64_t row, int64_t n);
+
 /* Several matmuls of the same input in one parallel region (q/k/v, gate/up):
  * ys[j] = x @ ws[j]^T with ws[j]: (outs[j], in), ys[j]: (rows, outs[j]).
  * Every element is exactly what kv_matmul computes; only the fork/join is
  * shared, which is what a memory-bound decode step pays for per region. */
-void kv_matmul_multi(const float *x, int64_t rows, int64_t in, int count,
-                     const float *const *ws, const int64_t *outs, float *const *ys);
+void kv_matmul_multi(const float *x, int64_t rows, int64_t in, int count, const KvMat *ws,
+                     const int64_t *outs, float *const *ys);
 
 /* Planted fault KV_FAULT_TF32 (fault.h), the CPU analog of TF32 in cuBLAS:
  * kv_matmul with both inputs first rounded to TF32 (10 mantissa bits, round
  * to nearest even), accumulation still in F32. KV_ERR_INTERNAL when the
  * scratch cannot be allocated (y is then left untouched). */
-KvStatus kv_matmul_tf32(const float *x, const float *w, int64_t rows, int64_t in, int64_t out,
+KvStatus kv_matmul_tf32(const float *x, KvMat w, int64_t rows, int64_t in, int64_t out,
                         float *y);
 /* An ensemble order (KV_ORDER_DOT_SEQUENTIAL, ensemble.h): kv_matmul with
  * each output one accumulator summed in ascending i, the naive kernel's
  * order instead of the 16-lane pattern. Equally correct, not bitwise equal:
  * the spread between it and kv_matmul is part of what calibrates the
  * tolerances. Parallel over outputs only, so thread-count independent. */
-void kv_matmul_sequential(const float *x, const float *w, int64_t rows, int64_t in, int64_t out,
+void kv_matmul_sequential(const float *x, KvMat w, int64_t rows, int64_t in, int64_t out,
                           float *y);
 
 /* f rounded to TF32 (NaN and infinities unchanged). */

@@ -20,7 +20,7 @@ typedef struct {
     KvRefState *s;
     const KvLayerWeights *w;
     int64_t rows;
-    KvMatmulFn mm; /* NULL: kv_matmul */
+    KvMatmulFn mm; /* NULL: kv_matmul_mat */
 } ArgsMoe;
 
 static void op_moe(const void *ap) {
@@ -34,7 +34,7 @@ static void op_moe(const void *ap) {
     for (int64_t r = 0; r < a->rows; r++) {
         const float *x = s->xn + r * H; /* (hidden) */
         float *acc = s->tmp + r * H;    /* (hidden) */
-        kv_ref_matmul(a->mm, x, w->router_w, 1, H, E, s->moe_logits);
+        kv_ref_matmul(a->mm, x, kv_mat_f32(w->router_w), 1, H, E, s->moe_logits);
         for (int64_t e = 0; e < E; e++) s->moe_logits[e] = s->moe_logits[e] + w->router_b[e];
         /* top-k by descending logit, ties to the lowest id */
         for (int64_t k = 0; k < K; k++) {
@@ -55,7 +55,8 @@ static void op_moe(const void *ap) {
                 if (s->moe_pick[k] == e) rank = k;
             }
             if (rank < 0) continue; /* not chosen for this token */
-            kv_ref_matmul(a->mm, x, w->experts_gate_up + e * 2 * I * H, 1, H, 2 * I, s->moe_gu);
+            kv_ref_matmul(a->mm, x, kv_mat_skip(w->experts_gate_up, e * 2 * I * H), 1, H, 2 * I,
+                          s->moe_gu);
             const float *bgu = w->experts_gate_up_b + e * 2 * I; /* (2I) */
             for (int64_t j = 0; j < I; j++) {
                 float gate = s->moe_gu[2 * j] + bgu[2 * j];
@@ -65,7 +66,8 @@ static void op_moe(const void *ap) {
                 const float glu = gate * (1.0f / (1.0f + expf(-(gate * alpha))));
                 s->moe_h[j] = (up + 1.0f) * glu;
             }
-            kv_ref_matmul(a->mm, s->moe_h, w->experts_down + e * H * I, 1, I, H, s->moe_out);
+            kv_ref_matmul(a->mm, s->moe_h, kv_mat_skip(w->experts_down, e * H * I), 1, I, H,
+                          s->moe_out);
             const float *bd = w->experts_down_b + e * H; /* (hidden) */
             const float weight = s->moe_weight[rank];
             for (int64_t i = 0; i < H; i++) acc[i] = acc[i] + (s->moe_out[i] + bd[i]) * weight;

@@ -104,15 +104,14 @@ typedef double ShadowLanes __attribute__((vector_size(SHADOW_OUT_BLOCK * sizeof(
 
 /* Outputs o0 .. o0 + n - 1 one at a time (a last partial block, or any
  * block when the widened copy could not be allocated). */
-static void shadow_matmul_scalar(const double *x /* (rows, in) */, const float *w /* (out, in) */,
+static void shadow_matmul_scalar(const double *x /* (rows, in) */, KvMat w /* (out, in) */,
                                  int64_t rows, int64_t in, int64_t out, int64_t o0, int64_t n,
                                  double *y /* (rows, out) */) {
     for (int64_t o = o0; o < o0 + n; o++) {
-        const float *wo = w + o * in; /* (in) */
         for (int64_t r = 0; r < rows; r++) {
             const double *xr = x + r * in; /* (in) */
             double sum = 0.0;
-            for (int64_t i = 0; i < in; i++) sum += xr[i] * (double)wo[i];
+            for (int64_t i = 0; i < in; i++) sum += xr[i] * (double)kv_mat_at(w, o * in + i);
             y[r * out + o] = sum;
         }
     }
@@ -177,26 +176,36 @@ static ShadowBlockFn shadow_block_fn(void) {
     return shadow_block_plain;
 }
 
-static void shadow_matmul(const double *x /* (rows, in) */, const float *w /* (out, in) */,
+static void shadow_matmul(const double *x /* (rows, in) */, KvMat w /* (out, in) as stored */,
                           int64_t rows, int64_t in, int64_t out, double *y /* (rows, out) */) {
     const int64_t blocks = (out + SHADOW_OUT_BLOCK - 1) / SHADOW_OUT_BLOCK;
     const ShadowBlockFn block = shadow_block_fn();
-#pragma omp parallel for schedule(static) if (rows * in * out >= kv_parallel_min_work())
-    for (int64_t blk = 0; blk < blocks; blk++) {
-        const int64_t o0 = blk * SHADOW_OUT_BLOCK;
-        const int64_t n = out - o0 < SHADOW_OUT_BLOCK ? out - o0 : SHADOW_OUT_BLOCK;
-        /* (in) lanes, aligned for the vector type */
-        ShadowLanes *wt =
-            n == SHADOW_OUT_BLOCK ? aligned_alloc(sizeof *wt, (size_t)in * sizeof *wt) : NULL;
-        if (wt == NULL) {
-            shadow_matmul_scalar(x, w, rows, in, out, o0, n, y);
-            continue;
+#pragma omp parallel if (rows * in * out >= kv_parallel_min_work())
+    {
+        /* (in) lanes, aligned for the vector type: a block widened and
+         * transposed, per thread */
+        ShadowLanes *wt = aligned_alloc(sizeof *wt, (size_t)in * sizeof *wt + sizeof *wt);
+        /* (SHADOW_OUT_BLOCK, in): the block's rows as F32; F32 is read in place */
+        float *rows32 = w.dtype != KV_DTYPE_F32
+                            ? malloc((size_t)(SHADOW_OUT_BLOCK * in) * sizeof(float) + 1)
+                            : NULL;
+#pragma omp for schedule(static)
+        for (int64_t blk = 0; blk < blocks; blk++) {
+            const int64_t o0 = blk * SHADOW_OUT_BLOCK;
+            const int64_t n = out - o0 < SHADOW_OUT_BLOCK ? out - o0 : SHADOW_OUT_BLOCK;
+            if (n < SHADOW_OUT_BLOCK || wt == NULL ||
+                (w.dtype != KV_DTYPE_F32 && rows32 == NULL)) {
+                shadow_matmul_scalar(x, w, rows, in, out, o0, n, y);
+                continue;
+            }
+            const float *wb = kv_mat_rows(w, in, o0, n, rows32); /* (n, in) */
+            for (int k = 0; k < SHADOW_OUT_BLOCK; k++) {
+                const float *src = wb + k * in; /* (in) one weight row, read in order */
+                for (int64_t i = 0; i < in; i++) wt[i][k] = (double)src[i];
+            }
+            block(x, wt, rows, in, out, o0, y);
         }
-        for (int k = 0; k < SHADOW_OUT_BLOCK; k++) {
-            const float *src = w + (o0 + k) * in; /* (in) one weight row, read in order */
-            for (int64_t i = 0; i < in; i++) wt[i][k] = (double)src[i];
-        }
-        block(x, wt, rows, in, out, o0, y);
+        free(rows32);
         free(wt);
     }
 }
@@ -372,7 +381,7 @@ static void shadow_moe(const KvConfig *c, const KvLayerWeights *w, ShadowState *
     for (int64_t p = 0; p < n; p++) {
         const double *x = s->xn + p * H; /* (H) */
         double *acc = s->tmp + p * H;    /* (H) */
-        shadow_matmul(x, w->router_w, 1, H, E, logits);
+        shadow_matmul(x, kv_mat_f32(w->router_w), 1, H, E, logits);
         for (int64_t e = 0; e < E; e++) logits[e] += (double)w->router_b[e];
         double mx = -INFINITY;
         for (int64_t k = 0; k < K; k++) {
@@ -398,7 +407,7 @@ static void shadow_moe(const KvConfig *c, const KvLayerWeights *w, ShadowState *
                 if ((int64_t)pick[k] == e) rank = k;
             }
             if (rank < 0) continue;
-            shadow_matmul(x, w->experts_gate_up + e * 2 * I * H, 1, H, 2 * I, gu);
+            shadow_matmul(x, kv_mat_skip(w->experts_gate_up, e * 2 * I * H), 1, H, 2 * I, gu);
             const float *bgu = w->experts_gate_up_b + e * 2 * I; /* (2I) */
             for (int64_t j = 0; j < I; j++) {
                 double gate = gu[2 * j] + (double)bgu[2 * j];
@@ -407,7 +416,7 @@ static void shadow_moe(const KvConfig *c, const KvLayerWeights *w, ShadowState *
                 up = up > limit ? limit : (up < -limit ? -limit : up);
                 hh[j] = (up + 1.0) * (gate / (1.0 + exp(-(gate * alpha))));
             }
-            shadow_matmul(hh, w->experts_down + e * H * I, 1, I, H, out);
+            shadow_matmul(hh, kv_mat_skip(w->experts_down, e * H * I), 1, I, H, out);
             const float *bd = w->experts_down_b + e * H; /* (H) */
             const double wt = weight[rank] / sum;
             for (int64_t i = 0; i < H; i++) acc[i] += (out[i] + (double)bd[i]) * wt;
@@ -504,8 +513,10 @@ KvStatus kv_shadow64_logits(const KvModel *m, const int32_t *tokens, int64_t n, 
     const double normalizer =
         kv_config_gemma_style(c) ? (double)(float)sqrt((double)hidden) : 1.0;
     for (int64_t p = 0; p < n; p++) {
-        const float *e = m->embed + (int64_t)tokens[p] * hidden; /* (hidden) */
-        for (int64_t i = 0; i < hidden; i++) s.x[p * hidden + i] = (double)e[i] * normalizer;
+        const int64_t e = (int64_t)tokens[p] * hidden; /* the token's embedding row */
+        for (int64_t i = 0; i < hidden; i++) {
+            s.x[p * hidden + i] = (double)kv_mat_at(m->embed, e + i) * normalizer;
+        }
     }
     const size_t tab = (size_t)(n * (c->head_dim / 2));
     float inv_f[KV_CONFIG_MAX_HEAD_DIM / 2]; /* (head_dim / 2) transformers' float32 one */

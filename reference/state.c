@@ -119,11 +119,11 @@ const float *kv_ref_layer_inv_freq(const KvRefState *s, int64_t layer) {
     return local ? s->inv_freq_local : s->inv_freq;
 }
 
-void kv_ref_matmul(KvMatmulFn mm, const float *x, const float *w, int64_t rows, int64_t in,
+void kv_ref_matmul(KvMatmulFn mm, const float *x, KvMat w, int64_t rows, int64_t in,
                    int64_t out, float *y) {
     if (mm != NULL) {
         mm(x, w, rows, in, out, y);
     } else {
-        kv_matmul(x, w, rows, in, out, y);
+        kv_matmul_mat(x, w, rows, in, out, y);
     }
 }

@@ -23,9 +23,9 @@ typedef enum {
     KV_POINT_FINAL_NORM, KV_POINT_LOGITS
 } KvPoint;
 
-/* y = x w^T: x (rows, in), w (out, in), y (rows, out). */
-typedef void (*KvMatmulFn)(const float *x, const float *w, int64_t rows, int64_t in,
-                           int64_t out, float *y);
+/* y = x w^T: x (rows, in), w (out, in) as stored, y (rows, out). */
+typedef void (*KvMatmulFn)(const float *x, KvMat w, int64_t rows, int64_t in, int64_t out,
+                           float *y);
 
 /* What plugs into the forward from outside; every entry may be NULL. The
  * state holds a pointer: the table must outlive it. */
@@ -37,7 +37,7 @@ typedef struct {
      * tensor (base NULL): the observer reads the caches itself. */
     void (*observe)(void *ctx, KvRefState *s, int64_t layer, KvPoint point, const void *base,
                     int64_t per_seq);
-    /* Every projection and the lm_head (NULL: kv_matmul / kv_matmul_multi). */
+    /* Every projection and the lm_head (NULL: kv_matmul_mat / kv_matmul_multi). */
     KvMatmulFn matmul;
     /* Asked once per attention op as it runs: true sums the visible keys in
      * descending position instead of ascending. */
@@ -114,8 +114,8 @@ KvStatus kv_ref_state_init(KvRefState *s, const KvModel *m, int64_t batch, int64
                            int64_t max_chunk, KvError *err);
 void kv_ref_state_free(KvRefState *s);
 
-/* y = x w^T by mm, or by kv_matmul when mm is NULL (no hook installed). */
-void kv_ref_matmul(KvMatmulFn mm, const float *x, const float *w, int64_t rows, int64_t in,
+/* y = x w^T by mm, or by kv_matmul_mat when mm is NULL (no hook installed). */
+void kv_ref_matmul(KvMatmulFn mm, const float *x, KvMat w, int64_t rows, int64_t in,
                    int64_t out, float *y);
 
 /* Layer l's RoPE inverse frequencies (head_dim / 2). */

@@ -14,10 +14,13 @@
 
 #include "cache_registry.h"
 #include "decode.h"
+#include "ensemble.h"
+#include "fault.h"
 #include "fixture.h"
 #include "gemm.h"
 #include "kvmath.h"
 #include "prng.h"
+#include "shadow64.h"
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -493,10 +496,11 @@ START_TEST(test_nonfinite_located) {
     }
     ck_assert_msg(s_new >= 0, "no fresh token in %lld steps", (long long)clean.steps);
     const int32_t t = clean.tokens[s_new];
-    const bool tied = m->lm_head == m->embed;
+    const bool tied = m->lm_head.data == m->embed.data;
     char name[64];
 
-    float *emb = (float *)(uintptr_t)m->embed; /* the test owns the fixture */
+    ck_assert_int_eq(m->embed.dtype, KV_DTYPE_F32); /* the fixtures are F32 */
+    float *emb = (float *)(uintptr_t)m->embed.data; /* the test owns the fixture */
     const float saved = emb[(int64_t)t * H];
     emb[(int64_t)t * H] = NAN;
     const KvCacheOps *ring = kv_cache_find("ring");
@@ -520,10 +524,12 @@ START_TEST(test_nonfinite_located) {
         /* gpt_oss: every expert's down projection, so whichever the router
          * picks (E, hidden, intermediate) */
         const int64_t I = m->config.intermediate_size;
-        float *down = (float *)(uintptr_t)m->layers[1].experts_down;
+        ck_assert_int_eq(m->layers[1].experts_down.dtype, KV_DTYPE_F32);
+        float *down = (float *)(uintptr_t)m->layers[1].experts_down.data;
         for (int64_t e = 0; e < m->config.num_experts; e++) down[e * H * I + 5] = INFINITY;
     } else {
-        float *down = (float *)(uintptr_t)m->layers[1].w_down; /* (hidden, intermediate) */
+        ck_assert_int_eq(m->layers[1].w_down.dtype, KV_DTYPE_F32);
+        float *down = (float *)(uintptr_t)m->layers[1].w_down.data; /* (hidden, intermediate) */
         down[5] = INFINITY;
     }
     for (int g = 0; g < 2; g++) {
@@ -543,6 +549,129 @@ START_TEST(test_nonfinite_located) {
 }
 END_TEST
 
+/* ---- weights kept as stored -------------------------------------------- */
+
+/* The F32 fixture with every weight rounded to BF16 in place, as
+ * kv_fixture_build_dtype's BF16 image rounds it: the same values, stored
+ * as F32. */
+static void round_image_to_bf16(uint8_t *img, size_t len) {
+    KvSafetensors tab;
+    KvError err = {{0}};
+    ck_assert_msg(kv_st_parse(img, len, "f32", &tab, &err) == KV_OK, "%s", err.msg);
+    for (size_t t = 0; t < tab.n_tensors; t++) {
+        ck_assert_int_eq(tab.tensors[t].dtype, KV_DTYPE_F32);
+        uint8_t *p = (uint8_t *)(uintptr_t)(tab.data + tab.tensors[t].begin);
+        const size_t n = (size_t)(tab.tensors[t].end - tab.tensors[t].begin) / 4;
+        for (size_t i = 0; i < n; i++) {
+            float f;
+            uint8_t b[2];
+            memcpy(&f, p + 4 * i, 4);
+            kv_f32_to_bf16(&f, 1, b);
+            kv_dtype_to_f32(KV_DTYPE_BF16, b, 1, &f);
+            memcpy(p + 4 * i, &f, 4);
+        }
+    }
+    kv_st_close(&tab);
+}
+
+/* A BF16 checkpoint, read as stored and widened in the kernels, computes
+ * the bits of the same values stored as F32: the model hash, and every
+ * logit of the reference (whole and chunked prefill: the GEMM; decode: the
+ * row kernel), a graph-mode variant, the sequential-order calibration
+ * member, planted TF32, and the fp64 shadow. */
+START_TEST(test_stored_bf16_bitwise) {
+    KvFamily family;
+    KvFixtureSize size;
+    KvConfig cfg;
+    KvError err = {{0}};
+    ck_assert_int_eq(kv_fixture_lookup(k_families[_i], &family, &size, &err), KV_OK);
+    ck_assert_int_eq(kv_fixture_config(family, size, &cfg, &err), KV_OK);
+    uint8_t *fimg = NULL, *bimg = NULL;
+    size_t flen = 0, blen = 0;
+    char *fjson = NULL, *bjson = NULL;
+    ck_assert_int_eq(kv_fixture_build(&cfg, TEST_SEED, &fimg, &flen, &fjson, &err), KV_OK);
+    ck_assert_int_eq(
+        kv_fixture_build_dtype(&cfg, TEST_SEED, KV_DTYPE_BF16, &bimg, &blen, &bjson, &err), KV_OK);
+    round_image_to_bf16(fimg, flen);
+    KvModel mf, mb;
+    ck_assert_msg(kv_model_load_memory(fjson, strlen(fjson), fimg, flen, "f32", &mf, &err) == KV_OK,
+                  "%s", err.msg);
+    ck_assert_msg(kv_model_load_memory(bjson, strlen(bjson), bimg, blen, "bf16", &mb, &err) == KV_OK,
+                  "%s", err.msg);
+    ck_assert_int_eq(mb.layers[0].wq.dtype, KV_DTYPE_BF16);
+    ck_assert_int_eq(mb.lm_head.dtype, KV_DTYPE_BF16);
+    ck_assert_int_eq(mf.lm_head.dtype, KV_DTYPE_F32);
+    ck_assert_msg(kv_model_hash(&mf) == kv_model_hash(&mb), "%s: the hashes of the same values "
+                  "differ by storage", k_families[_i]);
+    ck_assert_uint_eq(mb.weight_bytes * 2 > mf.weight_bytes, true); /* vectors stay F32 */
+    ck_assert_uint_eq(mb.weight_bytes < mf.weight_bytes, true);
+
+    const int64_t W = cfg.sliding_window > 0 ? cfg.sliding_window : 16;
+    int32_t *prompts[2] = {make_prompt(W + 3, TEST_PROMPT_SEED, cfg.vocab_size),
+                           make_prompt(4, TEST_PROMPT_SEED + 1, cfg.vocab_size)};
+    const int64_t lens[2] = {W + 3, 4};
+    const KvCacheOps *ring = kv_cache_find("ring");
+    ck_assert_ptr_nonnull(ring);
+    struct {
+        const char *what;
+        int64_t chunk;
+        const KvCacheOps *variant;
+        KvExecMode mode;
+        unsigned order, faults;
+    } runs[] = {
+        {"reference", 0, NULL, KV_MODE_EAGER, 0, 0},
+        {"chunked prefill", 5, NULL, KV_MODE_EAGER, 0, 0},
+        {"ring, graph", 0, ring, KV_MODE_GRAPH, 0, 0},
+        {"dot_sequential member", 0, NULL, KV_MODE_EAGER, KV_ORDER_DOT_SEQUENTIAL, 0},
+        {"planted tf32", 0, NULL, KV_MODE_EAGER, 0, KV_FAULT_TF32},
+    };
+    /* batch 2: every decode step's matmuls have two rows (the GEMM); batch
+     * 1: one (the decode row kernel) */
+    for (size_t k = 0; k < 2 * sizeof runs / sizeof runs[0]; k++) {
+        const int64_t batch = k % 2 == 0 ? 2 : 1;
+        int32_t *tok = NULL;
+        uint8_t *real = NULL;
+        int64_t plen = 0;
+        ck_assert_int_eq(kv_batch_left_pad((const int32_t *const *)prompts, lens, batch, 0, &tok,
+                                           &real, &plen, &err), KV_OK);
+        KvDecodeSpec spec = {.batch = batch, .prompt_len = plen, .prompt = tok, .prompt_real = real,
+                             .new_tokens = W + 2, .prefill_chunk = runs[k / 2].chunk,
+                             .variant = runs[k / 2].variant, .mode = runs[k / 2].mode,
+                             .order = runs[k / 2].order, .faults = runs[k / 2].faults};
+        KvDecodeResult rf = {0}, rb = {0};
+        ck_assert_msg(kv_decode_greedy(&mf, &spec, &rf, &err) == KV_OK, "%s", err.msg);
+        ck_assert_msg(kv_decode_greedy(&mb, &spec, &rb, &err) == KV_OK, "%s", err.msg);
+        char what[128];
+        snprintf(what, sizeof what, "%s: %s, batch %lld, BF16 stored vs F32 stored",
+                 k_families[_i], runs[k / 2].what, (long long)batch);
+        assert_same(&rf, &rb, what);
+        kv_decode_result_free(&rf);
+        kv_decode_result_free(&rb);
+        free(tok);
+        free(real);
+    }
+    /* the shadow over the long prompt, every position's logits */
+    const int64_t n = lens[0];
+    double *sf = malloc((size_t)(n * cfg.vocab_size) * sizeof *sf);
+    double *sb = malloc((size_t)(n * cfg.vocab_size) * sizeof *sb);
+    ck_assert(sf != NULL && sb != NULL);
+    ck_assert_msg(kv_shadow64_logits(&mf, prompts[0], n, 0, sf, &err) == KV_OK, "%s", err.msg);
+    ck_assert_msg(kv_shadow64_logits(&mb, prompts[0], n, 0, sb, &err) == KV_OK, "%s", err.msg);
+    ck_assert_msg(memcmp(sf, sb, (size_t)(n * cfg.vocab_size) * sizeof *sf) == 0,
+                  "%s: the fp64 shadow differs by storage", k_families[_i]);
+    free(sf);
+    free(sb);
+    free(prompts[0]);
+    free(prompts[1]);
+    kv_model_free(&mf);
+    kv_model_free(&mb);
+    free(fimg);
+    free(bimg);
+    free(fjson);
+    free(bjson);
+}
+END_TEST
+
 static Suite *decode_suite(void) {
     Suite *s = suite_create("decode");
     TCase *tc = tcase_create("determinism");
@@ -552,6 +681,7 @@ static Suite *decode_suite(void) {
     tcase_add_loop_test(tc, test_chunked_prefill_bitwise, 0, N_FAM);
     tcase_add_loop_test(tc, test_padded_row_equals_alone, 0, N_FAM);
     tcase_add_loop_test(tc, test_pad_skip_bitwise, 0, N_FAM);
+    tcase_add_loop_test(tc, test_stored_bf16_bitwise, 0, N_FAM);
     suite_add_tcase(s, tc);
     TCase *sem = tcase_create("semantics");
     tcase_set_timeout(sem, 120);

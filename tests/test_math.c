@@ -261,7 +261,7 @@ START_TEST(test_matmul_sequential) {
         float *x = test_alloc(rows * in), *w = test_alloc(out * in), *y = test_alloc(rows * out);
         for (int64_t i = 0; i < rows * in; i++) x[i] = test_rng_sym(&g);
         for (int64_t i = 0; i < out * in; i++) w[i] = test_rng_sym(&g);
-        kv_matmul_sequential(x, w, rows, in, out, y);
+        kv_matmul_sequential(x, kv_mat_f32(w), rows, in, out, y);
         kv_gemm_set_path(KV_GEMM_AUTO);
         for (int64_t r = 0; r < rows; r++) {
             for (int64_t o = 0; o < out; o++) {
@@ -333,7 +333,8 @@ static int gemm_same(float a, float b) {
 
 /* One configuration (path, thread count, parallel threshold) over every
  * shape: kv_matmul and kv_matmul_multi (three matrices of one input, as
- * q/k/v) against kv_dot per element. y is poisoned first so a skipped
+ * q/k/v), on F32 weights and on the same weights stored as BF16 and F16,
+ * against kv_dot per element. y is poisoned first so a skipped
  * element is seen. */
 static void gemm_check_shape(int64_t rows, int64_t in, int64_t out, int kind, KvGemmPath path,
                              int threads, int64_t min_work) {
@@ -343,6 +344,11 @@ static void gemm_check_shape(int64_t rows, int64_t in, int64_t out, int kind, Kv
     const int64_t outs[3] = {out, out + 5, 3};
     float *x = test_alloc(rows * in); /* (rows, in) */
     float *w[3], *y[3], *want[3];    /* (outs[j], in), (rows, outs[j]) x 2 */
+    /* The weights as stored 16-bit values (the F32 ones rounded to BF16;
+     * the same bytes read as F16), each against kv_dot on its widened F32. */
+    uint8_t *w16[3];                 /* (outs[j], in) 16-bit */
+    float *want16[2][3];             /* [BF16, F16] (rows, outs[j]) */
+    static const KvDtype dt16[2] = {KV_DTYPE_BF16, KV_DTYPE_F16};
     for (int64_t i = 0; i < rows * in; i++) x[i] = gemm_value(&g, kind, 1);
     for (int j = 0; j < 3; j++) {
         w[j] = test_alloc(outs[j] * in);
@@ -352,24 +358,47 @@ static void gemm_check_shape(int64_t rows, int64_t in, int64_t out, int kind, Kv
         for (int64_t r = 0; r < rows; r++)
             for (int64_t o = 0; o < outs[j]; o++)
                 want[j][r * outs[j] + o] = kv_dot(x + r * in, w[j] + o * in, in);
+        w16[j] = malloc((size_t)(outs[j] * in) * 2 + 1);
+        ck_assert_ptr_nonnull(w16[j]);
+        kv_f32_to_bf16(w[j], (size_t)(outs[j] * in), w16[j]);
+        float *wide = test_alloc(outs[j] * in); /* (outs[j], in) */
+        for (int d = 0; d < 2; d++) {
+            kv_dtype_to_f32(dt16[d], w16[j], (size_t)(outs[j] * in), wide);
+            want16[d][j] = test_alloc(rows * outs[j]);
+            for (int64_t r = 0; r < rows; r++)
+                for (int64_t o = 0; o < outs[j]; o++)
+                    want16[d][j][r * outs[j] + o] = kv_dot(x + r * in, wide + o * in, in);
+        }
+        free(wide);
     }
-    for (int multi = 0; multi < 2; multi++) {
+    /* 0: kv_matmul, 1: kv_matmul_multi on F32, 2 and 3: on BF16 and F16 as stored */
+    static const char *const mode_names[4] = {"kv_matmul", "kv_matmul_multi",
+                                              "kv_matmul_multi (BF16 stored)",
+                                              "kv_matmul_multi (F16 stored)"};
+    for (int mode = 0; mode < 4; mode++) {
+        const int count = mode == 0 ? 1 : 3;
         for (int j = 0; j < 3; j++)
             for (int64_t i = 0; i < rows * outs[j]; i++) y[j][i] = 12345.0f;
-        if (multi) {
-            kv_matmul_multi(x, rows, in, 3, (const float *const *)w, outs, y);
-        } else {
-            kv_matmul(x, w[0], rows, in, out, y[0]);
+        KvMat ws[3];
+        for (int j = 0; j < 3; j++) {
+            ws[j] = kv_mat_f32(w[j]);
+            if (mode >= 2) ws[j] = (KvMat){w16[j], dt16[mode - 2]};
         }
-        for (int j = 0; j < (multi ? 3 : 1); j++) {
+        if (mode == 0) {
+            kv_matmul(x, w[0], rows, in, out, y[0]);
+        } else {
+            kv_matmul_multi(x, rows, in, 3, ws, outs, y);
+        }
+        for (int j = 0; j < count; j++) {
+            const float *wants = mode >= 2 ? want16[mode - 2][j] : want[j]; /* (rows, outs[j]) */
             for (int64_t r = 0; r < rows; r++) {
                 for (int64_t o = 0; o < outs[j]; o++) {
-                    const float got = y[j][r * outs[j] + o], dot = want[j][r * outs[j] + o];
+                    const float got = y[j][r * outs[j] + o], dot = wants[r * outs[j] + o];
                     EXPECT(gemm_same(got, dot),
                            "%s (%lld,%lld,%lld) matrix %d, %s inputs, path %s, %d thread(s), "
                            "min_work %lld, seed=%llu: y[%lld,%lld]=%.9g (0x%08x) is not bitwise "
                            "kv_dot = %.9g (0x%08x)",
-                           multi ? "kv_matmul_multi" : "kv_matmul", (long long)rows,
+                           mode_names[mode], (long long)rows,
                            (long long)in, (long long)outs[j], j, VAL_NAMES[kind],
                            kv_gemm_path_name(path), threads, (long long)min_work,
                            (unsigned long long)seed, (long long)r, (long long)o, (double)got,
@@ -381,8 +410,11 @@ static void gemm_check_shape(int64_t rows, int64_t in, int64_t out, int kind, Kv
     free(x);
     for (int j = 0; j < 3; j++) {
         free(w[j]);
+        free(w16[j]);
         free(y[j]);
         free(want[j]);
+        free(want16[0][j]);
+        free(want16[1][j]);
     }
 }
 

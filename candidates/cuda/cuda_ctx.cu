@@ -117,17 +117,20 @@ cleanup:
 }
 
 /* One weight tensor to upload: n floats from host into *dst's arena slot. */
+/* Elements widened per host-to-device copy of a BF16/F16 weight. */
+#define KV_CUDA_UPLOAD_CHUNK ((size_t)1 << 20)
+
 typedef struct {
-    const float *host; /* (n) */
+    KvMat host; /* (n) as stored: widened to F32 on the way up */
     size_t n;
     const float **dst;
 } CudaUpload;
 
 /* Appends a tensor to the upload list; a NULL host tensor (absent for the
  * family) is skipped and its device pointer stays NULL. */
-static void cuda_upload_add(CudaUpload *up, size_t *n_up, const float *host, size_t n,
+static void cuda_upload_add(CudaUpload *up, size_t *n_up, KvMat host, size_t n,
                             const float **dst) {
-    if (host == NULL) return;
+    if (host.data == NULL) return;
     up[*n_up].host = host;
     up[*n_up].n = n;
     up[*n_up].dst = dst;
@@ -158,10 +161,11 @@ static KvStatus cuda_ctx_upload(KvCudaCtx *ctx, KvError *err) {
     const size_t hidden = (size_t)ctx->hidden, inter = (size_t)ctx->inter;
     const size_t q_dim = (size_t)ctx->q_dim, kv_dim = (size_t)ctx->kv_dim;
     const size_t vocab = (size_t)ctx->vocab;
-    const bool tied = m->lm_head == m->embed;
+    const bool tied = m->lm_head.data == m->embed.data;
     const size_t max_up = 3 + 24 * (size_t)ctx->n_layers; /* KvCudaLayer's 24 arrays */
     CudaUpload *up = (CudaUpload *)calloc(max_up, sizeof *up);
     size_t n_up = 0, total = 0, off = 0;
+    float *chunk = NULL; /* (KV_CUDA_UPLOAD_CHUNK) widened weights on their way up */
     if (up == NULL) return kv_error_set(err, KV_ERR_INTERNAL, "cuda: out of host memory");
     ctx->layers = (KvCudaLayer *)calloc((size_t)ctx->n_layers, sizeof *ctx->layers);
     if (ctx->layers == NULL) {
@@ -169,37 +173,37 @@ static KvStatus cuda_ctx_upload(KvCudaCtx *ctx, KvError *err) {
         goto cleanup;
     }
     cuda_upload_add(up, &n_up, m->embed, vocab * hidden, &ctx->w_embed);
-    cuda_upload_add(up, &n_up, m->final_norm, hidden, &ctx->w_final_norm);
+    cuda_upload_add(up, &n_up, kv_mat_f32(m->final_norm), hidden, &ctx->w_final_norm);
     if (!tied) cuda_upload_add(up, &n_up, m->lm_head, vocab * hidden, &ctx->w_lm_head);
     for (int64_t l = 0; l < ctx->n_layers; l++) {
         const KvLayerWeights *w = &m->layers[l];
         KvCudaLayer *d = &ctx->layers[l];
-        cuda_upload_add(up, &n_up, w->input_norm, hidden, &d->input_norm);
-        cuda_upload_add(up, &n_up, w->post_attn_norm, hidden, &d->post_attn_norm);
+        cuda_upload_add(up, &n_up, kv_mat_f32(w->input_norm), hidden, &d->input_norm);
+        cuda_upload_add(up, &n_up, kv_mat_f32(w->post_attn_norm), hidden, &d->post_attn_norm);
         /* gemma2 only; NULL for mistral */
-        cuda_upload_add(up, &n_up, w->pre_ffw_norm, hidden, &d->pre_ffw_norm);
-        cuda_upload_add(up, &n_up, w->post_ffw_norm, hidden, &d->post_ffw_norm);
+        cuda_upload_add(up, &n_up, kv_mat_f32(w->pre_ffw_norm), hidden, &d->pre_ffw_norm);
+        cuda_upload_add(up, &n_up, kv_mat_f32(w->post_ffw_norm), hidden, &d->post_ffw_norm);
         cuda_upload_add(up, &n_up, w->wq, q_dim * hidden, &d->wq);
         cuda_upload_add(up, &n_up, w->wk, kv_dim * hidden, &d->wk);
         cuda_upload_add(up, &n_up, w->wv, kv_dim * hidden, &d->wv);
         cuda_upload_add(up, &n_up, w->wo, hidden * q_dim, &d->wo);
         /* qwen2 only; NULL otherwise */
-        cuda_upload_add(up, &n_up, w->bq, q_dim, &d->bq);
-        cuda_upload_add(up, &n_up, w->bk, kv_dim, &d->bk);
-        cuda_upload_add(up, &n_up, w->bv, kv_dim, &d->bv);
+        cuda_upload_add(up, &n_up, kv_mat_f32(w->bq), q_dim, &d->bq);
+        cuda_upload_add(up, &n_up, kv_mat_f32(w->bk), kv_dim, &d->bk);
+        cuda_upload_add(up, &n_up, kv_mat_f32(w->bv), kv_dim, &d->bv);
         /* gemma3 only; NULL otherwise */
-        cuda_upload_add(up, &n_up, w->q_norm, (size_t)ctx->hd, &d->q_norm);
-        cuda_upload_add(up, &n_up, w->k_norm, (size_t)ctx->hd, &d->k_norm);
+        cuda_upload_add(up, &n_up, kv_mat_f32(w->q_norm), (size_t)ctx->hd, &d->q_norm);
+        cuda_upload_add(up, &n_up, kv_mat_f32(w->k_norm), (size_t)ctx->hd, &d->k_norm);
         /* gpt_oss only; NULL otherwise */
         const size_t E = (size_t)ctx->n_experts;
-        cuda_upload_add(up, &n_up, w->bo, hidden, &d->bo);
-        cuda_upload_add(up, &n_up, w->sinks, (size_t)ctx->n_heads, &d->sinks);
-        cuda_upload_add(up, &n_up, w->router_w, E * hidden, &d->router_w);
-        cuda_upload_add(up, &n_up, w->router_b, E, &d->router_b);
+        cuda_upload_add(up, &n_up, kv_mat_f32(w->bo), hidden, &d->bo);
+        cuda_upload_add(up, &n_up, kv_mat_f32(w->sinks), (size_t)ctx->n_heads, &d->sinks);
+        cuda_upload_add(up, &n_up, kv_mat_f32(w->router_w), E * hidden, &d->router_w);
+        cuda_upload_add(up, &n_up, kv_mat_f32(w->router_b), E, &d->router_b);
         cuda_upload_add(up, &n_up, w->experts_gate_up, E * 2 * inter * hidden, &d->experts_gate_up);
-        cuda_upload_add(up, &n_up, w->experts_gate_up_b, E * 2 * inter, &d->experts_gate_up_b);
+        cuda_upload_add(up, &n_up, kv_mat_f32(w->experts_gate_up_b), E * 2 * inter, &d->experts_gate_up_b);
         cuda_upload_add(up, &n_up, w->experts_down, E * hidden * inter, &d->experts_down);
-        cuda_upload_add(up, &n_up, w->experts_down_b, E * hidden, &d->experts_down_b);
+        cuda_upload_add(up, &n_up, kv_mat_f32(w->experts_down_b), E * hidden, &d->experts_down_b);
         cuda_upload_add(up, &n_up, w->w_gate, inter * hidden, &d->w_gate);
         cuda_upload_add(up, &n_up, w->w_up, inter * hidden, &d->w_up);
         cuda_upload_add(up, &n_up, w->w_down, hidden * inter, &d->w_down);
@@ -211,14 +215,32 @@ static KvStatus cuda_ctx_upload(KvCudaCtx *ctx, KvError *err) {
     ctx->w_arena_floats = total;
     KV_ALLOC(ctx->w_arena, total * sizeof(float));
     for (size_t i = 0; i < n_up; i++) {
-        KV_CUDA_CHECK(cudaMemcpy(ctx->w_arena + off, up[i].host, up[i].n * sizeof(float),
-                                 cudaMemcpyHostToDevice));
+        if (up[i].host.dtype == KV_DTYPE_F32) {
+            KV_CUDA_CHECK(cudaMemcpy(ctx->w_arena + off, up[i].host.data, up[i].n * sizeof(float),
+                                     cudaMemcpyHostToDevice));
+        } else {
+            /* BF16/F16 kept as stored on the host: widened (exact) a chunk at
+             * a time; the device holds F32 */
+            if (chunk == NULL) chunk = (float *)malloc(KV_CUDA_UPLOAD_CHUNK * sizeof(float));
+            if (chunk == NULL) {
+                st = kv_error_set(err, KV_ERR_INTERNAL, "cuda: out of host memory");
+                goto cleanup;
+            }
+            for (size_t k = 0; k < up[i].n; k += KV_CUDA_UPLOAD_CHUNK) {
+                const size_t len =
+                    up[i].n - k < KV_CUDA_UPLOAD_CHUNK ? up[i].n - k : KV_CUDA_UPLOAD_CHUNK;
+                kv_mat_widen(up[i].host, (int64_t)k, (int64_t)len, chunk);
+                KV_CUDA_CHECK(cudaMemcpy(ctx->w_arena + off + k, chunk, len * sizeof(float),
+                                         cudaMemcpyHostToDevice));
+            }
+        }
         *up[i].dst = ctx->w_arena + off;
         off += (up[i].n + KV_CUDA_ARENA_ALIGN_FLOATS - 1) / KV_CUDA_ARENA_ALIGN_FLOATS *
                KV_CUDA_ARENA_ALIGN_FLOATS;
     }
     if (tied) ctx->w_lm_head = ctx->w_embed;
 cleanup:
+    free(chunk);
     free(up);
     return st;
 }

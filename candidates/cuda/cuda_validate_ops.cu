@@ -217,8 +217,11 @@ KvStatus kv_val_embed(KvValRun *v, KvError *err) {
     KV_TRY(kv_cuda_embed(ctx, n, err));
 
     for (int64_t r = 0; r < rows; r++) {
-        const float *e = m->embed + (int64_t)tok[r] * H; /* (hidden) */
-        for (int64_t i = 0; i < H; i++) want[r * H + i] = gemma ? e[i] * normalizer : e[i];
+        float *e = want + r * H; /* (hidden) the token's row, widened as the host reads it */
+        kv_mat_widen(m->embed, (int64_t)tok[r] * H, H, e);
+        if (gemma) {
+            for (int64_t i = 0; i < H; i++) e[i] = e[i] * normalizer;
+        }
     }
     KV_TRY(kv_val_download(v, got, x.p, (size_t)(rows * H) * sizeof(float), err));
     kv_val_check_floats(op, "x (B*n, hidden)", "embed", got, want, NULL, rows * H, H);
@@ -332,7 +335,7 @@ cleanup:
 /* One kv_cuda_gemm case: y (rows, out) = x (rows, in) W^T against
  * kv_matmul, with the model's weights (w_dev on the device, w on the host). */
 static KvStatus val_gemm_case(KvValRun *v, KvCudaValidateOp *op, const char *what,
-                              const float *w_dev /* (out, in) */, const float *w /* (out, in) */,
+                              const float *w_dev /* (out, in) */, KvMat w /* (out, in) */,
                               int64_t rows, int64_t in, int64_t out, KvError *err) {
     KvStatus st = KV_OK;
     KvCudaCtx *ctx = v->ctx;
@@ -356,11 +359,13 @@ static KvStatus val_gemm_case(KvValRun *v, KvCudaValidateOp *op, const char *wha
 
     KV_TRY(kv_cuda_gemm(ctx, (const float *)xb.p, w_dev, (float *)yb.p, rows, in, out, err));
 
-    kv_matmul(x, w, rows, in, out, want);
+    kv_matmul_mat(x, w, rows, in, out, want);
     for (int64_t r = 0; r < rows; r++) {
         for (int64_t o = 0; o < out; o++) {
             double mag = 0.0;
-            for (int64_t i = 0; i < in; i++) mag += fabs((double)x[r * in + i] * (double)w[o * in + i]);
+            for (int64_t i = 0; i < in; i++) {
+                mag += fabs((double)x[r * in + i] * (double)kv_mat_at(w, o * in + i));
+            }
             bound[r * out + o] =
                 (float)((2.0 * (double)in + KV_VAL_GEMM_SLACK) * KV_VAL_U * mag) + KV_VAL_TINY;
         }

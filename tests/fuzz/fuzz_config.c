@@ -199,12 +199,12 @@ static void check_model_loads(const char *text, size_t len, const KvConfig *cfg)
     KV_FUZZ_CHECK(st == KV_OK, "a config that parses, with exactly its tensors, does not load: %s",
                   err.msg);
     check_same_config(&m.config, cfg, "model config");
-    KV_FUZZ_CHECK(m.embed != NULL && m.final_norm != NULL && m.lm_head != NULL &&
+    KV_FUZZ_CHECK(m.embed.data != NULL && m.final_norm != NULL && m.lm_head.data != NULL &&
                       m.layers != NULL,
                   "a loaded model without weights");
-    KV_FUZZ_CHECK((m.lm_head == m.embed) == cfg->tie_word_embeddings,
-                  "lm_head tied = %d, tie_word_embeddings = %d", m.lm_head == m.embed,
-                  cfg->tie_word_embeddings);
+    const bool tied = m.lm_head.data == m.embed.data;
+    KV_FUZZ_CHECK(tied == cfg->tie_word_embeddings, "lm_head tied = %d, tie_word_embeddings = %d",
+                  tied, cfg->tie_word_embeddings);
     (void)kv_model_hash(&m); /* reads every weight */
     kv_model_free(&m);
     free(img);

@@ -1,0 +1,53 @@
+/* weight.c: widening stored weights to F32 (weight.h). */
+#include "weight.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define KV_WEIGHT_SSE2 1
+#else
+#define KV_WEIGHT_SSE2 0
+#endif
+
+float kv_mat_at(KvMat m, int64_t i) {
+    float f;
+    kv_mat_widen(m, i, 1, &f);
+    return f;
+}
+
+/* BF16 is the top half of a binary32: each element shifted up 16 bits. */
+static void widen_bf16(const uint8_t *src /* (n) bf16 */, int64_t n, float *dst /* (n) */) {
+    int64_t i = 0;
+#if KV_WEIGHT_SSE2
+    /* Interleaving zero halves below each bf16 is the shift: eight per load,
+     * on every x86-64 (SSE2). */
+    const __m128i zero = _mm_setzero_si128();
+    for (; i + 8 <= n; i += 8) {
+        const __m128i v = _mm_loadu_si128((const __m128i *)(const void *)(src + 2 * i));
+        _mm_storeu_si128((__m128i *)(void *)(dst + i), _mm_unpacklo_epi16(zero, v));
+        _mm_storeu_si128((__m128i *)(void *)(dst + i + 4), _mm_unpackhi_epi16(zero, v));
+    }
+#endif
+    for (; i < n; i++) {
+        const uint32_t b = ((uint32_t)src[2 * i] | ((uint32_t)src[2 * i + 1] << 8)) << 16;
+        memcpy(dst + i, &b, sizeof b);
+    }
+}
+
+void kv_mat_widen(KvMat m, int64_t from, int64_t n, float *dst) {
+    if (n <= 0) return;
+    const uint8_t *src = (const uint8_t *)m.data + (size_t)from * kv_mat_elem_size(m);
+    switch (m.dtype) {
+    case KV_DTYPE_BF16:
+        widen_bf16(src, n, dst);
+        return;
+    default: /* F32 (a copy), F16 (safetensors.c's exact conversion) */
+        kv_dtype_to_f32(m.dtype, src, (size_t)n, dst);
+        return;
+    }
+}
+
+const float *kv_mat_rows(KvMat m, int64_t cols, int64_t row0, int64_t n, float *scratch) {
+    if (m.dtype == KV_DTYPE_F32) return (const float *)m.data + row0 * cols;
+    kv_mat_widen(m, row0 * cols, n * cols, scratch);
+    return scratch;
+}
