@@ -20,8 +20,29 @@ extern const KvCacheOps kv_cache_dynamic;
 
 /* All variants, in table order; *count receives their number. */
 const KvCacheOps *const *kv_cache_all(int *count);
-/* By name, or NULL. */
+
+/* Another surface's name for a variant's layout: transformers' cache layers
+ * as the transformers lane names them (kvrepro-hf capture --cache), each
+ * the same layout and data movement as one variant here, so `gate
+ * --variants` takes them for that variant (docs/cli.md, "Names"). */
+typedef struct {
+    const char *alias;      /* e.g. "static_sliding" */
+    const KvCacheOps *ops;  /* the variant it names */
+    const char *why;        /* what makes it the same layout, one clause */
+} KvCacheAlias;
+
+/* The aliases, in the order help texts list them; *count receives their
+ * number. */
+const KvCacheAlias *kv_cache_aliases(int *count);
+
+/* By name, or NULL. Only the variants' own names (KvCacheOps.name): what a
+ * report records and the registry's tests iterate. */
 const KvCacheOps *kv_cache_find(const char *name);
+
+/* By a name a user typed: a variant's own name or an alias; NULL when it
+ * is neither. *alias_of is set to the alias entry when name is one (NULL
+ * otherwise; alias_of may be NULL). */
+const KvCacheOps *kv_cache_find_typed(const char *name, const KvCacheAlias **alias_of);
 
 #ifdef __cplusplus
 }

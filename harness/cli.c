@@ -127,16 +127,34 @@ int kv_cli_names(KvCliNames which, const char **names, int max) {
         }
         break;
     }
-    case KV_NAMES_FIXTURE_FAMILIES:
+    case KV_NAMES_FIXTURE_FAMILIES: {
+        const KvFixtureWord *w = kv_fixture_families(&n);
+        for (int k = 0; k < n && k < max; k++) names[k] = kv_family_name((KvFamily)w[k].value);
+        break;
+    }
+    case KV_NAMES_FAMILY_ALIASES: {
+        int all = 0;
+        const KvFixtureWord *w = kv_fixture_families(&all);
+        for (int k = 0; k < all; k++) {
+            if (strcmp(w[k].word, kv_family_name((KvFamily)w[k].value)) == 0) continue;
+            if (n < max) names[n] = w[k].word;
+            n++;
+        }
+        break;
+    }
     case KV_NAMES_FIXTURE_SIZES: {
-        const KvFixtureWord *w = which == KV_NAMES_FIXTURE_FAMILIES ? kv_fixture_families(&n)
-                                                                    : kv_fixture_sizes(&n);
+        const KvFixtureWord *w = kv_fixture_sizes(&n);
         for (int k = 0; k < n && k < max; k++) names[k] = w[k].word;
         break;
     }
     case KV_NAMES_VARIANTS: {
         const KvCacheOps *const *v = kv_cache_all(&n);
         for (int k = 0; k < n && k < max; k++) names[k] = v[k]->name;
+        break;
+    }
+    case KV_NAMES_VARIANT_ALIASES: {
+        const KvCacheAlias *al = kv_cache_aliases(&n);
+        for (int k = 0; k < n && k < max; k++) names[k] = al[k].alias;
         break;
     }
     case KV_NAMES_SCENARIOS:
@@ -170,6 +188,37 @@ int kv_cli_names(KvCliNames which, const char **names, int max) {
         break;
     }
     return n;
+}
+
+bool kv_cli_family(const char *word, int *value) {
+    int n = 0;
+    const KvFixtureWord *w = kv_fixture_families(&n);
+    for (int k = 0; k < n; k++) {
+        if (strcmp(word, kv_family_name((KvFamily)w[k].value)) == 0 || strcmp(word, w[k].word) == 0) {
+            *value = w[k].value;
+            return true;
+        }
+    }
+    return false;
+}
+
+const char *kv_cli_fixture_name(const char *typed, char *buf, size_t n) {
+    int n_words = 0, n_fixtures = 0;
+    const KvFixtureWord *w = kv_fixture_families(&n_words);
+    const KvFixtureInfo *f = kv_fixture_all(&n_fixtures);
+    for (int k = 0; k < n_words; k++) {
+        const char *type = kv_family_name((KvFamily)w[k].value);
+        const size_t len = strlen(type);
+        if (strcmp(type, w[k].word) == 0 || strncmp(typed, type, len) != 0 || typed[len] != '-') {
+            continue;
+        }
+        /* the same fixture under its own name, when there is one */
+        snprintf(buf, n, "%s%s", w[k].word, typed + len);
+        for (int i = 0; i < n_fixtures; i++) {
+            if (strcmp(f[i].name, buf) == 0) return buf;
+        }
+    }
+    return typed;
 }
 
 /* Prints one word of len bytes, after a space when space is set, or at the

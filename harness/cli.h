@@ -69,9 +69,15 @@ typedef enum {
     KV_NAMES_MODEL_TYPES,       /* config.json model_type per family (config.c) */
     KV_NAMES_FIXTURES,          /* built-in fixtures (fixtures/fixture.c) */
     KV_NAMES_FIXTURES_DEFAULT,  /* the tiny ones, the gate's default models */
-    KV_NAMES_FIXTURE_FAMILIES,  /* `kvrepro fixture --family` words */
+    KV_NAMES_FIXTURE_FAMILIES,  /* `kvrepro fixture --family` names: each family's
+                                 * config.json model_type (config.c) */
+    KV_NAMES_FAMILY_ALIASES,    /* the short forms --family also takes, where the
+                                 * fixtures' names differ from the model_type
+                                 * (gemma3 for gemma3_text; fixtures/fixture.c) */
     KV_NAMES_FIXTURE_SIZES,     /* `kvrepro fixture --size` words */
     KV_NAMES_VARIANTS,          /* cache variants (candidates/cache_registry.c) */
+    KV_NAMES_VARIANT_ALIASES,   /* the lane's names --variants also takes, each for the
+                                 * variant of the same layout (cache_registry.c) */
     KV_NAMES_SCENARIOS,         /* every scenario (harness/scenario.c) */
     KV_NAMES_SCENARIOS_DEFAULT, /* the default set */
     KV_NAMES_SCENARIOS_EXTENDED, /* what `--scenarios extended` adds */
@@ -84,6 +90,20 @@ typedef enum {
  * order, and returns how many the registry holds (more than max: only max
  * stored). The strings are the registry's own, never freed. */
 int kv_cli_names(KvCliNames which, const char **names, int max);
+
+/* One vocabulary across surfaces (docs/cli.md, "Names"): a family is named
+ * by its checkpoints' model_type wherever it is typed, and the short form
+ * the fixtures' names use is accepted too. */
+
+/* `kvrepro fixture --family WORD`: the family a model_type or a short form
+ * names, as a KvFamily value into *value; false when WORD is neither. */
+bool kv_cli_family(const char *word, int *value);
+
+/* The built-in fixture a typed name means: typed itself, or, for
+ * "<model_type>-<size>" of a family whose fixtures are named by its short
+ * form ("gemma3_text-tiny"), the fixture's own name ("gemma3-tiny") in buf
+ * (n bytes), which reports then record. Never NULL. */
+const char *kv_cli_fixture_name(const char *typed, char *buf, size_t n);
 
 /* Prints names[0..n) to f, ", "-separated, after a space unless at the
  * start of a line (so what comes before ends without one), each whole:

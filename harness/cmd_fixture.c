@@ -17,8 +17,9 @@
 #include "report.h"
 #include "scenario.h"
 
-/* Prints the words of list which as "a|b|c" (the synopsis's form). */
-static void fixture_print_choices(FILE *f, int *col, KvCliNames which) {
+/* Prints the words of list which as "a|b|c" (the synopsis's form), folded
+ * at indent. */
+static void fixture_print_choices(FILE *f, int *col, KvCliNames which, int indent) {
     const char *names[KV_CLI_MAX_NAMES];
     const int n = kv_cli_names(which, names, KV_CLI_MAX_NAMES);
     char text[256] = " "; /* a space before, or a fold */
@@ -28,18 +29,23 @@ static void fixture_print_choices(FILE *f, int *col, KvCliNames which) {
                                names[k]);
         used += w > 0 ? (size_t)w : 0;
     }
-    kv_cli_print_text(f, col, 23, text);
+    kv_cli_print_text(f, col, indent, text);
 }
 
 static void fixture_usage(FILE *f) {
-    int col = fprintf(f, "usage: kvrepro fixture --family");
-    fixture_print_choices(f, &col, KV_NAMES_FIXTURE_FAMILIES);
-    kv_cli_print_text(f, &col, 23, " --out DIR");
-    col = fprintf(f, "\n%23s[--size", "") - 1; /* the column after the newline */
-    fixture_print_choices(f, &col, KV_NAMES_FIXTURE_SIZES);
-    kv_cli_print_text(f, &col, 23, "] [--seed N]");
+    fprintf(f, "usage: kvrepro fixture --family FAMILY --out DIR [--size SIZE] [--seed N]\n"
+               "%23s[--dtype f32|bf16] [--sliding-window N]\n", "");
+    int col = fprintf(f, "  FAMILY:");
+    fixture_print_choices(f, &col, KV_NAMES_FIXTURE_FAMILIES, 10);
+    kv_cli_print_text(f, &col, 10, " (config.json's model_type; the short form the fixtures' "
+                      "names use is taken too:");
+    kv_cli_print_list(f, &col, 10, KV_NAMES_FAMILY_ALIASES, "and");
+    kv_cli_print_text(f, &col, 10, ")");
+    col = fprintf(f, "\n  SIZE:  ");
+    fixture_print_choices(f, &col, KV_NAMES_FIXTURE_SIZES, 10);
+    kv_cli_print_text(f, &col, 10, " (default tiny)");
     fprintf(f,
-            "\n%23s[--dtype f32|bf16] [--sliding-window N]\n\n"
+            "\n\n"
             "Writes DIR/config.json and DIR/model.safetensors, generated from the seed\n"
             "with kvrepro's own PRNG (SplitMix64 streams keyed by tensor name; see\n"
             "model/prng.h), so the same seed gives the same bytes on every machine.\n"
@@ -65,15 +71,17 @@ static void fixture_usage(FILE *f) {
             "             tiny model at a real model's W runs the gate's real-scale\n"
             "             scenarios in seconds (not with the mixed-window family)\n"
             "Prints the smallest top-1 margin over the default decode.\n",
-            "", (unsigned long long)KV_FIXTURE_DEFAULT_SEED);
+            (unsigned long long)KV_FIXTURE_DEFAULT_SEED);
 }
 
-/* Looks word up in list which (a kv_fixture_families or kv_fixture_sizes
- * table): its value, or false after printing "kvrepro fixture: OPT:
- * expected a, b or c, found 'WORD'" from the same table. */
+/* Looks word up as a family (kv_cli_family: a model_type or its short
+ * form) or a size (the kv_fixture_sizes table): its value, or false after
+ * printing "kvrepro fixture: OPT: expected a, b or c, found 'WORD'" from
+ * the same registries. */
 static bool fixture_parse_word(const char *opt, const char *word, bool families, int *value) {
+    if (families && kv_cli_family(word, value)) return true;
     int n = 0;
-    const KvFixtureWord *w = families ? kv_fixture_families(&n) : kv_fixture_sizes(&n);
+    const KvFixtureWord *w = families ? NULL : kv_fixture_sizes(&n);
     for (int k = 0; k < n; k++) {
         if (strcmp(w[k].word, word) == 0) {
             *value = w[k].value;
@@ -83,6 +91,11 @@ static bool fixture_parse_word(const char *opt, const char *word, bool families,
     int col = fprintf(stderr, "kvrepro fixture: %s: expected", opt);
     kv_cli_print_list(stderr, &col, -1,
                       families ? KV_NAMES_FIXTURE_FAMILIES : KV_NAMES_FIXTURE_SIZES, "or");
+    if (families) {
+        col += fprintf(stderr, " (or the short form");
+        kv_cli_print_list(stderr, &col, -1, KV_NAMES_FAMILY_ALIASES, "or");
+        fprintf(stderr, ")");
+    }
     fprintf(stderr, ", found '%s'\n", word);
     return false;
 }

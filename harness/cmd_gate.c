@@ -77,7 +77,7 @@ static void gate_usage(FILE *f) {
             "                    [--repeats N] [--report PATH.h5] [--junit PATH.xml]\n"
             "                    [--shard I/N|auto] [--tol NAME=VALUE]... [--prompts FILE\n"
             "                    --max-new-tokens N] [--seed N] [--prompt-seed N]\n"
-            "                    [--replay-every N] [--fault LIST | --faults LIST|all]\n"
+            "                    [--replay-every N] [--plant LIST | --faults LIST|all]\n"
             "                    [--timings] [--allow-large-work] [--no-calibrate]\n"
             "                    [--no-shared-prefill] [--table] [--summary-md FILE]\n"
             "                    [--summary-json FILE] [--quiet | --verbose]\n"
@@ -99,11 +99,37 @@ static void gate_usage(FILE *f) {
     gate_help_opt(f, "--fixture NAME", "a built-in fixture, built in memory:", KV_NAMES_FIXTURES,
                   NULL, NULL);
     gate_help_opt(f, "", "(default: the tiny ones:", KV_NAMES_FIXTURES_DEFAULT, NULL, ")");
+    {
+        /* the model_type spelling of the fixtures named by a short form */
+        const char *alias[KV_CLI_MAX_NAMES];
+        const int n_alias = kv_cli_names(KV_NAMES_FAMILY_ALIASES, alias, KV_CLI_MAX_NAMES);
+        for (int k = 0; k < n_alias && k < KV_CLI_MAX_NAMES; k++) {
+            int value = 0;
+            if (!kv_cli_family(alias[k], &value)) continue;
+            snprintf(t, sizeof t, "(%s-SIZE may be written %s-SIZE, the family's model_type)",
+                     alias[k], kv_family_name((KvFamily)value));
+            gate_help_opt(f, "", t, -1, NULL, NULL);
+        }
+    }
     gate_help_opt(f, "--scenarios LIST", "comma-separated, default:", KV_NAMES_SCENARIOS_DEFAULT,
                   NULL, ";");
     gate_help_opt(f, "", "`extended` adds", KV_NAMES_SCENARIOS_EXTENDED, "and",
                   " (cpu only so far; --faults runs them too)");
     gate_help_opt(f, "--variants LIST", "default all:", KV_NAMES_VARIANTS, NULL, NULL);
+    {
+        /* the lane's names for the same layouts, each with its variant */
+        int n_alias = 0;
+        const KvCacheAlias *al = kv_cache_aliases(&n_alias);
+        char t2[512] = "also the lane's names for the same layouts:";
+        size_t used = strlen(t2);
+        for (int k = 0; k < n_alias && used < sizeof t2; k++) {
+            const int w = snprintf(t2 + used, sizeof t2 - used, "%s %s (%s)",
+                                   k == 0 ? "" : k + 1 == n_alias ? " and" : ",", al[k].alias,
+                                   al[k].ops->name);
+            used += w > 0 ? (size_t)w : 0;
+        }
+        gate_help_opt(f, "", t2, -1, NULL, "; the report records the variant's own name");
+    }
     gate_help_opt(f, "--backends LIST", "default every backend built:", KV_NAMES_BACKENDS, "and",
                   " (the runs of one that cannot run here are reported as skipped, with "
                   "the reason)");
@@ -178,8 +204,9 @@ static void gate_usage(FILE *f) {
     gate_help_opt(f, "--prompt-seed N", t, -1, NULL, NULL);
     gate_help_opt(f, "--replay-every N", "replay-check every N-th decode step (default 5, 0 = "
                   "off)", -1, NULL, NULL);
-    gate_help_opt(f, "--fault LIST", "plant these faults (comma-separated) in every candidate "
-                  "run (the gate must then fail):", KV_NAMES_FAULTS, NULL, NULL);
+    gate_help_opt(f, "--plant LIST", "plant these faults (comma-separated) in every candidate "
+                  "run (the gate must then fail):", KV_NAMES_FAULTS, NULL,
+                  "; --fault LIST is its older name");
     gate_help_opt(f, "--faults LIST|all", "mutation score: the matrix once clean and once per "
                   "fault, into one report; prints per fault whether and how the gate caught it, "
                   "'mutation score: C/P' and 'false alarms: N'; exits 1 unless every fault was "
@@ -243,6 +270,56 @@ static bool gate_parse_names(const char *opt, const char *text, const char *cons
     kv_cli_print_names(stderr, &col, -1, known, n_known, NULL);
     /* --scenarios also takes `extended`, alone */
     fprintf(stderr, "%s\n", strcmp(opt, "--scenarios") == 0 ? ", or extended" : "");
+    return false;
+}
+
+/* --variants: a comma-separated list of variant names or aliases
+ * (kv_cache_find_typed: the lane's names for the same layout), none naming
+ * a variant twice, into picked[] (the variants, in the order given). An
+ * empty list or item, an unknown name or a variant named twice (also by an
+ * alias and its variant) prints the error with the names and aliases and
+ * returns false, as gate_parse_names. */
+static bool gate_parse_variants(const char *text, const KvCacheOps **picked, int *n_picked) {
+    *n_picked = 0;
+    char why[200] = "";
+    for (const char *p = text;;) {
+        const char *end = strchr(p, ',');
+        const size_t len = end != NULL ? (size_t)(end - p) : strlen(p);
+        char name[KV_NAME_LEN];
+        snprintf(name, sizeof name, "%.*s", (int)(len < sizeof name - 1 ? len : sizeof name - 1), p);
+        const KvCacheAlias *alias = NULL;
+        const KvCacheOps *ops = len < sizeof name ? kv_cache_find_typed(name, &alias) : NULL;
+        if (len == 0) {
+            snprintf(why, sizeof why, "an empty name");
+        } else if (ops == NULL) {
+            snprintf(why, sizeof why, "unknown name '%.*s'", (int)(len < 64 ? len : 64), p);
+        } else if (*n_picked == KV_GATE_MAX_LIST) {
+            snprintf(why, sizeof why, "more names than there are variants");
+        } else {
+            for (int j = 0; j < *n_picked && why[0] == '\0'; j++) {
+                if (picked[j] != ops) continue;
+                if (alias != NULL) {
+                    snprintf(why, sizeof why, "'%s' given twice ('%s' is %s)", ops->name, name, ops->name);
+                } else {
+                    snprintf(why, sizeof why, "'%s' given twice", name);
+                }
+            }
+        }
+        if (why[0] != '\0') break;
+        picked[(*n_picked)++] = ops;
+        if (end == NULL) return true;
+        p = end + 1;
+    }
+    int col = fprintf(stderr, "kvrepro gate: --variants '%s': %s; expected a comma-separated list "
+                      "of:", text, why);
+    kv_cli_print_list(stderr, &col, -1, KV_NAMES_VARIANTS, NULL);
+    int n_alias = 0;
+    const KvCacheAlias *al = kv_cache_aliases(&n_alias);
+    fprintf(stderr, " (or the lane's names for the same layouts:");
+    for (int k = 0; k < n_alias; k++) {
+        fprintf(stderr, "%s %s = %s", k > 0 ? "," : "", al[k].alias, al[k].ops->name);
+    }
+    fprintf(stderr, ")\n");
     return false;
 }
 
@@ -353,6 +430,10 @@ typedef struct {
     int n_models;
     const char *report_path, *junit_path, *prompts_path;
     const char *summary_md, *summary_json; /* --summary-md, --summary-json, or NULL */
+    const char *plant_opt;     /* "--plant" or its older name "--fault", as typed; NULL:
+                                * neither given */
+    char fixture_names[KV_GATE_MAX_MODELS][KV_NAME_LEN]; /* a --fixture typed by an alias,
+                                                         * under its own name */
     uint64_t seed, max_new;
     bool quiet, verbose, table, mutation, allow_large, allow_empty;
     bool no_goldens;           /* --no-goldens: the reference is not judged against
@@ -441,8 +522,6 @@ static bool gate_parse_args(int argc, char **argv, GateArgs *a, KvGateOptions *o
     const char *const *known = kv_scenario_all_names(&n_known);
     bool scen_given = false;
     const KvCacheOps *const *all = kv_cache_all(&n_all);
-    const char *variant_names[KV_GATE_MAX_LIST];
-    for (int k = 0; k < n_all && k < KV_GATE_MAX_LIST; k++) variant_names[k] = all[k]->name;
     for (int k = 0; k < n_default && k < KV_GATE_MAX_LIST; k++) a->scen_names[k] = defaults[k];
     o->n_scenarios = n_default;
     for (int k = 0; k < n_all && k < KV_GATE_MAX_LIST; k++) a->variants[k] = all[k];
@@ -509,7 +588,11 @@ static bool gate_parse_args(int argc, char **argv, GateArgs *a, KvGateOptions *o
              * the option word it matched, not at the value. */
             const char *opt = argv[i] == v ? argv[i - 1] : argv[i];
             a->model_is_dir[a->n_models] = strncmp(opt, "--model", 7) == 0;
-            if (!a->model_is_dir[a->n_models]) gate_note_matrix_opt(a, "--fixture");
+            if (!a->model_is_dir[a->n_models]) {
+                gate_note_matrix_opt(a, "--fixture");
+                /* gemma3_text-tiny is gemma3-tiny: the report keeps the fixture's name */
+                v = kv_cli_fixture_name(v, a->fixture_names[a->n_models], KV_NAME_LEN);
+            }
             a->models[a->n_models++] = v;
         } else if (kv_cli_take(argc, argv, &i, "--external", &v, &bad)) {
             if (bad) break;
@@ -535,8 +618,7 @@ static bool gate_parse_args(int argc, char **argv, GateArgs *a, KvGateOptions *o
             if (!bad) o->n_scenarios = n_picked;
         } else if (kv_cli_take(argc, argv, &i, "--variants", &v, &bad)) {
             gate_note_matrix_opt(a, "--variants");
-            bad = bad || !gate_parse_names("--variants", v, variant_names, n_all, picked, &n_picked);
-            for (int k = 0; k < n_picked && !bad; k++) a->variants[k] = all[picked[k]];
+            bad = bad || !gate_parse_variants(v, a->variants, &n_picked);
             if (!bad) o->n_variants = n_picked;
         } else if (kv_cli_take(argc, argv, &i, "--backends", &v, &bad)) {
             gate_note_matrix_opt(a, "--backends");
@@ -609,10 +691,21 @@ static bool gate_parse_args(int argc, char **argv, GateArgs *a, KvGateOptions *o
             }
             o->shard_i = shard.index;
             o->shard_n = shard.count;
-        } else if (kv_cli_take(argc, argv, &i, "--fault", &v, &bad)) {
-            gate_note_matrix_opt(a, "--fault");
+        } else if (kv_cli_take(argc, argv, &i, "--plant", &v, &bad) ||
+                   kv_cli_take(argc, argv, &i, "--fault", &v, &bad)) {
+            /* --fault: --plant's older name, kept; messages name the one typed */
+            const char *opt = argv[i] == v ? argv[i - 1] : argv[i];
+            opt = strncmp(opt, "--plant", 7) == 0 ? "--plant" : "--fault";
+            gate_note_matrix_opt(a, opt);
             if (bad) break;
-            bad = !gate_parse_faults("--fault", v, false, &o->faults, NULL, NULL);
+            if (a->plant_opt != NULL) {
+                fprintf(stderr, "kvrepro gate: %s is given twice (as %s and %s; --fault is "
+                        "--plant's older name); give it once\n", "--plant", a->plant_opt, opt);
+                bad = true;
+                break;
+            }
+            a->plant_opt = opt;
+            bad = !gate_parse_faults(opt, v, false, &o->faults, NULL, NULL);
         } else if (kv_cli_take(argc, argv, &i, "--faults", &v, &bad)) {
             gate_note_matrix_opt(a, "--faults");
             if (bad) break;
@@ -634,7 +727,9 @@ static bool gate_parse_args(int argc, char **argv, GateArgs *a, KvGateOptions *o
         }
     }
     if (!bad && a->mutation && o->faults != 0) {
-        fprintf(stderr, "kvrepro gate: --fault and --faults exclude each other\n");
+        fprintf(stderr, "kvrepro gate: %s and --faults exclude each other (%s plants faults "
+                "in one gate; --faults scores the gate against each in turn)\n", a->plant_opt,
+                a->plant_opt);
         bad = true;
     }
     if (!bad && a->mutation && a->junit_path != NULL) {

@@ -81,7 +81,7 @@ kv_expect_match("${err}" "max_rel_err=abc" "bad tolerance")
 kv_run(2 out err ${KVREPRO} gate --shard 3/2)
 kv_expect_match("${err}" "--shard: expected I/N" "bad shard")
 kv_run(2 out err ${KVREPRO} fixture --family gpt2 --out "${WORK}/x")
-kv_expect_match("${err}" "--family: expected gemma2, gemma3, gpt_oss, mistral or qwen2, found 'gpt2'" "bad family")
+kv_expect_match("${err}" "--family: expected gemma2, gemma3_text, gpt_oss, mistral or qwen2 \\(or the short form gemma3\\), found 'gpt2'" "bad family")
 
 # The 2b size (gemma-2-2b's shape) is listed, gemma2 only, and
 # never built in memory; bad --size and --dtype values name the option.

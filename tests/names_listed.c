@@ -19,14 +19,23 @@ int main(void) {
     int n = 0;
     const KvCacheOps *const *variants = kv_cache_all(&n);
     for (int k = 0; k < n; k++) printf("variant %s\n", variants[k]->name);
+    /* the lane's names --variants takes for a variant's layout */
+    const KvCacheAlias *aliases = kv_cache_aliases(&n);
+    for (int k = 0; k < n; k++) printf("variant_alias %s\n", aliases[k].alias);
     const KvFixtureInfo *fixtures = kv_fixture_all(&n);
     for (int k = 0; k < n; k++) {
         printf("fixture %s\n", fixtures[k].name);
         /* a family is listed by the model_type its config.json holds */
         printf("model_type %s\n", kv_family_name(fixtures[k].family));
     }
+    /* --family takes each family's model_type, and the short form the
+     * fixtures' names use where that differs */
     const KvFixtureWord *words = kv_fixture_families(&n);
-    for (int k = 0; k < n; k++) printf("fixture_family %s\n", words[k].word);
+    for (int k = 0; k < n; k++) {
+        const char *type = kv_family_name((KvFamily)words[k].value);
+        printf("fixture_family %s\n", type);
+        if (strcmp(type, words[k].word) != 0) printf("family_alias %s\n", words[k].word);
+    }
     words = kv_fixture_sizes(&n);
     for (int k = 0; k < n; k++) printf("fixture_size %s\n", words[k].word);
     const char *const *scenarios = kv_scenario_all_names(&n);

@@ -35,7 +35,7 @@ import torch
 from transformers import DynamicCache, StaticCache
 from transformers.cache_utils import Cache, CacheLayerMixin, StaticLayer
 
-from .names import BROKEN, LAYERS  # noqa: F401 (re-exported: the tests import them from here)
+from .names import BROKEN, LAYER_ALIASES, LAYERS  # noqa: F401 (re-exported: the tests import them from here)
 
 # The most decode graphs each layer needs by design (DESIGN §3): one for a
 # branchless update, two for a host regime branch (filling, full), none
@@ -299,7 +299,9 @@ def layer_types_of(config) -> list[str]:
 
 def make_cache(name: str, config, max_len: int) -> CacheSetup:
     """A fresh cache of layer kind `name` for a decode of at most max_len
-    positions (prompt + new tokens)."""
+    positions (prompt + new tokens). name may be the C gate's name for the
+    layout (names.LAYER_ALIASES: `dynamic` is dynamic_sliding)."""
+    name = LAYER_ALIASES.get(name, name)
     types = layer_types_of(config)
     window = int(config.sliding_window)
     if name == "static_sliding":

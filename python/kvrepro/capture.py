@@ -38,7 +38,7 @@ from .caches import (GRAPH_BUDGET, CacheSetup, SlidingLayer, make_cache, mark_gr
                      visible_cache_rows)
 from .errors import InputError
 from .fnv import fnv1a64_rows
-from .names import IMPLS, MODES  # noqa: F401 (re-exported)
+from .names import IMPLS, LAYER_ALIASES, MODES  # noqa: F401 (IMPLS, MODES re-exported)
 from .report import Run, margins_of
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -61,6 +61,11 @@ class CaptureSpec:
     # report has no prompt_text, no tokenizer attribute)
     texts: list[str] | None = None
     tokenizer: str | None = None
+
+    def __post_init__(self) -> None:
+        # a layer named by the C gate's name for its layout (names.LAYER_ALIASES)
+        # is recorded under the lane's own name, as the CLI records it
+        self.layer = LAYER_ALIASES.get(self.layer, self.layer)
 
 
 class RecompileLog(logging.Handler):

@@ -30,9 +30,9 @@ from typing import Any
 from .errors import InputError
 from .files import check_out_dir, check_writable, open_regular, read_regular, same_file
 from .prompts import SEPARATOR, PromptsFile, check_text, parse_prompts_file, parse_text_file
-from .names import (BROKEN, DTYPE_NAMES, IMPLS, LAYERS, MAX_CONFIG_BYTES, MAX_CUDA_INDEX, MAX_HOLD_BYTES,
-                    MAX_NAME_BYTES, MAX_NEW_TOKENS, MAX_PROMPT_LEN, MAX_PROMPT_ROWS, MAX_PROMPTS_BYTES,
-                    MAX_REPEATS, MAX_THREADS, MAX_VOCAB, MAX_WINDOW, MODES)
+from .names import (BROKEN, C_ONLY, DTYPE_NAMES, IMPLS, LAYER_ALIASES, LAYERS, MAX_CONFIG_BYTES, MAX_CUDA_INDEX,
+                    MAX_HOLD_BYTES, MAX_NAME_BYTES, MAX_NEW_TOKENS, MAX_PROMPT_LEN, MAX_PROMPT_ROWS,
+                    MAX_PROMPTS_BYTES, MAX_REPEATS, MAX_THREADS, MAX_VOCAB, MAX_WINDOW, MODES, cache_layers)
 
 EXIT_INPUT = 2
 
@@ -71,6 +71,14 @@ def _names(allowed: tuple[str, ...]) -> Callable[[str], list[str]]:
             seen.add(t)
         return items
     return parse
+
+
+def _cache_layers(text: str) -> list[str]:
+    """--cache: the layers' own names, aliases resolved (names.cache_layers)."""
+    try:
+        return cache_layers(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def check_name(text: str, what: str) -> str:
@@ -386,8 +394,10 @@ def build_parser() -> argparse.ArgumentParser:
     _text_options(src)
     c.add_argument("--max-new-tokens", type=_int_in(1, MAX_NEW_TOKENS, "longer than any model's context"),
                    required=True, action=_Once, metavar="N")
-    c.add_argument("--cache", default=list(LAYERS), type=_names(LAYERS + BROKEN), action=_Once,
-                   help=f"comma-separated: {', '.join(LAYERS)} (default all); test-only: {', '.join(BROKEN)}")
+    aliases = ", ".join(f"{a} (= {n})" for a, n in LAYER_ALIASES.items())
+    c.add_argument("--cache", default=list(LAYERS), type=_cache_layers, action=_Once,
+                   help=f"comma-separated: {', '.join(LAYERS)} (default all); test-only: {', '.join(BROKEN)}; "
+                        f"the C gate's name for the same layout: {aliases}; C-only: {', '.join(C_ONLY)}")
     c.add_argument("--mode", default=["eager"], type=_names(MODES), action=_Once,
                    help=f"comma-separated: {', '.join(MODES)}")
     c.add_argument("--attn", default=["eager"], type=_names(IMPLS), action=_Once,

@@ -17,6 +17,49 @@ LAYERS = ("static_sliding", "dynamic_sliding", "dynamic_sliding_md", "index_copy
 #                           oldest key of a full window is masked out
 #   index_copy_first_w      a prefill longer than W stores its first W rows
 BROKEN = ("always_roll_off_by_one", "index_copy_first_w")
+# One vocabulary across surfaces (docs/cli.md, "Names"): a layer the C gate
+# has a variant of the same layout for is named as that variant. The four
+# layers written here (index_copy, cat_shift, roll, always_roll) carry the C
+# names. transformers' own layers keep transformers' names, because the lane
+# also has kvrepro-written layers of the same layouts (`roll` is kvrepro's,
+# `static_sliding` is transformers' StaticSlidingWindowLayer in roll's
+# layout); the C gate takes those names for its variant (`gate --variants
+# static_sliding` runs roll). Where the C name has no other layer here, the
+# lane takes it for transformers' layer of that layout:
+LAYER_ALIASES = {
+    # C `dynamic` is DynamicSlidingWindowLayer's layout (the last W - 1 rows)
+    "dynamic": "dynamic_sliding",
+}
+# C variants the lane has no layer for, and why, said in one line when asked.
+C_ONLY = {
+    "ring": "ring is C-only (kvrepro gate --variants ring): slot p mod W with no data movement is how "
+            "engines with their own attention kernels (vLLM, TensorRT-LLM, llama.cpp) keep a window; "
+            "transformers has no such cache layer, and the lane runs transformers' layers and the "
+            "sliding updates transformers has shipped or been sent (DESIGN §3)",
+}
+
+
+def cache_layers(text: str) -> list[str]:
+    """--cache: comma-separated layer names (LAYERS, BROKEN) or aliases
+    (LAYER_ALIASES), each layer once, as the layers' own names. Raises
+    ValueError with the one line to print."""
+    allowed = LAYERS + BROKEN
+    typed: dict[str, str] = {}   # each layer's name -> as it was typed
+    for t in (t.strip() for t in text.split(",")):
+        if t in C_ONLY:
+            raise ValueError(C_ONLY[t])
+        name = LAYER_ALIASES.get(t, t)
+        if name not in allowed:
+            aliases = ", ".join(f"{a} = {n}" for a, n in LAYER_ALIASES.items())
+            raise ValueError(f"unknown name {t!r}: expected one of {', '.join(allowed)} "
+                             f"(or the C gate's name for the same layout: {aliases})")
+        if name in typed:
+            alias = next((a for a in (t, typed[name]) if a != name), None)
+            raise ValueError(f"{name!r} given twice" + (f" ({alias!r} is {name})" if alias else ""))
+        typed[name] = t
+    return list(typed)
+
+
 MODES = ("eager", "compile", "reduce-overhead")
 IMPLS = ("eager", "sdpa", "flex_attention")
 DTYPE_NAMES = ("fp32", "bf16")
