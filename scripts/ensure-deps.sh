@@ -1,19 +1,43 @@
 #!/bin/sh
-# ensure-deps.sh: makes sure the Debian packages kvrepro builds against are
-# installed. As root it installs what is missing (apt-get update, then
-# apt-get install -y); otherwise it prints the exact command and exits 2, so
-# `make gate` / `make test` never fail later with an obscure CMake error.
+# ensure-deps.sh [gate|test|slurm]: makes sure the Debian packages a set-up
+# needs are installed. As root it installs what is missing (apt-get update,
+# then apt-get install -y); otherwise it prints the exact command and exits 2,
+# so `make gate` / `make test` never fail later with an obscure CMake error.
+#   gate   what `make gate` needs to build and run the kvrepro binary, and
+#          nothing else: a C compiler, CMake, cJSON and HDF5
+#   test   (the default) the gate's set plus what the test suite uses
+#          (`make test`)
+#   slurm  the gate's set, Check and a single-node Slurm (`make slurm-check`)
 set -eu
 
-# The fuzz tests (tests/fuzz) need clang with libFuzzer, which Debian
-# bookworm ships in libclang-rt-14-dev (libclang_rt.fuzzer-x86_64.a), and
-# llvm-symbolizer (llvm-14) for readable sanitizer stack traces.
-PKGS="cmake pkg-config libcjson-dev check libhdf5-dev hdf5-tools libxml2-utils
-      clang-14 libclang-rt-14-dev llvm-14"
+# The gate: the binary's build and run dependencies (KV_BUILD_TESTS=OFF,
+# target kvrepro only).
+GATE_PKGS="gcc libc6-dev cmake pkg-config libcjson-dev libhdf5-dev"
+# The test suite: Check (the C test suites), h5dump (hdf5-tools) and xmllint
+# (libxml2-utils), which the report and JUnit tests read their files back
+# with; Python 3 and its venv module for the transformers lane's environment
+# (.venv/, scripts/ensure-venv.sh); the fuzz tests (tests/fuzz) need clang
+# with libFuzzer, which Debian bookworm ships in libclang-rt-14-dev
+# (libclang_rt.fuzzer-x86_64.a), and llvm-symbolizer (llvm-14) for readable
+# sanitizer stack traces; chromium, run headless by the HTML report's test to
+# render the page (the test skips, saying so, without it).
+TEST_PKGS="check hdf5-tools libxml2-utils python3 python3-venv
+           clang-14 libclang-rt-14-dev llvm-14 chromium"
+# The Slurm test (tests/slurm.sh, label slurm): slurmctld and slurmd
+# (slurm-wlm) and munged, started by the test itself.
+SLURM_PKGS="slurm-wlm munge"
+
+case "${1:-test}" in
+    gate) PKGS="$GATE_PKGS" ;;
+    test) PKGS="$GATE_PKGS $TEST_PKGS" ;;
+    slurm) PKGS="$GATE_PKGS check $SLURM_PKGS" ;;
+    *) echo "usage: $0 [gate|test|slurm]" >&2; exit 2 ;;
+esac
+PKGS=$(echo $PKGS)  # one line, for the messages
 
 if ! command -v dpkg-query >/dev/null 2>&1; then
     echo "kvrepro: no dpkg-query: this is not a Debian-like system." >&2
-    echo "kvrepro: install by hand: $PKGS (and a C11 compiler, make)" >&2
+    echo "kvrepro: install by hand: $PKGS (and make)" >&2
     exit 2
 fi
 
