@@ -17,6 +17,13 @@ kv_add_python_test(hf_eager test_hf_lane.EagerTest hf)
 kv_add_python_test(hf_compile test_hf_lane.CompileTest hf)
 kv_add_python_test(hf_broken test_hf_lane.BrokenLayerTest hf)
 kv_add_python_test(hf_plot test_plot)
+# report --html: the page's content, and the page in headless chromium
+# (skipped with the reason where Debian's chromium is not installed).
+kv_add_python_test(hf_html_report "test_html_report.HtmlPageTest test_html_report.HtmlBrowserTest")
+# the page and the figures on the real gate's reports: a planted fault's
+# bisect lines against the gate's --summary-json, the full default gate's
+# figures within 2000 px a side (~2 min on 2 cores).
+kv_add_python_test(hf_report_gate test_html_report.GateReportTest gate)
 # bench/vs_torch.py, a benchmark: a smoke run (~4 s) that checks what it reads and builds, no timing.
 kv_add_python_test(bench_vs_torch test_vs_torch bench)
 # kvrepro fixture's config.json read by transformers (its field types), every family.

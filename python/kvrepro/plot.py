@@ -648,12 +648,13 @@ class _Reader:
 
 def report_windows(runs: list[RunInfo]) -> dict[str, tuple[int | None, str]]:
     """Per model, W from its boundary-sweep units (window_from_sweep): the
-    single-row reference runs of prompt_w, prompt_w_minus_1, prompt_w_plus_1
-    (and the goldens' w, w_minus_1, w_plus_1). A model with several windows
-    (mistral_mixed) gets its largest, the one the sweep is built on."""
+    prompt length of the reference runs of prompt_w, prompt_w_minus_1,
+    prompt_w_plus_1 (and the goldens' w, w_minus_1, w_plus_1). A model with
+    several windows (mistral_mixed) gets its largest, the one the sweep is
+    built on."""
     lens: dict[str, dict[str, int]] = {}
     for r in runs:
-        if r.variant == "reference" and not r.skipped and r.batch == 1 and r.scenario in SWEEP_OFFSETS:
+        if r.variant == "reference" and not r.skipped and r.scenario in SWEEP_OFFSETS:
             lens.setdefault(r.model, {}).setdefault(r.scenario, r.prompt_len)
     return {m: window_from_sweep(v) for m, v in lens.items()}
 

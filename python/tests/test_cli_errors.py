@@ -154,7 +154,7 @@ class CliErrorTest(unittest.TestCase):
         cls.report = os.path.join(d, "report.h5")
         write_tiny_report(cls.report)
         cls.cases = (cls._capture_cases() + cls._plot_cases() + cls._prompts_cases() + cls._show_cases()
-                     + cls._convert_cases())
+                     + cls._convert_cases() + cls._report_cases())
 
     @classmethod
     def tearDownClass(cls) -> None:
@@ -329,8 +329,39 @@ class CliErrorTest(unittest.TestCase):
             Case("--out", p(None, "--out", fig_fifo), fig_fifo),
         ]
 
+    @classmethod
+    def _report_cases(cls) -> list[Case]:
+        d = cls.d
+        page = os.path.join(cls.out_dir, "r.html")
+
+        def r(report: str | None = None, *rest: str) -> list[str]:
+            return ["report", cls.report if report is None else report, *rest]
+
+        ok = os.path.join(FIXTURE, "golden.h5")   # HDF5 but not a report: refused late
+        return [
+            Case("report", ["report", "--html", page], "report"),
+            Case("report", r("", "--html", page), "report"),
+            Case("report", r(os.path.join(d, "nope.h5"), "--html", page), "nope.h5"),
+            Case("report", r(cls.dir, "--html", page), cls.dir),
+            Case("report", r(cls.fifo, "--html", page), cls.fifo),
+            Case("report", r("/dev/zero", "--html", page), "/dev/zero"),
+            Case("report", r(cls.junk_report, "--html", page), cls.junk_report),
+            Case("report", r(ok, "--html", page), ok),
+            Case("--html", r(), "--html"),
+            Case("--html", r(None, "--html", ""), "--html"),
+            Case("--html", r(None, "--html", cls.fifo), cls.fifo),
+            Case("--html", r(None, "--html", cls.dir), cls.dir),
+            Case("--html", r(None, "--html", os.path.join(cls.out_dir, "r.html.tmp-12")), ".tmp-12"),
+            Case("--html", r(None, "--html", os.path.join(d, "no", "such", "r.html")), "r.html"),
+            Case("--html", r(None, "--html", cls.report), "choose another --html"),   # over its own report
+            Case("--html", r(None, "--html", page, "--html", page), "--html"),
+            *[Case("--window", r(None, "--html", page, "--window", v), "--window")
+              for v in ("0", "-1", "x", "", str(1 << 40), "2.5")],
+            Case("--window", r(None, "--html", page, "--window", "4", "--window", "4"), "--window"),
+        ]
+
     def test_every_option_has_a_case(self) -> None:
-        for cmd in ("capture", "plot", "prompts", "show", "convert-gguf"):
+        for cmd in ("capture", "plot", "prompts", "show", "convert-gguf", "report"):
             rc, out, err = run_cli([cmd, "--help"])
             self.assertEqual(rc, 0, err)
             options = set(re.findall(r"(?<![\w-])(--[a-z][a-z-]*)", out)) - {"--help"}
@@ -338,6 +369,7 @@ class CliErrorTest(unittest.TestCase):
             covered = {c.option for c in self.cases if c.argv[0] == cmd}
             self.assertEqual(options - covered, set(), f"{cmd}: options without a bad-value case")
         self.assertIn("report", {c.option for c in self.cases if c.argv[0] == "plot"})
+        self.assertIn("report", {c.option for c in self.cases if c.argv[0] == "report"})
 
     def test_bad_values_exit_2_with_a_message(self) -> None:
         for case in self.cases:
@@ -370,7 +402,7 @@ class CliErrorTest(unittest.TestCase):
         self.assertEqual(rc, 2, err[-2000:])
         self.assertNotIn(LOADING, err)   # refused before a model was loaded
         last = err.rstrip("\n").splitlines()[-1] if err.strip() else ""
-        self.assertRegex(last, r"^kvrepro-hf( capture| plot| prompts| show| convert-gguf)?: ", err[-2000:])
+        self.assertRegex(last, r"^kvrepro-hf( capture| plot| prompts| show| convert-gguf| report)?: ", err[-2000:])
         self.assertIn(case.want, last)
         # nothing written: no report, no figure, no temporary
         self.assertEqual(os.listdir(self.out_dir), [])

@@ -1,6 +1,7 @@
 """Writes go only where they were named:
-`kvrepro-hf capture --out` (report.write_report) and `plot --out`
-(plot.plot_report) publish through files.publish, the rules of the C gate's
+`kvrepro-hf capture --out` (report.write_report), `plot --out`
+(plot.plot_report) and `report --html` (html_report.write_html_report)
+publish through files.publish, the rules of the C gate's
 reports/report.c kv_report_file_publish:
 
   - an output path that exists and is not a regular file (a FIFO, a
@@ -28,6 +29,7 @@ from unittest import mock
 import numpy as np
 
 from kvrepro.errors import InputError
+from kvrepro.html_report import write_html_report
 from kvrepro.plot import plot_report
 from kvrepro.report import Run, margins_of, write_report
 
@@ -218,6 +220,56 @@ class PlotWriteTest(Base):
         self.assertIn("is the report being plotted", str(cm.exception))
         with open(report, "rb") as f:
             self.assertEqual(f.read(8), b"\x89HDF\r\n\x1a\n")
+
+
+class HtmlWriteTest(Base):
+    """report --html: html_report.write_html_report."""
+
+    def setUp(self) -> None:
+        super().setUp()
+        self.report = os.path.join(self.d, "report.h5")
+        write_report(self.report, tiny_runs(), ROOT)
+
+    def test_links_are_never_written_through(self) -> None:
+        out = os.path.join(self.d, "page.html")
+        os.symlink(self.victim, out)                                   # replaced itself
+        os.symlink(self.victim, f"{out}.tmp-{os.getpid()}")            # never followed
+        with open(f"{out}.tmp-{dead_pid()}", "wb") as f:               # a killed writer's
+            f.write(b"<html>half a page")
+        write_html_report(self.report, out)
+        self.assert_victim_intact()
+        self.assertTrue(stat.S_ISREG(os.lstat(out).st_mode))
+        with open(out, "rb") as f:
+            self.assertEqual(f.read(15), b"<!DOCTYPE html>")
+        self.assertEqual(self.temps(), [])
+
+    def test_output_that_is_not_a_regular_file_is_refused(self) -> None:
+        fifo = os.path.join(self.d, "fifo.html")
+        os.mkfifo(fifo)
+        adir = os.path.join(self.d, "dir.html")
+        os.mkdir(adir)
+        for path, want in ((fifo, "FIFO"), (adir, "directory"), (os.path.join(self.d, "p.html.tmp-77"), "temporary"),
+                           (os.path.join(self.d, "no", "such", "p.html"), "cannot create")):
+            with self.subTest(path=path), self.assertRaises(InputError) as cm:
+                write_html_report(self.report, path)
+            self.assertIn(want, str(cm.exception))
+        self.assertTrue(stat.S_ISFIFO(os.lstat(fifo).st_mode))
+        self.assertEqual(os.listdir(adir), [])
+        self.assertEqual(sorted(os.listdir(self.d)), ["dir.html", "fifo.html", "report.h5", "victim"])
+
+    def test_failed_render_leaves_the_old_page_and_no_temporary(self) -> None:
+        out = os.path.join(self.d, "page.html")
+        with open(out, "wb") as f:
+            f.write(b"the previous page")
+
+        def fail(*_args, **_kwargs):
+            raise RuntimeError("the renderer failed")
+
+        with mock.patch("matplotlib.figure.Figure.savefig", fail), self.assertRaises(RuntimeError):
+            write_html_report(self.report, out)
+        with open(out, "rb") as f:
+            self.assertEqual(f.read(), b"the previous page")
+        self.assertEqual(self.temps(), [])
 
 
 if __name__ == "__main__":

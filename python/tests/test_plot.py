@@ -20,7 +20,7 @@ from kvrepro.plot import (FIGURES, G_BEYOND, G_EQUAL, G_TOKEN, G_WITHIN, MAX_PX,
                           divergence_matrix, graded_codes, kept_rel_error_series, load_comparisons, load_report,
                           plot_report, rel_error_series, render_figures, unit_tolerance, window_from_sweep,
                           window_step)
-from kvrepro.report import Run, margins_of, write_report
+from kvrepro.report import COMPARISON_DTYPE, SUMMARY_DTYPE, TOLERANCE_DTYPE, Run, margins_of, write_report
 
 S, B, V, P = 6, 2, 8, 3
 # Every row is a rotation of R, so every baseline row's max |logit| is 4 and
@@ -68,6 +68,75 @@ def make_run(variant: str, mode: str, logits: np.ndarray | None, **kw) -> Run:
                prompt_real=np.ones((B, P), np.uint8), tokens=tokens_of(logits), logits=logits,
                margins=margins_of(logits), probe_names=["logits"],
                probe_hash=np.zeros((S, 1, B), np.uint64), **common, **kw)
+
+
+W = 5               # the gate-like report's window: its prompt_w unit has P = W
+UNIT_TOL = 2e-5     # its max_rel_err@tiny/prompt_w
+MESSAGE = "logits beyond max_rel_err at step 3 row 1 <b>&amp;</b>"   # markup to be escaped
+
+
+def gate_like_report(path: str, units: int = 1, compiled: int = 0) -> None:
+    """A report shaped like the C gate's: per unit a reference run, a
+    calibration member (the reference in another order: 1e-6 off), a clean
+    candidate and a faulted one (candidate_logits, failing its reference
+    comparison at step 3 row 1); `compiled` graph-mode runs per unit, the
+    first over its budget. /tolerances, /comparisons and /summary as the gate
+    writes them. Unit 0 is prompt_w (P = W), the others u1, u2, ..."""
+    runs: list[Run] = []
+    cmps = []
+    fail = set()
+    member = baseline_logits() * np.float32(1 + 1e-6)
+    for u in range(units):
+        scen = "prompt_w" if u == 0 else f"u{u}"
+        plen = W if u == 0 else P
+        base = len(runs)
+
+        def run(variant: str, logits: np.ndarray, mode: str = "eager", **kw) -> Run:
+            return Run(model="tiny", scenario=scen, variant=variant, backend="cpu", mode=mode, repeat=0,
+                       engine="", vocab=V, steps=S, prompt=np.arange(B * plen, dtype=np.int32).reshape(B, plen),
+                       prompt_real=np.ones((B, plen), np.uint8), tokens=tokens_of(logits), logits=logits,
+                       margins=margins_of(logits), probe_names=["embed", "logits"],
+                       probe_hash=np.zeros((S, 2, B), np.uint64), **kw)
+
+        runs += [run("reference", baseline_logits()), run("reference~keys_reversed", member),
+                 run("roll", baseline_logits()),
+                 run("index_copy", candidate_logits(), extra={"fault": "window_off_by_one"})]
+        for c in range(compiled):
+            runs.append(run("roll", baseline_logits(), mode="graph", graphs_captured=9 if c == 0 else 1,
+                            graph_budget=1, extra={"fault": f"f{c}"} if c else {}))
+            if c == 0:
+                fail.add(len(runs) - 1)
+                cmps.append((7, len(runs) - 1, len(runs) - 1, 1, "9 decode graphs, budget 1: the decode recompiles",
+                             -1, -1, -1))
+        cmps += [(0, base, base + 1, 0, "", -1, -1, -1), (0, base, base + 2, 0, "", -1, -1, -1),
+                 (0, base, base + 3, 1, MESSAGE, 3, 1, 1), (5, base + 3, base + 3, 0, "", -1, -1, -1)]
+        fail.add(base + 3)
+    write_report(path, runs, ROOT)
+    with h5py.File(path, "r+") as f:
+        tol = [("max_rel_err", 1e-4, "not used: each (model, scenario) is judged by its calibrated max_rel_err"),
+               ("tie_margin", 1e-3, "a token flip is a near-tie when the reference's top-1 margin is at most this")]
+        tol += [(f"max_rel_err@tiny/{'prompt_w' if u == 0 else f'u{u}'}", UNIT_TOL,
+                 "calibrated: max(16 x spread, 8 x fp64_err, 1e-06)") for u in range(units)]
+        table = np.zeros(len(tol), TOLERANCE_DTYPE)
+        for i, (n, v, why) in enumerate(tol):
+            table[i] = (n.encode(), v, why.encode())
+        cmp = np.zeros(len(cmps), COMPARISON_DTYPE)
+        for i, (k, a, b, v, msg, s_, r_, p_) in enumerate(cmps):
+            cmp[i]["kind"], cmp[i]["run_a"], cmp[i]["run_b"], cmp[i]["verdict"] = k, a, b, v
+            cmp[i]["message"], cmp[i]["first_step"], cmp[i]["first_row"], cmp[i]["first_probe"] = \
+                msg.encode(), s_, r_, p_
+        summary = f["summary"][()]
+        for i in fail:
+            summary[i]["verdict"], summary[i]["verdict_name"] = 1, b"FAIL"
+        for name, data in (("tolerances", table), ("comparisons", cmp), ("summary", summary)):
+            del f[name]
+            f.create_dataset(name, data=data)
+
+
+def png_size(data: bytes) -> tuple[int, int]:
+    """(width, height) from a PNG's IHDR."""
+    assert data[:8] == PNG_MAGIC
+    return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
 
 
 class PlotTest(unittest.TestCase):
@@ -137,6 +206,38 @@ class PlotTest(unittest.TestCase):
         self.assertEqual(window_step(24, 8), 0)      # the prompt already fills the window
         self.assertIsNone(window_step(P, None))
 
+    def test_graded_codes(self) -> None:
+        codes = np.array([NO_DATA, 0, 1, 1, 1, 2], np.int8)
+        errors = np.array([0.0, 0.0, 1e-6, 1e-4, np.nan, 0.5])
+        np.testing.assert_array_equal(graded_codes(codes, errors, 1e-5),
+                                      [NO_DATA, G_EQUAL, G_WITHIN, G_BEYOND, G_BEYOND, G_TOKEN])
+        # no tolerance known: a difference is not held to anything
+        np.testing.assert_array_equal(graded_codes(codes, errors, None),
+                                      [NO_DATA, G_EQUAL, G_WITHIN, G_WITHIN, G_WITHIN, G_TOKEN])
+
+    def test_window_from_sweep(self) -> None:
+        self.assertEqual(window_from_sweep({"prompt_w": 16, "prompt_w_minus_1": 15, "prompt_w_plus_1": 17})[0], 16)
+        self.assertEqual(window_from_sweep({"w_minus_1": 7})[0], 8)          # the goldens' names
+        self.assertEqual(window_from_sweep({"prompt_w_plus_1": 17, "other": 3})[0], 16)
+        w, why = window_from_sweep({"prompt_w": 16, "prompt_w_plus_1": 16})
+        self.assertIsNone(w)
+        self.assertIn("disagree", why)
+        self.assertIsNone(window_from_sweep({"long": 24})[0])
+
+    def test_unit_tolerance(self) -> None:
+        tols = [Tolerance("max_rel_err", 1e-4, "not used: each unit is judged by its calibrated max_rel_err"),
+                Tolerance("max_rel_err@m/s", 2.5e-5, "calibrated: max(16 x spread, ...)")]
+        self.assertEqual(unit_tolerance(tols, "m", "s", False)[0], 2.5e-5)
+        self.assertIn("calibrated", unit_tolerance(tols, "m", "s", False)[1])
+        self.assertEqual(unit_tolerance(tols, "hf/m", "w", True)[0], 1e-5)   # a golden unit
+        self.assertIsNone(unit_tolerance(tols, "m", "other", False)[0])      # the 1e-4 is not used
+        self.assertEqual(unit_tolerance([Tolerance("max_rel_err", 1e-4, "F32 reduction-order ...")],
+                                        "m", "other", False)[0], 1e-4)       # --no-calibrate: in use
+        long = "m" * 40 + "/" + "s" * 40                                       # cut to 63 bytes
+        self.assertEqual(unit_tolerance([Tolerance(f"max_rel_err@{long}"[:63], 3e-5, "")],
+                                        "m" * 40, "s" * 40, False)[0], 3e-5)
+        self.assertIsNone(unit_tolerance([], "m", "s", False)[0])
+
     # -- the same values, read back from the report file
 
     def test_load_comparisons(self) -> None:
@@ -165,6 +266,36 @@ class PlotTest(unittest.TestCase):
         g = load_comparisons(path, window=4)[0][0]
         self.assertEqual(g.window, 5)
         self.assertIn("run attribute", g.window_note)
+
+    def test_gate_report_tolerance_window_members_failures(self) -> None:
+        path = os.path.join(self.tmp.name, "gate.h5")
+        gate_like_report(path)
+        data = load_report(path)
+        (g,) = data.groups
+        self.assertEqual((g.tolerance, g.window), (UNIT_TOL, W))        # not 1e-4, not unknown
+        self.assertIn("prompt_w", g.window_note)
+        self.assertEqual([r.variant for r in g.candidates()], ["roll", "index_copy"])   # no member
+        member = g.runs[1]
+        self.assertTrue(member.member)
+        self.assertLessEqual(int(graded_codes(data.cmp[1].codes, data.cmp[1].errors, g.tolerance).max()), G_WITHIN)
+        self.assertEqual(int(graded_codes(data.cmp[3].codes, data.cmp[3].errors, g.tolerance).max()), G_TOKEN)
+        self.assertEqual((data.counts, data.verdict), ((3, 1, 0), "FAIL"))
+        (fl,) = data.failures
+        self.assertEqual((fl.kind, fl.where, fl.message), ("reference", "step 3 row 1 probe logits", MESSAGE))
+        self.assertEqual(fl.bisect_command("r.h5"),
+                         "kvrepro bisect r.h5 --run tiny/prompt_w/reference/cpu/eager/r0 "
+                         "--run tiny/prompt_w/index_copy+window_off_by_one/cpu/eager/r0 --rerun")
+
+    def test_figures_are_bounded(self) -> None:
+        # more units than the map has rows, more compiled runs than the
+        # graphs figure has bars, more than MAX_PANELS units
+        path = os.path.join(self.tmp.name, "big.h5")
+        gate_like_report(path, units=120, compiled=2)
+        for name, png in render_figures(load_report(path)):
+            w, h = png_size(png)
+            self.assertLessEqual(max(w, h), MAX_PX, name)
+            self.assertGreater(min(w, h), 300, name)
+        self.assertEqual(len(FIGURES), 4)
 
     # -- the figures
 
