@@ -651,6 +651,14 @@ static int bench_model(const char *name, const KvModel *m, const BenchOptions *o
             }
             printf("\n");
         }
+        /* every logit's bytes, so two builds or two storages of one model
+         * can be compared bit for bit from their output */
+        printf("%s logits fnv1a: 0x%016" PRIx64 " (%" PRId64 " steps x %" PRId64 " rows x %" PRId64
+               " ids)\n",
+               name,
+               kv_fnv1a(KV_FNV_OFFSET, first.logits,
+                        (size_t)(first.steps * first.batch * first.vocab) * sizeof(float)),
+               first.steps, first.batch, first.vocab);
         for (int64_t b = 0; o->result_lines && b < first.batch; b++) {
             printf("RESULT phase=tokens threads=%d row=%" PRId64 " ids=", first_threads, b);
             for (int64_t s = 0; s < first.steps; s++) {

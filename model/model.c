@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "prng.h"
 
@@ -550,6 +551,39 @@ static bool path_absent(const char *path) {
     return stat(path, &sb) != 0 && errno == ENOENT;
 }
 
+uint64_t kv_model_memory_limit(void) {
+    const char *env = getenv("KVREPRO_MEMORY_LIMIT");
+    if (env != NULL && env[0] != '\0') {
+        char *end = NULL;
+        errno = 0;
+        const unsigned long long v = strtoull(env, &end, 10);
+        if (errno == 0 && end != env && *end == '\0' && v > 0) return (uint64_t)v;
+    }
+    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    return pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page : UINT64_MAX;
+}
+
+/* Refuses, before anything is read or converted, a checkpoint whose weights
+ * cannot stay resident: every decode step streams all of them, so one
+ * larger than the machine's memory would be read from disk at every token.
+ * The estimate is the files' data sections (the weights as stored; a
+ * vector converted to F32 is small beside them). */
+static KvStatus model_check_fits(const char *dir, const KvSafetensors *st, const KvShards *shards,
+                                 KvError *err) {
+    uint64_t bytes = st->data_len;
+    for (size_t f = 0; f < shards->n_files; f++) bytes += shards->files[f].data_len;
+    const uint64_t limit = kv_model_memory_limit();
+    if (bytes <= limit) return KV_OK;
+    return kv_error_set(err, KV_ERR_INPUT,
+                        "%s: the weights need %.2f GiB resident (as stored), more than this "
+                        "machine's %.2f GiB of memory (%s): every decode step reads them all; use "
+                        "a machine with more memory, or a checkpoint stored in a narrower dtype "
+                        "(BF16 is read as stored)",
+                        dir, (double)bytes / 1073741824.0, (double)limit / 1073741824.0,
+                        getenv("KVREPRO_MEMORY_LIMIT") != NULL ? "KVREPRO_MEMORY_LIMIT"
+                                                               : "physical memory");
+}
+
 KvStatus kv_model_load_dir(const char *dir, KvModel *out, KvError *err) {
     KvStatus rc = KV_OK;
     KvConfig cfg;
@@ -591,6 +625,8 @@ KvStatus kv_model_load_dir(const char *dir, KvModel *out, KvError *err) {
     } else {
         rc = kv_st_open(st_path, &tab, err);
     }
+    if (rc != KV_OK) goto cleanup;
+    rc = model_check_fits(dir, &tab, &shards, err);
     if (rc != KV_OK) goto cleanup;
     rc = model_assemble(&cfg, &tab, &shards, out, err);
 

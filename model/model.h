@@ -88,6 +88,12 @@ KvStatus kv_model_load_dir(const char *dir, KvModel *out, KvError *err);
 KvStatus kv_model_load_memory(const char *config_json, size_t config_len, const uint8_t *st,
                               size_t st_len, const char *label, KvModel *out, KvError *err);
 
+/* The most weight bytes kv_model_load_dir accepts: the machine's physical
+ * memory, or the environment's KVREPRO_MEMORY_LIMIT (bytes) where set (for
+ * tests, and for a user sharing the machine). A checkpoint whose files hold
+ * more is refused before loading, with both figures. */
+uint64_t kv_model_memory_limit(void);
+
 /* Releases everything (safe on a zeroed struct). */
 void kv_model_free(KvModel *m);
 

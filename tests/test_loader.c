@@ -1423,6 +1423,35 @@ static void dir_bad(const char *dir, const char *path, const char *word) {
     ck_assert_msg(strstr(err.msg, word) != NULL, "message lacks \"%s\": %s", word, err.msg);
 }
 
+/* A checkpoint larger than the memory limit is refused before loading,
+ * with both figures; one byte more of limit loads it. */
+START_TEST(test_dir_over_memory_limit) {
+    TempDir t;
+    temp_make(&t);
+    size_t len;
+    uint8_t *img = temp_base(&t, &len);
+    KvSafetensors st;
+    KvError err = {{0}};
+    ck_assert_int_eq(kv_st_parse(img, len, "base", &st, &err), KV_OK);
+    const uint64_t data = st.data_len; /* the weights as stored */
+    kv_st_close(&st);
+    char limit[32];
+    snprintf(limit, sizeof limit, "%" PRIu64, data - 1);
+    ck_assert_int_eq(setenv("KVREPRO_MEMORY_LIMIT", limit, 1), 0);
+    ck_assert_uint_eq(kv_model_memory_limit(), data - 1);
+    dir_bad(t.dir, t.dir, "KVREPRO_MEMORY_LIMIT");
+    snprintf(limit, sizeof limit, "%" PRIu64, data);
+    ck_assert_int_eq(setenv("KVREPRO_MEMORY_LIMIT", limit, 1), 0);
+    KvModel m;
+    ck_assert_msg(kv_model_load_dir(t.dir, &m, &err) == KV_OK, "%s", err.msg);
+    kv_model_free(&m);
+    ck_assert_int_eq(unsetenv("KVREPRO_MEMORY_LIMIT"), 0);
+    ck_assert_uint_gt(kv_model_memory_limit(), data); /* the machine's own */
+    free(img);
+    temp_remove(&t);
+}
+END_TEST
+
 START_TEST(test_dir_loads) {
     TempDir t;
     temp_make(&t);
@@ -2688,6 +2717,7 @@ static Suite *loader_suite(void) {
 
     tc = tcase_create("files");
     tcase_add_test(tc, test_dir_loads);
+    tcase_add_test(tc, test_dir_over_memory_limit);
     tcase_add_test(tc, test_dir_errors);
     tcase_add_test(tc, test_nonregular_inputs);
     tcase_add_test(tc, test_stored_in_place);
