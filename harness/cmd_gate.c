@@ -1380,12 +1380,15 @@ static int gate_run_golden_only(const GateArgs *a, KvGateOptions *o) {
         st = kv_error_set(&err, KV_ERR_INTERNAL, "cannot print the summary table");
         goto cleanup;
     }
-    st = kv_gate_write_outputs(&rep, a->report_path, a->junit_path, o->timings, a->quiet, &err);
+    char none[4200] = ""; /* a path and the reason */
+    if (judged == 0) snprintf(none, sizeof none, "%s holds no decode to judge", a->golden_path);
+    st = kv_gate_write_outputs(&rep, a->report_path, a->junit_path, o->timings, a->quiet,
+                               judged == 0 ? none : NULL, &err);
     if (st == KV_OK && kv_report_print_counts(&rep, stdout) != KV_OK) {
         st = kv_error_set(&err, KV_ERR_INTERNAL, "cannot print the summary table");
     }
     if (st == KV_OK && judged == 0) {
-        printf("FAIL: %s holds no decode to judge\n", a->golden_path);
+        printf("FAIL: %s\n", none);
         failed = true;
     }
     if (st == KV_OK && failed) rc = KV_EXIT_GATE_FAIL;
@@ -1519,7 +1522,8 @@ int kv_cmd_gate(int argc, char **argv) {
     const bool too_little =
         st == KV_OK && gate_judged_too_little(&a, &o, &rep, runs_accounted, failed, why, sizeof why);
     if (st == KV_OK) {
-        st = kv_gate_write_outputs(&rep, a.report_path, a.junit_path, o.timings, a.quiet, &err);
+        st = kv_gate_write_outputs(&rep, a.report_path, a.junit_path, o.timings, a.quiet,
+                                   too_little ? why : NULL, &err);
     }
     if (st == KV_OK && a.summary_md != NULL) {
         st = kv_gate_write_summary_md(&rep, failed || too_little, too_little ? why : NULL,

@@ -781,17 +781,22 @@ int kv_gate_external(const KvExternalOptions *o) {
     }
     /* the count line last, once the files are safely written, as in the
      * matrix gate */
+    /* nothing judged is a failure (cmd_gate.c): every run was skipped */
+    char none[128] = "";
+    if (n_groups == 0) {
+        snprintf(none, sizeof none,
+                 "the gate judged no external run: all %lld were recorded as skipped",
+                 (long long)e.n);
+    }
     if (st == KV_OK) {
         st = kv_gate_write_outputs(&rep, o->report_path, o->junit_path, o->timings, o->quiet,
-                                   &err);
+                                   n_groups == 0 ? none : NULL, &err);
     }
     if (st == KV_OK && kv_report_print_counts(&rep, stdout) != KV_OK) {
         st = kv_error_set(&err, KV_ERR_INTERNAL, "cannot print the summary table");
     }
     if (st == KV_OK && n_groups == 0) {
-        /* nothing judged is a failure (cmd_gate.c): every run was skipped */
-        printf("FAIL: the gate judged no external run: all %lld were recorded as skipped\n",
-               (long long)e.n);
+        printf("FAIL: %s\n", none);
         failed = true;
     }
     if (st == KV_OK && failed) rc = KV_EXIT_GATE_FAIL;

@@ -127,7 +127,8 @@ static KvStatus gate_write_untimed(const KvReport *rep, const char *path, KvErro
 }
 
 KvStatus kv_gate_write_outputs(const KvReport *rep, const char *report_path,
-                               const char *junit_path, bool timings, bool quiet, KvError *err) {
+                               const char *junit_path, bool timings, bool quiet,
+                               const char *gate_fail, KvError *err) {
     if (report_path != NULL) {
         KvStatus st = timings ? kv_report_write_h5(rep, report_path, err)
                               : gate_write_untimed(rep, report_path, err);
@@ -135,7 +136,7 @@ KvStatus kv_gate_write_outputs(const KvReport *rep, const char *report_path,
         if (!quiet) printf("report: %s\n", report_path);
     }
     if (junit_path != NULL) {
-        KvStatus st = kv_junit_write(rep, junit_path, err);
+        KvStatus st = kv_junit_write_verdict(rep, gate_fail, junit_path, err);
         if (st != KV_OK) return st;
         if (!quiet) printf("junit: %s\n", junit_path);
     }

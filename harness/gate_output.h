@@ -39,8 +39,13 @@ KvStatus kv_gate_check_outputs_apart(const char *report_path, const char *junit_
  * seconds (wall times the gate measured) go to JUnit's time attributes;
  * the HDF5 report gets them only when timings (--timings), 0 otherwise,
  * so that the same gate writes the same report bytes (docs/SCHEMA.md).
+ * gate_fail: why the gate fails beyond its runs (it judged too little), or
+ * NULL: JUnit then carries it as one more failed test case
+ * (kv_junit_write_verdict), so it never reads all green where the console
+ * ends in FAIL.
  * KV_ERR_INTERNAL when out of memory. */
 KvStatus kv_gate_write_outputs(const KvReport *rep, const char *report_path,
-                               const char *junit_path, bool timings, bool quiet, KvError *err);
+                               const char *junit_path, bool timings, bool quiet,
+                               const char *gate_fail, KvError *err);
 
 #endif

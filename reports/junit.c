@@ -432,7 +432,7 @@ static void junit_put_counts(JunitBuf *b, const JunitCounts *k) {
  * (model, scenario); sum[i]: run i's summary; counts[L]: the totals of
  * the suite led by run L. */
 static void junit_build(JunitBuf *b, const KvReport *rep, const int64_t *leader, const KvRunSummary *sum,
-                        const JunitCounts *counts, const JunitCounts *total) {
+                        const JunitCounts *counts, const JunitCounts *total, const char *gate_fail) {
     junit_puts(b, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<testsuites name=\"kvrepro\"");
     junit_put_counts(b, total);
     junit_puts(b, ">\n");
@@ -452,12 +452,30 @@ static void junit_build(JunitBuf *b, const KvReport *rep, const int64_t *leader,
         }
         junit_puts(b, "  </testsuite>\n");
     }
+    if (gate_fail != NULL) {
+        /* the gate's own verdict, failed beyond any run (it judged too
+         * little): a JUnit reader must not see all green where the console
+         * ends in FAIL */
+        junit_puts(b, "  <testsuite name=\"kvrepro/gate\" tests=\"1\" failures=\"1\" errors=\"0\" "
+                      "skipped=\"0\" time=\"0.000\">\n"
+                      "    <testcase name=\"gate: judged enough\" classname=\"kvrepro.gate\" "
+                      "time=\"0.000\">\n      <failure message=\"");
+        junit_put_escaped(b, gate_fail, strlen(gate_fail), 1);
+        junit_puts(b, "\" type=\"gate\">FAIL: ");
+        junit_put_escaped(b, gate_fail, strlen(gate_fail), 0);
+        junit_puts(b, "</failure>\n    </testcase>\n  </testsuite>\n");
+    }
     junit_puts(b, "</testsuites>\n");
 }
 
 /* ---- entry point -------------------------------------------------------------- */
 
 KvStatus kv_junit_write(const KvReport *rep, const char *path, KvError *err) {
+    return kv_junit_write_verdict(rep, NULL, path, err);
+}
+
+KvStatus kv_junit_write_verdict(const KvReport *rep, const char *gate_fail, const char *path,
+                                KvError *err) {
     KvStatus st = KV_OK;
     int64_t *leader = NULL;
     KvRunSummary *sum = NULL;
@@ -514,8 +532,10 @@ KvStatus kv_junit_write(const KvReport *rep, const char *path, KvError *err) {
         total.skipped += counts[l].skipped;
         total.seconds += counts[l].seconds;
     }
+    total.tests += gate_fail != NULL;
+    total.failures += gate_fail != NULL;
 
-    junit_build(&buf, rep, leader, sum, counts, &total);
+    junit_build(&buf, rep, leader, sum, counts, &total, gate_fail);
     if (buf.oom) {
         st = kv_error_set(err, KV_ERR_INTERNAL, "%s: out of memory building the JUnit document", path);
         goto cleanup;

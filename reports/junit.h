@@ -64,4 +64,11 @@ const char *kv_compare_kind_name(KvCompareKind kind);
  * memory. On any failure no file and no temporary is left. */
 KvStatus kv_junit_write(const KvReport *rep, const char *path, KvError *err);
 
+/* kv_junit_write for a gate whose own verdict failed beyond its runs
+ * (gate_fail: the reason it prints after "FAIL: ", e.g. it judged too
+ * little; NULL: none): one more suite, "kvrepro/gate", with one failed test
+ * case "gate: judged enough" carrying the reason, counted in the totals. */
+KvStatus kv_junit_write_verdict(const KvReport *rep, const char *gate_fail, const char *path,
+                                KvError *err);
+
 #endif

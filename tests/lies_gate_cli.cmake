@@ -14,10 +14,14 @@ file(MAKE_DIRECTORY ${WORK})
 set(one_unit --fixture mistral-tiny --scenarios prompt_w --repeats 1 --max-new-tokens 4
     --no-calibrate)
 
-# A shard that holds no unit judged nothing: exit 1, saying so ...
-kv_run(1 out err ${KVREPRO} gate ${one_unit} --no-goldens --shard 2/2)
+# A shard that holds no unit judged nothing: exit 1, saying so, and its
+# JUnit says so too (one failed test case, not an empty green file) ...
+kv_run(1 out err ${KVREPRO} gate ${one_unit} --no-goldens --shard 2/2 --junit ${WORK}/empty.xml)
 kv_expect_match("${out}" "FAIL: this shard \\(2/2\\) holds none of the gate's 1 \\(model, scenario\\) units"
   "empty shard")
+file(READ ${WORK}/empty.xml junit)
+kv_expect_match("${junit}" "<testsuites name=\"kvrepro\" tests=\"1\" failures=\"1\"" "empty shard junit totals")
+kv_expect_match("${junit}" "<failure message=\"this shard \\(2/2\\) holds none" "empty shard junit failure")
 kv_expect_match("${out}" "--allow-empty" "empty shard names the way out")
 # ... and passes only with --allow-empty, which the last line says.
 kv_run(0 out err ${KVREPRO} gate ${one_unit} --no-goldens --shard 2/2 --allow-empty)
@@ -33,6 +37,10 @@ if(out MATCHES "cuda: skipped, no device")
     message(FATAL_ERROR "cuda-only gate without a device: expected exit 1, got ${rc}\n${out}${err}")
   endif()
   kv_expect_match("${out}" "FAIL: the gate judged no candidate run: every one was skipped \\(" "all skipped")
+  kv_run_any(rc out err ${KVREPRO} gate ${one_unit} --no-goldens --backends cuda --junit ${WORK}/skipped.xml)
+  file(READ ${WORK}/skipped.xml junit)
+  kv_expect_match("${junit}" "failures=\"1\"" "all-skipped junit counts the gate's failure")
+  kv_expect_match("${junit}" "name=\"gate: judged enough\"" "all-skipped junit names the gate's case")
 else()
   message(STATUS "skipped: the cuda-only case needs a machine where cuda runs are skipped")
 endif()
