@@ -34,7 +34,7 @@ static void fixture_print_choices(FILE *f, int *col, KvCliNames which, int inden
 
 static void fixture_usage(FILE *f) {
     fprintf(f, "usage: kvrepro fixture --family FAMILY --out DIR [--size SIZE] [--seed N]\n"
-               "%23s[--dtype f32|bf16] [--sliding-window N]\n", "");
+               "%23s[--dtype f32|bf16|mxfp4] [--sliding-window N]\n", "");
     int col = fprintf(f, "  FAMILY:");
     fixture_print_choices(f, &col, KV_NAMES_FIXTURE_FAMILIES, 10);
     kv_cli_print_text(f, &col, 10, " (config.json's model_type; the short form the fixtures' "
@@ -63,8 +63,10 @@ static void fixture_usage(FILE *f) {
             "          weights: 2.6B parameters, 5.2 GB in BF16 (pytorch #159855's test\n"
             "          shape, bench/seed-shape.sh; never commit). Loaded back and hashed,\n"
             "          not decoded\n"
-            "  --dtype    f32 or bf16 (default f32; bf16 for 2b): the stored tensors; bf16\n"
-            "             rounds each drawn F32 value to nearest even\n"
+            "  --dtype    f32, bf16 or mxfp4 (default f32; bf16 for 2b): the stored\n"
+            "             tensors; bf16 rounds each drawn F32 value to nearest even;\n"
+            "             mxfp4 (gpt_oss): the experts as gpt-oss ships them (_blocks of\n"
+            "             random e2m1 pairs, _scales of e8m0 exponents), the rest bf16\n"
             "  --seed N   weight seed (default %llu)\n"
             "  --sliding-window N\n"
             "             the window W instead of the size's (1 .. max positions / 4): a\n"
@@ -203,8 +205,9 @@ int kv_cmd_fixture(int argc, char **argv) {
     if (!bad && dtype_s != NULL) {
         if (strcmp(dtype_s, "f32") == 0) dtype = KV_DTYPE_F32;
         else if (strcmp(dtype_s, "bf16") == 0) dtype = KV_DTYPE_BF16;
+        else if (strcmp(dtype_s, "mxfp4") == 0) dtype = KV_DTYPE_F4;
         else {
-            fprintf(stderr, "kvrepro fixture: --dtype: expected f32 or bf16, found '%s'\n",
+            fprintf(stderr, "kvrepro fixture: --dtype: expected f32, bf16 or mxfp4, found '%s'\n",
                     dtype_s);
             bad = true;
         }

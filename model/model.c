@@ -237,6 +237,70 @@ static KvStatus bind_matrix(ModelBinder *b, const char *name, int64_t d0, int64_
     return rc;
 }
 
+/* One MXFP4 tensor of bind_experts_mxfp4: U8, the given rank and dims. */
+static KvStatus bind_mx_part(ModelBinder *b, const char *name, int rank, const int64_t *dims,
+                             const uint8_t **out, KvError *err) {
+    const KvSafetensors *st = NULL;
+    const KvTensorInfo *t = binder_find(b, name, &st);
+    char want[96];
+    size_t used = (size_t)snprintf(want, sizeof want, "[");
+    for (int i = 0; i < rank && used < sizeof want; i++) {
+        used += (size_t)snprintf(want + used, sizeof want - used, "%s%" PRId64, i ? ", " : "",
+                                 dims[i]);
+    }
+    if (used < sizeof want) snprintf(want + used, sizeof want - used, "]");
+    if (t == NULL) {
+        return kv_error_set(err, KV_ERR_INPUT,
+                            "%s: tensor '%s': expected shape %s (MXFP4), found no such tensor "
+                            "(missing)",
+                            b->label, name, want);
+    }
+    if (t->dtype != KV_DTYPE_U8) {
+        return kv_error_set(err, KV_ERR_INPUT,
+                            "%s: tensor '%s': expected dtype U8 (MXFP4), found %s", st->label,
+                            name, kv_dtype_name(t->dtype));
+    }
+    bool ok = t->rank == rank;
+    for (int i = 0; ok && i < rank; i++) ok = t->shape[i] == dims[i];
+    if (!ok) {
+        char found[160];
+        shape_text(t, found, sizeof found);
+        return kv_error_set(err, KV_ERR_INPUT,
+                            "%s: tensor '%s': expected shape %s (MXFP4), found %s", st->label,
+                            name, want, found);
+    }
+    b->in_place[binder_index(b, st, t)] = true;
+    *out = st->data + t->begin;
+    return KV_OK;
+}
+
+/* An expert stack stored as gpt-oss ships it: NAME_blocks [E, d2, d1 / 32,
+ * 16] (32 e2m1 values of a row per 16 bytes) and NAME_scales [E, d2, d1 /
+ * 32] (their e8m0 exponents), read in place. That is already the (E, d2,
+ * d1) layout the matmuls take: transformers' dequantizer produces it and
+ * then transposes to [E, d1, d2]. */
+static KvStatus bind_experts_mxfp4(ModelBinder *b, const char *name, int64_t E, int64_t d1,
+                                   int64_t d2, KvMat *dst, KvError *err) {
+    char blocks[KV_ST_MAX_NAME + 8], scales[KV_ST_MAX_NAME + 8];
+    snprintf(blocks, sizeof blocks, "%s_blocks", name);
+    snprintf(scales, sizeof scales, "%s_scales", name);
+    if (d1 % 32 != 0) {
+        return kv_error_set(err, KV_ERR_INPUT,
+                            "%s: tensor '%s': MXFP4 blocks of 32 need an input dimension that "
+                            "is a multiple of 32, found %" PRId64 " (the config's sizes)",
+                            b->label, blocks, d1);
+    }
+    const int64_t bdims[4] = {E, d2, d1 / 32, 16}, sdims[3] = {E, d2, d1 / 32};
+    const uint8_t *q = NULL, *e = NULL;
+    KvStatus rc = bind_mx_part(b, blocks, 4, bdims, &q, err);
+    if (rc == KV_OK) rc = bind_mx_part(b, scales, 3, sdims, &e, err);
+    if (rc != KV_OK) return rc;
+    dst->data = q;
+    dst->dtype = KV_DTYPE_F4;
+    dst->scales = e;
+    return KV_OK;
+}
+
 /* An expert stack [E, d1, d2] (gpt_oss's gate_up_proj, down_proj: x @ W
  * per expert) as an owned buffer (E, d2, d1) in the file's dtype: each
  * expert's matrix transposed to the (out, in) layout every matmul here
@@ -251,20 +315,18 @@ static KvStatus bind_experts(ModelBinder *b, const char *name, int64_t E, int64_
         char blocks[KV_ST_MAX_NAME + 8];
         snprintf(blocks, sizeof blocks, "%s_blocks", name);
         const KvSafetensors *bf = NULL;
-        const bool mxfp4 = binder_find(b, blocks, &bf) != NULL;
+        if (binder_find(b, blocks, &bf) != NULL) return bind_experts_mxfp4(b, name, E, d1, d2, dst, err);
         return kv_error_set(err, KV_ERR_INPUT,
                             "%s: tensor '%s': expected shape [%" PRId64 ", %" PRId64 ", %" PRId64
-                            "], found %s",
-                            b->label, name, E, d1, d2,
-                            mxfp4 ? "only its MXFP4 form (_blocks, _scales): dequantize the "
-                                    "experts to BF16 or F32 first"
-                                  : "no such tensor (missing)");
+                            "] (or its MXFP4 form, '%s_blocks' and '%s_scales'), found no such "
+                            "tensor (missing)",
+                            b->label, name, E, d1, d2, name, name);
     }
     if (!kv_dtype_loadable(t->dtype)) {
         return kv_error_set(err, KV_ERR_INPUT,
-                            "%s: tensor '%s': expected dtype F32, F16 or BF16, found %s (not "
-                            "supported for weights; MXFP4 expert blocks must be dequantized "
-                            "first)",
+                            "%s: tensor '%s': expected dtype F32, F16 or BF16 (or MXFP4 "
+                            "'_blocks' and '_scales' tensors), found %s (not supported for "
+                            "weights)",
                             st->label, name, kv_dtype_name(t->dtype));
     }
     if (t->rank != 3 || t->shape[0] != E || t->shape[1] != d1 || t->shape[2] != d2) {
@@ -403,17 +465,17 @@ static KvStatus bind_all(ModelBinder *b, KvError *err) {
     for (int64_t i = 0; i < c->num_layers; i++) {
         const KvLayerWeights *L = &m->layers[i];
         bytes += norms * sizeof(float);
-        bytes += (qd * hh) * kv_mat_elem_size(L->wq) + (kvd * hh) * kv_mat_elem_size(L->wk) +
-                 (kvd * hh) * kv_mat_elem_size(L->wv) + (hh * qd) * kv_mat_elem_size(L->wo);
+        bytes += kv_mat_bytes(L->wq, qd * hh) + kv_mat_bytes(L->wk, kvd * hh) +
+                 kv_mat_bytes(L->wv, kvd * hh) + kv_mat_bytes(L->wo, hh * qd);
         if (moe) {
-            bytes += E * 2 * inter * hh * kv_mat_elem_size(L->experts_gate_up) +
-                     E * inter * hh * kv_mat_elem_size(L->experts_down);
+            bytes += kv_mat_bytes(L->experts_gate_up, E * 2 * inter * hh) +
+                     kv_mat_bytes(L->experts_down, E * inter * hh);
         } else {
-            bytes += inter * hh * (kv_mat_elem_size(L->w_gate) + kv_mat_elem_size(L->w_up) +
-                                   kv_mat_elem_size(L->w_down));
+            bytes += kv_mat_bytes(L->w_gate, inter * hh) + kv_mat_bytes(L->w_up, inter * hh) +
+                     kv_mat_bytes(L->w_down, inter * hh);
         }
     }
-    bytes += hh * sizeof(float) + (uint64_t)c->vocab_size * hh * kv_mat_elem_size(m->lm_head);
+    bytes += hh * sizeof(float) + kv_mat_bytes(m->lm_head, (uint64_t)c->vocab_size * hh);
     m->weight_bytes = bytes;
     return KV_OK;
 }

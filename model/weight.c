@@ -1,12 +1,42 @@
 /* weight.c: widening stored weights to F32 (weight.h). */
 #include "weight.h"
 
+#include <math.h>
+
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 #define KV_WEIGHT_SSE2 1
 #else
 #define KV_WEIGHT_SSE2 0
 #endif
+
+const float kv_e2m1_values[16] = {+0.0f, +0.5f, +1.0f, +1.5f, +2.0f, +3.0f, +4.0f, +6.0f,
+                                  -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+
+/* 2^(e - 127) as an F32 for each e8m0 exponent: 2^-127 (a subnormal) up to
+ * 2^127, and 255 (NaN in the OCP spec) as infinity, which is what
+ * transformers' ldexp gives it. Every product with an e2m1 value (at most
+ * two significant bits, magnitude 0.5 to 6) is then exact. */
+static float mx_scale(uint8_t e) {
+    if (e == 255) return INFINITY;
+    return ldexpf(1.0f, (int)e - 127);
+}
+
+/* MXFP4 elements from .. from + n widened. */
+static void widen_mxfp4(KvMat m, int64_t from, int64_t n, float *dst /* (n) */) {
+    const uint8_t *q = m.data;
+    int64_t i = from;
+    const int64_t end = from + n;
+    while (i < end) {
+        /* one 32-element block (or the part of it asked for): one scale */
+        const int64_t block_end = (i / 32 + 1) * 32 < end ? (i / 32 + 1) * 32 : end;
+        const float scale = mx_scale(m.scales[i / 32]);
+        for (; i < block_end; i++) {
+            const uint8_t byte = q[i / 2];
+            dst[i - from] = kv_e2m1_values[(i & 1) ? byte >> 4 : byte & 15u] * scale;
+        }
+    }
+}
 
 float kv_mat_at(KvMat m, int64_t i) {
     float f;
@@ -35,7 +65,11 @@ static void widen_bf16(const uint8_t *src /* (n) bf16 */, int64_t n, float *dst 
 
 void kv_mat_widen(KvMat m, int64_t from, int64_t n, float *dst) {
     if (n <= 0) return;
-    const uint8_t *src = (const uint8_t *)m.data + (size_t)from * kv_mat_elem_size(m);
+    if (m.dtype == KV_DTYPE_F4) {
+        widen_mxfp4(m, from, n, dst);
+        return;
+    }
+    const uint8_t *src = (const uint8_t *)m.data + (size_t)from * (m.dtype == KV_DTYPE_F32 ? 4u : 2u);
     switch (m.dtype) {
     case KV_DTYPE_BF16:
         widen_bf16(src, n, dst);

@@ -28,6 +28,9 @@ kv_add_python_test(hf_report_gate test_html_report.GateReportTest gate)
 kv_add_python_test(bench_vs_torch test_vs_torch bench)
 # kvrepro fixture's config.json read by transformers (its field types), every family.
 kv_add_python_test(hf_fixture_config test_fixture_config hf)
+# gpt-oss's MXFP4 experts read as stored: the reference's widened weights bitwise
+# transformers' dequantizer's, and transformers' logits within the gate's tolerance (~45 s).
+kv_add_python_test(hf_mxfp4 test_mxfp4 hf)
 # kvrepro-hf's command line: every option of every
 # subcommand with bad values is exit 2 and a one-line message, no traceback,
 # no hang on a FIFO, nothing written; refused before a model is loaded (~20 s).

@@ -672,6 +672,142 @@ START_TEST(test_stored_bf16_bitwise) {
 }
 END_TEST
 
+/* An F32 checkpoint of m's values (m loaded from st): every tensor widened,
+ * an MXFP4 expert stack (E, out, in) written back as the dense [E, in, out]
+ * it stands for. */
+static uint8_t *f32_twin(const KvModel *m, const KvSafetensors *st, size_t *len) {
+    KvStWriteTensor *wt = calloc(st->n_tensors, sizeof *wt);
+    float **vals = calloc(st->n_tensors, sizeof *vals);
+    char (*names)[KV_ST_MAX_NAME] = calloc(st->n_tensors, sizeof *names);
+    ck_assert(wt != NULL && vals != NULL && names != NULL);
+    size_t n = 0;
+    const int64_t H = m->config.hidden_size, I = m->config.intermediate_size;
+    for (size_t t = 0; t < st->n_tensors; t++) {
+        const KvTensorInfo *ti = &st->tensors[t];
+        const char *suffix = strstr(ti->name, "_scales");
+        if (suffix != NULL && suffix[7] == '\0') continue; /* with its blocks */
+        const char *blk = strstr(ti->name, "_blocks");
+        KvStWriteTensor *w = &wt[n];
+        w->dtype = KV_DTYPE_F32;
+        if (blk != NULL && blk[7] == '\0') {
+            /* model.layers.L.mlp.experts.{gate_up,down}_proj_blocks */
+            snprintf(names[n], sizeof names[n], "%.*s", (int)(blk - ti->name), ti->name);
+            const long long l = strtoll(ti->name + strlen("model.layers."), NULL, 10);
+            const bool gu = strstr(ti->name, "gate_up_proj") != NULL;
+            const KvMat x = gu ? m->layers[l].experts_gate_up : m->layers[l].experts_down;
+            const int64_t E = m->config.num_experts, out = gu ? 2 * I : H, in = gu ? H : I;
+            ck_assert_int_eq(x.dtype, KV_DTYPE_F4);
+            vals[n] = malloc((size_t)(E * out * in) * sizeof(float));
+            ck_assert_ptr_nonnull(vals[n]);
+            for (int64_t e = 0; e < E; e++)
+                for (int64_t o = 0; o < out; o++)
+                    for (int64_t i = 0; i < in; i++)
+                        vals[n][(e * in + i) * out + o] = kv_mat_at(x, (e * out + o) * in + i);
+            w->rank = 3;
+            w->shape[0] = E;
+            w->shape[1] = in;
+            w->shape[2] = out;
+        } else {
+            snprintf(names[n], sizeof names[n], "%s", ti->name);
+            int64_t numel = 1;
+            for (int d = 0; d < ti->rank; d++) numel *= ti->shape[d];
+            vals[n] = malloc((size_t)numel * sizeof(float) + 1);
+            ck_assert_ptr_nonnull(vals[n]);
+            kv_dtype_to_f32(ti->dtype, st->data + ti->begin, (size_t)numel, vals[n]);
+            w->rank = ti->rank;
+            for (int d = 0; d < ti->rank; d++) w->shape[d] = ti->shape[d];
+        }
+        w->name = names[n];
+        w->data = vals[n];
+        n++;
+    }
+    uint8_t *img = NULL;
+    KvError err = {{0}};
+    ck_assert_msg(kv_st_serialize(wt, n, &img, len, &err) == KV_OK, "%s", err.msg);
+    for (size_t t = 0; t < n; t++) free(vals[t]);
+    free(vals);
+    free(names);
+    free(wt);
+    return img;
+}
+
+/* gpt-oss's MXFP4 experts read as stored (and the rest as BF16) compute the
+ * bits of the same values stored as F32: the hash, and every logit of the
+ * reference (prefill and decode, batch 2 and 1: each expert's matmul one row
+ * at a time), a graph-mode variant, the sequential member, and the shadow. */
+START_TEST(test_stored_mxfp4_bitwise) {
+    KvConfig cfg;
+    KvError err = {{0}};
+    ck_assert_int_eq(kv_fixture_config(KV_FAMILY_GPT_OSS, KV_SIZE_TINY, &cfg, &err), KV_OK);
+    uint8_t *ximg = NULL;
+    size_t xlen = 0;
+    char *json = NULL;
+    ck_assert_msg(kv_fixture_build_dtype(&cfg, TEST_SEED, KV_DTYPE_F4, &ximg, &xlen, &json,
+                                         &err) == KV_OK, "%s", err.msg);
+    KvModel mx, mf;
+    ck_assert_msg(kv_model_load_memory(json, strlen(json), ximg, xlen, "mxfp4", &mx, &err) == KV_OK,
+                  "%s", err.msg);
+    ck_assert_int_eq(mx.layers[1].experts_down.dtype, KV_DTYPE_F4);
+    size_t flen = 0;
+    uint8_t *fimg = f32_twin(&mx, &mx.st, &flen);
+    ck_assert_msg(kv_model_load_memory(json, strlen(json), fimg, flen, "f32", &mf, &err) == KV_OK,
+                  "%s", err.msg);
+    ck_assert_int_eq(mf.layers[1].experts_down.dtype, KV_DTYPE_F32);
+    ck_assert_msg(kv_model_hash(&mx) == kv_model_hash(&mf), "the hashes of the same values differ "
+                  "by storage");
+    /* as stored: 4.25 bits an expert weight against 32 */
+    ck_assert_uint_lt(mx.weight_bytes * 3, mf.weight_bytes);
+
+    const int64_t W = cfg.sliding_window;
+    int32_t *prompts[2] = {make_prompt(W + 3, TEST_PROMPT_SEED, cfg.vocab_size),
+                           make_prompt(4, TEST_PROMPT_SEED + 1, cfg.vocab_size)};
+    const int64_t lens[2] = {W + 3, 4};
+    const KvCacheOps *ring = kv_cache_find("ring");
+    ck_assert_ptr_nonnull(ring);
+    for (int k = 0; k < 6; k++) {
+        const int64_t batch = k % 2 == 0 ? 2 : 1;
+        int32_t *tok = NULL;
+        uint8_t *real = NULL;
+        int64_t plen = 0;
+        ck_assert_int_eq(kv_batch_left_pad((const int32_t *const *)prompts, lens, batch, 0, &tok,
+                                           &real, &plen, &err), KV_OK);
+        KvDecodeSpec spec = {.batch = batch, .prompt_len = plen, .prompt = tok, .prompt_real = real,
+                             .new_tokens = W + 2,
+                             .variant = k / 2 == 1 ? ring : NULL,
+                             .mode = k / 2 == 1 ? KV_MODE_GRAPH : KV_MODE_EAGER,
+                             .order = k / 2 == 2 ? KV_ORDER_DOT_SEQUENTIAL : 0};
+        KvDecodeResult rf = {0}, rx = {0};
+        ck_assert_msg(kv_decode_greedy(&mf, &spec, &rf, &err) == KV_OK, "%s", err.msg);
+        ck_assert_msg(kv_decode_greedy(&mx, &spec, &rx, &err) == KV_OK, "%s", err.msg);
+        char what[96];
+        snprintf(what, sizeof what, "gpt_oss-tiny run %d, batch %lld, MXFP4 vs F32 stored", k,
+                 (long long)batch);
+        assert_same(&rf, &rx, what);
+        kv_decode_result_free(&rf);
+        kv_decode_result_free(&rx);
+        free(tok);
+        free(real);
+    }
+    const int64_t n = lens[0];
+    double *sf = malloc((size_t)(n * cfg.vocab_size) * sizeof *sf);
+    double *sx = malloc((size_t)(n * cfg.vocab_size) * sizeof *sx);
+    ck_assert(sf != NULL && sx != NULL);
+    ck_assert_msg(kv_shadow64_logits(&mf, prompts[0], n, 0, sf, &err) == KV_OK, "%s", err.msg);
+    ck_assert_msg(kv_shadow64_logits(&mx, prompts[0], n, 0, sx, &err) == KV_OK, "%s", err.msg);
+    ck_assert_msg(memcmp(sf, sx, (size_t)(n * cfg.vocab_size) * sizeof *sf) == 0,
+                  "the fp64 shadow differs by storage");
+    free(sf);
+    free(sx);
+    free(prompts[0]);
+    free(prompts[1]);
+    kv_model_free(&mx);
+    kv_model_free(&mf);
+    free(ximg);
+    free(fimg);
+    free(json);
+}
+END_TEST
+
 static Suite *decode_suite(void) {
     Suite *s = suite_create("decode");
     TCase *tc = tcase_create("determinism");
@@ -682,6 +818,7 @@ static Suite *decode_suite(void) {
     tcase_add_loop_test(tc, test_padded_row_equals_alone, 0, N_FAM);
     tcase_add_loop_test(tc, test_pad_skip_bitwise, 0, N_FAM);
     tcase_add_loop_test(tc, test_stored_bf16_bitwise, 0, N_FAM);
+    tcase_add_test(tc, test_stored_mxfp4_bitwise);
     suite_add_tcase(s, tc);
     TCase *sem = tcase_create("semantics");
     tcase_set_timeout(sem, 120);
