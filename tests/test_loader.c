@@ -1986,41 +1986,57 @@ END_TEST
  * refused naming the file, the tensor and the family; the ignore-listed ones
  * (saved rotary buffers for mistral, a stored lm_head.weight when tied) load
  * and leave the model unchanged. */
-/* gpt_oss checkpoints: the released MXFP4 expert blocks in place of the
- * float stacks are refused, naming the tensor and saying to dequantize; a
- * missing sink names the sink. */
+/* gpt_oss checkpoints stored as gpt-oss ships them (MXFP4 experts): each
+ * malformed part is refused naming the file, the tensor and what was
+ * expected (blocks of the wrong shape, scales missing, of the wrong length
+ * or dtype, a float stack and its blocks both absent); a missing sink names
+ * the sink. */
 START_TEST(test_gpt_oss_checkpoint_refusals) {
+    KvConfig cfg;
+    KvError err = {{0}};
+    ck_assert_int_eq(kv_fixture_config(KV_FAMILY_GPT_OSS, KV_SIZE_TINY, &cfg, &err), KV_OK);
     char *json;
     uint8_t *img;
     size_t len;
-    fixture_tiny(KV_FAMILY_GPT_OSS, &json, &img, &len);
-    KvError err = {{0}};
+    ck_assert_int_eq(kv_fixture_build_dtype(&cfg, 3, KV_DTYPE_F4, &img, &len, &json, &err), KV_OK);
+    KvModel ok;
+    ck_assert_msg(kv_model_load_memory(json, strlen(json), img, len, "t", &ok, &err) == KV_OK,
+                  "%s", err.msg);
+    ck_assert_int_eq(ok.layers[1].experts_gate_up.dtype, KV_DTYPE_F4);
+    ck_assert_ptr_nonnull(ok.layers[1].experts_gate_up.scales);
+    kv_model_free(&ok);
     KvSafetensors tab;
     ck_assert_int_eq(kv_st_parse(img, len, "img", &tab, &err), KV_OK);
-    static const char *const gu = "model.layers.1.mlp.experts.gate_up_proj";
+    static const char *const blocks = "model.layers.1.mlp.experts.gate_up_proj_blocks";
+    static const char *const scales = "model.layers.1.mlp.experts.gate_up_proj_scales";
     static const char *const sink = "model.layers.2.self_attn.sinks";
-    for (int c = 0; c < 2; c++) {
-        KvStWriteTensor *wt = test_alloc((tab.n_tensors + 2) * sizeof *wt);
-        static const uint8_t blocks[64] = {0x12};
+    static const struct {
+        const char *victim;
+        int how; /* 0: drop, 1: one block fewer per row, 2: dtype I8 */
+        const char *want[3];
+    } cases[] = {
+        {blocks, 1, {blocks, "expected shape [4, 512, 4, 16] (MXFP4), found [4, 512, 3, 16]", ""}},
+        {scales, 0, {scales, "expected shape [4, 512, 4] (MXFP4), found no such tensor", ""}},
+        {scales, 1, {scales, "expected shape [4, 512, 4] (MXFP4), found [4, 512, 3]", ""}},
+        {scales, 2, {scales, "expected dtype U8 (MXFP4), found I8", ""}},
+        {blocks, 0, {"model.layers.1.mlp.experts.gate_up_proj'", "_blocks' and", "missing"}},
+        {sink, 0, {sink, "missing", ""}},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        KvStWriteTensor *wt = test_alloc((tab.n_tensors + 1) * sizeof *wt);
         size_t n = 0;
         for (size_t i = 0; i < tab.n_tensors; i++) {
             const char *name = tab.tensors[i].name;
-            if (strcmp(name, c == 0 ? gu : sink) == 0) continue;
+            const bool victim = strcmp(name, cases[c].victim) == 0;
+            if (victim && cases[c].how == 0) continue;
             memset(&wt[n], 0, sizeof wt[n]);
             wt[n].name = name;
             wt[n].dtype = tab.tensors[i].dtype;
             wt[n].rank = tab.tensors[i].rank;
             memcpy(wt[n].shape, tab.tensors[i].shape, sizeof wt[n].shape);
             wt[n].data = tab.data + tab.tensors[i].begin;
-            n++;
-        }
-        if (c == 0) { /* MXFP4: U8 blocks [E, 2I, H/32, 16] (the scales left out) */
-            memset(&wt[n], 0, sizeof wt[n]);
-            wt[n].name = "model.layers.1.mlp.experts.gate_up_proj_blocks";
-            wt[n].dtype = KV_DTYPE_U8;
-            wt[n].rank = 1;
-            wt[n].shape[0] = 64;
-            wt[n].data = blocks;
+            if (victim && cases[c].how == 1) wt[n].shape[2]--; /* reads a prefix of the data */
+            if (victim && cases[c].how == 2) wt[n].dtype = KV_DTYPE_I8;
             n++;
         }
         uint8_t *ext;
@@ -2028,10 +2044,15 @@ START_TEST(test_gpt_oss_checkpoint_refusals) {
         ck_assert_int_eq(kv_st_serialize(wt, n, &ext, &ext_len, &err), KV_OK);
         free(wt);
         KvModel m;
+        model_poison(&m);
         ck_assert_int_eq(kv_model_load_memory(json, strlen(json), ext, ext_len, "t", &m, &err),
                          KV_ERR_INPUT);
-        ck_assert_msg(strstr(err.msg, c == 0 ? gu : sink) != NULL, "%s", err.msg);
-        ck_assert_msg(strstr(err.msg, c == 0 ? "MXFP4" : "missing") != NULL, "%s", err.msg);
+        ck_assert_msg(model_is_zero(&m), "case %zu: a partial model", c);
+        ck_assert_msg(strstr(err.msg, "t/model.safetensors") != NULL, "%s", err.msg);
+        for (int k = 0; k < 3; k++) {
+            ck_assert_msg(strstr(err.msg, cases[c].want[k]) != NULL, "case %zu: '%s' not in: %s",
+                          c, cases[c].want[k], err.msg);
+        }
         free(ext);
     }
     kv_st_close(&tab);
@@ -2340,10 +2361,14 @@ START_TEST(test_fixture_stream_refusals) {
     ck_assert_msg(strstr(err.msg, "not a directory") != NULL, "%s", err.msg);
     unlink(p);
 
-    /* only F32 and BF16 */
+    /* only F32, BF16, and MXFP4 for a model with experts */
     ck_assert_int_eq(kv_fixture_write_streamed(t.dir, &cfg, 1, KV_DTYPE_F16, NULL, &err),
                      KV_ERR_INPUT);
-    ck_assert_msg(strstr(err.msg, "expected F32 or BF16, found F16") != NULL, "%s", err.msg);
+    ck_assert_msg(strstr(err.msg, "expected F32, BF16 or MXFP4 (gpt_oss's experts only), found "
+                                  "F16") != NULL, "%s", err.msg);
+    ck_assert_int_eq(kv_fixture_write_streamed(t.dir, &cfg, 1, KV_DTYPE_F4, NULL, &err),
+                     KV_ERR_INPUT);
+    ck_assert_msg(strstr(err.msg, "MXFP4 for a model without experts") != NULL, "%s", err.msg);
     uint8_t *img = NULL;
     size_t img_len = 0;
     char *json = NULL;
