@@ -206,8 +206,9 @@ fields JobId ArrayJobId ArrayTaskId JobName JobState ExitCode RunTime Dependency
     < "$WORK/jobs.txt" | tee -a "$LOG"
 njobs=$(grep -c "JobName=kvrepro-gate" "$WORK/jobs.txt")
 [ "$njobs" -eq 4 ] || fail "expected 4 array tasks, found $njobs"
-bad=$(grep -v -E 'JobState=COMPLETED .*ExitCode=0:0' "$WORK/jobs.txt" | grep -E 'JobName=kvrepro-' || true)
-[ -z "$bad" ] || fail "a job did not complete with exit 0: $bad"
+bad=$(grep -v -E 'JobState=COMPLETED .*ExitCode=0:0' "$WORK/jobs.txt" | grep -E 'JobName=kvrepro-' \
+    | fields JobId ArrayTaskId JobName JobState Reason ExitCode | tr '\n' ';')
+[ -z "$bad" ] || fail "not every job completed with exit 0: $bad"
 grep -q "JobId=$MERGE .*JobName=kvrepro-merge" "$WORK/jobs.txt" || fail "no merge job $MERGE"
 log "--- jobcomp (the scheduler's completion records)"
 fields JobId ArrayJobId ArrayTaskId Name JobState ExitCode StartTime EndTime \
