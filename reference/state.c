@@ -22,7 +22,7 @@ void kv_ref_state_free(KvRefState *s) {
                      s->x,          s->xn,         s->q,          s->kn,         s->vn,
                      s->att,        s->tmp,        s->gate,       s->up,         s->qpos,
                      s->last,       s->moe_logits, s->moe_pick,   s->moe_weight, s->moe_gu,
-                     s->moe_h,      s->moe_out,    s->scores,     (void *)s->gk, (void *)s->gv,
+                     s->moe_h,      s->moe_out,    s->moe_rows,   s->moe_x,      s->scores,     (void *)s->gk, (void *)s->gv,
                      s->gpos,       s->tok_in,     s->real_in,    s->logits,     s->next_tok,
                      s->margin};
     for (size_t i = 0; i < sizeof owned / sizeof owned[0]; i++) free(owned[i]);
@@ -57,14 +57,16 @@ KvStatus kv_ref_state_init(KvRefState *s, const KvModel *m, int64_t batch, int64
     s->inv_freq = kv_alloc_floats(c->head_dim / 2);
     bool ok = true;
     if (c->num_experts > 0) {
-        s->moe_logits = kv_alloc_floats(c->num_experts);
-        s->moe_pick = calloc((size_t)c->experts_per_tok, sizeof *s->moe_pick);
-        s->moe_weight = kv_alloc_floats(c->experts_per_tok);
-        s->moe_gu = kv_alloc_floats(2 * I);
-        s->moe_h = kv_alloc_floats(I);
-        s->moe_out = kv_alloc_floats(H);
-        ok = s->moe_logits && s->moe_pick && s->moe_weight && s->moe_gu && s->moe_h &&
-             s->moe_out;
+        s->moe_logits = kv_alloc_floats(rows * c->num_experts);
+        s->moe_pick = calloc((size_t)(rows * c->experts_per_tok), sizeof *s->moe_pick);
+        s->moe_weight = kv_alloc_floats(rows * c->experts_per_tok);
+        s->moe_rows = calloc((size_t)rows, sizeof *s->moe_rows);
+        s->moe_x = kv_alloc_floats(rows * H);
+        s->moe_gu = kv_alloc_floats(rows * 2 * I);
+        s->moe_h = kv_alloc_floats(rows * I);
+        s->moe_out = kv_alloc_floats(rows * H);
+        ok = s->moe_logits && s->moe_pick && s->moe_weight && s->moe_rows && s->moe_x &&
+             s->moe_gu && s->moe_h && s->moe_out;
     }
     s->x = kv_alloc_floats(rows * H);
     s->xn = kv_alloc_floats(rows * H);

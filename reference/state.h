@@ -85,13 +85,16 @@ struct KvRefState {
     float *up;          /* (B * max_chunk, intermediate) */
     int64_t *qpos;      /* (B * max_chunk) RoPE position of each new token */
     float *last;        /* (B, hidden) final-normed last position of each sequence */
-    /* gpt_oss's MoE scratch (NULL for a dense MLP), one token at a time: */
-    float *moe_logits;  /* (num_experts) router logits */
-    int64_t *moe_pick;  /* (experts_per_tok) chosen experts, by descending logit */
-    float *moe_weight;  /* (experts_per_tok) their softmax weights */
-    float *moe_gu;      /* (2 * intermediate) one expert's interleaved gate/up */
-    float *moe_h;       /* (intermediate) its gated activation */
-    float *moe_out;     /* (hidden) its output */
+    /* gpt_oss's MoE scratch (NULL for a dense MLP), for B * max_chunk rows;
+     * an expert's rows are gathered, so each expert runs once per forward: */
+    float *moe_logits;  /* (B * max_chunk, num_experts) router logits */
+    int64_t *moe_pick;  /* (B * max_chunk, experts_per_tok) chosen experts, by descending logit */
+    float *moe_weight;  /* (B * max_chunk, experts_per_tok) their softmax weights */
+    int64_t *moe_rows;  /* (B * max_chunk) the rows that chose the current expert */
+    float *moe_x;       /* (B * max_chunk, hidden) those rows' normed inputs, gathered */
+    float *moe_gu;      /* (B * max_chunk, 2 * intermediate) their interleaved gate/up */
+    float *moe_h;       /* (B * max_chunk, intermediate) their gated activations */
+    float *moe_out;     /* (B * max_chunk, hidden) the expert's outputs */
     /* Attention scratch, one row per slot: attention runs (sequence, query,
      * head) items in parallel and an item uses its thread's slot. */
     int64_t n_scratch;  /* slots: at least num_heads and the threads at init */
