@@ -382,7 +382,7 @@ static void gemm_check_shape(int64_t rows, int64_t in, int64_t out, int kind, Kv
         KvMat ws[3];
         for (int j = 0; j < 3; j++) {
             ws[j] = kv_mat_f32(w[j]);
-            if (mode >= 2) ws[j] = (KvMat){w16[j], dt16[mode - 2]};
+            if (mode >= 2) ws[j] = (KvMat){w16[j], dt16[mode - 2], NULL};
         }
         if (mode == 0) {
             kv_matmul(x, w[0], rows, in, out, y[0]);
