@@ -2255,16 +2255,19 @@ static const struct {
     {KV_FAMILY_QWEN2, KV_SIZE_TINY},   {KV_FAMILY_GEMMA3, KV_SIZE_TINY},
     {KV_FAMILY_GPT_OSS, KV_SIZE_TINY}, {KV_FAMILY_MISTRAL, KV_SIZE_TINY_MIXED},
 };
-#define K_STREAM_CASES ((int)(2 * sizeof k_stream_fixtures / sizeof k_stream_fixtures[0]))
+#define K_STREAM_FIXTURES ((int)(sizeof k_stream_fixtures / sizeof k_stream_fixtures[0]))
+/* each fixture in F32 and BF16, and gpt_oss's with MXFP4 experts */
+#define K_STREAM_CASES (2 * K_STREAM_FIXTURES + 1)
 
 /* The streaming writer's files are byte for byte the in-memory builder's
  * image and config.json (the big fixtures can only be streamed, so what
  * the tiny ones show here is what stands for them); the BF16 file holds
  * each F32 value rounded to nearest even, and nothing is left beside. */
 START_TEST(test_fixture_streamed_bytes) {
-    const KvFamily family = k_stream_fixtures[_i / 2].family;
-    const KvFixtureSize size = k_stream_fixtures[_i / 2].size;
-    const KvDtype dtype = _i % 2 == 0 ? KV_DTYPE_F32 : KV_DTYPE_BF16;
+    const bool mx = _i == 2 * K_STREAM_FIXTURES;
+    const KvFamily family = mx ? KV_FAMILY_GPT_OSS : k_stream_fixtures[_i / 2].family;
+    const KvFixtureSize size = mx ? KV_SIZE_TINY : k_stream_fixtures[_i / 2].size;
+    const KvDtype dtype = mx ? KV_DTYPE_F4 : _i % 2 == 0 ? KV_DTYPE_F32 : KV_DTYPE_BF16;
     KvConfig cfg;
     KvError err = {{0}};
     ck_assert_int_eq(kv_fixture_config(family, size, &cfg, &err), KV_OK);
