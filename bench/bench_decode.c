@@ -546,10 +546,10 @@ static int bench_model(const char *name, const KvModel *m, const BenchOptions *o
     printf("\n%s: loaded in %.2f s; %" PRId64 " layers, hidden %" PRId64
            ", intermediate %" PRId64 ", heads %" PRId64 "/%" PRId64 " kv, head_dim %" PRId64
            ", vocab %" PRId64 ", window %" PRId64 "; weights read per token %" PRIu64
-           " bytes (%.1fM F32 values)\n",
+           " bytes as stored (%s matrices; every expert counted)\n",
            name, load_s, c->num_layers, c->hidden_size, c->intermediate_size,
            c->num_heads, c->num_kv_heads, c->head_dim, c->vocab_size, c->sliding_window,
-           m->weight_bytes, (double)m->weight_bytes / 4e6);
+           m->weight_bytes, kv_dtype_name(m->layers[0].wq.dtype));
     printf("%s: peak RSS after loading %.2f GiB (getrusage ru_maxrss)\n", name,
            bench_peak_rss() / 1073741824.0);
 

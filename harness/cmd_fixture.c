@@ -62,9 +62,15 @@ static void fixture_usage(FILE *f) {
             "          26 layers, 8 heads / 4 kv heads, head_dim 256, window 4096), random\n"
             "          weights: 2.6B parameters, 5.2 GB in BF16 (pytorch #159855's test\n"
             "          shape, bench/seed-shape.sh; never commit). Loaded back and hashed,\n"
-            "          not decoded\n"
-            "  --dtype    f32, bf16 or mxfp4 (default f32; bf16 for 2b): the stored\n"
-            "             tensors; bf16 rounds each drawn F32 value to nearest even;\n"
+            "          not decoded, as the two below\n"
+            "  20b:    gpt_oss only: openai/gpt-oss-20b's shape (24 layers, hidden 2880,\n"
+            "          64 heads / 8 kv heads, 32 experts, 4 per token, window 128), MXFP4\n"
+            "          experts: ~13.8 GB (transformers #44609's model; never commit)\n"
+            "  8b:     mistral only: Ministral-8B-Instruct-2410's shape (36 layers, hidden\n"
+            "          4096, 32 heads / 8 kv heads, window 32768): 16 GB in BF16\n"
+            "  --dtype    f32, bf16 or mxfp4 (default f32; bf16 for 2b and 8b, mxfp4 for\n"
+            "             20b): the stored tensors; bf16 rounds each drawn F32 value to\n"
+            "             nearest even;\n"
             "             mxfp4 (gpt_oss): the experts as gpt-oss ships them (_blocks of\n"
             "             random e2m1 pairs, _scales of e8m0 exponents), the rest bf16\n"
             "  --seed N   weight seed (default %llu)\n"
@@ -253,12 +259,13 @@ int kv_cmd_fixture(int argc, char **argv) {
     }
     if (st == KV_OK) {
         printf("weights fnv1a64: 0x%016" PRIx64 "\n", kv_model_hash(&m));
-        if (size == KV_SIZE_2B) {
-            /* the default scenario crosses W = 4096 with 2.6B parameters:
-             * far beyond a smoke check; bench/seed-shape.sh runs this model */
-            printf("loaded back and hashed in %.1f s; default decode skipped at size 2b "
-                   "(window %lld: hours of CPU work)\n",
-                   fixture_now() - t0, (long long)m.config.sliding_window);
+        if (kv_fixture_size_big(size)) {
+            /* the default scenario crosses W with billions of parameters:
+             * far beyond a smoke check; bench/seed-shape.sh and
+             * bench_decode run these models */
+            printf("loaded back and hashed in %.1f s; default decode skipped at size %s "
+                   "(window %lld: a bench's work, not a smoke check's)\n",
+                   fixture_now() - t0, size_s, (long long)m.config.sliding_window);
         } else {
             st = fixture_print_decode(&m, KV_FIXTURE_DEFAULT_SEED, &err);
         }

@@ -302,7 +302,118 @@ static int64_t gemm_jobs(int64_t rows, int64_t out) {
     return ((out + GEMM_NC - 1) / GEMM_NC) * ((rows + GEMM_MC - 1) / GEMM_MC);
 }
 
+/* ---- one or two rows against BF16 weights (the decode matvec) ------------ */
+
+/* 16 BF16 values at p widened to F32 in a register: each shifted into the
+ * top half of a 32-bit lane (exact). */
+#define GEMV_WIDEN(p)                                                                              \
+    _mm512_castsi512_ps(_mm512_slli_epi32(                                                         \
+        _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(const void *)(p))), 16))
+
+/* Element i of a BF16 row, widened. */
+static inline float gemv_bf16_at(const uint16_t *w, int64_t i) {
+    const uint32_t b = (uint32_t)w[i] << 16;
+    float f;
+    memcpy(&f, &b, sizeof f);
+    return f;
+}
+
+/* Outputs o .. o + 4 of rows (1 or 2) rows of x against the BF16 weight
+ * rows w (4, in): each (row, output) is kv_dot's 16 lanes in one __m512,
+ * lane j the products of elements i % 16 == j added in ascending i (the
+ * weights widened in the register, which is exact), then kv_dot's tree and
+ * scalar tail: bitwise kv_dot(x[r], widened w[c]). The widening is what
+ * makes a stored-BF16 matvec compute-bound on the portable row kernel;
+ * here it is two instructions per 16 weights. */
+GEMM_AVX512 static void gemv_bf16_block(const float *x /* (rows, in) */, int64_t rows, int64_t in,
+                                        const uint16_t *w /* (4, in) */, int64_t out,
+                                        int64_t o, float *y /* (rows, out) */) {
+    const int64_t n16 = in - in % KV_DOT_LANES;
+    const uint16_t *w0 = w, *w1 = w + in, *w2 = w + 2 * in, *w3 = w + 3 * in;
+    const float *x1 = rows > 1 ? x + in : x; /* (in) a second row, or the first again */
+    __m512 a00 = _mm512_setzero_ps(), a01 = a00, a02 = a00, a03 = a00;
+    __m512 a10 = a00, a11 = a00, a12 = a00, a13 = a00;
+    for (int64_t k = 0; k < n16; k += KV_DOT_LANES) {
+        __builtin_prefetch((const void *)((uintptr_t)(w0 + k) + GEMM_PREFETCH_BYTES), 0, 2);
+        __builtin_prefetch((const void *)((uintptr_t)(w1 + k) + GEMM_PREFETCH_BYTES), 0, 2);
+        __builtin_prefetch((const void *)((uintptr_t)(w2 + k) + GEMM_PREFETCH_BYTES), 0, 2);
+        __builtin_prefetch((const void *)((uintptr_t)(w3 + k) + GEMM_PREFETCH_BYTES), 0, 2);
+        const __m512 v0 = GEMV_WIDEN(w0 + k), v1 = GEMV_WIDEN(w1 + k);
+        const __m512 v2 = GEMV_WIDEN(w2 + k), v3 = GEMV_WIDEN(w3 + k);
+        const __m512 xa = _mm512_loadu_ps(x + k), xb = _mm512_loadu_ps(x1 + k);
+        a00 = _mm512_add_ps(a00, _mm512_mul_ps(xa, v0));
+        a01 = _mm512_add_ps(a01, _mm512_mul_ps(xa, v1));
+        a02 = _mm512_add_ps(a02, _mm512_mul_ps(xa, v2));
+        a03 = _mm512_add_ps(a03, _mm512_mul_ps(xa, v3));
+        a10 = _mm512_add_ps(a10, _mm512_mul_ps(xb, v0));
+        a11 = _mm512_add_ps(a11, _mm512_mul_ps(xb, v1));
+        a12 = _mm512_add_ps(a12, _mm512_mul_ps(xb, v2));
+        a13 = _mm512_add_ps(a13, _mm512_mul_ps(xb, v3));
+    }
+    float lanes[2][4][KV_DOT_LANES] __attribute__((aligned(64)));
+    _mm512_store_ps(lanes[0][0], a00);
+    _mm512_store_ps(lanes[0][1], a01);
+    _mm512_store_ps(lanes[0][2], a02);
+    _mm512_store_ps(lanes[0][3], a03);
+    _mm512_store_ps(lanes[1][0], a10);
+    _mm512_store_ps(lanes[1][1], a11);
+    _mm512_store_ps(lanes[1][2], a12);
+    _mm512_store_ps(lanes[1][3], a13);
+    const uint16_t *wc[4] = {w0, w1, w2, w3};
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * in; /* (in) */
+        for (int c = 0; c < 4; c++) {
+            float sum = gemm_lanes_sum_avx512(lanes[r][c]);
+            for (int64_t i = n16; i < in; i++) sum += xr[i] * gemv_bf16_at(wc[c], i);
+            y[r * out + o + c] = sum;
+        }
+    }
+}
+
 #endif /* KV_GEMM_X86 */
+
+bool kv_gemv_stored(const float *x, int64_t rows, int64_t in, int count, const KvMat *ws,
+                    const int64_t *outs, float *const *ys) {
+#if KV_GEMM_X86
+    if (rows < 1 || rows > 2 || kv_gemm_path() != KV_GEMM_AVX512) return false;
+    int64_t work = 0;
+    for (int j = 0; j < count; j++) {
+        if (ws[j].dtype != KV_DTYPE_BF16) return false;
+        work += rows * in * outs[j];
+    }
+#pragma omp parallel if (work >= kv_parallel_min_work())
+    {
+        for (int j = 0; j < count; j++) {
+            const uint16_t *w = ws[j].data; /* (outs[j], in) */
+            const int64_t blocks = outs[j] / 4;
+            /* nowait: the matrices are independent (kv_matmul_multi) */
+#pragma omp for schedule(static) nowait
+            for (int64_t b = 0; b < blocks; b++) {
+                gemv_bf16_block(x, rows, in, w + b * 4 * in, outs[j], b * 4, ys[j]);
+            }
+        }
+    }
+    /* the last outs % 4 outputs: one kv_dot each */
+    for (int j = 0; j < count; j++) {
+        for (int64_t o = outs[j] / 4 * 4; o < outs[j]; o++) {
+            for (int64_t r = 0; r < rows; r++) {
+                ys[j][r * outs[j] + o] = kv_dot_mat(x + r * in, ws[j], o, in);
+            }
+        }
+    }
+    return true;
+#else
+    (void)x;
+    (void)rows;
+    (void)in;
+    (void)count;
+    (void)ws;
+    (void)outs;
+    (void)ys;
+    return false;
+#endif
+}
+
 
 bool kv_gemm_multi(const float *x, int64_t rows, int64_t in, int count, const KvMat *ws,
                    const int64_t *outs, float *const *ys) {

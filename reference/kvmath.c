@@ -165,7 +165,10 @@ void kv_matmul_multi(const float *x, int64_t rows, int64_t in, int count, const 
                      const int64_t *outs, float *const *ys) {
     /* Several rows share every weight load there: the blocked GEMM (gemm.c),
      * bitwise the same outputs. One row (the decode matvec) is memory-bound
-     * and stays on the row kernel below, tuned for that. */
+     * and stays on the row kernel below, tuned for that; one or two rows
+     * against BF16 weights, where widening makes the row kernel
+     * compute-bound, take gemm.c's AVX-512 matvec. */
+    if (rows <= 2 && kv_gemv_stored(x, rows, in, count, ws, outs, ys)) return;
     if (rows > 1 && kv_gemm_multi(x, rows, in, count, ws, outs, ys)) return;
     int64_t work = 0;
     bool stored = false; /* some matrix is not F32: blocks are widened first */
