@@ -38,11 +38,13 @@
  * Edges: a row block past the last row, or a tile past the last output,
  * reads the last valid row again (valid memory, same cost) and its results
  * are dropped; so there is one kernel shape and no masked loads. */
+#define _DEFAULT_SOURCE /* MADV_HUGEPAGE */
 #include "gemm.h"
 
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 #include <string.h>
 
 #include "kvmath.h"
@@ -415,6 +417,22 @@ bool kv_gemv_stored(const float *x, int64_t rows, int64_t in, int count, const K
 }
 
 
+/* A thread's widened weight rows: 2 MiB aligned, in huge pages where the
+ * kernel grants them, as converted weights are (bigalloc.h): the
+ * micro-kernel's weight loads span the whole block, and on 4 KiB pages they
+ * miss the TLB (a long prefill of the 2b shape measured slower than on F32
+ * weights until this). Release with free(). */
+static void *gemm_scratch_alloc(size_t bytes) {
+    const size_t huge = (size_t)2 << 20;
+    const size_t size = (bytes + huge - 1) / huge * huge;
+    void *p = NULL;
+    if (posix_memalign(&p, huge, size) != 0) return NULL;
+#ifdef MADV_HUGEPAGE
+    (void)madvise(p, size, MADV_HUGEPAGE);
+#endif
+    return p;
+}
+
 bool kv_gemm_multi(const float *x, int64_t rows, int64_t in, int count, const KvMat *ws,
                    const int64_t *outs, float *const *ys) {
 #if KV_GEMM_X86
@@ -431,9 +449,12 @@ bool kv_gemm_multi(const float *x, int64_t rows, int64_t in, int count, const Kv
      * job that starts it, so the schedule decides only who computes what. */
 #pragma omp parallel if (work >= kv_parallel_min_work())
     {
-        /* (GEMM_NC, in): a job's weight rows widened, per thread. Widening
-         * is once per job, against MC x NC x in multiply-adds. */
-        float *scratch = stored ? malloc((size_t)(GEMM_NC * in) * sizeof(float) + 1) : NULL;
+        /* (GEMM_NC, in): a job's weight rows widened, per thread. */
+        float *scratch = stored ? gemm_scratch_alloc((size_t)(GEMM_NC * in) * sizeof(float)) : NULL;
+        /* the output group in scratch: jobs are numbered group-major, so a
+         * thread's consecutive jobs mostly share one and widen it once */
+        int held_j = -1;
+        int64_t held_g = -1;
 #pragma omp for schedule(static)
         for (int64_t q = 0; q < jobs; q++) {
             int j = 0;
@@ -451,7 +472,12 @@ bool kv_gemm_multi(const float *x, int64_t rows, int64_t in, int count, const Kv
                 }
                 continue;
             }
-            const float *wj = kv_mat_rows(ws[j], in, o0, o1 - o0, scratch); /* (o1 - o0, in) */
+            const float *wj = scratch; /* (o1 - o0, in) */
+            if (ws[j].dtype == KV_DTYPE_F32 || j != held_j || g != held_g) {
+                wj = kv_mat_rows(ws[j], in, o0, o1 - o0, scratch);
+                held_j = ws[j].dtype == KV_DTYPE_F32 ? -1 : j;
+                held_g = g;
+            }
             gemm_job_avx512(x, in, wj, outs[j], ys[j], r0, r1, o0, o1);
         }
         free(scratch);
