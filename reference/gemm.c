@@ -327,9 +327,10 @@ static inline float gemv_bf16_at(const uint16_t *w, int64_t i) {
  * scalar tail: bitwise kv_dot(x[r], widened w[c]). The widening is what
  * makes a stored-BF16 matvec compute-bound on the portable row kernel;
  * here it is two instructions per 16 weights. */
-GEMM_AVX512 static void gemv_bf16_block(const float *x /* (rows, in) */, int64_t rows, int64_t in,
-                                        const uint16_t *w /* (4, in) */, int64_t out,
-                                        int64_t o, float *y /* (rows, out) */) {
+GEMM_AVX512 __attribute__((always_inline)) static inline void
+gemv_bf16_block(const float *x /* (rows, in) */, int64_t rows, int64_t in,
+                const uint16_t *w /* (4, in) */, int64_t out, int64_t o,
+                float *y /* (rows, out) */) {
     const int64_t n16 = in - in % KV_DOT_LANES;
     const uint16_t *w0 = w, *w1 = w + in, *w2 = w + 2 * in, *w3 = w + 3 * in;
     const float *x1 = rows > 1 ? x + in : x; /* (in) a second row, or the first again */
@@ -372,6 +373,18 @@ GEMM_AVX512 static void gemv_bf16_block(const float *x /* (rows, in) */, int64_t
     }
 }
 
+/* The block with rows a constant, so one row's copy drops the second
+ * row's accumulators and multiplies. */
+GEMM_AVX512 static void gemv_bf16_block1(const float *x, int64_t in, const uint16_t *w,
+                                         int64_t out, int64_t o, float *y) {
+    gemv_bf16_block(x, 1, in, w, out, o, y);
+}
+
+GEMM_AVX512 static void gemv_bf16_block2(const float *x, int64_t in, const uint16_t *w,
+                                         int64_t out, int64_t o, float *y) {
+    gemv_bf16_block(x, 2, in, w, out, o, y);
+}
+
 #endif /* KV_GEMM_X86 */
 
 bool kv_gemv_stored(const float *x, int64_t rows, int64_t in, int count, const KvMat *ws,
@@ -391,7 +404,11 @@ bool kv_gemv_stored(const float *x, int64_t rows, int64_t in, int count, const K
             /* nowait: the matrices are independent (kv_matmul_multi) */
 #pragma omp for schedule(static) nowait
             for (int64_t b = 0; b < blocks; b++) {
-                gemv_bf16_block(x, rows, in, w + b * 4 * in, outs[j], b * 4, ys[j]);
+                if (rows == 1) {
+                    gemv_bf16_block1(x, in, w + b * 4 * in, outs[j], b * 4, ys[j]);
+                } else {
+                    gemv_bf16_block2(x, in, w + b * 4 * in, outs[j], b * 4, ys[j]);
+                }
             }
         }
     }
