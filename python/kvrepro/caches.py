@@ -32,7 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from transformers import DynamicCache, StaticCache
+from transformers import DynamicCache, PretrainedConfig, StaticCache
 from transformers.cache_utils import Cache, CacheLayerMixin, StaticLayer
 
 from .names import BROKEN, LAYER_ALIASES, LAYERS  # noqa: F401 (re-exported: the tests import them from here)
@@ -101,14 +101,15 @@ class SlidingLayer(CacheLayerMixin):
         return old + [seen_before + j for j in range(n)]
 
     # -- update ---------------------------------------------------------------
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: object,
+               **kwargs: object) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         if key_states.shape[-2] == 1:
             return self.update_one(key_states, value_states)
         return self.update_many(key_states, value_states)
 
-    def update_one(self, k: torch.Tensor, v: torch.Tensor):
+    def update_one(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The one-token update. It must not change host state (self.seen):
         under torch.compile a Python int written here is a guarded constant
         and every step would recompile; the driver advances `seen` after
@@ -130,7 +131,7 @@ class SlidingLayer(CacheLayerMixin):
         """Which absolute positions the layout keeps after total tokens."""
         return [p for p in (self.slot_position(s, total) for s in range(self.window))]
 
-    def update_many(self, k: torch.Tensor, v: torch.Tensor):
+    def update_many(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         n = k.shape[-2]
         before = self.seen
         old_pos = [self.slot_position(s, before) for s in range(self.window)]
@@ -167,7 +168,7 @@ class AlwaysRollLayer(SlidingLayer):
 
     right_aligned = True
 
-    def update_one(self, k, v):
+    def update_one(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         new_k = self.keys.roll(-1, dims=-2)
         new_v = self.values.roll(-1, dims=-2)
         new_k[:, :, -1:] = k
@@ -180,7 +181,7 @@ class AlwaysRollLayer(SlidingLayer):
 class AlwaysRollOffByOneLayer(AlwaysRollLayer):
     """Broken on purpose: the mask's mapping uses the count before the update."""
 
-    def key_positions(self, seen_before, n):
+    def key_positions(self, seen_before: int, n: int) -> list[int]:
         if n == 1:
             w = self.window
             return [p if 0 <= p < seen_before + 1 else -1
@@ -193,7 +194,7 @@ class IndexCopyLayer(SlidingLayer):
     gather with indices (arange(W) + to_shift) % W computed on the device from
     the position, then index_copy at clamp(pos, 0, W-1). No host branch."""
 
-    def update_one(self, k, v):
+    def update_one(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         w = self.window
         to_shift = (self.pos >= w).long()
         indices = (torch.arange(w, device=k.device) + to_shift) % w
@@ -211,7 +212,7 @@ class IndexCopyLayer(SlidingLayer):
 class IndexCopyFirstWLayer(IndexCopyLayer):
     """Broken on purpose: a prefill longer than W stores its first W rows."""
 
-    def stored_positions(self, total):
+    def stored_positions(self, total: int) -> list[int]:
         if total > self.window and self.seen == 0:
             return list(range(self.window))
         return super().stored_positions(total)
@@ -221,7 +222,7 @@ class CatShiftLayer(SlidingLayer):
     """While filling, index_copy at the position; when full, cat(keys[1:],
     new) through a temporary. The regime is a host branch: two graphs."""
 
-    def update_one(self, k, v):
+    def update_one(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if self.seen >= self.window:
             self.keys.copy_(torch.cat([self.keys[:, :, 1:], k], dim=-2))
             self.values.copy_(torch.cat([self.values[:, :, 1:], v], dim=-2))
@@ -235,7 +236,7 @@ class RollLayer(SlidingLayer):
     """While filling, index_copy at the position; when full, roll(-1) and
     write the last slot (a tensor index, as transformers does). Host branch."""
 
-    def update_one(self, k, v):
+    def update_one(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if self.seen >= self.window:
             new_k = self.keys.roll(-1, dims=-2)
             new_v = self.values.roll(-1, dims=-2)
@@ -289,7 +290,7 @@ def mark_growing_dims(setup: "CacheSetup", attention_mask: torch.Tensor) -> None
             torch._dynamo.maybe_mark_dynamic(lay.values, 2)
 
 
-def layer_types_of(config) -> list[str]:
+def layer_types_of(config: PretrainedConfig) -> list[str]:
     types = getattr(config, "layer_types", None)
     if types:
         return list(types)
@@ -297,7 +298,7 @@ def layer_types_of(config) -> list[str]:
     return [kind] * config.num_hidden_layers
 
 
-def make_cache(name: str, config, max_len: int) -> CacheSetup:
+def make_cache(name: str, config: PretrainedConfig, max_len: int) -> CacheSetup:
     """A fresh cache of layer kind `name` for a decode of at most max_len
     positions (prompt + new tokens). name may be the C gate's name for the
     layout (names.LAYER_ALIASES: `dynamic` is dynamic_sliding)."""

@@ -119,7 +119,8 @@ def skip_reason(spec: CaptureSpec) -> str:
 
 
 def build_masks(setup: CacheSetup, model_type: str, real: np.ndarray, seen: int, n: int,
-                impl: str, dtype: torch.dtype, device: str):
+                impl: str, dtype: torch.dtype,
+                device: str) -> torch.Tensor | dict[str, torch.Tensor]:
     """The attention masks of a custom cache for n new tokens after `seen`,
     from each layer's key positions: key c of a query at position q is
     visible when it holds a real (non-pad) position k with q - W < k <= q on
@@ -273,7 +274,8 @@ def last_logits_kwargs(model: torch.nn.Module) -> dict[str, int]:
     return {}
 
 
-def decode(model, spec: CaptureSpec, ids_np: np.ndarray, real_np: np.ndarray, repeat: int) -> Run:
+def decode(model: torch.nn.Module, spec: CaptureSpec, ids_np: np.ndarray, real_np: np.ndarray,
+           repeat: int) -> Run:
     """One recorded greedy decode of spec.new_tokens steps."""
     config = model.config
     dev = spec.device
