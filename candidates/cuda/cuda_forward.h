@@ -41,27 +41,60 @@ extern "C" {
 /* The CUDA backend (name "cuda"). */
 extern const KvBackendOps kv_backend_cuda;
 
+/* Decode-step graph replays timed back to back for the replay floor. */
+#define KV_CUDA_BENCH_FLOOR_REPS 50
+
 /* Decode timings for bench/bench_cuda.c. */
 typedef struct {
-    int64_t steps;            /* one-token decode steps timed per mode */
+    int64_t steps;            /* one-token decode steps timed per mode (eager, graph) */
     double eager_ms_per_step; /* mean wall time of an eager step, host sync included */
     double eager_ms_best;     /* fastest eager step */
-    double graph_ms_per_step; /* mean wall time of a graph replay step (capture steps excluded) */
+    double graph_ms_per_step; /* mean wall time of a graph replay step, host sync included
+                               * (capture steps excluded) */
     double graph_ms_best;     /* fastest graph replay step */
     double capture_ms;        /* total wall time of the steps that (re-)captured */
-    int64_t graphs_captured;
+    int64_t graphs_captured;  /* captures during the timed graph steps */
     int64_t graph_instantiations;
     int64_t exec_updates;
-    double kernel_sum_ms;     /* one eager step: sum of CUDA-event times around each kernel,
-                               * cuBLAS call and copy (launch gaps excluded) */
+    /* The replay floor: the decode-step graph launched floor_reps times
+     * back to back with no host sync between, one event pair around them
+     * all. Each replay is the next decode step (the argmax kernel moves the
+     * device position on and feeds its token back), so the context has
+     * room for them; the work per step is the same shape. */
+    double floor_ms_per_step;      /* device time per replay */
+    double floor_host_ms_per_step; /* host time to enqueue one replay: well below
+                                    * floor_ms_per_step the device never waited on the
+                                    * host; near it, it may have (or the launch queue was
+                                    * full and held the host back) */
+    int64_t floor_reps;
+    int64_t floor_settle_steps; /* synchronised graph steps first, until the window has
+                                 * filled and the capture key stays put */
+    bool floor_stale;         /* the capture key changed across the floor (a replay ran a
+                               * graph captured for another regime or length): the timing
+                               * stands, the decode's values do not */
+    /* The replayed decode-step graph's nodes, child graphs expanded: what
+     * one token launches. */
+    int64_t graph_nodes;       /* every node below */
+    int64_t graph_kernel_nodes;
+    int64_t graph_memcpy_nodes;
+    int64_t graph_memset_nodes;
+    int64_t graph_other_nodes; /* any other type (event, host, empty) */
+    /* One eager step with a CUDA event pair around every kernel, cuBLAS
+     * call and copy: the sum of those times. Not a floor: each pair adds
+     * its own overhead to the op it times. */
+    double event_sum_ms;
     int64_t ops_per_step;     /* operations timed in that step */
     char device[256];
 } KvCudaBenchResult;
 
 /* Prefills spec's prompt, then times spec->new_tokens - 1 decode steps
- * eagerly, the same again in graph mode (from a fresh state), and one eager
- * step op by op. Probes, forced tokens and the replay check of spec are not
- * used. KV_SKIP / KV_ERR_* as kv_decode_run on kv_backend_cuda. */
+ * eagerly and the same again in graph mode (from a fresh state); then,
+ * continuing the graph decode, the replay floor (KV_CUDA_BENCH_FLOOR_REPS
+ * replays) and one eager step op by op. The backend is sized for those
+ * extra steps (and for the steps that fill the window first when the
+ * decode has not), so no position runs past it. Probes, forced tokens and
+ * the replay check of spec are not used. KV_SKIP / KV_ERR_* as
+ * kv_decode_run on kv_backend_cuda. */
 KvStatus kv_cuda_bench_decode(const KvModel *m, const KvDecodeSpec *spec, KvCudaBenchResult *out,
                               KvError *err);
 
