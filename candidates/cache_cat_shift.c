@@ -36,7 +36,7 @@ struct KvSlidingCache {
     KvCacheSlots cur;      /* W slots per row, the ones attention reads */
     /* The cat result, distinct from the cache so the shift never overlaps. */
     KvCacheSlots tmp;      /* W slots per row, same shape as cur */
-    unsigned faults;       /* planted: KV_FAULT_INPLACE_SHIFT or 0 */
+    unsigned faults;       /* planted: KV_FAULT_INPLACE_SHIFT, KV_FAULT_RACY_SHIFT or 0 */
 };
 
 static void cat_shift_destroy(KvSlidingCache *c) {
@@ -122,6 +122,21 @@ static void cat_shift_update(KvSlidingCache *c, const float *k_new, const float 
         return;
     }
 
+    if (n == 1 && (c->faults & KV_FAULT_RACY_SHIFT)) {
+        /* Planted KV_FAULT_RACY_SHIFT (fault.h): keys[:, :-1] = keys[:, 1:]
+         * by blocks walking upwards, in order: right on the CPU, a race on
+         * a GPU (cache_racy_shift.c). */
+        kv_slots_shift_blocks(cur, W, W - 1, 1, false);
+        for (int64_t b = 0; b < B; b++) {
+            memcpy(cur->k + (b * W + W - 1) * D, k_new + b * D, row_bytes);
+            memcpy(cur->v + (b * W + W - 1) * D, v_new + b * D, row_bytes);
+            cur->real[b * W + W - 1] = real_new[b];
+        }
+        memmove(cur->pos, cur->pos + 1, (size_t)(W - 1) * sizeof(int64_t));
+        cur->pos[W - 1] = p0;
+        return;
+    }
+
     if (n == 1 && (c->faults & KV_FAULT_INPLACE_SHIFT)) {
         /* Planted KV_FAULT_INPLACE_SHIFT (fault.h): keys[:, :-1] = keys[:, 1:]
          * with no temporary. On a GPU the blocks race; the CPU analog is the
@@ -200,7 +215,7 @@ static void cat_shift_update(KvSlidingCache *c, const float *k_new, const float 
 
 static void cat_shift_plant(KvSlidingCache *c, unsigned faults) {
     if (c == NULL || c->ops != &kv_cache_cat_shift) return;
-    c->faults = faults & KV_FAULT_INPLACE_SHIFT;
+    c->faults = faults & (KV_FAULT_INPLACE_SHIFT | KV_FAULT_RACY_SHIFT);
 }
 
 static KvCacheView cat_shift_view(const KvSlidingCache *c) {

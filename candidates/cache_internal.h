@@ -5,7 +5,8 @@
  * positions), some keep a second set as a temporary, and all create, empty,
  * check and expose them the same way. Only the data movement of update (and
  * each variant's layout) differs, and that stays in the variant's own file;
- * what is here moves no data between slots. */
+ * what is here moves no data between slots, except the planted racy shift
+ * the two shifting variants share. */
 #ifndef KV_CACHE_INTERNAL_H
 #define KV_CACHE_INTERNAL_H
 
@@ -67,5 +68,12 @@ KvCacheView kv_slots_view(const KvCacheSlots *s, int64_t n_slots);
 /* s as persistent state, plus n_counters host scalars at counters (NULL, 0
  * when the variant keeps none). */
 KvCacheState kv_slots_state(KvCacheSlots *s, int64_t *counters, int64_t n_counters);
+
+/* Planted KV_FAULT_RACY_SHIFT, CPU analog (cache_racy_shift.c): slot i of
+ * every row takes slot (i + shift) % window, for i < count, in place, in
+ * blocks of KV_RACY_SHIFT_BLOCK (fault.h) elements run one after another, upwards or
+ * downwards. K, V and real move; positions are the caller's. */
+void kv_slots_shift_blocks(KvCacheSlots *s, int64_t window, int64_t count, int64_t shift,
+                           bool downwards);
 
 #endif

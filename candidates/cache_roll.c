@@ -37,7 +37,7 @@ struct KvSlidingCache {
     KvCacheSlots cur;      /* W slots per row, the ones attention reads */
     /* torch.roll's output tensor: never the input, so the roll cannot race. */
     KvCacheSlots out;      /* W slots per row, same shape as cur */
-    unsigned faults;       /* planted: KV_FAULT_INPLACE_SHIFT or 0 */
+    unsigned faults;       /* planted: KV_FAULT_INPLACE_SHIFT, KV_FAULT_RACY_SHIFT or 0 */
 };
 
 static void roll_destroy(KvSlidingCache *c) {
@@ -125,6 +125,15 @@ static void roll_shift_left(KvSlidingCache *c, int64_t shift) {
         roll_shift_left_inplace(c, shift);
         return;
     }
+    if (c->faults & KV_FAULT_RACY_SHIFT) {
+        /* Planted KV_FAULT_RACY_SHIFT (fault.h): the roll in place by blocks
+         * walking downwards, in order (cache_racy_shift.c); positions roll
+         * right through the output buffer. */
+        kv_slots_shift_blocks(&c->cur, c->window, c->window, shift, true);
+        roll_left_rows(c->cur.pos, c->out.pos, 1, c->window, sizeof(int64_t), shift);
+        memcpy(c->cur.pos, c->out.pos, (size_t)c->window * sizeof(int64_t));
+        return;
+    }
     const KvCacheSlots *cur = &c->cur;
     KvCacheSlots *out = &c->out;
     const int64_t B = cur->batch, W = c->window;
@@ -206,7 +215,7 @@ static void roll_update(KvSlidingCache *c, const float *k_new, const float *v_ne
 
 static void roll_plant(KvSlidingCache *c, unsigned faults) {
     if (c == NULL || c->ops != &kv_cache_roll) return;
-    c->faults = faults & KV_FAULT_INPLACE_SHIFT;
+    c->faults = faults & (KV_FAULT_INPLACE_SHIFT | KV_FAULT_RACY_SHIFT);
 }
 
 static KvCacheView roll_view(const KvSlidingCache *c) {

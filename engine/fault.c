@@ -36,6 +36,8 @@ static const KvFaultInfo k_faults[KV_FAULT_COUNT] = {
      "right pads take slots and positions: they crowd real keys out of the window"},
     {KV_FAULT_SHIFT_CELLS, "shift_cells", "engine/shift.c kv_shift_slots", "cache",
      "a context shift keeps each sliding slot in its cell: the ring's p % W no longer holds"},
+    {KV_FAULT_RACY_SHIFT, "racy_shift", "candidates/cache_cat_shift.c, cache_roll.c, cuda/cuda_cache.cu",
+     "cache", "the shift in place by many unordered blocks: a GPU race (CPU: blocks in order)"},
 };
 
 const KvFaultInfo *kv_fault_all(int *count) {

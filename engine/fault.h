@@ -82,9 +82,23 @@ enum {
      * #12357, the Gemma 3 gibberish after a context shift). Only a layout whose slot depends on
      * the absolute position (the ring's p % W) then reads the wrong keys. */
     KV_FAULT_SHIFT_CELLS = 1u << 14,
+    /* cache_cat_shift.c / cache_roll.c, candidates/cuda/cuda_cache.cu: the
+     * window's left shift done in place by one kernel over the whole
+     * (B, W, kv_dim) cache, one element per thread, no staging buffer and
+     * no ordering between blocks (pytorch #197829: an overlapping in-place
+     * shift compiled into one kernel is right at small sizes and wrong,
+     * differently each run, at large ones; pytorch #159855's class).
+     * cat_shift's blocks walk the slots upwards, roll's downwards. On the
+     * CPU the blocks run one after another in that order: deterministic,
+     * right for cat_shift's walk, wrong at every slot for roll's. */
+    KV_FAULT_RACY_SHIFT = 1u << 15,
 };
 
-#define KV_FAULT_COUNT 15
+#define KV_FAULT_COUNT 16
+
+/* KV_FAULT_RACY_SHIFT's threads per block on the GPU, and the block its CPU
+ * analog moves at a time: both cut the moved elements the same way. */
+#define KV_RACY_SHIFT_BLOCK 256
 
 /* The faults that change the forward's own computation (positions, the
  * reduction order, the mask, the slots gathered, the matmul precision)

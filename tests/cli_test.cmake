@@ -88,7 +88,7 @@ kv_expect_match("${err}" "--family: expected gemma2, gemma3_text, gpt_oss, mistr
 kv_run(0 out err ${KVREPRO} fixture --help)
 kv_expect_match("${out}" "2b: +gemma2 only: google/gemma-2-2b's shape" "fixture --help lists 2b")
 kv_run(2 out err ${KVREPRO} fixture --family gemma2 --size 3b --out "${WORK}/x")
-kv_expect_match("${err}" "--size: expected tiny, medium, 125m, 2b, 20b or 8b, found '3b'" "bad size")
+kv_expect_match("${err}" "--size: expected tiny, medium, 125m, 2b, 20b, 8b or attn2b, found '3b'" "bad size")
 kv_run(2 out err ${KVREPRO} fixture --family gemma2 --dtype f16 --out "${WORK}/x")
 kv_expect_match("${err}" "--dtype: expected f32, bf16 or mxfp4, found 'f16'" "bad dtype")
 kv_run(2 out err ${KVREPRO} fixture --family mistral --size 2b --out "${WORK}/x")

@@ -2464,6 +2464,38 @@ START_TEST(test_fixture_2b_config) {
 }
 END_TEST
 
+/* attn2b keeps gemma-2-2b's attention and cache exactly (the 2b size's
+ * numbers) on 2 layers, gemma2 only, and is built in memory. */
+START_TEST(test_fixture_attn2b_config) {
+    KvConfig c, big;
+    KvError err = {{0}};
+    ck_assert_int_eq(kv_fixture_config(KV_FAMILY_GEMMA2, KV_SIZE_ATTN2B, &c, &err), KV_OK);
+    ck_assert_int_eq(kv_fixture_config(KV_FAMILY_GEMMA2, KV_SIZE_2B, &big, &err), KV_OK);
+    ck_assert_int_eq(c.num_heads, big.num_heads);
+    ck_assert_int_eq(c.num_kv_heads, big.num_kv_heads);
+    ck_assert_int_eq(c.head_dim, big.head_dim);
+    ck_assert_int_eq(c.sliding_window, big.sliding_window);
+    ck_assert(c.query_pre_attn_scalar == big.query_pre_attn_scalar);
+    ck_assert(c.attn_logit_softcapping == big.attn_logit_softcapping &&
+              c.final_logit_softcapping == big.final_logit_softcapping);
+    ck_assert_int_eq(c.num_layers, 2);
+    ck_assert_int_eq(c.layer_sliding[0], 1);
+    ck_assert_int_eq(c.layer_sliding[1], 0);
+    /* the seed's per-layer cache, batch 2: at least 2M floats */
+    ck_assert_int_ge(2 * c.num_kv_heads * c.sliding_window * c.head_dim, 2 * 1024 * 1024);
+    ck_assert(!kv_fixture_size_big(KV_SIZE_ATTN2B));
+    ck_assert_int_eq(kv_fixture_config(KV_FAMILY_MISTRAL, KV_SIZE_ATTN2B, &c, &err),
+                     KV_ERR_INPUT);
+    ck_assert_msg(strstr(err.msg, "attn2b size") != NULL && strstr(err.msg, "gemma2 only"),
+                  "%s", err.msg);
+    KvFamily fam;
+    KvFixtureSize size;
+    ck_assert_int_eq(kv_fixture_lookup("gemma2-attn2b", &fam, &size, &err), KV_OK);
+    ck_assert_int_eq(fam, KV_FAMILY_GEMMA2);
+    ck_assert_int_eq(size, KV_SIZE_ATTN2B);
+}
+END_TEST
+
 /* Resident bytes of the mappings overlapping [p, p + len), as
  * /proc/self/smaps counts them (pages mapped into this process); -1 when it
  * cannot be read (not Linux). */
@@ -2756,6 +2788,7 @@ static Suite *loader_suite(void) {
     tcase_add_loop_test(tc, test_fixture_streamed_bytes, 0, K_STREAM_CASES);
     tcase_add_test(tc, test_fixture_stream_refusals);
     tcase_add_test(tc, test_fixture_2b_config);
+    tcase_add_test(tc, test_fixture_attn2b_config);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("shards");

@@ -179,6 +179,7 @@ static const FaultSite k_sites[KV_FAULT_COUNT] = {
     {"prefix_alias", "ring", "prefix_reuse_after_wrap", KV_MODE_EAGER},
     {"pad_slots", "ring", "right_padded_static_loop", KV_MODE_EAGER},
     {"shift_cells", "ring", "context_shift", KV_MODE_GRAPH},
+    {"racy_shift", "roll", "short_prompt_crosses_window", KV_MODE_EAGER},
 };
 
 /* A decode of family's fixture m recorded as the gate records its runs. */

@@ -21,7 +21,9 @@
  *
  * Planted faults (fault.h) in their GPU form: KV_FAULT_INPLACE_SHIFT shifts
  * cat_shift's and roll's rows in place, the overlapping copy walked in the
- * wrong direction (positions stay right, as on the CPU); KV_FAULT_PREFILL_FIRST_W makes
+ * wrong direction (positions stay right, as on the CPU); KV_FAULT_RACY_SHIFT
+ * shifts them in place by many unordered blocks, a real race (upwards for
+ * cat_shift, downwards for roll); KV_FAULT_PREFILL_FIRST_W makes
  * index_copy store the first W rows of a long prefill at the last W's slots;
  * KV_FAULT_RING_SLOT puts position p in ring slot (p + 1) % W (recorded
  * there); KV_FAULT_DYNAMIC_KEEPS_W gives dynamic W slots (cuda_ctx.cu);
@@ -30,6 +32,7 @@
 #include "cuda_internal.cuh" /* first: it includes the C headers with C linkage */
 #include "cache_registry.h"
 
+#include <limits.h>
 #include <math.h>
 
 /* How a put kernel maps new row j (of n) to a slot. */
@@ -148,6 +151,34 @@ static __global__ void kv_cache_shift_inplace_kernel(KvCudaSlots cur, int64_t B,
         /* Slot i is written before any thread reads it as a source. */
         __syncthreads();
     }
+}
+
+/* Planted KV_FAULT_RACY_SHIFT: cur[:, i] = cur[:, (i + shift) % W] for the
+ * slots i < count of K, V and real, in place, one element of the flat
+ * (B, count, D) range per thread, KV_RACY_SHIFT_BLOCK threads per block and
+ * nothing ordering the blocks: an element whose source another block has
+ * already overwritten copies the new value, so the result depends on which
+ * blocks ran first (pytorch #197829's overlapping in-place shift). Block
+ * blockIdx.x takes the range's blocks upwards, or downwards from the top
+ * (downwards): the hardware starts low block indices first, so the two
+ * walks race from opposite sides. Positions are rolled right elsewhere. The
+ * CPU analog runs the blocks in order (candidates/cache_racy_shift.c). */
+static __global__ void kv_cache_shift_racy_kernel(KvCudaSlots cur, int64_t B, int64_t W, int64_t D,
+                                                  int64_t count, int mode, int64_t host_shift,
+                                                  const int64_t *__restrict__ total, int64_t n,
+                                                  int downwards) {
+    const int64_t shift = mode == KV_ROLL_SPAN ? kv_dev_span_shift(*total, n, W) : host_shift;
+    if (shift == 0) return;
+    const int64_t blk = downwards ? (int64_t)gridDim.x - 1 - blockIdx.x : (int64_t)blockIdx.x;
+    const int64_t e = blk * blockDim.x + threadIdx.x;
+    if (e >= B * count * D) return;
+    const int64_t b = e / (count * D), i = e / D % count, d = e % D;
+    const int64_t dst = b * W + i, src = b * W + (i + shift) % W;
+    const float kv = cur.k[src * D + d], vv = cur.v[src * D + d];
+    const uint8_t r = cur.real[src];
+    cur.k[dst * D + d] = kv;
+    cur.v[dst * D + d] = vv;
+    if (d == 0) cur.real[dst] = r;
 }
 
 /* dst[i] = src[(i + shift) % W] for the positions alone (the in-place fault's
@@ -306,6 +337,33 @@ cleanup:
     return st;
 }
 
+/* KV_FAULT_RACY_SHIFT's shift of slots 0 .. count-1, with the positions
+ * rolled correctly through the temporary (cat_shift's pos[W - 1] is the new
+ * row's and is written after). */
+static KvStatus cache_shift_racy(KvCudaCtx *ctx, KvCudaCache *c, int64_t count, int64_t n,
+                                 KvRollMode mode, int64_t host_shift, bool downwards,
+                                 KvError *err) {
+    KvStatus st = KV_OK;
+    const int64_t W = c->window;
+    const int64_t elems = ctx->B * count * ctx->kv_dim;
+    /* one thread per element, not a grid-stride loop (kv_cuda_blocks caps the
+     * grid): every block's place in the walk is its index */
+    const int64_t blocks = (elems + KV_RACY_SHIFT_BLOCK - 1) / KV_RACY_SHIFT_BLOCK;
+    if (elems == 0) return KV_OK;
+    if (blocks > INT_MAX) {
+        return kv_error_set(err, KV_ERR_INPUT, "racy_shift: %lld blocks exceed a grid",
+                            (long long)blocks);
+    }
+    KV_LAUNCH(ctx, kv_cache_shift_racy_kernel, (unsigned int)blocks,
+              KV_RACY_SHIFT_BLOCK, 0, c->cur, ctx->B, W, ctx->kv_dim, count, (int)mode,
+              host_shift, ctx->total, n, downwards ? 1 : 0);
+    KV_LAUNCH(ctx, kv_cache_pos_roll_kernel, 1, 256, 0, c->tmp.pos, c->cur.pos, W, (int)mode,
+              host_shift, ctx->total, n);
+    KV_COPY(ctx, c->cur.pos, c->tmp.pos, (size_t)W * sizeof(int64_t));
+cleanup:
+    return st;
+}
+
 /* cur <- tmp for the first `count` slots of every row (the whole buffers
  * when count == S). A copy, not a pointer swap: a captured graph keeps the
  * buffer addresses it was recorded with. */
@@ -396,6 +454,11 @@ static KvStatus cuda_update_cat_shift(KvCudaCtx *ctx, KvCudaCache *c, int64_t n,
     const int64_t W = c->window, S = c->slots;
     if (n == 1 && !full) {
         KV_TRY(cache_put(ctx, c->cur, S, W, 1, KV_PUT_WINDOW_TAIL, 0, false, err));
+    } else if (n == 1 && (ctx->faults & KV_FAULT_RACY_SHIFT)) {
+        /* keys[:, :-1] = keys[:, 1:] in place by unordered blocks walking
+         * upwards; slot W-1 then takes the new row. */
+        KV_TRY(cache_shift_racy(ctx, c, W - 1, 1, KV_ROLL_HOST, 1 % W, false, err));
+        KV_TRY(cache_put(ctx, c->cur, S, W, 1, KV_PUT_FIXED, W - 1, false, err));
     } else if (n == 1 && inplace) {
         /* keys[:, :-1] = keys[:, 1:] with no temporary; slot W-1 then takes
          * the new row. */
@@ -424,6 +487,9 @@ static KvStatus cuda_update_roll(KvCudaCtx *ctx, KvCudaCache *c, int64_t n, bool
         const KvRollMode mode = n == 1 ? KV_ROLL_HOST : KV_ROLL_SPAN;
         if (inplace) {
             KV_TRY(cache_shift_inplace(ctx, c, n, mode, 1 % W, err));
+        } else if (ctx->faults & KV_FAULT_RACY_SHIFT) {
+            /* the roll in place by unordered blocks walking downwards */
+            KV_TRY(cache_shift_racy(ctx, c, W, n, mode, 1 % W, true, err));
         } else {
             KV_TRY(cache_roll(ctx, c->tmp, c->cur, W, n, mode, 1 % W, err));
             KV_TRY(cache_commit(ctx, c, S, err));
