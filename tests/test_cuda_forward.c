@@ -716,6 +716,35 @@ START_TEST(test_right_padded_gpu) {
 }
 END_TEST
 
+/* Planted racy_shift at the seed's cache size (pytorch #159855: gemma-2-2b,
+ * batch 2, 4 kv heads x head_dim 256, W 4096): the kernel alone, five
+ * times each way, on distinct values. The downward walk (roll's) starts its
+ * blocks on slots whose sources lower blocks overwrite: every repeat must
+ * be wrong somewhere. The counts are printed, so a run shows whether the
+ * race moved between repeats (it is a race: nothing fixes them). */
+START_TEST(test_racy_shift_at_seed_size) {
+    const int64_t B = 2, W = 4096, D = 4 * 256;
+    for (int down = 0; down < 2; down++) {
+        int64_t first = -1;
+        bool moved = false;
+        printf("cuda_forward: racy_shift %s walk (B %lld, W %lld, kv_dim %lld) wrong elements per "
+               "repeat:", down ? "downward (roll)" : "upward (cat_shift)", (long long)B,
+               (long long)W, (long long)D);
+        for (int r = 0; r < 5; r++) {
+            int64_t wrong = -1;
+            KvError err = {{0}};
+            ck_assert_msg(kv_cuda_racy_shift_count(B, W, D, down == 1, &wrong, &err) == KV_OK,
+                          "%s", err.msg);
+            printf(" %lld", (long long)wrong);
+            if (r == 0) first = wrong;
+            moved |= wrong != first;
+            if (down == 1) ck_assert_msg(wrong > 0, "downward racy shift right in repeat %d", r);
+        }
+        printf("%s\n", moved ? " (moved between repeats)" : " (the same every repeat)");
+    }
+}
+END_TEST
+
 static Suite *device_suite(void) {
     Suite *s = suite_create("cuda_forward");
     TCase *eq = tcase_create("variants");
@@ -730,6 +759,7 @@ static Suite *device_suite(void) {
     tcase_add_loop_test(ref, test_planted_faults, 0, N_FAMILIES);
     tcase_add_loop_test(ref, test_context_shift_gpu, 0, N_FAMILIES);
     tcase_add_loop_test(ref, test_right_padded_gpu, 0, N_FAMILIES);
+    tcase_add_test(ref, test_racy_shift_at_seed_size);
     suite_add_tcase(s, ref);
     return s;
 }
@@ -795,6 +825,12 @@ START_TEST(test_no_device_bench_skips) {
     ck_assert_msg(st == KV_SKIP, "kv_cuda_bench_bandwidth: got %d: %s", (int)st, err2.msg);
     assert_skip_reason(&err2, "kv_cuda_bench_bandwidth");
     ck_assert_msg(bw == 0.0, "a skipped bandwidth probe must report 0, got %g", bw);
+    int64_t wrong = 0;
+    KvError err3 = {{0}};
+    st = kv_cuda_racy_shift_count(2, 16, 8, true, &wrong, &err3);
+    ck_assert_msg(st == KV_SKIP, "kv_cuda_racy_shift_count: got %d: %s", (int)st, err3.msg);
+    assert_skip_reason(&err3, "kv_cuda_racy_shift_count");
+    ck_assert_int_eq(wrong, -1);
     prompt_free(&p);
 }
 END_TEST

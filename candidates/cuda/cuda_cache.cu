@@ -31,9 +31,12 @@
  * indices and writes at min(p, W - 1). */
 #include "cuda_internal.cuh" /* first: it includes the C headers with C linkage */
 #include "cache_registry.h"
+#include "cuda_device.h"
+#include "cuda_forward.h"
 
 #include <limits.h>
 #include <math.h>
+#include <stdlib.h>
 
 /* How a put kernel maps new row j (of n) to a slot. */
 typedef enum {
@@ -582,4 +585,76 @@ KvStatus kv_cuda_cache_update(KvCudaCtx *ctx, int64_t layer, int64_t n, int64_t 
     }
     return update(ctx, c, n, kv_cuda_cache_regime(ctx, layer, host_total) == 1,
                   (ctx->faults & KV_FAULT_INPLACE_SHIFT) != 0, err);
+}
+
+extern "C" KvStatus kv_cuda_racy_shift_count(int64_t B, int64_t W, int64_t D, bool downwards,
+                                             int64_t *wrong, KvError *err) {
+    KvStatus st = KV_OK;
+    KvCudaInfo info;
+    KvError qerr = {{0}};
+    const int64_t count = downwards ? W : W - 1; /* slots moved */
+    const int64_t n = B * W * D, elems = B * count * D;
+    const int64_t blocks = (elems + KV_RACY_SHIFT_BLOCK - 1) / KV_RACY_SHIFT_BLOCK;
+    float *hk = NULL, *hv = NULL; /* (B, W, D) */
+    uint8_t *hr = NULL;           /* (B, W) */
+    KvCudaSlots dev = {NULL, NULL, NULL, NULL};
+    cudaStream_t stream = NULL;
+    *wrong = -1;
+    /* the values are exact floats: element indices below 2^24 */
+    if (B < 1 || W < 2 || D < 1 || n >= (1 << 24) || blocks > INT_MAX) {
+        return kv_error_set(err, KV_ERR_INPUT, "racy shift count: B %lld, W %lld, D %lld out of "
+                            "range (W >= 2, B * W * D < 2^24)", (long long)B, (long long)W,
+                            (long long)D);
+    }
+    st = kv_cuda_query(&info, &qerr);
+    if (st != KV_OK) return kv_error_set(err, KV_SKIP, "CUDA backend unavailable: %s", qerr.msg);
+    hk = (float *)malloc((size_t)n * sizeof *hk);
+    hv = (float *)malloc((size_t)n * sizeof *hv);
+    hr = (uint8_t *)malloc((size_t)(B * W));
+    if (hk == NULL || hv == NULL || hr == NULL) {
+        st = kv_error_set(err, KV_ERR_INTERNAL, "racy shift count: out of host memory");
+        goto cleanup;
+    }
+    for (int64_t e = 0; e < n; e++) {
+        hk[e] = (float)e;
+        hv[e] = -(float)e;
+    }
+    for (int64_t s = 0; s < B * W; s++) hr[s] = (uint8_t)(s % 3 == 0);
+    KV_CUDA_CHECK(cudaSetDevice(0));
+    KV_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    KV_CUDA_CHECK(cudaMalloc((void **)&dev.k, (size_t)n * sizeof(float)));
+    KV_CUDA_CHECK(cudaMalloc((void **)&dev.v, (size_t)n * sizeof(float)));
+    KV_CUDA_CHECK(cudaMalloc((void **)&dev.real, (size_t)(B * W)));
+    KV_CUDA_CHECK(cudaMemcpyAsync(dev.k, hk, (size_t)n * sizeof(float), cudaMemcpyHostToDevice, stream));
+    KV_CUDA_CHECK(cudaMemcpyAsync(dev.v, hv, (size_t)n * sizeof(float), cudaMemcpyHostToDevice, stream));
+    KV_CUDA_CHECK(cudaMemcpyAsync(dev.real, hr, (size_t)(B * W), cudaMemcpyHostToDevice, stream));
+    kv_cache_shift_racy_kernel<<<(unsigned int)blocks, KV_RACY_SHIFT_BLOCK, 0, stream>>>(
+        dev, B, W, D, count, (int)KV_ROLL_HOST, 1, NULL, 1, downwards ? 1 : 0);
+    KV_CUDA_CHECK(cudaGetLastError());
+    KV_CUDA_CHECK(cudaMemcpyAsync(hk, dev.k, (size_t)n * sizeof(float), cudaMemcpyDeviceToHost, stream));
+    KV_CUDA_CHECK(cudaMemcpyAsync(hv, dev.v, (size_t)n * sizeof(float), cudaMemcpyDeviceToHost, stream));
+    KV_CUDA_CHECK(cudaMemcpyAsync(hr, dev.real, (size_t)(B * W), cudaMemcpyDeviceToHost, stream));
+    KV_CUDA_CHECK(cudaStreamSynchronize(stream));
+    *wrong = 0;
+    for (int64_t b = 0; b < B; b++) {
+        for (int64_t i = 0; i < W; i++) {
+            const int64_t from = i < count ? (i + 1) % W : i; /* the right shift's source */
+            for (int64_t d = 0; d < D; d++) {
+                const float want = (float)((b * W + from) * D + d);
+                *wrong += hk[(b * W + i) * D + d] != want;
+                *wrong += hv[(b * W + i) * D + d] != -want;
+            }
+            *wrong += hr[b * W + i] != (uint8_t)((b * W + from) % 3 == 0);
+        }
+    }
+cleanup:
+    if (stream != NULL) (void)cudaStreamSynchronize(stream);
+    (void)cudaFree(dev.k);
+    (void)cudaFree(dev.v);
+    (void)cudaFree(dev.real);
+    if (stream != NULL) (void)cudaStreamDestroy(stream);
+    free(hk);
+    free(hv);
+    free(hr);
+    return st;
 }

@@ -102,6 +102,15 @@ KvStatus kv_cuda_bench_decode(const KvModel *m, const KvDecodeSpec *spec, KvCuda
  * cudaMemcpyAsync runs, counted as (read + write) bytes / s. */
 KvStatus kv_cuda_bench_bandwidth(size_t bytes, double *bytes_per_s, KvError *err);
 
+/* The planted racy_shift kernel (fault.h KV_FAULT_RACY_SHIFT) run once, by
+ * itself, on a (B, W, D) cache of distinct values: the elements of K, V and
+ * real that differ afterwards from the right shift by one, in *wrong.
+ * downwards: roll's form (all W slots, blocks from the top), else
+ * cat_shift's (slots 0 .. W-2, blocks from the bottom). Repeated, it shows
+ * whether the race moves from run to run. KV_SKIP without a device. */
+KvStatus kv_cuda_racy_shift_count(int64_t B, int64_t W, int64_t D, bool downwards, int64_t *wrong,
+                                  KvError *err);
+
 #ifdef __cplusplus
 }
 #endif
