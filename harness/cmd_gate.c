@@ -114,7 +114,7 @@ static void gate_usage(FILE *f) {
     gate_help_opt(f, "--scenarios LIST", "comma-separated, default:", KV_NAMES_SCENARIOS_DEFAULT,
                   NULL, ";");
     gate_help_opt(f, "", "`extended` adds", KV_NAMES_SCENARIOS_EXTENDED, "and",
-                  " (cpu only so far; --faults runs them too)");
+                  " (--faults runs them too)");
     gate_help_opt(f, "--variants LIST", "default all:", KV_NAMES_VARIANTS, NULL, NULL);
     {
         /* the lane's names for the same layouts, each with its variant */
