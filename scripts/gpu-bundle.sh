@@ -23,8 +23,14 @@ bins="$BUILD/kvrepro $BUILD/bench_decode"
 if [ -x "$BUILD/bench_cuda" ]; then bins="$bins $BUILD/bench_cuda"; fi
 # The *_san builds are CPU tests under ASan, which does not mix with the
 # CUDA driver and would carry 11 MB of sanitizer runtimes: left out.
+# BUNDLE_TESTS=cuda keeps only the CUDA test binaries (the suite's default
+# stages run no other), room for the working tree under the device tool's
+# 64 MiB.
 for t in "$BUILD"/tests/test_*; do
     case "$t" in *_san) continue ;; esac
+    if [ "${BUNDLE_TESTS:-all}" = cuda ]; then
+        case "$(basename "$t")" in test_cuda_*) ;; *) continue ;; esac
+    fi
     [ -x "$t" ] && bins="$bins $t"
 done
 for b in $bins; do
