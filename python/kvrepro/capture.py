@@ -27,6 +27,8 @@ import os
 import platform
 import socket
 import subprocess
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -202,8 +204,9 @@ class Probes:
         for h in self.handles:
             h.remove()
 
-    def row_hashes(self, setup: CacheSetup, seen: int, batch: int) -> np.ndarray:
-        """(NP, B) hashes of this step's probes; the logits probe is left 0
+    def row_hashes(self, setup: CacheSetup, seen: int, batch: int, memo: ProbeMemo) -> np.ndarray:
+        """(NP, B) hashes of this step's probes (probe_row_hashes, hashing
+        only what memo does not already hold); the logits probe is left 0
         here and filled from the logits' own row hashes once the decode is
         done (decode())."""
         out = []
@@ -211,10 +214,107 @@ class Probes:
             if name == "logits":
                 out.append(np.zeros(batch, np.uint64))
                 continue
-            t = cache_rows(setup, int(name[5:-6]), seen) if name.endswith(".cache") else self.values[name]
-            out.append(probe_row_hashes(t))
+            if name.endswith(".cache"):
+                layer = int(name[5:-6])
+                rows = cache_rows(setup, layer, seen)
+                positions, _ = visible_cache_rows(setup, layer, seen)
+                labels = [("k", p) for p in positions] + [("v", p) for p in positions] \
+                    if rows.shape[1] == 2 * len(positions) else list(range(rows.shape[1]))
+            else:
+                # a copy: the memo keeps it, and the model may reuse the storage
+                t = self.values[name].float().clone()
+                rows = t.reshape(t.shape[0], -1, t.shape[-1]) if t.dim() > 1 else t.reshape(-1, 1, 1)
+                labels = list(range(rows.shape[1]))
+            out.append(memo.row_hashes(name, rows, labels))
         self.values.clear()
         return np.stack(out)
+
+
+@dataclass
+class SliceState:
+    """A probe's slices as hashed at one step: what each slice holds
+    (`labels`: a cache probe's ("k", position) and ("v", position), a hook
+    probe's token index), the float32 rows (B, N, F) where they are (on the
+    GPU for a CUDA run) and their FNV-1a 64 hashes (B, N)."""
+
+    labels: list
+    rows: torch.Tensor
+    hashes: np.ndarray
+
+
+def hash_slices(rows: torch.Tensor, labels: list, old: SliceState | None) -> SliceState:
+    """The FNV-1a 64 of each F-element float32 slice of rows (B, N, F),
+    hashing only the slices that an earlier state `old` does not hold with
+    the same label and the same bits. A cache probe's rows are the W
+    positions the next query may see, and from one decode step to the next
+    one position enters and one leaves: hashing every slice again (a
+    4096-position window of 1024-wide K and V rows is 8192 slices of 4 KiB,
+    ~0.6 s in numpy) would cost far more than the step. The bits are
+    compared where the rows are, as int32 (NaN, -0.0 and every payload count
+    as their bits), and equal bytes have equal hashes, so the result is
+    exactly that of hashing every slice (slice_hashes), as the tests check."""
+    rows = rows.detach().float()
+    b, n = rows.shape[0], rows.shape[1]
+    src = np.full(n, -1, np.int64)   # old's slice of the same label, or -1
+    if old is not None and old.rows.device == rows.device and old.rows.shape[0] == b \
+            and old.rows.shape[2:] == rows.shape[2:]:
+        at = {lab: i for i, lab in enumerate(old.labels)}
+        src = np.fromiter((at.get(lab, -1) for lab in labels), np.int64, count=n)
+    hashes = np.zeros((b, n), np.uint64)
+    need = np.ones((b, n), bool)
+    have = np.flatnonzero(src >= 0)
+    if have.size:
+        assert old is not None
+        new_bits, old_bits = rows.view(torch.int32), old.rows.view(torch.int32)
+        # runs where both indices step by one (a window moved by a position:
+        # its K rows, then its V rows), compared as slices, not gathered
+        cut = np.flatnonzero((np.diff(have) != 1) | (np.diff(src[have]) != 1)) + 1
+        parts = []
+        for run in np.split(np.arange(have.size), cut):
+            j, i, k = int(have[run[0]]), int(src[have[run[0]]]), run.size
+            parts.append((new_bits[:, j:j + k] == old_bits[:, i:i + k]).all(-1))
+        same = torch.cat(parts, dim=1).cpu().numpy()                                 # (B, len(have))
+        hashes[:, have] = np.where(same, old.hashes[:, src[have]], np.uint64(0))
+        need[:, have] = ~same
+    if need.any():
+        todo = rows[torch.from_numpy(need).to(rows.device)]                         # (N', F)
+        hashes[need] = fnv1a64_rows(np.ascontiguousarray(todo.cpu().numpy(), dtype="<f4"))
+    return SliceState(list(labels), rows, hashes)
+
+
+class ProbeMemo:
+    """The slice states a capture keeps to hash less (hash_slices): per
+    probe, its state at a run's step 0 (the prefill, which every mode runs
+    eagerly: the repeats, and often the other modes and cache layers, give
+    it the same bits) and its state at the run's previous step."""
+
+    def __init__(self) -> None:
+        self.first: dict[str, SliceState] = {}
+        self.last: dict[str, SliceState] = {}
+
+    def start_run(self) -> None:
+        self.last = {}
+
+    def row_hashes(self, name: str, rows: torch.Tensor, labels: list) -> np.ndarray:
+        """(B,) the probe's hash of rows (B, N, F) (probe_row_hashes)."""
+        state = hash_slices(rows, labels, self.last.get(name) or self.first.get(name))
+        self.first.setdefault(name, state)
+        self.last[name] = state
+        return combine_slices(state.hashes)
+
+
+def slice_hashes(t: torch.Tensor) -> np.ndarray:
+    """(B, S) the FNV-1a 64 of each F-element float32 slice of t (B, ..., F)."""
+    a = np.ascontiguousarray(t.detach().float().cpu().numpy(), dtype="<f4")
+    b = a.shape[0]
+    f = a.shape[-1] if a.ndim > 1 else 1
+    return fnv1a64_rows(a.reshape(-1, f)).reshape(b, -1)
+
+
+def combine_slices(slices: np.ndarray) -> np.ndarray:
+    """(B,) FNV-1a 64 of the little-endian bytes of each row's slice hashes."""
+    b = slices.shape[0]
+    return fnv1a64_rows(np.ascontiguousarray(slices, dtype="<u8").view(np.uint8).reshape(b, -1))
 
 
 def probe_row_hashes(t: torch.Tensor) -> np.ndarray:
@@ -227,11 +327,7 @@ def probe_row_hashes(t: torch.Tensor) -> np.ndarray:
     1000 rows. Any change of any element still changes the hash (up to
     FNV collisions), which is all the bitwise comparisons need; these
     hashes are compared only with other captures, never with the C side's."""
-    a = np.ascontiguousarray(t.detach().float().cpu().numpy(), dtype="<f4")
-    b = a.shape[0]
-    f = a.shape[-1] if a.ndim > 1 else 1
-    slices = fnv1a64_rows(a.reshape(-1, f)).astype("<u8")
-    return fnv1a64_rows(slices.reshape(b, -1).view(np.uint8).reshape(b, -1))
+    return combine_slices(slice_hashes(t))
 
 
 def cache_rows(setup: CacheSetup, layer: int, seen: int) -> torch.Tensor:
@@ -274,9 +370,36 @@ def last_logits_kwargs(model: torch.nn.Module) -> dict[str, int]:
     return {}
 
 
+# The steady state of a decode's per-step time starts WARM_STEPS[mode] steps
+# after the last step that changed the code the decode runs: the last step
+# whose call compiled a graph, or the first decode step when none did. One
+# step for the step itself (compiling; in eager the first step, which
+# allocates and picks its kernels), and for reduce-overhead one more: cudagraph
+# trees run a new graph once to warm up, record it on the next call and
+# replay it from then on.
+WARM_STEPS = {"eager": 1, "compile": 1, "reduce-overhead": 2}
+
+
+def steady_from(mode: str, compiled_at: list[int]) -> int:
+    """The first decode step of the steady state (compiled_at: the steps
+    whose call compiled a graph, ascending)."""
+    return (compiled_at[-1] if compiled_at else 0) + WARM_STEPS[mode]
+
+
+def steady_ms(step_ms: np.ndarray, first: int) -> float:
+    """The median of the steps from `first` on: the per-step time of the
+    steady state, NaN when the decode has no such step (too few steps for
+    the warm-up)."""
+    rest = step_ms[first:]
+    return float(np.median(rest)) if rest.size else float("nan")
+
+
 def decode(model: torch.nn.Module, spec: CaptureSpec, ids_np: np.ndarray, real_np: np.ndarray,
-           repeat: int) -> Run:
-    """One recorded greedy decode of spec.new_tokens steps."""
+           repeat: int, memo: ProbeMemo | None = None) -> Run:
+    """One recorded greedy decode of spec.new_tokens steps (memo: the probe
+    slices earlier runs of the capture hashed)."""
+    memo = memo if memo is not None else ProbeMemo()
+    memo.start_run()
     config = model.config
     dev = spec.device
     b, p = ids_np.shape
@@ -305,6 +428,15 @@ def decode(model: torch.nn.Module, spec: CaptureSpec, ids_np: np.ndarray, real_n
     from torch._dynamo.utils import counters
     log = RecompileLog()
     logger = _recompile_logger()
+    cuda = dev.startswith("cuda")
+
+    def sync() -> None:
+        # the step's kernels done before its clock stops (a CUDA launch returns at once)
+        if cuda:
+            torch.cuda.synchronize(dev)
+
+    step_ms = np.zeros(max(n_steps - 1, 0), np.float64)
+    compiled_at: list[int] = []   # the decode steps whose call compiled a graph
     try:
         with torch.no_grad():
             def step(f, input_ids, seen, n, **kwargs):
@@ -320,7 +452,11 @@ def decode(model: torch.nn.Module, spec: CaptureSpec, ids_np: np.ndarray, real_n
                             lay.advance(1)
                 return out.logits[:, -1, :].float()
 
+            sync()
+            t0 = time.perf_counter()
             lg = step(model.forward, ids, 0, p, **prefill_kwargs)  # prefill: eager, last position
+            sync()
+            prefill_s = time.perf_counter() - t0
             graphs0 = counters["stats"]["unique_graphs"]
             if compiled:
                 torch._logging.set_logs(recompiles=True)
@@ -330,14 +466,20 @@ def decode(model: torch.nn.Module, spec: CaptureSpec, ids_np: np.ndarray, real_n
                 seen = p + n
                 row = lg.cpu().numpy()
                 logits_all[n] = row
-                hashes[n] = probes.row_hashes(setup, seen, b)
+                hashes[n] = probes.row_hashes(setup, seen, b, memo)
                 tokens[n] = np.argmax(row, axis=-1)        # first maximum: ties to the lowest id
                 if n + 1 == n_steps:
                     break
                 nxt = torch.from_numpy(tokens[n].astype(np.int64)).to(dev)[:, None]
                 am = torch.cat([am, torch.ones((b, 1), dtype=am.dtype, device=dev)], dim=1)
                 pos = pos[:, -1:] + 1
+                before = counters["stats"]["unique_graphs"]
+                t0 = time.perf_counter()
                 lg = step(fn, nxt, seen, 1)
+                sync()
+                step_ms[n] = (time.perf_counter() - t0) * 1e3
+                if counters["stats"]["unique_graphs"] != before:
+                    compiled_at.append(n)
             graphs = counters["stats"]["unique_graphs"] - graphs0
             # the logits probe of each step is the row's logits_hash (FNV-1a 64 of its bytes)
             logits_hash = fnv1a64_rows(logits_all.reshape(n_steps * b, -1)).reshape(n_steps, b)
@@ -349,6 +491,7 @@ def decode(model: torch.nn.Module, spec: CaptureSpec, ids_np: np.ndarray, real_n
             logger.removeHandler(log)
             logger.propagate = True
             torch._logging.set_logs()
+    first = steady_from(spec.mode, compiled_at)
     extra: dict[str, str | int] = {"attn_impl": spec.impl, "dtype": spec.dtype, "cache_layer": spec.layer,
                                    "window": setup.window}
     if compiled:
@@ -367,7 +510,10 @@ def decode(model: torch.nn.Module, spec: CaptureSpec, ids_np: np.ndarray, real_n
                probe_names=probes.names, probe_hash=hashes,
                graphs_captured=graphs if compiled else 0, recompiles=recompiles if compiled else -1,
                graph_budget=GRAPH_BUDGET.get(spec.layer, -1) if compiled else -1,
-               extra=extra, vocab=config.vocab_size, steps=n_steps, prompt_text=spec.texts)
+               extra=extra, vocab=config.vocab_size, steps=n_steps, prompt_text=spec.texts,
+               seconds=prefill_s + float(step_ms.sum()) / 1e3, prefill_ms=prefill_s * 1e3, step_ms=step_ms,
+               steady_from=first, step_ms_steady=steady_ms(step_ms, first),
+               compile_ms=float(step_ms[compiled_at].sum()) if compiled_at else 0.0)
 
 
 def load_or_refusal(spec: CaptureSpec) -> tuple[torch.nn.Module | None, str]:
@@ -394,20 +540,29 @@ def skip_runs(spec: CaptureSpec, why: str, vocab: int) -> list[Run]:
             for r in range(spec.repeats)]
 
 
-def capture(spec: CaptureSpec, model: torch.nn.Module) -> list[Run]:
+def capture(spec: CaptureSpec, model: torch.nn.Module, memo: ProbeMemo | None = None) -> list[Run]:
     """spec.repeats runs of a loaded model, or skipped runs with the reason
-    when the configuration cannot run here."""
+    when the configuration cannot run here (memo: the probe slices hashed
+    by earlier captures of the model, to hash less; one for these repeats
+    when None)."""
+    return list(capture_runs(spec, model, memo))
+
+
+def capture_runs(spec: CaptureSpec, model: torch.nn.Module, memo: ProbeMemo | None = None) -> Iterator[Run]:
+    """capture()'s runs, each as soon as it is done."""
     why = skip_reason(spec)
     if why:
-        return skip_runs(spec, why, model.config.vocab_size)
+        yield from skip_runs(spec, why, model.config.vocab_size)
+        return
     ids, real = left_pad(spec.prompts)
-    runs = []
+    memo = memo if memo is not None else ProbeMemo()
     for r in range(spec.repeats):
         try:
-            runs.append(decode(model, spec, ids, real, r))
+            run = decode(model, spec, ids, real, r, memo)
         except Exception as e:  # the engine under test failed: recorded, never hidden
-            runs.extend(failed_run(spec, r, e, model.config.vocab_size))
-    return runs
+            yield from failed_run(spec, r, e, model.config.vocab_size)
+            continue
+        yield run
 
 
 def failed_run(spec: CaptureSpec, repeat: int, e: Exception, vocab: int) -> list[Run]:

@@ -5,6 +5,8 @@
                      [--attn IMPL[,IMPL...]] [--dtype fp32|bf16] [--repeats R]
                      [--scenario NAME] [--device cpu|cuda[:N]] [--threads T] --out RUN.h5
   kvrepro-hf capture ... (--text TEXT [--text TEXT ...] | --text-file FILE) ...
+  kvrepro-hf capture --model DIR --scenario GATE_SCENARIO ... (the gate's batch)
+  kvrepro-hf table RUNS.h5 [RUNS.h5 ...] [--gate GATE.h5]
   kvrepro-hf plot REPORT.h5 --out DIR [--window W]
   kvrepro-hf report REPORT.h5 --html OUT.html [--window W]
   kvrepro-hf prompts --model DIR (--text TEXT [--text ...] | --text-file FILE) --out P.json
@@ -13,7 +15,8 @@
   kvrepro-hf convert-gguf FILE.gguf --out DIR [--sliding-window N] [--dtype fp32|bf16]
 
 Exit codes: 0 done, 2 bad input or usage (a message naming the file and
-field), 3 internal error. Every argument is checked, against the bounds in
+field), 3 internal error; 143 a capture stopped by SIGTERM (timeout(1)),
+which writes the runs it completed before the signal. Every argument is checked, against the bounds in
 kvrepro/names.py, before a model is loaded.
 """
 
@@ -23,6 +26,7 @@ import argparse
 import json
 import os
 import re
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -30,11 +34,13 @@ from typing import Any
 from .errors import InputError
 from .files import check_out_dir, check_writable, open_regular, read_regular, same_file
 from .prompts import SEPARATOR, PromptsFile, check_text, parse_prompts_file, parse_text_file
+from .scenarios import NAMES as GATE_SCENARIOS
 from .names import (BROKEN, C_ONLY, DTYPE_NAMES, IMPLS, LAYER_ALIASES, LAYERS, MAX_CONFIG_BYTES, MAX_CUDA_INDEX,
                     MAX_HOLD_BYTES, MAX_NAME_BYTES, MAX_NEW_TOKENS, MAX_PROMPT_LEN, MAX_PROMPT_ROWS,
                     MAX_PROMPTS_BYTES, MAX_REPEATS, MAX_THREADS, MAX_VOCAB, MAX_WINDOW, MODES, cache_layers)
 
 EXIT_INPUT = 2
+EXIT_STOPPED = 128 + signal.SIGTERM   # as a shell reports a process SIGTERM ended
 
 
 # ---------------------------------------------------------------- argument types
@@ -201,6 +207,26 @@ def check_capture_size(n_runs: int, steps: int, prompts: list[list[int]], vocab:
                          "--repeats, --cache, --mode or --attn")
 
 
+def gate_scenario(args: argparse.Namespace, config: dict[str, Any], cfg_path: str) -> Any:
+    """The C gate's batch of scenario --scenario for this model
+    (kvrepro/scenarios.py), when neither --prompts, --text nor --text-file
+    was given: what `kvrepro gate --model DIR --scenarios NAME` decodes."""
+    from . import scenarios
+
+    if args.scenario not in scenarios.NAMES:
+        given = f"--scenario {args.scenario!r} is not" if args.scenario else "no --scenario names"
+        raise InputError(f"one of --prompts, --text or --text-file is required, or --scenario naming a scenario "
+                         f"of the gate to build its batch ({given} one of: {', '.join(scenarios.NAMES)})")
+    if config_int(config, "vocab_size", MAX_VOCAB, cfg_path) is None:
+        raise InputError(f"{cfg_path}: vocab_size: missing (--scenario {args.scenario} draws the batch's "
+                         "ids below it)")
+    w = scenarios.window_of(config)
+    if w > MAX_PROMPT_LEN // 2:
+        raise InputError(f"{cfg_path}: sliding_window {w}: --scenario {args.scenario}'s prompts would pass the "
+                         f"{MAX_PROMPT_LEN} tokens a report's prompt holds")
+    return scenarios.build(args.scenario, config)
+
+
 def _check_out_not_input(out: str, inputs: Sequence[str]) -> None:
     for path in inputs:
         if same_file(out, path):
@@ -221,6 +247,16 @@ def _check_device_present(device: str) -> None:
 
 # ---------------------------------------------------------------- commands
 
+def timing_text(run: Any) -> str:
+    """A run's timings in one phrase: the steady per-step time and the
+    steps it is the median of, the prefill."""
+    ms = run.step_ms_steady
+    n = 0 if run.step_ms is None else max(0, len(run.step_ms) - run.steady_from)
+    steady = (f"{ms:.3f} ms/step steady (median of decode steps {run.steady_from}..{run.steady_from + n - 1})"
+              if n else f"no steady step (warm-up ends at decode step {run.steady_from})")
+    return f"{steady}, prefill {run.prefill_ms:.1f} ms"
+
+
 def cmd_capture(args: argparse.Namespace) -> int:
     # Everything that can be checked without torch first: a bad command
     # line costs no import and no model load.
@@ -231,7 +267,14 @@ def cmd_capture(args: argparse.Namespace) -> int:
     cfg_path = os.path.join(args.model, "config.json")
     vocab = config_int(config, "vocab_size", MAX_VOCAB, cfg_path)
     texts = read_texts(args)
-    if texts is not None:
+    built = None   # the C gate's scenario batch, when no prompts were given
+    if texts is None and not args.prompts:
+        built = gate_scenario(args, config, cfg_path)
+    if built is not None:
+        source = f"scenario {built.name}"
+        default_scenario = built.name
+        pfile = PromptsFile(prompts=built.prompts)
+    elif texts is not None:
         from .prompts import check_has_tokenizer, tokenize
 
         check_has_tokenizer(args.model)
@@ -243,6 +286,11 @@ def cmd_capture(args: argparse.Namespace) -> int:
         default_scenario = os.path.splitext(os.path.basename(args.prompts))[0]
         pfile = read_prompts_file(args.prompts)
     prompts = pfile.prompts
+    if args.max_new_tokens is None:
+        if built is None:
+            raise InputError("--max-new-tokens: required with --prompts, --text or --text-file "
+                             "(a --scenario batch built here decodes the gate's steps by default)")
+        args.max_new_tokens = built.new_tokens
     scenario = args.scenario or check_name(default_scenario, f"{source}: the scenario's name (give --scenario)")
     n_layers = config_int(config, "num_hidden_layers", 1 << 16, cfg_path) or 0
     if vocab is not None:
@@ -261,15 +309,51 @@ def cmd_capture(args: argparse.Namespace) -> int:
 
     import torch
 
-    from .capture import CaptureSpec, capture, load_or_refusal, root_attributes, skip_runs
+    from .capture import root_attributes
     from .report import write_report
 
     _check_device_present(args.device)
     if args.threads:
         torch.set_num_threads(args.threads)
-    runs = []
+    runs: list[Any] = []
+    # SIGTERM (timeout(1), a scheduler's limit) stops the capture between
+    # two Python steps; the runs completed by then are written, so a stage
+    # with a time limit keeps what it measured
+    previous = signal.signal(signal.SIGTERM, _stop)
+    stopped = ""
+    try:
+        _capture_all(args, prompts, scenario, pfile, vocab, runs)
+    except Stopped as e:
+        stopped = str(e)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    write_report(args.out, runs, root_attributes(args.device, " ".join(sys.argv)))
+    if stopped:
+        print(f"kvrepro-hf: capture stopped by {stopped}: wrote the {len(runs)} runs completed before it to "
+              f"{args.out}", file=sys.stderr, flush=True)
+        return EXIT_STOPPED
+    print(f"wrote {len(runs)} runs to {args.out}")
+    return 0
+
+
+class Stopped(BaseException):
+    """Raised by SIGTERM's handler during a capture: a BaseException, so no
+    `except Exception` on the way (a run's failure is recorded as such)
+    takes it for the engine's failure."""
+
+
+def _stop(signum: int, _frame: object) -> None:
+    raise Stopped(signal.Signals(signum).name)
+
+
+def _capture_all(args: argparse.Namespace, prompts: list[list[int]], scenario: str, pfile: PromptsFile,
+                 vocab: int | None, runs: list[Any]) -> None:
+    """Every configuration's runs, appended to runs as each is done."""
+    from .capture import CaptureSpec, ProbeMemo, capture_runs, load_or_refusal, skip_runs
+
     for impl in args.attn:
         model, refusal = None, ""
+        memo = ProbeMemo()   # the model's probe slices hashed so far: each run hashes what changed
         for layer in args.cache:
             for mode in args.mode:
                 spec = CaptureSpec(model_dir=args.model, prompts=prompts, scenario=scenario,
@@ -280,23 +364,20 @@ def cmd_capture(args: argparse.Namespace) -> int:
                                               and pfile.tokenizer is not None else None))
                 if model is None and not refusal:
                     model, refusal = load_or_refusal(spec)
-                got = (capture(spec, model) if model is not None
+                got = (capture_runs(spec, model, memo) if model is not None
                        else skip_runs(spec, refusal, vocab if isinstance(vocab, int) else 0))
                 for r in got:
                     line = f"{r.variant} {r.backend}/{r.mode}/r{r.repeat}: "
                     if r.skipped:
                         line += f"skipped: {r.skip_reason}"
                     else:
-                        line += f"{r.steps} steps"
+                        line += f"{r.steps} steps, {timing_text(r)}"
                         if r.mode != "eager":
                             line += f", {r.graphs_captured} decode graphs, {r.recompiles} recompiles"
                             if r.extra.get("first_recompile"):
                                 line += f" (first: {r.extra['first_recompile'][:160]})"
                     print(line, flush=True)
-                runs.extend(got)
-    write_report(args.out, runs, root_attributes(args.device, " ".join(sys.argv)))
-    print(f"wrote {len(runs)} runs to {args.out}")
-    return 0
+                    runs.append(r)
 
 
 # plot's figures (plot.FIGURES, without importing matplotlib for the checks)
@@ -328,6 +409,14 @@ def cmd_report(args: argparse.Namespace) -> int:
     from .html_report import write_html_report
 
     print(write_html_report(args.report, args.html, window=args.window))
+    return 0
+
+
+def cmd_table(args: argparse.Namespace) -> int:
+    from .table import table_lines
+
+    for line in table_lines(args.captures, args.gate):
+        print(line)
     return 0
 
 
@@ -386,14 +475,19 @@ def build_parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("capture", help="record greedy decodes as kvrepro runs", allow_abbrev=False)
     c.add_argument("--model", required=True, type=_path, action=_Once, help="Hugging Face checkpoint directory")
-    src = c.add_mutually_exclusive_group(required=True)
+    src = c.add_mutually_exclusive_group()
     src.add_argument("--prompts", type=_path, action=_Once,
                      help="JSON array of token-id arrays (left-padded batch), or the object form "
                           "`kvrepro-hf prompts` writes; a regular file of at most "
-                          f"{MAX_PROMPTS_BYTES >> 20} MiB, {MAX_PROMPT_ROWS} rows of {MAX_PROMPT_LEN} tokens")
+                          f"{MAX_PROMPTS_BYTES >> 20} MiB, {MAX_PROMPT_ROWS} rows of {MAX_PROMPT_LEN} tokens. "
+                          "Without --prompts, --text or --text-file, --scenario names the gate's scenario "
+                          f"whose batch is decoded ({', '.join(GATE_SCENARIOS)}): the ids `kvrepro gate` "
+                          "draws for this model with its default prompt seed")
     _text_options(src)
     c.add_argument("--max-new-tokens", type=_int_in(1, MAX_NEW_TOKENS, "longer than any model's context"),
-                   required=True, action=_Once, metavar="N")
+                   default=None, action=_Once, metavar="N",
+                   help="decode steps; required with --prompts, --text or --text-file (a gate scenario's "
+                        "batch: the gate's steps by default)")
     aliases = ", ".join(f"{a} (= {n})" for a, n in LAYER_ALIASES.items())
     c.add_argument("--cache", default=list(LAYERS), type=_cache_layers, action=_Once,
                    help=f"comma-separated: {', '.join(LAYERS)} (default all); test-only: {', '.join(BROKEN)}; "
@@ -406,7 +500,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--repeats", type=_int_in(1, MAX_REPEATS, "runs per variant and mode"), default=1,
                    action=_Once, metavar="R")
     c.add_argument("--scenario", default=None, type=_scenario, action=_Once,
-                   help=f"scenario name, at most {MAX_NAME_BYTES} bytes (default: the prompts file's name)")
+                   help=f"scenario name, at most {MAX_NAME_BYTES} bytes (default: the prompts file's name); "
+                        "without a prompt source, the gate's scenario whose batch is built (see --prompts)")
     c.add_argument("--device", default="cpu", type=check_device, action=_Once, help="cpu or cuda[:N]")
     c.add_argument("--threads", type=_int_in(0, MAX_THREADS, "torch CPU threads; 0 = torch's default"),
                    default=1, action=_Once, metavar="T",
@@ -468,6 +563,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help="page to write: a new name or a regular file")
     h.add_argument("--window", type=_int_in(1, MAX_WINDOW, "a sliding window"), default=None, metavar="W",
                    action=_Once, help="sliding window W, for a report that records none")
+    tb = sub.add_parser("table", help="one line per captured configuration: verdicts, graphs, per-step time",
+                        allow_abbrev=False,
+                        description="Prints one line per (dtype, cache layer, attention, mode) of the captures: "
+                                    "the runs, the gate's reference, compiled-vs-eager and repeat verdicts "
+                                    "(with --gate, the C gate's report on them), the decode "
+                                    "graphs over their budget, the recompiles, the steady per-step time and the "
+                                    "prefill's (median over the runs); skipped and failed runs' reasons and the "
+                                    "first failure of each line follow the table.")
+    tb.add_argument("captures", nargs="+", type=_path, metavar="RUNS.h5",
+                    help="captures of `kvrepro-hf capture` (their timings are theirs: a gate report keeps none)")
+    tb.add_argument("--gate", type=_path, action=_Once, metavar="GATE.h5", default=None,
+                    help="the report of the C gate judging these captures (its external runs)")
     return ap
 
 
@@ -482,7 +589,7 @@ def _text_options(group: argparse._MutuallyExclusiveGroup) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     commands = {"capture": cmd_capture, "plot": cmd_plot, "prompts": cmd_prompts, "show": cmd_show,
-                "convert-gguf": cmd_convert_gguf, "report": cmd_report}
+                "convert-gguf": cmd_convert_gguf, "report": cmd_report, "table": cmd_table}
     try:
         return commands[args.cmd](args)
     except InputError as e:

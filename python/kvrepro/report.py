@@ -87,6 +87,17 @@ class Run:
     vocab: int = 0
     steps: int = 0
     prompt_text: list[str] | None = None    # (B,) the rows' texts, when the prompts came from texts
+    # timings (wall clock, the device synchronized at each end): the prefill
+    # and each decode step's forward, step_ms[i] the one that gives step
+    # i + 1's logits; the steady state is the median of step_ms[steady_from:]
+    # (capture.steady_from says where it starts). seconds: the prefill plus
+    # every decode step, the schema's `seconds`
+    seconds: float = 0.0
+    prefill_ms: float = float("nan")
+    step_ms: np.ndarray | None = None       # (S - 1,) float64 ms
+    steady_from: int = -1
+    step_ms_steady: float = float("nan")
+    compile_ms: float = 0.0                 # the decode steps whose call compiled a graph, summed
 
 
 def _fixed(text: str, size: int, what: str) -> np.bytes_:
@@ -266,7 +277,15 @@ def _write_run(g: h5py.Group, run: Run, shared: h5py.Dataset | None) -> None:
                       ("graphs_captured", run.graphs_captured), ("replays_checked", 0),
                       ("replay_mismatch_step", -1)):
         g.attrs.create(name, np.int64(val))
-    g.attrs.create("seconds", np.float64(0.0))
+    g.attrs.create("seconds", np.float64(run.seconds))
+    if run.step_ms is not None:
+        # kvrepro-hf's own timings (docs/SCHEMA.md): read by `kvrepro-hf
+        # timings`, past by the C reader
+        g.attrs.create("prefill_ms", np.float64(run.prefill_ms))
+        g.attrs.create("step_ms", np.asarray(run.step_ms, dtype="<f8"))
+        g.attrs.create("steady_from", np.int64(run.steady_from))
+        g.attrs.create("step_ms_steady", np.float64(run.step_ms_steady))
+        g.attrs.create("compile_ms", np.float64(run.compile_ms))
     _str_attr(g, "engine", run.engine, 256)
     g.attrs.create("recompiles", np.int64(run.recompiles))
     g.attrs.create("graph_budget", np.int64(run.graph_budget))

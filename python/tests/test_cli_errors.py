@@ -154,7 +154,7 @@ class CliErrorTest(unittest.TestCase):
         cls.report = os.path.join(d, "report.h5")
         write_tiny_report(cls.report)
         cls.cases = (cls._capture_cases() + cls._plot_cases() + cls._prompts_cases() + cls._show_cases()
-                     + cls._convert_cases() + cls._report_cases())
+                     + cls._convert_cases() + cls._report_cases() + cls._table_cases())
 
     @classmethod
     def tearDownClass(cls) -> None:
@@ -241,8 +241,38 @@ class CliErrorTest(unittest.TestCase):
             Case("--text-file", c(prompts=None) + ["--text-file", "/dev/zero"], "/dev/zero"),
             Case("--text-file", c(prompts=None) + ["--text-file", cls.bad_prompts["utf8"]], "UTF-8"),
             Case("--text-file", c(prompts=None) + ["--text", "a", "--text-file", cls.prompts], "--text-file"),
+            # no prompts: --scenario must name a gate scenario, whose batch is built
+            Case("--prompts", c(prompts=None), "--prompts"),
+            Case("--scenario", c(prompts=None, scenario="mine"), "'mine'"),
+            Case("--scenario", c(prompts=None, scenario="left_padded_batch", model=cls.models["noweights"],
+                                 max_new_tokens="0"), "--max-new-tokens"),
         ]
         return cases
+
+    @classmethod
+    def _table_cases(cls) -> list[Case]:
+        d = cls.d
+        ok = os.path.join(FIXTURE, "golden.h5")   # HDF5 but not a report
+        return [
+            Case("RUNS.h5", ["table"], "RUNS.h5"),
+            Case("RUNS.h5", ["table", ""], "RUNS.h5"),
+            Case("RUNS.h5", ["table", os.path.join(d, "nope.h5")], "nope.h5"),
+            Case("RUNS.h5", ["table", cls.dir], cls.dir),
+            Case("RUNS.h5", ["table", cls.fifo], cls.fifo),
+            Case("RUNS.h5", ["table", "/dev/zero"], "/dev/zero"),
+            Case("RUNS.h5", ["table", cls.junk_report], cls.junk_report),
+            Case("RUNS.h5", ["table", ok], ok),
+            Case("RUNS.h5", ["table", cls.report, cls.fifo], cls.fifo),
+            Case("--gate", ["table", cls.report, "--gate"], "--gate"),
+            Case("--gate", ["table", cls.report, "--gate", ""], "--gate"),
+            Case("--gate", ["table", cls.report, "--gate", os.path.join(d, "nope.h5")], "nope.h5"),
+            Case("--gate", ["table", cls.report, "--gate", cls.fifo], cls.fifo),
+            Case("--gate", ["table", cls.report, "--gate", cls.junk_report], cls.junk_report),
+            Case("--gate", ["table", cls.report, "--gate", ok], ok),
+            # a capture judges nothing: it is no gate report
+            Case("--gate", ["table", cls.report, "--gate", cls.report], "comparisons"),
+            Case("--gate", ["table", cls.report, "--gate", cls.report, "--gate", cls.report], "--gate"),
+        ]
 
     @classmethod
     def _prompts_cases(cls) -> list[Case]:
@@ -361,7 +391,7 @@ class CliErrorTest(unittest.TestCase):
         ]
 
     def test_every_option_has_a_case(self) -> None:
-        for cmd in ("capture", "plot", "prompts", "show", "convert-gguf", "report"):
+        for cmd in ("capture", "plot", "prompts", "show", "convert-gguf", "report", "table"):
             rc, out, err = run_cli([cmd, "--help"])
             self.assertEqual(rc, 0, err)
             options = set(re.findall(r"(?<![\w-])(--[a-z][a-z-]*)", out)) - {"--help"}
@@ -402,7 +432,7 @@ class CliErrorTest(unittest.TestCase):
         self.assertEqual(rc, 2, err[-2000:])
         self.assertNotIn(LOADING, err)   # refused before a model was loaded
         last = err.rstrip("\n").splitlines()[-1] if err.strip() else ""
-        self.assertRegex(last, r"^kvrepro-hf( capture| plot| prompts| show| convert-gguf| report)?: ", err[-2000:])
+        self.assertRegex(last, r"^kvrepro-hf( capture| plot| prompts| show| convert-gguf| report| table)?: ", err[-2000:])
         self.assertIn(case.want, last)
         # nothing written: no report, no figure, no temporary
         self.assertEqual(os.listdir(self.out_dir), [])

@@ -101,6 +101,108 @@ class FnvTest(unittest.TestCase):
                          0xAF63DC4C8601EC8C)
 
 
+def fnv_by_columns(rows: np.ndarray) -> np.ndarray:
+    """FNV-1a 64 of each row's bytes, one byte column at a time over every
+    row (the definition, independent of fnv.FEW_ROWS)."""
+    b = np.ascontiguousarray(rows).reshape(rows.shape[0], -1).view(np.uint8)
+    h = np.full(b.shape[0], 0xCBF29CE484222325, np.uint64)
+    with np.errstate(over="ignore"):
+        for j in range(b.shape[1]):
+            h ^= b[:, j].astype(np.uint64)
+            h *= np.uint64(0x100000001B3)
+    return h
+
+
+class FnvRowsTest(unittest.TestCase):
+    """fnv1a64_rows hashes few rows one row at a time (Python integers) and
+    more one byte column at a time: the same hash either way."""
+
+    def test_few_and_many_rows_hash_alike(self) -> None:
+        from kvrepro import fnv
+
+        rng = np.random.default_rng(1)
+        for n in (1, 2, fnv.FEW_ROWS, fnv.FEW_ROWS + 1, 40):
+            for width in (0, 1, 7, 300):
+                with self.subTest(rows=n, bytes=width):
+                    a = rng.integers(0, 256, (n, width), dtype=np.uint8)
+                    np.testing.assert_array_equal(fnv1a64_rows(a), fnv_by_columns(a))
+        f = rng.standard_normal((2, 3, 5)).astype("<f4")   # (R, ...) rows of any shape, any dtype
+        np.testing.assert_array_equal(fnv1a64_rows(f), fnv_by_columns(f))
+
+
+class HashSlicesTest(unittest.TestCase):
+    """hash_slices hashes only the slices an earlier state does not hold with
+    the same label and bits, and gets exactly what hashing every slice gets
+    (capture.slice_hashes), whatever changed: a slice of a kept label whose
+    bits changed (one element, a NaN's payload, 0.0 to -0.0), labels that
+    moved, came or went."""
+
+    def test_equal_to_hashing_every_slice(self) -> None:
+        from kvrepro.capture import ProbeMemo, combine_slices, hash_slices, probe_row_hashes, slice_hashes
+
+        g = torch.Generator().manual_seed(3)
+        w, f = 6, 5
+        seq = torch.randn((2, 20, f), generator=g)                 # (B, position, F) K rows; V = 2 K
+
+        def window(first: int) -> tuple[torch.Tensor, list]:
+            k = seq[:, first:first + w]
+            pos = list(range(first, first + w))
+            return torch.cat([k, 2 * k], dim=1).clone(), [("k", p) for p in pos] + [("v", p) for p in pos]
+
+        rows, labels = window(0)
+        state = hash_slices(rows, labels, None)
+        np.testing.assert_array_equal(state.hashes, slice_hashes(rows))
+        for first in range(1, 6):
+            # changes to positions held before and after (first..first + w - 1)
+            if first == 2:
+                seq[1, 4, 2] += 1.0                        # a kept position's row changed
+            if first == 3:
+                seq[0, 5, 0] = float("nan")                # became NaN...
+            if first == 4:
+                seq.view(torch.int32)[0, 5, 0] ^= 1        # ...then a NaN of another payload
+                seq[1, 6, 4] = 0.0
+            if first == 5:
+                seq[1, 6, 4] = -0.0                        # 0.0 and -0.0: equal floats, other bits
+            rows, labels = window(first)
+            state = hash_slices(rows, labels, state)
+            np.testing.assert_array_equal(state.hashes, slice_hashes(rows), f"window at {first}")
+            np.testing.assert_array_equal(combine_slices(state.hashes), probe_row_hashes(rows))
+        # labels of another kind (a hook's token index), another width: hashed anew
+        other = torch.randn((2, 4, f + 1), generator=g)
+        st = hash_slices(other, list(range(4)), state)
+        np.testing.assert_array_equal(st.hashes, slice_hashes(other))
+        # the memo over runs: a run's first step is compared with the first run's
+        memo = ProbeMemo()
+        for run in range(2):
+            memo.start_run()
+            for first in range(3):
+                rows, labels = window(first)
+                if run == 1:
+                    rows[0, 0, 0] -= 0.5
+                np.testing.assert_array_equal(memo.row_hashes("layer0.cache", rows, labels),
+                                              probe_row_hashes(rows))
+
+
+class SteadyTest(unittest.TestCase):
+    """Where a run's steady per-step time starts, and its median."""
+
+    def test_steady_from(self) -> None:
+        from kvrepro.capture import steady_from
+
+        self.assertEqual(steady_from("eager", []), 1)                # the first step allocates
+        self.assertEqual(steady_from("compile", [0]), 1)
+        self.assertEqual(steady_from("compile", [0, 1]), 2)          # a recompile at step 1
+        self.assertEqual(steady_from("reduce-overhead", [0]), 2)     # step 1 records the CUDA graph
+        self.assertEqual(steady_from("reduce-overhead", [0, 3]), 5)
+
+    def test_steady_ms(self) -> None:
+        from kvrepro.capture import steady_ms
+
+        t = np.array([900.0, 40.0, 1.0, 3.0, 8.0])
+        self.assertEqual(steady_ms(t, 2), 3.0)
+        self.assertTrue(np.isnan(steady_ms(t, 5)))
+
+
 class CliInputTest(unittest.TestCase):
     def run_cli(self, argv: list[str]) -> tuple[int, str]:
         err = io.StringIO()
