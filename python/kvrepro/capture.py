@@ -282,15 +282,30 @@ def hash_slices(rows: torch.Tensor, labels: list, old: SliceState | None) -> Sli
     return SliceState(list(labels), rows, hashes)
 
 
+# The most bytes of probe rows a ProbeMemo keeps (float32, where the rows
+# are: GPU memory for a CUDA run). attn2b's two layers keep ~0.3 GB; a
+# 26-layer model at W 4096 (Gemma 2 2B) would keep ~3.5 GB without a bound.
+MEMO_BYTES = 2 << 30
+
+
 class ProbeMemo:
     """The slice states a capture keeps to hash less (hash_slices): per
-    probe, its state at a run's step 0 (the prefill, which every mode runs
-    eagerly: the repeats, and often the other modes and cache layers, give
-    it the same bits) and its state at the run's previous step."""
+    probe, its state at the run's previous step and its state at the first
+    run's step 0 (the prefill, which every mode runs eagerly: the repeats,
+    and often the other modes and cache layers, give it the same bits).
+    At most max_bytes of rows are kept: the previous steps' first (each
+    decode step reuses them), the step-0 states in what is left; a state
+    not kept costs only the hashing it would have saved."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_bytes: int = MEMO_BYTES) -> None:
         self.first: dict[str, SliceState] = {}
         self.last: dict[str, SliceState] = {}
+        self.max_bytes = max_bytes
+
+    def kept_bytes(self) -> int:
+        held = {id(s.rows): s.rows.numel() * s.rows.element_size()
+                for s in (*self.first.values(), *self.last.values())}
+        return sum(held.values())
 
     def start_run(self) -> None:
         self.last = {}
@@ -298,8 +313,14 @@ class ProbeMemo:
     def row_hashes(self, name: str, rows: torch.Tensor, labels: list) -> np.ndarray:
         """(B,) the probe's hash of rows (B, N, F) (probe_row_hashes)."""
         state = hash_slices(rows, labels, self.last.get(name) or self.first.get(name))
-        self.first.setdefault(name, state)
-        self.last[name] = state
+        self.last.pop(name, None)
+        size = state.rows.numel() * state.rows.element_size()
+        while self.first and self.kept_bytes() + size > self.max_bytes:
+            self.first.pop(next(iter(self.first)))
+        if self.kept_bytes() + size <= self.max_bytes:
+            self.last[name] = state
+            if name not in self.first:
+                self.first[name] = state   # the same rows: no more bytes
         return combine_slices(state.hashes)
 
 

@@ -171,16 +171,23 @@ class HashSlicesTest(unittest.TestCase):
         other = torch.randn((2, 4, f + 1), generator=g)
         st = hash_slices(other, list(range(4)), state)
         np.testing.assert_array_equal(st.hashes, slice_hashes(other))
-        # the memo over runs: a run's first step is compared with the first run's
-        memo = ProbeMemo()
-        for run in range(2):
-            memo.start_run()
-            for first in range(3):
-                rows, labels = window(first)
-                if run == 1:
-                    rows[0, 0, 0] -= 0.5
-                np.testing.assert_array_equal(memo.row_hashes("layer0.cache", rows, labels),
-                                              probe_row_hashes(rows))
+        # the memo over runs: a run's first step is compared with the first run's;
+        # within its byte bound (one window's rows: it keeps the previous step's)
+        one = 2 * w * 2 * f * 4
+        for bound in (1 << 30, one, one - 1):
+            memo = ProbeMemo(max_bytes=bound)
+            for run in range(2):
+                memo.start_run()
+                for first in range(3):
+                    for layer in range(2):
+                        rows, labels = window(first)
+                        if run == 1:
+                            rows[0, 0, 0] -= 0.5
+                        np.testing.assert_array_equal(memo.row_hashes(f"layer{layer}.cache", rows, labels),
+                                                      probe_row_hashes(rows))
+                        self.assertLessEqual(memo.kept_bytes(), bound)
+            # unbounded: each layer's first state and its last; one window's bytes: one last; less: none
+            self.assertEqual(memo.kept_bytes(), {1 << 30: 4 * one, one: one, one - 1: 0}[bound])
 
 
 class SteadyTest(unittest.TestCase):
