@@ -20,7 +20,8 @@ Columns:
   compile s   the decode steps whose call compiled a graph (dynamo, inductor;
               reduce-overhead's warm-up run), summed per run: median [min-max]
 
-Without --gate the verdict columns are `-`. Reads the report schema only
+Without --gate the verdict columns are `-`. Under the table: each line's
+first skip reason and first failure, at most MAX_NOTES lines. Reads the report schema only
 (h5py, numpy): no torch, no transformers.
 """
 
@@ -38,6 +39,9 @@ import numpy as np
 from .errors import InputError
 from .files import open_regular
 
+# Lines under the table (skip reasons, first failures) at most: a log's tail
+# keeps the table whole.
+MAX_NOTES = 16
 KIND_REFERENCE, KIND_REPEAT, KIND_FINITE, KIND_COMPILED, KIND_BUDGET = 0, 1, 5, 6, 7
 PASS, FAIL, SKIP = 0, 1, 2
 
@@ -256,5 +260,8 @@ def table_lines(captures: list[str], gate: str | None = None) -> list[str]:
         lines.append("  ".join(h.ljust(w) for h, w in zip(HEADER, widths)).rstrip())
         for r in rows:
             lines.append("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
-    lines.extend(f"  {n[:300]}" for n in notes)
+    lines.extend(f"  {n[:300]}" for n in notes[:MAX_NOTES])
+    if len(notes) > MAX_NOTES:
+        lines.append(f"  ... and {len(notes) - MAX_NOTES} more (the captures' skip reasons and the gate's report "
+                     "hold them all)")
     return lines

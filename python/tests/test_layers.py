@@ -210,6 +210,35 @@ class SteadyTest(unittest.TestCase):
         self.assertTrue(np.isnan(steady_ms(t, 5)))
 
 
+class TableNotesTest(unittest.TestCase):
+    """kvrepro-hf table lists the reasons of skipped runs under the table,
+    at most table.MAX_NOTES lines (a log's tail keeps the table whole)."""
+
+    def test_notes_are_bounded(self) -> None:
+        from kvrepro import table
+        from kvrepro.report import Run, write_report
+
+        runs = [Run(model="m", scenario="s", variant=f"hf:roll:eager:fp32", backend="torch-cuda", mode="eager",
+                    repeat=r, engine="test", skipped=True, skip_reason=f"why {r}", vocab=4, steps=2)
+                for r in range(2)]
+        runs += [Run(model="m", scenario="s", variant=f"hf:layer{i}:eager:fp32", backend="torch-cuda",
+                     mode="compile", repeat=0, engine="test", skipped=True, skip_reason=f"failed: reason {i}",
+                     vocab=4, steps=2) for i in range(table.MAX_NOTES + 5)]
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "c.h5")
+            write_report(path, runs, {"tool_version": "t", "git_commit": "x", "host": "h", "device": "d",
+                                      "math_mode": "m"})
+            lines = table.table_lines([path])
+        self.assertEqual(lines[0], "m s torch-cuda (no gate report)")
+        rows = lines[2:2 + 1 + table.MAX_NOTES + 5]
+        self.assertRegex(rows[0], r"^fp32 +roll +eager +eager +0 \(2 skipped\)")
+        self.assertRegex(rows[1], r"^fp32 +layer0 +eager +compile +0 \(1 failed\)")
+        notes = lines[2 + len(rows):]
+        self.assertEqual(len(notes), table.MAX_NOTES + 1)
+        self.assertEqual(notes[0], "  fp32 roll eager eager: why 0")
+        self.assertEqual(notes[-1], "  ... and 6 more (the captures' skip reasons and the gate's report hold them all)")
+
+
 class CliInputTest(unittest.TestCase):
     def run_cli(self, argv: list[str]) -> tuple[int, str]:
         err = io.StringIO()
