@@ -90,6 +90,40 @@ def _recompile_logger() -> logging.Logger:
     return logging.getLogger("torch._dynamo.guards.__recompiles")
 
 
+class CudagraphSkips(logging.Handler):
+    """While entered: how many times inductor declined to wrap a compiled
+    graph in a CUDA graph (its `cudagraph_skips` counter) and the first
+    reason it logged ("skipping cudagraphs due to mutated inputs ..."). A
+    reduce-overhead decode whose graphs were skipped runs compiled code
+    launched kernel by kernel: its step times are not CUDA graph replays."""
+
+    LOGGER = "torch._inductor.cudagraph_utils.__cudagraphs"
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.count = 0
+        self.first = ""
+        self._start = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        text = record.getMessage()
+        if not self.first and "skipping cudagraphs" in text:
+            self.first = text.splitlines()[0].strip()
+
+    def __enter__(self) -> "CudagraphSkips":
+        from torch._dynamo.utils import counters
+
+        self._start = counters["inductor"]["cudagraph_skips"]
+        logging.getLogger(self.LOGGER).addHandler(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        from torch._dynamo.utils import counters
+
+        logging.getLogger(self.LOGGER).removeHandler(self)
+        self.count = counters["inductor"]["cudagraph_skips"] - self._start
+
+
 def left_pad(prompts: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
     """(B, P) int32 ids left-padded with 0 and (B, P) uint8 real flags."""
     p = max(len(r) for r in prompts)
@@ -458,8 +492,9 @@ def decode(model: torch.nn.Module, spec: CaptureSpec, ids_np: np.ndarray, real_n
 
     step_ms = np.zeros(max(n_steps - 1, 0), np.float64)
     compiled_at: list[int] = []   # the decode steps whose call compiled a graph
+    skips = CudagraphSkips()
     try:
-        with torch.no_grad():
+        with torch.no_grad(), skips:
             def step(f, input_ids, seen, n, **kwargs):
                 mask = am if setup.native else build_masks(
                     setup, config.model_type, real_np, seen, n, spec.impl, dtype, dev)
@@ -515,6 +550,10 @@ def decode(model: torch.nn.Module, spec: CaptureSpec, ids_np: np.ndarray, real_n
     first = steady_from(spec.mode, compiled_at)
     extra: dict[str, str | int] = {"attn_impl": spec.impl, "dtype": spec.dtype, "cache_layer": spec.layer,
                                    "window": setup.window}
+    if spec.mode == "reduce-overhead":
+        extra["cudagraph_skips"] = skips.count
+        if skips.first:
+            extra["cudagraph_skip"] = skips.first.encode()[:1023].decode(errors="ignore")
     if compiled:
         extra["probes_seen"] = "layerN.cache and logits: a fullgraph compiled region runs no forward hooks"
         if first_reason:

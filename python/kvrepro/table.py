@@ -15,7 +15,9 @@ Columns:
               where repeats differ
   recompiles  dynamo's recompile messages during the decode
   ms/step     the steady per-step time (capture: the median of the decode
-              steps after the warm-up), median over the runs [min-max]
+              steps after the warm-up), median over the runs [min-max]; `*`
+              where inductor skipped the CUDA graphs of a reduce-overhead run
+              (its steps are then not replays; the reason under the table)
   prefill ms  the prefill's time, median over the runs
   compile s   the decode steps whose call compiled a graph (dynamo, inductor;
               reduce-overhead's warm-up run), summed per run: median [min-max]
@@ -75,6 +77,8 @@ class CapturedRun:
     step_ms_steady: float
     prefill_ms: float
     compile_ms: float
+    cudagraph_skips: int = 0
+    cudagraph_skip: str = ""
 
 
 @dataclass
@@ -130,7 +134,8 @@ def read_captured(path: str) -> list[CapturedRun]:
                 skip_reason=_text(a.get("skip_reason", "")), graphs=int(a.get("graphs_captured", 0)),
                 recompiles=int(a.get("recompiles", -1)), budget=int(a.get("graph_budget", -1)),
                 step_ms_steady=_num(a.get("step_ms_steady")), prefill_ms=_num(a.get("prefill_ms")),
-                compile_ms=_num(a.get("compile_ms"))))
+                compile_ms=_num(a.get("compile_ms")), cudagraph_skips=int(a.get("cudagraph_skips", 0)),
+                cudagraph_skip=_text(a.get("cudagraph_skip", ""))))
     return out
 
 
@@ -248,9 +253,15 @@ def table_lines(captures: list[str], gate: str | None = None) -> list[str]:
                 graphs += "!"
                 notes.append(f"{label}: {over[0][2]}")
             recompiles = _span([r.recompiles for r in ran])
+        ms = _ms([r.step_ms_steady for r in ran], True)
+        no_graph = [r for r in ran if r.cudagraph_skips > 0]
+        if no_graph:
+            ms += "*"
+            notes.append(f"{label}: * CUDA graphs skipped in {len(no_graph)} of {len(ran)} runs, their steps are not "
+                         f"replays: {no_graph[0].cudagraph_skip or '(no reason logged)'}")
         by_unit.setdefault((model, scenario, backend), []).append(
             (dtype, cache, attn, mode, cell, *cells, graphs, recompiles,
-             _ms([r.step_ms_steady for r in ran], True), _ms([r.prefill_ms for r in ran], False),
+             ms, _ms([r.prefill_ms for r in ran], False),
              "-" if mode == "eager" else _ms([r.compile_ms / 1e3 for r in ran], True)))
     all_rows = [r for rows in by_unit.values() for r in rows]
     widths = [max(len(h), *(len(r[i]) for r in all_rows)) for i, h in enumerate(HEADER)]

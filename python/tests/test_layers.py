@@ -239,6 +239,52 @@ class TableNotesTest(unittest.TestCase):
         self.assertEqual(notes[-1], "  ... and 6 more (the captures' skip reasons and the gate's report hold them all)")
 
 
+class CudagraphSkipsTest(unittest.TestCase):
+    """A reduce-overhead run records how often inductor skipped its CUDA
+    graphs and the first reason, from torch's own counter and log (its
+    steps are then not replays), and the table marks its ms/step."""
+
+    def test_counts_torchs_skips(self) -> None:
+        from torch._inductor.cudagraph_utils import log_cudagraph_skip_and_bump_counter
+
+        from kvrepro.capture import CudagraphSkips
+
+        with redirect_stderr(io.StringIO()):
+            with CudagraphSkips() as skips:
+                log_cudagraph_skip_and_bump_counter("skipping cudagraphs due to mutated inputs (2 instances)")
+                log_cudagraph_skip_and_bump_counter("skipping cudagraphs due to cpu device (arg0_1)")
+            log_cudagraph_skip_and_bump_counter("skipping cudagraphs due to a later run")
+        self.assertEqual(skips.count, 2)
+        self.assertEqual(skips.first, "skipping cudagraphs due to mutated inputs (2 instances)")
+
+    def test_table_marks_runs_without_graphs(self) -> None:
+        from kvrepro import table
+        from kvrepro.report import Run, margins_of, write_report
+
+        logits = np.arange(2 * 1 * 4, dtype=np.float32).reshape(2, 1, 4)
+        runs = []
+        for r, skipped in enumerate((0, 3)):
+            extra = {"cudagraph_skips": skipped, "attn_impl": "eager", "dtype": "fp32", "cache_layer": "roll"}
+            if skipped:
+                extra["cudagraph_skip"] = "skipping cudagraphs due to mutated inputs (1 instances)"
+            runs.append(Run(model="m", scenario="s", variant="hf:roll:eager:fp32", backend="torch-cuda",
+                            mode="reduce-overhead", repeat=r, engine="test", vocab=4, steps=2,
+                            prompt=np.zeros((1, 2), np.int32), prompt_real=np.ones((1, 2), np.uint8),
+                            tokens=np.argmax(logits, -1).astype(np.int32), logits=logits, margins=margins_of(logits),
+                            probe_names=["logits"], probe_hash=np.zeros((2, 1, 1), np.uint64), graphs_captured=1,
+                            recompiles=0, graph_budget=2, extra=extra, step_ms=np.array([50.0]), steady_from=0,
+                            step_ms_steady=[0.5, 0.7][r], prefill_ms=3.0, compile_ms=50.0))
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "c.h5")
+            write_report(path, runs, {"tool_version": "t", "git_commit": "x", "host": "h", "device": "d",
+                                      "math_mode": "m"})
+            lines = table.table_lines([path])
+        self.assertRegex(lines[2], r"^fp32 +roll +eager +reduce-overhead +2 +- +- +- +1/2 +0 +0.600 "
+                                   r"\[0.500-0.700\]\* +3.000 +0.050$")
+        self.assertEqual(lines[3], "  fp32 roll eager reduce-overhead: * CUDA graphs skipped in 1 of 2 runs, their "
+                                   "steps are not replays: skipping cudagraphs due to mutated inputs (1 instances)")
+
+
 class CliInputTest(unittest.TestCase):
     def run_cli(self, argv: list[str]) -> tuple[int, str]:
         err = io.StringIO()
