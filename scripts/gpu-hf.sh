@@ -13,12 +13,14 @@
 # and mode the agreement with the reference, compiled vs eager, whether the
 # repeats are bitwise equal, the decode graphs over their budget, the
 # recompiles, the steady per-step time (reduce-overhead: CUDA graph replays),
-# the prefill and the compile time. Every expensive step prints its duration
+# the prefill and the compile time, the CUDA graphs recorded (a graph
+# recorded again at every step leaves nothing to replay: the table says so).
+# Every expensive step prints its duration
 # and runs under timeout(1); a capture stopped by its timeout still writes the
 # runs it completed (kvrepro-hf capture on SIGTERM).
 #
-# Knobs (environment; defaults sized to fit ~150 s on an H100 with the
-# gemma2 attn2b fixture, see the estimate below):
+# Knobs (environment; defaults sized for about 2.5 min on an H100 or H200
+# with the gemma2 attn2b fixture, see the estimate below):
 #   CACHES      cache layers (default static_sliding,always_roll; all five of
 #               the issue: static_sliding,dynamic_sliding,cat_shift,roll,always_roll)
 #   MODES       eager,compile,reduce-overhead (default eager,reduce-overhead)
@@ -26,8 +28,10 @@
 #   REPEATS     runs per cache layer and mode (default 2; bitwise repeats need 2)
 #   BF16_PAIR   the attention kernel of the bf16 yardstick's second eager run
 #               (transformers' static_sliding beside attn eager, DESIGN §6;
-#               gemma2 refuses sdpa, so flex_attention), or none (default
-#               flex_attention); without it the gate judges bf16 by fp32's
+#               gemma2 and sdpa: transformers 5.23 refuses it, 5.17 runs it
+#               without the softcaps, 0.44 off in fp32 on the tiny fixture,
+#               so flex_attention), or none (default flex_attention);
+#               without it the gate judges bf16 by fp32's
 #               yardstick, which fails them, saying so
 #   CALIBRATE   1: the gate calibrates its tolerance per batch (3 reference
 #               members and the fp64 shadow: ~5 reference decodes); 0:
@@ -98,7 +102,7 @@ mkdir -p "$OUT" || exit 2
 # an earlier call's files would pass for this one's
 rm -f "$OUT/hf_fp32.h5" "$OUT/hf_bf16.h5" "$OUT/hf_bf16_pair.h5" "$OUT/gate_hf.h5" "$OUT/gate_hf.xml"
 
-ROOT=$(pwd)
+ROOT=$(cd "$(dirname "$0")/.." && pwd)   # this tree: its python/ is the package run
 PYTHONPATH="$ROOT/python${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONPATH
 HF_HUB_OFFLINE=1

@@ -30,6 +30,7 @@ import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -203,6 +204,25 @@ def build_masks(setup: CacheSetup, model_type: str, real: np.ndarray, seen: int,
     if model_type == "mistral":  # one mask for every layer (mistral takes no dict)
         return masks[setup.layer_types[0]]
     return masks
+
+
+def generate_masks(model: torch.nn.Module, attention_mask: torch.Tensor, setup: CacheSetup,
+                   position_ids: torch.Tensor, batch: int, n: int) -> Any:
+    """The masks of a step of n tokens for transformers' own compileable
+    cache (StaticCache), built as transformers' generate builds them
+    (GenerationMixin.prepare_inputs_for_generation: a compileable cache's
+    2-D padding mask becomes its 4-D masks before the forward, with
+    transformers' own create_masks_for_generate, "important for performant
+    compiled forward pass"), so that a compiled decode sees masks of a fixed
+    shape as it does under generate, not a 2-D mask one column longer at
+    every step. The same masks the forward would build: eager logits are
+    bitwise those of passing the 2-D mask (tests)."""
+    from transformers.masking_utils import create_masks_for_generate
+
+    make = getattr(model, "create_masks_for_generate", create_masks_for_generate)
+    return make(config=model.config,
+                inputs_embeds=torch.empty((batch, n, 0), dtype=model.dtype, device=attention_mask.device),
+                attention_mask=attention_mask, past_key_values=setup.cache, position_ids=position_ids)
 
 
 class Probes:
@@ -431,14 +451,49 @@ def last_logits_kwargs(model: torch.nn.Module) -> dict[str, int]:
 # step for the step itself (compiling; in eager the first step, which
 # allocates and picks its kernels), and for reduce-overhead one more: cudagraph
 # trees run a new graph once to warm up, record it on the next call and
-# replay it from then on.
+# replay it from then on. And after the last step that recorded a CUDA graph:
+# cudagraph trees record a graph again for each new value of a dynamic size
+# or integer, so a decode whose every step records has no steady state.
 WARM_STEPS = {"eager": 1, "compile": 1, "reduce-overhead": 2}
 
 
-def steady_from(mode: str, compiled_at: list[int]) -> int:
+def steady_from(mode: str, compiled_at: list[int], recorded_at: list[int] | None = None) -> int:
     """The first decode step of the steady state (compiled_at: the steps
-    whose call compiled a graph, ascending)."""
-    return (compiled_at[-1] if compiled_at else 0) + WARM_STEPS[mode]
+    whose call compiled a graph, recorded_at: those whose call recorded a
+    CUDA graph; ascending)."""
+    after_compile = (compiled_at[-1] if compiled_at else 0) + WARM_STEPS[mode]
+    return max(after_compile, recorded_at[-1] + 1) if recorded_at else after_compile
+
+
+class CudagraphRecords:
+    """While entered: the decode steps (`step`, set by the caller) during
+    which cudagraph trees recorded a CUDA graph, from torch's own compile
+    callbacks (CallbackTrigger.CUDAGRAPH_RECORDING). Enter it after
+    torch._dynamo.reset(), which clears the callbacks."""
+
+    def __init__(self) -> None:
+        self.at: list[int] = []
+        self.step = -1
+
+    def __call__(self, args: object) -> None:
+        from torch._dynamo.callback import CallbackTrigger
+
+        if getattr(args, "callback_trigger", None) == CallbackTrigger.CUDAGRAPH_RECORDING:
+            self.at.append(self.step)
+
+    def __enter__(self) -> "CudagraphRecords":
+        from torch._dynamo.callback import callback_handler
+
+        callback_handler.register_start_callback(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        from torch._dynamo.callback import callback_handler
+
+        try:
+            callback_handler.remove_start_callback(self)
+        except ValueError:   # cleared meanwhile (a dynamo reset)
+            pass
 
 
 def steady_ms(step_ms: np.ndarray, first: int) -> float:
@@ -493,11 +548,16 @@ def decode(model: torch.nn.Module, spec: CaptureSpec, ids_np: np.ndarray, real_n
     step_ms = np.zeros(max(n_steps - 1, 0), np.float64)
     compiled_at: list[int] = []   # the decode steps whose call compiled a graph
     skips = CudagraphSkips()
+    records = CudagraphRecords()
     try:
-        with torch.no_grad(), skips:
+        with torch.no_grad(), skips, records:
             def step(f, input_ids, seen, n, **kwargs):
-                mask = am if setup.native else build_masks(
-                    setup, config.model_type, real_np, seen, n, spec.impl, dtype, dev)
+                if not setup.native:
+                    mask = build_masks(setup, config.model_type, real_np, seen, n, spec.impl, dtype, dev)
+                elif getattr(setup.cache, "is_compileable", False):
+                    mask = generate_masks(model, am, setup, pos, b, n)
+                else:
+                    mask = am
                 if setup.mark_dynamic and f is not model.forward:
                     mark_growing_dims(setup, mask)
                 out = f(input_ids=input_ids, attention_mask=mask, position_ids=pos,
@@ -530,6 +590,7 @@ def decode(model: torch.nn.Module, spec: CaptureSpec, ids_np: np.ndarray, real_n
                 am = torch.cat([am, torch.ones((b, 1), dtype=am.dtype, device=dev)], dim=1)
                 pos = pos[:, -1:] + 1
                 before = counters["stats"]["unique_graphs"]
+                records.step = n
                 t0 = time.perf_counter()
                 lg = step(fn, nxt, seen, 1)
                 sync()
@@ -547,10 +608,11 @@ def decode(model: torch.nn.Module, spec: CaptureSpec, ids_np: np.ndarray, real_n
             logger.removeHandler(log)
             logger.propagate = True
             torch._logging.set_logs()
-    first = steady_from(spec.mode, compiled_at)
+    first = steady_from(spec.mode, compiled_at, records.at)
     extra: dict[str, str | int] = {"attn_impl": spec.impl, "dtype": spec.dtype, "cache_layer": spec.layer,
                                    "window": setup.window}
     if spec.mode == "reduce-overhead":
+        extra["cudagraph_records"] = len(records.at)
         extra["cudagraph_skips"] = skips.count
         if skips.first:
             extra["cudagraph_skip"] = skips.first.encode()[:1023].decode(errors="ignore")

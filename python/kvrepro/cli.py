@@ -376,6 +376,8 @@ def _capture_all(args: argparse.Namespace, prompts: list[list[int]], scenario: s
                             line += f", {r.graphs_captured} decode graphs, {r.recompiles} recompiles"
                             if r.extra.get("first_recompile"):
                                 line += f" (first: {r.extra['first_recompile'][:160]})"
+                            if "cudagraph_records" in r.extra:
+                                line += f", {r.extra['cudagraph_records']} CUDA graphs recorded"
                             if r.extra.get("cudagraph_skips"):
                                 line += (f"; CUDA graphs skipped {r.extra['cudagraph_skips']} times, its steps are "
                                          f"not replays ({str(r.extra.get('cudagraph_skip', ''))[:160]})")

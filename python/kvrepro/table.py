@@ -12,7 +12,8 @@ Columns:
               or DIFF and how many differ; `-` with one repeat
   graphs      decode graphs dynamo compiled, over the run's graph_budget, and
               `!` where the gate's `graph_budget` (kind 7) failed; a range
-              where repeats differ
+              where repeats differ; reduce-overhead: `cgN`, the CUDA graphs
+              cudagraph trees recorded during the decode
   recompiles  dynamo's recompile messages during the decode
   ms/step     the steady per-step time (capture: the median of the decode
               steps after the warm-up), median over the runs [min-max]; `*`
@@ -79,6 +80,8 @@ class CapturedRun:
     compile_ms: float
     cudagraph_skips: int = 0
     cudagraph_skip: str = ""
+    cudagraph_records: int = -1   # -1: not recorded (not a reduce-overhead run)
+    steps: int = 0
 
 
 @dataclass
@@ -135,7 +138,8 @@ def read_captured(path: str) -> list[CapturedRun]:
                 recompiles=int(a.get("recompiles", -1)), budget=int(a.get("graph_budget", -1)),
                 step_ms_steady=_num(a.get("step_ms_steady")), prefill_ms=_num(a.get("prefill_ms")),
                 compile_ms=_num(a.get("compile_ms")), cudagraph_skips=int(a.get("cudagraph_skips", 0)),
-                cudagraph_skip=_text(a.get("cudagraph_skip", ""))))
+                cudagraph_skip=_text(a.get("cudagraph_skip", "")),
+                cudagraph_records=int(a.get("cudagraph_records", -1)), steps=int(a.get("steps", 0))))
     return out
 
 
@@ -253,7 +257,16 @@ def table_lines(captures: list[str], gate: str | None = None) -> list[str]:
                 graphs += "!"
                 notes.append(f"{label}: {over[0][2]}")
             recompiles = _span([r.recompiles for r in ran])
+            recorded = [r.cudagraph_records for r in ran if r.cudagraph_records >= 0]
+            if recorded:
+                graphs += f" cg{_span(recorded)}"
         ms = _ms([r.step_ms_steady for r in ran], True)
+        unsteady = [r for r in ran if r.cudagraph_records > 0 and not math.isfinite(r.step_ms_steady)]
+        if unsteady:
+            r = unsteady[0]
+            notes.append(f"{label}: {r.cudagraph_records} CUDA graphs recorded in {r.steps - 1} decode steps: "
+                         "recorded again up to the last step, no replay to time (a size or integer that changes "
+                         "every step)")
         no_graph = [r for r in ran if r.cudagraph_skips > 0]
         if no_graph:
             ms += "*"

@@ -6,6 +6,8 @@ CPU, eager:
   prefill's forward is called with it and returns one position, and the
   decode steps' forwards are called as before (their compiled graphs and
   guards unchanged);
+- transformers' compileable cache gets its 4-D masks built before the
+  forward, as generate builds them, with the same logits;
 - `capture --scenario NAME` without prompts decodes the gate's batch of NAME
   (the ids and steps `kvrepro gate` runs, full and real scale);
 - every run records its timings (prefill, each decode step, the steady
@@ -140,6 +142,50 @@ def mistral_at(tmp: str, window: int) -> str:
         json.dump(cfg, f)
     os.symlink(os.path.join(model_dir("mistral"), "model.safetensors"), os.path.join(d, "model.safetensors"))
     return d
+
+
+class GenerateMasksTest(unittest.TestCase):
+    """transformers' own compileable cache (static_sliding) gets its 4-D
+    masks built before the forward, as generate builds them (a compiled
+    decode then sees masks of one shape); the logits and probe hashes are
+    bitwise those of passing the 2-D mask. dynamic_sliding (not
+    compileable) is passed the 2-D mask, as generate passes it."""
+
+    def test_masks_as_generate_builds_them(self) -> None:
+        for family in ("gemma2", "mistral"):
+            model = capture.load_model(model_dir(family), "eager", "fp32", "cpu")
+            prompts = [[5, 17, 42, 7, 99, 3, 8, 1, 2, 3, 4, 5, 6, 7], [11, 12, 13]]
+            ids, real = capture.left_pad(prompts)
+            for layer in ("static_sliding", "dynamic_sliding"):
+                with self.subTest(family=family, layer=layer):
+                    spec = capture.CaptureSpec(model_dir=model_dir(family), prompts=prompts, scenario="t",
+                                               new_tokens=12, layer=layer, mode="eager", impl="eager", dtype="fp32",
+                                               repeats=1, device="cpu")
+                    masks: list[object] = []
+                    orig = model.forward
+
+                    @functools.wraps(orig)
+                    def forward(*args, **kwargs):
+                        masks.append(kwargs["attention_mask"])
+                        return orig(*args, **kwargs)
+
+                    model.forward = forward
+                    try:
+                        run = capture.decode(model, spec, ids, real, 0)
+                    finally:
+                        model.forward = orig
+                    two_d = [isinstance(m, torch.Tensor) and m.dim() == 2 for m in masks]
+                    self.assertEqual(two_d, [layer == "dynamic_sliding"] * len(masks))
+                    if layer == "dynamic_sliding":
+                        continue
+                    saved = capture.generate_masks
+                    capture.generate_masks = lambda _m, am, *_a: am   # the forward builds them from the 2-D mask
+                    try:
+                        plain = capture.decode(model, spec, ids, real, 0)
+                    finally:
+                        capture.generate_masks = saved
+                    np.testing.assert_array_equal(run.logits.view(np.uint32), plain.logits.view(np.uint32))
+                    np.testing.assert_array_equal(run.probe_hash, plain.probe_hash)
 
 
 class GateScenarioTest(unittest.TestCase):

@@ -201,6 +201,25 @@ class SteadyTest(unittest.TestCase):
         self.assertEqual(steady_from("compile", [0, 1]), 2)          # a recompile at step 1
         self.assertEqual(steady_from("reduce-overhead", [0]), 2)     # step 1 records the CUDA graph
         self.assertEqual(steady_from("reduce-overhead", [0, 3]), 5)
+        # after the last CUDA graph recording: a graph recorded again at steps 4 and 5
+        self.assertEqual(steady_from("reduce-overhead", [0], [1, 4, 5]), 6)
+        self.assertEqual(steady_from("reduce-overhead", [0, 3], [1]), 5)
+
+    def test_cudagraph_records_from_torchs_callbacks(self) -> None:
+        from torch._dynamo.callback import CallbackTrigger, callback_handler
+
+        from kvrepro.capture import CudagraphRecords
+
+        with CudagraphRecords() as rec:
+            for step, trigger in ((0, CallbackTrigger.DYNAMO), (1, CallbackTrigger.CUDAGRAPH_RECORDING),
+                                  (2, CallbackTrigger.CUDAGRAPH_RECORDING)):
+                rec.step = step
+                with callback_handler.install_callbacks(trigger, "0/0"):
+                    pass
+        with callback_handler.install_callbacks(CallbackTrigger.CUDAGRAPH_RECORDING, "0/0"):
+            pass   # after the run: not counted
+        self.assertEqual(rec.at, [1, 2])
+        self.assertNotIn(rec, callback_handler.start_callbacks)
 
     def test_steady_ms(self) -> None:
         from kvrepro.capture import steady_ms
@@ -264,7 +283,8 @@ class CudagraphSkipsTest(unittest.TestCase):
         logits = np.arange(2 * 1 * 4, dtype=np.float32).reshape(2, 1, 4)
         runs = []
         for r, skipped in enumerate((0, 3)):
-            extra = {"cudagraph_skips": skipped, "attn_impl": "eager", "dtype": "fp32", "cache_layer": "roll"}
+            extra = {"cudagraph_skips": skipped, "cudagraph_records": 1, "attn_impl": "eager", "dtype": "fp32",
+                     "cache_layer": "roll"}
             if skipped:
                 extra["cudagraph_skip"] = "skipping cudagraphs due to mutated inputs (1 instances)"
             runs.append(Run(model="m", scenario="s", variant="hf:roll:eager:fp32", backend="torch-cuda",
@@ -279,7 +299,7 @@ class CudagraphSkipsTest(unittest.TestCase):
             write_report(path, runs, {"tool_version": "t", "git_commit": "x", "host": "h", "device": "d",
                                       "math_mode": "m"})
             lines = table.table_lines([path])
-        self.assertRegex(lines[2], r"^fp32 +roll +eager +reduce-overhead +2 +- +- +- +1/2 +0 +0.600 "
+        self.assertRegex(lines[2], r"^fp32 +roll +eager +reduce-overhead +2 +- +- +- +1/2 cg1 +0 +0.600 "
                                    r"\[0.500-0.700\]\* +3.000 +0.050$")
         self.assertEqual(lines[3], "  fp32 roll eager reduce-overhead: * CUDA graphs skipped in 1 of 2 runs, their "
                                    "steps are not replays: skipping cudagraphs due to mutated inputs (1 instances)")
