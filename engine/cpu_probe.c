@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "cpu_state.h"
+#include "probe.h"
 #include "prng.h"
 
 /* The cache probe: per row, K then V of every real position the next query
@@ -86,13 +87,15 @@ static void probe_cache(KvCpuState *cs, int64_t layer) {
                 }
                 if (k == NULL) continue; /* missing from the cache: the hash shows it */
             }
-            h = kv_fnv1a(h, &p, sizeof p);
+            /* The position's entry is one slice (probe.h). */
+            uint64_t e = kv_fnv1a(KV_FNV_OFFSET, &p, sizeof p);
             /* The independent check: a slot whose recorded position is not
              * the rule's adds the record to the hash (and only then, so a
              * correct variant hashes exactly as the reference does). */
-            if (recorded != p) h = kv_fnv1a(h, &recorded, sizeof recorded);
-            h = kv_fnv1a(h, k, row_bytes);
-            h = kv_fnv1a(h, v, row_bytes);
+            if (recorded != p) e = kv_fnv1a(e, &recorded, sizeof recorded);
+            e = kv_fnv1a(e, k, row_bytes);
+            e = kv_fnv1a(e, v, row_bytes);
+            h = kv_probe_fold(h, e);
             /* Elements counted as in the dump: (p - lo, {K, V}, kv_dim). */
             kv_probes_check_finite(pr, idx, b, k, kv_dim, (p - lo) * 2 * kv_dim);
             kv_probes_check_finite(pr, idx, b, v, kv_dim, (p - lo) * 2 * kv_dim + kv_dim);
@@ -140,12 +143,12 @@ static void cpu_probe_observe(void *ctx, KvRefState *s, int64_t layer, KvPoint p
         probe_cache(cs, layer);
         return;
     }
-    /* probe_hash[idx, b] = fnv1a(base + b * per_row, per_row) */
+    /* probe_hash[idx, b] = the two-level hash of row b's per_row bytes */
     const int64_t idx = probe_of_point(pr, layer, point);
     kv_probes_dump_rows(&pr->dump, idx, base, per_row);
     for (int64_t b = 0; b < pr->batch; b++) {
         const unsigned char *row = (const unsigned char *)base + b * per_row;
-        pr->hash[idx * pr->batch + b] = kv_fnv1a(KV_FNV_OFFSET, row, (size_t)per_row);
+        pr->hash[idx * pr->batch + b] = kv_probe_hash_bytes(row, (size_t)per_row);
         kv_probes_check_finite(pr, idx, b, (const float *)(const void *)row,
                            per_row / (int64_t)sizeof(float), 0);
     }

@@ -20,6 +20,22 @@ void kv_probe_dump_free(KvProbeDump *d) {
     memset(d, 0, sizeof *d);
 }
 
+uint64_t kv_probe_fold(uint64_t h, uint64_t slice) {
+    unsigned char le[8];
+    for (int i = 0; i < 8; i++) le[i] = (unsigned char)(slice >> (8 * i));
+    return kv_fnv1a(h, le, sizeof le);
+}
+
+uint64_t kv_probe_hash_bytes(const void *data, size_t n) {
+    const unsigned char *p = data;
+    uint64_t h = KV_FNV_OFFSET;
+    for (size_t at = 0; at < n; at += KV_PROBE_CHUNK) {
+        const size_t len = n - at < KV_PROBE_CHUNK ? n - at : KV_PROBE_CHUNK;
+        h = kv_probe_fold(h, kv_fnv1a(KV_FNV_OFFSET, p + at, len));
+    }
+    return h;
+}
+
 int64_t kv_probe_count(const KvConfig *c) {
     return 3 + KV_PROBE_PER_LAYER * c->num_layers;
 }

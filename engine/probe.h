@@ -1,6 +1,16 @@
-/* probe.h: probes (DESIGN §6): per forward, an FNV-1a 64 hash per batch row
- * of every named intermediate of the reference (state.h KvPoint), the
- * first non-finite value among them, and on request their full values.
+/* probe.h: probes (DESIGN §6): per forward, a hash per batch row of every
+ * named intermediate of the reference (state.h KvPoint), the first
+ * non-finite value among them, and on request their full values.
+ *
+ * The hash has two levels so that a GPU can compute it in parallel (FNV-1a
+ * is a chain: one GPU thread per row dominated a CUDA run at the seed's cache
+ * size): a probe row is cut into slices, each slice is hashed with FNV-1a 64
+ * on its own, and the row's hash is FNV-1a 64 over the slice hashes' 8
+ * little-endian bytes each, in order (kv_probe_fold). The slices are
+ * KV_PROBE_CHUNK bytes of the row (the last one shorter), except for the
+ * cache probe, whose slices are its positions' entries (probe_cache in
+ * cpu_probe.c). Both backends hash the same way, so equal bytes give equal
+ * hashes across them.
  * Computed by an observer the engine installs in the reference's hooks, run
  * as ops, so graph replays record them too.
  *
@@ -33,6 +43,17 @@ typedef struct {
 
 void kv_probe_dump_free(KvProbeDump *d);
 
+/* Bytes per slice of a probe row (the last slice of a row may be shorter). */
+#define KV_PROBE_CHUNK 4096
+
+/* FNV-1a 64 continued from h over the 8 little-endian bytes of slice, a
+ * slice's hash: the probe hash's outer level. */
+uint64_t kv_probe_fold(uint64_t h, uint64_t slice);
+
+/* A probe row's hash: the slices' hashes folded from KV_FNV_OFFSET, slices
+ * of KV_PROBE_CHUNK bytes. n == 0 gives KV_FNV_OFFSET. */
+uint64_t kv_probe_hash_bytes(const void *data, size_t n);
+
 /* 3 + 7 * num_layers. */
 int64_t kv_probe_count(const KvConfig *c);
 
@@ -52,7 +73,7 @@ void kv_probe_name(const KvConfig *c, int64_t index, char *out, size_t out_len);
 /* One full layer's cache-probe memo for one row (KvProbes.memo). */
 typedef struct KvProbeMemo {
     int64_t n;        /* positions 0 .. n - 1 hashed into h (0: nothing memoised) */
-    uint64_t h;       /* the FNV state after them */
+    uint64_t h;       /* the outer FNV state (kv_probe_fold) after them */
     bool finite;      /* every value of theirs was finite (their finite check is done) */
     bool off;         /* allocation failed: always hash in full */
     float *k, *v;     /* (max_len, kv_dim) copies of the static cache's rows 0 .. n - 1 */

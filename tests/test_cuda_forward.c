@@ -427,6 +427,19 @@ START_TEST(test_cpu_agreement) {
     KvDecodeResult gpu = run_gpu(m, &spec, NULL, what);
     const double worst = assert_near_cpu(&cpu, &gpu, true, what);
     printf("cuda_forward: %s: GPU vs CPU max rel err %.3g\n", what, worst);
+    /* The embedding probe holds the same bytes on both backends (the same
+     * rows, gemma's one F32 multiply): the probe hash (probe.h), computed
+     * in parallel slices on the GPU, must then be the CPU's, every step. */
+    ck_assert_int_eq(cpu.n_probes, gpu.n_probes);
+    for (int64_t s = 0; s < cpu.steps; s++) {
+        for (int64_t r = 0; r < spec.batch; r++) {
+            const int64_t at = (s * cpu.n_probes + 0) * spec.batch + r;
+            ck_assert_msg(cpu.probe_hash[at] == gpu.probe_hash[at],
+                          "%s: embed probe at step %lld row %lld: cpu %016llx, gpu %016llx", what,
+                          (long long)s, (long long)r, (unsigned long long)cpu.probe_hash[at],
+                          (unsigned long long)gpu.probe_hash[at]);
+        }
+    }
     /* The forced run of a variant in graph mode is still bitwise the GPU
      * reference's. */
     spec.variant = &kv_cache_ring;

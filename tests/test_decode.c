@@ -20,6 +20,7 @@
 #include "gemm.h"
 #include "kvmath.h"
 #include "prng.h"
+#include "probe.h"
 #include "shadow64.h"
 
 #ifdef _OPENMP
@@ -473,6 +474,31 @@ static KvDecodeResult probe_decode(const KvModel *m, const int32_t *prompt, int6
  * A NaN in layer 1's down projection (row 0) shows at step 0 in
  * "layer1.mlp", element 0. The same holds for a variant in graph mode (the
  * probe ops are replayed). A clean decode records nothing. */
+/* The probe hash's two levels (probe.h): 4096-byte slices hashed with
+ * FNV-1a 64, their hashes folded as little-endian bytes. The expected value
+ * was computed by a separate implementation (Python, plain integer FNV-1a
+ * over the same bytes); the one-level FNV-1a of the same bytes differs. */
+START_TEST(test_probe_hash_two_levels) {
+    enum { N = 2 * KV_PROBE_CHUNK + 12 };
+    unsigned char *d = malloc(N);
+    ck_assert_ptr_nonnull(d);
+    for (int i = 0; i < N; i++) d[i] = (unsigned char)((i * 7 + 3) % 251);
+    ck_assert_uint_eq(kv_probe_hash_bytes(d, N), 0x6a989e1965db094dULL);
+    ck_assert_uint_eq(kv_fnv1a(KV_FNV_OFFSET, d, N), 0x22ab2025d1b52f04ULL);
+    /* the fold is FNV-1a over the slice hash's little-endian bytes */
+    const uint64_t e = kv_fnv1a(KV_FNV_OFFSET, d, KV_PROBE_CHUNK);
+    unsigned char le[8];
+    for (int i = 0; i < 8; i++) le[i] = (unsigned char)(e >> (8 * i));
+    ck_assert_uint_eq(kv_probe_fold(KV_FNV_OFFSET, e), kv_fnv1a(KV_FNV_OFFSET, le, 8));
+    ck_assert_uint_eq(kv_probe_hash_bytes(d, KV_PROBE_CHUNK), kv_probe_fold(KV_FNV_OFFSET, e));
+    ck_assert_uint_eq(kv_probe_hash_bytes(d, 0), KV_FNV_OFFSET);
+    /* a flipped bit in the short last slice changes the hash */
+    d[N - 1] ^= 1;
+    ck_assert_uint_ne(kv_probe_hash_bytes(d, N), 0x6a989e1965db094dULL);
+    free(d);
+}
+END_TEST
+
 START_TEST(test_nonfinite_located) {
     KvFixtureModel f;
     KvError err = {{0}};
@@ -817,6 +843,7 @@ static Suite *decode_suite(void) {
     tcase_add_loop_test(tc, test_chunked_prefill_bitwise, 0, N_FAM);
     tcase_add_loop_test(tc, test_padded_row_equals_alone, 0, N_FAM);
     tcase_add_loop_test(tc, test_pad_skip_bitwise, 0, N_FAM);
+    tcase_add_test(tc, test_probe_hash_two_levels);
     tcase_add_loop_test(tc, test_stored_bf16_bitwise, 0, N_FAM);
     tcase_add_test(tc, test_stored_mxfp4_bitwise);
     suite_add_tcase(s, tc);

@@ -355,6 +355,15 @@ static KvStatus cuda_ctx_alloc_state(KvCudaCtx *ctx, KvError *err) {
     if (ctx->probes) {
         KV_ALLOC(ctx->nf_index, ctx->n_probes * B * (int64_t)sizeof(int64_t));
         KV_ALLOC(ctx->nf_value, ctx->n_probes * B * (int64_t)sizeof(float));
+        /* the widest probe row: a chunk of q or attn (q_dim), of the residual
+         * stream (hidden), the logits; and a full layer's cache positions */
+        int64_t widest = ctx->max_chunk * (ctx->q_dim > ctx->hidden ? ctx->q_dim : ctx->hidden);
+        if (ctx->vocab > widest) widest = ctx->vocab;
+        const int64_t chunks = (widest * (int64_t)sizeof(float) + KV_PROBE_CHUNK - 1) / KV_PROBE_CHUNK;
+        ctx->probe_slices = chunks > ctx->max_len ? chunks : ctx->max_len;
+        KV_ALLOC(ctx->slice_hash, B * ctx->probe_slices * (int64_t)sizeof(uint64_t));
+        KV_ALLOC(ctx->slice_nf, B * ctx->probe_slices * (int64_t)sizeof(int64_t));
+        KV_ALLOC(ctx->slice_nfv, B * ctx->probe_slices * (int64_t)sizeof(float));
     }
     KV_ALLOC(ctx->dev_err, sizeof(int32_t));
     KV_ALLOC(ctx->fault_clock, sizeof(uint64_t));

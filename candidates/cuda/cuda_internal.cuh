@@ -192,6 +192,14 @@ typedef struct {
      * thread owns a probe row, so no atomics. -1: none. NULL without probes. */
     int64_t *nf_index;       /* (n_probes, B) */
     float *nf_value;         /* (n_probes, B) */
+    /* The probe hashes' slices (probe.h: a KV_PROBE_CHUNK-byte chunk of a
+     * probe row, or one cache probe position's entry), hashed one thread
+     * each, then folded in order by one thread per row. NULL without probes. */
+    int64_t probe_slices;    /* slices per row allocated */
+    uint64_t *slice_hash;    /* (B, probe_slices) */
+    int64_t *slice_nf;       /* (B, probe_slices) the slice's first non-finite element (its
+                              * index in the probe row), -1 none, -2 an absent cache position */
+    float *slice_nfv;        /* (B, probe_slices) that element's value */
     int32_t *dev_err;        /* (1) KV_CUDA_DERR_* bits */
     uint64_t *fault_clock;   /* (1) KV_FAULT_ATOMIC_REDUCTION's clock, never snapshotted */
 

@@ -936,117 +936,196 @@ static __device__ uint64_t kv_dev_fnv1a(uint64_t h, const unsigned char *p, int6
     return h;
 }
 
-/* The first non-finite of count floats v at element offset `first` into
- * (*nf_index, *nf_value), unless the probe row already holds one: the CPU's
- * probe_check_finite (forward.c). Called by the one thread that owns the
- * probe row. */
-static __device__ void kv_dev_note_nonfinite(const float *v, int64_t count, int64_t first,
-                                             int64_t *nf_index, float *nf_value) {
-    if (*nf_index >= 0) return;
+/* FNV-1a 64 continued from h over the 8 little-endian bytes of a slice's
+ * hash: probe.h's kv_probe_fold. */
+static __device__ __forceinline__ uint64_t kv_dev_fold(uint64_t h, uint64_t slice) {
+    for (int i = 0; i < 8; i++) {
+        h ^= (slice >> (8 * i)) & 0xffu;
+        h *= KV_FNV_PRIME;
+    }
+    return h;
+}
+
+/* The index (first + i) of the first non-finite of count floats v, its
+ * value in *value; -1 when all are finite. */
+static __device__ int64_t kv_dev_first_nonfinite(const float *v, int64_t count, int64_t first,
+                                                 float *value) {
     for (int64_t i = 0; i < count; i++) {
         if (!isfinite(v[i])) {
-            *nf_index = first + i;
-            *nf_value = v[i];
-            return;
+            *value = v[i];
+            return first + i;
         }
+    }
+    return -1;
+}
+
+/* A slice's non-finite slot that is not folded: an absent cache position. */
+#define KV_SLICE_ABSENT ((int64_t)-2)
+
+/* The slices of op_probe (probe.h): slice j of row b is bytes
+ * [j * KV_PROBE_CHUNK, +KV_PROBE_CHUNK) of base + b * per_row; one thread
+ * per slice hashes it and finds its first non-finite float (its index in
+ * the probe row). */
+static __global__ void kv_probe_slices_kernel(const unsigned char *__restrict__ base /* (B, per_row) */,
+                                              int64_t per_row, int64_t B, int64_t n_slices,
+                                              int64_t stride,
+                                              uint64_t *__restrict__ sh /* (B, stride) */,
+                                              int64_t *__restrict__ snf /* (B, stride) */,
+                                              float *__restrict__ snfv /* (B, stride) */) {
+    for (int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; t < B * n_slices;
+         t += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t b = t / n_slices, j = t % n_slices;
+        const int64_t at = j * KV_PROBE_CHUNK;
+        const int64_t len = per_row - at < KV_PROBE_CHUNK ? per_row - at : KV_PROBE_CHUNK;
+        const unsigned char *p = base + b * per_row + at;
+        float value = 0.0f;
+        sh[b * stride + j] = kv_dev_fnv1a(KV_FNV_OFFSET, p, len);
+        snf[b * stride + j] = kv_dev_first_nonfinite((const float *)(const void *)p,
+                                                     len / (int64_t)sizeof(float),
+                                                     at / (int64_t)sizeof(float), &value);
+        snfv[b * stride + j] = value;
     }
 }
 
-/* out[b] = fnv1a(base + b * per_row, per_row): op_probe. FNV-1a is a chain,
- * so each row is one thread's sequential loop; the same thread checks the
- * row's floats for NaN and Inf (nf_index NULL: probes off). */
-static __global__ void kv_probe_kernel(const unsigned char *__restrict__ base /* (B, per_row) */,
-                                int64_t per_row, int64_t B, uint64_t *__restrict__ out /* (B) */,
-                                int64_t *__restrict__ nf_index /* (B) or NULL */,
-                                float *__restrict__ nf_value /* (B) */) {
+/* out[b] = the slices' hashes of row b folded in order from KV_FNV_OFFSET
+ * (absent ones skipped), and the row's first non-finite element into
+ * (nf_index[b], nf_value[b]) unless the row already holds one (the CPU's
+ * probe_check_finite, forward.c): one thread per row, no atomics. */
+static __global__ void kv_probe_fold_kernel(const uint64_t *__restrict__ sh /* (B, stride) */,
+                                            const int64_t *__restrict__ snf /* (B, stride) */,
+                                            const float *__restrict__ snfv /* (B, stride) */,
+                                            int64_t B, int64_t n_slices, int64_t stride,
+                                            uint64_t *__restrict__ out /* (B) */,
+                                            int64_t *__restrict__ nf_index /* (B) */,
+                                            float *__restrict__ nf_value /* (B) */) {
     for (int64_t b = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; b < B;
          b += (int64_t)gridDim.x * blockDim.x) {
-        out[b] = kv_dev_fnv1a(KV_FNV_OFFSET, base + b * per_row, per_row);
-        if (nf_index != NULL) {
-            kv_dev_note_nonfinite((const float *)(const void *)(base + b * per_row),
-                                  per_row / (int64_t)sizeof(float), 0, nf_index + b, nf_value + b);
+        uint64_t h = KV_FNV_OFFSET;
+        bool noted = nf_index[b] >= 0;
+        for (int64_t j = 0; j < n_slices; j++) {
+            const int64_t nf = snf[b * stride + j];
+            if (nf == KV_SLICE_ABSENT) continue;
+            h = kv_dev_fold(h, sh[b * stride + j]);
+            if (!noted && nf >= 0) {
+                nf_index[b] = nf;
+                nf_value[b] = snfv[b * stride + j];
+                noted = true;
+            }
         }
+        out[b] = h;
     }
+}
+
+/* Folds n_slices slices per row into probe idx's hashes. */
+static KvStatus probe_fold(KvCudaCtx *ctx, int64_t idx, int64_t n_slices, KvError *err) {
+    KvStatus st = KV_OK;
+    KV_LAUNCH(ctx, kv_probe_fold_kernel, 1, 32, 0, ctx->slice_hash, ctx->slice_nf,
+              ctx->slice_nfv, ctx->B, n_slices, ctx->probe_slices, ctx->probe_hash + idx * ctx->B,
+              ctx->nf_index + idx * ctx->B, ctx->nf_value + idx * ctx->B);
+cleanup:
+    return st;
 }
 
 KvStatus kv_cuda_probe(KvCudaCtx *ctx, int64_t idx, const void *base, int64_t per_row,
                        KvError *err) {
     KvStatus st = KV_OK;
     if (!ctx->probes) return KV_OK;
-    KV_LAUNCH(ctx, kv_probe_kernel, 1, 32, 0, (const unsigned char *)base, per_row, ctx->B,
-              ctx->probe_hash + idx * ctx->B, ctx->nf_index + idx * ctx->B,
-              ctx->nf_value + idx * ctx->B);
+    const int64_t n_slices = (per_row + KV_PROBE_CHUNK - 1) / KV_PROBE_CHUNK;
+    if (n_slices > ctx->probe_slices) {
+        return kv_error_set(err, KV_ERR_INTERNAL, "cuda probe %lld: %lld bytes per row need %lld "
+                            "slices, %lld allocated", (long long)idx, (long long)per_row,
+                            (long long)n_slices, (long long)ctx->probe_slices);
+    }
+    if (n_slices > 0) {
+        KV_LAUNCH(ctx, kv_probe_slices_kernel, kv_cuda_blocks(ctx->B * n_slices, 128), 128, 0,
+                  (const unsigned char *)base, per_row, ctx->B, n_slices, ctx->probe_slices,
+                  ctx->slice_hash, ctx->slice_nf, ctx->slice_nfv);
+    }
+    KV_TRY(probe_fold(ctx, idx, n_slices, err));
 cleanup:
     return st;
 }
 
-/* op_probe_cache, one block per row b: for each position p the next query
- * (at *total + n) will see, ascending (next - W < p < next on a sliding
- * layer, p < next on a full one), the first slot holding p as a real token:
- * fnv1a over p as int64, then its K row bytes, then its V row bytes.
- * pos == NULL: the static layout (slot = position, realness in sreal with
- * row stride row_stride = max_len). Otherwise a variant's view: a
- * position -> lowest slot map is built first from the layout rule (layout.h,
- * with next positions stored; atomicMin: order-free), then thread 0 hashes
- * in position order, adding the recorded pos[slot] after p wherever the
- * record disagrees with the rule (op_probe_cache's independent check). */
-static __global__ void kv_probe_cache_kernel(const float *__restrict__ kc /* (B, row_stride, kv_dim) */,
-                                      const float *__restrict__ vc /* (B, row_stride, kv_dim) */,
-                                      const uint8_t *__restrict__ sreal /* (B, row_stride) */,
-                                      const int64_t *__restrict__ pos /* (n_slots) or NULL */,
-                                      int rule, int64_t cache_w,
-                                      int64_t row_stride, int64_t n_slots,
-                                      const int64_t *__restrict__ total, int64_t n,
-                                      int64_t window, int64_t kv_dim,
-                                      int32_t *__restrict__ map /* (B, map_w) */, int64_t map_w,
-                                      uint64_t *__restrict__ out /* (B) */,
-                                      int64_t *__restrict__ nf_index /* (B) or NULL */,
-                                      float *__restrict__ nf_value /* (B) */) {
+/* op_probe_cache's position -> slot map for a variant's view, one block per
+ * row b: for each position p the next query (at *total + n) will see
+ * (next - W < p < next on a sliding layer, p < next on a full one), the
+ * lowest slot holding p as a real token by the layout rule (layout.h, with
+ * next positions stored; atomicMin: order-free), INT_MAX where none does. */
+static __global__ void kv_probe_cache_map_kernel(const uint8_t *__restrict__ sreal /* (B, row_stride) */,
+                                                 int rule, int64_t cache_w, int64_t row_stride,
+                                                 int64_t n_slots, const int64_t *__restrict__ total,
+                                                 int64_t n, int64_t window,
+                                                 int32_t *__restrict__ map /* (B, map_w) */,
+                                                 int64_t map_w) {
     const int64_t b = blockIdx.x;
     const int64_t next = *total + n;
     int64_t lo = window > 0 ? next - window + 1 : 0;
     if (lo < 0) lo = 0;
-    const size_t row_bytes = (size_t)kv_dim * sizeof(float);
     int32_t *m = map + b * map_w;
-    if (pos != NULL) {
-        for (int64_t i = threadIdx.x; i < map_w; i += blockDim.x) m[i] = INT_MAX;
-        __syncthreads();
-        for (int64_t i = threadIdx.x; i < n_slots; i += blockDim.x) {
-            const int64_t p = kv_layout_position((KvLayoutRule)rule, cache_w, i, next);
-            if (p < lo || p >= next || p - lo >= map_w || !sreal[b * row_stride + i]) continue;
-            atomicMin(&m[p - lo], (int)i);
-        }
-        __syncthreads();
+    for (int64_t i = threadIdx.x; i < map_w; i += blockDim.x) m[i] = INT_MAX;
+    __syncthreads();
+    for (int64_t i = threadIdx.x; i < n_slots; i += blockDim.x) {
+        const int64_t p = kv_layout_position((KvLayoutRule)rule, cache_w, i, next);
+        if (p < lo || p >= next || p - lo >= map_w || !sreal[b * row_stride + i]) continue;
+        atomicMin(&m[p - lo], (int)i);
     }
-    if (threadIdx.x != 0) return;
-    uint64_t h = KV_FNV_OFFSET;
-    for (int64_t p = lo; p < next; p++) {
+}
+
+/* op_probe_cache's slices, one thread per (row b, position lo + t), t <
+ * bound: the position's entry (p as int64, the recorded pos[slot] where
+ * the record disagrees with the rule: the independent check, then the K
+ * row's bytes, then the V row's) hashed on its own; a position the row's
+ * cache does not hold is absent (not folded). pos == NULL: the static
+ * layout (slot = position, realness in sreal with row stride row_stride =
+ * max_len), else a variant's view through the map. Non-finite elements are
+ * counted as in the dump: (p - lo, {K, V}, kv_dim). */
+static __global__ void kv_probe_cache_slices_kernel(const float *__restrict__ kc /* (B, row_stride, kv_dim) */,
+                                                    const float *__restrict__ vc /* (B, row_stride, kv_dim) */,
+                                                    const uint8_t *__restrict__ sreal /* (B, row_stride) */,
+                                                    const int64_t *__restrict__ pos /* (n_slots) or NULL */,
+                                                    int64_t row_stride,
+                                                    const int64_t *__restrict__ total, int64_t n,
+                                                    int64_t window, int64_t kv_dim,
+                                                    const int32_t *__restrict__ map /* (B, map_w) */,
+                                                    int64_t map_w, int64_t B, int64_t bound,
+                                                    int64_t stride,
+                                                    uint64_t *__restrict__ sh /* (B, stride) */,
+                                                    int64_t *__restrict__ snf /* (B, stride) */,
+                                                    float *__restrict__ snfv /* (B, stride) */) {
+    const int64_t next = *total + n;
+    int64_t lo = window > 0 ? next - window + 1 : 0;
+    if (lo < 0) lo = 0;
+    const int64_t row_bytes = kv_dim * (int64_t)sizeof(float);
+    for (int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; t < B * bound;
+         t += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t b = t / bound, i = t % bound, p = lo + i;
+        const int64_t at = b * stride + i;
+        snf[at] = KV_SLICE_ABSENT;
+        if (p >= next) continue;
         int64_t slot;
         if (pos == NULL) {
             if (p >= row_stride || !sreal[b * row_stride + p]) continue;
             slot = p;
         } else {
-            if (p - lo >= map_w || m[p - lo] == INT_MAX) continue;
-            slot = m[p - lo];
+            if (i >= map_w || map[b * map_w + i] == INT_MAX) continue;
+            slot = map[b * map_w + i];
         }
-        const unsigned char *k = (const unsigned char *)(kc + (b * row_stride + slot) * kv_dim);
-        const unsigned char *v = (const unsigned char *)(vc + (b * row_stride + slot) * kv_dim);
-        h = kv_dev_fnv1a(h, (const unsigned char *)&p, (int64_t)sizeof p);
+        const float *k = kc + (b * row_stride + slot) * kv_dim;
+        const float *v = vc + (b * row_stride + slot) * kv_dim;
+        uint64_t e = kv_dev_fnv1a(KV_FNV_OFFSET, (const unsigned char *)&p, (int64_t)sizeof p);
         if (pos != NULL && pos[slot] != p) {
             const int64_t recorded = pos[slot];
-            h = kv_dev_fnv1a(h, (const unsigned char *)&recorded, (int64_t)sizeof recorded);
+            e = kv_dev_fnv1a(e, (const unsigned char *)&recorded, (int64_t)sizeof recorded);
         }
-        h = kv_dev_fnv1a(h, k, (int64_t)row_bytes);
-        h = kv_dev_fnv1a(h, v, (int64_t)row_bytes);
-        if (nf_index != NULL) {
-            /* the dump's element offsets: K then V per window position */
-            kv_dev_note_nonfinite((const float *)(const void *)k, kv_dim, (p - lo) * 2 * kv_dim,
-                                  nf_index + b, nf_value + b);
-            kv_dev_note_nonfinite((const float *)(const void *)v, kv_dim,
-                                  (p - lo) * 2 * kv_dim + kv_dim, nf_index + b, nf_value + b);
-        }
+        e = kv_dev_fnv1a(e, (const unsigned char *)k, row_bytes);
+        e = kv_dev_fnv1a(e, (const unsigned char *)v, row_bytes);
+        sh[at] = e;
+        float value = 0.0f;
+        int64_t nf = kv_dev_first_nonfinite(k, kv_dim, i * 2 * kv_dim, &value);
+        if (nf < 0) nf = kv_dev_first_nonfinite(v, kv_dim, i * 2 * kv_dim + kv_dim, &value);
+        snf[at] = nf;
+        snfv[at] = value;
     }
-    out[b] = h;
 }
 
 KvStatus kv_cuda_probe_cache(KvCudaCtx *ctx, int64_t layer, int64_t n, int64_t n_slots,
@@ -1055,22 +1134,30 @@ KvStatus kv_cuda_probe_cache(KvCudaCtx *ctx, int64_t layer, int64_t n, int64_t n
     if (!ctx->probes) return KV_OK;
     const int64_t window = kv_config_layer_window(ctx->c, layer);
     const int64_t idx = kv_probe_index(layer, KV_PROBE_CACHE);
-    uint64_t *out = ctx->probe_hash + idx * ctx->B;
-    int64_t *nf_index = ctx->nf_index + idx * ctx->B;
-    float *nf_value = ctx->nf_value + idx * ctx->B;
+    /* positions a query can see: window - 1 on a sliding layer, all on a full one */
+    const int64_t bound = window > 0 && window < ctx->max_len ? window : ctx->max_len;
+    const int64_t map_w = ctx->window + 1;
     const KvCudaCache *c = &ctx->caches[layer];
-    if (c->slots > 0) {
-        KV_LAUNCH(ctx, kv_probe_cache_kernel, (unsigned int)ctx->B, 64, 0, c->cur.k, c->cur.v,
-                  c->cur.real, c->cur.pos, (int)ctx->variant->layout, c->window, c->slots,
-                  n_slots, ctx->total, n, window, ctx->kv_dim,
-                  ctx->probe_map, ctx->window + 1, out, nf_index, nf_value);
-    } else {
-        KV_LAUNCH(ctx, kv_probe_cache_kernel, (unsigned int)ctx->B, 64, 0, ctx->kc[layer],
-                  ctx->vc[layer], ctx->real, (const int64_t *)NULL, 0, (int64_t)0, ctx->max_len,
-                  (int64_t)0,
-                  ctx->total, n, window, ctx->kv_dim, ctx->probe_map, ctx->window + 1, out,
-                  nf_index, nf_value);
+    if (bound > ctx->probe_slices) {
+        return kv_error_set(err, KV_ERR_INTERNAL, "cuda cache probe, layer %lld: %lld positions, "
+                            "%lld slices allocated", (long long)layer, (long long)bound,
+                            (long long)ctx->probe_slices);
     }
+    if (c->slots > 0) {
+        KV_LAUNCH(ctx, kv_probe_cache_map_kernel, (unsigned int)ctx->B, 64, 0, c->cur.real,
+                  (int)ctx->variant->layout, c->window, c->slots, n_slots, ctx->total, n, window,
+                  ctx->probe_map, map_w);
+        KV_LAUNCH(ctx, kv_probe_cache_slices_kernel, kv_cuda_blocks(ctx->B * bound, 128), 128, 0,
+                  c->cur.k, c->cur.v, c->cur.real, c->cur.pos, c->slots, ctx->total, n, window,
+                  ctx->kv_dim, ctx->probe_map, map_w, ctx->B, bound, ctx->probe_slices,
+                  ctx->slice_hash, ctx->slice_nf, ctx->slice_nfv);
+    } else {
+        KV_LAUNCH(ctx, kv_probe_cache_slices_kernel, kv_cuda_blocks(ctx->B * bound, 128), 128, 0,
+                  ctx->kc[layer], ctx->vc[layer], ctx->real, (const int64_t *)NULL, ctx->max_len,
+                  ctx->total, n, window, ctx->kv_dim, (const int32_t *)NULL, (int64_t)0, ctx->B,
+                  bound, ctx->probe_slices, ctx->slice_hash, ctx->slice_nf, ctx->slice_nfv);
+    }
+    KV_TRY(probe_fold(ctx, idx, bound, err));
 cleanup:
     return st;
 }
