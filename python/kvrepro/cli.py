@@ -327,6 +327,10 @@ def cmd_capture(args: argparse.Namespace) -> int:
         stopped = str(e)
     finally:
         signal.signal(signal.SIGTERM, previous)
+    if stopped and not runs:
+        print(f"kvrepro-hf: capture stopped by {stopped} before a run completed: {args.out} not written",
+              file=sys.stderr, flush=True)
+        return EXIT_STOPPED
     write_report(args.out, runs, root_attributes(args.device, " ".join(sys.argv)))
     if stopped:
         print(f"kvrepro-hf: capture stopped by {stopped}: wrote the {len(runs)} runs completed before it to "
@@ -381,8 +385,8 @@ def _capture_all(args: argparse.Namespace, prompts: list[list[int]], scenario: s
                             if r.extra.get("cudagraph_skips"):
                                 line += (f"; CUDA graphs skipped {r.extra['cudagraph_skips']} times, its steps are "
                                          f"not replays ({str(r.extra.get('cudagraph_skip', ''))[:160]})")
+                    runs.append(r)   # before the line: a SIGTERM after it finds the run kept
                     print(line, flush=True)
-                    runs.append(r)
 
 
 # plot's figures (plot.FIGURES, without importing matplotlib for the checks)

@@ -327,9 +327,53 @@ class SigtermTest(unittest.TestCase):
             self.assertLess(len(printed), 50)
             self.assertIn("capture stopped by SIGTERM", err)
             with h5py.File(out, "r") as f:
-                self.assertEqual(len(f["runs"]), len(printed))
+                # every run printed is kept, and one more if the signal came between the two
+                self.assertIn(len(f["runs"]), (len(printed), len(printed) + 1))
                 for g in f["runs"].values():
                     self.assertEqual(int(g.attrs["steps"]), 200)
+
+    def test_stopped_before_a_run_writes_nothing(self) -> None:
+        with tempfile.TemporaryDirectory() as tmp:
+            prompts = os.path.join(tmp, "p.json")
+            with open(prompts, "w") as f:
+                json.dump([[1, 2, 3]], f)
+            out = os.path.join(tmp, "runs.h5")
+            # stopped while the first (long) run decodes: no run to write, no empty report
+            # (`gate --external` refuses a file of no run)
+            proc = subprocess.Popen([sys.executable, "-c", "import sys, kvrepro.cli as c; print('ready', flush=True); "
+                                     "sys.exit(c.main(sys.argv[1:]))", "capture", "--model", model_dir("mistral"),
+                                     "--prompts", prompts, "--max-new-tokens", "100000", "--cache", "always_roll",
+                                     "--out", out], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                    env=_env(), stdin=subprocess.DEVNULL)
+            try:
+                assert proc.stdout is not None
+                proc.stdout.readline()
+                for _ in range(600):   # until the model is loaded and the decode runs
+                    if proc.poll() is not None or os.path.exists(out):
+                        break
+                    subprocess.run(["sleep", "0.05"])
+                    if _decoding(proc.pid):
+                        break
+                proc.send_signal(signal.SIGTERM)
+                _, err = proc.communicate(timeout=TIMEOUT_S)
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+            self.assertEqual(proc.returncode, 143, err)
+            self.assertIn("before a run completed", err)
+            self.assertFalse(os.path.exists(out))
+            self.assertEqual([n for n in os.listdir(tmp) if n != "p.json"], [])
+
+
+def _decoding(pid: int) -> bool:
+    """Whether process pid has been running Python long enough to be in the
+    decode (its CPU time past the imports and the load: ~4 s)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK") > 6.0
+    except (OSError, ValueError, IndexError):
+        return False
 
 
 class TableTest(unittest.TestCase):
