@@ -218,7 +218,10 @@ def table_lines(captures: list[str], gate: str | None = None) -> list[str]:
         model, scenario, _, backend, mode, _ = r.key
         groups.setdefault((model, scenario, backend, r.dtype, r.cache, r.attn, mode), []).append(r)
     by_unit: dict[tuple[str, str, str], list[tuple[str, ...]]] = {}
-    notes: list[str] = []
+    notes: dict[str, list[str]] = {}   # each message, once, with the lines it is about
+
+    def note(label: str, text: str) -> None:
+        notes.setdefault(text, []).append(label)
     for (model, scenario, backend, dtype, cache, attn, mode), rs in groups.items():
         ran = [r for r in rs if not r.skipped]
         failed = [r for r in rs if r.skipped and r.skip_reason.startswith("failed:")]
@@ -229,7 +232,7 @@ def table_lines(captures: list[str], gate: str | None = None) -> list[str]:
             cell += f" ({', '.join(extra)})"
         label = f"{dtype} {cache} {attn} {mode}"
         for r in (failed or skipped)[:1]:
-            notes.append(f"{label}: {r.skip_reason}")
+            note(label, f"{r.skip_reason}")
         v = [verdicts.get(r.key, Verdicts()) for r in rs]
         cells = []
         for kind, with_err in ((KIND_REFERENCE, True), (KIND_COMPILED, True), (KIND_REPEAT, False)):
@@ -242,10 +245,10 @@ def table_lines(captures: list[str], gate: str | None = None) -> list[str]:
                 c = "-" if c == "-" else ("bitwise" if c.startswith("PASS") else c.replace("FAIL", "DIFF"))
             cells.append(c)
             if first:
-                notes.append(f"{label}: {first}")
+                note(label, f"{first}")
         _, first = _verdict_cell([x for vv in v for x in vv.by_kind.get(KIND_FINITE, [])], False)
-        if first:
-            notes.append(f"{label}: {first}")
+        if first and not failed:   # a run that did not complete: its reason is noted already
+            note(label, f"{first}")
         if mode == "eager" or not ran:
             graphs = recompiles = "-"
         else:
@@ -255,7 +258,7 @@ def table_lines(captures: list[str], gate: str | None = None) -> list[str]:
             over = [x for vv in v for x in vv.by_kind.get(KIND_BUDGET, []) if x[0] == FAIL]
             if over:
                 graphs += "!"
-                notes.append(f"{label}: {over[0][2]}")
+                note(label, f"{over[0][2]}")
             recompiles = _span([r.recompiles for r in ran])
             recorded = [r.cudagraph_records for r in ran if r.cudagraph_records >= 0]
             if recorded:
@@ -264,13 +267,13 @@ def table_lines(captures: list[str], gate: str | None = None) -> list[str]:
         unsteady = [r for r in ran if r.cudagraph_records > 0 and not math.isfinite(r.step_ms_steady)]
         if unsteady:
             r = unsteady[0]
-            notes.append(f"{label}: {r.cudagraph_records} CUDA graphs recorded in {r.steps - 1} decode steps: "
+            note(label, f"{r.cudagraph_records} CUDA graphs recorded in {r.steps - 1} decode steps: "
                          "recorded again up to the last step, no replay to time (a size or integer that changes "
                          "every step)")
         no_graph = [r for r in ran if r.cudagraph_skips > 0]
         if no_graph:
             ms += "*"
-            notes.append(f"{label}: * CUDA graphs skipped in {len(no_graph)} of {len(ran)} runs, their steps are not "
+            note(label, f"* CUDA graphs skipped in {len(no_graph)} of {len(ran)} runs, their steps are not "
                          f"replays: {no_graph[0].cudagraph_skip or '(no reason logged)'}")
         by_unit.setdefault((model, scenario, backend), []).append(
             (dtype, cache, attn, mode, cell, *cells, graphs, recompiles,
@@ -284,8 +287,10 @@ def table_lines(captures: list[str], gate: str | None = None) -> list[str]:
         lines.append("  ".join(h.ljust(w) for h, w in zip(HEADER, widths)).rstrip())
         for r in rows:
             lines.append("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
-    lines.extend(f"  {n[:300]}" for n in notes[:MAX_NOTES])
-    if len(notes) > MAX_NOTES:
-        lines.append(f"  ... and {len(notes) - MAX_NOTES} more (the captures' skip reasons and the gate's report "
+    shown = [f"{labels[0]}{f' (and {len(labels) - 1} more lines)' if len(labels) > 1 else ''}: {text}"
+             for text, labels in notes.items()]
+    lines.extend(f"  {n[:300]}" for n in shown[:MAX_NOTES])
+    if len(shown) > MAX_NOTES:
+        lines.append(f"  ... and {len(shown) - MAX_NOTES} more (the captures' skip reasons and the gate's report "
                      "hold them all)")
     return lines

@@ -240,6 +240,9 @@ class TableNotesTest(unittest.TestCase):
         runs = [Run(model="m", scenario="s", variant=f"hf:roll:eager:fp32", backend="torch-cuda", mode="eager",
                     repeat=r, engine="test", skipped=True, skip_reason=f"why {r}", vocab=4, steps=2)
                 for r in range(2)]
+        runs += [Run(model="m", scenario="s", variant=f"hf:twin{i}:eager:fp32", backend="torch-cuda",
+                     mode="compile", repeat=0, engine="test", skipped=True, skip_reason="failed: the same",
+                     vocab=4, steps=2) for i in range(2)]
         runs += [Run(model="m", scenario="s", variant=f"hf:layer{i}:eager:fp32", backend="torch-cuda",
                      mode="compile", repeat=0, engine="test", skipped=True, skip_reason=f"failed: reason {i}",
                      vocab=4, steps=2) for i in range(table.MAX_NOTES + 5)]
@@ -249,13 +252,44 @@ class TableNotesTest(unittest.TestCase):
                                       "math_mode": "m"})
             lines = table.table_lines([path])
         self.assertEqual(lines[0], "m s torch-cuda (no gate report)")
-        rows = lines[2:2 + 1 + table.MAX_NOTES + 5]
+        rows = lines[2:2 + 1 + 2 + table.MAX_NOTES + 5]
         self.assertRegex(rows[0], r"^fp32 +roll +eager +eager +0 \(2 skipped\)")
-        self.assertRegex(rows[1], r"^fp32 +layer0 +eager +compile +0 \(1 failed\)")
+        self.assertRegex(rows[3], r"^fp32 +layer0 +eager +compile +0 \(1 failed\)")
         notes = lines[2 + len(rows):]
         self.assertEqual(len(notes), table.MAX_NOTES + 1)
         self.assertEqual(notes[0], "  fp32 roll eager eager: why 0")
-        self.assertEqual(notes[-1], "  ... and 6 more (the captures' skip reasons and the gate's report hold them all)")
+        # one message of several lines is said once
+        self.assertEqual(notes[1], "  fp32 twin0 eager compile (and 1 more lines): failed: the same")
+        self.assertEqual(notes[2], "  fp32 layer0 eager compile: failed: reason 0")
+        self.assertEqual(notes[-1], "  ... and 7 more (the captures' skip reasons and the gate's report hold them all)")
+
+
+class TableFailedRunTest(unittest.TestCase):
+    """A run the engine could not complete is noted once under the table
+    (its reason), not again for the gate's `finite` comparison that fails it."""
+
+    def test_failed_run_noted_once(self) -> None:
+        import h5py
+
+        from kvrepro import table
+        from kvrepro.report import COMPARISON_DTYPE, Run, write_report
+
+        run = Run(model="m", scenario="s", variant="hf:roll:flex_attention:bf16", backend="torch-cuda", mode="eager",
+                  repeat=0, engine="test", skipped=True, skip_reason="failed: InductorError: boom", vocab=4, steps=2)
+        with tempfile.TemporaryDirectory() as d:
+            cap, gate = os.path.join(d, "c.h5"), os.path.join(d, "g.h5")
+            root = {"tool_version": "t", "git_commit": "x", "host": "h", "device": "d", "math_mode": "m"}
+            write_report(cap, [run], root)
+            write_report(gate, [run], root)
+            with h5py.File(gate, "r+") as f:   # the gate's finite comparison of the run
+                del f["comparisons"]
+                c = np.zeros(1, COMPARISON_DTYPE)
+                c["kind"], c["run_a"], c["run_b"], c["verdict"] = 5, 0, 0, 1
+                c["message"] = b"the run did not complete: InductorError: boom"
+                f.create_dataset("comparisons", data=c)
+            lines = table.table_lines([cap], gate)
+        self.assertRegex(lines[2], r"^bf16 +roll +flex_attention +eager +0 \(1 failed\)")
+        self.assertEqual(lines[3:], ["  bf16 roll flex_attention eager: failed: InductorError: boom"])
 
 
 class CudagraphSkipsTest(unittest.TestCase):
