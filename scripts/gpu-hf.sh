@@ -62,8 +62,13 @@
 # torch.compile of one decode graph ~10-20 s cold (inductor and Triton, 16
 # cores), ~3-5 s from the inductor caches after the per-run dynamo reset
 # (repeats; on 2 CPU cores here a compile's first run took 23 s, its repeat
-# 2 s); graphs per decode: always_roll 1, static_sliding 2 (the mask's
-# length recompiles once), dynamic_sliding, cat_shift and roll 2. Defaults:
+# 2 s); graphs per decode: always_roll 1; static_sliding 2 (transformers'
+# StaticSlidingWindowLayer's host integer cumulative_length_int recompiles
+# once, then is a dynamic integer), cat_shift and roll 2 (their host branch
+# on `seen`), dynamic_sliding 2 (the 2-D mask's length). A dynamic integer
+# or size under reduce-overhead may make cudagraph trees record a graph at
+# every step: the table's cgN and its note say so, and such a run has no
+# steady step to report. Defaults:
 # per dtype ~8 + 2 + 3 graphs x ~15 + 2 x ~4 ~= 60 s, the bf16 pair ~25 s
 # (flex_attention compiles its kernel), the gate ~20-25 s (the reference
 # decode of the 4224 + 10 token batch: 62 s on 1 core here, 40 s on 2;

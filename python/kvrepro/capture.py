@@ -17,6 +17,17 @@ Probes (per step, per batch row, FNV-1a 64 of the float32 row bytes):
   logits                           the step's logits row
 A compiled run therefore records `layerN.cache` and `logits` only; its
 probe_names say so.
+
+Timings (every run; wall clock, the device synchronized at both ends): the
+prefill, and each decode step's call as the decode loop makes it (the step's
+masks built, the forward, a custom layer's host count advanced; not the
+probes, which are hashed between steps), step_ms[i] being the call that
+gives step i + 1's logits. The steady per-step time is the median from
+steady_from() on: after the last step that compiled a graph or recorded a
+CUDA graph, and its warm-up. Masks: transformers' own compileable cache gets
+them built before the forward as generate builds them (generate_masks);
+its dynamic cache, the 2-D mask; the custom layers, 4-D masks from their
+slot mapping (build_masks).
 """
 
 from __future__ import annotations
