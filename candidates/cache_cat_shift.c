@@ -96,6 +96,19 @@ static int64_t cat_shift_graph_budget(int64_t window, int64_t prompt_len, int64_
     return decode_steps > 0 ? 2 : 0;
 }
 
+/* One new token at position p0 into slot `slot` of every row of cur.
+ * k_new, v_new: (B, 1, dim); real_new: (B, 1). */
+static void cat_shift_put_one(KvCacheSlots *cur, int64_t W, int64_t slot, const float *k_new,
+                              const float *v_new, const uint8_t *real_new, int64_t p0) {
+    const int64_t D = cur->dim;
+    for (int64_t b = 0; b < cur->batch; b++) {
+        memcpy(cur->k + (b * W + slot) * D, k_new + b * D, (size_t)D * sizeof(float));
+        memcpy(cur->v + (b * W + slot) * D, v_new + b * D, (size_t)D * sizeof(float));
+        cur->real[b * W + slot] = real_new[b];
+    }
+    cur->pos[slot] = p0;
+}
+
 /* k_new, v_new: (B, n, dim); real_new: (B, n); *total: positions stored before
  * this call (the device scalar); host_total: the host's count. */
 static void cat_shift_update(KvSlidingCache *c, const float *k_new, const float *v_new,
@@ -112,49 +125,33 @@ static void cat_shift_update(KvSlidingCache *c, const float *k_new, const float 
     if (n == 1 && cat_shift_regime(c, host_total) == 0) {
         /* Filling: index_copy at the position, in place (no row moves). The
          * clamp is transformers'; it keeps a stale regime in bounds. */
-        const int64_t slot = p0 < W - 1 ? p0 : W - 1;
-        for (int64_t b = 0; b < B; b++) {
-            memcpy(cur->k + (b * W + slot) * D, k_new + b * D, row_bytes);
-            memcpy(cur->v + (b * W + slot) * D, v_new + b * D, row_bytes);
-            cur->real[b * W + slot] = real_new[b];
-        }
-        cur->pos[slot] = p0;
+        cat_shift_put_one(cur, W, p0 < W - 1 ? p0 : W - 1, k_new, v_new, real_new, p0);
         return;
     }
 
-    if (n == 1 && (c->faults & KV_FAULT_RACY_SHIFT)) {
-        /* Planted KV_FAULT_RACY_SHIFT (fault.h): keys[:, :-1] = keys[:, 1:]
-         * by blocks walking upwards, in order: right on the CPU, a race on
-         * a GPU (cache_racy_shift.c). */
-        kv_slots_shift_blocks(cur, W, W - 1, 1, false);
-        for (int64_t b = 0; b < B; b++) {
-            memcpy(cur->k + (b * W + W - 1) * D, k_new + b * D, row_bytes);
-            memcpy(cur->v + (b * W + W - 1) * D, v_new + b * D, row_bytes);
-            cur->real[b * W + W - 1] = real_new[b];
-        }
-        memmove(cur->pos, cur->pos + 1, (size_t)(W - 1) * sizeof(int64_t));
-        cur->pos[W - 1] = p0;
-        return;
-    }
-
-    if (n == 1 && (c->faults & KV_FAULT_INPLACE_SHIFT)) {
-        /* Planted KV_FAULT_INPLACE_SHIFT (fault.h): keys[:, :-1] = keys[:, 1:]
-         * with no temporary. On a GPU the blocks race; the CPU analog is the
-         * overlapping copy run in the wrong direction (last slot first), so
-         * every slot ends up holding the newest old row. The positions are
-         * bookkeeping and stay right, so the cache looks plausible. */
-        for (int64_t b = 0; b < B; b++) {
-            for (int64_t i = W - 2; i >= 0; i--) {
-                memcpy(cur->k + (b * W + i) * D, cur->k + (b * W + i + 1) * D, row_bytes);
-                memcpy(cur->v + (b * W + i) * D, cur->v + (b * W + i + 1) * D, row_bytes);
-                cur->real[b * W + i] = cur->real[b * W + i + 1];
+    if (n == 1 && (c->faults & (KV_FAULT_RACY_SHIFT | KV_FAULT_INPLACE_SHIFT))) {
+        /* keys[:, :-1] = keys[:, 1:] with no temporary (fault.h). */
+        if (c->faults & KV_FAULT_RACY_SHIFT) {
+            /* Planted KV_FAULT_RACY_SHIFT: by blocks walking upwards, in
+             * order: right on the CPU, a race on a GPU (cache_racy_shift.c). */
+            kv_slots_shift_blocks(cur, W, W - 1, 1, false);
+        } else {
+            /* Planted KV_FAULT_INPLACE_SHIFT: on a GPU the blocks race; the
+             * CPU analog is the overlapping copy run in the wrong direction
+             * (last slot first), so every slot ends up holding the newest
+             * old row. */
+            for (int64_t b = 0; b < B; b++) {
+                for (int64_t i = W - 2; i >= 0; i--) {
+                    memcpy(cur->k + (b * W + i) * D, cur->k + (b * W + i + 1) * D, row_bytes);
+                    memcpy(cur->v + (b * W + i) * D, cur->v + (b * W + i + 1) * D, row_bytes);
+                    cur->real[b * W + i] = cur->real[b * W + i + 1];
+                }
             }
-            memcpy(cur->k + (b * W + W - 1) * D, k_new + b * D, row_bytes);
-            memcpy(cur->v + (b * W + W - 1) * D, v_new + b * D, row_bytes);
-            cur->real[b * W + W - 1] = real_new[b];
         }
+        /* The positions are bookkeeping and stay right, so the cache looks
+         * plausible. */
         memmove(cur->pos, cur->pos + 1, (size_t)(W - 1) * sizeof(int64_t));
-        cur->pos[W - 1] = p0;
+        cat_shift_put_one(cur, W, W - 1, k_new, v_new, real_new, p0);
         return;
     }
 
