@@ -22,8 +22,9 @@ kv_add_python_test(hf_plot test_plot)
 kv_add_python_test(hf_html_report "test_html_report.HtmlPageTest test_html_report.HtmlBrowserTest")
 # the page and the figures on the real gate's reports: a planted fault's
 # bisect lines against the gate's --summary-json, the full default gate's
-# figures within 2000 px a side (~2 min on 2 cores).
-kv_add_python_test(hf_report_gate test_html_report.GateReportTest gate)
+# figures within 2000 px a side (~2 min on 2 cores: label long, `make long-check`,
+# to keep the default suite inside its 10 minutes).
+kv_add_python_test(hf_report_gate test_html_report.GateReportTest gate long)
 # bench/vs_torch.py, a benchmark: a smoke run (~4 s) that checks what it reads and builds, no timing.
 kv_add_python_test(bench_vs_torch test_vs_torch bench)
 # kvrepro fixture's config.json read by transformers (its field types), every family.
