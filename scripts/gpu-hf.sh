@@ -1,6 +1,8 @@
 #!/bin/sh
-# gpu-hf.sh: the transformers lane on a GPU machine (issue 38, section 3 and
-# the transformers half of section 4). From the repository root:
+# gpu-hf.sh: the transformers lane on a GPU machine: transformers' own caches
+# judged under eager, compile and reduce-overhead (CUDA graphs, where
+# pytorch #159855's symptom shows), with their per-step times beside
+# bench_cuda's. From the repository root:
 #
 #   KVREPRO=gpu-bundle/bin/kvrepro sh scripts/gpu-hf.sh FIXTURE_DIR OUTDIR
 #

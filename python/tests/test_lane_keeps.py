@@ -299,16 +299,22 @@ class ProbeMemoTest(unittest.TestCase):
                     np.testing.assert_array_equal(got.probe_hash, want.probe_hash)
 
 
+def _one_prompt(tmp: str) -> tuple[str, str]:
+    """A prompts file of one 3-token row in tmp (p.json), and the capture's
+    output path there (runs.h5)."""
+    prompts = os.path.join(tmp, "p.json")
+    with open(prompts, "w") as f:
+        json.dump([[1, 2, 3]], f)
+    return prompts, os.path.join(tmp, "runs.h5")
+
+
 class SigtermTest(unittest.TestCase):
     """SIGTERM (timeout(1)) stops a capture between two steps: it writes the
     runs it completed, says so, and exits 143."""
 
     def test_stopped_capture_writes_its_runs(self) -> None:
         with tempfile.TemporaryDirectory() as tmp:
-            prompts = os.path.join(tmp, "p.json")
-            with open(prompts, "w") as f:
-                json.dump([[1, 2, 3]], f)
-            out = os.path.join(tmp, "runs.h5")
+            prompts, out = _one_prompt(tmp)
             proc = subprocess.Popen([sys.executable, "-m", "kvrepro.cli", "capture", "--model", model_dir("mistral"),
                                      "--prompts", prompts, "--max-new-tokens", "200", "--repeats", "50",
                                      "--cache", "always_roll", "--out", out], stdout=subprocess.PIPE,
@@ -334,10 +340,7 @@ class SigtermTest(unittest.TestCase):
 
     def test_stopped_before_a_run_writes_nothing(self) -> None:
         with tempfile.TemporaryDirectory() as tmp:
-            prompts = os.path.join(tmp, "p.json")
-            with open(prompts, "w") as f:
-                json.dump([[1, 2, 3]], f)
-            out = os.path.join(tmp, "runs.h5")
+            prompts, out = _one_prompt(tmp)
             # stopped while the first (long) run decodes: no run to write, no empty report
             # (`gate --external` refuses a file of no run)
             proc = subprocess.Popen([sys.executable, "-c", "import sys, kvrepro.cli as c; print('ready', flush=True); "
