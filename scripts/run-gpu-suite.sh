@@ -10,7 +10,10 @@
 #             left-padded batch): SEED_GATES gate runs (default 5), graph
 #             mode, 5 repeats each, then bisect of the first run's report
 #   ops       test_cuda_device, test_cuda_ops, test_cuda_forward (device part;
-#             the racy shift kernel alone at that size, wrong elements per repeat)
+#             the racy shift kernel alone at that size, wrong elements per repeat);
+#             OPS_CASE runs one test case of test_cuda_forward alone (Check's
+#             CK_RUN_CASE: "reference" is GPU vs CPU, the embedding probe's
+#             bytes on both, the planted faults and the racy kernel)
 #   tests     every other test binary (CPU tests, run here for completeness)
 #   gate      kvrepro gate --backends cpu,cuda on the tiny fixtures
 #   extended  gate --backends cpu,cuda over the default and extended scenarios
@@ -18,7 +21,9 @@
 #             EXT_FIXTURES (default mistral-tiny mistral_mixed-tiny), repeats 2
 #   faults    kvrepro gate --backends cuda --faults all
 #   sanitize  compute-sanitizer memcheck and racecheck, small CUDA-only gate
-#   bench     bench_cuda on gemma2-attn2b (the seed's batch) and BENCH_FIXTURES
+#   bench     bench_cuda on gemma2-attn2b (the seed's batch; BENCH_VARIANTS,
+#             default reference,index_copy,cat_shift,roll,ring) and
+#             BENCH_FIXTURES (default gemma2-tiny gemma2-medium; "none": none)
 #   hf        transformers' own caches on the GPU (scripts/gpu-hf.sh) on an
 #             attn2b checkpoint written here, judged by gate --external
 # Logs go to $LOGDIR (default /tmp/kvrepro-gpu); with $OUT set (the device
@@ -144,7 +149,11 @@ for stage in $STAGES; do
         ;;
     ops)
         for t in test_cuda_device test_cuda_ops test_cuda_forward; do
-            run_step "$t" 300 0 "$B/bin/$t" --device-only
+            if [ "$t" = test_cuda_forward ] && [ -n "${OPS_CASE:-}" ]; then
+                run_step "$t" 300 0 env CK_RUN_CASE="$OPS_CASE" "$B/bin/$t" --device-only
+            else
+                run_step "$t" 300 0 "$B/bin/$t" --device-only
+            fi
         done
         grep 'racy_shift' "$LOGDIR/test_cuda_forward.log" | tee -a "$SUMMARY"
         pack
@@ -206,9 +215,10 @@ for stage in $STAGES; do
             # The seed's batch: a 4224-token prompt beside a left-padded 10.
             run_step bench_attn2b 180 0 "$B/bin/bench_cuda" --fixtures gemma2-attn2b \
                 --prompt-len 4224 --batch 2 --short-len 10 --steps 32 \
-                --variants reference,index_copy,cat_shift,roll,ring
+                --variants "${BENCH_VARIANTS:-reference,index_copy,cat_shift,roll,ring}"
             grep -E '^BENCH ' "$LOGDIR/bench_attn2b.log" | tee -a "$SUMMARY"
             for f in ${BENCH_FIXTURES:-gemma2-tiny gemma2-medium}; do
+                [ "$f" = none ] && continue
                 run_step "bench_$f" 120 0 "$B/bin/bench_cuda" --fixtures "$f" --steps 64
                 grep -E '^BENCH ' "$LOGDIR/bench_$f.log" | tee -a "$SUMMARY"
             done
@@ -221,7 +231,12 @@ for stage in $STAGES; do
         fixdir=/tmp/kvrepro-attn2b
         rm -rf "$fixdir"
         run_step hf_fixture 120 0 "$K" fixture --family gemma2 --size attn2b --out "$fixdir"
-        left=$(( DEADLINE - $(date +%s) ))
+        # HF_RESERVE_S (default 0): seconds of the budget kept for the
+        # stages after this one
+        left=$(( DEADLINE - $(date +%s) - ${HF_RESERVE_S:-0} ))
+        if [ "$left" -lt 30 ]; then
+            say "hf: NOT RUN (budget spent)"; fail=1; pack; continue
+        fi
         t0=$(date +%s)
         KVREPRO="$K" HF_BUDGET_S="$left" timeout "$left" sh scripts/gpu-hf.sh "$fixdir" \
             "$LOGDIR/hf" > "$LOGDIR/hf.log" 2>&1
