@@ -8,7 +8,8 @@
 #   seed      planted racy_shift at the seed's cache size (gemma2-attn2b:
 #             batch 2, 4 kv heads, W 4096, head_dim 256; pytorch #159855's
 #             left-padded batch): SEED_GATES gate runs (default 5), graph
-#             mode, 5 repeats each, then bisect of the first run's report
+#             mode, 5 repeats each (SEED_LIMIT_S each, default 150; none
+#             after one that timed out), then bisect of the first run's report
 #   ops       test_cuda_device, test_cuda_ops, test_cuda_forward (device part;
 #             the racy shift kernel alone at that size, wrong elements per repeat);
 #             OPS_CASE runs one test case of test_cuda_forward alone (Check's
@@ -70,6 +71,7 @@ run_step() {
     t0=$(date +%s)
     timeout "$lim" "$@" > "$LOGDIR/$name.log" 2>&1
     rc=$?
+    last_rc=$rc
     dt=$(( $(date +%s) - t0 ))
     if [ "$rc" = "$want" ]; then
         say "$name: passed (exit $rc as expected, ${dt} s)"
@@ -124,7 +126,7 @@ for stage in $STAGES; do
         tol=${SEED_TOL:?SEED_TOL unset: the calibrated max_rel_err of gemma2-attn2b left_padded_batch}
         g=1
         while [ "$g" -le "${SEED_GATES:-5}" ]; do
-            run_step "seed_gate_$g" 150 1 "$K" gate --fixture gemma2-attn2b --backends cuda \
+            run_step "seed_gate_$g" "${SEED_LIMIT_S:-150}" 1 "$K" gate --fixture gemma2-attn2b --backends cuda \
                 --scenarios left_padded_batch --modes graph --repeats 5 --plant racy_shift \
                 --no-goldens --no-calibrate --tol "max_rel_err=$tol" --table \
                 --report "$LOGDIR/seed_racy_$g.h5"
@@ -135,6 +137,11 @@ for stage in $STAGES; do
                 | cut -c1-230 | sort | uniq -c | sort -rn | head -6 | tee -a "$SUMMARY"
             g=$((g + 1))
             pack
+            # a gate run past its step's limit would be past it again: the
+            # budget goes to the stages after this one
+            if [ "${last_rc:-0}" = 124 ]; then
+                say "seed: gates after a timed-out one not run"; break
+            fi
         done
         # Bisect on one backend: a correct variant against each racy one
         # (the CPU reference rounds differently from its first op on).
