@@ -160,6 +160,16 @@ def skip_reason(spec: CaptureSpec) -> str:
     if spec.mode == "reduce-overhead" and not spec.device.startswith("cuda"):
         why = "no CUDA device" if not torch.cuda.is_available() else "device is " + spec.device
         return f"reduce-overhead captures CUDA graphs: {why}"
+    if spec.mode == "reduce-overhead" and spec.layer == "dynamic_sliding":
+        # DynamicSlidingWindowLayer grows its keys and values by torch.cat:
+        # under cudagraph trees they are the graph's outputs, overwritten by
+        # the next replay (torch 2.11 on an H200 raised "accessing tensor
+        # output of CUDAGraphs that has been overwritten by a subsequent
+        # run"), and transformers' generate compiles only caches whose
+        # is_compileable is true, which a dynamic cache's is not
+        return ("reduce-overhead: transformers' dynamic_sliding is not a compileable cache "
+                "(generate never compiles it; its growing keys and values are CUDA graph outputs "
+                "that the next replay overwrites); compile mode judges it compiled")
     if spec.impl == "flex_attention" and spec.layer not in ("static_sliding", "dynamic_sliding"):
         return ("flex_attention needs a BlockMask; custom layers pass 4-D masks built from their "
                 "slot mapping (eager and sdpa only)")

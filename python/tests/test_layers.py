@@ -229,6 +229,28 @@ class SteadyTest(unittest.TestCase):
         self.assertTrue(np.isnan(steady_ms(t, 5)))
 
 
+class SkipReasonTest(unittest.TestCase):
+    """Configurations a capture skips before loading the model, saying why."""
+
+    def spec(self, layer: str, mode: str, device: str):
+        from kvrepro.capture import CaptureSpec
+
+        return CaptureSpec(model_dir="m", prompts=[[1]], scenario="s", new_tokens=2, layer=layer, mode=mode,
+                           impl="eager", dtype="fp32", repeats=1, device=device)
+
+    def test_dynamic_cache_under_cuda_graphs(self) -> None:
+        from kvrepro.capture import skip_reason
+
+        why = skip_reason(self.spec("dynamic_sliding", "reduce-overhead", "cuda"))
+        self.assertIn("not a compileable cache", why)
+        # compiled without CUDA graphs, and the compileable caches under them, run
+        self.assertEqual(skip_reason(self.spec("dynamic_sliding", "compile", "cuda")), "")
+        for layer in ("static_sliding", "cat_shift", "roll", "always_roll"):
+            self.assertEqual(skip_reason(self.spec(layer, "reduce-overhead", "cuda")), "", layer)
+        self.assertIn("no CUDA device" if not torch.cuda.is_available() else "device is cpu",
+                      skip_reason(self.spec("static_sliding", "reduce-overhead", "cpu")))
+
+
 class TableNotesTest(unittest.TestCase):
     """kvrepro-hf table lists the reasons of skipped runs under the table,
     at most table.MAX_NOTES lines (a log's tail keeps the table whole)."""
