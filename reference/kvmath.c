@@ -3,6 +3,7 @@
  * makes the reference bitwise reproducible for any thread count, so change
  * the header first if a pattern must change. */
 #include "kvmath.h"
+#include "attend_simd.h"
 #include "gemm.h"
 #include "kvmath_lanes.h"
 
@@ -607,14 +608,37 @@ static void kv_weighted_sum(const float *p /* (nk) */, const float *const *v, in
     }
 }
 
+/* scores[j] = kv_dot(q, k[j], hd): in AVX-512 where it runs (the same bits,
+ * attend_simd.h). */
+static void attend_dots(const float *q /* (hd) */, const float *const *k /* (nk) -> (hd) */,
+                        int64_t nk, int64_t hd, bool simd, float *scores /* (nk) */) {
+    if (simd) {
+        kv_attend_dots_avx512(q, k, nk, hd, scores);
+        return;
+    }
+    for (int64_t j = 0; j < nk; j++) scores[j] = kv_dot(q, k[j], hd);
+}
+
+/* kv_weighted_sum, in AVX-512 where it runs and hd allows. */
+static void attend_weighted_sum(const float *p /* (nk) */, const float *const *v, int64_t nk,
+                                int64_t hd, bool simd, float *out /* (hd) */) {
+    if (simd && hd % 16 == 0) {
+        kv_weighted_sum_avx512(p, v, nk, hd, out);
+        return;
+    }
+    kv_weighted_sum(p, v, nk, hd, out);
+}
+
 void kv_attend_sink(const float *q, const float *const *k, const float *const *v, int64_t nk,
                     int64_t hd, float scale, float sink, float *scores, float *out) {
     /* gpt_oss (eager_attention_forward): the sink is a last column of the
      * logits, the row max taken over it too, the softmax over n + 1 values
      * (summed in column order, the sink last), the sink's share dropped. */
+    const bool simd = kv_attend_simd_on();
+    attend_dots(q, k, nk, hd, simd, scores);
     float mx = sink;
     for (int64_t j = 0; j < nk; j++) {
-        scores[j] = kv_dot(q, k[j], hd) * scale;
+        scores[j] = scores[j] * scale;
         mx = scores[j] > mx ? scores[j] : mx;
     }
     float sum = 0.0f;
@@ -624,7 +648,7 @@ void kv_attend_sink(const float *q, const float *const *k, const float *const *v
     }
     sum += expf(sink - mx);
     for (int64_t j = 0; j < nk; j++) scores[j] = scores[j] / sum;
-    kv_weighted_sum(scores, v, nk, hd, out);
+    attend_weighted_sum(scores, v, nk, hd, simd, out);
 }
 
 void kv_attend(const float *q, const float *const *k, const float *const *v, int64_t nk,
@@ -633,9 +657,11 @@ void kv_attend(const float *q, const float *const *k, const float *const *v, int
         for (int64_t d = 0; d < hd; d++) out[d] = 0.0f;
         return;
     }
-    for (int64_t j = 0; j < nk; j++) scores[j] = kv_softcap(kv_dot(q, k[j], hd) * scale, cap);
+    const bool simd = kv_attend_simd_on();
+    attend_dots(q, k, nk, hd, simd, scores);
+    for (int64_t j = 0; j < nk; j++) scores[j] = kv_softcap(scores[j] * scale, cap);
     kv_softmax(scores, nk);
-    kv_weighted_sum(scores, v, nk, hd, out);
+    attend_weighted_sum(scores, v, nk, hd, simd, out);
 }
 
 int64_t kv_gqa_kv_head(int64_t head, int64_t num_heads, int64_t num_kv_heads) {

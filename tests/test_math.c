@@ -977,6 +977,99 @@ START_TEST(test_argmax_random) {
 }
 END_TEST
 
+/* kv_attend and kv_attend_sink give the contract's bits (kvmath.h: the
+ * scores from kv_dot, the softmax, out[d] summed in key order from +0) on
+ * every path: the portable loops and the AVX-512 ones (attend_simd.h), for
+ * head sizes off the AVX-512 blocks (16, 64, 256) and key counts off the
+ * dots' groups of four. Keys sit kv_dim apart as in a cache. */
+static void attend_expected(const float *q, const float *const *k, const float *const *v,
+                            int64_t nk, int64_t hd, float scale, float cap, const float *sink,
+                            float *out /* (hd) */) {
+    float *s = malloc((size_t)(nk + 1) * sizeof *s); /* (nk + 1) */
+    for (int64_t j = 0; j < nk; j++) {
+        s[j] = kv_dot(q, k[j], hd) * scale;
+        if (sink == NULL) s[j] = kv_softcap(s[j], cap);
+    }
+    if (sink == NULL) {
+        kv_softmax(s, nk);
+    } else { /* as kvmath.h: the sink a last column in the max and the sum */
+        float mx = *sink;
+        for (int64_t j = 0; j < nk; j++) mx = s[j] > mx ? s[j] : mx;
+        float sum = 0.0f;
+        for (int64_t j = 0; j < nk; j++) {
+            s[j] = expf(s[j] - mx);
+            sum += s[j];
+        }
+        sum += expf(*sink - mx);
+        for (int64_t j = 0; j < nk; j++) s[j] = s[j] / sum;
+    }
+    for (int64_t d = 0; d < hd; d++) {
+        float acc = 0.0f;
+        for (int64_t j = 0; j < nk; j++) acc = acc + s[j] * v[j][d];
+        out[d] = nk > 0 ? acc : 0.0f;
+    }
+    free(s);
+}
+
+START_TEST(test_attend_paths_bitwise) {
+    static const int64_t hds[] = {16, 24, 64, 80, 128, 256, 272, 336};
+    static const int64_t nks[] = {0, 1, 3, 4, 5, 17, 300};
+    static const KvGemmPath paths[] = {KV_GEMM_PORTABLE, KV_GEMM_AVX512};
+    TestRng g = test_rng_seed(20261127);
+    int checked = 0;
+    for (size_t h = 0; h < sizeof hds / sizeof hds[0]; h++) {
+        const int64_t hd = hds[h], kv_dim = 2 * hd + 16, nmax = 300;
+        float *cache = malloc((size_t)(2 * nmax * kv_dim) * sizeof *cache); /* K then V */
+        float *q = malloc((size_t)hd * sizeof *q);                           /* (hd) */
+        const float **k = malloc((size_t)nmax * sizeof *k);                  /* (nmax) */
+        const float **v = malloc((size_t)nmax * sizeof *v);                  /* (nmax) */
+        float *scores = malloc((size_t)nmax * sizeof *scores);
+        float *want = malloc((size_t)hd * sizeof *want), *got = malloc((size_t)hd * sizeof *got);
+        for (int64_t i = 0; i < 2 * nmax * kv_dim; i++) cache[i] = test_rng_sym(&g);
+        for (int64_t i = 0; i < hd; i++) q[i] = 4.0f * test_rng_sym(&g);
+        for (int64_t j = 0; j < nmax; j++) {
+            k[j] = cache + j * kv_dim + 8;
+            v[j] = cache + (nmax + j) * kv_dim + hd;
+        }
+        for (size_t n = 0; n < sizeof nks / sizeof nks[0]; n++) {
+            const int64_t nk = nks[n];
+            for (int form = 0; form < 3; form++) { /* no cap, softcap 50, a sink */
+                const float cap = form == 1 ? 50.0f : 0.0f, sink = 0.75f;
+                const float scale = 1.0f / sqrtf((float)hd);
+                attend_expected(q, k, v, nk, hd, scale, cap, form == 2 ? &sink : NULL, want);
+                for (size_t p = 0; p < 2; p++) {
+                    if (kv_gemm_set_path(paths[p]) != KV_OK) {
+                        if (checked == 0) {
+                            printf("test_attend_paths_bitwise: avx512 skipped: this CPU or "
+                                   "build cannot run it\n");
+                        }
+                        continue;
+                    }
+                    if (form == 2) {
+                        kv_attend_sink(q, k, v, nk, hd, scale, sink, scores, got);
+                    } else {
+                        kv_attend(q, k, v, nk, hd, scale, cap, scores, got);
+                    }
+                    ck_assert_msg(memcmp(got, want, (size_t)hd * sizeof *got) == 0,
+                                  "attend (%s path, hd %lld, nk %lld, form %d): not the contract's bits",
+                                  kv_gemm_path_name(paths[p]), (long long)hd, (long long)nk, form);
+                    checked++;
+                }
+            }
+        }
+        free(cache);
+        free(q);
+        free(k);
+        free(v);
+        free(scores);
+        free(want);
+        free(got);
+    }
+    ck_assert_int_eq(kv_gemm_set_path(KV_GEMM_AUTO), KV_OK);
+    ck_assert_int_gt(checked, 0);
+}
+END_TEST
+
 /* ---- suite -------------------------------------------------------------- */
 
 static Suite *math_suite(void) {
@@ -1021,6 +1114,7 @@ static Suite *math_suite(void) {
     tcase_add_test(attn, test_gqa_kv_head);
     tcase_add_test(attn, test_window_visible_example);
     tcase_add_test(attn, test_window_visible_edges);
+    tcase_add_test(attn, test_attend_paths_bitwise);
     suite_add_tcase(s, attn);
 
     TCase *am = tcase_create("argmax");
