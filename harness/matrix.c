@@ -154,13 +154,24 @@ static int64_t run_graph_budget(const KvModel *m, const KvScenario *sc,
 
 static double keys_attended(int64_t T, int64_t W);
 
-/* The (query, key) pairs a decode of sc attends, summed over the layers. */
-static double run_keys(const KvConfig *cfg, const KvScenario *sc) {
+/* The (query, key) pairs a decode of sc attends with `steps` new tokens,
+ * summed over the rows and the layers: each row's real tokens (a pad query
+ * attends to nothing) and the tokens it is fed after them. */
+static double run_keys_steps(const KvConfig *cfg, const KvScenario *sc, int64_t steps) {
     double keys = 0.0;
-    for (int64_t l = 0; l < cfg->num_layers; l++) {
-        keys += keys_attended(sc->prompt_len + sc->new_tokens - 1, kv_config_layer_window(cfg, l));
+    for (int64_t b = 0; b < sc->batch; b++) {
+        int64_t real = 0;
+        for (int64_t t = 0; t < sc->prompt_len; t++) real += sc->real[b * sc->prompt_len + t] != 0;
+        for (int64_t l = 0; l < cfg->num_layers; l++) {
+            keys += keys_attended(real + steps - 1, kv_config_layer_window(cfg, l));
+        }
     }
     return keys;
+}
+
+/* The pairs of a whole decode of sc. */
+static double run_keys(const KvConfig *cfg, const KvScenario *sc) {
+    return run_keys_steps(cfg, sc, sc->new_tokens);
 }
 
 /* A running decode's share of the gate's estimated work. */
@@ -171,12 +182,18 @@ typedef struct {
     int64_t batch;
     bool seq;         /* a member in the sequential order */
     double keys, est; /* the whole run's attention pairs and estimated seconds */
+    int64_t fed;      /* the positions a row is fed in the whole run */
 } RunProgress;
 
 static void run_progress(void *ctx, int64_t columns, int64_t steps) {
     const RunProgress *p = ctx;
+    /* the attention's pairs grow with the square of the positions fed
+     * until the window is full: the square is the nearer guess of the two
+     * for the long prompts where attention is what costs */
+    const double f = p->fed > 0 ? (double)(columns + steps) / (double)p->fed : 1.0;
     const double so_far = kv_rate_decode_seconds(p->cfg, p->o->rate, p->batch * columns, steps,
-                                                 p->batch, 0.0, p->seq);
+                                                 p->batch, p->keys * (f < 1.0 ? f * f : 1.0),
+                                                 p->seq);
     *p->o->est_running = so_far < p->est ? so_far : p->est;
     char cur[320];
     snprintf(cur, sizeof cur, "%s %s %s/%s/%s/r%d (step %lld)", p->run->model, p->run->scenario,
@@ -221,7 +238,7 @@ static KvStatus run_decode(const KvModel *m, const KvScenario *sc, const KvCache
     };
     /* progress during the run, by its estimated cost */
     RunProgress rp = {o, run, &m->config, sc->batch, (order & KV_ORDER_DOT_SEQUENTIAL) != 0, 0.0,
-                      0.0};
+                      0.0, sc->prompt_len + sc->new_tokens - 1};
     if (o->rate != NULL && o->est_done != NULL && ops->host) {
         const bool taped = tape != NULL && variant != NULL && tape->filled;
         const int64_t cols = taped ? sc->prompt_len - tape->n : sc->prompt_len;
@@ -1073,15 +1090,13 @@ KvStatus kv_gate_work_add(const KvConfig *cfg, const KvGateOptions *o, const KvR
             o->replay_every > 0 && S > 1
                 ? 2 * ((S - 1) / o->replay_every > 0 ? (S - 1) / o->replay_every : 1)
                 : 0;
-        double keys = 0.0;
-        for (int64_t l = 0; l < cfg->num_layers; l++) {
-            keys += keys_attended(T, kv_config_layer_window(cfg, l));
-        }
-        /* per row: matmuls over every position, QK and PV over the keys each
-         * query sees, the lm_head once per forward (decode steps + prefill) */
+        const double keys = run_keys_steps(cfg, use, S); /* over the rows */
+        /* per row: matmuls over every position, the lm_head once per forward
+         * (decode steps + prefill); per run: QK and PV over the keys each
+         * query sees */
         const double row_flop = 2.0 * layer_mac * (double)cfg->num_layers * (double)T +
-                                4.0 * qd * keys + 2.0 * H * (double)cfg->vocab_size * (double)S;
-        const double run_flop = (double)B * row_flop;
+                                2.0 * H * (double)cfg->vocab_size * (double)S;
+        const double run_flop = (double)B * row_flop + 4.0 * qd * keys;
         const double per_pos = run_flop / (double)(B * (T > 0 ? T : 1));
         const int64_t shared = work_shared_columns(use, o);
         /* the reference, its fresh twin (a scripted unit's, about one more

@@ -33,6 +33,43 @@ static double rate_time(void (*mm)(const float *, KvMat, int64_t, int64_t, int64
  * (well beyond the last-level caches of the machines this runs on). */
 #define RATE_ROWS 64
 #define RATE_STREAM_BYTES (64 << 20)
+/* Keys of the attention timed: a window's worth for the real-scale models,
+ * whose attention is what costs (a tiny model's is cheap whatever its
+ * rate). */
+#define RATE_KEYS 2048
+
+/* Seconds per (query head, key) pair of kv_attend with cfg's head_dim and
+ * softcap, over RATE_KEYS keys one kv_dim apart as in a cache. */
+static double rate_attention(const KvConfig *cfg, float *buf /* (2, RATE_KEYS, kv_dim) */,
+                             int64_t kv_dim, double budget) {
+    const int64_t hd = cfg->head_dim;
+    const float **k = malloc((size_t)RATE_KEYS * sizeof *k);      /* (RATE_KEYS) */
+    const float **v = malloc((size_t)RATE_KEYS * sizeof *v);      /* (RATE_KEYS) */
+    float *scores = malloc((size_t)RATE_KEYS * sizeof *scores);   /* (RATE_KEYS) */
+    float *out = malloc((size_t)hd * sizeof *out);                /* (hd) */
+    double per = 0.0;
+    if (k != NULL && v != NULL && scores != NULL && out != NULL) {
+        for (int64_t j = 0; j < RATE_KEYS; j++) {
+            k[j] = buf + j * kv_dim;
+            v[j] = buf + (RATE_KEYS + j) * kv_dim;
+        }
+        const double t0 = rate_now();
+        int64_t calls = 0;
+        double t = t0;
+        do {
+            kv_attend(buf + (calls % RATE_KEYS) * kv_dim, k, v, RATE_KEYS, hd,
+                      1.0f / (float)hd, (float)cfg->attn_logit_softcapping, scores, out);
+            calls++;
+            t = rate_now();
+        } while (t - t0 < budget);
+        per = (t - t0) / ((double)calls * (double)RATE_KEYS);
+    }
+    free(k);
+    free(v);
+    free(scores);
+    free(out);
+    return per;
+}
 
 KvStatus kv_rate_measure(const KvConfig *cfg, KvRate *r, KvError *err) {
     const int64_t in = cfg->hidden_size > 0 && cfg->hidden_size <= 16384 ? cfg->hidden_size : 4096;
@@ -57,6 +94,14 @@ KvStatus kv_rate_measure(const KvConfig *cfg, KvRate *r, KvError *err) {
     r->seq_mac_s = rate_time(kv_matmul_sequential, x, w, RATE_ROWS, in, out, y, 0.1) / macs;
     r->byte_s = rate_time(kv_matmul_mat, x, w, 1, in, big, y, 0.1) /
                 ((double)big * (double)in * (double)sizeof(float));
+    /* the attention over the streamed buffer (its values are as good as
+     * any: the time does not depend on them) */
+    const int64_t kv_dim = cfg->num_kv_heads > 0 && cfg->head_dim > 0
+                               ? cfg->num_kv_heads * cfg->head_dim
+                               : 0;
+    r->pair_s = 0.0;
+    if (kv_dim > 0 && 2 * RATE_KEYS * kv_dim <= wn) r->pair_s = rate_attention(cfg, w, kv_dim, 0.05);
+    if (r->pair_s <= 0.0) r->pair_s = 4.0 * (double)cfg->head_dim * r->mac_s; /* QK and PV */
     free(x);
     free(w);
     free(y);
@@ -79,7 +124,7 @@ double kv_rate_decode_seconds(const KvConfig *cfg, const KvRate *r, int64_t pref
     const double pre = (double)prefill * L * layer_mac * mac_s;
     const double per_step = (double)batch * (L * layer_mac + head) * mac_s;
     const double stream = step_bytes * r->byte_s;
-    /* attention: QK and PV over the keys each query sees, per head */
-    const double att = 2.0 * qd * keys * r->mac_s;
+    /* attention: each query head over the keys its query sees */
+    const double att = (double)cfg->num_heads * keys * r->pair_s;
     return pre + (double)steps * (per_step > stream ? per_step : stream) + att;
 }

@@ -1,9 +1,11 @@
 /* rate.h: how fast this machine runs the reference's kernels, measured in
  * a fraction of a second before a gate starts, so that the gate can state
  * its wall time up front (the work line) and its ETA as it goes. A decode
- * is two kinds of work: prefill positions, many rows through each weight
- * (compute-bound), and decode steps, a few rows through every weight
- * (bound by streaming the weights from memory). */
+ * is three kinds of work: prefill positions, many rows through each weight
+ * (compute-bound); decode steps, a few rows through every weight (bound by
+ * streaming the weights from memory); and the attention, each query head
+ * over the keys it sees, which a long prompt at a large window makes the
+ * biggest of the three (gemma-2-2b's 4096-token window, head_dim 256). */
 #ifndef KV_RATE_H
 #define KV_RATE_H
 
@@ -18,6 +20,8 @@ typedef struct {
     double seq_mac_s; /* the same in the sequential order (a calibration member's) */
     double byte_s;    /* seconds per weight byte of a one-row matmul over weights far larger
                        * than the caches (a decode step) */
+    double pair_s;    /* seconds per (query head, key) pair of the attention (kv_attend at the
+                       * model's head_dim over keys spaced as in its cache) */
 } KvRate;
 
 /* Measures *r with matmuls of cfg's hidden and intermediate sizes. */
@@ -26,8 +30,9 @@ KvStatus kv_rate_measure(const KvConfig *cfg, KvRate *r, KvError *err);
 /* The cost of one decode of cfg's model on the CPU, in seconds at rate r:
  * `prefill` positions (rows x columns, all rows' columns of every prefill
  * forward) and `steps` one-token forwards of `batch` rows, attending
- * `keys` (query, key) pairs per layer summed over the decode; seq: in the
- * sequential order (a calibration member). */
+ * `keys` (query, key) pairs summed over the rows, the layers and the
+ * decode (each pair once per query head); seq: in the sequential order (a
+ * calibration member). */
 double kv_rate_decode_seconds(const KvConfig *cfg, const KvRate *r, int64_t prefill,
                               int64_t steps, int64_t batch, double keys, bool seq);
 
