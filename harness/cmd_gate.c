@@ -5,6 +5,7 @@
  * and exits 0 (all pass), 1 (a comparison failed), 2 (bad input or usage,
  * an output file that cannot be written included) or 3 (internal error). */
 #include <cjson/cJSON.h>
+#include <dirent.h>
 #include <inttypes.h>
 #ifdef __GLIBC__
 #include <malloc.h>
@@ -13,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "backends.h"
@@ -45,6 +47,8 @@
 /* config.json read again for its list of windows: transformers' configs are
  * a few KB; the loader's own bound is larger, and it has read the file. */
 #define KV_GATE_CONFIG_MAX_BYTES (1 << 20)
+/* Freed heap memory the gate keeps for its next runs (gate_tune_malloc). */
+#define KV_GATE_HEAP_KEEP (256 << 20)
 #define KV_GATE_MAX_LIST 16
 /* --external files per gate: far more than one engine's modes and repeats
  * need (each file may hold many runs). */
@@ -773,8 +777,59 @@ static KvStatus gate_model_config(const GateArgs *a, int i, KvConfig *cfg, KvErr
     return kv_config_load(path, cfg, err);
 }
 
+/* The bytes model i's weights take in memory: a directory's safetensors
+ * files as stored (the loader maps them), a built-in fixture's F32 tensors
+ * (built in memory). */
+static double gate_weights_bytes(const GateArgs *a, int i, const KvConfig *cfg) {
+    if (a->model_is_dir[i]) {
+        double bytes = 0.0;
+        DIR *d = opendir(a->models[i]);
+        if (d == NULL) return 0.0; /* the loader names the problem */
+        const struct dirent *e;
+        while ((e = readdir(d)) != NULL) {
+            const size_t n = strlen(e->d_name);
+            const char *ext = ".safetensors";
+            if (n <= strlen(ext) || strcmp(e->d_name + n - strlen(ext), ext) != 0) continue;
+            char path[4096];
+            struct stat sb;
+            if ((size_t)snprintf(path, sizeof path, "%s/%s", a->models[i], e->d_name) <
+                    sizeof path &&
+                stat(path, &sb) == 0) {
+                bytes += (double)sb.st_size;
+            }
+        }
+        closedir(d);
+        return bytes;
+    }
+    const double H = (double)cfg->hidden_size, I = (double)cfg->intermediate_size;
+    const double qd = (double)(cfg->num_heads * cfg->head_dim);
+    const double kvd = (double)(cfg->num_kv_heads * cfg->head_dim);
+    const double experts = cfg->num_experts > 0 ? (double)cfg->num_experts : 1.0;
+    const double layer = H * (qd + 2.0 * kvd) + qd * H + experts * 3.0 * H * I;
+    return 4.0 * (2.0 * (double)cfg->vocab_size * H + (double)cfg->num_layers * layer);
+}
+
+/* The bytes this process holds before any model is loaded (its code and
+ * libraries: /proc/self/status VmRSS), 0 where that cannot be read. */
+static double gate_process_bytes(void) {
+    FILE *f = fopen("/proc/self/status", "r");
+    if (f == NULL) return 0.0;
+    char line[256];
+    double kib = 0.0;
+    while (fgets(line, sizeof line, f) != NULL) {
+        if (strncmp(line, "VmRSS:", 6) == 0) {
+            kib = strtod(line + 6, NULL);
+            break;
+        }
+    }
+    fclose(f);
+    return kib * 1024.0;
+}
+
 /* States the CPU work up front, and refuses (KV_ERR_INPUT) work beyond
- * KV_GATE_MAX_WORK_FLOP unless --allow-large-work was given. */
+ * KV_GATE_MAX_WORK_FLOP unless --allow-large-work was given, and a matrix
+ * whose largest unit would not fit in this machine's memory beside its
+ * model's weights (kv_model_memory_limit) in any case. */
 static KvStatus gate_check_work(const GateArgs *a, const KvGateOptions *o, KvRate *rate_out,
                                 double *seconds_out, KvError *err) {
     KvGateWork w;
@@ -801,12 +856,22 @@ static KvStatus gate_check_work(const GateArgs *a, const KvGateOptions *o, KvRat
         have_rate = best >= 0 && kv_rate_measure(&widest, &rate, err) == KV_OK;
         if (have_rate) *rate_out = rate;
     }
+    double peak = 0.0, peak_weights = 0.0, peak_unit = 0.0; /* bytes */
+    char peak_what[400] = "";
     for (int i = 0; i < a->n_models; i++) {
         KvConfig cfg;
         KvStatus st = gate_model_config(a, i, &cfg, err);
         if (st != KV_OK) return st;
+        w.unit_bytes = 0.0; /* this model's largest unit */
         st = kv_gate_work_add(&cfg, o, have_rate ? &rate : NULL, &unit, &w, err);
         if (st != KV_OK) return st;
+        const double weights = gate_weights_bytes(a, i, &cfg);
+        if (weights + w.unit_bytes + w.report_bytes > peak) {
+            peak = weights + w.unit_bytes + w.report_bytes;
+            peak_weights = weights;
+            peak_unit = w.unit_bytes + w.report_bytes;
+            snprintf(peak_what, sizeof peak_what, "%.200s's %.160s", a->models[i], w.unit_name);
+        }
         if (cfg.vocab_size > max_vocab) max_vocab = cfg.vocab_size;
         if (kv_probe_count(&cfg) > max_probes) max_probes = kv_probe_count(&cfg);
         const size_t used = strlen(windows);
@@ -828,11 +893,15 @@ static KvStatus gate_check_work(const GateArgs *a, const KvGateOptions *o, KvRat
     w.flop *= passes;
     w.seconds *= passes;
     *seconds_out = have_rate ? w.seconds : 0.0;
+    /* the process itself, and the freed heap it keeps for the next runs */
+    const double base = gate_process_bytes() + (double)KV_GATE_HEAP_KEEP;
+    peak += base;
     if (!a->quiet) {
-        char est[96] = "";
+        char est[160] = "";
         if (w.seconds > 0.0) {
-            snprintf(est, sizeof est, "; estimated %.0f min %02.0f s on this machine",
-                     floor(w.seconds / 60.0), fmod(w.seconds, 60.0));
+            snprintf(est, sizeof est, "; estimated %.0f min %02.0f s and ~%.1f GiB of memory on "
+                     "this machine", floor(w.seconds / 60.0), fmod(w.seconds, 60.0),
+                     peak / 1073741824.0);
         }
         printf("work: %lld cpu decodes (%lld reference, %lld fresh twin, %lld calibration "
                "member, %lld fp64 shadow, %lld candidate%s), %lld token positions, ~%.3g "
@@ -842,6 +911,22 @@ static KvStatus gate_check_work(const GateArgs *a, const KvGateOptions *o, KvRat
                o->share_prefill ? " taking the reference's first prefill forward" : "",
                (long long)w.tokens, w.flop / 1e9, est, windows);
         fflush(stdout); /* a CI log shows it before the matrix starts */
+    }
+    const double limit = (double)kv_model_memory_limit();
+    if (peak > limit) {
+        return kv_error_set(err, KV_ERR_INPUT,
+                            "the selected matrix needs ~%.1f GiB of memory at its peak, more than "
+                            "this machine's %.1f GiB (%s): %.1f GiB of weights, %.1f GiB for "
+                            "the largest unit and the report (%s: its runs' caches over every "
+                            "position, activations and the shared prefill; the runs' logits "
+                            "until the report is written), %.1f GiB for the process and its "
+                            "heap. Narrow it with --scenarios, --max-new-tokens N or a shorter "
+                            "--prompts batch, or run it on a machine with more memory",
+                            peak / 1073741824.0, limit / 1073741824.0,
+                            getenv("KVREPRO_MEMORY_LIMIT") != NULL ? "KVREPRO_MEMORY_LIMIT"
+                                                                   : "physical memory",
+                            peak_weights / 1073741824.0, peak_unit / 1073741824.0, peak_what,
+                            base / 1073741824.0);
     }
     if (w.flop > KV_GATE_MAX_WORK_FLOP && !a->allow_large) {
         return kv_error_set(err, KV_ERR_INPUT,
@@ -1324,7 +1409,7 @@ static KvStatus gate_print_verdict(const KvReport *rep, const GateArgs *a, KvErr
 static void gate_tune_malloc(void) {
 #ifdef __GLIBC__
     mallopt(M_MMAP_THRESHOLD, 64 << 20);
-    mallopt(M_TRIM_THRESHOLD, 256 << 20);
+    mallopt(M_TRIM_THRESHOLD, KV_GATE_HEAP_KEEP);
 #endif
 }
 

@@ -1047,6 +1047,42 @@ static int64_t work_shared_columns(const KvScenario *sc, const KvGateOptions *o)
 static int gate_calibration_unit_of(const KvConfig *cfg, const KvGateOptions *o, KvError *err,
                                     KvStatus *st);
 
+/* Bytes a unit of sc holds beside the weights while one of its runs
+ * decodes (an upper bound, as state.c, cpu_state.c and prefill_tape.h
+ * allocate): the run's state (the static cache of every layer over every
+ * position, a forward's activations over its widest chunk, the attention's
+ * scratch per thread), the variant's own cache beside it (at most as
+ * large), the reference's prefill tape kept for the unit's variants, and
+ * the fp64 shadow's state in doubles when the unit calibrates. */
+static double unit_bytes(const KvConfig *cfg, const KvScenario *sc, int64_t steps,
+                         bool calibrates) {
+    const double B = (double)sc->batch, L = (double)cfg->num_layers;
+    const double kvd = (double)(cfg->num_kv_heads * cfg->head_dim);
+    const double qd = (double)(cfg->num_heads * cfg->head_dim);
+    const double H = (double)cfg->hidden_size, I = (double)cfg->intermediate_size;
+    const int64_t chunk = sc->prefill_chunk > 0 && sc->prefill_chunk < sc->prompt_len
+                              ? sc->prefill_chunk
+                              : sc->prompt_len;
+    const int64_t longest = chunk > sc->suffix_len ? chunk : sc->suffix_len;
+    const double len = (double)(sc->prompt_len + steps + sc->suffix_len);
+    const double rows = B * (double)longest;
+    const double cache = 2.0 * L * B * len * kvd * 4.0;
+    /* x, xn, tmp, q, att, the new k and v, the MLP's gate and up (an MoE's
+     * experts add their own: counted as twice the MLP) */
+    const double mlp = cfg->num_experts > 0 ? 4.0 * I : 2.0 * I;
+    const double act = rows * (3.0 * H + 2.0 * qd + 2.0 * kvd + mlp) * 4.0;
+    const double scratch = 64.0 * (len + (double)cfg->sliding_window) * 28.0;
+    const double logits = B * (double)cfg->vocab_size * 4.0;
+    const double state = cache + act + scratch + logits;
+    const double tape = 2.0 * L * B * (double)chunk * kvd * 4.0;
+    const double run = state + cache + tape;
+    /* the shadow runs one row at a time, one layer at a time, over all
+     * of its positions, in doubles */
+    const double shadow =
+        calibrates ? len * (3.0 * H + 2.0 * qd + 2.0 * kvd + mlp) * 8.0 : 0.0;
+    return run > shadow + tape ? run : shadow + tape;
+}
+
 KvStatus kv_gate_work_add(const KvConfig *cfg, const KvGateOptions *o, const KvRate *rate,
                           int *unit, KvGateWork *w, KvError *err) {
     const double H = (double)cfg->hidden_size, I = (double)cfg->intermediate_size;
@@ -1079,6 +1115,7 @@ KvStatus kv_gate_work_add(const KvConfig *cfg, const KvGateOptions *o, const KvR
             kv_scenario_free(&sc);
             return lst;
         }
+        const bool calibrates = o->calibrate && (cal < 0 || cal == i);
         w->runs += kv_gate_runs_planned_per_unit(o);
         if (use->new_tokens > w->max_steps) w->max_steps = use->new_tokens;
         if (use->batch > w->max_batch) w->max_batch = use->batch;
@@ -1106,8 +1143,21 @@ KvStatus kv_gate_work_add(const KvConfig *cfg, const KvGateOptions *o, const KvR
         const bool twin =
             kv_scenario_switches(use) ||
             (kv_scenario_shifts(use) && kv_scenario_shift_judged(cfg, why, sizeof why));
-        const bool calibrates = o->calibrate && (cal < 0 || cal == i);
         const int64_t members = calibrates ? KV_ENSEMBLE_SIZE : 0;
+        const double ub = unit_bytes(cfg, use, use->new_tokens, calibrates);
+        /* what the report keeps until it is written: the reference's and
+         * the fresh twin's full logits, every other CPU run's top-k (ids
+         * and values); a failing run keeps its full logits too */
+        const double per_run = (double)(use->batch * use->new_tokens);
+        const double topk = (double)(cfg->vocab_size < KV_TOPK ? cfg->vocab_size : KV_TOPK);
+        w->report_bytes += per_run * ((double)(1 + (twin ? 1 : 0)) * (double)cfg->vocab_size * 4.0 +
+                                      (double)cands * topk * 8.0);
+        if (ub > w->unit_bytes) {
+            w->unit_bytes = ub;
+            snprintf(w->unit_name, sizeof w->unit_name, "%s: batch %lld, prompt %lld, %lld new",
+                     use->name, (long long)use->batch, (long long)use->prompt_len,
+                     (long long)use->new_tokens);
+        }
         const int64_t cand_tokens = B * (T - shared + replays);
         w->references += 1;
         w->twins += twin ? 1 : 0;

@@ -135,6 +135,13 @@ typedef struct {
                       * shared prefill columns not counted) */
     double flop;     /* ~floating-point operations (matmuls and attention) */
     double seconds;  /* estimated wall time at the measured rate (0: not estimated) */
+    /* bytes one unit holds at once beside the weights, at most (the largest
+     * unit's): a run's state (its static cache and activations), a
+     * variant's cache beside it, the shared prefill's tape; and the unit
+     * it is, for the refusal's message */
+    double unit_bytes;
+    char unit_name[160];
+    double report_bytes; /* what the report holds in memory until it is written, all units */
 } KvGateWork;
 
 /* Adds to *w the CPU work of the units of one model with config cfg that

@@ -3,7 +3,8 @@
 # window by `fixture --sliding-window`, its work line naming every decode by
 # kind with an estimated wall time, progress lines inside a run (not only
 # when one ends) when the log interval is short, the model's one
-# calibration named in the report, and the bad values refused with exit 2.
+# calibration named in the report, a matrix beyond the memory limit refused,
+# and the bad values refused with exit 2.
 include(${CMAKE_CURRENT_LIST_DIR}/cli_helpers.cmake)
 file(REMOVE_RECURSE "${WORK}")
 file(MAKE_DIRECTORY "${WORK}")
@@ -15,7 +16,7 @@ kv_expect_match("${out}" "short_prompt_crosses_window: batch 1, prompt 120 token
 set(ENV{KVREPRO_PROGRESS_EVERY} 0)
 kv_run(0 out err ${KVREPRO} gate --model "${WORK}/m" --scenarios short_prompt_crosses_window,prompt_w
        --variants ring --modes eager --repeats 1 --backends cpu --report "${WORK}/g.h5")
-kv_expect_match("${out}" "work: [0-9]+ cpu decodes \\(2 reference, 0 fresh twin, 3 calibration member, 1 fp64 shadow, 2 candidate taking the reference's first prefill forward\\), [0-9]+ token positions, ~[0-9.e+]+ GFLOP; estimated [0-9]+ min [0-9]+ s on this machine"
+kv_expect_match("${out}" "work: [0-9]+ cpu decodes \\(2 reference, 0 fresh twin, 3 calibration member, 1 fp64 shadow, 2 candidate taking the reference's first prefill forward\\), [0-9]+ token positions, ~[0-9.e+]+ GFLOP; estimated [0-9]+ min [0-9]+ s and ~[0-9.]+ GiB of memory on this machine"
                 "the work line names each kind of decode and the estimate")
 kv_expect_match("${err}" "kvrepro gate: [0-9]+/[0-9]+ runs, [0-9]+s elapsed, ETA [0-9]+s; now m short_prompt_crosses_window reference/cpu/eager/r0 \\(step [1-9]"
                 "a progress line inside the reference's run")
@@ -23,6 +24,19 @@ execute_process(COMMAND h5dump -d /tolerances "${WORK}/g.h5" OUTPUT_VARIABLE dum
                 RESULT_VARIABLE rc)
 kv_expect_match("${dump}" "the model's calibration, made once on short_prompt_crosses_window"
                 "the other unit is judged by the model's calibration")
+
+# A matrix that would not fit in memory is refused before any work, with its
+# estimate, the limit, its largest unit and what to narrow; no report.
+set(ENV{KVREPRO_MEMORY_LIMIT} 1048576)
+kv_run(2 out err ${KVREPRO} gate --model "${WORK}/m" --scenarios short_prompt_crosses_window,prompt_w
+       --variants ring --modes eager --repeats 1 --backends cpu --report "${WORK}/mem.h5")
+kv_expect_match("${err}" "needs ~[0-9.]+ GiB of memory at its peak, more than this machine's 0.0 GiB \\(KVREPRO_MEMORY_LIMIT\\): [0-9.]+ GiB of weights, [0-9.]+ GiB for the largest unit and the report \\([^)]*m's [a-z_]+: batch [0-9]+, prompt [0-9]+, [0-9]+ new"
+                "a matrix beyond the memory limit refused, naming its largest unit")
+kv_expect_match("${err}" "Narrow it with --scenarios" "the refusal says what to narrow")
+if(EXISTS "${WORK}/mem.h5")
+  message(FATAL_ERROR "a gate refused for memory wrote ${WORK}/mem.h5")
+endif()
+unset(ENV{KVREPRO_MEMORY_LIMIT})
 
 kv_run(2 out err ${KVREPRO} fixture --family mistral --out "${WORK}/bad" --sliding-window 0)
 kv_expect_match("${err}" "--sliding-window: expected at least 1" "window 0 refused")
