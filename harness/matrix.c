@@ -156,14 +156,22 @@ static double keys_attended(int64_t T, int64_t W);
 
 /* The (query, key) pairs a decode of sc attends with `steps` new tokens,
  * summed over the rows and the layers: each row's real tokens (a pad query
- * attends to nothing) and the tokens it is fed after them. */
-static double run_keys_steps(const KvConfig *cfg, const KvScenario *sc, int64_t steps) {
+ * attends to nothing) and the tokens it is fed after them, less the pairs
+ * of the first `shared` prompt columns (a candidate that takes the
+ * reference's first prefill forward does not attend them again). */
+static double run_keys_steps(const KvConfig *cfg, const KvScenario *sc, int64_t steps,
+                             int64_t shared) {
     double keys = 0.0;
     for (int64_t b = 0; b < sc->batch; b++) {
-        int64_t real = 0;
-        for (int64_t t = 0; t < sc->prompt_len; t++) real += sc->real[b * sc->prompt_len + t] != 0;
+        int64_t real = 0, real_shared = 0;
+        for (int64_t t = 0; t < sc->prompt_len; t++) {
+            const bool r = sc->real[b * sc->prompt_len + t] != 0;
+            real += r;
+            real_shared += r && t < shared;
+        }
         for (int64_t l = 0; l < cfg->num_layers; l++) {
-            keys += keys_attended(real + steps - 1, kv_config_layer_window(cfg, l));
+            const int64_t W = kv_config_layer_window(cfg, l);
+            keys += keys_attended(real + steps - 1, W) - keys_attended(real_shared, W);
         }
     }
     return keys;
@@ -171,7 +179,7 @@ static double run_keys_steps(const KvConfig *cfg, const KvScenario *sc, int64_t 
 
 /* The pairs of a whole decode of sc. */
 static double run_keys(const KvConfig *cfg, const KvScenario *sc) {
-    return run_keys_steps(cfg, sc, sc->new_tokens);
+    return run_keys_steps(cfg, sc, sc->new_tokens, 0);
 }
 
 /* A running decode's share of the gate's estimated work. */
@@ -242,7 +250,7 @@ static KvStatus run_decode(const KvModel *m, const KvScenario *sc, const KvCache
     if (o->rate != NULL && o->est_done != NULL && ops->host) {
         const bool taped = tape != NULL && variant != NULL && tape->filled;
         const int64_t cols = taped ? sc->prompt_len - tape->n : sc->prompt_len;
-        rp.keys = run_keys(&m->config, sc);
+        rp.keys = run_keys_steps(&m->config, sc, sc->new_tokens, taped ? tape->n : 0);
         rp.est = kv_rate_decode_seconds(&m->config, o->rate, sc->batch * cols,
                                         sc->new_tokens - 1, sc->batch, rp.keys,
                                         (order & KV_ORDER_DOT_SEQUENTIAL) != 0);
@@ -1127,7 +1135,7 @@ KvStatus kv_gate_work_add(const KvConfig *cfg, const KvGateOptions *o, const KvR
             o->replay_every > 0 && S > 1
                 ? 2 * ((S - 1) / o->replay_every > 0 ? (S - 1) / o->replay_every : 1)
                 : 0;
-        const double keys = run_keys_steps(cfg, use, S); /* over the rows */
+        const double keys = run_keys_steps(cfg, use, S, 0); /* over the rows */
         /* per row: matmuls over every position, the lm_head once per forward
          * (decode steps + prefill); per run: QK and PV over the keys each
          * query sees */
@@ -1175,8 +1183,9 @@ KvStatus kv_gate_work_add(const KvConfig *cfg, const KvGateOptions *o, const KvR
              * does with the sequential matmul; the shadow, in doubles
              * summed one at a time, about twice that */
             const double seq_s = kv_rate_decode_seconds(cfg, rate, B * P, steps, B, keys, true);
-            const double cand_s = kv_rate_decode_seconds(cfg, rate, B * (P - shared),
-                                                         steps + replays, B, keys, false);
+            const double cand_s =
+                kv_rate_decode_seconds(cfg, rate, B * (P - shared), steps + replays, B,
+                                       run_keys_steps(cfg, use, S, shared), false);
             double unit_s = ref_s * (twin ? 2.0 : 1.0) + (double)cands * cand_s;
             if (calibrates) unit_s += ref_s + 2.0 * seq_s + 2.0 * seq_s;
             w->seconds += unit_s;
