@@ -6,6 +6,7 @@
 #include <time.h>
 
 #include "kvmath.h"
+#include "probe.h"
 
 static double rate_now(void) {
     struct timespec ts;
@@ -102,6 +103,19 @@ KvStatus kv_rate_measure(const KvConfig *cfg, KvRate *r, KvError *err) {
     r->pair_s = 0.0;
     if (kv_dim > 0 && 2 * RATE_KEYS * kv_dim <= wn) r->pair_s = rate_attention(cfg, w, kv_dim, 0.05);
     if (r->pair_s <= 0.0) r->pair_s = 4.0 * (double)cfg->head_dim * r->mac_s; /* QK and PV */
+    {
+        const size_t n = (size_t)8 << 20; /* bytes, within the streamed buffer */
+        const double t0 = rate_now();
+        int64_t calls = 0;
+        volatile uint64_t sink = 0; /* the hash is used: not optimised away */
+        double t = t0;
+        do {
+            sink = sink ^ kv_probe_hash_bytes(w, n);
+            calls++;
+            t = rate_now();
+        } while (t - t0 < 0.03);
+        r->hash_byte_s = (t - t0) / ((double)calls * (double)n);
+    }
     free(x);
     free(w);
     free(y);
@@ -126,5 +140,11 @@ double kv_rate_decode_seconds(const KvConfig *cfg, const KvRate *r, int64_t pref
     const double stream = step_bytes * r->byte_s;
     /* attention: each query head over the keys its query sees */
     const double att = (double)cfg->num_heads * keys * r->pair_s;
-    return pre + (double)steps * (per_step > stream ? per_step : stream) + att;
+    /* the probes: every layer's cache (its window's keys and values) hashed
+     * at every step, and a prefill's activations (about ten hidden-sized
+     * rows per position per layer) */
+    const double win = cfg->sliding_window > 0 ? (double)cfg->sliding_window : 4096.0;
+    const double probe = ((double)steps * (double)batch * L * win * 2.0 * kvd +
+                          (double)prefill * L * 10.0 * H) * 4.0 * r->hash_byte_s;
+    return pre + (double)steps * (per_step > stream ? per_step : stream) + att + probe;
 }

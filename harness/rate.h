@@ -22,6 +22,8 @@ typedef struct {
                        * than the caches (a decode step) */
     double pair_s;    /* seconds per (query head, key) pair of the attention (kv_attend at the
                        * model's head_dim over keys spaced as in its cache) */
+    double hash_byte_s; /* seconds per byte of the probe hash (kv_probe_hash_bytes): a run
+                         * hashes every layer's cache at every step */
 } KvRate;
 
 /* Measures *r with matmuls of cfg's hidden and intermediate sizes. */
