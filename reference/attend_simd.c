@@ -113,24 +113,11 @@ ATTEND_AVX512 static void ws_block64(const float *p, const float *const *v, int6
     WS_STORE4(a, 0);
 }
 
-/* 16 outputs from d0. */
-ATTEND_AVX512 static void ws_block16(const float *p, const float *const *v, int64_t nk,
-                                     int64_t d0, float *o) {
-    __m512 a = _mm512_setzero_ps();
-    for (int64_t j = 0; j < nk; j++) {
-        const __m512 pj = _mm512_set1_ps(p[j]);
-        const float *vj = v[j] + d0;
-        WS_STEP(a, 0);
-    }
-    _mm512_storeu_ps(o, a);
-}
-
 ATTEND_AVX512 void kv_weighted_sum_avx512(const float *p, const float *const *v, int64_t nk,
                                           int64_t hd, float *out) {
     int64_t d = 0;
     for (; d + 256 <= hd; d += 256) ws_block256(p, v, nk, d, out + d);
     for (; d + 64 <= hd; d += 64) ws_block64(p, v, nk, d, out + d);
-    for (; d + 16 <= hd; d += 16) ws_block16(p, v, nk, d, out + d);
 }
 
 #else

@@ -22,7 +22,8 @@ void kv_attend_dots_avx512(const float *q /* (hd) */, const float *const *k /* (
 
 /* out[d] = sum over j ascending of p[j] * v[j][d], from +0, one multiply
  * and one add per term (kv_weighted_sum's contract), for hd a multiple of
- * 16. */
+ * 64 (the head sizes of the supported families; others take the portable
+ * loop). */
 void kv_weighted_sum_avx512(const float *p /* (nk) */, const float *const *v /* (nk) -> (hd) */,
                             int64_t nk, int64_t hd, float *out /* (hd) */);
 

@@ -622,7 +622,7 @@ static void attend_dots(const float *q /* (hd) */, const float *const *k /* (nk)
 /* kv_weighted_sum, in AVX-512 where it runs and hd allows. */
 static void attend_weighted_sum(const float *p /* (nk) */, const float *const *v, int64_t nk,
                                 int64_t hd, bool simd, float *out /* (hd) */) {
-    if (simd && hd % 16 == 0) {
+    if (simd && hd % 64 == 0) {
         kv_weighted_sum_avx512(p, v, nk, hd, out);
         return;
     }
