@@ -600,11 +600,74 @@ static void round_image_to_bf16(uint8_t *img, size_t len) {
     kv_st_close(&tab);
 }
 
+/* The model ms (weights as stored: BF16, MXFP4) computes the bits of mf
+ * (the same values stored as F32): every logit of the reference (whole and
+ * chunked prefill: the GEMM; decode: the row kernel), a graph-mode variant,
+ * the sequential-order calibration member, planted TF32, each at batch 2
+ * (every step's matmuls have two rows) and 1 (the decode row kernel), and
+ * the fp64 shadow over the long prompt. */
+static void assert_stored_same(const KvModel *mf, const KvModel *ms, const char *what_model) {
+    const KvConfig *cfg = &mf->config;
+    KvError err = {{0}};
+    const int64_t W = cfg->sliding_window > 0 ? cfg->sliding_window : 16;
+    int32_t *prompts[2] = {make_prompt(W + 3, TEST_PROMPT_SEED, cfg->vocab_size),
+                           make_prompt(4, TEST_PROMPT_SEED + 1, cfg->vocab_size)};
+    const int64_t lens[2] = {W + 3, 4};
+    const KvCacheOps *ring = kv_cache_find("ring");
+    ck_assert_ptr_nonnull(ring);
+    struct {
+        const char *what;
+        int64_t chunk;
+        const KvCacheOps *variant;
+        KvExecMode mode;
+        unsigned order, faults;
+    } runs[] = {
+        {"reference", 0, NULL, KV_MODE_EAGER, 0, 0},
+        {"chunked prefill", 5, NULL, KV_MODE_EAGER, 0, 0},
+        {"ring, graph", 0, ring, KV_MODE_GRAPH, 0, 0},
+        {"dot_sequential member", 0, NULL, KV_MODE_EAGER, KV_ORDER_DOT_SEQUENTIAL, 0},
+        {"planted tf32", 0, NULL, KV_MODE_EAGER, 0, KV_FAULT_TF32},
+    };
+    for (size_t k = 0; k < 2 * sizeof runs / sizeof runs[0]; k++) {
+        const int64_t batch = k % 2 == 0 ? 2 : 1;
+        int32_t *tok = NULL;
+        uint8_t *real = NULL;
+        int64_t plen = 0;
+        ck_assert_int_eq(kv_batch_left_pad((const int32_t *const *)prompts, lens, batch, 0, &tok,
+                                           &real, &plen, &err), KV_OK);
+        KvDecodeSpec spec = {.batch = batch, .prompt_len = plen, .prompt = tok, .prompt_real = real,
+                             .new_tokens = W + 2, .prefill_chunk = runs[k / 2].chunk,
+                             .variant = runs[k / 2].variant, .mode = runs[k / 2].mode,
+                             .order = runs[k / 2].order, .faults = runs[k / 2].faults};
+        KvDecodeResult rf = {0}, rs = {0};
+        ck_assert_msg(kv_decode_greedy(mf, &spec, &rf, &err) == KV_OK, "%s", err.msg);
+        ck_assert_msg(kv_decode_greedy(ms, &spec, &rs, &err) == KV_OK, "%s", err.msg);
+        char what[160];
+        snprintf(what, sizeof what, "%s: %s, batch %lld", what_model, runs[k / 2].what,
+                 (long long)batch);
+        assert_same(&rf, &rs, what);
+        kv_decode_result_free(&rf);
+        kv_decode_result_free(&rs);
+        free(tok);
+        free(real);
+    }
+    const int64_t n = lens[0];
+    double *sf = malloc((size_t)(n * cfg->vocab_size) * sizeof *sf); /* (n, vocab) */
+    double *ss = malloc((size_t)(n * cfg->vocab_size) * sizeof *ss); /* (n, vocab) */
+    ck_assert(sf != NULL && ss != NULL);
+    ck_assert_msg(kv_shadow64_logits(mf, prompts[0], n, 0, sf, &err) == KV_OK, "%s", err.msg);
+    ck_assert_msg(kv_shadow64_logits(ms, prompts[0], n, 0, ss, &err) == KV_OK, "%s", err.msg);
+    ck_assert_msg(memcmp(sf, ss, (size_t)(n * cfg->vocab_size) * sizeof *sf) == 0,
+                  "%s: the fp64 shadow differs by storage", what_model);
+    free(sf);
+    free(ss);
+    free(prompts[0]);
+    free(prompts[1]);
+}
+
 /* A BF16 checkpoint, read as stored and widened in the kernels, computes
- * the bits of the same values stored as F32: the model hash, and every
- * logit of the reference (whole and chunked prefill: the GEMM; decode: the
- * row kernel), a graph-mode variant, the sequential-order calibration
- * member, planted TF32, and the fp64 shadow. */
+ * the bits of the same values stored as F32: the model hash, and every run
+ * of assert_stored_same. */
 START_TEST(test_stored_bf16_bitwise) {
     KvFamily family;
     KvFixtureSize size;
@@ -632,63 +695,9 @@ START_TEST(test_stored_bf16_bitwise) {
     ck_assert_uint_eq(mb.weight_bytes * 2 > mf.weight_bytes, true); /* vectors stay F32 */
     ck_assert_uint_eq(mb.weight_bytes < mf.weight_bytes, true);
 
-    const int64_t W = cfg.sliding_window > 0 ? cfg.sliding_window : 16;
-    int32_t *prompts[2] = {make_prompt(W + 3, TEST_PROMPT_SEED, cfg.vocab_size),
-                           make_prompt(4, TEST_PROMPT_SEED + 1, cfg.vocab_size)};
-    const int64_t lens[2] = {W + 3, 4};
-    const KvCacheOps *ring = kv_cache_find("ring");
-    ck_assert_ptr_nonnull(ring);
-    struct {
-        const char *what;
-        int64_t chunk;
-        const KvCacheOps *variant;
-        KvExecMode mode;
-        unsigned order, faults;
-    } runs[] = {
-        {"reference", 0, NULL, KV_MODE_EAGER, 0, 0},
-        {"chunked prefill", 5, NULL, KV_MODE_EAGER, 0, 0},
-        {"ring, graph", 0, ring, KV_MODE_GRAPH, 0, 0},
-        {"dot_sequential member", 0, NULL, KV_MODE_EAGER, KV_ORDER_DOT_SEQUENTIAL, 0},
-        {"planted tf32", 0, NULL, KV_MODE_EAGER, 0, KV_FAULT_TF32},
-    };
-    /* batch 2: every decode step's matmuls have two rows (the GEMM); batch
-     * 1: one (the decode row kernel) */
-    for (size_t k = 0; k < 2 * sizeof runs / sizeof runs[0]; k++) {
-        const int64_t batch = k % 2 == 0 ? 2 : 1;
-        int32_t *tok = NULL;
-        uint8_t *real = NULL;
-        int64_t plen = 0;
-        ck_assert_int_eq(kv_batch_left_pad((const int32_t *const *)prompts, lens, batch, 0, &tok,
-                                           &real, &plen, &err), KV_OK);
-        KvDecodeSpec spec = {.batch = batch, .prompt_len = plen, .prompt = tok, .prompt_real = real,
-                             .new_tokens = W + 2, .prefill_chunk = runs[k / 2].chunk,
-                             .variant = runs[k / 2].variant, .mode = runs[k / 2].mode,
-                             .order = runs[k / 2].order, .faults = runs[k / 2].faults};
-        KvDecodeResult rf = {0}, rb = {0};
-        ck_assert_msg(kv_decode_greedy(&mf, &spec, &rf, &err) == KV_OK, "%s", err.msg);
-        ck_assert_msg(kv_decode_greedy(&mb, &spec, &rb, &err) == KV_OK, "%s", err.msg);
-        char what[128];
-        snprintf(what, sizeof what, "%s: %s, batch %lld, BF16 stored vs F32 stored",
-                 k_families[_i], runs[k / 2].what, (long long)batch);
-        assert_same(&rf, &rb, what);
-        kv_decode_result_free(&rf);
-        kv_decode_result_free(&rb);
-        free(tok);
-        free(real);
-    }
-    /* the shadow over the long prompt, every position's logits */
-    const int64_t n = lens[0];
-    double *sf = malloc((size_t)(n * cfg.vocab_size) * sizeof *sf);
-    double *sb = malloc((size_t)(n * cfg.vocab_size) * sizeof *sb);
-    ck_assert(sf != NULL && sb != NULL);
-    ck_assert_msg(kv_shadow64_logits(&mf, prompts[0], n, 0, sf, &err) == KV_OK, "%s", err.msg);
-    ck_assert_msg(kv_shadow64_logits(&mb, prompts[0], n, 0, sb, &err) == KV_OK, "%s", err.msg);
-    ck_assert_msg(memcmp(sf, sb, (size_t)(n * cfg.vocab_size) * sizeof *sf) == 0,
-                  "%s: the fp64 shadow differs by storage", k_families[_i]);
-    free(sf);
-    free(sb);
-    free(prompts[0]);
-    free(prompts[1]);
+    char what[96];
+    snprintf(what, sizeof what, "%s, BF16 stored vs F32 stored", k_families[_i]);
+    assert_stored_same(&mf, &mb, what);
     kv_model_free(&mf);
     kv_model_free(&mb);
     free(fimg);
@@ -758,9 +767,8 @@ static uint8_t *f32_twin(const KvModel *m, const KvSafetensors *st, size_t *len)
 }
 
 /* gpt-oss's MXFP4 experts read as stored (and the rest as BF16) compute the
- * bits of the same values stored as F32: the hash, and every logit of the
- * reference (prefill and decode, batch 2 and 1: each expert's matmul one row
- * at a time), a graph-mode variant, the sequential member, and the shadow. */
+ * bits of the same values stored as F32: the hash, and every run of
+ * assert_stored_same (each expert's matmul one row at a time). */
 START_TEST(test_stored_mxfp4_bitwise) {
     KvConfig cfg;
     KvError err = {{0}};
@@ -784,48 +792,7 @@ START_TEST(test_stored_mxfp4_bitwise) {
     /* as stored: 4.25 bits an expert weight against 32 */
     ck_assert_uint_lt(mx.weight_bytes * 3, mf.weight_bytes);
 
-    const int64_t W = cfg.sliding_window;
-    int32_t *prompts[2] = {make_prompt(W + 3, TEST_PROMPT_SEED, cfg.vocab_size),
-                           make_prompt(4, TEST_PROMPT_SEED + 1, cfg.vocab_size)};
-    const int64_t lens[2] = {W + 3, 4};
-    const KvCacheOps *ring = kv_cache_find("ring");
-    ck_assert_ptr_nonnull(ring);
-    for (int k = 0; k < 6; k++) {
-        const int64_t batch = k % 2 == 0 ? 2 : 1;
-        int32_t *tok = NULL;
-        uint8_t *real = NULL;
-        int64_t plen = 0;
-        ck_assert_int_eq(kv_batch_left_pad((const int32_t *const *)prompts, lens, batch, 0, &tok,
-                                           &real, &plen, &err), KV_OK);
-        KvDecodeSpec spec = {.batch = batch, .prompt_len = plen, .prompt = tok, .prompt_real = real,
-                             .new_tokens = W + 2,
-                             .variant = k / 2 == 1 ? ring : NULL,
-                             .mode = k / 2 == 1 ? KV_MODE_GRAPH : KV_MODE_EAGER,
-                             .order = k / 2 == 2 ? KV_ORDER_DOT_SEQUENTIAL : 0};
-        KvDecodeResult rf = {0}, rx = {0};
-        ck_assert_msg(kv_decode_greedy(&mf, &spec, &rf, &err) == KV_OK, "%s", err.msg);
-        ck_assert_msg(kv_decode_greedy(&mx, &spec, &rx, &err) == KV_OK, "%s", err.msg);
-        char what[96];
-        snprintf(what, sizeof what, "gpt_oss-tiny run %d, batch %lld, MXFP4 vs F32 stored", k,
-                 (long long)batch);
-        assert_same(&rf, &rx, what);
-        kv_decode_result_free(&rf);
-        kv_decode_result_free(&rx);
-        free(tok);
-        free(real);
-    }
-    const int64_t n = lens[0];
-    double *sf = malloc((size_t)(n * cfg.vocab_size) * sizeof *sf);
-    double *sx = malloc((size_t)(n * cfg.vocab_size) * sizeof *sx);
-    ck_assert(sf != NULL && sx != NULL);
-    ck_assert_msg(kv_shadow64_logits(&mf, prompts[0], n, 0, sf, &err) == KV_OK, "%s", err.msg);
-    ck_assert_msg(kv_shadow64_logits(&mx, prompts[0], n, 0, sx, &err) == KV_OK, "%s", err.msg);
-    ck_assert_msg(memcmp(sf, sx, (size_t)(n * cfg.vocab_size) * sizeof *sf) == 0,
-                  "the fp64 shadow differs by storage");
-    free(sf);
-    free(sx);
-    free(prompts[0]);
-    free(prompts[1]);
+    assert_stored_same(&mf, &mx, "gpt_oss-tiny, MXFP4 stored vs F32 stored");
     kv_model_free(&mx);
     kv_model_free(&mf);
     free(ximg);
