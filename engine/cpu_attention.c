@@ -83,23 +83,21 @@ static void op_attn_variant(const void *ap) {
     const KvLayoutRule rule = cs->variant->layout;
     const int64_t cache_w = prm.window;
 
-    const int64_t g = kv_ref_attn_group(s, n);
-    const int64_t items = s->batch * n * (prm.heads / g);
-    const int nt = kv_ref_attn_threads(s, 2 * items * g * (a->n_slots + n) * hd);
+    const int64_t items = s->batch * n * prm.heads;
+    const int nt = kv_ref_attn_threads(s, 2 * items * (a->n_slots + n) * hd);
 
-    /* One item per (row, query, head group), in any thread (see
-     * op_attn_static). */
+    /* One item per (row, query, head), in any thread (see op_attn_static). */
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
         const int64_t slot = kv_ref_attn_slot();
         const float **gk = s->gk + slot * s->max_keys; /* (max_keys) */
         const float **gv = s->gv + slot * s->max_keys; /* (max_keys) */
         int64_t *gp = s->gpos + slot * s->max_keys;    /* (max_keys) */
-        float *scores = s->scores + slot * s->group * s->max_keys; /* (g, max_keys) */
+        float *scores = s->scores + slot * s->max_keys; /* (max_keys) */
 #pragma omp for schedule(dynamic, 1)
         for (int64_t it = 0; it < items; it++) {
-            const int64_t h = (it % (prm.heads / g)) * g; /* the item's first head */
-            const int64_t r = it / (prm.heads / g);       /* b * n + t */
+            const int64_t h = it % prm.heads;
+            const int64_t r = it / prm.heads; /* b * n + t */
             const int64_t b = r / n, t = r % n;
             const int64_t len = s->pos0[b]; /* the row's positions before this forward */
             const int64_t stored = a->include_new ? len : len + s->n_new[b];
@@ -145,8 +143,8 @@ static void op_attn_variant(const void *ap) {
                 gv[j + 1] = vi;
                 gp[j + 1] = pi;
             }
-            kv_ref_attend_heads(&prm, h, g, s->q + r * q_dim + h * hd, gk, gv, nk, scores,
-                                s->att + r * q_dim + h * hd);
+            kv_ref_attend(&prm, h, s->q + r * q_dim + h * hd, gk, gv, nk, scores,
+                          s->att + r * q_dim + h * hd);
         }
     }
 }

@@ -67,11 +67,7 @@ ATTEND_AVX512 void kv_attend_dots_avx512(const float *q, const float *const *k, 
 
 /* Accumulators of one block of output elements: named, not an array (at
  * -O2 GCC keeps arrays of vectors on the stack, gemm.c saw the same). */
-#define WS_DECL4(s, i0)                                                                            \
-    __m512 s##0 = from_out ? _mm512_loadu_ps(o + 16 * (i0)) : _mm512_setzero_ps();                 \
-    __m512 s##1 = from_out ? _mm512_loadu_ps(o + 16 * ((i0) + 1)) : _mm512_setzero_ps();           \
-    __m512 s##2 = from_out ? _mm512_loadu_ps(o + 16 * ((i0) + 2)) : _mm512_setzero_ps();           \
-    __m512 s##3 = from_out ? _mm512_loadu_ps(o + 16 * ((i0) + 3)) : _mm512_setzero_ps()
+#define WS_DECL4(s) __m512 s##0 = _mm512_setzero_ps(), s##1 = s##0, s##2 = s##0, s##3 = s##0
 #define WS_STEP(a, i) a = _mm512_add_ps(a, _mm512_mul_ps(pj, _mm512_loadu_ps(vj + 16 * (i))))
 #define WS_STEP4(s, i0)                                                                            \
     WS_STEP(s##0, (i0));                                                                           \
@@ -84,14 +80,13 @@ ATTEND_AVX512 void kv_attend_dots_avx512(const float *q, const float *const *k, 
     _mm512_storeu_ps(o + 16 * ((i0) + 2), s##2);                                                   \
     _mm512_storeu_ps(o + 16 * ((i0) + 3), s##3)
 
-/* 256 outputs from d0: every key's 1 KiB of them in one pass. from_out:
- * the sums go on from o's values (a later tile of keys), else from +0. */
+/* 256 outputs from d0: every key's 1 KiB of them in one pass. */
 ATTEND_AVX512 static void ws_block256(const float *p, const float *const *v, int64_t nk,
-                                      int64_t d0, bool from_out, float *o) {
-    WS_DECL4(a, 0);
-    WS_DECL4(b, 4);
-    WS_DECL4(c, 8);
-    WS_DECL4(e, 12);
+                                      int64_t d0, float *o) {
+    WS_DECL4(a);
+    WS_DECL4(b);
+    WS_DECL4(c);
+    WS_DECL4(e);
     for (int64_t j = 0; j < nk; j++) {
         const __m512 pj = _mm512_set1_ps(p[j]);
         const float *vj = v[j] + d0;
@@ -108,8 +103,8 @@ ATTEND_AVX512 static void ws_block256(const float *p, const float *const *v, int
 
 /* 64 outputs from d0. */
 ATTEND_AVX512 static void ws_block64(const float *p, const float *const *v, int64_t nk,
-                                     int64_t d0, bool from_out, float *o) {
-    WS_DECL4(a, 0);
+                                     int64_t d0, float *o) {
+    WS_DECL4(a);
     for (int64_t j = 0; j < nk; j++) {
         const __m512 pj = _mm512_set1_ps(p[j]);
         const float *vj = v[j] + d0;
@@ -119,10 +114,10 @@ ATTEND_AVX512 static void ws_block64(const float *p, const float *const *v, int6
 }
 
 ATTEND_AVX512 void kv_weighted_sum_avx512(const float *p, const float *const *v, int64_t nk,
-                                          int64_t hd, bool from_out, float *out) {
+                                          int64_t hd, float *out) {
     int64_t d = 0;
-    for (; d + 256 <= hd; d += 256) ws_block256(p, v, nk, d, from_out, out + d);
-    for (; d + 64 <= hd; d += 64) ws_block64(p, v, nk, d, from_out, out + d);
+    for (; d + 256 <= hd; d += 256) ws_block256(p, v, nk, d, out + d);
+    for (; d + 64 <= hd; d += 64) ws_block64(p, v, nk, d, out + d);
 }
 
 #else
@@ -135,9 +130,9 @@ void kv_attend_dots_avx512(const float *q, const float *const *k, int64_t nk, in
 /* Off x86-64 kv_attend_simd_on() is false and these are not called; they
  * still keep the contract. */
 void kv_weighted_sum_avx512(const float *p, const float *const *v, int64_t nk, int64_t hd,
-                            bool from_out, float *out) {
+                            float *out) {
     for (int64_t d = 0; d < hd; d++) {
-        float acc = from_out ? out[d] : 0.0f;
+        float acc = 0.0f;
         for (int64_t j = 0; j < nk; j++) acc = acc + p[j] * v[j][d];
         out[d] = acc;
     }

@@ -23,10 +23,8 @@ void kv_attend_dots_avx512(const float *q /* (hd) */, const float *const *k /* (
 /* out[d] = sum over j ascending of p[j] * v[j][d], from +0, one multiply
  * and one add per term (kv_weighted_sum's contract), for hd a multiple of
  * 64 (the head sizes of the supported families; others take the portable
- * loop). from_out: the sums go on from out's values instead of +0, so the
- * keys can come in tiles, each tile's terms added in order after the last
- * tile's (every element sees the same adds as in one pass). */
+ * loop). */
 void kv_weighted_sum_avx512(const float *p /* (nk) */, const float *const *v /* (nk) -> (hd) */,
-                            int64_t nk, int64_t hd, bool from_out, float *out /* (hd) */);
+                            int64_t nk, int64_t hd, float *out /* (hd) */);
 
 #endif

@@ -53,12 +53,6 @@ int64_t kv_ref_attn_slot(void) {
 
 void kv_ref_attend(const KvAttnParams *p, int64_t head, const float *q, const float **gk,
                    const float **gv, int64_t nk, float *scores, float *out) {
-    kv_ref_attend_heads(p, head, 1, q, gk, gv, nk, scores, out);
-}
-
-void kv_ref_attend_heads(const KvAttnParams *p, int64_t h0, int64_t g, const float *q,
-                         const float **gk, const float **gv, int64_t nk, float *scores,
-                         float *out) {
     for (int64_t i = 0; p->descending && i < nk / 2; i++) {
         const float *tk = gk[i], *tv = gv[i];
         gk[i] = gk[nk - 1 - i];
@@ -66,13 +60,11 @@ void kv_ref_attend_heads(const KvAttnParams *p, int64_t h0, int64_t g, const flo
         gk[nk - 1 - i] = tk;
         gv[nk - 1 - i] = tv;
     }
-    /* gpt_oss's sinks, one per head */
-    kv_attend_heads(q, g, gk, gv, nk, p->hd, p->scale, p->cap,
-                    p->sinks != NULL ? p->sinks + h0 : NULL, scores, out);
-}
-
-int64_t kv_ref_attn_group(const KvRefState *s, int64_t n) {
-    return n > 1 ? s->group : 1;
+    if (p->sinks != NULL) {
+        kv_attend_sink(q, gk, gv, nk, p->hd, p->scale, p->sinks[head], scores, out); /* gpt_oss */
+    } else {
+        kv_attend(q, gk, gv, nk, p->hd, p->scale, p->cap, scores, out);
+    }
 }
 
 typedef struct {
@@ -109,24 +101,22 @@ static void op_attn_static(const void *ap) {
     const float *kc = s->k + a->layer * s->batch * s->max_len * p.kv_dim; /* (B, max_len, kv_dim) */
     const float *vc = s->v + a->layer * s->batch * s->max_len * p.kv_dim; /* (B, max_len, kv_dim) */
     const int64_t n = a->n;
-    const int64_t g = kv_ref_attn_group(s, n);
-    const int64_t items = s->batch * n * (p.heads / g);
-    const int nt = kv_ref_attn_threads(s, 2 * items * g * (s->total_mem + n) * hd);
+    const int64_t items = s->batch * n * p.heads;
+    const int nt = kv_ref_attn_threads(s, 2 * items * (s->total_mem + n) * hd);
 
-    /* One item per (sequence, query, head group), in any thread: each
-     * item's keys and sums are its own, so the bits do not depend on who
-     * runs it, nor on how many heads it takes. Dynamic schedule: a later
-     * query sees more keys. */
+    /* One item per (sequence, query, head), in any thread: each item's keys
+     * and sums are its own, so the bits do not depend on who runs it.
+     * Dynamic schedule: a later query sees more keys. */
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
         const int64_t slot = kv_ref_attn_slot();
         const float **gk = s->gk + slot * s->max_keys; /* (max_keys) */
         const float **gv = s->gv + slot * s->max_keys; /* (max_keys) */
-        float *scores = s->scores + slot * s->group * s->max_keys; /* (g, max_keys) */
+        float *scores = s->scores + slot * s->max_keys; /* (max_keys) */
 #pragma omp for schedule(dynamic, 1)
         for (int64_t it = 0; it < items; it++) {
-            const int64_t h = (it % (p.heads / g)) * g; /* the item's first head */
-            const int64_t r = it / (p.heads / g);       /* b * n + t */
+            const int64_t h = it % p.heads;
+            const int64_t r = it / p.heads; /* b * n + t */
             const int64_t b = r / n, t = r % n;
             const uint8_t *real = s->real + b * s->max_len; /* (max_len) */
             const int64_t qs = s->pos0[b] + t; /* the query's slot (= cache position) */
@@ -141,8 +131,8 @@ static void op_attn_static(const void *ap) {
                 gv[nk] = vc + (b * s->max_len + k) * p.kv_dim + kvh * hd;
                 nk++;
             }
-            kv_ref_attend_heads(&p, h, g, s->q + r * p.q_dim + h * hd, gk, gv, nk, scores,
-                                s->att + r * p.q_dim + h * hd);
+            kv_ref_attend(&p, h, s->q + r * p.q_dim + h * hd, gk, gv, nk, scores,
+                          s->att + r * p.q_dim + h * hd);
         }
     }
 }

@@ -37,17 +37,4 @@ int64_t kv_ref_attn_slot(void);
 void kv_ref_attend(const KvAttnParams *p, int64_t head, const float *q, const float **gk,
                    const float **gv, int64_t nk, float *scores, float *out);
 
-/* Query heads h0 .. h0 + g - 1 of one query, which read the same key/value
- * head, over the same gathered keys: bitwise kv_ref_attend for each
- * (kv_attend_heads). q and out: (g, head_dim); scores: (g, nk) scratch. */
-void kv_ref_attend_heads(const KvAttnParams *p, int64_t h0, int64_t g, const float *q,
-                         const float **gk, const float **gv, int64_t nk, float *scores,
-                         float *out);
-
-/* The query heads one attention item takes: the whole group of a key/value
- * head in a forward of several tokens (enough items to share out, and each
- * key's row is read once for the group), one head in a one-token step
- * (a batch's few items would leave threads idle). Timing only. */
-int64_t kv_ref_attn_group(const KvRefState *s, int64_t n);
-
 #endif

@@ -623,24 +623,19 @@ static void attend_dots(const float *q /* (hd) */, const float *const *k /* (nk)
 static void attend_weighted_sum(const float *p /* (nk) */, const float *const *v, int64_t nk,
                                 int64_t hd, bool simd, float *out /* (hd) */) {
     if (simd && hd % 64 == 0) {
-        kv_weighted_sum_avx512(p, v, nk, hd, false, out);
+        kv_weighted_sum_avx512(p, v, nk, hd, out);
         return;
     }
     kv_weighted_sum(p, v, nk, hd, out);
 }
 
-/* kv_attend's probabilities from the raw dots, in place: scaled, soft-capped,
- * the softmax. */
-static void attend_probs(float *scores /* (nk) */, int64_t nk, float scale, float cap) {
-    for (int64_t j = 0; j < nk; j++) scores[j] = kv_softcap(scores[j] * scale, cap);
-    kv_softmax(scores, nk);
-}
-
-/* kv_attend_sink's probabilities from the raw dots, in place. */
-static void attend_probs_sink(float *scores /* (nk) */, int64_t nk, float scale, float sink) {
+void kv_attend_sink(const float *q, const float *const *k, const float *const *v, int64_t nk,
+                    int64_t hd, float scale, float sink, float *scores, float *out) {
     /* gpt_oss (eager_attention_forward): the sink is a last column of the
      * logits, the row max taken over it too, the softmax over n + 1 values
      * (summed in column order, the sink last), the sink's share dropped. */
+    const bool simd = kv_attend_simd_on();
+    attend_dots(q, k, nk, hd, simd, scores);
     float mx = sink;
     for (int64_t j = 0; j < nk; j++) {
         scores[j] = scores[j] * scale;
@@ -653,13 +648,6 @@ static void attend_probs_sink(float *scores /* (nk) */, int64_t nk, float scale,
     }
     sum += expf(sink - mx);
     for (int64_t j = 0; j < nk; j++) scores[j] = scores[j] / sum;
-}
-
-void kv_attend_sink(const float *q, const float *const *k, const float *const *v, int64_t nk,
-                    int64_t hd, float scale, float sink, float *scores, float *out) {
-    const bool simd = kv_attend_simd_on();
-    attend_dots(q, k, nk, hd, simd, scores);
-    attend_probs_sink(scores, nk, scale, sink);
     attend_weighted_sum(scores, v, nk, hd, simd, out);
 }
 
@@ -671,47 +659,9 @@ void kv_attend(const float *q, const float *const *k, const float *const *v, int
     }
     const bool simd = kv_attend_simd_on();
     attend_dots(q, k, nk, hd, simd, scores);
-    attend_probs(scores, nk, scale, cap);
+    for (int64_t j = 0; j < nk; j++) scores[j] = kv_softcap(scores[j] * scale, cap);
+    kv_softmax(scores, nk);
     attend_weighted_sum(scores, v, nk, hd, simd, out);
-}
-
-/* Keys per tile of kv_attend_heads: one tile's key and value rows stay in
- * the core's L2 while every head of the group reads them. Timing only. */
-#define ATTEND_TILE 128
-
-void kv_attend_heads(const float *q, int64_t g, const float *const *k, const float *const *v,
-                     int64_t nk, int64_t hd, float scale, float cap, const float *sinks,
-                     float *scores, float *out) {
-    if (g == 1 || !kv_attend_simd_on() || hd % 64 != 0) {
-        for (int64_t h = 0; h < g; h++) {
-            if (sinks != NULL) {
-                kv_attend_sink(q + h * hd, k, v, nk, hd, scale, sinks[h], scores + h * nk,
-                               out + h * hd);
-            } else {
-                kv_attend(q + h * hd, k, v, nk, hd, scale, cap, scores + h * nk, out + h * hd);
-            }
-        }
-        return;
-    }
-    for (int64_t t0 = 0; t0 < nk; t0 += ATTEND_TILE) {
-        const int64_t nt = nk - t0 < ATTEND_TILE ? nk - t0 : ATTEND_TILE;
-        for (int64_t h = 0; h < g; h++) {
-            kv_attend_dots_avx512(q + h * hd, k + t0, nt, hd, scores + h * nk + t0);
-        }
-    }
-    for (int64_t h = 0; h < g; h++) {
-        if (sinks != NULL) {
-            attend_probs_sink(scores + h * nk, nk, scale, sinks[h]);
-        } else {
-            attend_probs(scores + h * nk, nk, scale, cap);
-        }
-    }
-    for (int64_t t0 = 0; t0 < nk || t0 == 0; t0 += ATTEND_TILE) {
-        const int64_t nt = nk - t0 < ATTEND_TILE ? nk - t0 : ATTEND_TILE;
-        for (int64_t h = 0; h < g; h++) {
-            kv_weighted_sum_avx512(scores + h * nk + t0, v + t0, nt, hd, t0 > 0, out + h * hd);
-        }
-    }
 }
 
 int64_t kv_gqa_kv_head(int64_t head, int64_t num_heads, int64_t num_kv_heads) {

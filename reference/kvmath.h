@@ -135,17 +135,6 @@ void kv_attend_sink(const float *q /* (hd) */, const float *const *k /* (nk) -> 
                     const float *const *v /* (nk) -> (hd) */, int64_t nk, int64_t hd,
                     float scale, float sink, float *scores /* (nk) */, float *out /* (hd) */);
 
-/* kv_attend (sinks NULL) or kv_attend_sink (sinks: (g) each head's sink)
- * for g query heads over the same keys, bitwise each head's own call: the
- * heads of one key/value head (GQA), so that the keys' and values' rows are
- * read once per tile for all of them. q: (g, hd), scores: (g, nk)
- * scratch, out: (g, hd). */
-void kv_attend_heads(const float *q /* (g, hd) */, int64_t g,
-                     const float *const *k /* (nk) -> (hd) */,
-                     const float *const *v /* (nk) -> (hd) */, int64_t nk, int64_t hd,
-                     float scale, float cap, const float *sinks /* (g) or NULL */,
-                     float *scores /* (g, nk) */, float *out /* (g, hd) */);
-
 /* GQA: the key/value head that query head `head` reads (transformers'
  * repeat_kv: consecutive groups of num_heads / num_kv_heads query heads). */
 int64_t kv_gqa_kv_head(int64_t head, int64_t num_heads, int64_t num_kv_heads);

@@ -86,8 +86,7 @@ KvStatus kv_ref_state_init(KvRefState *s, const KvModel *m, int64_t batch, int64
      * n_scratch threads if the count grows later. */
     if (omp_get_max_threads() > s->n_scratch) s->n_scratch = omp_get_max_threads();
 #endif
-    s->group = c->num_kv_heads > 0 ? c->num_heads / c->num_kv_heads : 1;
-    s->scores = kv_alloc_floats(s->n_scratch * s->group * s->max_keys);
+    s->scores = kv_alloc_floats(s->n_scratch * s->max_keys);
     s->gk = calloc((size_t)(s->n_scratch * s->max_keys), sizeof *s->gk);
     s->gv = calloc((size_t)(s->n_scratch * s->max_keys), sizeof *s->gv);
     s->gpos = calloc((size_t)(s->n_scratch * s->max_keys), sizeof *s->gpos);

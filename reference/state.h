@@ -99,9 +99,7 @@ struct KvRefState {
      * head) items in parallel and an item uses its thread's slot. */
     int64_t n_scratch;  /* slots: at least num_heads and the threads at init */
     int64_t max_keys;   /* most keys one query can gather: max_len + window */
-    int64_t group;      /* query heads per key/value head (GQA): the heads one item
-                         * may attend together (kv_attend_heads) */
-    float *scores;      /* (n_scratch, group, max_keys) softmax scratch */
+    float *scores;      /* (n_scratch, max_keys) softmax scratch */
     const float **gk;   /* (n_scratch, max_keys) gathered key rows, ascending position */
     const float **gv;   /* (n_scratch, max_keys) gathered value rows */
     int64_t *gpos;      /* (n_scratch, max_keys) their positions */
