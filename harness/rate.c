@@ -101,7 +101,9 @@ KvStatus kv_rate_measure(const KvConfig *cfg, KvRate *r, KvError *err) {
                                ? cfg->num_kv_heads * cfg->head_dim
                                : 0;
     r->pair_s = 0.0;
-    if (kv_dim > 0 && 2 * RATE_KEYS * kv_dim <= wn) r->pair_s = rate_attention(cfg, w, kv_dim, 0.05);
+    if (kv_dim > 0 && 2 * RATE_KEYS * kv_dim <= wn) {
+        r->pair_s = rate_attention(cfg, w, kv_dim, 0.05);
+    }
     if (r->pair_s <= 0.0) r->pair_s = 4.0 * (double)cfg->head_dim * r->mac_s; /* QK and PV */
     {
         const size_t n = (size_t)8 << 20; /* bytes, within the streamed buffer */

@@ -1051,7 +1051,8 @@ START_TEST(test_attend_paths_bitwise) {
                         kv_attend(q, k, v, nk, hd, scale, cap, scores, got);
                     }
                     ck_assert_msg(memcmp(got, want, (size_t)hd * sizeof *got) == 0,
-                                  "attend (%s path, hd %lld, nk %lld, form %d): not the contract's bits",
+                                  "attend (%s path, hd %lld, nk %lld, form %d): not the "
+                                  "contract's bits",
                                   kv_gemm_path_name(paths[p]), (long long)hd, (long long)nk, form);
                     checked++;
                 }
