@@ -801,12 +801,10 @@ static double gate_weights_bytes(const GateArgs *a, int i, const KvConfig *cfg) 
         closedir(d);
         return bytes;
     }
-    const double H = (double)cfg->hidden_size, I = (double)cfg->intermediate_size;
-    const double qd = (double)(cfg->num_heads * cfg->head_dim);
-    const double kvd = (double)(cfg->num_kv_heads * cfg->head_dim);
-    const double experts = cfg->num_experts > 0 ? (double)cfg->num_experts : 1.0;
-    const double layer = H * (qd + 2.0 * kvd) + qd * H + experts * 3.0 * H * I;
-    return 4.0 * (2.0 * (double)cfg->vocab_size * H + (double)cfg->num_layers * layer);
+    const double layer =
+        kv_rate_layer_weights(cfg, cfg->num_experts > 0 ? (double)cfg->num_experts : 1.0);
+    return 4.0 * (2.0 * (double)cfg->vocab_size * (double)cfg->hidden_size +
+                  (double)cfg->num_layers * layer);
 }
 
 /* The bytes this process holds before any model is loaded (its code and

@@ -1056,8 +1056,8 @@ static int gate_calibration_unit_of(const KvConfig *cfg, const KvGateOptions *o,
                                     KvStatus *st);
 
 /* Bytes a unit of sc holds beside the weights while one of its runs
- * decodes (an upper bound, as state.c, cpu_state.c and prefill_tape.h
- * allocate): the run's state (the static cache of every layer over every
+ * decodes (an estimate from what state.c, cpu_state.c and prefill_tape.h
+ * allocate; the heap's own overhead is not counted): the run's state (the static cache of every layer over every
  * position, a forward's activations over its widest chunk, the attention's
  * scratch per thread), the variant's own cache beside it (at most as
  * large), the reference's prefill tape kept for the unit's variants, and
@@ -1093,11 +1093,11 @@ static double unit_bytes(const KvConfig *cfg, const KvScenario *sc, int64_t step
 
 KvStatus kv_gate_work_add(const KvConfig *cfg, const KvGateOptions *o, const KvRate *rate,
                           int *unit, KvGateWork *w, KvError *err) {
-    const double H = (double)cfg->hidden_size, I = (double)cfg->intermediate_size;
+    const double H = (double)cfg->hidden_size;
     const double qd = (double)(cfg->num_heads * cfg->head_dim);
-    const double kvd = (double)(cfg->num_kv_heads * cfg->head_dim);
-    /* multiply-adds per token per layer: q, k, v, o projections and the MLP */
-    const double layer_mac = H * (qd + 2.0 * kvd) + qd * H + 3.0 * H * I;
+    /* multiply-adds per token per layer (a MoE runs experts_per_tok experts) */
+    const double layer_mac =
+        kv_rate_layer_weights(cfg, cfg->num_experts > 0 ? (double)cfg->experts_per_tok : 1.0);
     const int64_t cands = gate_candidate_runs(o, true); /* CPU candidate runs per unit */
     const int n = o->custom != NULL ? 1 : o->n_scenarios;
     KvStatus cst = KV_OK;

@@ -124,16 +124,22 @@ KvStatus kv_rate_measure(const KvConfig *cfg, KvRate *r, KvError *err) {
     return KV_OK;
 }
 
-double kv_rate_decode_seconds(const KvConfig *cfg, const KvRate *r, int64_t prefill,
-                              int64_t steps, int64_t batch, double keys, bool seq) {
+double kv_rate_layer_weights(const KvConfig *cfg, double experts) {
     const double H = (double)cfg->hidden_size, I = (double)cfg->intermediate_size;
     const double qd = (double)(cfg->num_heads * cfg->head_dim);
     const double kvd = (double)(cfg->num_kv_heads * cfg->head_dim);
+    return H * (qd + 2.0 * kvd) + qd * H + experts * 3.0 * H * I;
+}
+
+double kv_rate_decode_seconds(const KvConfig *cfg, const KvRate *r, int64_t prefill,
+                              int64_t steps, int64_t batch, double keys, bool seq) {
+    const double H = (double)cfg->hidden_size;
+    const double kvd = (double)(cfg->num_kv_heads * cfg->head_dim);
     const double L = (double)cfg->num_layers, V = (double)cfg->vocab_size;
-    /* multiply-adds per token of every layer (q, k, v, o, the MLP; a MoE
-     * runs its experts_per_tok experts), and the weights one step reads */
+    /* multiply-adds per token of every layer (a MoE runs its
+     * experts_per_tok experts), and the weights one step reads */
     const double experts = cfg->num_experts > 0 ? (double)cfg->experts_per_tok : 1.0;
-    const double layer_mac = H * (qd + 2.0 * kvd) + qd * H + experts * 3.0 * H * I;
+    const double layer_mac = kv_rate_layer_weights(cfg, experts);
     const double mac_s = seq ? r->seq_mac_s : r->mac_s;
     const double head = H * V; /* the lm_head, once per row per forward */
     const double step_bytes = 4.0 * (L * layer_mac + head);

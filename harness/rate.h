@@ -26,6 +26,11 @@ typedef struct {
                          * hashes every layer's cache at every step */
 } KvRate;
 
+/* The weights of one layer of cfg's model (q, k, v, o and the MLP) with
+ * `experts` of its experts (1 for a dense model): the multiply-adds a token
+ * does there with the experts it runs, the parameters with all of them. */
+double kv_rate_layer_weights(const KvConfig *cfg, double experts);
+
 /* Measures *r with matmuls of cfg's hidden and intermediate sizes. */
 KvStatus kv_rate_measure(const KvConfig *cfg, KvRate *r, KvError *err);
 
