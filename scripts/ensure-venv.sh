@@ -38,6 +38,16 @@ WANT="$(cat "$REQ" python/pyproject.toml | sha256sum | cut -d' ' -f1) $("$VENV/b
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ]; then
     exit 0
 fi
+# pip unpacks the wheels (torch alone is ~0.9 GB packed) under TMPDIR and
+# installs ~4.4 GB into the environment: check both disks first, so that a full
+# disk is named as such instead of an OSError deep inside pip.
+NEED_GIB="${KVREPRO_VENV_NEED_GIB:-6}"
+for dir in "$VENV" "${TMPDIR:-/tmp}"; do
+    free_kib=$(df -Pk "$dir" | awk 'NR == 2 { print $4 }')
+    if [ -n "$free_kib" ] && [ "$free_kib" -lt $((NEED_GIB * 1024 * 1024)) ]; then
+        fail "installing $REQ needs about $NEED_GIB GiB free on the disk of $dir ($(df -Pk "$dir" | awk 'NR == 2 { print $6 }')): $((free_kib / 1024 / 1024)) GiB free; free some space there (for pip's temporary files, TMPDIR=... picks another disk) and run again"
+    fi
+done
 echo "kvrepro: installing $REQ into $VENV" >&2
 "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps -r "$REQ" >&2 \
     || fail "pip install -r $REQ failed"
