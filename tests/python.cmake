@@ -27,6 +27,9 @@ kv_add_python_test(hf_html_report "test_html_report.HtmlPageTest test_html_repor
 kv_add_python_test(hf_report_gate test_html_report.GateReportTest gate long)
 # bench/vs_torch.py, a benchmark: a smoke run (~4 s) that checks what it reads and builds, no timing.
 kv_add_python_test(bench_vs_torch test_vs_torch bench)
+# bench/vs_llamacpp.py: write-gguf's values and file type, the message without llama_cpp, and
+# a smoke run on the real model where llama_cpp is installed (skipped with the reason where not).
+kv_add_python_test(bench_vs_llamacpp test_vs_llamacpp bench)
 # kvrepro fixture's config.json read by transformers (its field types), every family.
 kv_add_python_test(hf_fixture_config test_fixture_config hf)
 # gpt-oss's MXFP4 experts read as stored: the reference's widened weights bitwise
