@@ -253,6 +253,50 @@ __attribute__((target("avx512f"), noinline)) static float bench_peak_avx512(int6
     _mm512_storeu_ps(out, _mm512_add_ps(m, a));
     return out[0];
 }
+
+/* The same loop with fused multiply-adds: 16 independent chains of
+ * _mm512_fmadd_ps (x * 1 + 0 keeps each value), 512 flops an iteration,
+ * counting an FMA as two. The peak the reference would have if it allowed
+ * contraction (DESIGN §4 says why it does not): on a CPU with separate
+ * multiply and add pipes it equals the FMA-free peak, on one whose adds and
+ * multiplies share the FMA pipes it is twice it. */
+__attribute__((target("avx512f"), noinline)) static float bench_peak_fma_avx512(int64_t iters) {
+    const __m512 one = _mm512_set1_ps(g_bench_one), zero = _mm512_set1_ps(g_bench_zero);
+    __m512 c[16];
+    for (int k = 0; k < 16; k++) c[k] = _mm512_set1_ps((float)(k + 1));
+    __m512 c0 = c[0], c1 = c[1], c2 = c[2], c3 = c[3], c4 = c[4], c5 = c[5], c6 = c[6], c7 = c[7];
+    __m512 c8 = c[8], c9 = c[9], c10 = c[10], c11 = c[11], c12 = c[12], c13 = c[13], c14 = c[14];
+    __m512 c15 = c[15];
+    for (int64_t i = 0; i < iters; i++) {
+        c0 = _mm512_fmadd_ps(c0, one, zero);
+        c1 = _mm512_fmadd_ps(c1, one, zero);
+        c2 = _mm512_fmadd_ps(c2, one, zero);
+        c3 = _mm512_fmadd_ps(c3, one, zero);
+        c4 = _mm512_fmadd_ps(c4, one, zero);
+        c5 = _mm512_fmadd_ps(c5, one, zero);
+        c6 = _mm512_fmadd_ps(c6, one, zero);
+        c7 = _mm512_fmadd_ps(c7, one, zero);
+        c8 = _mm512_fmadd_ps(c8, one, zero);
+        c9 = _mm512_fmadd_ps(c9, one, zero);
+        c10 = _mm512_fmadd_ps(c10, one, zero);
+        c11 = _mm512_fmadd_ps(c11, one, zero);
+        c12 = _mm512_fmadd_ps(c12, one, zero);
+        c13 = _mm512_fmadd_ps(c13, one, zero);
+        c14 = _mm512_fmadd_ps(c14, one, zero);
+        c15 = _mm512_fmadd_ps(c15, one, zero);
+        __asm__ volatile("" : "+v"(c0), "+v"(c1), "+v"(c2), "+v"(c3), "+v"(c4), "+v"(c5),
+                         "+v"(c6), "+v"(c7));
+        __asm__ volatile("" : "+v"(c8), "+v"(c9), "+v"(c10), "+v"(c11), "+v"(c12), "+v"(c13),
+                         "+v"(c14), "+v"(c15));
+    }
+    const __m512 a = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(c0, c1), _mm512_add_ps(c2, c3)),
+                                   _mm512_add_ps(_mm512_add_ps(c4, c5), _mm512_add_ps(c6, c7)));
+    const __m512 b = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(c8, c9), _mm512_add_ps(c10, c11)),
+                                   _mm512_add_ps(_mm512_add_ps(c12, c13), _mm512_add_ps(c14, c15)));
+    float out[16];
+    _mm512_storeu_ps(out, _mm512_add_ps(a, b));
+    return out[0];
+}
 #endif
 
 typedef float BenchF4 __attribute__((vector_size(16)));
@@ -296,11 +340,12 @@ static int bench_have_avx512(void) {
 #endif
 }
 
-/* FMA-free fp32 peak in flops/s on `nthreads` threads, each running the
- * loop: the best of BENCH_PEAK_REPS timed runs after a warm-up, total flops
- * over the wall time of the parallel region. */
+/* fp32 peak in flops/s on `nthreads` threads, each running the loop: the
+ * best of BENCH_PEAK_REPS timed runs after a warm-up, total flops over the
+ * wall time of the parallel region. FMA-free (avx512 < 2), or with fused
+ * multiply-adds (avx512 == 2, the AVX-512 FMA loop). */
 static double bench_fp32_peak(int nthreads, int64_t iters, int avx512) {
-    const double flops_per_iter = avx512 ? 256.0 : 48.0;
+    const double flops_per_iter = avx512 == 2 ? 512.0 : avx512 ? 256.0 : 48.0;
     double best = 1e30;
     float sink = 0.0f;
     for (int rep = 0; rep <= BENCH_PEAK_REPS; rep++) {
@@ -310,7 +355,9 @@ static double bench_fp32_peak(int nthreads, int64_t iters, int avx512) {
 #endif
         {
 #if BENCH_X86
-            sink += avx512 ? bench_peak_avx512(iters) : bench_peak_sse(iters);
+            sink += avx512 == 2 ? bench_peak_fma_avx512(iters)
+                    : avx512      ? bench_peak_avx512(iters)
+                                  : bench_peak_sse(iters);
 #else
             sink += bench_peak_sse(iters);
 #endif
@@ -966,6 +1013,14 @@ int main(int argc, char **argv) {
                    o.threads[i], o.threads[i] == 1 ? "" : "s", peaks[i] / 1e9,
                    avx512 ? "AVX-512: 8 + 8 16-lane" : "SSE: 6 + 6 4-lane", iters,
                    BENCH_PEAK_REPS);
+            if (avx512) {
+                /* what contraction would give this CPU (DESIGN §4) */
+                const double fma = bench_fp32_peak(o.threads[i], iters / 2, 2);
+                printf("FMA fp32 peak, %d thread%s: %.1f GFLOP/s, %.2fx the FMA-free peak (16 "
+                       "independent 16-lane fused multiply-add chains, an FMA two flops a lane; "
+                       "not used by the reference)\n",
+                       o.threads[i], o.threads[i] == 1 ? "" : "s", fma / 1e9, fma / peaks[i]);
+            }
         }
     }
 

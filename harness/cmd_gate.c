@@ -81,7 +81,8 @@ static void gate_usage(FILE *f) {
             "                    [--repeats N] [--report PATH.h5] [--junit PATH.xml]\n"
             "                    [--shard I/N|auto] [--tol NAME=VALUE]... [--prompts FILE\n"
             "                    --max-new-tokens N] [--seed N] [--prompt-seed N]\n"
-            "                    [--replay-every N] [--plant LIST | --faults LIST|all]\n"
+            "                    [--replay-every N] [--plant LIST | --faults LIST|all\n"
+            "                    [--first-catch]]\n"
             "                    [--timings] [--allow-large-work] [--no-calibrate]\n"
             "                    [--no-shared-prefill] [--table] [--summary-md FILE]\n"
             "                    [--summary-json FILE] [--quiet | --verbose]\n"
@@ -215,6 +216,10 @@ static void gate_usage(FILE *f) {
                   "fault, into one report; prints per fault whether and how the gate caught it, "
                   "'mutation score: C/P' and 'false alarms: N'; exits 1 unless every fault was "
                   "caught with no false alarm", -1, NULL, NULL);
+    gate_help_opt(f, "--first-catch", "with --faults: each fault's pass stops after the first "
+                  "(model, scenario) unit that catches it, the clean pass still runs in full; the "
+                  "score is the same, 'by' names the checks of that unit, and the units not run "
+                  "are counted (the work line is then a bound)", -1, NULL, NULL);
     gate_help_opt(f, "--external FILE", "judge the runs another engine recorded in FILE (report "
                   "schema, docs/SCHEMA.md; repeatable) instead of running the matrix: the CPU "
                   "reference decodes their prompts with --model DIR, and each run is compared "
@@ -448,6 +453,9 @@ typedef struct {
     int n_golden;
     KvMutationPass passes[1 + KV_FAULT_COUNT];
     int n_passes;
+    bool first_catch;          /* --first-catch: a fault's pass stops at its first catch */
+    int64_t units_stopped;     /* (model, scenario) units of this shard that fault passes
+                                * did not run, having stopped (o->units_stopped) */
     const char *scen_names[KV_GATE_MAX_LIST];
     const KvCacheOps *variants[KV_GATE_MAX_LIST];
     KvGateBackend backends[KV_GATE_MAX_LIST]; /* o->backends points here */
@@ -562,6 +570,9 @@ static bool gate_parse_args(int argc, char **argv, GateArgs *a, KvGateOptions *o
             o->timings = true;
         } else if (strcmp(argv[i], "--no-calibrate") == 0) {
             o->calibrate = false;
+        } else if (strcmp(argv[i], "--first-catch") == 0) {
+            a->first_catch = true;
+            o->stop_at_catch = true;
         } else if (strcmp(argv[i], "--no-shared-prefill") == 0) {
             o->share_prefill = false;
             gate_note_matrix_opt(a, "--no-shared-prefill");
@@ -736,6 +747,11 @@ static bool gate_parse_args(int argc, char **argv, GateArgs *a, KvGateOptions *o
                 a->plant_opt);
         bad = true;
     }
+    if (!bad && a->first_catch && !a->mutation) {
+        fprintf(stderr, "kvrepro gate: --first-catch stops each planted fault's pass of --faults "
+                "at its first catch; give it with --faults LIST|all\n");
+        bad = true;
+    }
     if (!bad && a->mutation && a->junit_path != NULL) {
         fprintf(stderr, "kvrepro gate: --junit describes one gate, not a mutation score; drop it "
                 "or run the gate without --faults\n");
@@ -908,6 +924,10 @@ static KvStatus gate_check_work(const GateArgs *a, const KvGateOptions *o, KvRat
                (long long)w.members, (long long)w.shadows, (long long)w.candidates,
                o->share_prefill ? " taking the reference's first prefill forward" : "",
                (long long)w.tokens, w.flop / 1e9, est, windows);
+        if (a->first_catch) {
+            printf("work: at most the above: each fault's pass stops at its first catch "
+                   "(--first-catch)\n");
+        }
         fflush(stdout); /* a CI log shows it before the matrix starts */
     }
     const double limit = (double)kv_model_memory_limit();
@@ -1093,6 +1113,13 @@ static KvStatus gate_run_one_model(GateArgs *a, int i, KvGateOptions *o, int *un
     for (int p = 0; p < a->n_passes && st == KV_OK; p++) {
         *unit = unit_base;
         o->faults = a->passes[p].faults;
+        if (a->first_catch && p > 0 && a->passes[p].failed > 0) {
+            /* caught on an earlier model: none of this model's units run */
+            const int n = o->custom != NULL ? 1 : o->n_scenarios;
+            for (int k = 0; k < n; k++) a->units_stopped += kv_gate_unit_in_shard(o, unit_base + k);
+            *unit = unit_base + n;
+            continue;
+        }
         const int64_t from = rep->n_comparisons;
         st = kv_gate_run_model(m, name, o, unit, rep, err);
         kv_mutation_account(&a->passes[p], rep, from, rep->n_comparisons);
@@ -1227,7 +1254,9 @@ static bool gate_judged_too_little(const GateArgs *a, const KvGateOptions *o,
     for (int g = 0; g < a->n_golden; g++) {
         golden_mine += kv_gate_unit_in_shard(o, units - a->n_golden + g);
     }
-    const int64_t planned = (mine - golden_mine) * kv_gate_runs_planned_per_unit(o) * a->n_passes;
+    /* --first-catch: the units a caught fault's pass did not run are not owed */
+    const int64_t planned = ((mine - golden_mine) * a->n_passes - a->units_stopped) *
+                            kv_gate_runs_planned_per_unit(o);
     if (accounted != planned) {
         snprintf(why, n, "the gate planned %lld runs but made or skipped with a stated reason "
                  "%lld: the difference was not judged", (long long)planned,
@@ -1392,6 +1421,10 @@ static KvStatus gate_print_verdict(const KvReport *rep, const GateArgs *a, KvErr
     KvStatus st = KV_OK;
     if (!a->mutation || a->verbose) st = kv_report_print_counts(rep, stdout);
     if (st == KV_OK && a->mutation) st = kv_mutation_print(a->passes, a->n_passes, rep, stdout);
+    if (st == KV_OK && a->first_catch) {
+        printf("first catch: each fault's pass stopped at the unit that caught it; %lld (model, "
+               "scenario) units of fault passes were not run\n", (long long)a->units_stopped);
+    }
     if (st != KV_OK) return kv_error_set(err, st, "cannot print the summary table");
     return KV_OK;
 }
@@ -1595,6 +1628,7 @@ int kv_cmd_gate(int argc, char **argv) {
     double est_done = 0.0, est_running = 0.0;
     o.est_done = &est_done;
     o.est_running = &est_running;
+    o.units_stopped = &a.units_stopped;
     if (st == KV_OK) st = gate_check_work(&a, &o, &rate, &o.est_total, &err);
     if (st == KV_OK && o.est_total > 0.0) o.rate = &rate;
     if (st == KV_OK) st = gate_run_all(&a, &o, &rep, &err);

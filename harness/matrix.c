@@ -1233,6 +1233,13 @@ static int gate_calibration_unit_of(const KvConfig *cfg, const KvGateOptions *o,
     return pick;
 }
 
+bool kv_gate_failed_since(const KvReport *rep, int64_t from) {
+    for (int64_t c = from; c < rep->n_comparisons; c++) {
+        if (rep->comparisons[c].verdict == KV_VERDICT_FAIL) return true;
+    }
+    return false;
+}
+
 KvStatus kv_gate_run_model(const KvModel *m, const char *model_name, const KvGateOptions *o,
                            int *unit, KvReport *rep, KvError *err) {
     const int n = o->custom != NULL ? 1 : o->n_scenarios;
@@ -1243,10 +1250,16 @@ KvStatus kv_gate_run_model(const KvModel *m, const char *model_name, const KvGat
         if (st != KV_OK) return st;
     }
     KvTolerances model_tol = o->tol;
+    const int64_t from = rep->n_comparisons;
     for (int k = 0; k < n; k++) {
         /* per model: the calibration unit first, then the others in order */
         const int i = !per_model ? k : k == 0 ? cal : k <= cal ? k - 1 : k;
         if (!kv_gate_unit_in_shard(o, *unit + i)) continue;
+        if (o->stop_at_catch && o->faults != 0 && kv_gate_failed_since(rep, from)) {
+            /* caught: the rest of this pass is not run, and counted as such */
+            if (o->units_stopped != NULL) (*o->units_stopped)++;
+            continue;
+        }
         KvScenario sc = {0};
         KvStatus st = KV_OK;
         const KvScenario *use = o->custom;

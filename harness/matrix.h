@@ -83,6 +83,10 @@ typedef struct {
     int64_t full_logits_max_vocab;    /* above this vocabulary, runs keep only their top
                                        * KV_TOPK logits per row (after all comparisons) */
     int64_t max_new_tokens;           /* > 0: the scenarios decode at most this many tokens */
+    bool stop_at_catch;               /* a planted-fault pass stops after the first unit with a
+                                       * failed comparison (--first-catch; never the clean pass) */
+    int64_t *units_stopped;           /* units of this shard a pass did not run because it had
+                                       * stopped at its catch; NULL: not counted */
     bool share_prefill;               /* CPU variant runs take the reference's first prefill
                                        * forward (prefill_tape.h); false: each computes its own
                                        * (--no-shared-prefill) */
@@ -260,6 +264,9 @@ KvStatus kv_gate_trim_logits(KvReport *rep, int64_t lo, int64_t hi, const int64_
  * with the most token positions, instead of each its own (DESIGN §6): the
  * real-scale set (kv_scenario_scale), calibrated, not sharded. */
 bool kv_gate_calibrates_per_model(const KvConfig *cfg, const KvGateOptions *o);
+
+/* Whether a comparison of rep from index `from` on failed. */
+bool kv_gate_failed_since(const KvReport *rep, int64_t from);
 
 /* Runs the matrix for one model and appends runs and comparisons to rep.
  * *unit is the running (model, scenario) counter used for sharding. */
