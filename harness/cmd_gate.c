@@ -725,6 +725,7 @@ static bool gate_parse_args(int argc, char **argv, GateArgs *a, KvGateOptions *o
             gate_note_matrix_opt(a, "--faults");
             if (bad) break;
             a->mutation = true;
+            o->mutation = true;
             unsigned list[KV_FAULT_COUNT];
             int n_list = 0;
             bad = !gate_parse_faults("--faults", v, true, NULL, list, &n_list);
@@ -913,9 +914,10 @@ static KvStatus gate_check_work(const GateArgs *a, const KvGateOptions *o, KvRat
     if (!a->quiet) {
         char est[160] = "";
         if (w.seconds > 0.0) {
-            snprintf(est, sizeof est, "; estimated %.0f min %02.0f s and ~%.1f GiB of memory on "
-                     "this machine", floor(w.seconds / 60.0), fmod(w.seconds, 60.0),
-                     peak / 1073741824.0);
+            /* whole seconds first: 59.6 s must read "1 min 00 s", not "0 min 60 s" */
+            const long long secs = llround(w.seconds);
+            snprintf(est, sizeof est, "; estimated %lld min %02lld s and ~%.1f GiB of memory on "
+                     "this machine", secs / 60, secs % 60, peak / 1073741824.0);
         }
         printf("work: %lld cpu decodes (%lld reference, %lld fresh twin, %lld calibration "
                "member, %lld fp64 shadow, %lld candidate%s), %lld token positions, ~%.3g "
@@ -967,8 +969,12 @@ static KvStatus gate_check_work(const GateArgs *a, const KvGateOptions *o, KvRat
     }
     /* Trimmed (kv_gate_trim_logits): per unit the reference, a fresh twin
      * and at most KV_FAILING_FULL_MAX failing runs keep their full logits,
-     * every other run its top-k; each part must fit. */
-    const int64_t units = w.references; /* every pass's: counted once, above */
+     * every other run its top-k; each part must fit. Above the full-logits
+     * vocabulary a planted-fault pass keeps none (only the clean pass's
+     * units count). */
+    const bool big = max_vocab > o->full_logits_max_vocab;
+    const int64_t units = big && a->mutation ? w.references / passes /* the clean pass's */
+                                             : w.references; /* every pass's: counted once, above */
     const int64_t full = units * (2 + KV_FAILING_FULL_MAX);
     KvStatus st = kv_limits_check_report(full < w.runs * passes ? full : w.runs * passes,
                                          w.max_steps, w.max_batch, max_vocab, 0, max_probes,

@@ -706,7 +706,8 @@ static KvStatus ext_judge(const KvExternalOptions *o, const ExtGroup *groups,
      * engine stored). */
     if (rep->n_runs > end_ext && rep->runs[end_ext].vocab > o->full_logits_max_vocab) {
         /* the calibration members and forced references follow the external runs */
-        const KvStatus st = kv_gate_trim_logits(rep, end_ext, rep->n_runs, NULL, 0, 0, err);
+        const KvStatus st =
+            kv_gate_trim_logits(rep, end_ext, rep->n_runs, NULL, 0, KV_FAILING_FULL_MAX, 0, err);
         if (st != KV_OK) return st;
     }
     *failed = kv_gate_print_failures(rep, false, o->verbose, false, NULL, stdout);

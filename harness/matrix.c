@@ -437,14 +437,15 @@ static bool kind_keeps_logits(KvCompareKind k) {
 }
 
 KvStatus kv_gate_trim_logits(KvReport *rep, int64_t lo, int64_t hi, const int64_t *keep,
-                             int64_t n_keep, int64_t cmp_from, KvError *err) {
+                             int64_t n_keep, int64_t failing_max, int64_t cmp_from,
+                             KvError *err) {
     if (hi <= lo) return KV_OK;
     bool *full = calloc((size_t)(hi - lo), sizeof *full); /* (hi - lo) */
     if (full == NULL) return kv_error_set(err, KV_ERR_INTERNAL, "out of memory");
     for (int64_t k = 0; k < n_keep; k++) {
         if (keep[k] >= lo && keep[k] < hi) full[keep[k] - lo] = true;
     }
-    /* the first KV_FAILING_FULL_MAX failing runs: enough to measure what
+    /* the first failing_max failing runs: enough to measure what
      * failed, and a report that stays readable when every run fails (a
      * planted fault on a 256K vocabulary) */
     int64_t failing = 0;
@@ -454,7 +455,7 @@ KvStatus kv_gate_trim_logits(KvReport *rep, int64_t lo, int64_t hi, const int64_
         const int64_t ab[2] = {cmp->run_a, cmp->run_b};
         for (int j = 0; j < 2; j++) {
             if (ab[j] < lo || ab[j] >= hi || full[ab[j] - lo]) continue;
-            if (failing >= KV_FAILING_FULL_MAX) continue;
+            if (failing >= failing_max) continue;
             full[ab[j] - lo] = true;
             failing++;
         }
@@ -1020,9 +1021,16 @@ static KvStatus run_scenario(const KvModel *m, const char *model_name, const KvS
      * planted-fault passes: their logits differ run to run, so nothing
      * hard-links, and `--faults all` would store ~13x the clean logits. The
      * reference and both runs of every failed tolerance comparison keep
-     * their full rows: what `kvrepro diff` and the plots measure. */
-    if (m->config.vocab_size > o->full_logits_max_vocab || o->faults != 0) {
-        st = kv_gate_trim_logits(rep, ref, rep->n_runs, &ref, 1, cmp_from, err);
+     * their full rows: what `kvrepro diff` and the plots measure. A
+     * mutation run's planted-fault pass over a large vocabulary keeps none: its reference
+     * is the clean pass's bit for bit, its failures are counted by the score
+     * rather than measured, and a real model's rows (16 MiB a step at 256K
+     * logits and 4 rows) for every caught unit would not fit in memory. */
+    const bool big = m->config.vocab_size > o->full_logits_max_vocab;
+    if (big || o->faults != 0) {
+        const bool none = big && o->faults != 0 && o->mutation;
+        st = kv_gate_trim_logits(rep, ref, rep->n_runs, &ref, none ? 0 : 1,
+                                 none ? 0 : KV_FAILING_FULL_MAX, cmp_from, err);
     }
 cleanup:
     kv_prefill_tape_free(&tape);

@@ -83,6 +83,8 @@ typedef struct {
     int64_t full_logits_max_vocab;    /* above this vocabulary, runs keep only their top
                                        * KV_TOPK logits per row (after all comparisons) */
     int64_t max_new_tokens;           /* > 0: the scenarios decode at most this many tokens */
+    bool mutation;                    /* a --faults run: above full_logits_max_vocab its
+                                       * planted-fault passes keep no full logits */
     bool stop_at_catch;               /* a planted-fault pass stops after the first unit with a
                                        * failed comparison (--first-catch; never the clean pass) */
     int64_t *units_stopped;           /* units of this shard a pass did not run because it had
@@ -255,10 +257,12 @@ KvStatus kv_gate_keep_topk(KvRun *r, KvError *err);
  * named in keep ((n_keep) indices: the references) and both runs of every
  * comparison from cmp_from on that failed within a tolerance (reference
  * agreement, compiled vs eager, a shift) or failed its finite check: those
- * keep their full logits (the first KV_FAILING_FULL_MAX of them), so
- * `kvrepro diff` and the plots can measure what failed. */
+ * keep their full logits (the first failing_max of them, normally
+ * KV_FAILING_FULL_MAX), so `kvrepro diff` and the plots can measure what
+ * failed. */
 KvStatus kv_gate_trim_logits(KvReport *rep, int64_t lo, int64_t hi, const int64_t *keep,
-                             int64_t n_keep, int64_t cmp_from, KvError *err);
+                             int64_t n_keep, int64_t failing_max, int64_t cmp_from,
+                             KvError *err);
 
 /* Whether the units of a model with config cfg calibrate once, on the unit
  * with the most token positions, instead of each its own (DESIGN §6): the
