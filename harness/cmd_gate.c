@@ -216,10 +216,11 @@ static void gate_usage(FILE *f) {
                   "fault, into one report; prints per fault whether and how the gate caught it, "
                   "'mutation score: C/P' and 'false alarms: N'; exits 1 unless every fault was "
                   "caught with no false alarm", -1, NULL, NULL);
-    gate_help_opt(f, "--first-catch", "with --faults: each fault's pass stops after the first "
-                  "(model, scenario) unit that catches it, the clean pass still runs in full; the "
-                  "score is the same, 'by' names the checks of that unit, and the units not run "
-                  "are counted (the work line is then a bound)", -1, NULL, NULL);
+    gate_help_opt(f, "--first-catch", "with --faults: each fault's pass stops at the first "
+                  "comparison that catches it and takes the clean pass's per-model tolerance; "
+                  "the clean pass still runs in full; the score is the same, 'by' names the "
+                  "checks that caught it, and the runs not made are counted (the work line is "
+                  "then a bound)", -1, NULL, NULL);
     gate_help_opt(f, "--external FILE", "judge the runs another engine recorded in FILE (report "
                   "schema, docs/SCHEMA.md; repeatable) instead of running the matrix: the CPU "
                   "reference decodes their prompts with --model DIR, and each run is compared "
@@ -454,8 +455,8 @@ typedef struct {
     KvMutationPass passes[1 + KV_FAULT_COUNT];
     int n_passes;
     bool first_catch;          /* --first-catch: a fault's pass stops at its first catch */
-    int64_t units_stopped;     /* (model, scenario) units of this shard that fault passes
-                                * did not run, having stopped (o->units_stopped) */
+    int64_t runs_stopped;      /* planned runs of this shard that fault passes did not make,
+                                * having stopped (o->runs_stopped) */
     const char *scen_names[KV_GATE_MAX_LIST];
     const KvCacheOps *variants[KV_GATE_MAX_LIST];
     KvGateBackend backends[KV_GATE_MAX_LIST]; /* o->backends points here */
@@ -1116,18 +1117,36 @@ static KvStatus gate_run_one_model(GateArgs *a, int i, KvGateOptions *o, int *un
     /* Every pass runs the same (model, scenario) units, so a shard holds the
      * same units clean and faulty. */
     const int unit_base = *unit;
+    KvTolerances model_tol_saved = o->tol; /* the clean pass's per-model tolerance */
+    bool model_tol_set = false;
     for (int p = 0; p < a->n_passes && st == KV_OK; p++) {
         *unit = unit_base;
         o->faults = a->passes[p].faults;
         if (a->first_catch && p > 0 && a->passes[p].failed > 0) {
             /* caught on an earlier model: none of this model's units run */
             const int n = o->custom != NULL ? 1 : o->n_scenarios;
-            for (int k = 0; k < n; k++) a->units_stopped += kv_gate_unit_in_shard(o, unit_base + k);
+            for (int k = 0; k < n; k++) {
+                if (kv_gate_unit_in_shard(o, unit_base + k)) {
+                    a->runs_stopped += kv_gate_runs_planned_per_unit(o);
+                }
+            }
             *unit = unit_base + n;
             continue;
         }
+        /* --first-catch: the fault passes take the clean pass's tolerance
+         * (a per-model calibration is the same computation in every pass:
+         * the reference and its members are not planted) */
+        KvTolerances model_tol;
+        o->model_tol_out = a->first_catch && p == 0 ? &model_tol : NULL;
+        o->model_tol_in = a->first_catch && p > 0 && model_tol_set ? &model_tol_saved : NULL;
         const int64_t from = rep->n_comparisons;
         st = kv_gate_run_model(m, name, o, unit, rep, err);
+        if (o->model_tol_out != NULL && kv_gate_calibrates_per_model(&m->config, o)) {
+            model_tol_saved = model_tol;
+            model_tol_set = true;
+        }
+        o->model_tol_out = NULL;
+        o->model_tol_in = NULL;
         kv_mutation_account(&a->passes[p], rep, from, rep->n_comparisons);
     }
 cleanup:
@@ -1260,9 +1279,9 @@ static bool gate_judged_too_little(const GateArgs *a, const KvGateOptions *o,
     for (int g = 0; g < a->n_golden; g++) {
         golden_mine += kv_gate_unit_in_shard(o, units - a->n_golden + g);
     }
-    /* --first-catch: the units a caught fault's pass did not run are not owed */
-    const int64_t planned = ((mine - golden_mine) * a->n_passes - a->units_stopped) *
-                            kv_gate_runs_planned_per_unit(o);
+    /* --first-catch: the runs a caught fault's pass did not make are not owed */
+    const int64_t planned =
+        (mine - golden_mine) * kv_gate_runs_planned_per_unit(o) * a->n_passes - a->runs_stopped;
     if (accounted != planned) {
         snprintf(why, n, "the gate planned %lld runs but made or skipped with a stated reason "
                  "%lld: the difference was not judged", (long long)planned,
@@ -1428,8 +1447,8 @@ static KvStatus gate_print_verdict(const KvReport *rep, const GateArgs *a, KvErr
     if (!a->mutation || a->verbose) st = kv_report_print_counts(rep, stdout);
     if (st == KV_OK && a->mutation) st = kv_mutation_print(a->passes, a->n_passes, rep, stdout);
     if (st == KV_OK && a->first_catch) {
-        printf("first catch: each fault's pass stopped at the unit that caught it; %lld (model, "
-               "scenario) units of fault passes were not run\n", (long long)a->units_stopped);
+        printf("first catch: each fault's pass stopped at the comparison that caught it; %lld "
+               "planned runs of fault passes were not made\n", (long long)a->runs_stopped);
     }
     if (st != KV_OK) return kv_error_set(err, st, "cannot print the summary table");
     return KV_OK;
@@ -1634,7 +1653,7 @@ int kv_cmd_gate(int argc, char **argv) {
     double est_done = 0.0, est_running = 0.0;
     o.est_done = &est_done;
     o.est_running = &est_running;
-    o.units_stopped = &a.units_stopped;
+    o.runs_stopped = &a.runs_stopped;
     if (st == KV_OK) st = gate_check_work(&a, &o, &rate, &o.est_total, &err);
     if (st == KV_OK && o.est_total > 0.0) o.rate = &rate;
     if (st == KV_OK) st = gate_run_all(&a, &o, &rep, &err);

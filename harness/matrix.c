@@ -494,7 +494,8 @@ static const char *const k_mode_name[2] = {"eager", "graph"};
 static KvStatus run_candidates(const KvModel *m, const char *model_name, const KvScenario *sc,
                                const KvGateOptions *o, const KvTolerances *tol,
                                const KvBackendOps *ops, int64_t ref, KvPrefillTape *tape,
-                               KvReport *rep, char *skip, size_t skip_len, KvError *err) {
+                               int64_t unit_from, KvReport *rep, char *skip, size_t skip_len,
+                               KvError *err) {
     KvStatus st = KV_OK;
     const int modes[2] = {o->eager ? (int)KV_MODE_EAGER : -1, o->graph ? (int)KV_MODE_GRAPH : -1};
     const char *bname = ops->name;
@@ -519,6 +520,11 @@ static KvStatus run_candidates(const KvModel *m, const char *model_name, const K
         for (int mi = 0; mi < 2; mi++) {
             if (modes[mi] < 0) continue;
             for (int k = 0; k < o->repeats; k++) {
+                /* --first-catch: a fault pass caught in this unit makes no more runs
+                 * (kv_gate_run_model counts the ones it did not make) */
+                if (o->stop_at_catch && o->faults != 0 && kv_gate_failed_since(rep, unit_from)) {
+                    goto cleanup;
+                }
                 const int64_t idx = kv_gate_add_run(rep);
                 if (idx < 0) {
                     st = kv_error_set(err, KV_ERR_INTERNAL, "out of memory");
@@ -1010,8 +1016,8 @@ static KvStatus run_scenario(const KvModel *m, const char *model_name, const KvS
             skip = local;
             skip_len = sizeof local;
         }
-        st = run_candidates(m, model_name, sc, o, &tol, gb->ops, ref, share, rep, skip, skip_len,
-                            err);
+        st = run_candidates(m, model_name, sc, o, &tol, gb->ops, ref, share, cmp_from, rep, skip,
+                            skip_len, err);
         if (st != KV_OK) goto cleanup;
     }
 
@@ -1258,16 +1264,21 @@ KvStatus kv_gate_run_model(const KvModel *m, const char *model_name, const KvGat
         if (st != KV_OK) return st;
     }
     KvTolerances model_tol = o->tol;
+    /* a pass given its clean pass's tolerance calibrates no unit */
+    const bool fixed = per_model && o->model_tol_in != NULL;
+    const bool stops = o->stop_at_catch && o->faults != 0;
+    const int64_t planned = kv_gate_runs_planned_per_unit(o);
     const int64_t from = rep->n_comparisons;
     for (int k = 0; k < n; k++) {
         /* per model: the calibration unit first, then the others in order */
-        const int i = !per_model ? k : k == 0 ? cal : k <= cal ? k - 1 : k;
+        const int i = !per_model || fixed ? k : k == 0 ? cal : k <= cal ? k - 1 : k;
         if (!kv_gate_unit_in_shard(o, *unit + i)) continue;
-        if (o->stop_at_catch && o->faults != 0 && kv_gate_failed_since(rep, from)) {
+        if (stops && kv_gate_failed_since(rep, from)) {
             /* caught: the rest of this pass is not run, and counted as such */
-            if (o->units_stopped != NULL) (*o->units_stopped)++;
+            if (o->runs_stopped != NULL) *o->runs_stopped += planned;
             continue;
         }
+        const int64_t accounted = o->runs_accounted != NULL ? *o->runs_accounted : 0;
         KvScenario sc = {0};
         KvStatus st = KV_OK;
         const KvScenario *use = o->custom;
@@ -1280,12 +1291,18 @@ KvStatus kv_gate_run_model(const KvModel *m, const char *model_name, const KvGat
             use = &sc;
         }
         const bool shared = per_model && i != cal;
-        st = run_scenario(m, model_name, use, o, shared ? &model_tol : NULL,
+        st = run_scenario(m, model_name, use, o,
+                          fixed ? o->model_tol_in : shared ? &model_tol : NULL,
                           per_model ? o->scenarios[cal] : NULL,
-                          per_model && i == cal ? &model_tol : NULL, rep, err);
+                          per_model && !fixed && i == cal ? &model_tol : NULL, rep, err);
         kv_scenario_free(&sc);
         if (st != KV_OK) return st;
+        /* a unit the catch cut short: the runs it did not make (0 for a whole unit) */
+        if (stops && o->runs_stopped != NULL && o->runs_accounted != NULL) {
+            *o->runs_stopped += planned - (*o->runs_accounted - accounted);
+        }
     }
+    if (per_model && !fixed && o->model_tol_out != NULL) *o->model_tol_out = model_tol;
     *unit += n;
     return KV_OK;
 }

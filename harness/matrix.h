@@ -85,10 +85,15 @@ typedef struct {
     int64_t max_new_tokens;           /* > 0: the scenarios decode at most this many tokens */
     bool mutation;                    /* a --faults run: above full_logits_max_vocab its
                                        * planted-fault passes keep no full logits */
-    bool stop_at_catch;               /* a planted-fault pass stops after the first unit with a
-                                       * failed comparison (--first-catch; never the clean pass) */
-    int64_t *units_stopped;           /* units of this shard a pass did not run because it had
+    bool stop_at_catch;               /* a planted-fault pass stops at its first failed
+                                       * comparison (--first-catch; never the clean pass) */
+    int64_t *runs_stopped;            /* planned runs a pass did not make because it had
                                        * stopped at its catch; NULL: not counted */
+    KvTolerances *model_tol_out;      /* a pass that calibrates per model writes the model's
+                                       * tolerance here (NULL: not asked) */
+    const KvTolerances *model_tol_in; /* non-NULL: a per-model pass takes this tolerance (its
+                                       * clean pass's) and calibrates no unit; its units run in
+                                       * the scenarios' order */
     bool share_prefill;               /* CPU variant runs take the reference's first prefill
                                        * forward (prefill_tape.h); false: each computes its own
                                        * (--no-shared-prefill) */

@@ -416,20 +416,27 @@ kv_expect_match("${out}" "false alarms: 0 \\(of [1-9][0-9]* clean comparisons\\)
 kv_run(1 out err ${KVREPRO} gate --quiet --fixture mistral-tiny --scenarios prompt_w
        --variants ring --repeats 1 --modes eager --replay-every 0 --faults no_recapture)
 kv_expect_match("${out}" "no_recapture +NO" "an uncaught fault is reported and fails")
-# --first-catch: a caught fault's pass stops at the unit that caught it; the
-# score, the clean pass and the gate's count of planned runs still hold
-# (the units not run are counted, not owed), and an uncaught fault's pass
-# still runs in full.
+# --first-catch: a caught fault's pass stops at the comparison that caught
+# it; the score, the clean pass and the gate's count of planned runs still
+# hold (the runs not made are counted, not owed), and an uncaught fault's
+# pass still runs in full. At real scale (a tiny model at W 64) the fault
+# passes take the clean pass's per-model tolerance.
 kv_run(0 out err ${KVREPRO} gate --quiet --fixture mistral-tiny --repeats 1
        --variants index_copy,ring --faults window_off_by_one,prefix_alias --first-catch)
 kv_expect_match("${out}" "mutation score: 2/2" "--first-catch: the score")
 kv_expect_match("${out}" "false alarms: 0 \\(of [1-9][0-9]* clean comparisons\\)" "--first-catch: clean pass")
-kv_expect_match("${out}" "first catch: each fault's pass stopped at the unit that caught it; [1-9][0-9]* \\(model, scenario\\) units of fault passes were not run"
-                "--first-catch: the units not run are counted")
+kv_expect_match("${out}" "first catch: each fault's pass stopped at the comparison that caught it; [1-9][0-9]* planned runs of fault passes were not made"
+                "--first-catch: the runs not made are counted")
 kv_run(1 out err ${KVREPRO} gate --quiet --fixture mistral-tiny --scenarios prompt_w
        --variants ring --repeats 1 --modes eager --replay-every 0 --faults no_recapture --first-catch)
 kv_expect_match("${out}" "no_recapture +NO" "--first-catch: an uncaught fault still fails")
-kv_expect_match("${out}" "; 0 \\(model, scenario\\) units of fault passes were not run" "--first-catch: an uncaught pass runs in full")
+kv_expect_match("${out}" "; 0 planned runs of fault passes were not made" "--first-catch: an uncaught pass runs in full")
+kv_run(0 out err ${KVREPRO} fixture --family mistral --size tiny --sliding-window 64 --out "${WORK}/w64")
+kv_run(0 out err ${KVREPRO} gate --quiet --model "${WORK}/w64" --variants index_copy,ring --repeats 1
+       --faults window_off_by_one,prefix_alias,stale_scalar --first-catch)
+kv_expect_match("${out}" "mutation score: 3/3" "--first-catch at real scale: the score")
+kv_expect_match("${out}" "false alarms: 0 " "--first-catch at real scale: no false alarm")
+kv_expect_match("${out}" "; [1-9][0-9]* planned runs of fault passes were not made" "--first-catch at real scale: runs not made")
 kv_run(2 out err ${KVREPRO} gate --first-catch)
 kv_expect_match("${err}" "--first-catch stops each planted fault's pass of --faults" "--first-catch without --faults")
 kv_run(2 out err ${KVREPRO} gate --faults bogus)
