@@ -343,13 +343,16 @@ void kv_gate_progress_print(const KvGateOptions *o, const char *current, bool fi
     }
     if (o->progress_last != NULL) *o->progress_last = now;
     char eta[48] = "";
+    /* --first-catch: the fault passes stop early, so the total is a bound */
+    const char *bound = o->stop_at_catch ? "<= " : "";
     const double est = o->est_done != NULL ? *o->est_done + *o->est_running : 0.0;
     if (!final && o->est_total > 0.0 && est > 0.0) {
         /* the estimate's remaining work at the speed measured so far */
         const double left = o->est_total > est ? o->est_total - est : 0.0;
-        snprintf(eta, sizeof eta, ", ETA %.0fs", left * elapsed / est);
+        snprintf(eta, sizeof eta, ", ETA %s%.0fs", bound, left * elapsed / est);
     } else if (!final && done > 0 && total > done) {
-        snprintf(eta, sizeof eta, ", ETA %.0fs", elapsed / (double)done * (double)(total - done));
+        snprintf(eta, sizeof eta, ", ETA %s%.0fs", bound,
+                 elapsed / (double)done * (double)(total - done));
     }
     fprintf(stderr, "kvrepro gate: %s%lld/%lld runs, %.0fs elapsed%s%s%s\n", final ? "done: " : "",
             (long long)done, (long long)total, elapsed, eta, final ? "" : "; now ", current);
@@ -361,9 +364,9 @@ static void progress_line(const KvGateOptions *o, const KvRun *r) {
     account_runs(o, 1);
     if (o->progress == KV_PROGRESS_OFF || o->runs_done == NULL) return;
     ++*o->runs_done;
-    char cur[320];
-    snprintf(cur, sizeof cur, "%s %s %s/%s/%s/r%d", r->model, r->scenario, r->variant, r->backend,
-             r->mode, (int)r->repeat);
+    char label[160], cur[320];
+    kv_run_label(r, label, sizeof label); /* the variant with its planted faults, if any */
+    snprintf(cur, sizeof cur, "%s %s %s", r->model, r->scenario, label);
     kv_gate_progress_print(o, cur, false);
 }
 

@@ -20,6 +20,16 @@ kv_expect_match("${out}" "work: [0-9]+ cpu decodes \\(2 reference, 0 fresh twin,
                 "the work line names each kind of decode and the estimate")
 kv_expect_match("${err}" "kvrepro gate: [0-9]+/[0-9]+ runs, [0-9]+s elapsed, ETA [0-9]+s; now m short_prompt_crosses_window reference/cpu/eager/r0 \\(step [1-9]"
                 "a progress line inside the reference's run")
+# --first-catch: the ETA is a bound (the fault passes stop early), and a
+# fault pass's run is named with its fault
+kv_run(0 out err ${KVREPRO} gate --model "${WORK}/m" --scenarios short_prompt_crosses_window
+       --variants index_copy --modes eager --repeats 1 --backends cpu --faults tf32 --first-catch)
+kv_expect_match("${err}" "runs, [0-9]+s elapsed, ETA <= [0-9]+s; now m short_prompt_crosses_window reference/cpu/eager/r0"
+                "--first-catch: the ETA is a bound")
+kv_expect_match("${err}" "now m short_prompt_crosses_window index_copy\\+tf32/cpu/eager/r0"
+                "--first-catch: a fault pass's run named with its fault")
+kv_expect_match("${out}" "work: at most the above: each fault's pass stops at its first catch"
+                "--first-catch: the work line is a bound")
 execute_process(COMMAND h5dump -d /tolerances "${WORK}/g.h5" OUTPUT_VARIABLE dump
                 RESULT_VARIABLE rc)
 kv_expect_match("${dump}" "the model's calibration, made once on short_prompt_crosses_window"
