@@ -1282,6 +1282,7 @@ KvStatus kv_gate_run_model(const KvModel *m, const char *model_name, const KvGat
             continue;
         }
         const int64_t accounted = o->runs_accounted != NULL ? *o->runs_accounted : 0;
+        const int64_t unit_from = rep->n_comparisons;
         KvScenario sc = {0};
         KvStatus st = KV_OK;
         const KvScenario *use = o->custom;
@@ -1300,8 +1301,11 @@ KvStatus kv_gate_run_model(const KvModel *m, const char *model_name, const KvGat
                           per_model && !fixed && i == cal ? &model_tol : NULL, rep, err);
         kv_scenario_free(&sc);
         if (st != KV_OK) return st;
-        /* a unit the catch cut short: the runs it did not make (0 for a whole unit) */
-        if (stops && o->runs_stopped != NULL && o->runs_accounted != NULL) {
+        /* a unit the catch cut short: the runs it did not make. Only a unit
+         * that caught the fault: a shortfall anywhere else stays owed, and
+         * fails the gate as a run that silently did not happen. */
+        if (stops && o->runs_stopped != NULL && o->runs_accounted != NULL &&
+            kv_gate_failed_since(rep, unit_from)) {
             *o->runs_stopped += planned - (*o->runs_accounted - accounted);
         }
     }
