@@ -25,7 +25,7 @@
  * lookup are not counted. The figure is set against the machine's FMA-free
  * fp32 peak, measured here: a loop of independent vector multiplies and adds
  * held in registers (8 multiply and 8 add chains, AVX-512 when the CPU has
- * it, else 6 + 6 on SSE), on each thread count, with multiply and add each
+ * it, 6 + 6 of AVX2 when it has that, else 6 + 6 on SSE), on each thread count, with multiply and add each
  * counted as one flop per lane; the reference never uses FMA (DESIGN §4), so
  * this, not the FMA peak, is what it could reach. --matmul picks the rows > 1
  * matmul path (gemm.h) so the old and new prefill can be timed with one
@@ -297,6 +297,69 @@ __attribute__((target("avx512f"), noinline)) static float bench_peak_fma_avx512(
     _mm512_storeu_ps(out, _mm512_add_ps(a, b));
     return out[0];
 }
+
+/* The AVX2 forms (16 ymm registers): 6 + 6 chains of 8 lanes, 96 flops an
+ * iteration; with FMA, 12 chains of _mm256_fmadd_ps, 192. */
+__attribute__((target("avx2"), noinline)) static float bench_peak_avx2(int64_t iters) {
+    const __m256 one = _mm256_set1_ps(g_bench_one), zero = _mm256_set1_ps(g_bench_zero);
+    __m256 m0 = _mm256_set1_ps(1.0f), m1 = _mm256_set1_ps(2.0f), m2 = _mm256_set1_ps(3.0f);
+    __m256 m3 = _mm256_set1_ps(4.0f), m4 = _mm256_set1_ps(5.0f), m5 = _mm256_set1_ps(6.0f);
+    __m256 a0 = m0, a1 = m1, a2 = m2, a3 = m3, a4 = m4, a5 = m5;
+    for (int64_t i = 0; i < iters; i++) {
+        m0 = _mm256_mul_ps(m0, one);
+        a0 = _mm256_add_ps(a0, zero);
+        m1 = _mm256_mul_ps(m1, one);
+        a1 = _mm256_add_ps(a1, zero);
+        m2 = _mm256_mul_ps(m2, one);
+        a2 = _mm256_add_ps(a2, zero);
+        m3 = _mm256_mul_ps(m3, one);
+        a3 = _mm256_add_ps(a3, zero);
+        m4 = _mm256_mul_ps(m4, one);
+        a4 = _mm256_add_ps(a4, zero);
+        m5 = _mm256_mul_ps(m5, one);
+        a5 = _mm256_add_ps(a5, zero);
+        __asm__ volatile("" : "+x"(m0), "+x"(m1), "+x"(m2), "+x"(m3), "+x"(m4), "+x"(m5));
+        __asm__ volatile("" : "+x"(a0), "+x"(a1), "+x"(a2), "+x"(a3), "+x"(a4), "+x"(a5));
+    }
+    const __m256 m = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(m0, m1), _mm256_add_ps(m2, m3)),
+                                   _mm256_add_ps(m4, m5));
+    const __m256 a = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)),
+                                   _mm256_add_ps(a4, a5));
+    float out[8];
+    _mm256_storeu_ps(out, _mm256_add_ps(m, a));
+    return out[0];
+}
+
+__attribute__((target("avx2,fma"), noinline)) static float bench_peak_fma_avx2(int64_t iters) {
+    const __m256 one = _mm256_set1_ps(g_bench_one), zero = _mm256_set1_ps(g_bench_zero);
+    __m256 c0 = _mm256_set1_ps(1.0f), c1 = _mm256_set1_ps(2.0f), c2 = _mm256_set1_ps(3.0f);
+    __m256 c3 = _mm256_set1_ps(4.0f), c4 = _mm256_set1_ps(5.0f), c5 = _mm256_set1_ps(6.0f);
+    __m256 c6 = _mm256_set1_ps(7.0f), c7 = _mm256_set1_ps(8.0f), c8 = _mm256_set1_ps(9.0f);
+    __m256 c9 = _mm256_set1_ps(10.0f), c10 = _mm256_set1_ps(11.0f), c11 = _mm256_set1_ps(12.0f);
+    for (int64_t i = 0; i < iters; i++) {
+        c0 = _mm256_fmadd_ps(c0, one, zero);
+        c1 = _mm256_fmadd_ps(c1, one, zero);
+        c2 = _mm256_fmadd_ps(c2, one, zero);
+        c3 = _mm256_fmadd_ps(c3, one, zero);
+        c4 = _mm256_fmadd_ps(c4, one, zero);
+        c5 = _mm256_fmadd_ps(c5, one, zero);
+        c6 = _mm256_fmadd_ps(c6, one, zero);
+        c7 = _mm256_fmadd_ps(c7, one, zero);
+        c8 = _mm256_fmadd_ps(c8, one, zero);
+        c9 = _mm256_fmadd_ps(c9, one, zero);
+        c10 = _mm256_fmadd_ps(c10, one, zero);
+        c11 = _mm256_fmadd_ps(c11, one, zero);
+        __asm__ volatile("" : "+x"(c0), "+x"(c1), "+x"(c2), "+x"(c3), "+x"(c4), "+x"(c5));
+        __asm__ volatile("" : "+x"(c6), "+x"(c7), "+x"(c8), "+x"(c9), "+x"(c10), "+x"(c11));
+    }
+    const __m256 a = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(c0, c1), _mm256_add_ps(c2, c3)),
+                                   _mm256_add_ps(c4, c5));
+    const __m256 b = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(c6, c7), _mm256_add_ps(c8, c9)),
+                                   _mm256_add_ps(c10, c11));
+    float out[8];
+    _mm256_storeu_ps(out, _mm256_add_ps(a, b));
+    return out[0];
+}
 #endif
 
 typedef float BenchF4 __attribute__((vector_size(16)));
@@ -331,21 +394,23 @@ __attribute__((noinline)) static float bench_peak_sse(int64_t iters) {
     return t[0];
 }
 
-static int bench_have_avx512(void) {
+/* The widest vectors this CPU runs: 2 AVX-512, 1 AVX2 (with FMA), 0 SSE. */
+static int bench_isa(void) {
 #if BENCH_X86
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") != 0;
-#else
-    return 0;
+    if (__builtin_cpu_supports("avx512f")) return 2;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return 1;
 #endif
+    return 0;
 }
 
-/* fp32 peak in flops/s on `nthreads` threads, each running the loop: the
- * best of BENCH_PEAK_REPS timed runs after a warm-up, total flops over the
- * wall time of the parallel region. FMA-free (avx512 < 2), or with fused
- * multiply-adds (avx512 == 2, the AVX-512 FMA loop). */
-static double bench_fp32_peak(int nthreads, int64_t iters, int avx512) {
-    const double flops_per_iter = avx512 == 2 ? 512.0 : avx512 ? 256.0 : 48.0;
+/* fp32 peak in flops/s on `nthreads` threads, each running the loop of
+ * `isa`'s width (bench_isa): the best of BENCH_PEAK_REPS timed runs after a
+ * warm-up, total flops over the wall time of the parallel region.
+ * FMA-free, or with fused multiply-adds (fma; not on SSE). */
+static double bench_fp32_peak(int nthreads, int64_t iters, int isa, bool fma) {
+    static const double flops[3][2] = {{48.0, 48.0}, {96.0, 192.0}, {256.0, 512.0}};
+    const double flops_per_iter = flops[isa][fma ? 1 : 0];
     double best = 1e30;
     float sink = 0.0f;
     for (int rep = 0; rep <= BENCH_PEAK_REPS; rep++) {
@@ -355,9 +420,13 @@ static double bench_fp32_peak(int nthreads, int64_t iters, int avx512) {
 #endif
         {
 #if BENCH_X86
-            sink += avx512 == 2 ? bench_peak_fma_avx512(iters)
-                    : avx512      ? bench_peak_avx512(iters)
-                                  : bench_peak_sse(iters);
+            if (isa == 2) {
+                sink += fma ? bench_peak_fma_avx512(iters) : bench_peak_avx512(iters);
+            } else if (isa == 1) {
+                sink += fma ? bench_peak_fma_avx2(iters) : bench_peak_avx2(iters);
+            } else {
+                sink += bench_peak_sse(iters);
+            }
 #else
             sink += bench_peak_sse(iters);
 #endif
@@ -768,7 +837,7 @@ static void bench_usage(FILE *f) {
             "usage: bench_decode [--family gemma2|mistral|both] [--threads LIST] [--new-tokens N]\n"
             "                    [--prompt-len P] [--repeats R] [--copy-mib M] [--seed S]\n"
             "                    [--prompt-seed S] [--prefill-len L] [--prefill-only]\n"
-            "                    [--matmul auto|portable|avx512] [--batch B] [--short-len S]\n"
+            "                    [--matmul auto|portable|avx2|avx512] [--batch B] [--short-len S]\n"
             "                    [--once] [--quick] [--result-lines]\n"
             "       bench_decode --model DIR [--prompt-len L] [--batch B] [--new-tokens N] ...\n"
             "  --model DIR      a checkpoint directory (config.json + safetensors) instead of\n"
@@ -787,7 +856,8 @@ static void bench_usage(FILE *f) {
             "  --prefill-only   the prefill figure alone: no copy test, no decode figure\n"
             "  --matmul PATH    the rows > 1 matmul (prefill): auto (default: the fastest\n"
             "                   this CPU runs), portable (the per-output SSE kernel, as\n"
-            "                   before the GEMM) or avx512; every path gives the same bits\n"
+            "                   before the GEMM), avx2 or avx512; every path gives the\n"
+            "                   same bits\n"
             "  --quick          tiny fixtures, %d MiB copy test: a smoke test\n"
             "  --result-lines   also one machine-readable RESULT line per figure (see the\n"
             "                   file comment; bench/vs_torch.py reads them)\n",
@@ -899,8 +969,10 @@ static int bench_parse(int argc, char **argv, BenchOptions *o) {
                 o->matmul = KV_GEMM_PORTABLE;
             } else if (strcmp(v, "avx512") == 0) {
                 o->matmul = KV_GEMM_AVX512;
+            } else if (strcmp(v, "avx2") == 0) {
+                o->matmul = KV_GEMM_AVX2;
             } else {
-                fprintf(stderr, "bench_decode: --matmul: expected auto, portable or avx512, got '%s'\n", v);
+                fprintf(stderr, "bench_decode: --matmul: expected auto, portable, avx2 or avx512, got '%s'\n", v);
                 return 0;
             }
         } else if (strcmp(a, "--repeats") == 0 && bench_parse_i64(v, 1, &n) && n <= 1000) {
@@ -1003,23 +1075,27 @@ int main(int argc, char **argv) {
 
     double peaks[BENCH_MAX_THREADS] = {0};
     if (o.prefill_len > 0) {
-        const int avx512 = bench_have_avx512();
+        static const char *const isa_loop[3] = {"SSE: 6 + 6 4-lane", "AVX2: 6 + 6 8-lane",
+                                                "AVX-512: 8 + 8 16-lane"};
+        static const char *const fma_loop[3] = {"", "12 independent 8-lane",
+                                                "16 independent 16-lane"};
+        const int isa = bench_isa();
         const int64_t iters = o.quick ? BENCH_PEAK_ITERS_QUICK : BENCH_PEAK_ITERS;
         for (int i = 0; i < o.n_threads; i++) {
-            peaks[i] = bench_fp32_peak(o.threads[i], iters, avx512);
+            peaks[i] = bench_fp32_peak(o.threads[i], iters, isa, false);
             printf("FMA-free fp32 peak, %d thread%s: %.1f GFLOP/s (%s independent multiply "
                    "and add chains in registers, %" PRId64 " iterations a thread, best of %d; "
                    "a multiply and an add are one flop a lane each)\n",
-                   o.threads[i], o.threads[i] == 1 ? "" : "s", peaks[i] / 1e9,
-                   avx512 ? "AVX-512: 8 + 8 16-lane" : "SSE: 6 + 6 4-lane", iters,
-                   BENCH_PEAK_REPS);
-            if (avx512) {
+                   o.threads[i], o.threads[i] == 1 ? "" : "s", peaks[i] / 1e9, isa_loop[isa],
+                   iters, BENCH_PEAK_REPS);
+            if (isa > 0) {
                 /* what contraction would give this CPU (DESIGN §4) */
-                const double fma = bench_fp32_peak(o.threads[i], iters / 2, 2);
-                printf("FMA fp32 peak, %d thread%s: %.1f GFLOP/s, %.2fx the FMA-free peak (16 "
-                       "independent 16-lane fused multiply-add chains, an FMA two flops a lane; "
-                       "not used by the reference)\n",
-                       o.threads[i], o.threads[i] == 1 ? "" : "s", fma / 1e9, fma / peaks[i]);
+                const double fma = bench_fp32_peak(o.threads[i], iters / 2, isa, true);
+                printf("FMA fp32 peak, %d thread%s: %.1f GFLOP/s, %.2fx the FMA-free peak (%s "
+                       "fused multiply-add chains, an FMA two flops a lane; not used by the "
+                       "reference)\n",
+                       o.threads[i], o.threads[i] == 1 ? "" : "s", fma / 1e9, fma_loop[isa],
+                       fma / peaks[i]);
             }
         }
     }

@@ -4,12 +4,14 @@
  * variant must reproduce bitwise. */
 #include "attention.h"
 
+#include <math.h>
 #include <string.h>
 
 #ifdef _OPENMP
 #include <omp.h>
 #endif
 
+#include "attend_rows.h"
 #include "kvmath.h"
 
 KvAttnParams kv_ref_attn_params(const KvRefState *s, int64_t layer) {
@@ -67,6 +69,70 @@ void kv_ref_attend(const KvAttnParams *p, int64_t head, const float *q, const fl
     }
 }
 
+bool kv_ref_attend_rows_ok(const KvAttnParams *p) {
+    return kv_attend_rows_on() && p->hd % KV_DOT_LANES == 0 && !p->descending;
+}
+
+/* Row r's scores over its run, turned into its softmax weights in place:
+ * kv_attend's (or kv_attend_sink's) scalar middle on the same values. */
+static void attend_rows_softmax(const KvAttnParams *p, int64_t head, float *x /* (nk) */,
+                                int64_t nk) {
+    if (p->sinks == NULL) {
+        for (int64_t j = 0; j < nk; j++) x[j] = kv_softcap(x[j] * p->scale, p->cap);
+        kv_softmax(x, nk);
+        return;
+    }
+    const float sink = p->sinks[head];
+    float mx = sink;
+    for (int64_t j = 0; j < nk; j++) {
+        x[j] = x[j] * p->scale;
+        mx = x[j] > mx ? x[j] : mx;
+    }
+    float sum = 0.0f;
+    for (int64_t j = 0; j < nk; j++) {
+        x[j] = expf(x[j] - mx);
+        sum += x[j];
+    }
+    sum += expf(sink - mx);
+    for (int64_t j = 0; j < nk; j++) x[j] = x[j] / sum;
+}
+
+void kv_ref_attend_rows(const KvAttnParams *p, int64_t nr, const int64_t *heads,
+                        const float *const *q, const int64_t *lo, const int64_t *hi,
+                        const float *const *gk, const float *const *gv, float *scores,
+                        int64_t ld, float *const *out) {
+    const int64_t hd = p->hd;
+    int64_t jmin = INT64_MAX, jmax = 0;  /* the rows' keys together */
+    int64_t c0 = 0, c1 = INT64_MAX;      /* the keys every row has */
+    for (int64_t r = 0; r < nr; r++) {
+        jmin = lo[r] < jmin ? lo[r] : jmin;
+        jmax = hi[r] > jmax ? hi[r] : jmax;
+        c0 = lo[r] > c0 ? lo[r] : c0;
+        c1 = hi[r] < c1 ? hi[r] : c1;
+        memset(out[r], 0, (size_t)hd * sizeof(float)); /* the sums' +0 (and an empty row's output) */
+    }
+    if (nr == 0 || jmax <= jmin) return;
+    /* Every row's dots over all the rows' keys: a row's extra dots (keys
+     * outside its run) are never read. */
+    kv_attend_dots_rows(q, nr, gk + jmin, jmax - jmin, hd, scores + jmin, ld);
+    const float *pr[KV_ATTN_ROWS]; /* (nr) -> (ld) each row's weights */
+    for (int64_t r = 0; r < nr; r++) {
+        if (hi[r] > lo[r]) attend_rows_softmax(p, heads[r], scores + r * ld + lo[r], hi[r] - lo[r]);
+        pr[r] = scores + r * ld;
+    }
+    if (c0 >= c1) {
+        for (int64_t r = 0; r < nr; r++) {
+            kv_weighted_sum_rows(&pr[r], 1, gv, lo[r], hi[r], hd, &out[r]);
+        }
+        return;
+    }
+    /* Each row in key order: its own keys before the shared run, the shared
+     * run beside the others, its own keys after. */
+    for (int64_t r = 0; r < nr; r++) kv_weighted_sum_rows(&pr[r], 1, gv, lo[r], c0, hd, &out[r]);
+    kv_weighted_sum_rows(pr, nr, gv, c0, c1, hd, out);
+    for (int64_t r = 0; r < nr; r++) kv_weighted_sum_rows(&pr[r], 1, gv, c1, hi[r], hd, &out[r]);
+}
+
 typedef struct {
     KvRefState *s;
     int64_t layer, n;
@@ -91,6 +157,91 @@ static void op_store_static(const void *ap) {
     }
 }
 
+/* op_attn_static with a kv head's rows together: one item per (sequence,
+ * kv head, group of its query heads, block of consecutive queries), so each
+ * key and value row is read once for up to KV_ATTN_ROWS (query, head) rows
+ * instead of once per row. The queries of a block see overlapping runs of
+ * one list of keys (the static cache's slots in ascending position), and
+ * kv_ref_attend_rows gives each row kv_ref_attend's bits over its own run,
+ * so the outputs are those of the one-item-per-row loop. */
+static void attn_static_rows(KvRefState *s, const KvAttnParams *p, int64_t layer, int64_t n,
+                             int nt) {
+    const int64_t hd = p->hd, mw = p->mask_window;
+    const float *kc = s->k + layer * s->batch * s->max_len * p->kv_dim; /* (B, max_len, kv_dim) */
+    const float *vc = s->v + layer * s->batch * s->max_len * p->kv_dim; /* (B, max_len, kv_dim) */
+    const int64_t g = p->heads / p->kv_heads;            /* query heads per kv head */
+    const int64_t gb = g < KV_ATTN_ROWS ? g : KV_ATTN_ROWS; /* heads per item */
+    const int64_t ng = (g + gb - 1) / gb;
+    const int64_t qb = KV_ATTN_ROWS / gb; /* queries per item */
+    const int64_t nqb = (n + qb - 1) / qb;
+    const int64_t items = s->batch * p->kv_heads * ng * nqb;
+#pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+        const int64_t slot = kv_ref_attn_slot();
+        const float **gk = s->gk + slot * s->max_keys; /* (max_keys) */
+        const float **gv = s->gv + slot * s->max_keys; /* (max_keys) */
+        int64_t *gp = s->gpos + slot * s->max_keys;    /* (max_keys) */
+        float *scores = s->row_scores + slot * KV_ATTN_ROWS * s->max_keys; /* (ROWS, max_keys) */
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t it = 0; it < items; it++) {
+            const int64_t qblk = it % nqb;
+            const int64_t hg = (it / nqb) % ng;
+            const int64_t kvh = (it / (nqb * ng)) % p->kv_heads;
+            const int64_t b = it / (nqb * ng * p->kv_heads);
+            const int64_t h0 = kvh * g + hg * gb;
+            const int64_t h1 = h0 + gb < (kvh + 1) * g ? h0 + gb : (kvh + 1) * g;
+            const int64_t t0 = qblk * qb, t1 = t0 + qb < n ? t0 + qb : n;
+            const uint8_t *real = s->real + b * s->max_len; /* (max_len) */
+            /* The block's real queries' slots; a pad query sees nothing and
+             * its output (never used) is zero, as kv_attend gives it. */
+            int64_t qmin = -1, qmax = -1;
+            for (int64_t t = t0; t < t1; t++) {
+                const int64_t qs = s->pos0[b] + t;
+                const bool q_real = t < s->n_new[b] && real[qs];
+                if (!q_real) {
+                    for (int64_t h = h0; h < h1; h++) {
+                        memset(s->att + (b * n + t) * p->q_dim + h * hd, 0,
+                               (size_t)hd * sizeof(float));
+                    }
+                    continue;
+                }
+                if (qmin < 0) qmin = qs;
+                qmax = qs;
+            }
+            if (qmin < 0) continue;
+            /* Every key some query of the block sees, ascending. */
+            int64_t nu = 0;
+            const int64_t k0 = mw > 0 && qmin - mw + 1 > 0 ? qmin - mw + 1 : 0;
+            for (int64_t k = k0; k <= qmax; k++) {
+                if (!real[k]) continue;
+                gk[nu] = kc + (b * s->max_len + k) * p->kv_dim + kvh * hd;
+                gv[nu] = vc + (b * s->max_len + k) * p->kv_dim + kvh * hd;
+                gp[nu] = k;
+                nu++;
+            }
+            int64_t heads[KV_ATTN_ROWS], lo[KV_ATTN_ROWS], hi[KV_ATTN_ROWS];
+            const float *q[KV_ATTN_ROWS];
+            float *out[KV_ATTN_ROWS];
+            int64_t nr = 0, jlo = 0, jhi = 0;
+            for (int64_t t = t0; t < t1; t++) {
+                const int64_t qs = s->pos0[b] + t;
+                if (!(t < s->n_new[b] && real[qs])) continue;
+                /* This query's run: the keys kv_window_visible lets it see. */
+                while (jlo < nu && !kv_window_visible(qs, gp[jlo], mw)) jlo++;
+                while (jhi < nu && gp[jhi] <= qs) jhi++;
+                for (int64_t h = h0; h < h1; h++, nr++) {
+                    heads[nr] = h;
+                    lo[nr] = jlo;
+                    hi[nr] = jhi;
+                    q[nr] = s->q + (b * n + t) * p->q_dim + h * hd;
+                    out[nr] = s->att + (b * n + t) * p->q_dim + h * hd;
+                }
+            }
+            kv_ref_attend_rows(p, nr, heads, q, lo, hi, gk, gv, scores, s->max_keys, out);
+        }
+    }
+}
+
 /* Attention over the static cache, which already holds the new keys: keys
  * are visited in ascending slot order, i.e. ascending position. */
 static void op_attn_static(const void *ap) {
@@ -103,6 +254,10 @@ static void op_attn_static(const void *ap) {
     const int64_t n = a->n;
     const int64_t items = s->batch * n * p.heads;
     const int nt = kv_ref_attn_threads(s, 2 * items * (s->total_mem + n) * hd);
+    if (kv_ref_attend_rows_ok(&p) && nt <= s->n_row_slots) {
+        attn_static_rows(s, &p, a->layer, n, nt);
+        return;
+    }
 
     /* One item per (sequence, query, head), in any thread: each item's keys
      * and sums are its own, so the bits do not depend on who runs it.

@@ -4,6 +4,7 @@
 #ifndef KV_ATTENTION_H
 #define KV_ATTENTION_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "state.h"
@@ -36,5 +37,23 @@ int64_t kv_ref_attn_slot(void);
  * in place first when p->descending): out (head_dim). */
 void kv_ref_attend(const KvAttnParams *p, int64_t head, const float *q, const float **gk,
                    const float **gv, int64_t nk, float *scores, float *out);
+
+/* kv_ref_attend for up to KV_ATTN_ROWS (state.h) (query, head) rows of one kv head at once:
+ * every row's keys are the contiguous run [lo[r], hi[r]) of one shared list
+ * gk/gv in ascending position, not reversed (p->descending false), and the
+ * AVX-512 path is on with head_dim a multiple of 64 (kv_ref_attend_rows_ok).
+ * out[r] is bitwise what kv_ref_attend gives row r over its own run: each
+ * row's dots, softmax and weighted sum are the same operations in the same
+ * order; the rows only share the loads of each key and value row. heads[r]
+ * is row r's head (its sink). scores (nr, ld), ld >= the shared list's
+ * length. */
+void kv_ref_attend_rows(const KvAttnParams *p, int64_t nr, const int64_t *heads /* (nr) */,
+                        const float *const *q /* (nr) -> (hd) */, const int64_t *lo /* (nr) */,
+                        const int64_t *hi /* (nr) */, const float *const *gk /* -> (hd) */,
+                        const float *const *gv /* -> (hd) */, float *scores /* (nr, ld) */,
+                        int64_t ld, float *const *out /* (nr) -> (hd) */);
+
+/* Whether kv_ref_attend_rows can stand in for kv_ref_attend under p. */
+bool kv_ref_attend_rows_ok(const KvAttnParams *p);
 
 #endif

@@ -84,12 +84,20 @@ bool kv_gemm_path_supported(KvGemmPath path) {
 #else
         return false;
 #endif
+    case KV_GEMM_AVX2:
+#if KV_GEMM_X86
+        __builtin_cpu_init();
+        return __builtin_cpu_supports("avx2") != 0;
+#else
+        return false;
+#endif
     }
     return false;
 }
 
 KvStatus kv_gemm_set_path(KvGemmPath path) {
-    if (path != KV_GEMM_AUTO && path != KV_GEMM_PORTABLE && path != KV_GEMM_AVX512) {
+    if (path != KV_GEMM_AUTO && path != KV_GEMM_PORTABLE && path != KV_GEMM_AVX512 &&
+        path != KV_GEMM_AVX2) {
         return KV_ERR_INPUT;
     }
     if (!kv_gemm_path_supported(path)) return KV_ERR_INPUT;
@@ -99,7 +107,8 @@ KvStatus kv_gemm_set_path(KvGemmPath path) {
 
 KvGemmPath kv_gemm_path(void) {
     if (g_gemm_path != KV_GEMM_AUTO) return g_gemm_path;
-    return kv_gemm_path_supported(KV_GEMM_AVX512) ? KV_GEMM_AVX512 : KV_GEMM_PORTABLE;
+    if (kv_gemm_path_supported(KV_GEMM_AVX512)) return KV_GEMM_AVX512;
+    return kv_gemm_path_supported(KV_GEMM_AVX2) ? KV_GEMM_AVX2 : KV_GEMM_PORTABLE;
 }
 
 const char *kv_gemm_path_name(KvGemmPath path) {
@@ -110,6 +119,8 @@ const char *kv_gemm_path_name(KvGemmPath path) {
         return "portable";
     case KV_GEMM_AVX512:
         return "avx512";
+    case KV_GEMM_AVX2:
+        return "avx2";
     }
     return "unknown";
 }
@@ -201,6 +212,106 @@ gemm_tile_avx512(const float *xpk /* (kc / 16, MR, 16), 64-byte aligned */,
     GEMM_ACC_STORE(5);
 }
 
+/* A micro-tile pass (gemm_tile_avx512's contract) behind a call, so one job
+ * loop (gemm_job) serves every vector path. */
+typedef void (*GemmTileFn)(const float *xpk, const float *const wp[GEMM_NR], int64_t k0,
+                           int64_t k1, float acc[GEMM_MR * GEMM_NR][KV_DOT_LANES], bool first,
+                           bool prefetch);
+
+GEMM_AVX512 static void gemm_tile_avx512_call(const float *xpk, const float *const wp[GEMM_NR],
+                                              int64_t k0, int64_t k1,
+                                              float acc[GEMM_MR * GEMM_NR][KV_DOT_LANES],
+                                              bool first, bool prefetch) {
+    if (prefetch) {
+        gemm_tile_avx512(xpk, wp, k0, k1, acc, first, true);
+    } else {
+        gemm_tile_avx512(xpk, wp, k0, k1, acc, first, false);
+    }
+}
+
+/* ---- AVX2 (16 ymm registers) ---------------------------------------------
+ * The same 6 x 4 tile and the same lanes, in pieces that fit: a piece is 2
+ * x rows by the 4 weight rows by 8 of the 16 lanes (8 accumulators, 4 weight
+ * vectors, one x vector), run over up to GEMM_AVX2_KB input elements while
+ * the tile's weights for them sit in L1, its lanes reloaded from acc and
+ * stored back between pieces (which changes no lane's sequence of adds). */
+#define GEMM_AVX2 __attribute__((target("avx2")))
+#define GEMM_AVX2_KB 256 /* a multiple of KV_DOT_LANES; timing only */
+
+#define GEMM_P_STEP(a, xv, wv) a = _mm256_add_ps(a, _mm256_mul_ps(xv, wv))
+
+/* Lanes h .. h + 8 of tile rows r, r + 1 over input elements [kb, ke). */
+GEMM_AVX2 __attribute__((always_inline)) static inline void
+gemm_piece_avx2(const float *xpk /* (kc / 16, MR, 16) from k0 */,
+                const float *const wp[GEMM_NR] /* -> (in) */, int64_t k0, int64_t kb, int64_t ke,
+                float acc[GEMM_MR * GEMM_NR][KV_DOT_LANES], int r, int h, bool zero,
+                bool prefetch) {
+    __m256 a00, a01, a02, a03, a10, a11, a12, a13;
+    if (zero) {
+        a00 = a01 = a02 = a03 = a10 = a11 = a12 = a13 = _mm256_setzero_ps();
+    } else {
+        a00 = _mm256_load_ps(acc[r * GEMM_NR + 0] + h);
+        a01 = _mm256_load_ps(acc[r * GEMM_NR + 1] + h);
+        a02 = _mm256_load_ps(acc[r * GEMM_NR + 2] + h);
+        a03 = _mm256_load_ps(acc[r * GEMM_NR + 3] + h);
+        a10 = _mm256_load_ps(acc[(r + 1) * GEMM_NR + 0] + h);
+        a11 = _mm256_load_ps(acc[(r + 1) * GEMM_NR + 1] + h);
+        a12 = _mm256_load_ps(acc[(r + 1) * GEMM_NR + 2] + h);
+        a13 = _mm256_load_ps(acc[(r + 1) * GEMM_NR + 3] + h);
+    }
+    const float *v0 = wp[0] + h, *v1 = wp[1] + h, *v2 = wp[2] + h, *v3 = wp[3] + h;
+    const float *xk = xpk + (kb - k0) / KV_DOT_LANES * GEMM_MR * KV_DOT_LANES + r * KV_DOT_LANES + h;
+    for (int64_t k = kb; k < ke; k += KV_DOT_LANES, xk += GEMM_MR * KV_DOT_LANES) {
+        if (prefetch) {
+            __builtin_prefetch((const void *)((uintptr_t)(v0 + k) + GEMM_PREFETCH_BYTES), 0, 2);
+            __builtin_prefetch((const void *)((uintptr_t)(v1 + k) + GEMM_PREFETCH_BYTES), 0, 2);
+            __builtin_prefetch((const void *)((uintptr_t)(v2 + k) + GEMM_PREFETCH_BYTES), 0, 2);
+            __builtin_prefetch((const void *)((uintptr_t)(v3 + k) + GEMM_PREFETCH_BYTES), 0, 2);
+        }
+        const __m256 w0 = _mm256_loadu_ps(v0 + k), w1 = _mm256_loadu_ps(v1 + k);
+        const __m256 w2 = _mm256_loadu_ps(v2 + k), w3 = _mm256_loadu_ps(v3 + k);
+        __m256 xv = _mm256_load_ps(xk);
+        GEMM_P_STEP(a00, xv, w0);
+        GEMM_P_STEP(a01, xv, w1);
+        GEMM_P_STEP(a02, xv, w2);
+        GEMM_P_STEP(a03, xv, w3);
+        xv = _mm256_load_ps(xk + KV_DOT_LANES);
+        GEMM_P_STEP(a10, xv, w0);
+        GEMM_P_STEP(a11, xv, w1);
+        GEMM_P_STEP(a12, xv, w2);
+        GEMM_P_STEP(a13, xv, w3);
+    }
+    _mm256_store_ps(acc[r * GEMM_NR + 0] + h, a00);
+    _mm256_store_ps(acc[r * GEMM_NR + 1] + h, a01);
+    _mm256_store_ps(acc[r * GEMM_NR + 2] + h, a02);
+    _mm256_store_ps(acc[r * GEMM_NR + 3] + h, a03);
+    _mm256_store_ps(acc[(r + 1) * GEMM_NR + 0] + h, a10);
+    _mm256_store_ps(acc[(r + 1) * GEMM_NR + 1] + h, a11);
+    _mm256_store_ps(acc[(r + 1) * GEMM_NR + 2] + h, a12);
+    _mm256_store_ps(acc[(r + 1) * GEMM_NR + 3] + h, a13);
+}
+
+/* gemm_tile_avx512's contract on AVX2. A streamed tile (prefetch) is
+ * prefetched by the first piece of each chunk; the others find it in L1. */
+GEMM_AVX2 static void gemm_tile_avx2(const float *xpk, const float *const wp[GEMM_NR], int64_t k0,
+                                     int64_t k1, float acc[GEMM_MR * GEMM_NR][KV_DOT_LANES],
+                                     bool first, bool prefetch) {
+    if (first && k1 <= k0) memset(acc, 0, sizeof(float) * GEMM_MR * GEMM_NR * KV_DOT_LANES);
+    for (int64_t kb = k0; kb < k1; kb += GEMM_AVX2_KB) {
+        const int64_t ke = kb + GEMM_AVX2_KB < k1 ? kb + GEMM_AVX2_KB : k1;
+        const bool zero = first && kb == k0;
+        for (int r = 0; r < GEMM_MR; r += 2) {
+            for (int h = 0; h < KV_DOT_LANES; h += 8) {
+                if (prefetch && r == 0 && h == 0) {
+                    gemm_piece_avx2(xpk, wp, k0, kb, ke, acc, r, h, zero, true);
+                } else {
+                    gemm_piece_avx2(xpk, wp, k0, kb, ke, acc, r, h, zero, false);
+                }
+            }
+        }
+    }
+}
+
 /* kv_lanes_sum's tree as vector adds: each add below is the tree's scalar
  * add of the same two lanes in the same operand order (lane j + lane j+8,
  * then j + j+4, then 0+2 and 1+3, then those two), an IEEE single add
@@ -227,10 +338,9 @@ static void gemm_pack_x(const float *const xp[GEMM_MR] /* -> (in) */, int64_t k0
 
 /* One job: rows [r0, r1) by outputs [o0, o1) of y = x w^T; w holds the
  * job's weight rows o0 .. o1 as F32. */
-GEMM_AVX512 static void gemm_job_avx512(const float *x /* (rows, in) */, int64_t in,
-                                        const float *w /* (o1 - o0, in) */, int64_t out,
-                                        float *y /* (rows, out) */, int64_t r0, int64_t r1,
-                                        int64_t o0, int64_t o1) {
+static void gemm_job(const float *x /* (rows, in) */, int64_t in,
+                     const float *w /* (o1 - o0, in) */, int64_t out, float *y /* (rows, out) */,
+                     int64_t r0, int64_t r1, int64_t o0, int64_t o1, GemmTileFn tile) {
     enum { TILES = GEMM_NC / GEMM_NR };
     /* (TILES, MR * NR, 16): one row block's lane accumulators, tile by tile */
     float acc[TILES][GEMM_MR * GEMM_NR][KV_DOT_LANES] __attribute__((aligned(64)));
@@ -259,7 +369,7 @@ GEMM_AVX512 static void gemm_job_avx512(const float *x /* (rows, in) */, int64_t
                     for (int c = 0; c < GEMM_NR; c++) {
                         wp[c] = w + ((o + c < o1 ? o + c : o1 - 1) - o0) * in; /* past the edge: dropped */
                     }
-                    gemm_tile_avx512(&xpk[0][0][0], wp, k0, k1, acc[t], k0 == 0, false);
+                    tile(&xpk[0][0][0], wp, k0, k1, acc[t], k0 == 0, false);
                 }
                 k0 = k1;
             } while (k0 < n16);
@@ -279,7 +389,7 @@ GEMM_AVX512 static void gemm_job_avx512(const float *x /* (rows, in) */, int64_t
                     const int64_t k1 = k0 + GEMM_KC < n16 ? k0 + GEMM_KC : n16;
                     if (packed != k0) gemm_pack_x(xp, k0, k1, xpk);
                     packed = k0;
-                    gemm_tile_avx512(&xpk[0][0][0], wp, k0, k1, acc[t], k0 == 0, true);
+                    tile(&xpk[0][0][0], wp, k0, k1, acc[t], k0 == 0, true);
                     k0 = k1;
                 } while (k0 < n16);
             }
@@ -289,7 +399,7 @@ GEMM_AVX512 static void gemm_job_avx512(const float *x /* (rows, in) */, int64_t
                 for (int c = 0; c < GEMM_NR; c++) {
                     const int64_t o = o0 + t * GEMM_NR + c;
                     if (o >= o1) break;
-                    const float s = gemm_lanes_sum_avx512(acc[t][i * GEMM_NR + c]);
+                    const float s = kv_lanes_sum(acc[t][i * GEMM_NR + c]);
                     y[(r + i) * out + o] = kv_dot_tail(xp[i], w + (o - o0) * in, n16, in, s);
                 }
             }
@@ -453,7 +563,9 @@ static void *gemm_scratch_alloc(size_t bytes) {
 bool kv_gemm_multi(const float *x, int64_t rows, int64_t in, int count, const KvMat *ws,
                    const int64_t *outs, float *const *ys) {
 #if KV_GEMM_X86
-    if (kv_gemm_path() != KV_GEMM_AVX512) return false;
+    const KvGemmPath path = kv_gemm_path();
+    if (path != KV_GEMM_AVX512 && path != KV_GEMM_AVX2) return false;
+    const GemmTileFn tile = path == KV_GEMM_AVX512 ? gemm_tile_avx512_call : gemm_tile_avx2;
     int64_t jobs = 0, work = 0;
     bool stored = false; /* some matrix is not F32: a job's rows are widened first */
     for (int j = 0; j < count; j++) {
@@ -495,7 +607,7 @@ bool kv_gemm_multi(const float *x, int64_t rows, int64_t in, int count, const Kv
                 held_j = ws[j].dtype == KV_DTYPE_F32 ? -1 : j;
                 held_g = g;
             }
-            gemm_job_avx512(x, in, wj, outs[j], ys[j], r0, r1, o0, o1);
+            gemm_job(x, in, wj, outs[j], ys[j], r0, r1, o0, o1, tile);
         }
         free(scratch);
     }

@@ -25,6 +25,7 @@ typedef enum {
     KV_GEMM_PORTABLE = 1, /* kvmath.c's SSE row kernel: one kv_dot-pattern dot per output,
                              any x86-64 (and any GCC target) */
     KV_GEMM_AVX512 = 2,   /* the blocked micro-kernel, one __m512 per output's 16 lanes */
+    KV_GEMM_AVX2 = 3,     /* the same blocking, each output's 16 lanes in two __m256 */
 } KvGemmPath;
 
 /* For tests and benchmarks only (not thread-safe: call it outside parallel
@@ -38,7 +39,7 @@ KvStatus kv_gemm_set_path(KvGemmPath path);
  * CPU supports, so never KV_GEMM_AUTO. */
 KvGemmPath kv_gemm_path(void);
 
-/* "portable", "avx512" (or "auto"). */
+/* "portable", "avx2", "avx512" (or "auto"). */
 const char *kv_gemm_path_name(KvGemmPath path);
 
 /* Whether this CPU and build can run `path` (KV_GEMM_AUTO and

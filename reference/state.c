@@ -22,7 +22,7 @@ void kv_ref_state_free(KvRefState *s) {
                      s->x,          s->xn,         s->q,          s->kn,         s->vn,
                      s->att,        s->tmp,        s->gate,       s->up,         s->qpos,
                      s->last,       s->moe_logits, s->moe_pick,   s->moe_weight, s->moe_gu,
-                     s->moe_h,      s->moe_out,    s->moe_rows,   s->moe_x,      s->scores,     (void *)s->gk, (void *)s->gv,
+                     s->moe_h,      s->moe_out,    s->moe_rows,   s->moe_x,      s->scores,     (void *)s->gk, (void *)s->gv, s->row_scores,
                      s->gpos,       s->tok_in,     s->real_in,    s->logits,     s->next_tok,
                      s->margin};
     for (size_t i = 0; i < sizeof owned / sizeof owned[0]; i++) free(owned[i]);
@@ -90,6 +90,11 @@ KvStatus kv_ref_state_init(KvRefState *s, const KvModel *m, int64_t batch, int64
     s->gk = calloc((size_t)(s->n_scratch * s->max_keys), sizeof *s->gk);
     s->gv = calloc((size_t)(s->n_scratch * s->max_keys), sizeof *s->gv);
     s->gpos = calloc((size_t)(s->n_scratch * s->max_keys), sizeof *s->gpos);
+    s->n_row_slots = 1;
+#ifdef _OPENMP
+    s->n_row_slots = omp_get_max_threads();
+#endif
+    s->row_scores = kv_alloc_floats(s->n_row_slots * KV_ATTN_ROWS * s->max_keys);
     s->tok_in = calloc((size_t)rows, sizeof *s->tok_in);
     s->real_in = calloc((size_t)rows, 1);
     s->logits = kv_alloc_floats(batch * c->vocab_size);
@@ -98,7 +103,7 @@ KvStatus kv_ref_state_init(KvRefState *s, const KvModel *m, int64_t batch, int64
     if (c->rope_theta_local > 0.0) s->inv_freq_local = kv_alloc_floats(c->head_dim / 2);
     ok = ok && s->k && s->v && s->real && s->n_real && s->lag && s->pos0 && s->n_new &&
          s->inv_freq && s->x && s->xn && s->q && s->kn && s->vn && s->att && s->tmp &&
-         s->gate && s->up && s->qpos && s->last && s->scores && s->gk && s->gv && s->gpos &&
+         s->gate && s->up && s->qpos && s->last && s->scores && s->gk && s->gv && s->gpos && s->row_scores &&
          s->tok_in && s->real_in && s->logits && s->next_tok && s->margin &&
          (c->rope_theta_local <= 0.0 || s->inv_freq_local);
     if (!ok) {

@@ -11,6 +11,10 @@
 #include "status.h"
 #include "stream.h"
 
+/* Most (query, head) rows attention takes together (kv_ref_attend_rows,
+ * attention.h): the size of its score scratch. Timing only. */
+#define KV_ATTN_ROWS 16
+
 typedef struct KvRefState KvRefState;
 
 /* The named intermediates, in forward order: "embed"; per layer q, k, v
@@ -103,6 +107,9 @@ struct KvRefState {
     const float **gk;   /* (n_scratch, max_keys) gathered key rows, ascending position */
     const float **gv;   /* (n_scratch, max_keys) gathered value rows */
     int64_t *gpos;      /* (n_scratch, max_keys) their positions */
+    /* kv_ref_attend_rows' scores, one block per thread at init: */
+    int64_t n_row_slots;
+    float *row_scores;  /* (n_row_slots, KV_ATTN_ROWS, max_keys) */
     /* Step inputs and outputs in memory, as a captured graph sees them: */
     int32_t *tok_in;    /* (B, max_chunk) tokens of the next forward; argmax writes (B, 1) */
     uint8_t *real_in;   /* (B, max_chunk) 0 marks a pad */

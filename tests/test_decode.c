@@ -114,17 +114,14 @@ static KvDecodeResult run_shape(const KvModel *m, const Shape *s, int64_t new_to
 }
 
 /* loop index i: family = i / N_SHAPES, shape = i % N_SHAPES. The rows > 1
- * matmuls (prefill, the batch's steps, a chunked prefill) on the blocked
- * AVX-512 GEMM and on the portable per-output kernel (gemm.h): the whole
- * decode's logits bitwise the same, at 1 and 2 threads with every region
- * parallel. Skipped, saying so, where the CPU has no AVX-512. */
+ * matmuls (prefill, the batch's steps, a chunked prefill) on each blocked
+ * GEMM this CPU runs (AVX-512, AVX2) and on the portable per-output kernel
+ * (gemm.h): the whole decode's logits bitwise the same, at 1 and 2 threads
+ * with every region parallel. A path the CPU lacks is skipped, saying so. */
 START_TEST(test_gemm_paths_bitwise) {
     const char *fam = k_families[_i / (int)N_SHAPES];
     const Shape *shape = &k_shapes[_i % (int)N_SHAPES];
-    if (!kv_gemm_path_supported(KV_GEMM_AVX512)) {
-        printf("test_gemm_paths_bitwise: skipped: this CPU or build has no AVX-512 path\n");
-        return;
-    }
+    static const KvGemmPath paths[] = {KV_GEMM_AVX512, KV_GEMM_AVX2};
     KvFixtureModel f;
     KvError err = {{0}};
     ck_assert_msg(kv_fixture_load(fam, TEST_SEED, &f, &err) == KV_OK, "%s", err.msg);
@@ -132,7 +129,6 @@ START_TEST(test_gemm_paths_bitwise) {
     ck_assert_int_eq(kv_gemm_set_path(KV_GEMM_PORTABLE), KV_OK);
     KvDecodeResult base = run_shape(&f.model, shape, new_tokens, 0);
     KvDecodeResult chunked_base = run_shape(&f.model, shape, new_tokens, 4);
-    ck_assert_int_eq(kv_gemm_set_path(KV_GEMM_AVX512), KV_OK);
     char what[160];
 #ifdef _OPENMP
     const int saved = omp_get_max_threads();
@@ -141,20 +137,27 @@ START_TEST(test_gemm_paths_bitwise) {
 #else
     const int threads[] = {1};
 #endif
-    for (size_t t = 0; t < sizeof threads / sizeof threads[0]; t++) {
+    for (size_t p = 0; p < sizeof paths / sizeof paths[0]; p++) {
+        const char *name = kv_gemm_path_name(paths[p]);
+        if (kv_gemm_set_path(paths[p]) != KV_OK) {
+            printf("test_gemm_paths_bitwise: %s skipped: this CPU or build cannot run it\n", name);
+            continue;
+        }
+        for (size_t t = 0; t < sizeof threads / sizeof threads[0]; t++) {
 #ifdef _OPENMP
-        omp_set_num_threads(threads[t]);
+            omp_set_num_threads(threads[t]);
 #endif
-        KvDecodeResult r = run_shape(&f.model, shape, new_tokens, 0);
-        snprintf(what, sizeof what, "%s %s: avx512 GEMM (%d threads) vs portable matmul", fam,
-                 shape->name, threads[t]);
-        assert_same(&base, &r, what);
-        kv_decode_result_free(&r);
-        r = run_shape(&f.model, shape, new_tokens, 4);
-        snprintf(what, sizeof what, "%s %s chunk 4: avx512 GEMM (%d threads) vs portable matmul",
-                 fam, shape->name, threads[t]);
-        assert_same(&chunked_base, &r, what);
-        kv_decode_result_free(&r);
+            KvDecodeResult r = run_shape(&f.model, shape, new_tokens, 0);
+            snprintf(what, sizeof what, "%s %s: %s GEMM (%d threads) vs portable matmul", fam,
+                     shape->name, name, threads[t]);
+            assert_same(&base, &r, what);
+            kv_decode_result_free(&r);
+            r = run_shape(&f.model, shape, new_tokens, 4);
+            snprintf(what, sizeof what, "%s %s chunk 4: %s GEMM (%d threads) vs portable matmul",
+                     fam, shape->name, name, threads[t]);
+            assert_same(&chunked_base, &r, what);
+            kv_decode_result_free(&r);
+        }
     }
 #ifdef _OPENMP
     omp_set_num_threads(saved);

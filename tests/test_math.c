@@ -18,6 +18,7 @@
 #include <omp.h>
 #endif
 
+#include "attention.h"
 #include "gemm.h"
 #include "kvmath.h"
 
@@ -299,8 +300,8 @@ static const int64_t GEMM_OUTS[] = {1, 3, 7, 64, 130};
  * values of mixed magnitude (so rounding depends on the order), sparse
  * NaN / infinities / signed zeros / denormals, and x all denormal (denormal
  * products and lane sums, which DAZ/FTZ would flush). */
-static const KvGemmPath GEMM_PATHS[] = {KV_GEMM_AVX512, KV_GEMM_PORTABLE};
-#define N_GEMM_PATHS 2
+static const KvGemmPath GEMM_PATHS[] = {KV_GEMM_AVX512, KV_GEMM_AVX2, KV_GEMM_PORTABLE};
+#define N_GEMM_PATHS 3
 enum { VAL_PLAIN, VAL_SPECIAL, VAL_DENORMAL, N_VAL_KINDS };
 static const char *const VAL_NAMES[] = {"plain", "special", "denormal"};
 
@@ -467,6 +468,7 @@ START_TEST(test_gemm_path_setter) {
     const KvGemmPath autop = kv_gemm_path();
     ck_assert_int_ne(autop, KV_GEMM_AUTO);
     ck_assert_int_eq(autop, kv_gemm_path_supported(KV_GEMM_AVX512) ? KV_GEMM_AVX512
+                            : kv_gemm_path_supported(KV_GEMM_AVX2) ? KV_GEMM_AVX2
                                                                     : KV_GEMM_PORTABLE);
     ck_assert_int_eq(kv_gemm_set_path(KV_GEMM_PORTABLE), KV_OK);
     ck_assert_int_eq(kv_gemm_path(), KV_GEMM_PORTABLE);
@@ -476,7 +478,12 @@ START_TEST(test_gemm_path_setter) {
         ck_assert_int_eq(kv_gemm_set_path(KV_GEMM_AVX512), KV_ERR_INPUT);
         ck_assert_int_eq(kv_gemm_path(), KV_GEMM_PORTABLE);
     }
+    if (!kv_gemm_path_supported(KV_GEMM_AVX2)) {
+        ck_assert_int_eq(kv_gemm_set_path(KV_GEMM_AVX2), KV_ERR_INPUT);
+        ck_assert_int_eq(kv_gemm_path(), KV_GEMM_PORTABLE);
+    }
     ck_assert_str_eq(kv_gemm_path_name(KV_GEMM_AVX512), "avx512");
+    ck_assert_str_eq(kv_gemm_path_name(KV_GEMM_AVX2), "avx2");
     ck_assert_str_eq(kv_gemm_path_name(KV_GEMM_PORTABLE), "portable");
     ck_assert_int_eq(kv_gemm_set_path(KV_GEMM_AUTO), KV_OK);
 }
@@ -1071,6 +1078,97 @@ START_TEST(test_attend_paths_bitwise) {
 }
 END_TEST
 
+/* kv_ref_attend_rows (attention.h): rows that share one list of keys, each
+ * over its own run of it, bitwise what kv_ref_attend gives the row over its
+ * run alone. The runs: a sliding window moving one key per row (the shared
+ * run in the middle, a row's own keys at both ends), causal runs from key 0,
+ * runs with nothing in common, one key each. Head sizes from one 16-lane
+ * block to past several, rows from one to a full block, the three forms
+ * (no cap, softcap, a sink). */
+START_TEST(test_attend_rows_bitwise) {
+    static const int64_t hds[] = {16, 48, 64, 256};
+    static const int64_t nrs[] = {1, 3, 4, 7, KV_ATTN_ROWS};
+    enum { N_KEYS = 300, WINDOW = 37 };
+    TestRng g = test_rng_seed(20261128);
+    KvAttnParams p;
+    memset(&p, 0, sizeof p);
+    p.hd = 64;
+    if (!kv_ref_attend_rows_ok(&p)) {
+        printf("test_attend_rows_bitwise: skipped: this CPU or build has no AVX2 path\n");
+        return;
+    }
+    p.descending = true; /* the reversed key order keeps the one-row loop */
+    ck_assert(!kv_ref_attend_rows_ok(&p));
+    p.descending = false;
+    int checked = 0;
+    for (size_t h = 0; h < sizeof hds / sizeof hds[0]; h++) {
+        const int64_t hd = hds[h], kv_dim = 2 * hd + 16;
+        float *cache = malloc((size_t)(2 * N_KEYS * kv_dim) * sizeof *cache); /* K then V */
+        float *qs = malloc((size_t)(KV_ATTN_ROWS * hd) * sizeof *qs);       /* (ROWS, hd) */
+        const float **k = malloc(N_KEYS * sizeof *k), **v = malloc(N_KEYS * sizeof *v);
+        const float **k1 = malloc(N_KEYS * sizeof *k1), **v1 = malloc(N_KEYS * sizeof *v1);
+        float *scores = malloc((size_t)(KV_ATTN_ROWS * N_KEYS) * sizeof *scores);
+        float *got = malloc((size_t)(KV_ATTN_ROWS * hd) * sizeof *got);
+        float *want = malloc((size_t)hd * sizeof *want);
+        for (int64_t i = 0; i < 2 * N_KEYS * kv_dim; i++) cache[i] = test_rng_sym(&g);
+        for (int64_t i = 0; i < KV_ATTN_ROWS * hd; i++) qs[i] = 4.0f * test_rng_sym(&g);
+        for (int64_t j = 0; j < N_KEYS; j++) {
+            k[j] = cache + j * kv_dim + 8;
+            v[j] = cache + (N_KEYS + j) * kv_dim + hd;
+        }
+        float sinks[KV_ATTN_ROWS];
+        for (int i = 0; i < KV_ATTN_ROWS; i++) sinks[i] = 0.25f * (float)i - 1.0f;
+        for (size_t n = 0; n < sizeof nrs / sizeof nrs[0]; n++) {
+            const int64_t nr = nrs[n];
+            for (int runs = 0; runs < 4; runs++) {
+                for (int form = 0; form < 3; form++) { /* no cap, softcap 50, a sink */
+                    int64_t lo[KV_ATTN_ROWS], hi[KV_ATTN_ROWS], heads[KV_ATTN_ROWS];
+                    const float *q[KV_ATTN_ROWS];
+                    float *out[KV_ATTN_ROWS];
+                    for (int64_t r = 0; r < nr; r++) {
+                        switch (runs) {
+                        case 0: lo[r] = 100 + r; hi[r] = 100 + WINDOW + r; break; /* sliding */
+                        case 1: lo[r] = 0; hi[r] = 200 + r; break;                 /* causal */
+                        case 2: lo[r] = 17 * r; hi[r] = 17 * r + 11; break;         /* apart */
+                        default: lo[r] = 250 + r; hi[r] = 251 + r; break;           /* one key */
+                        }
+                        heads[r] = r % 3;
+                        q[r] = qs + r * hd;
+                        out[r] = got + r * hd;
+                    }
+                    p.hd = hd;
+                    p.scale = 1.0f / sqrtf((float)hd);
+                    p.cap = form == 1 ? 50.0f : 0.0f;
+                    p.sinks = form == 2 ? sinks : NULL;
+                    kv_ref_attend_rows(&p, nr, heads, q, lo, hi, k, v, scores, N_KEYS, out);
+                    for (int64_t r = 0; r < nr; r++) {
+                        const int64_t nk = hi[r] - lo[r];
+                        memcpy(k1, k + lo[r], (size_t)nk * sizeof *k1);
+                        memcpy(v1, v + lo[r], (size_t)nk * sizeof *v1);
+                        kv_ref_attend(&p, heads[r], q[r], k1, v1, nk, scores, want);
+                        ck_assert_msg(memcmp(out[r], want, (size_t)hd * sizeof *want) == 0,
+                                      "attend_rows (hd %lld, %lld rows, runs %d, form %d): row "
+                                      "%lld is not kv_ref_attend's bits",
+                                      (long long)hd, (long long)nr, runs, form, (long long)r);
+                        checked++;
+                    }
+                }
+            }
+        }
+        free(cache);
+        free(qs);
+        free(k);
+        free(v);
+        free(k1);
+        free(v1);
+        free(scores);
+        free(got);
+        free(want);
+    }
+    ck_assert_int_gt(checked, 0);
+}
+END_TEST
+
 /* ---- suite -------------------------------------------------------------- */
 
 static Suite *math_suite(void) {
@@ -1116,6 +1214,7 @@ static Suite *math_suite(void) {
     tcase_add_test(attn, test_window_visible_example);
     tcase_add_test(attn, test_window_visible_edges);
     tcase_add_test(attn, test_attend_paths_bitwise);
+    tcase_add_test(attn, test_attend_rows_bitwise);
     suite_add_tcase(s, attn);
 
     TCase *am = tcase_create("argmax");
