@@ -268,8 +268,10 @@ gemm_piece_avx2(const float *xpk /* (kc / 16, MR, 16) from k0 */,
             __builtin_prefetch((const void *)((uintptr_t)(v2 + k) + GEMM_PREFETCH_BYTES), 0, 2);
             __builtin_prefetch((const void *)((uintptr_t)(v3 + k) + GEMM_PREFETCH_BYTES), 0, 2);
         }
-        const __m256 w0 = _mm256_loadu_ps(v0 + k), w1 = _mm256_loadu_ps(v1 + k);
-        const __m256 w2 = _mm256_loadu_ps(v2 + k), w3 = _mm256_loadu_ps(v3 + k);
+        __m256 w0 = _mm256_loadu_ps(v0 + k), w1 = _mm256_loadu_ps(v1 + k);
+        __m256 w2 = _mm256_loadu_ps(v2 + k), w3 = _mm256_loadu_ps(v3 + k);
+        /* in registers: GCC would otherwise load each twice as a memory operand */
+        __asm__("" : "+x"(w0), "+x"(w1), "+x"(w2), "+x"(w3));
         __m256 xv = _mm256_load_ps(xk);
         GEMM_P_STEP(a00, xv, w0);
         GEMM_P_STEP(a01, xv, w1);
@@ -340,7 +342,8 @@ static void gemm_pack_x(const float *const xp[GEMM_MR] /* -> (in) */, int64_t k0
  * job's weight rows o0 .. o1 as F32. */
 static void gemm_job(const float *x /* (rows, in) */, int64_t in,
                      const float *w /* (o1 - o0, in) */, int64_t out, float *y /* (rows, out) */,
-                     int64_t r0, int64_t r1, int64_t o0, int64_t o1, GemmTileFn tile) {
+                     int64_t r0, int64_t r1, int64_t o0, int64_t o1, GemmTileFn tile,
+                     int64_t kc) {
     enum { TILES = GEMM_NC / GEMM_NR };
     /* (TILES, MR * NR, 16): one row block's lane accumulators, tile by tile */
     float acc[TILES][GEMM_MR * GEMM_NR][KV_DOT_LANES] __attribute__((aligned(64)));
@@ -361,7 +364,7 @@ static void gemm_job(const float *x /* (rows, in) */, int64_t in,
              * packed x (in L1) meets every tile's weights (in L2). */
             int64_t k0 = 0; /* at least one pass, so in < 16 still zeroes the lanes */
             do {
-                const int64_t k1 = k0 + GEMM_KC < n16 ? k0 + GEMM_KC : n16;
+                const int64_t k1 = k0 + kc < n16 ? k0 + kc : n16;
                 gemm_pack_x(xp, k0, k1, xpk);
                 for (int64_t t = 0; t < ntile; t++) {
                     const int64_t o = o0 + t * GEMM_NR;
@@ -386,7 +389,7 @@ static void gemm_job(const float *x /* (rows, in) */, int64_t in,
                 }
                 int64_t k0 = 0;
                 do {
-                    const int64_t k1 = k0 + GEMM_KC < n16 ? k0 + GEMM_KC : n16;
+                    const int64_t k1 = k0 + kc < n16 ? k0 + kc : n16;
                     if (packed != k0) gemm_pack_x(xp, k0, k1, xpk);
                     packed = k0;
                     tile(&xpk[0][0][0], wp, k0, k1, acc[t], k0 == 0, true);
@@ -566,6 +569,7 @@ bool kv_gemm_multi(const float *x, int64_t rows, int64_t in, int count, const Kv
     const KvGemmPath path = kv_gemm_path();
     if (path != KV_GEMM_AVX512 && path != KV_GEMM_AVX2) return false;
     const GemmTileFn tile = path == KV_GEMM_AVX512 ? gemm_tile_avx512_call : gemm_tile_avx2;
+    const int64_t kc = GEMM_KC;
     int64_t jobs = 0, work = 0;
     bool stored = false; /* some matrix is not F32: a job's rows are widened first */
     for (int j = 0; j < count; j++) {
@@ -607,7 +611,7 @@ bool kv_gemm_multi(const float *x, int64_t rows, int64_t in, int count, const Kv
                 held_j = ws[j].dtype == KV_DTYPE_F32 ? -1 : j;
                 held_g = g;
             }
-            gemm_job(x, in, wj, outs[j], ys[j], r0, r1, o0, o1, tile);
+            gemm_job(x, in, wj, outs[j], ys[j], r0, r1, o0, o1, tile, kc);
         }
         free(scratch);
     }
