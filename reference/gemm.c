@@ -342,8 +342,7 @@ static void gemm_pack_x(const float *const xp[GEMM_MR] /* -> (in) */, int64_t k0
  * job's weight rows o0 .. o1 as F32. */
 static void gemm_job(const float *x /* (rows, in) */, int64_t in,
                      const float *w /* (o1 - o0, in) */, int64_t out, float *y /* (rows, out) */,
-                     int64_t r0, int64_t r1, int64_t o0, int64_t o1, GemmTileFn tile,
-                     int64_t kc) {
+                     int64_t r0, int64_t r1, int64_t o0, int64_t o1, GemmTileFn tile) {
     enum { TILES = GEMM_NC / GEMM_NR };
     /* (TILES, MR * NR, 16): one row block's lane accumulators, tile by tile */
     float acc[TILES][GEMM_MR * GEMM_NR][KV_DOT_LANES] __attribute__((aligned(64)));
@@ -364,7 +363,7 @@ static void gemm_job(const float *x /* (rows, in) */, int64_t in,
              * packed x (in L1) meets every tile's weights (in L2). */
             int64_t k0 = 0; /* at least one pass, so in < 16 still zeroes the lanes */
             do {
-                const int64_t k1 = k0 + kc < n16 ? k0 + kc : n16;
+                const int64_t k1 = k0 + GEMM_KC < n16 ? k0 + GEMM_KC : n16;
                 gemm_pack_x(xp, k0, k1, xpk);
                 for (int64_t t = 0; t < ntile; t++) {
                     const int64_t o = o0 + t * GEMM_NR;
@@ -389,7 +388,7 @@ static void gemm_job(const float *x /* (rows, in) */, int64_t in,
                 }
                 int64_t k0 = 0;
                 do {
-                    const int64_t k1 = k0 + kc < n16 ? k0 + kc : n16;
+                    const int64_t k1 = k0 + GEMM_KC < n16 ? k0 + GEMM_KC : n16;
                     if (packed != k0) gemm_pack_x(xp, k0, k1, xpk);
                     packed = k0;
                     tile(&xpk[0][0][0], wp, k0, k1, acc[t], k0 == 0, true);
@@ -569,7 +568,6 @@ bool kv_gemm_multi(const float *x, int64_t rows, int64_t in, int count, const Kv
     const KvGemmPath path = kv_gemm_path();
     if (path != KV_GEMM_AVX512 && path != KV_GEMM_AVX2) return false;
     const GemmTileFn tile = path == KV_GEMM_AVX512 ? gemm_tile_avx512_call : gemm_tile_avx2;
-    const int64_t kc = GEMM_KC;
     int64_t jobs = 0, work = 0;
     bool stored = false; /* some matrix is not F32: a job's rows are widened first */
     for (int j = 0; j < count; j++) {
@@ -611,7 +609,7 @@ bool kv_gemm_multi(const float *x, int64_t rows, int64_t in, int count, const Kv
                 held_j = ws[j].dtype == KV_DTYPE_F32 ? -1 : j;
                 held_g = g;
             }
-            gemm_job(x, in, wj, outs[j], ys[j], r0, r1, o0, o1, tile, kc);
+            gemm_job(x, in, wj, outs[j], ys[j], r0, r1, o0, o1, tile);
         }
         free(scratch);
     }
