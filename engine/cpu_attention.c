@@ -12,6 +12,7 @@
  * framework does. */
 #include <stdbool.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "attention.h"
 #include "cpu_state.h"
@@ -59,6 +60,128 @@ typedef struct {
     bool include_new;
 } ArgsAttnVariant;
 
+/* op_attn_variant with a kv head's rows together (as the reference's
+ * static attention, attention.c): one item per (row, kv head, group of its
+ * query heads, block of consecutive queries). The block's keys are gathered
+ * and put in position order once: the layout rules (layout.h) keep slot
+ * positions ascending, or a rotation of ascending (ring), so the walk starts
+ * at the oldest slot; the new keys follow, younger than every stored one.
+ * Each query's keys are then one run of that list, and kv_ref_attend_rows
+ * gives every row kv_ref_attend's bits over its run: the outputs of the
+ * one-item-per-row loop. Not for KV_FAULT_UNWRITTEN_SLOT, whose empty slots
+ * are keys of every query whatever their position. */
+static void attn_variant_rows(const ArgsAttnVariant *a, const KvAttnParams *prm,
+                              const KvCacheView *views, int nt) {
+    KvCpuState *cs = a->cs;
+    KvRefState *s = &cs->ref;
+    const int64_t hd = prm->hd, kv_dim = prm->kv_dim, q_dim = prm->q_dim;
+    const int64_t mw = prm->mask_window, n = a->n;
+    const KvLayoutRule rule = cs->variant->layout;
+    const int64_t g = prm->heads / prm->kv_heads;
+    const int64_t gb = g < KV_ATTN_ROWS ? g : KV_ATTN_ROWS;
+    const int64_t ng = (g + gb - 1) / gb;
+    const int64_t qb = KV_ATTN_ROWS / gb;
+    const int64_t nqb = (n + qb - 1) / qb;
+    const int64_t items = s->batch * prm->kv_heads * ng * nqb;
+#pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+        const int64_t slot = kv_ref_attn_slot();
+        const float **gk = s->gk + slot * s->max_keys; /* (max_keys) */
+        const float **gv = s->gv + slot * s->max_keys; /* (max_keys) */
+        int64_t *gp = s->gpos + slot * s->max_keys;    /* (max_keys) */
+        float *scores = s->row_scores + slot * KV_ATTN_ROWS * s->max_keys; /* (ROWS, max_keys) */
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t it = 0; it < items; it++) {
+            const int64_t qblk = it % nqb;
+            const int64_t hg = (it / nqb) % ng;
+            const int64_t kvh = (it / (nqb * ng)) % prm->kv_heads;
+            const int64_t b = it / (nqb * ng * prm->kv_heads);
+            const int64_t h0 = kvh * g + hg * gb;
+            const int64_t h1 = h0 + gb < (kvh + 1) * g ? h0 + gb : (kvh + 1) * g;
+            const int64_t t0 = qblk * qb, t1 = t0 + qb < n ? t0 + qb : n;
+            const int64_t len = s->pos0[b];
+            const int64_t stored = a->include_new ? len : len + s->n_new[b];
+            const KvCacheView *view = &views[cs->per_row ? b : 0];
+            const int64_t vb = cs->per_row ? 0 : b;
+            const int64_t n_slots = a->n_slots < view->row_stride ? a->n_slots : view->row_stride;
+            int64_t qmin = -1, qmax = -1, tmax = -1;
+            for (int64_t t = t0; t < t1; t++) {
+                if (!(s->real_in[b * n + t] != 0 && t < s->n_new[b])) {
+                    for (int64_t h = h0; h < h1; h++) {
+                        memset(s->att + (b * n + t) * q_dim + h * hd, 0, (size_t)hd * sizeof(float));
+                    }
+                    continue;
+                }
+                if (qmin < 0) qmin = len + t;
+                qmax = len + t;
+                tmax = t;
+            }
+            if (qmin < 0) continue;
+            /* the stored keys some query of the block sees, oldest slot first */
+            int64_t first = -1, pmin = INT64_MAX;
+            for (int64_t i = 0; i < n_slots; i++) {
+                const int64_t p = kv_layout_position(rule, prm->window, i, stored);
+                if (p >= 0 && p < pmin) {
+                    pmin = p;
+                    first = i;
+                }
+            }
+            int64_t nu = 0;
+            bool sorted = true;
+            for (int64_t c = 0; first >= 0 && c < n_slots; c++) {
+                const int64_t i = (first + c) % n_slots;
+                const int64_t p = kv_layout_position(rule, prm->window, i, stored);
+                if (p < 0 || !view->real[vb * view->row_stride + i]) continue;
+                if (p > qmax || (mw > 0 && p <= qmin - mw)) continue;
+                if (nu > 0 && gp[nu - 1] > p) sorted = false;
+                gk[nu] = view->k + (vb * view->row_stride + i) * view->dim + kvh * hd;
+                gv[nu] = view->v + (vb * view->row_stride + i) * view->dim + kvh * hd;
+                gp[nu] = p;
+                nu++;
+            }
+            for (int64_t i = 1; !sorted && i < nu; i++) { /* no rule does this; kept exact */
+                const float *ki = gk[i], *vi = gv[i];
+                const int64_t pi = gp[i];
+                int64_t j = i - 1;
+                for (; j >= 0 && gp[j] > pi; j--) {
+                    gk[j + 1] = gk[j];
+                    gv[j + 1] = gv[j];
+                    gp[j + 1] = gp[j];
+                }
+                gk[j + 1] = ki;
+                gv[j + 1] = vi;
+                gp[j + 1] = pi;
+            }
+            for (int64_t u = 0; a->include_new && u <= tmax; u++) {
+                const int64_t p = len + u;
+                if (!s->real_in[b * n + u] || (mw > 0 && p <= qmin - mw)) continue;
+                gk[nu] = s->kn + (b * n + u) * kv_dim + kvh * hd;
+                gv[nu] = s->vn + (b * n + u) * kv_dim + kvh * hd;
+                gp[nu] = p;
+                nu++;
+            }
+            int64_t heads[KV_ATTN_ROWS], lo[KV_ATTN_ROWS], hi[KV_ATTN_ROWS];
+            const float *q[KV_ATTN_ROWS];
+            float *out[KV_ATTN_ROWS];
+            int64_t nr = 0, jlo = 0, jhi = 0;
+            for (int64_t t = t0; t <= tmax; t++) {
+                if (!(s->real_in[b * n + t] != 0 && t < s->n_new[b])) continue;
+                const int64_t qs = len + t;
+                while (jlo < nu && !kv_window_visible(qs, gp[jlo], mw)) jlo++;
+                while (jhi < nu && gp[jhi] <= qs) jhi++;
+                for (int64_t h = h0; h < h1; h++, nr++) {
+                    heads[nr] = h;
+                    lo[nr] = jlo;
+                    hi[nr] = jhi;
+                    q[nr] = s->q + (b * n + t) * q_dim + h * hd;
+                    out[nr] = s->att + (b * n + t) * q_dim + h * hd;
+                }
+            }
+            kv_ref_attend_rows(prm, nr, heads, q, lo, hi, gk, gv, scores, s->max_keys, out);
+        }
+    }
+}
+
 static void op_attn_variant(const void *ap) {
     const ArgsAttnVariant *a = ap;
     KvCpuState *cs = a->cs;
@@ -85,6 +208,10 @@ static void op_attn_variant(const void *ap) {
 
     const int64_t items = s->batch * n * prm.heads;
     const int nt = kv_ref_attn_threads(s, 2 * items * (a->n_slots + n) * hd);
+    if (kv_ref_attend_rows_ok(&prm) && !unwritten && nt <= s->n_row_slots) {
+        attn_variant_rows(a, &prm, views, nt);
+        return;
+    }
 
     /* One item per (row, query, head), in any thread (see op_attn_static). */
 #pragma omp parallel num_threads(nt) if (nt > 1)
