@@ -1094,8 +1094,8 @@ int main(int argc, char **argv) {
                 printf("FMA fp32 peak, %d thread%s: %.1f GFLOP/s, %.2fx the FMA-free peak (%s "
                        "fused multiply-add chains, an FMA two flops a lane; not used by the "
                        "reference)\n",
-                       o.threads[i], o.threads[i] == 1 ? "" : "s", fma / 1e9, fma_loop[isa],
-                       fma / peaks[i]);
+                       o.threads[i], o.threads[i] == 1 ? "" : "s", fma / 1e9, fma / peaks[i],
+                       fma_loop[isa]);
             }
         }
     }

@@ -497,12 +497,80 @@ GEMM_AVX512 static void gemv_bf16_block2(const float *x, int64_t in, const uint1
     gemv_bf16_block(x, 2, in, w, out, o, y);
 }
 
+/* gemv_bf16_block's contract on AVX2: lanes 0-7, then lanes 8-15, of the
+ * rows' 4 outputs in 8 accumulators each pass (the second pass finds the 4
+ * weight rows in cache), finished by kv_lanes_sum's tree from the two
+ * halves (its first step is lane j + lane j + 8). */
+#define GEMV_WIDEN8(p)                                                                             \
+    _mm256_castsi256_ps(_mm256_slli_epi32(                                                         \
+        _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(const void *)(p))), 16))
+#define GEMV8_STEP(a, xv, wv) a = _mm256_add_ps(a, _mm256_mul_ps(xv, wv))
+
+GEMM_AVX2 __attribute__((always_inline)) static inline void
+gemv_bf16_half_avx2(const float *x /* (rows, in) */, const float *x1 /* (in) */,
+                    const uint16_t *const w[4] /* -> (in) */, int64_t n16, int h,
+                    float half[2][4][8]) {
+    __m256 a00 = _mm256_setzero_ps(), a01 = a00, a02 = a00, a03 = a00;
+    __m256 a10 = a00, a11 = a00, a12 = a00, a13 = a00;
+    for (int64_t k = h; k < n16; k += KV_DOT_LANES) {
+        if (h == 0) {
+            __builtin_prefetch((const void *)((uintptr_t)(w[0] + k) + GEMM_PREFETCH_BYTES), 0, 2);
+            __builtin_prefetch((const void *)((uintptr_t)(w[1] + k) + GEMM_PREFETCH_BYTES), 0, 2);
+            __builtin_prefetch((const void *)((uintptr_t)(w[2] + k) + GEMM_PREFETCH_BYTES), 0, 2);
+            __builtin_prefetch((const void *)((uintptr_t)(w[3] + k) + GEMM_PREFETCH_BYTES), 0, 2);
+        }
+        const __m256 v0 = GEMV_WIDEN8(w[0] + k), v1 = GEMV_WIDEN8(w[1] + k);
+        const __m256 v2 = GEMV_WIDEN8(w[2] + k), v3 = GEMV_WIDEN8(w[3] + k);
+        const __m256 xa = _mm256_loadu_ps(x + k), xb = _mm256_loadu_ps(x1 + k);
+        GEMV8_STEP(a00, xa, v0);
+        GEMV8_STEP(a01, xa, v1);
+        GEMV8_STEP(a02, xa, v2);
+        GEMV8_STEP(a03, xa, v3);
+        GEMV8_STEP(a10, xb, v0);
+        GEMV8_STEP(a11, xb, v1);
+        GEMV8_STEP(a12, xb, v2);
+        GEMV8_STEP(a13, xb, v3);
+    }
+    _mm256_store_ps(half[0][0], a00);
+    _mm256_store_ps(half[0][1], a01);
+    _mm256_store_ps(half[0][2], a02);
+    _mm256_store_ps(half[0][3], a03);
+    _mm256_store_ps(half[1][0], a10);
+    _mm256_store_ps(half[1][1], a11);
+    _mm256_store_ps(half[1][2], a12);
+    _mm256_store_ps(half[1][3], a13);
+}
+
+GEMM_AVX2 static void gemv_bf16_block_avx2(const float *x /* (rows, in) */, int64_t rows,
+                                           int64_t in, const uint16_t *w /* (4, in) */,
+                                           int64_t out, int64_t o, float *y /* (rows, out) */) {
+    const int64_t n16 = in - in % KV_DOT_LANES;
+    const uint16_t *wc[4] = {w, w + in, w + 2 * in, w + 3 * in};
+    const float *x1 = rows > 1 ? x + in : x; /* (in) a second row, or the first again */
+    float lo[2][4][8] __attribute__((aligned(32)));
+    float hi[2][4][8] __attribute__((aligned(32)));
+    gemv_bf16_half_avx2(x, x1, wc, n16, 0, lo);
+    gemv_bf16_half_avx2(x, x1, wc, n16, 8, hi);
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * in; /* (in) */
+        for (int c = 0; c < 4; c++) {
+            const __m256 t = _mm256_add_ps(_mm256_load_ps(lo[r][c]), _mm256_load_ps(hi[r][c]));
+            const __m128 u = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+            const __m128 s2 = _mm_add_ps(u, _mm_movehl_ps(u, u));
+            float sum = _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
+            for (int64_t i = n16; i < in; i++) sum += xr[i] * gemv_bf16_at(wc[c], i);
+            y[r * out + o + c] = sum;
+        }
+    }
+}
+
 #endif /* KV_GEMM_X86 */
 
 bool kv_gemv_stored(const float *x, int64_t rows, int64_t in, int count, const KvMat *ws,
                     const int64_t *outs, float *const *ys) {
 #if KV_GEMM_X86
-    if (rows < 1 || rows > 2 || kv_gemm_path() != KV_GEMM_AVX512) return false;
+    const KvGemmPath path = kv_gemm_path();
+    if (rows < 1 || rows > 2 || (path != KV_GEMM_AVX512 && path != KV_GEMM_AVX2)) return false;
     int64_t work = 0;
     for (int j = 0; j < count; j++) {
         if (ws[j].dtype != KV_DTYPE_BF16) return false;
@@ -516,7 +584,9 @@ bool kv_gemv_stored(const float *x, int64_t rows, int64_t in, int count, const K
             /* nowait: the matrices are independent (kv_matmul_multi) */
 #pragma omp for schedule(static) nowait
             for (int64_t b = 0; b < blocks; b++) {
-                if (rows == 1) {
+                if (path == KV_GEMM_AVX2) {
+                    gemv_bf16_block_avx2(x, rows, in, w + b * 4 * in, outs[j], b * 4, ys[j]);
+                } else if (rows == 1) {
                     gemv_bf16_block1(x, in, w + b * 4 * in, outs[j], b * 4, ys[j]);
                 } else {
                     gemv_bf16_block2(x, in, w + b * 4 * in, outs[j], b * 4, ys[j]);

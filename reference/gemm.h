@@ -59,9 +59,10 @@ bool kv_gemm_multi(const float *x /* (rows, in) */, int64_t rows, int64_t in, in
 
 /* kv_matmul_multi's contract for one or two rows against weights stored as
  * BF16 (the decode matvec of a BF16 checkpoint): the weights widened in
- * registers, 16 at a time, by an AVX-512 kernel, bitwise kv_dot on the
- * widened values. Returns false, touching nothing, unless every matrix is
- * BF16, rows is 1 or 2 and the current path is KV_GEMM_AVX512. */
+ * registers by an AVX-512 kernel (16 at a time) or an AVX2 one (8), bitwise
+ * kv_dot on the widened values. Returns false, touching nothing, unless
+ * every matrix is BF16, rows is 1 or 2 and the current path is
+ * KV_GEMM_AVX512 or KV_GEMM_AVX2. */
 bool kv_gemv_stored(const float *x /* (rows, in) */, int64_t rows, int64_t in, int count,
                     const KvMat *ws /* (count) -> (outs[j], in) BF16 */,
                     const int64_t *outs /* (count) */,
