@@ -350,7 +350,7 @@ static void seq_few_rows(const float *x /* (rows, in) */, KvMat w /* (out, in) *
 /* Every row of x against one transposed block wt of KV_SEQ_OUT_BLOCK
  * outputs from o0 on: four rows at once in named accumulators (GCC keeps
  * an array of vectors on the stack), then one at a time. Inlined into a
- * plain and an AVX-512 wrapper: the same IEEE multiply then add per lane
+ * plain, an AVX2 and an AVX-512 wrapper: the same IEEE multiply then add per lane
  * either way (-ffp-contract=off), so the same bits. */
 static inline __attribute__((always_inline)) void
 seq_block_rows(const float *x /* (rows, in) */, const KvSeqLanes *wt /* (in) */, int64_t rows,
@@ -404,6 +404,13 @@ seq_block_wide(const float *x, const KvSeqLanes *wt, int64_t rows, int64_t in, i
                int64_t o0, float *y) {
     seq_block_rows(x, wt, rows, in, out, o0, y);
 }
+
+/* And with AVX2 (the eight lanes in one 256-bit register). */
+__attribute__((target("avx2"))) static void
+seq_block_avx2(const float *x, const KvSeqLanes *wt, int64_t rows, int64_t in, int64_t out,
+               int64_t o0, float *y) {
+    seq_block_rows(x, wt, rows, in, out, o0, y);
+}
 #else
 #define KV_SEQ_X86 0
 #endif
@@ -417,6 +424,7 @@ void kv_matmul_sequential(const float *x, KvMat w, int64_t rows, int64_t in, int
     SeqBlockFn block = seq_block_plain;
 #if KV_SEQ_X86
     if (kv_gemm_path() == KV_GEMM_AVX512) block = seq_block_wide;
+    if (kv_gemm_path() == KV_GEMM_AVX2) block = seq_block_avx2;
 #endif
     const int64_t blocks = (out + KV_SEQ_OUT_BLOCK - 1) / KV_SEQ_OUT_BLOCK;
 #pragma omp parallel if (rows * in * out >= kv_parallel_min_work())

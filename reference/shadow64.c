@@ -119,7 +119,7 @@ static void shadow_matmul_scalar(const double *x /* (rows, in) */, KvMat w /* (o
 
 /* Every row of x against one widened block wt of SHADOW_OUT_BLOCK outputs
  * from o0 on. Four rows run at once in named accumulators (GCC keeps an
- * array of vectors on the stack). Inlined into a plain and an AVX-512
+ * array of vectors on the stack). Inlined into a plain, an AVX2 and an AVX-512
  * wrapper: the same IEEE double multiply then add per lane either way. */
 static inline __attribute__((always_inline)) void
 shadow_block_rows(const double *x /* (rows, in) */, const ShadowLanes *wt /* (in) */,
@@ -167,11 +167,19 @@ shadow_block_wide(const double *x, const ShadowLanes *wt, int64_t rows, int64_t 
                   int64_t o0, double *y) {
     shadow_block_rows(x, wt, rows, in, out, o0, y);
 }
+
+/* And with AVX2 (four doubles a register), where that is the GEMM's path. */
+__attribute__((target("avx2"))) static void
+shadow_block_avx2(const double *x, const ShadowLanes *wt, int64_t rows, int64_t in, int64_t out,
+                  int64_t o0, double *y) {
+    shadow_block_rows(x, wt, rows, in, out, o0, y);
+}
 #endif
 
 static ShadowBlockFn shadow_block_fn(void) {
 #if KV_SHADOW_X86
     if (kv_gemm_path() == KV_GEMM_AVX512) return shadow_block_wide;
+    if (kv_gemm_path() == KV_GEMM_AVX2) return shadow_block_avx2;
 #endif
     return shadow_block_plain;
 }

@@ -252,11 +252,11 @@ START_TEST(test_matmul_sequential) {
                                         {4, 64, 8},   {5, 100, 33},  {9, 129, 17},
                                         {8, 640, 64}, {1, 37, 70},   {2, 129, 64},
                                         {3, 640, 96}, {2, 17, 33}};
-    /* every path: the AVX-512 build of the block kernel and the plain one */
-    static const KvGemmPath paths[] = {KV_GEMM_AVX512, KV_GEMM_PORTABLE};
-    for (size_t t = 0; t < 2 * sizeof shapes / sizeof shapes[0]; t++) {
-        const size_t s = t / 2;
-        if (kv_gemm_set_path(paths[t % 2]) != KV_OK) continue; /* no AVX-512 here */
+    /* every path: the AVX-512 and AVX2 builds of the block kernel and the plain one */
+    static const KvGemmPath paths[] = {KV_GEMM_AVX512, KV_GEMM_AVX2, KV_GEMM_PORTABLE};
+    for (size_t t = 0; t < 3 * sizeof shapes / sizeof shapes[0]; t++) {
+        const size_t s = t / 3;
+        if (kv_gemm_set_path(paths[t % 3]) != KV_OK) continue; /* not on this CPU */
         const int64_t rows = shapes[s][0], in = shapes[s][1], out = shapes[s][2];
         TestRng g = test_rng_seed(TEST_SEED * 11 + s);
         float *x = test_alloc(rows * in), *w = test_alloc(out * in), *y = test_alloc(rows * out);
@@ -272,7 +272,7 @@ START_TEST(test_matmul_sequential) {
                        "kv_matmul_sequential (%lld,%lld,%lld) y[%lld,%lld]=%.9g, one accumulator "
                        "%.9g (%s)", (long long)rows, (long long)in, (long long)out,
                        (long long)r, (long long)o, (double)y[r * out + o], (double)acc,
-                       kv_gemm_path_name(paths[t % 2]));
+                       kv_gemm_path_name(paths[t % 3]));
             }
         }
         free(x);
