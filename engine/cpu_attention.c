@@ -60,6 +60,26 @@ typedef struct {
     bool include_new;
 } ArgsAttnVariant;
 
+/* Insertion sort of gathered keys by position (distinct): the canonical
+ * key order. Linear when they are already in order. */
+static void sort_by_position(const float **gk /* (nk) */, const float **gv /* (nk) */,
+                             int64_t *gp /* (nk) */, int64_t nk) {
+    for (int64_t i = 1; i < nk; i++) {
+        const float *ki = gk[i];
+        const float *vi = gv[i];
+        const int64_t pi = gp[i];
+        int64_t j = i - 1;
+        for (; j >= 0 && gp[j] > pi; j--) {
+            gk[j + 1] = gk[j];
+            gv[j + 1] = gv[j];
+            gp[j + 1] = gp[j];
+        }
+        gk[j + 1] = ki;
+        gv[j + 1] = vi;
+        gp[j + 1] = pi;
+    }
+}
+
 /* op_attn_variant with a kv head's rows together (as the reference's
  * static attention, attention.c): one item per (row, kv head, group of its
  * query heads, block of consecutive queries). The block's keys are gathered
@@ -74,15 +94,10 @@ static void attn_variant_rows(const ArgsAttnVariant *a, const KvAttnParams *prm,
                               const KvCacheView *views, int nt) {
     KvCpuState *cs = a->cs;
     KvRefState *s = &cs->ref;
-    const int64_t hd = prm->hd, kv_dim = prm->kv_dim, q_dim = prm->q_dim;
+    const int64_t hd = prm->hd, kv_dim = prm->kv_dim;
     const int64_t mw = prm->mask_window, n = a->n;
     const KvLayoutRule rule = cs->variant->layout;
-    const int64_t g = prm->heads / prm->kv_heads;
-    const int64_t gb = g < KV_ATTN_ROWS ? g : KV_ATTN_ROWS;
-    const int64_t ng = (g + gb - 1) / gb;
-    const int64_t qb = KV_ATTN_ROWS / gb;
-    const int64_t nqb = (n + qb - 1) / qb;
-    const int64_t items = s->batch * prm->kv_heads * ng * nqb;
+    const int64_t items = kv_ref_attn_item_count(prm, s->batch, n);
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
         const int64_t slot = kv_ref_attn_slot();
@@ -91,93 +106,48 @@ static void attn_variant_rows(const ArgsAttnVariant *a, const KvAttnParams *prm,
         int64_t *gp = s->gpos + slot * s->max_keys;    /* (max_keys) */
         float *scores = s->row_scores + slot * KV_ATTN_ROWS * s->max_keys; /* (ROWS, max_keys) */
 #pragma omp for schedule(dynamic, 1)
-        for (int64_t it = 0; it < items; it++) {
-            const int64_t qblk = it % nqb;
-            const int64_t hg = (it / nqb) % ng;
-            const int64_t kvh = (it / (nqb * ng)) % prm->kv_heads;
-            const int64_t b = it / (nqb * ng * prm->kv_heads);
-            const int64_t h0 = kvh * g + hg * gb;
-            const int64_t h1 = h0 + gb < (kvh + 1) * g ? h0 + gb : (kvh + 1) * g;
-            const int64_t t0 = qblk * qb, t1 = t0 + qb < n ? t0 + qb : n;
-            const int64_t len = s->pos0[b];
+        for (int64_t i = 0; i < items; i++) {
+            KvAttnItem it = kv_ref_attn_item(prm, n, i);
+            const int64_t b = it.b, len = s->pos0[b];
+            for (int64_t t = it.t0; t < it.t1; t++) {
+                it.real[t - it.t0] = s->real_in[b * n + t] != 0 && t < s->n_new[b];
+            }
+            if (!kv_ref_attn_item_begin(prm, &it, n, len, s->att)) continue;
             const int64_t stored = a->include_new ? len : len + s->n_new[b];
             const KvCacheView *view = &views[cs->per_row ? b : 0];
             const int64_t vb = cs->per_row ? 0 : b;
             const int64_t n_slots = a->n_slots < view->row_stride ? a->n_slots : view->row_stride;
-            int64_t qmin = -1, qmax = -1, tmax = -1;
-            for (int64_t t = t0; t < t1; t++) {
-                if (!(s->real_in[b * n + t] != 0 && t < s->n_new[b])) {
-                    for (int64_t h = h0; h < h1; h++) {
-                        memset(s->att + (b * n + t) * q_dim + h * hd, 0, (size_t)hd * sizeof(float));
-                    }
-                    continue;
-                }
-                if (qmin < 0) qmin = len + t;
-                qmax = len + t;
-                tmax = t;
-            }
-            if (qmin < 0) continue;
             /* the stored keys some query of the block sees, oldest slot first */
             int64_t first = -1, pmin = INT64_MAX;
-            for (int64_t i = 0; i < n_slots; i++) {
-                const int64_t p = kv_layout_position(rule, prm->window, i, stored);
+            for (int64_t j = 0; j < n_slots; j++) {
+                const int64_t p = kv_layout_position(rule, prm->window, j, stored);
                 if (p >= 0 && p < pmin) {
                     pmin = p;
-                    first = i;
+                    first = j;
                 }
             }
             int64_t nu = 0;
-            bool sorted = true;
             for (int64_t c = 0; first >= 0 && c < n_slots; c++) {
-                const int64_t i = (first + c) % n_slots;
-                const int64_t p = kv_layout_position(rule, prm->window, i, stored);
-                if (p < 0 || !view->real[vb * view->row_stride + i]) continue;
-                if (p > qmax || (mw > 0 && p <= qmin - mw)) continue;
-                if (nu > 0 && gp[nu - 1] > p) sorted = false;
-                gk[nu] = view->k + (vb * view->row_stride + i) * view->dim + kvh * hd;
-                gv[nu] = view->v + (vb * view->row_stride + i) * view->dim + kvh * hd;
+                const int64_t j = (first + c) % n_slots;
+                const int64_t p = kv_layout_position(rule, prm->window, j, stored);
+                if (p < 0 || !view->real[vb * view->row_stride + j]) continue;
+                if (p > it.qmax || (mw > 0 && p <= it.qmin - mw)) continue;
+                gk[nu] = view->k + (vb * view->row_stride + j) * view->dim + it.kvh * hd;
+                gv[nu] = view->v + (vb * view->row_stride + j) * view->dim + it.kvh * hd;
                 gp[nu] = p;
                 nu++;
             }
-            for (int64_t i = 1; !sorted && i < nu; i++) { /* no rule does this; kept exact */
-                const float *ki = gk[i], *vi = gv[i];
-                const int64_t pi = gp[i];
-                int64_t j = i - 1;
-                for (; j >= 0 && gp[j] > pi; j--) {
-                    gk[j + 1] = gk[j];
-                    gv[j + 1] = gv[j];
-                    gp[j + 1] = gp[j];
-                }
-                gk[j + 1] = ki;
-                gv[j + 1] = vi;
-                gp[j + 1] = pi;
-            }
-            for (int64_t u = 0; a->include_new && u <= tmax; u++) {
+            sort_by_position(gk, gv, gp, nu); /* already in order under every rule */
+            for (int64_t u = 0; a->include_new && len + u <= it.qmax; u++) {
                 const int64_t p = len + u;
-                if (!s->real_in[b * n + u] || (mw > 0 && p <= qmin - mw)) continue;
-                gk[nu] = s->kn + (b * n + u) * kv_dim + kvh * hd;
-                gv[nu] = s->vn + (b * n + u) * kv_dim + kvh * hd;
+                if (!s->real_in[b * n + u] || (mw > 0 && p <= it.qmin - mw)) continue;
+                gk[nu] = s->kn + (b * n + u) * kv_dim + it.kvh * hd;
+                gv[nu] = s->vn + (b * n + u) * kv_dim + it.kvh * hd;
                 gp[nu] = p;
                 nu++;
             }
-            int64_t heads[KV_ATTN_ROWS], lo[KV_ATTN_ROWS], hi[KV_ATTN_ROWS];
-            const float *q[KV_ATTN_ROWS];
-            float *out[KV_ATTN_ROWS];
-            int64_t nr = 0, jlo = 0, jhi = 0;
-            for (int64_t t = t0; t <= tmax; t++) {
-                if (!(s->real_in[b * n + t] != 0 && t < s->n_new[b])) continue;
-                const int64_t qs = len + t;
-                while (jlo < nu && !kv_window_visible(qs, gp[jlo], mw)) jlo++;
-                while (jhi < nu && gp[jhi] <= qs) jhi++;
-                for (int64_t h = h0; h < h1; h++, nr++) {
-                    heads[nr] = h;
-                    lo[nr] = jlo;
-                    hi[nr] = jhi;
-                    q[nr] = s->q + (b * n + t) * q_dim + h * hd;
-                    out[nr] = s->att + (b * n + t) * q_dim + h * hd;
-                }
-            }
-            kv_ref_attend_rows(prm, nr, heads, q, lo, hi, gk, gv, scores, s->max_keys, out);
+            kv_ref_attn_item_run(prm, &it, n, len, gp, gk, gv, nu, s->q, s->att, scores,
+                                 s->max_keys);
         }
     }
 }
@@ -255,21 +225,7 @@ static void op_attn_variant(const void *ap) {
                 gp[nk] = len + u;
                 nk++;
             }
-            /* Insertion sort by position (distinct): canonical key order. */
-            for (int64_t i = 1; i < nk; i++) {
-                const float *ki = gk[i];
-                const float *vi = gv[i];
-                const int64_t pi = gp[i];
-                int64_t j = i - 1;
-                for (; j >= 0 && gp[j] > pi; j--) {
-                    gk[j + 1] = gk[j];
-                    gv[j + 1] = gv[j];
-                    gp[j + 1] = gp[j];
-                }
-                gk[j + 1] = ki;
-                gv[j + 1] = vi;
-                gp[j + 1] = pi;
-            }
+            sort_by_position(gk, gv, gp, nk); /* canonical key order */
             kv_ref_attend(&prm, h, s->q + r * q_dim + h * hd, gk, gv, nk, scores,
                           s->att + r * q_dim + h * hd);
         }

@@ -4,7 +4,6 @@
  * variant must reproduce bitwise. */
 #include "attention.h"
 
-#include <math.h>
 #include <string.h>
 
 #ifdef _OPENMP
@@ -73,30 +72,6 @@ bool kv_ref_attend_rows_ok(const KvAttnParams *p) {
     return kv_attend_rows_on() && p->hd % KV_DOT_LANES == 0 && !p->descending;
 }
 
-/* Row r's scores over its run, turned into its softmax weights in place:
- * kv_attend's (or kv_attend_sink's) scalar middle on the same values. */
-static void attend_rows_softmax(const KvAttnParams *p, int64_t head, float *x /* (nk) */,
-                                int64_t nk) {
-    if (p->sinks == NULL) {
-        for (int64_t j = 0; j < nk; j++) x[j] = kv_softcap(x[j] * p->scale, p->cap);
-        kv_softmax(x, nk);
-        return;
-    }
-    const float sink = p->sinks[head];
-    float mx = sink;
-    for (int64_t j = 0; j < nk; j++) {
-        x[j] = x[j] * p->scale;
-        mx = x[j] > mx ? x[j] : mx;
-    }
-    float sum = 0.0f;
-    for (int64_t j = 0; j < nk; j++) {
-        x[j] = expf(x[j] - mx);
-        sum += x[j];
-    }
-    sum += expf(sink - mx);
-    for (int64_t j = 0; j < nk; j++) x[j] = x[j] / sum;
-}
-
 void kv_ref_attend_rows(const KvAttnParams *p, int64_t nr, const int64_t *heads,
                         const float *const *q, const int64_t *lo, const int64_t *hi,
                         const float *const *gk, const float *const *gv, float *scores,
@@ -117,7 +92,8 @@ void kv_ref_attend_rows(const KvAttnParams *p, int64_t nr, const int64_t *heads,
     kv_attend_dots_rows(q, nr, gk + jmin, jmax - jmin, hd, scores + jmin, ld);
     const float *pr[KV_ATTN_ROWS]; /* (nr) -> (ld) each row's weights */
     for (int64_t r = 0; r < nr; r++) {
-        if (hi[r] > lo[r]) attend_rows_softmax(p, heads[r], scores + r * ld + lo[r], hi[r] - lo[r]);
+        const float *sink = p->sinks != NULL ? &p->sinks[heads[r]] : NULL;
+        kv_attend_weights(scores + r * ld + lo[r], hi[r] - lo[r], p->scale, p->cap, sink);
         pr[r] = scores + r * ld;
     }
     if (c0 >= c1) {
@@ -157,6 +133,71 @@ static void op_store_static(const void *ap) {
     }
 }
 
+int64_t kv_ref_attn_item_count(const KvAttnParams *p, int64_t batch, int64_t n) {
+    const int64_t g = p->heads / p->kv_heads;                /* query heads per kv head */
+    const int64_t gb = g < KV_ATTN_ROWS ? g : KV_ATTN_ROWS;  /* heads per item */
+    const int64_t qb = KV_ATTN_ROWS / gb;                    /* queries per item */
+    return batch * p->kv_heads * ((g + gb - 1) / gb) * ((n + qb - 1) / qb);
+}
+
+KvAttnItem kv_ref_attn_item(const KvAttnParams *p, int64_t n, int64_t it) {
+    const int64_t g = p->heads / p->kv_heads;
+    const int64_t gb = g < KV_ATTN_ROWS ? g : KV_ATTN_ROWS;
+    const int64_t ng = (g + gb - 1) / gb, qb = KV_ATTN_ROWS / gb, nqb = (n + qb - 1) / qb;
+    KvAttnItem m;
+    memset(&m, 0, sizeof m);
+    const int64_t qblk = it % nqb, hg = (it / nqb) % ng;
+    m.kvh = (it / (nqb * ng)) % p->kv_heads;
+    m.b = it / (nqb * ng * p->kv_heads);
+    m.h0 = m.kvh * g + hg * gb;
+    m.h1 = m.h0 + gb < (m.kvh + 1) * g ? m.h0 + gb : (m.kvh + 1) * g;
+    m.t0 = qblk * qb;
+    m.t1 = m.t0 + qb < n ? m.t0 + qb : n;
+    m.qmin = m.qmax = -1;
+    return m;
+}
+
+bool kv_ref_attn_item_begin(const KvAttnParams *p, KvAttnItem *it, int64_t n, int64_t pos0,
+                            float *att) {
+    it->qmin = it->qmax = -1;
+    for (int64_t t = it->t0; t < it->t1; t++) {
+        if (!it->real[t - it->t0]) {
+            for (int64_t h = it->h0; h < it->h1; h++) {
+                memset(att + (it->b * n + t) * p->q_dim + h * p->hd, 0,
+                       (size_t)p->hd * sizeof(float));
+            }
+            continue;
+        }
+        if (it->qmin < 0) it->qmin = pos0 + t;
+        it->qmax = pos0 + t;
+    }
+    return it->qmin >= 0;
+}
+
+void kv_ref_attn_item_run(const KvAttnParams *p, const KvAttnItem *it, int64_t n, int64_t pos0,
+                          const int64_t *gp, const float *const *gk, const float *const *gv,
+                          int64_t nu, const float *q, float *att, float *scores, int64_t ld) {
+    int64_t heads[KV_ATTN_ROWS], lo[KV_ATTN_ROWS], hi[KV_ATTN_ROWS];
+    const float *qr[KV_ATTN_ROWS];
+    float *out[KV_ATTN_ROWS];
+    int64_t nr = 0, jlo = 0, jhi = 0;
+    for (int64_t t = it->t0; t < it->t1; t++) {
+        if (!it->real[t - it->t0]) continue;
+        const int64_t qs = pos0 + t, r = it->b * n + t;
+        /* this query's run: the keys kv_window_visible lets it see */
+        while (jlo < nu && !kv_window_visible(qs, gp[jlo], p->mask_window)) jlo++;
+        while (jhi < nu && gp[jhi] <= qs) jhi++;
+        for (int64_t h = it->h0; h < it->h1; h++, nr++) {
+            heads[nr] = h;
+            lo[nr] = jlo;
+            hi[nr] = jhi;
+            qr[nr] = q + r * p->q_dim + h * p->hd;
+            out[nr] = att + r * p->q_dim + h * p->hd;
+        }
+    }
+    kv_ref_attend_rows(p, nr, heads, qr, lo, hi, gk, gv, scores, ld, out);
+}
+
 /* op_attn_static with a kv head's rows together: one item per (sequence,
  * kv head, group of its query heads, block of consecutive queries), so each
  * key and value row is read once for up to KV_ATTN_ROWS (query, head) rows
@@ -169,12 +210,7 @@ static void attn_static_rows(KvRefState *s, const KvAttnParams *p, int64_t layer
     const int64_t hd = p->hd, mw = p->mask_window;
     const float *kc = s->k + layer * s->batch * s->max_len * p->kv_dim; /* (B, max_len, kv_dim) */
     const float *vc = s->v + layer * s->batch * s->max_len * p->kv_dim; /* (B, max_len, kv_dim) */
-    const int64_t g = p->heads / p->kv_heads;            /* query heads per kv head */
-    const int64_t gb = g < KV_ATTN_ROWS ? g : KV_ATTN_ROWS; /* heads per item */
-    const int64_t ng = (g + gb - 1) / gb;
-    const int64_t qb = KV_ATTN_ROWS / gb; /* queries per item */
-    const int64_t nqb = (n + qb - 1) / qb;
-    const int64_t items = s->batch * p->kv_heads * ng * nqb;
+    const int64_t items = kv_ref_attn_item_count(p, s->batch, n);
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
         const int64_t slot = kv_ref_attn_slot();
@@ -183,61 +219,26 @@ static void attn_static_rows(KvRefState *s, const KvAttnParams *p, int64_t layer
         int64_t *gp = s->gpos + slot * s->max_keys;    /* (max_keys) */
         float *scores = s->row_scores + slot * KV_ATTN_ROWS * s->max_keys; /* (ROWS, max_keys) */
 #pragma omp for schedule(dynamic, 1)
-        for (int64_t it = 0; it < items; it++) {
-            const int64_t qblk = it % nqb;
-            const int64_t hg = (it / nqb) % ng;
-            const int64_t kvh = (it / (nqb * ng)) % p->kv_heads;
-            const int64_t b = it / (nqb * ng * p->kv_heads);
-            const int64_t h0 = kvh * g + hg * gb;
-            const int64_t h1 = h0 + gb < (kvh + 1) * g ? h0 + gb : (kvh + 1) * g;
-            const int64_t t0 = qblk * qb, t1 = t0 + qb < n ? t0 + qb : n;
+        for (int64_t i = 0; i < items; i++) {
+            KvAttnItem it = kv_ref_attn_item(p, n, i);
+            const int64_t b = it.b, pos0 = s->pos0[b];
             const uint8_t *real = s->real + b * s->max_len; /* (max_len) */
-            /* The block's real queries' slots; a pad query sees nothing and
-             * its output (never used) is zero, as kv_attend gives it. */
-            int64_t qmin = -1, qmax = -1;
-            for (int64_t t = t0; t < t1; t++) {
-                const int64_t qs = s->pos0[b] + t;
-                const bool q_real = t < s->n_new[b] && real[qs];
-                if (!q_real) {
-                    for (int64_t h = h0; h < h1; h++) {
-                        memset(s->att + (b * n + t) * p->q_dim + h * hd, 0,
-                               (size_t)hd * sizeof(float));
-                    }
-                    continue;
-                }
-                if (qmin < 0) qmin = qs;
-                qmax = qs;
+            for (int64_t t = it.t0; t < it.t1; t++) {
+                it.real[t - it.t0] = t < s->n_new[b] && real[pos0 + t];
             }
-            if (qmin < 0) continue;
-            /* Every key some query of the block sees, ascending. */
+            if (!kv_ref_attn_item_begin(p, &it, n, pos0, s->att)) continue;
+            /* every key some query of the block sees, ascending */
             int64_t nu = 0;
-            const int64_t k0 = mw > 0 && qmin - mw + 1 > 0 ? qmin - mw + 1 : 0;
-            for (int64_t k = k0; k <= qmax; k++) {
+            const int64_t k0 = mw > 0 && it.qmin - mw + 1 > 0 ? it.qmin - mw + 1 : 0;
+            for (int64_t k = k0; k <= it.qmax; k++) {
                 if (!real[k]) continue;
-                gk[nu] = kc + (b * s->max_len + k) * p->kv_dim + kvh * hd;
-                gv[nu] = vc + (b * s->max_len + k) * p->kv_dim + kvh * hd;
+                gk[nu] = kc + (b * s->max_len + k) * p->kv_dim + it.kvh * hd;
+                gv[nu] = vc + (b * s->max_len + k) * p->kv_dim + it.kvh * hd;
                 gp[nu] = k;
                 nu++;
             }
-            int64_t heads[KV_ATTN_ROWS], lo[KV_ATTN_ROWS], hi[KV_ATTN_ROWS];
-            const float *q[KV_ATTN_ROWS];
-            float *out[KV_ATTN_ROWS];
-            int64_t nr = 0, jlo = 0, jhi = 0;
-            for (int64_t t = t0; t < t1; t++) {
-                const int64_t qs = s->pos0[b] + t;
-                if (!(t < s->n_new[b] && real[qs])) continue;
-                /* This query's run: the keys kv_window_visible lets it see. */
-                while (jlo < nu && !kv_window_visible(qs, gp[jlo], mw)) jlo++;
-                while (jhi < nu && gp[jhi] <= qs) jhi++;
-                for (int64_t h = h0; h < h1; h++, nr++) {
-                    heads[nr] = h;
-                    lo[nr] = jlo;
-                    hi[nr] = jhi;
-                    q[nr] = s->q + (b * n + t) * p->q_dim + h * hd;
-                    out[nr] = s->att + (b * n + t) * p->q_dim + h * hd;
-                }
-            }
-            kv_ref_attend_rows(p, nr, heads, q, lo, hi, gk, gv, scores, s->max_keys, out);
+            kv_ref_attn_item_run(p, &it, n, pos0, gp, gk, gv, nu, s->q, s->att, scores,
+                                 s->max_keys);
         }
     }
 }

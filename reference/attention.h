@@ -56,4 +56,35 @@ void kv_ref_attend_rows(const KvAttnParams *p, int64_t nr, const int64_t *heads 
 /* Whether kv_ref_attend_rows can stand in for kv_ref_attend under p. */
 bool kv_ref_attend_rows_ok(const KvAttnParams *p);
 
+/* An item of the grouped attention (the static cache's and the variants'):
+ * sequence b, kv head kvh, its query heads [h0, h1) at the consecutive
+ * queries [t0, t1) of an n-token forward, at most KV_ATTN_ROWS rows. */
+typedef struct {
+    int64_t b, kvh, h0, h1, t0, t1;
+    bool real[KV_ATTN_ROWS]; /* query t0 + i sees keys: the caller's rule */
+    int64_t qmin, qmax;      /* the real queries' first and last position */
+} KvAttnItem;
+
+/* How many items a forward of n tokens over `batch` sequences has, and
+ * item `it` (real[] left for the caller). */
+int64_t kv_ref_attn_item_count(const KvAttnParams *p, int64_t batch, int64_t n);
+KvAttnItem kv_ref_attn_item(const KvAttnParams *p, int64_t n, int64_t it);
+
+/* Once the caller set it->real: zeroes the outputs of the item's pad
+ * queries in att (B * n, q_dim), as kv_attend gives a query with no keys,
+ * and sets qmin and qmax from pos0 (the sequence's position of query 0).
+ * False when no query of the item is real. */
+bool kv_ref_attn_item_begin(const KvAttnParams *p, KvAttnItem *it, int64_t n, int64_t pos0,
+                            float *att /* (B * n, q_dim) */);
+
+/* The item's attention over the keys gk/gv at ascending positions gp (nu,
+ * every key some real query of the item sees): each real query's run of
+ * them under p->mask_window, each of its heads a row of
+ * kv_ref_attend_rows; q and att are the forward's (B * n, q_dim). */
+void kv_ref_attn_item_run(const KvAttnParams *p, const KvAttnItem *it, int64_t n, int64_t pos0,
+                          const int64_t *gp /* (nu) */, const float *const *gk /* (nu) */,
+                          const float *const *gv /* (nu) */, int64_t nu,
+                          const float *q /* (B * n, q_dim) */, float *att /* (B * n, q_dim) */,
+                          float *scores /* (KV_ATTN_ROWS, ld) */, int64_t ld);
+
 #endif

@@ -637,25 +637,34 @@ static void attend_weighted_sum(const float *p /* (nk) */, const float *const *v
     kv_weighted_sum(p, v, nk, hd, out);
 }
 
-void kv_attend_sink(const float *q, const float *const *k, const float *const *v, int64_t nk,
-                    int64_t hd, float scale, float sink, float *scores, float *out) {
+void kv_attend_weights(float *x, int64_t nk, float scale, float cap, const float *sink) {
+    if (sink == NULL) {
+        for (int64_t j = 0; j < nk; j++) x[j] = kv_softcap(x[j] * scale, cap);
+        kv_softmax(x, nk);
+        return;
+    }
     /* gpt_oss (eager_attention_forward): the sink is a last column of the
      * logits, the row max taken over it too, the softmax over n + 1 values
      * (summed in column order, the sink last), the sink's share dropped. */
-    const bool simd = kv_attend_simd_on();
-    attend_dots(q, k, nk, hd, simd, scores);
-    float mx = sink;
+    float mx = *sink;
     for (int64_t j = 0; j < nk; j++) {
-        scores[j] = scores[j] * scale;
-        mx = scores[j] > mx ? scores[j] : mx;
+        x[j] = x[j] * scale;
+        mx = x[j] > mx ? x[j] : mx;
     }
     float sum = 0.0f;
     for (int64_t j = 0; j < nk; j++) {
-        scores[j] = expf(scores[j] - mx);
-        sum += scores[j];
+        x[j] = expf(x[j] - mx);
+        sum += x[j];
     }
-    sum += expf(sink - mx);
-    for (int64_t j = 0; j < nk; j++) scores[j] = scores[j] / sum;
+    sum += expf(*sink - mx);
+    for (int64_t j = 0; j < nk; j++) x[j] = x[j] / sum;
+}
+
+void kv_attend_sink(const float *q, const float *const *k, const float *const *v, int64_t nk,
+                    int64_t hd, float scale, float sink, float *scores, float *out) {
+    const bool simd = kv_attend_simd_on();
+    attend_dots(q, k, nk, hd, simd, scores);
+    kv_attend_weights(scores, nk, scale, 0.0f, &sink);
     attend_weighted_sum(scores, v, nk, hd, simd, out);
 }
 
@@ -667,8 +676,7 @@ void kv_attend(const float *q, const float *const *k, const float *const *v, int
     }
     const bool simd = kv_attend_simd_on();
     attend_dots(q, k, nk, hd, simd, scores);
-    for (int64_t j = 0; j < nk; j++) scores[j] = kv_softcap(scores[j] * scale, cap);
-    kv_softmax(scores, nk);
+    kv_attend_weights(scores, nk, scale, cap, NULL);
     attend_weighted_sum(scores, v, nk, hd, simd, out);
 }
 

@@ -127,6 +127,12 @@ void kv_attend(const float *q /* (hd) */, const float *const *k /* (nk) -> (hd) 
                const float *const *v /* (nk) -> (hd) */, int64_t nk, int64_t hd, float scale,
                float cap, float *scores /* (nk) */, float *out /* (hd) */);
 
+/* kv_attend's middle: nk scores (q . k[j]) turned in place into the
+ * softmax weights, scaled and softcapped (cap > 0), or with gpt_oss's sink
+ * logit (sink non-NULL: no softcap) as kv_attend_sink takes it. */
+void kv_attend_weights(float *x /* (nk) */, int64_t nk, float scale, float cap,
+                       const float *sink);
+
 /* kv_attend with gpt_oss's attention sink and no softcap: the logit `sink`
  * joins the softmax as a last column (in the max and the sum, summed after
  * the keys) and its probability is dropped, so out = sum_j p_j v_j with
