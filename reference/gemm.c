@@ -230,85 +230,81 @@ GEMM_AVX512 static void gemm_tile_avx512_call(const float *xpk, const float *con
 }
 
 /* ---- AVX2 (16 ymm registers) ---------------------------------------------
- * The same 6 x 4 tile and the same lanes, in pieces that fit: a piece is 2
- * x rows by the 4 weight rows by 8 of the 16 lanes (8 accumulators, 4 weight
- * vectors, one x vector), run over up to GEMM_AVX2_KB input elements while
- * the tile's weights for them sit in L1, its lanes reloaded from acc and
- * stored back between pieces (which changes no lane's sequence of adds). */
+ * The same 6 x 4 tile and the same lanes, in pieces that fit: a piece is the
+ * 6 x rows by 2 of the weight rows by 8 of the 16 lanes (12 accumulators, 2
+ * weight vectors, an x vector), run over the whole pass, its lanes loaded
+ * from acc and stored back between pieces (which changes no lane's sequence
+ * of adds). The weights' pass sits in L2 for the four pieces; measured
+ * against shorter runs (256 or 512 elements a piece, the weights then in
+ * L1), longer runs won. */
 #define GEMM_AVX2 __attribute__((target("avx2")))
-#define GEMM_AVX2_KB 256 /* a multiple of KV_DOT_LANES; timing only */
 
 #define GEMM_P_STEP(a, xv, wv) a = _mm256_add_ps(a, _mm256_mul_ps(xv, wv))
 
-/* Lanes h .. h + 8 of tile rows r, r + 1 over input elements [kb, ke). */
+#define GEMM_P_LOAD(r)                                                                             \
+    a##r##0 = zero ? _mm256_setzero_ps() : _mm256_load_ps(acc[(r) * GEMM_NR + c] + h);            \
+    a##r##1 = zero ? _mm256_setzero_ps() : _mm256_load_ps(acc[(r) * GEMM_NR + c + 1] + h)
+#define GEMM_P_STORE(r)                                                                            \
+    _mm256_store_ps(acc[(r) * GEMM_NR + c] + h, a##r##0);                                          \
+    _mm256_store_ps(acc[(r) * GEMM_NR + c + 1] + h, a##r##1)
+#define GEMM_P_ROW(r)                                                                              \
+    xv = _mm256_load_ps(xk + (r) * KV_DOT_LANES);                                                  \
+    GEMM_P_STEP(a##r##0, xv, w0);                                                                  \
+    GEMM_P_STEP(a##r##1, xv, w1)
+
+/* Lanes h .. h + 8 of all 6 tile rows against weight rows c, c + 1 over
+ * input elements [k0, k1) (an empty range zeroes them when `zero`): 12
+ * accumulators, the 2 weight vectors and an x vector. */
 GEMM_AVX2 __attribute__((always_inline)) static inline void
 gemm_piece_avx2(const float *xpk /* (kc / 16, MR, 16) from k0 */,
-                const float *const wp[GEMM_NR] /* -> (in) */, int64_t k0, int64_t kb, int64_t ke,
-                float acc[GEMM_MR * GEMM_NR][KV_DOT_LANES], int r, int h, bool zero,
+                const float *const wp[GEMM_NR] /* -> (in) */, int64_t k0, int64_t k1,
+                float acc[GEMM_MR * GEMM_NR][KV_DOT_LANES], int c, int h, bool zero,
                 bool prefetch) {
-    __m256 a00, a01, a02, a03, a10, a11, a12, a13;
-    if (zero) {
-        a00 = a01 = a02 = a03 = a10 = a11 = a12 = a13 = _mm256_setzero_ps();
-    } else {
-        a00 = _mm256_load_ps(acc[r * GEMM_NR + 0] + h);
-        a01 = _mm256_load_ps(acc[r * GEMM_NR + 1] + h);
-        a02 = _mm256_load_ps(acc[r * GEMM_NR + 2] + h);
-        a03 = _mm256_load_ps(acc[r * GEMM_NR + 3] + h);
-        a10 = _mm256_load_ps(acc[(r + 1) * GEMM_NR + 0] + h);
-        a11 = _mm256_load_ps(acc[(r + 1) * GEMM_NR + 1] + h);
-        a12 = _mm256_load_ps(acc[(r + 1) * GEMM_NR + 2] + h);
-        a13 = _mm256_load_ps(acc[(r + 1) * GEMM_NR + 3] + h);
-    }
-    const float *v0 = wp[0] + h, *v1 = wp[1] + h, *v2 = wp[2] + h, *v3 = wp[3] + h;
-    const float *xk = xpk + (kb - k0) / KV_DOT_LANES * GEMM_MR * KV_DOT_LANES + r * KV_DOT_LANES + h;
-    for (int64_t k = kb; k < ke; k += KV_DOT_LANES, xk += GEMM_MR * KV_DOT_LANES) {
+    __m256 a00, a01, a10, a11, a20, a21, a30, a31, a40, a41, a50, a51;
+    GEMM_P_LOAD(0);
+    GEMM_P_LOAD(1);
+    GEMM_P_LOAD(2);
+    GEMM_P_LOAD(3);
+    GEMM_P_LOAD(4);
+    GEMM_P_LOAD(5);
+    const float *v0 = wp[c] + h, *v1 = wp[c + 1] + h;
+    const float *xk = xpk + h;
+    for (int64_t k = k0; k < k1; k += KV_DOT_LANES, xk += GEMM_MR * KV_DOT_LANES) {
         if (prefetch) {
             __builtin_prefetch((const void *)((uintptr_t)(v0 + k) + GEMM_PREFETCH_BYTES), 0, 2);
             __builtin_prefetch((const void *)((uintptr_t)(v1 + k) + GEMM_PREFETCH_BYTES), 0, 2);
-            __builtin_prefetch((const void *)((uintptr_t)(v2 + k) + GEMM_PREFETCH_BYTES), 0, 2);
-            __builtin_prefetch((const void *)((uintptr_t)(v3 + k) + GEMM_PREFETCH_BYTES), 0, 2);
         }
         __m256 w0 = _mm256_loadu_ps(v0 + k), w1 = _mm256_loadu_ps(v1 + k);
-        __m256 w2 = _mm256_loadu_ps(v2 + k), w3 = _mm256_loadu_ps(v3 + k);
-        /* in registers: GCC would otherwise load each twice as a memory operand */
-        __asm__("" : "+x"(w0), "+x"(w1), "+x"(w2), "+x"(w3));
-        __m256 xv = _mm256_load_ps(xk);
-        GEMM_P_STEP(a00, xv, w0);
-        GEMM_P_STEP(a01, xv, w1);
-        GEMM_P_STEP(a02, xv, w2);
-        GEMM_P_STEP(a03, xv, w3);
-        xv = _mm256_load_ps(xk + KV_DOT_LANES);
-        GEMM_P_STEP(a10, xv, w0);
-        GEMM_P_STEP(a11, xv, w1);
-        GEMM_P_STEP(a12, xv, w2);
-        GEMM_P_STEP(a13, xv, w3);
+        /* in registers: GCC would otherwise load each six times as a memory operand */
+        __asm__("" : "+x"(w0), "+x"(w1));
+        __m256 xv;
+        GEMM_P_ROW(0);
+        GEMM_P_ROW(1);
+        GEMM_P_ROW(2);
+        GEMM_P_ROW(3);
+        GEMM_P_ROW(4);
+        GEMM_P_ROW(5);
     }
-    _mm256_store_ps(acc[r * GEMM_NR + 0] + h, a00);
-    _mm256_store_ps(acc[r * GEMM_NR + 1] + h, a01);
-    _mm256_store_ps(acc[r * GEMM_NR + 2] + h, a02);
-    _mm256_store_ps(acc[r * GEMM_NR + 3] + h, a03);
-    _mm256_store_ps(acc[(r + 1) * GEMM_NR + 0] + h, a10);
-    _mm256_store_ps(acc[(r + 1) * GEMM_NR + 1] + h, a11);
-    _mm256_store_ps(acc[(r + 1) * GEMM_NR + 2] + h, a12);
-    _mm256_store_ps(acc[(r + 1) * GEMM_NR + 3] + h, a13);
+    GEMM_P_STORE(0);
+    GEMM_P_STORE(1);
+    GEMM_P_STORE(2);
+    GEMM_P_STORE(3);
+    GEMM_P_STORE(4);
+    GEMM_P_STORE(5);
 }
 
-/* gemm_tile_avx512's contract on AVX2. A streamed tile (prefetch) is
- * prefetched by the first piece of each chunk; the others find it in L1. */
+/* gemm_tile_avx512's contract on AVX2, in four pieces: weight rows 0-1 and
+ * 2-3, each for lanes 0-7 and 8-15. A streamed tile (prefetch) is
+ * prefetched by the pieces of lanes 0-7. */
 GEMM_AVX2 static void gemm_tile_avx2(const float *xpk, const float *const wp[GEMM_NR], int64_t k0,
                                      int64_t k1, float acc[GEMM_MR * GEMM_NR][KV_DOT_LANES],
                                      bool first, bool prefetch) {
-    if (first && k1 <= k0) memset(acc, 0, sizeof(float) * GEMM_MR * GEMM_NR * KV_DOT_LANES);
-    for (int64_t kb = k0; kb < k1; kb += GEMM_AVX2_KB) {
-        const int64_t ke = kb + GEMM_AVX2_KB < k1 ? kb + GEMM_AVX2_KB : k1;
-        const bool zero = first && kb == k0;
-        for (int r = 0; r < GEMM_MR; r += 2) {
-            for (int h = 0; h < KV_DOT_LANES; h += 8) {
-                if (prefetch && r == 0 && h == 0) {
-                    gemm_piece_avx2(xpk, wp, k0, kb, ke, acc, r, h, zero, true);
-                } else {
-                    gemm_piece_avx2(xpk, wp, k0, kb, ke, acc, r, h, zero, false);
-                }
+    for (int c = 0; c < GEMM_NR; c += 2) {
+        for (int h = 0; h < KV_DOT_LANES; h += 8) {
+            if (prefetch && h == 0) {
+                gemm_piece_avx2(xpk, wp, k0, k1, acc, c, h, first, true);
+            } else {
+                gemm_piece_avx2(xpk, wp, k0, k1, acc, c, h, first, false);
             }
         }
     }
