@@ -38,10 +38,11 @@ int64_t kv_ref_attn_slot(void);
 void kv_ref_attend(const KvAttnParams *p, int64_t head, const float *q, const float **gk,
                    const float **gv, int64_t nk, float *scores, float *out);
 
-/* kv_ref_attend for up to KV_ATTN_ROWS (state.h) (query, head) rows of one kv head at once:
+/* kv_ref_attend for up to KV_ATTN_ROWS (state.h) (query, head) rows of one
+ * kv head at once:
  * every row's keys are the contiguous run [lo[r], hi[r]) of one shared list
  * gk/gv in ascending position, not reversed (p->descending false), and the
- * AVX-512 path is on with head_dim a multiple of 64 (kv_ref_attend_rows_ok).
+ * AVX2 kernels run with head_dim a multiple of 16 (kv_ref_attend_rows_ok).
  * out[r] is bitwise what kv_ref_attend gives row r over its own run: each
  * row's dots, softmax and weighted sum are the same operations in the same
  * order; the rows only share the loads of each key and value row. heads[r]
