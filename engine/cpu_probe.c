@@ -11,6 +11,41 @@
 #include "probe.h"
 #include "prng.h"
 
+/* Entries hashed side by side below this many (the fork costs more). */
+#define ENTRY_PARALLEL_MIN 64
+
+/* e = the position's slice: FNV-1a over p, then (only when the slot's
+ * recorded position is not the rule's, the independent check: a correct
+ * variant hashes exactly as the reference does) the record, then K and V.
+ * Four entries at a time when none carries a record. */
+static void probe_entries(KvProbeEntry *ent, int64_t n, size_t row_bytes) {
+    const int64_t groups = (n + 3) / 4;
+#pragma omp parallel for schedule(static) if (n >= ENTRY_PARALLEL_MIN)
+    for (int64_t g = 0; g < groups; g++) {
+        const int64_t i = 4 * g;
+        bool plain = i + 4 <= n;
+        for (int64_t j = i; plain && j < i + 4; j++) plain = ent[j].rec == ent[j].p;
+        if (plain) {
+            uint64_t hx[4] = {KV_FNV_OFFSET, KV_FNV_OFFSET, KV_FNV_OFFSET, KV_FNV_OFFSET};
+            const void *px[4];
+            for (int j = 0; j < 4; j++) px[j] = &ent[i + j].p;
+            kv_fnv1a_x4(hx, px, sizeof ent[i].p);
+            for (int j = 0; j < 4; j++) px[j] = ent[i + j].k;
+            kv_fnv1a_x4(hx, px, row_bytes);
+            for (int j = 0; j < 4; j++) px[j] = ent[i + j].v;
+            kv_fnv1a_x4(hx, px, row_bytes);
+            for (int j = 0; j < 4; j++) ent[i + j].e = hx[j];
+            continue;
+        }
+        for (int64_t j = i; j < n && j < i + 4; j++) {
+            uint64_t e = kv_fnv1a(KV_FNV_OFFSET, &ent[j].p, sizeof ent[j].p);
+            if (ent[j].rec != ent[j].p) e = kv_fnv1a(e, &ent[j].rec, sizeof ent[j].rec);
+            e = kv_fnv1a(e, ent[j].k, row_bytes);
+            ent[j].e = kv_fnv1a(e, ent[j].v, row_bytes);
+        }
+    }
+}
+
 /* The cache probe: per row, K then V of every real position the next query
  * (position len + n) will see, ascending: q - W < p <= q - 1 on a sliding
  * layer, every p < len + n on a full one. Layout-independent, so variants
@@ -66,36 +101,42 @@ static void probe_cache(KvCpuState *cs, int64_t layer) {
             from = mm->n;
             h = mm->h;
         }
-        bool finite = true;
-        for (int64_t p = from; p < next; p++) {
-            const float *k = NULL, *v = NULL;
-            int64_t recorded = p; /* the writer's record for the slot read (cache != NULL) */
-            if (cache == NULL) {
+        /* Each position's entry (its slot's K and V, one slice) is hashed on
+         * its own, so the entries are found first, hashed side by side
+         * (probe_entries), and then folded in position order. */
+        const int64_t count = next - from;
+        int64_t nj = 0; /* entries found */
+        KvProbeEntry *ent = pr->entries; /* (max_len >= next - from) */
+        if (cache == NULL) {
+            for (int64_t p = from; p < next; p++) {
                 if (!s->real[b * s->max_len + p]) continue;
                 const int64_t off = ((layer * s->batch + b) * s->max_len + p) * kv_dim;
-                k = s->k + off;
-                v = s->v + off;
-            } else {
-                for (int64_t i = 0; i < view.n_slots; i++) {
-                    if (kv_layout_position(rule, window, i, next) != p ||
-                        !view.real[vb * view.row_stride + i])
-                        continue;
-                    k = view.k + (vb * view.row_stride + i) * view.dim;
-                    v = view.v + (vb * view.row_stride + i) * view.dim;
-                    recorded = view.pos[i];
-                    break;
-                }
-                if (k == NULL) continue; /* missing from the cache: the hash shows it */
+                ent[nj++] = (KvProbeEntry){.k = s->k + off, .v = s->v + off, .p = p, .rec = p};
             }
-            /* The position's entry is one slice (probe.h). */
-            uint64_t e = kv_fnv1a(KV_FNV_OFFSET, &p, sizeof p);
-            /* The independent check: a slot whose recorded position is not
-             * the rule's adds the record to the hash (and only then, so a
-             * correct variant hashes exactly as the reference does). */
-            if (recorded != p) e = kv_fnv1a(e, &recorded, sizeof recorded);
-            e = kv_fnv1a(e, k, row_bytes);
-            e = kv_fnv1a(e, v, row_bytes);
-            h = kv_probe_fold(h, e);
+        } else {
+            /* the first slot (ascending) whose rule position is p, as
+             * attention finds it: a slot per position, marked by one pass */
+            for (int64_t j = 0; j < count; j++) ent[j].k = NULL;
+            for (int64_t i = 0; i < view.n_slots; i++) {
+                const int64_t p = kv_layout_position(rule, window, i, next);
+                if (p < from || p >= next || ent[p - from].k != NULL ||
+                    !view.real[vb * view.row_stride + i])
+                    continue;
+                ent[p - from] = (KvProbeEntry){.k = view.k + (vb * view.row_stride + i) * view.dim,
+                                               .v = view.v + (vb * view.row_stride + i) * view.dim,
+                                               .p = p, .rec = view.pos[i]};
+            }
+            /* missing from the cache: the hash shows it */
+            for (int64_t j = 0; j < count; j++) {
+                if (ent[j].k != NULL) ent[nj++] = ent[j];
+            }
+        }
+        probe_entries(ent, nj, row_bytes);
+        bool finite = true;
+        for (int64_t j = 0; j < nj; j++) {
+            const float *k = ent[j].k, *v = ent[j].v;
+            const int64_t p = ent[j].p;
+            h = kv_probe_fold(h, ent[j].e);
             /* Elements counted as in the dump: (p - lo, {K, V}, kv_dim). */
             kv_probes_check_finite(pr, idx, b, k, kv_dim, (p - lo) * 2 * kv_dim);
             kv_probes_check_finite(pr, idx, b, v, kv_dim, (p - lo) * 2 * kv_dim + kv_dim);

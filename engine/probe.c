@@ -26,13 +26,41 @@ uint64_t kv_probe_fold(uint64_t h, uint64_t slice) {
     return kv_fnv1a(h, le, sizeof le);
 }
 
+/* Slices hashed per block: their hashes are folded in order after the
+ * block, so the slices themselves can be hashed side by side and, in a
+ * long row (a prefill's activations), across threads. */
+#define HASH_BLOCK_SLICES 256
+/* Slices below which the block stays on one thread (the fork costs more). */
+#define HASH_PARALLEL_SLICES 32
+
 uint64_t kv_probe_hash_bytes(const void *data, size_t n) {
     const unsigned char *p = data;
     uint64_t h = KV_FNV_OFFSET;
-    for (size_t at = 0; at < n; at += KV_PROBE_CHUNK) {
-        const size_t len = n - at < KV_PROBE_CHUNK ? n - at : KV_PROBE_CHUNK;
-        h = kv_probe_fold(h, kv_fnv1a(KV_FNV_OFFSET, p + at, len));
+    const int64_t full = (int64_t)(n / KV_PROBE_CHUNK); /* whole slices */
+    uint64_t e[HASH_BLOCK_SLICES];                      /* (block) slice hashes */
+    for (int64_t b0 = 0; b0 < full; b0 += HASH_BLOCK_SLICES) {
+        const int64_t nb = full - b0 < HASH_BLOCK_SLICES ? full - b0 : HASH_BLOCK_SLICES;
+        const int64_t groups = (nb + 3) / 4;
+#pragma omp parallel for schedule(static) if (nb >= HASH_PARALLEL_SLICES)
+        for (int64_t g = 0; g < groups; g++) {
+            const int64_t i = 4 * g;
+            if (i + 4 <= nb) {
+                uint64_t hx[4] = {KV_FNV_OFFSET, KV_FNV_OFFSET, KV_FNV_OFFSET, KV_FNV_OFFSET};
+                const void *px[4];
+                for (int j = 0; j < 4; j++) px[j] = p + (size_t)(b0 + i + j) * KV_PROBE_CHUNK;
+                kv_fnv1a_x4(hx, px, KV_PROBE_CHUNK);
+                for (int j = 0; j < 4; j++) e[i + j] = hx[j];
+            } else {
+                for (int64_t j = i; j < nb; j++) {
+                    e[j] = kv_fnv1a(KV_FNV_OFFSET, p + (size_t)(b0 + j) * KV_PROBE_CHUNK,
+                                    KV_PROBE_CHUNK);
+                }
+            }
+        }
+        for (int64_t j = 0; j < nb; j++) h = kv_probe_fold(h, e[j]);
     }
+    const size_t at = (size_t)full * KV_PROBE_CHUNK;
+    if (at < n) h = kv_probe_fold(h, kv_fnv1a(KV_FNV_OFFSET, p + at, n - at));
     return h;
 }
 
@@ -144,13 +172,15 @@ KvStatus kv_probes_init(KvProbes *p, const KvConfig *c, int64_t batch, int64_t m
     p->n_layers = c->num_layers;
     kv_probes_nonfinite_reset(p);
     p->hash = calloc((size_t)(p->n_probes * batch), sizeof *p->hash);
-    if (p->hash == NULL) return kv_error_set(err, KV_ERR_INTERNAL, "probes: out of memory");
+    p->entries = malloc((size_t)(max_len > 0 ? max_len : 1) * sizeof *p->entries);
+    if (p->hash == NULL || p->entries == NULL) return kv_error_set(err, KV_ERR_INTERNAL, "probes: out of memory");
     return KV_OK;
 }
 
 void kv_probes_free(KvProbes *p) {
     if (p == NULL) return;
     free(p->hash);
+    free(p->entries);
     probe_memo_free(p);
     kv_probe_dump_free(&p->dump);
     memset(p, 0, sizeof *p);

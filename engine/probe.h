@@ -80,6 +80,15 @@ typedef struct KvProbeMemo {
     uint8_t *real;    /* (max_len) copy of the row's real flags */
 } KvProbeMemo;
 
+/* One position of the cache probe: where its K and V are, its position p,
+ * the position its slot records (rec, = p in a correct cache) and its
+ * slice's hash e (cpu_probe.c). */
+typedef struct {
+    const float *k, *v; /* (kv_dim) each */
+    int64_t p, rec;
+    uint64_t e;
+} KvProbeEntry;
+
 /* One CPU run's probes (cpu_state.h). */
 typedef struct {
     bool on;              /* record probe hashes (off in benchmarks) */
@@ -94,6 +103,7 @@ typedef struct {
      * hash of the same bytes, linear instead of quadratic in the decode
      * length. */
     KvProbeMemo *memo;    /* (num_layers * B) or NULL */
+    KvProbeEntry *entries; /* (max_len) the cache probe's scratch: a row's positions */
     /* The first non-finite (NaN or Inf) probe value since the last reset:
      * the lowest probe index, then row, then element; -1 when none. */
     int64_t nonfinite_probe, nonfinite_row, nonfinite_index;

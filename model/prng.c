@@ -12,6 +12,21 @@ uint64_t kv_fnv1a(uint64_t h, const void *data, size_t n) {
     return h;
 }
 
+void kv_fnv1a_x4(uint64_t h[4], const void *const data[4], size_t n) {
+    const uint8_t *p0 = data[0], *p1 = data[1], *p2 = data[2], *p3 = data[3];
+    uint64_t a = h[0], b = h[1], c = h[2], d = h[3];
+    for (size_t i = 0; i < n; i++) {
+        a = (a ^ p0[i]) * 0x100000001b3ULL;
+        b = (b ^ p1[i]) * 0x100000001b3ULL;
+        c = (c ^ p2[i]) * 0x100000001b3ULL;
+        d = (d ^ p3[i]) * 0x100000001b3ULL;
+    }
+    h[0] = a;
+    h[1] = b;
+    h[2] = c;
+    h[3] = d;
+}
+
 KvPrng kv_prng_seed(uint64_t seed) {
     KvPrng g = {seed};
     return g;

@@ -502,6 +502,44 @@ START_TEST(test_probe_hash_two_levels) {
 }
 END_TEST
 
+/* kv_probe_hash_bytes hashes its slices four side by side and, in long
+ * rows, across threads, in blocks of 256: its value must be the plain loop's
+ * (each slice by kv_fnv1a, folded in order) at every count of slices around
+ * those boundaries, and kv_fnv1a_x4 must be four kv_fnv1a calls. */
+START_TEST(test_probe_hash_side_by_side) {
+    const int64_t counts[] = {0, 1, 3, 4, 5, 7, 8, 31, 32, 33, 255, 256, 257, 301, 515};
+    const int64_t most = 515 * KV_PROBE_CHUNK + 5;
+    unsigned char *d = malloc((size_t)most);
+    ck_assert_ptr_nonnull(d);
+    uint64_t z = 0x9e3779b97f4a7c15ULL;
+    for (int64_t i = 0; i < most; i++) {
+        z ^= z << 13;
+        z ^= z >> 7;
+        z ^= z << 17;
+        d[i] = (unsigned char)z;
+    }
+    for (size_t c = 0; c < sizeof counts / sizeof counts[0]; c++) {
+        for (int64_t tail = 0; tail <= 5; tail += 5) {
+            const size_t n = (size_t)(counts[c] * KV_PROBE_CHUNK + tail);
+            uint64_t want = KV_FNV_OFFSET;
+            for (size_t at = 0; at < n; at += KV_PROBE_CHUNK) {
+                const size_t len = n - at < KV_PROBE_CHUNK ? n - at : KV_PROBE_CHUNK;
+                want = kv_probe_fold(want, kv_fnv1a(KV_FNV_OFFSET, d + at, len));
+            }
+            ck_assert_msg(kv_probe_hash_bytes(d, n) == want, "%lld slices + %lld bytes",
+                          (long long)counts[c], (long long)tail);
+        }
+    }
+    uint64_t h[4] = {KV_FNV_OFFSET, 1, 2, 0xfeedULL};
+    const void *p[4] = {d, d + 4097, d + 9000, d + 3};
+    uint64_t want[4];
+    for (int j = 0; j < 4; j++) want[j] = kv_fnv1a(h[j], p[j], 777);
+    kv_fnv1a_x4(h, p, 777);
+    for (int j = 0; j < 4; j++) ck_assert_uint_eq(h[j], want[j]);
+    free(d);
+}
+END_TEST
+
 START_TEST(test_nonfinite_located) {
     KvFixtureModel f;
     KvError err = {{0}};
@@ -814,6 +852,7 @@ static Suite *decode_suite(void) {
     tcase_add_loop_test(tc, test_padded_row_equals_alone, 0, N_FAM);
     tcase_add_loop_test(tc, test_pad_skip_bitwise, 0, N_FAM);
     tcase_add_test(tc, test_probe_hash_two_levels);
+    tcase_add_test(tc, test_probe_hash_side_by_side);
     tcase_add_loop_test(tc, test_stored_bf16_bitwise, 0, N_FAM);
     tcase_add_test(tc, test_stored_mxfp4_bitwise);
     suite_add_tcase(s, tc);
