@@ -588,6 +588,40 @@ void kv_compare_reference(const KvRun *ref, const KvRun *cand, const KvTolerance
     }
 }
 
+void kv_compare_require_bitwise(const KvRun *ref, const KvRun *cand, KvComparison *out) {
+    if (out->verdict != KV_VERDICT_PASS || ref->batch != cand->batch) return;
+    int64_t ps = -1, pr = -1, pp = -1;
+    if (!first_probe_difference(ref, cand, &ps, &pr, &pp)) {
+        const int64_t B = ref->batch;
+        const int64_t n = (ref->steps < cand->steps ? ref->steps : cand->steps) * B;
+        for (int64_t i = 0; i < n && ps < 0; i++) {
+            const bool hashes = ref->logits_hash != NULL && cand->logits_hash != NULL;
+            if (ref->tokens[i] != cand->tokens[i] ||
+                (hashes && ref->logits_hash[i] != cand->logits_hash[i])) {
+                ps = i / B;
+                pr = i % B;
+            }
+        }
+        if (ps < 0 && ref->steps == cand->steps) return; /* bitwise */
+        if (ps < 0) ps = ref->steps < cand->steps ? ref->steps : cand->steps;
+    }
+    out->verdict = KV_VERDICT_FAIL;
+    out->first_step = ps;
+    out->first_row = pr;
+    out->first_probe = pp;
+    char pname[48] = "the logits";
+    if (pp >= 0 && cand->probe_names != NULL) {
+        snprintf(pname, sizeof pname, "probe %.40s", cand->probe_names[pp]);
+    } else if (pp >= 0) {
+        snprintf(pname, sizeof pname, "probe %lld", (long long)pp);
+    }
+    snprintf(out->message, sizeof out->message,
+             "not bitwise the reference on the CPU (DESIGN §3: a CPU variant runs the "
+             "reference's arithmetic in the canonical key order): first difference at step "
+             "%lld row %lld, %s; within max_rel_err (max rel err %.3g), so a tolerance alone "
+             "would have passed it", (long long)ps, (long long)pr, pname, out->max_rel_err);
+}
+
 /* ---- runs of another engine ----------------------------------------------- */
 
 /* One row of two runs as (baseline, candidate) value pairs: the whole

@@ -90,6 +90,15 @@ KvStatus kv_tolerances_record(const KvTolerances *t, KvReport *rep, KvError *err
 void kv_compare_reference(const KvRun *ref, const KvRun *cand, const KvTolerances *t,
                           int64_t ref_index, int64_t cand_index, KvComparison *out);
 
+/* After kv_compare_reference on the CPU backend: a candidate there runs the
+ * reference's own arithmetic over its variant's cache, so with the
+ * canonical key order (DESIGN §3) it is bitwise the reference, and any
+ * difference is a bug however small (a variant reading its keys in slot
+ * order lands within any rounding tolerance). A passing *out whose runs
+ * differ in a probe hash, a logits hash or a token becomes a failure
+ * naming the first (step, row, probe); anything else is left as it is. */
+void kv_compare_require_bitwise(const KvRun *ref, const KvRun *cand, KvComparison *out);
+
 /* A run that another engine started but could not complete is stored as
  * skipped (it has no data) with a skip_reason that starts with this; its
  * finite check fails (python/kvrepro/capture.py writes such runs). */

@@ -561,6 +561,7 @@ static KvStatus run_candidates(const KvModel *m, const char *model_name, const K
                 KvComparison c;
                 if (k == 0) {
                     kv_compare_reference(&rep->runs[ref], run, tol, ref, idx, &c);
+                    if (ops->host) kv_compare_require_bitwise(&rep->runs[ref], run, &c);
                     if (c.near_ties > 0 && !forcing) {
                         /* A flip at a near-tie: teacher-force the reference's
                          * tokens so the later steps are still compared. */
@@ -576,6 +577,7 @@ static KvStatus run_candidates(const KvModel *m, const char *model_name, const K
                         }
                         const int64_t ties = c.near_ties;
                         kv_compare_reference(&rep->runs[ref], &forced, tol, ref, idx, &c);
+                        if (ops->host) kv_compare_require_bitwise(&rep->runs[ref], &forced, &c);
                         c.near_ties = ties > c.near_ties ? ties : c.near_ties;
                         kv_run_free(&rep->runs[idx]);
                         rep->runs[idx] = forced;

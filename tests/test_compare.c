@@ -90,6 +90,54 @@ END_TEST
 
 /* Half the candidate's logits NaN: still a failure (the old code said
  * "agrees: max rel err 0"). */
+/* On the CPU a candidate must be bitwise the reference (DESIGN §3): one
+ * logit an ulp away, or one probe hash apart, passes any tolerance and must
+ * still fail kv_compare_require_bitwise, naming where; an identical copy
+ * stays a pass. */
+START_TEST(test_cpu_candidate_bitwise) {
+    const KvTolerances t = kv_tolerances_default();
+    KvComparison c;
+    /* a probe hash apart at step 1, row 0, probe 1 (the cache) */
+    KvRun a = make_run(), b = copy_run(&a);
+    b.probe_hash[(1 * P + 1) * B + 0] ^= 1;
+    kv_compare_reference(&a, &b, &t, 0, 1, &c);
+    ck_assert_int_eq(c.verdict, KV_VERDICT_PASS);
+    kv_compare_require_bitwise(&a, &b, &c);
+    ck_assert_msg(c.verdict == KV_VERDICT_FAIL, "%s", c.message);
+    ck_assert_int_eq(c.first_step, 1);
+    ck_assert_int_eq(c.first_row, 0);
+    ck_assert_int_eq(c.first_probe, 1);
+    ck_assert_ptr_nonnull(strstr(c.message, "not bitwise the reference"));
+    kv_run_free(&b);
+    /* the logits an ulp apart at step 2, row 1 (not the top-1), probes equal */
+    b = copy_run(&a);
+    a.logits_hash = calloc(S * B, sizeof *a.logits_hash);
+    b.logits_hash = calloc(S * B, sizeof *b.logits_hash);
+    ck_assert(a.logits_hash && b.logits_hash);
+    float *x = &b.logits[(2 * B + 1) * V + 5];
+    *x = nextafterf(*x, 10.0f);
+    b.logits_hash[2 * B + 1] = 7;
+    kv_compare_reference(&a, &b, &t, 0, 1, &c);
+    ck_assert_int_eq(c.verdict, KV_VERDICT_PASS);
+    kv_compare_require_bitwise(&a, &b, &c);
+    ck_assert_msg(c.verdict == KV_VERDICT_FAIL, "%s", c.message);
+    ck_assert_int_eq(c.first_step, 2);
+    ck_assert_int_eq(c.first_row, 1);
+    ck_assert_int_eq(c.first_probe, -1);
+    ck_assert_ptr_nonnull(strstr(c.message, "the logits"));
+    kv_run_free(&b);
+    /* an identical copy: still a pass */
+    b = copy_run(&a);
+    b.logits_hash = calloc(S * B, sizeof *b.logits_hash);
+    ck_assert_ptr_nonnull(b.logits_hash);
+    kv_compare_reference(&a, &b, &t, 0, 1, &c);
+    kv_compare_require_bitwise(&a, &b, &c);
+    ck_assert_msg(c.verdict == KV_VERDICT_PASS, "%s", c.message);
+    kv_run_free(&a);
+    kv_run_free(&b);
+}
+END_TEST
+
 START_TEST(test_half_nan_candidate_fails) {
     KvRun a = make_run(), b = copy_run(&a);
     for (int i = 0; i < S * B * V; i += 2) b.logits[i] = NAN;
@@ -498,6 +546,7 @@ int main(void) {
     tcase_add_test(tc, test_identical_runs_pass);
     tcase_add_test(tc, test_nonfinite_logits_fail_reference);
     tcase_add_test(tc, test_half_nan_candidate_fails);
+    tcase_add_test(tc, test_cpu_candidate_bitwise);
     tcase_add_test(tc, test_forced_outputs_compare_after_tie);
     tcase_add_test(tc, test_finite_check);
     tcase_add_test(tc, test_bitwise_names_first_probe);
