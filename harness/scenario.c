@@ -99,8 +99,10 @@ static const ScenarioDef k_defs[] = {
      * 4224 tokens at W 4096, the test's 4200) beside one of 10, left-padded. */
     {.name = "left_padded_batch", .batch = 2, .full = {{.w = 3}, {.add = 3}},
      .real = {{.w = 1, .w32 = 1}, {.add = 10}}},
-    /* chunks of W / 2 + 1; at real scale W + 3 tokens: the third chunk
-     * crosses W (only the first chunk is shared, prefill_tape.h) */
+    /* chunks of W / 2 + 1, the third crossing W; at real scale W + 3
+     * tokens in chunks of W - KV_SCENARIO_LEAD: the first (shared,
+     * prefill_tape.h) fills the cache, the second's 11 tokens cross W
+     * inside one forward that reads it. */
     {.name = "chunked_prefill", .batch = 1, .full = {{.w = 3}},
      .real = {{.w = 1, .add = 3}}, .chunked = true},
     /* TRT-LLM PR #2983: a prefix-cache entry of a request's first W/2 + 1
@@ -109,7 +111,9 @@ static const ScenarioDef k_defs[] = {
      * it decodes W/2 tokens before the switch; W + W/8 and 2 at real scale,
      * whose positions past W still overwrite the entry's first slots). The second
      * request's suffix of W/2 + 2 tokens crosses the window inside one
-     * forward. An engine whose entry aliases the live cyclic cache
+     * forward. At real scale the entry is the first W - KV_SCENARIO_LEAD
+     * tokens and the suffix 2 x KV_SCENARIO_LEAD, so the forwards every
+     * variant computes itself are short. An engine whose entry aliases the live cyclic cache
      * (planted: prefix_alias) reads the first request's later keys there. */
     {.name = "prefix_reuse_after_wrap", .batch = 1, .full = {{.w = 1, .half = 1}},
      .real = {{.w = 1, .w32 = 4}}, .script = SCRIPT_PREFIX_REUSE},
@@ -294,7 +298,11 @@ KvStatus kv_scenario_build_at(const KvConfig *cfg, const char *name, uint64_t se
             if (d->right && !full && w - lens[b] > cross) cross = w - lens[b];
         }
         if (longest < w && w - longest > cross) cross = w - longest;
-        const int64_t chunk = d->chunked ? w / 2 + 1 : 0;
+        /* a right-padded batch keeps W / 2 + 1 (its static shape pads
+         * every row to a whole number of chunks) */
+        const int64_t chunk = !d->chunked               ? 0
+                              : full || d->right        ? w / 2 + 1
+                                                        : w - KV_SCENARIO_LEAD;
         st = kv_scenario_custom_padded(name, (const int32_t *const *)rows, lens, d->batch,
                                        cross + tail, d->right, d->right ? chunk : 0, out, err);
         if (st != KV_OK) goto cleanup;
@@ -316,10 +324,11 @@ KvStatus kv_scenario_build_at(const KvConfig *cfg, const char *name, uint64_t se
          * step 1 rolls back and feeds the accepted k / 2 again, as one
          * forward. */
         const int64_t k = spec_drafts(w);
-        out->save_after = reuse ? w / 2 + 1 : out->prompt_len - k;
+        const int64_t entry = full ? w / 2 + 1 : w - KV_SCENARIO_LEAD;
+        out->save_after = reuse ? entry : out->prompt_len - k;
         out->switch_step = reuse ? (full ? w / 2 : 2) : 1;
         out->new_tokens = out->switch_step + tail;
-        out->suffix_len = reuse ? w / 2 + 2 : k / 2;
+        out->suffix_len = reuse ? (full ? w / 2 + 2 : 2 * KV_SCENARIO_LEAD) : k / 2;
         out->suffix = malloc((size_t)(d->batch * out->suffix_len) * sizeof *out->suffix);
         if (out->suffix == NULL) {
             st = kv_error_set(err, KV_ERR_INTERNAL, "scenario %s: out of memory", name);

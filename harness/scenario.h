@@ -53,6 +53,12 @@ typedef struct {
  * ~1500 decode steps of the whole model per run. */
 #define KV_SCENARIO_FULL_MAX_W 32
 #define KV_SCENARIO_TAIL 8
+/* At real scale a forward that must cross W inside itself (a chunk, a
+ * reused prefix's suffix) starts this many positions before W: the long
+ * history before it is one forward, which every CPU variant takes from the
+ * shared prefill tape, and the forward each variant computes itself is
+ * short. */
+#define KV_SCENARIO_LEAD 8
 
 typedef enum { KV_SCALE_FULL = 0, KV_SCALE_REAL = 1 } KvScenarioScale;
 

@@ -105,9 +105,24 @@ START_TEST(test_sizes) {
     kv_scenario_free(&sc);
     /* the prefix entry and the switch: the first request has wrapped */
     build(&cfg, "prefix_reuse_after_wrap", &sc);
-    ck_assert_int_eq(sc.save_after, W / 2 + 1);
+    ck_assert_int_eq(sc.save_after, W - KV_SCENARIO_LEAD);
     ck_assert_int_eq(sc.switch_step, 2);
     ck_assert_int_gt(sc.prompt_len, W);
+    /* the entry's first slots were overwritten: positions W .. P + 1 */
+    ck_assert_int_gt(sc.save_after, sc.prompt_len + sc.switch_step - W);
+    /* the second request's forward crosses W */
+    ck_assert_int_eq(sc.suffix_len, 2 * KV_SCENARIO_LEAD);
+    ck_assert_int_gt(sc.save_after + sc.suffix_len, W);
+    kv_scenario_free(&sc);
+    /* chunked: a long first chunk, then one short chunk across W */
+    build(&cfg, "chunked_prefill", &sc);
+    ck_assert_int_eq(sc.prefill_chunk, W - KV_SCENARIO_LEAD);
+    ck_assert_int_gt(sc.prompt_len, W);
+    ck_assert_int_le(sc.prompt_len, 2 * sc.prefill_chunk);
+    kv_scenario_free(&sc);
+    /* the right-padded static loop keeps chunks of W / 2 + 1 */
+    build(&cfg, "right_padded_static_loop", &sc);
+    ck_assert_int_eq(sc.prefill_chunk, W / 2 + 1);
     kv_scenario_free(&sc);
 }
 END_TEST
