@@ -108,15 +108,16 @@ static const ScenarioDef k_defs[] = {
     /* TRT-LLM PR #2983: a prefix-cache entry of a request's first W/2 + 1
      * tokens (a shared system prompt) is reused by a second request after
      * the first request's sliding cache has wrapped (its prompt is 1.5 W, and
-     * it decodes W/2 tokens before the switch; W + W/8 and 2 at real scale,
-     * whose positions past W still overwrite the entry's first slots). The second
+     * it decodes W/2 tokens before the switch; W + KV_SCENARIO_LEAD and 2
+     * at real scale, whose positions past W still overwrite the entry's
+     * first slots). The second
      * request's suffix of W/2 + 2 tokens crosses the window inside one
      * forward. At real scale the entry is the first W - KV_SCENARIO_LEAD
      * tokens and the suffix 2 x KV_SCENARIO_LEAD, so the forwards every
      * variant computes itself are short. An engine whose entry aliases the live cyclic cache
      * (planted: prefix_alias) reads the first request's later keys there. */
     {.name = "prefix_reuse_after_wrap", .batch = 1, .full = {{.w = 1, .half = 1}},
-     .real = {{.w = 1, .w32 = 4}}, .script = SCRIPT_PREFIX_REUSE},
+     .real = {{.w = 1, .add = KV_SCENARIO_LEAD}}, .script = SCRIPT_PREFIX_REUSE},
     /* flashinfer #3864: speculative decoding past the window. At position
      * 1.5 W (every sliding cache wrapped) k = spec_drafts(W) draft tokens
      * are verified in one forward, which writes their keys over the oldest
@@ -317,8 +318,8 @@ KvStatus kv_scenario_build_at(const KvConfig *cfg, const char *name, uint64_t se
     } else if (d->script != SCRIPT_NONE) {
         const bool reuse = d->script == SCRIPT_PREFIX_REUSE;
         /* Prefix reuse: the first request decodes W/2 tokens (at real
-         * scale 2: its W + W/8 prompt has wrapped every sliding cache
-         * already), the second `tail` after the switch. Speculative: the
+         * scale 2: its W + KV_SCENARIO_LEAD prompt has wrapped every
+         * sliding cache already), the second `tail` after the switch. Speculative: the
          * prompt's last k tokens are the drafts, the prefill saves the
          * state before them and verifies them in one forward (step 0);
          * step 1 rolls back and feeds the accepted k / 2 again, as one

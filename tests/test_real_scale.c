@@ -84,7 +84,7 @@ START_TEST(test_sizes) {
         {"prefill_longer_than_window", W + W / 2 + 3, T},
         {"left_padded_batch", W + W / 32, T},
         {"chunked_prefill", W + 3, T},
-        {"prefix_reuse_after_wrap", W + W / 8, 2 + T},
+        {"prefix_reuse_after_wrap", W + KV_SCENARIO_LEAD, 2 + T},
         {"speculative_rollback_past_window", W + W / 2 + 9, 1 + T},
         {"right_padded_static_loop", W + 3, 5 + T},
         {"parallel_positions", W + W / 2 + 3, 6 + T},
