@@ -382,11 +382,32 @@ static void shadow_attention(const KvConfig *c, ShadowState *s, int64_t layer, i
             /* gpt_oss: the sink joins the max and the sum, its share dropped */
             const double sink = sinks != NULL ? (double)sinks[h] : -INFINITY;
             double mx = sink;
-            for (int64_t kp = lo; kp <= qp; kp++) {
+            /* Each key's dot is one ascending sum over d; four keys' sums
+             * run side by side (a lone sum waits on every add). */
+            int64_t kp = lo;
+            for (; kp + 4 <= qp + 1; kp += 4) {
+                const double *k0 = s->k + kp * kv_dim + kvh * hd; /* (4 keys, hd) */
+                const double *k1 = k0 + kv_dim, *k2 = k1 + kv_dim, *k3 = k2 + kv_dim;
+                double d0 = 0.0, d1 = 0.0, d2 = 0.0, d3 = 0.0;
+                for (int64_t d = 0; d < hd; d++) {
+                    d0 += q[d] * k0[d];
+                    d1 += q[d] * k1[d];
+                    d2 += q[d] * k2[d];
+                    d3 += q[d] * k3[d];
+                }
+                sc[kp] = d0;
+                sc[kp + 1] = d1;
+                sc[kp + 2] = d2;
+                sc[kp + 3] = d3;
+            }
+            for (; kp <= qp; kp++) {
                 const double *k = s->k + kp * kv_dim + kvh * hd; /* (hd) */
                 double dot = 0.0;
                 for (int64_t d = 0; d < hd; d++) dot += q[d] * k[d];
-                sc[kp] = shadow_softcap(dot * scale, cap);
+                sc[kp] = dot;
+            }
+            for (kp = lo; kp <= qp; kp++) {
+                sc[kp] = shadow_softcap(sc[kp] * scale, cap);
                 mx = sc[kp] > mx ? sc[kp] : mx;
             }
             double sum = 0.0;
