@@ -175,6 +175,27 @@ static int64_t probe_of_point(const KvProbes *pr, int64_t layer, KvPoint point) 
     }
 }
 
+/* The prefix cuts of probe idx (KvProbes.cut): its hash over each cut's
+ * first tokens, and after the last layer the cut rows of the residual
+ * stream. One row, cut_total tokens. */
+static void probe_cut(KvProbes *pr, const KvRefState *s, int64_t layer, KvPoint point,
+                      int64_t idx, const void *base, int64_t per_row) {
+    if (point == KV_POINT_FINAL_NORM || point == KV_POINT_LOGITS) return;
+    const size_t per_token = (size_t)per_row / (size_t)pr->cut_total;
+    size_t bytes[KV_PROBE_CUT_MAX];
+    uint64_t h[KV_PROBE_CUT_MAX];
+    for (int64_t j = 0; j < pr->n_cut; j++) bytes[j] = (size_t)pr->cut[j] * per_token;
+    kv_probe_hash_prefixes(base, (size_t)per_row, bytes, pr->n_cut, h);
+    for (int64_t j = 0; j < pr->n_cut; j++) pr->cut_hash[j * pr->n_probes + idx] = h[j];
+    if (point == KV_POINT_RESIDUAL && layer == pr->n_layers - 1) {
+        const int64_t hidden = s->model->config.hidden_size;
+        for (int64_t j = 0; j < pr->n_cut; j++) {
+            memcpy(pr->cut_x + j * hidden, (const float *)base + (pr->cut[j] - 1) * hidden,
+                   (size_t)hidden * sizeof(float));
+        }
+    }
+}
+
 static void cpu_probe_observe(void *ctx, KvRefState *s, int64_t layer, KvPoint point,
                           const void *base, int64_t per_row) {
     KvCpuState *cs = ctx;
@@ -193,6 +214,7 @@ static void cpu_probe_observe(void *ctx, KvRefState *s, int64_t layer, KvPoint p
         kv_probes_check_finite(pr, idx, b, (const float *)(const void *)row,
                            per_row / (int64_t)sizeof(float), 0);
     }
+    if (pr->n_cut > 0 && pr->batch == 1) probe_cut(pr, s, layer, point, idx, base, per_row);
 }
 
 KvStatus kv_cpu_state_probe(KvCpuState *cs, bool dump, KvError *err) {

@@ -64,6 +64,52 @@ uint64_t kv_probe_hash_bytes(const void *data, size_t n) {
     return h;
 }
 
+void kv_probe_hash_prefixes(const void *data, size_t n, const size_t *prefix, int64_t n_prefix,
+                            uint64_t *out) {
+    const unsigned char *p = data;
+    uint64_t h = KV_FNV_OFFSET;
+    int64_t next = 0; /* the next prefix to emit */
+    /* A prefix of f whole slices and r more bytes is the whole row's first f
+     * slice hashes folded, then its r bytes' hash: emitted when the fold has
+     * taken exactly f slices. */
+#define EMIT_UP_TO(folded)                                                                   \
+    for (; next < n_prefix && prefix[next] / KV_PROBE_CHUNK == (size_t)(folded); next++) {   \
+        const size_t at = (size_t)(folded) * KV_PROBE_CHUNK;                                  \
+        out[next] = at < prefix[next]                                                         \
+                        ? kv_probe_fold(h, kv_fnv1a(KV_FNV_OFFSET, p + at, prefix[next] - at)) \
+                        : h;                                                                  \
+    }
+    const size_t last = n_prefix > 0 ? prefix[n_prefix - 1] : 0;
+    const int64_t full = (int64_t)((last < n ? last : n) / KV_PROBE_CHUNK);
+    uint64_t e[HASH_BLOCK_SLICES]; /* (block) slice hashes */
+    EMIT_UP_TO(0)
+    for (int64_t b0 = 0; b0 < full; b0 += HASH_BLOCK_SLICES) {
+        const int64_t nb = full - b0 < HASH_BLOCK_SLICES ? full - b0 : HASH_BLOCK_SLICES;
+        const int64_t groups = (nb + 3) / 4;
+#pragma omp parallel for schedule(static) if (nb >= HASH_PARALLEL_SLICES)
+        for (int64_t g = 0; g < groups; g++) {
+            const int64_t i = 4 * g;
+            if (i + 4 <= nb) {
+                uint64_t hx[4] = {KV_FNV_OFFSET, KV_FNV_OFFSET, KV_FNV_OFFSET, KV_FNV_OFFSET};
+                const void *px[4];
+                for (int j = 0; j < 4; j++) px[j] = p + (size_t)(b0 + i + j) * KV_PROBE_CHUNK;
+                kv_fnv1a_x4(hx, px, KV_PROBE_CHUNK);
+                for (int j = 0; j < 4; j++) e[i + j] = hx[j];
+            } else {
+                for (int64_t j = i; j < nb; j++) {
+                    e[j] = kv_fnv1a(KV_FNV_OFFSET, p + (size_t)(b0 + j) * KV_PROBE_CHUNK,
+                                    KV_PROBE_CHUNK);
+                }
+            }
+        }
+        for (int64_t j = 0; j < nb; j++) {
+            h = kv_probe_fold(h, e[j]);
+            EMIT_UP_TO(b0 + j + 1)
+        }
+    }
+#undef EMIT_UP_TO
+}
+
 int64_t kv_probe_count(const KvConfig *c) {
     return 3 + KV_PROBE_PER_LAYER * c->num_layers;
 }

@@ -54,6 +54,13 @@ uint64_t kv_probe_fold(uint64_t h, uint64_t slice);
  * of KV_PROBE_CHUNK bytes. n == 0 gives KV_FNV_OFFSET. */
 uint64_t kv_probe_hash_bytes(const void *data, size_t n);
 
+/* The hashes of several prefixes of one row (out[j]: kv_probe_hash_bytes of
+ * its first prefix[j] bytes, prefix ascending and <= n), its slices hashed
+ * once: a long prefill's probes cut to the shorter prefills it contains
+ * (stream_tape.h). */
+void kv_probe_hash_prefixes(const void *data, size_t n, const size_t *prefix, int64_t n_prefix,
+                            uint64_t *out);
+
 /* 3 + 7 * num_layers. */
 int64_t kv_probe_count(const KvConfig *c);
 
@@ -108,7 +115,20 @@ typedef struct {
      * the lowest probe index, then row, then element; -1 when none. */
     int64_t nonfinite_probe, nonfinite_row, nonfinite_index;
     float nonfinite_value;
+    /* Prefix cuts (stream_tape.h): while n_cut > 0, a one-row forward of
+     * cut_total tokens also hashes each probe over its first cut[j] tokens
+     * into cut_hash (n_cut, n_probes), and keeps the hidden row cut[j] - 1
+     * after the last layer in cut_x (n_cut, hidden), whose final norm and
+     * logits the tape computes; the cache, final-norm and logits probes are
+     * not cut here. */
+    int64_t n_cut, cut_total;
+    const int64_t *cut;  /* (n_cut) ascending, each <= cut_total */
+    uint64_t *cut_hash;  /* (n_cut, n_probes) */
+    float *cut_x;        /* (n_cut, hidden) */
 } KvProbes;
+
+/* Most prefix cuts of one forward. */
+#define KV_PROBE_CUT_MAX 32
 
 KvStatus kv_probes_init(KvProbes *p, const KvConfig *c, int64_t batch, int64_t max_len,
                         KvError *err);

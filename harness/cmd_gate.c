@@ -879,13 +879,14 @@ static KvStatus gate_check_work(const GateArgs *a, const KvGateOptions *o, KvRat
         KvStatus st = gate_model_config(a, i, &cfg, err);
         if (st != KV_OK) return st;
         w.unit_bytes = 0.0; /* this model's largest unit */
+        w.stream_bytes = 0.0;
         st = kv_gate_work_add(&cfg, o, have_rate ? &rate : NULL, &unit, &w, err);
         if (st != KV_OK) return st;
         const double weights = gate_weights_bytes(a, i, &cfg);
-        if (weights + w.unit_bytes + w.report_bytes > peak) {
-            peak = weights + w.unit_bytes + w.report_bytes;
+        if (weights + w.unit_bytes + w.stream_bytes + w.report_bytes > peak) {
+            peak = weights + w.unit_bytes + w.stream_bytes + w.report_bytes;
             peak_weights = weights;
-            peak_unit = w.unit_bytes + w.report_bytes;
+            peak_unit = w.unit_bytes + w.stream_bytes + w.report_bytes;
             snprintf(peak_what, sizeof peak_what, "%.200s's %.160s", a->models[i], w.unit_name);
         }
         if (cfg.vocab_size > max_vocab) max_vocab = cfg.vocab_size;
@@ -905,6 +906,7 @@ static KvStatus gate_check_work(const GateArgs *a, const KvGateOptions *o, KvRat
     w.members *= passes;
     w.shadows *= passes;
     w.candidates *= passes;
+    w.streams *= passes;
     w.tokens *= passes;
     w.flop *= passes;
     w.seconds *= passes;
@@ -920,16 +922,35 @@ static KvStatus gate_check_work(const GateArgs *a, const KvGateOptions *o, KvRat
             snprintf(est, sizeof est, "; estimated %lld min %02lld s and ~%.1f GiB of memory on "
                      "this machine", secs / 60, secs % 60, peak / 1073741824.0);
         }
+        char streams[160] = "";
+        if (w.streams > 0) {
+            snprintf(streams, sizeof streams, ", %lld shared prefill stream%s (the single-row "
+                     "references' prefills, cut from it)", (long long)w.streams,
+                     w.streams == 1 ? "" : "s");
+        }
         printf("work: %lld cpu decodes (%lld reference, %lld fresh twin, %lld calibration "
-               "member, %lld fp64 shadow, %lld candidate%s), %lld token positions, ~%.3g "
+               "member, %lld fp64 shadow, %lld candidate%s%s), %lld token positions, ~%.3g "
                "GFLOP%s (%s)\n",
                (long long)w.decodes, (long long)w.references, (long long)w.twins,
                (long long)w.members, (long long)w.shadows, (long long)w.candidates,
-               o->share_prefill ? " taking the reference's first prefill forward" : "",
+               o->share_prefill ? " taking the reference's first prefill forward" : "", streams,
                (long long)w.tokens, w.flop / 1e9, est, windows);
         if (a->first_catch) {
             printf("work: at most the above: each fault's pass stops at its first catch "
                    "(--first-catch)\n");
+        }
+        for (int i = 0; i < a->n_models; i++) {
+            KvConfig cfg;
+            bool needed = true;
+            KvStatus st = gate_model_config(a, i, &cfg, err);
+            if (st == KV_OK) st = kv_gate_members_needed(&cfg, o, &needed, err);
+            if (st != KV_OK) return st;
+            if (kv_gate_calibrates_per_model(&cfg, o) && !needed) {
+                printf("calibration: %s: the %d reduction-order members are not run: no "
+                       "comparison of this gate is judged by a tolerance (CPU runs only, held "
+                       "bitwise to the reference; no judged context shift); its fp64 shadow "
+                       "still judges the reference\n", a->models[i], KV_ENSEMBLE_SIZE);
+            }
         }
         fflush(stdout); /* a CI log shows it before the matrix starts */
     }

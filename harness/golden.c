@@ -325,7 +325,7 @@ KvStatus kv_gate_run_golden_at(const char *dir, const char *path, const char *mo
         if (st != KV_OK || rep->runs[ref].batch < 2) continue;
         /* the logits must be full: this runs before any top-k trimming; the
          * batch was fed transformers' tokens, and so is each row alone */
-        st = kv_gate_rows_alone(&m, &rep->runs[ref], rep->runs[gold].tokens, &c, err);
+        st = kv_gate_rows_alone(&m, &rep->runs[ref], rep->runs[gold].tokens, NULL, &c, err);
         c.run_a = gold;
         c.run_b = ref;
         if (st == KV_OK) st = kv_gate_add_comparison(rep, &c, err);

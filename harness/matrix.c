@@ -12,6 +12,7 @@
 #include "fault.h"
 #include "forward.h"
 #include "prefill_tape.h"
+#include "stream_tape.h"
 #include "rate.h"
 #include "kv_limits.h"
 #include "prng.h"
@@ -177,6 +178,15 @@ static double run_keys_steps(const KvConfig *cfg, const KvScenario *sc, int64_t 
     return keys;
 }
 
+/* The pairs of one row's prefill of n tokens (a stream, stream_tape.h). */
+static double prefill_keys(const KvConfig *cfg, int64_t n) {
+    double keys = 0.0;
+    for (int64_t l = 0; l < cfg->num_layers; l++) {
+        keys += keys_attended(n, kv_config_layer_window(cfg, l));
+    }
+    return keys;
+}
+
 /* The pairs of a whole decode of sc. */
 static double run_keys(const KvConfig *cfg, const KvScenario *sc) {
     return run_keys_steps(cfg, sc, sc->new_tokens, 0);
@@ -210,6 +220,15 @@ static void run_progress(void *ctx, int64_t columns, int64_t steps) {
     kv_gate_progress_print(p->o, cur, false);
 }
 
+/* The columns of a scenario's first prefill forward (the whole prompt, its
+ * first chunk, or the columns before a prefix entry). */
+static int64_t first_forward_columns(const KvScenario *sc) {
+    int64_t n = sc->prompt_len;
+    if (sc->prefill_chunk > 0 && sc->prefill_chunk < n) n = sc->prefill_chunk;
+    if (kv_scenario_switches(sc) && sc->save_after > 0 && sc->save_after < n) n = sc->save_after;
+    return n;
+}
+
 /* Decodes sc on backend ops and fills run (identity already set). forced:
  * (steps, B) or NULL. KV_SKIP when the backend cannot run here. A variant's
  * graph-mode run records its graph budget; eager runs and the reference
@@ -219,7 +238,7 @@ static void run_progress(void *ctx, int64_t columns, int64_t steps) {
 static KvStatus run_decode(const KvModel *m, const KvScenario *sc, const KvCacheOps *variant,
                            KvExecMode mode, const KvGateOptions *o, const int32_t *forced,
                            const KvBackendOps *ops, unsigned order, KvPrefillTape *tape,
-                           KvRun *run, KvError *err) {
+                           const KvPrefillTape *play, KvRun *run, KvError *err) {
     /* the script only when it switches inside this decode (what the run
      * records, so a rerun from the report does the same) */
     KvScript script = kv_script_of_scenario(sc);
@@ -242,15 +261,16 @@ static KvStatus run_decode(const KvModel *m, const KvScenario *sc, const KvCache
         .replay_every = variant != NULL ? o->replay_every : 0,
         .record_probes = true,
         .tape_record = variant == NULL && order == 0 ? tape : NULL,
-        .tape_play = variant != NULL ? tape : NULL,
+        .tape_play = variant != NULL ? tape : play,
     };
     /* progress during the run, by its estimated cost */
     RunProgress rp = {o, run, &m->config, sc->batch, (order & KV_ORDER_DOT_SEQUENTIAL) != 0, 0.0,
                       0.0, sc->prompt_len + sc->new_tokens - 1};
     if (o->rate != NULL && o->est_done != NULL && ops->host) {
-        const bool taped = tape != NULL && variant != NULL && tape->filled;
-        const int64_t cols = taped ? sc->prompt_len - tape->n : sc->prompt_len;
-        rp.keys = run_keys_steps(&m->config, sc, sc->new_tokens, taped ? tape->n : 0);
+        const KvPrefillTape *took = variant != NULL ? tape : play;
+        const bool taped = took != NULL && took->filled;
+        const int64_t cols = taped ? sc->prompt_len - took->n : sc->prompt_len;
+        rp.keys = run_keys_steps(&m->config, sc, sc->new_tokens, taped ? took->n : 0);
         rp.est = kv_rate_decode_seconds(&m->config, o->rate, sc->batch * cols,
                                         sc->new_tokens - 1, sc->batch, rp.keys,
                                         (order & KV_ORDER_DOT_SEQUENTIAL) != 0);
@@ -547,7 +567,8 @@ static KvStatus run_candidates(const KvModel *m, const char *model_name, const K
                     break;
                 }
                 st = run_decode(m, sc, o->variants[v], (KvExecMode)modes[mi], o,
-                                forcing ? rep->runs[ref].tokens : NULL, ops, 0, tape, run, err);
+                                forcing ? rep->runs[ref].tokens : NULL, ops, 0, tape, NULL, run,
+                                err);
                 if (st == KV_SKIP) {
                     snprintf(skip, skip_len, "%.250s", err->msg);
                     run->skipped = true;
@@ -570,7 +591,8 @@ static KvStatus run_candidates(const KvModel *m, const char *model_name, const K
                         kv_run_identify(&forced, model_name, sc->name, o->variants[v]->name,
                                         bname, k_mode_name[mi], k, o->faults);
                         st = run_decode(m, sc, o->variants[v], (KvExecMode)modes[mi], o,
-                                        rep->runs[ref].tokens, ops, 0, tape, &forced, err);
+                                        rep->runs[ref].tokens, ops, 0, tape, NULL, &forced,
+                                        err);
                         if (st != KV_OK) {
                             kv_run_free(&forced);
                             goto cleanup;
@@ -631,14 +653,44 @@ cleanup:
     return st;
 }
 
+/* *cut: the first forward of a reference run of sc from the model's
+ * stream (stream_tape.h) when a row of it is one of the stream's cuts
+ * (the other rows computed alone), else left empty (the run computes its
+ * own). Not with right padding (per-row positions take no tape). */
+static KvStatus reference_cut(const KvGateOptions *o, const KvScenario *sc, KvPrefillTape *cut,
+                              KvError *err) {
+    memset(cut, 0, sizeof *cut);
+    const int64_t B = sc->batch, P = sc->prompt_len, n = first_forward_columns(sc);
+    if (o->stream == NULL || kv_decode_right_padded(sc->real, B, P)) return KV_OK;
+    int32_t *tok = malloc((size_t)(B * n) * sizeof *tok); /* (B, n) */
+    uint8_t *real = malloc((size_t)(B * n));               /* (B, n) */
+    KvStatus st = KV_OK;
+    if (tok == NULL || real == NULL) {
+        st = kv_error_set(err, KV_ERR_INTERNAL, "out of memory");
+    } else {
+        for (int64_t b = 0; b < B; b++) {
+            memcpy(tok + b * n, sc->prompt + b * P, (size_t)n * sizeof *tok);
+            memcpy(real + b * n, sc->real + b * P, (size_t)n);
+        }
+        st = kv_stream_tape_rows(o->stream, tok, real, B, n, cut, err);
+    }
+    free(tok);
+    free(real);
+    return st;
+}
+
 KvStatus kv_gate_run_reference(const KvModel *m, const char *model_name, const KvScenario *sc,
                                const KvGateOptions *o, KvPrefillTape *tape, KvReport *rep,
                                int64_t *ref, KvComparison *fin, KvError *err) {
     *ref = kv_gate_add_run(rep);
     if (*ref < 0) return kv_error_set(err, KV_ERR_INTERNAL, "out of memory");
     kv_run_identify(&rep->runs[*ref], model_name, sc->name, "reference", "cpu", "eager", 0, 0);
-    KvStatus st = run_decode(m, sc, NULL, KV_MODE_EAGER, o, NULL, &kv_backend_cpu, 0, tape,
-                             &rep->runs[*ref], err);
+    KvPrefillTape cut = {0};
+    KvStatus st = reference_cut(o, sc, &cut, err);
+    if (st != KV_OK) return st;
+    st = run_decode(m, sc, NULL, KV_MODE_EAGER, o, NULL, &kv_backend_cpu, 0, tape,
+                    cut.filled ? &cut : NULL, &rep->runs[*ref], err);
+    kv_prefill_tape_free(&cut);
     if (st != KV_OK) return st;
     kv_compare_finite(&rep->runs[*ref], *ref, fin);
     st = kv_gate_add_comparison(rep, fin, err);
@@ -648,7 +700,7 @@ KvStatus kv_gate_run_reference(const KvModel *m, const char *model_name, const K
 }
 
 KvStatus kv_gate_rows_alone(const KvModel *m, const KvRun *r, const int32_t *fed,
-                            KvComparison *c, KvError *err) {
+                            const KvStreamTape *stream, KvComparison *c, KvError *err) {
     const int64_t B = r->batch, P = r->prompt_len, S = r->steps, V = r->vocab;
     memset(c, 0, sizeof *c);
     c->kind = KV_CMP_ROW_ALONE;
@@ -665,6 +717,14 @@ KvStatus kv_gate_rows_alone(const KvModel *m, const KvRun *r, const int32_t *fed
         int64_t first = 0;
         while (first < P && !r->prompt_real[b * P + first]) first++;
         for (int64_t s = 0; s < S; s++) forced[s] = fed[s * B + b];
+        /* a row that is a cut of the stream takes it, as its batch did:
+         * the check is then on the decode steps (rows beside it, pads in
+         * its own positions) */
+        KvPrefillTape cut = {0};
+        if (kv_stream_tape_fits(stream, r->prompt + b * P + first, P - first)) {
+            st = kv_stream_tape_cut(stream, P - first, &cut, err);
+            if (st != KV_OK) break;
+        }
         const KvDecodeSpec one = {
             .batch = 1,
             .prompt_len = P - first,
@@ -672,9 +732,11 @@ KvStatus kv_gate_rows_alone(const KvModel *m, const KvRun *r, const int32_t *fed
             .prompt_real = r->prompt_real + b * P + first,
             .new_tokens = S,
             .forced = forced,
+            .tape_play = cut.filled ? &cut : NULL,
         };
         KvDecodeResult alone;
         st = kv_decode_greedy(m, &one, &alone, err);
+        kv_prefill_tape_free(&cut);
         if (st != KV_OK) break;
         for (int64_t s = 0; s < S && c->first_step < 0; s++) {
             if (memcmp(alone.logits + s * V, r->logits + (s * B + b) * V,
@@ -782,9 +844,17 @@ KvStatus kv_gate_calibrate(const KvModel *m, const char *model_name, const KvSce
         account_runs(o, KV_ENSEMBLE_SIZE);
         return KV_OK;
     }
+    bool needed = true;
+    st = kv_gate_members_needed(&m->config, o, &needed, err);
+    if (st != KV_OK) return st;
     int64_t members[KV_ENSEMBLE_SIZE];
-    double spread = 0.0, each[KV_ENSEMBLE_SIZE];
-    for (int i = 0; i < KV_ENSEMBLE_SIZE; i++) {
+    double spread = 0.0, each[KV_ENSEMBLE_SIZE] = {0.0};
+    if (!needed) {
+        /* not run, for the reason the max_rel_err row states */
+        account_runs(o, KV_ENSEMBLE_SIZE);
+        if (o->runs_done != NULL) *o->runs_done += KV_ENSEMBLE_SIZE;
+    }
+    for (int i = 0; needed && i < KV_ENSEMBLE_SIZE; i++) {
         const unsigned order = kv_ensemble_member(i);
         char name[KV_NAME_LEN], oname[48];
         kv_order_name(order, oname, sizeof oname);
@@ -793,7 +863,7 @@ KvStatus kv_gate_calibrate(const KvModel *m, const char *model_name, const KvSce
         if (members[i] < 0) return kv_error_set(err, KV_ERR_INTERNAL, "out of memory");
         kv_run_identify(&rep->runs[members[i]], model_name, sc->name, name, "cpu", "eager", 0, 0);
         st = run_decode(m, sc, NULL, KV_MODE_EAGER, o, NULL, &kv_backend_cpu, order, NULL,
-                        &rep->runs[members[i]], err);
+                        NULL, &rep->runs[members[i]], err);
         if (st != KV_OK) return st;
         KvComparison c;
         kv_compare_reference(&rep->runs[ref], &rep->runs[members[i]], &o->tol, ref, members[i],
@@ -821,26 +891,37 @@ KvStatus kv_gate_calibrate(const KvModel *m, const char *model_name, const KvSce
     if (o->rate != NULL && o->est_done != NULL) {
         /* the shadow, in doubles summed one at a time: about twice a
          * sequential-order member (kv_gate_work_add counts it so) */
+        int64_t real_positions = 0; /* the shadow decodes each row alone */
+        for (int64_t j = 0; j < r->batch * r->prompt_len; j++) {
+            real_positions += r->prompt_real[j];
+        }
         *o->est_done += 2.0 * kv_rate_decode_seconds(&m->config, o->rate,
-                                                     r->batch * r->prompt_len, r->steps - 1,
+                                                     real_positions, r->steps - 1,
                                                      r->batch, run_keys(&m->config, sc), true);
     }
     st = shadow_judge(r, ref, fp64, shadow_steps, rep, err);
     if (st != KV_OK) return st;
     const double cal = kv_cal_tolerance(spread, fp64);
     char reason[160], tname[KV_NAME_LEN];
-    snprintf(tname, sizeof tname, "spread@%.23s/%.27s", model_name, sc->name);
-    snprintf(reason, sizeof reason, "max rel logit err of the reference under %d other orders: "
-             "keys_reversed %.3g, dot_sequential %.3g, both %.3g", KV_ENSEMBLE_SIZE, each[0],
-             each[1], each[2]);
-    st = kv_gate_add_tolerance(rep, tname, spread, reason, err);
-    if (st != KV_OK) return st;
+    if (needed) {
+        snprintf(tname, sizeof tname, "spread@%.23s/%.27s", model_name, sc->name);
+        snprintf(reason, sizeof reason, "max rel logit err of the reference under %d other "
+                 "orders: keys_reversed %.3g, dot_sequential %.3g, both %.3g", KV_ENSEMBLE_SIZE,
+                 each[0], each[1], each[2]);
+        st = kv_gate_add_tolerance(rep, tname, spread, reason, err);
+        if (st != KV_OK) return st;
+    }
     snprintf(tname, sizeof tname, "fp64_err@%.23s/%.27s", model_name, sc->name);
     st = kv_gate_add_tolerance(rep, tname, fp64,
                        "max rel logit err of the reference against its fp64 shadow (shadow64.h)",
                        err);
     if (st != KV_OK) return st;
-    if (o->tol_max_rel_err_set) {
+    if (!needed) {
+        /* the reason row holds 159 characters */
+        snprintf(reason, sizeof reason, "not calibrated: no tolerance decides here (CPU runs "
+                 "only, held bitwise; no judged context shift), so the %d order members were "
+                 "not run", KV_ENSEMBLE_SIZE);
+    } else if (o->tol_max_rel_err_set) {
         snprintf(reason, sizeof reason, "set by --tol (calibration would give %.3g)", cal);
     } else {
         tol->max_rel_err = cal;
@@ -849,7 +930,7 @@ KvStatus kv_gate_calibrate(const KvModel *m, const char *model_name, const KvSce
     }
     snprintf(tname, sizeof tname, "max_rel_err@%.23s/%.27s", model_name, sc->name);
     st = kv_gate_add_tolerance(rep, tname, tol->max_rel_err, reason, err);
-    for (int i = 0; st == KV_OK && i < KV_ENSEMBLE_SIZE; i++) {
+    for (int i = 0; st == KV_OK && needed && i < KV_ENSEMBLE_SIZE; i++) {
         KvComparison c;
         kv_compare_reference(&rep->runs[ref], &rep->runs[members[i]], tol, ref, members[i], &c);
         st = kv_gate_add_comparison(rep, &c, err);
@@ -874,8 +955,14 @@ KvStatus kv_gate_run_forced_reference(const KvModel *m, const char *model_name,
     *idx = kv_gate_add_run(rep);
     if (*idx < 0) return kv_error_set(err, KV_ERR_INTERNAL, "out of memory");
     kv_run_identify(&rep->runs[*idx], model_name, fresh->name, "reference", "cpu", "eager", 0, 0);
-    KvStatus st = run_decode(m, fresh, NULL, KV_MODE_EAGER, o, forced, &kv_backend_cpu, 0, NULL,
-                             &rep->runs[*idx], err);
+    /* a fresh context that is a prefix of the stream (the speculative
+     * rollback's: the prompt and the accepted drafts) is that one forward */
+    KvPrefillTape cut = {0};
+    KvStatus st = reference_cut(o, fresh, &cut, err);
+    if (st != KV_OK) return st;
+    st = run_decode(m, fresh, NULL, KV_MODE_EAGER, o, forced, &kv_backend_cpu, 0, NULL,
+                    cut.filled ? &cut : NULL, &rep->runs[*idx], err);
+    kv_prefill_tape_free(&cut);
     if (st != KV_OK) return st;
     KvComparison c;
     kv_compare_finite(&rep->runs[*idx], *idx, &c);
@@ -971,7 +1058,7 @@ static KvStatus run_scenario(const KvModel *m, const char *model_name, const KvS
      * the rows decoded alone see it (the reference judged too, DESIGN §6) */
     if (fin.verdict != KV_VERDICT_FAIL && rows_alone_applies(sc)) {
         KvComparison c;
-        st = kv_gate_rows_alone(m, &rep->runs[ref], rep->runs[ref].tokens, &c, err);
+        st = kv_gate_rows_alone(m, &rep->runs[ref], rep->runs[ref].tokens, o->stream, &c, err);
         if (st != KV_OK) goto cleanup;
         c.run_a = c.run_b = ref;
         st = kv_gate_add_comparison(rep, &c, err);
@@ -1065,10 +1152,63 @@ static int64_t work_shared_columns(const KvScenario *sc, const KvGateOptions *o)
         (o->faults & KV_FAULTS_IN_FORWARD) != 0) {
         return 0;
     }
-    int64_t n = sc->prompt_len;
-    if (sc->prefill_chunk > 0 && sc->prefill_chunk < n) n = sc->prefill_chunk;
-    if (kv_scenario_switches(sc) && sc->save_after > 0 && sc->save_after < n) n = sc->save_after;
-    return n;
+    return first_forward_columns(sc);
+}
+
+/* Adds sc's first forward to the stream's cuts (ascending, distinct, at
+ * most KV_PROBE_CUT_MAX) when its first row's is a prefix of the real-scale
+ * stream (left padding, every column real); *fits counts such runs. */
+static KvStatus cut_add(const KvConfig *cfg, const KvGateOptions *o, const KvScenario *sc,
+                        int64_t *cut, int64_t *n_cut, int64_t *fits, KvError *err) {
+    const int64_t n = first_forward_columns(sc);
+    /* the first row (a batch's longest, unpadded, when it is one) */
+    bool prefix = !kv_decode_right_padded(sc->real, sc->batch, sc->prompt_len);
+    for (int64_t t = 0; prefix && t < n; t++) prefix = sc->real[t] != 0;
+    if (!prefix) return KV_OK;
+    int32_t *stream = malloc((size_t)n * sizeof *stream); /* (n) */
+    if (stream == NULL) return kv_error_set(err, KV_ERR_INTERNAL, "out of memory");
+    kv_scenario_stream(cfg, o->prompt_seed, n, stream);
+    prefix = memcmp(stream, sc->prompt, (size_t)n * sizeof *stream) == 0;
+    free(stream);
+    if (!prefix) return KV_OK;
+    ++*fits;
+    int64_t at = 0;
+    while (at < *n_cut && cut[at] < n) at++;
+    if ((at < *n_cut && cut[at] == n) || *n_cut == KV_PROBE_CUT_MAX) return KV_OK;
+    memmove(cut + at + 1, cut + at, (size_t)(*n_cut - at) * sizeof *cut);
+    cut[at] = n;
+    ++*n_cut;
+    return KV_OK;
+}
+
+/* The cuts of a model's stream (stream_tape.h): the first forwards of the
+ * reference runs (a unit's reference, a switch's fresh twin) of
+ * this shard's units from *unit on that are prefixes of the real-scale
+ * stream; none unless at least two share it (one would only move its
+ * forward). Real scale, shared prefill, the built-in scenarios. */
+static KvStatus gate_stream_cuts(const KvConfig *cfg, const KvGateOptions *o, int unit,
+                                 int64_t *cut, int64_t *n_cut, KvError *err) {
+    *n_cut = 0;
+    if (!o->share_prefill || o->custom != NULL || kv_scenario_scale(cfg) != KV_SCALE_REAL) {
+        return KV_OK;
+    }
+    int64_t fits = 0;
+    for (int i = 0; i < o->n_scenarios; i++) {
+        if (!kv_gate_unit_in_shard(o, unit + i)) continue;
+        KvScenario sc, fresh = {0};
+        KvStatus st = kv_scenario_build(cfg, o->scenarios[i], o->prompt_seed, &sc, err);
+        if (st != KV_OK) return st;
+        st = cut_add(cfg, o, &sc, cut, n_cut, &fits, err);
+        if (st == KV_OK && kv_scenario_switches(&sc)) {
+            st = kv_scenario_fresh(&sc, &fresh, err);
+            if (st == KV_OK) st = cut_add(cfg, o, &fresh, cut, n_cut, &fits, err);
+            kv_scenario_free(&fresh);
+        }
+        kv_scenario_free(&sc);
+        if (st != KV_OK) return st;
+    }
+    if (fits < 2) *n_cut = 0;
+    return KV_OK;
 }
 
 static int gate_calibration_unit_of(const KvConfig *cfg, const KvGateOptions *o, KvError *err,
@@ -1124,6 +1264,36 @@ KvStatus kv_gate_work_add(const KvConfig *cfg, const KvGateOptions *o, const KvR
                                                                                      &cst)
                                                          : -1;
     if (cst != KV_OK) return cst;
+    bool needed = true; /* the calibration's members */
+    cst = kv_gate_members_needed(cfg, o, &needed, err);
+    if (cst != KV_OK) return cst;
+    /* the single-row references' shared prefill (stream_tape.h) */
+    int64_t cut[KV_PROBE_CUT_MAX], n_cut = 0;
+    cst = gate_stream_cuts(cfg, o, *unit, cut, &n_cut, err);
+    if (cst != KV_OK) return cst;
+    if (n_cut > 0) {
+        const int64_t sn = cut[n_cut - 1];
+        const double kvd = (double)(cfg->num_kv_heads * cfg->head_dim);
+        const double keys = prefill_keys(cfg, sn);
+        w->streams += 1;
+        w->decodes += 1;
+        w->tokens += sn;
+        w->flop += 2.0 * layer_mac * (double)cfg->num_layers * (double)sn +
+                   2.0 * H * (double)cfg->vocab_size + 4.0 * qd * keys;
+        if (rate != NULL) w->seconds += kv_rate_decode_seconds(cfg, rate, sn, 0, 1, keys, false);
+        /* held through every unit: its keys and values; while it runs, a
+         * one-row state over all of it besides (unit_bytes' reckoning) */
+        w->stream_bytes = 2.0 * (double)cfg->num_layers * (double)sn * kvd * 4.0;
+        const double mlp = cfg->num_experts > 0 ? 4.0 : 2.0;
+        const double rec = w->stream_bytes +
+                           (double)sn * (3.0 * H + 2.0 * qd + 2.0 * kvd +
+                                         mlp * (double)cfg->intermediate_size) * 4.0;
+        if (rec > w->unit_bytes) {
+            w->unit_bytes = rec;
+            snprintf(w->unit_name, sizeof w->unit_name, "the shared prefill stream: 1 row, %lld "
+                     "tokens", (long long)sn);
+        }
+    }
     for (int i = 0; i < n; i++, (*unit)++) {
         if (!kv_gate_unit_in_shard(o, *unit)) continue;
         KvScenario sc = {0};
@@ -1170,7 +1340,10 @@ KvStatus kv_gate_work_add(const KvConfig *cfg, const KvGateOptions *o, const KvR
         const bool twin =
             kv_scenario_switches(use) ||
             (kv_scenario_shifts(use) && kv_scenario_shift_judged(cfg, why, sizeof why));
-        const int64_t members = calibrates ? KV_ENSEMBLE_SIZE : 0;
+        const int64_t members = calibrates && needed ? KV_ENSEMBLE_SIZE : 0;
+        /* the shadow decodes each row alone, on its real tokens */
+        int64_t real_positions = 0;
+        for (int64_t j = 0; j < use->batch * use->prompt_len; j++) real_positions += use->real[j];
         const double ub = unit_bytes(cfg, use, use->new_tokens, calibrates);
         /* what the report keeps until it is written: the reference's and
          * the fresh twin's full logits, every other CPU run's top-k (ids
@@ -1186,15 +1359,35 @@ KvStatus kv_gate_work_add(const KvConfig *cfg, const KvGateOptions *o, const KvR
                      (long long)use->new_tokens);
         }
         const int64_t cand_tokens = B * (T - shared + replays);
+        /* a single-row reference whose first forward is cut from the stream
+         * (its fresh twin's, when also cut, is counted as a whole one) */
+        int64_t cut_cols = 0, twin_cut = 0;
+        for (int64_t j = 0; j < n_cut && !kv_decode_right_padded(use->real, B, P); j++) {
+            if (cut[j] == first_forward_columns(use)) cut_cols = cut[j];
+        }
+        if (n_cut > 0 && kv_scenario_switches(use)) {
+            KvScenario fresh;
+            KvStatus st = kv_scenario_fresh(use, &fresh, err);
+            if (st != KV_OK) {
+                kv_scenario_free(&sc);
+                return st;
+            }
+            for (int64_t j = 0; fresh.batch == 1 && j < n_cut; j++) {
+                if (cut[j] == first_forward_columns(&fresh)) twin_cut = cut[j];
+            }
+            kv_scenario_free(&fresh);
+        }
         w->references += 1;
         w->twins += twin ? 1 : 0;
         w->members += members;
         w->shadows += calibrates ? 1 : 0;
         w->candidates += cands;
         w->decodes += 1 + (twin ? 1 : 0) + members + (calibrates ? 1 : 0) + cands;
-        w->tokens += B * T * (1 + (twin ? 1 : 0) + members + (calibrates ? 1 : 0)) +
-                     cands * cand_tokens;
-        w->flop += run_flop * (double)(1 + (twin ? 1 : 0) + members + (calibrates ? 1 : 0)) +
+        const int64_t shadow_tokens = calibrates ? real_positions + B * steps : 0;
+        w->tokens += B * T * (1 + (twin ? 1 : 0) + members) - cut_cols - twin_cut +
+                     shadow_tokens + cands * cand_tokens;
+        w->flop += run_flop * (double)(1 + (twin ? 1 : 0) + members) -
+                   per_pos * (double)(cut_cols + twin_cut) + per_pos * (double)shadow_tokens +
                    (double)cands * per_pos * (double)cand_tokens;
         if (rate != NULL) {
             const double ref_s = kv_rate_decode_seconds(cfg, rate, B * P, steps, B, keys, false);
@@ -1205,10 +1398,66 @@ KvStatus kv_gate_work_add(const KvConfig *cfg, const KvGateOptions *o, const KvR
             const double cand_s =
                 kv_rate_decode_seconds(cfg, rate, B * (P - shared), steps + replays, B,
                                        run_keys_steps(cfg, use, S, shared), false);
-            double unit_s = ref_s * (twin ? 2.0 : 1.0) + (double)cands * cand_s;
-            if (calibrates) unit_s += ref_s + 2.0 * seq_s + 2.0 * seq_s;
+            const double ref_cut_s =
+                cut_cols > 0 ? kv_rate_decode_seconds(cfg, rate, B * P - cut_cols, steps, B,
+                                                      run_keys_steps(cfg, use, S, cut_cols),
+                                                      false)
+                             : ref_s;
+            /* a twin cut from the stream: its decode steps (its context's
+             * pairs as the reference's after the cut) */
+            const double twin_s =
+                !twin ? 0.0
+                : twin_cut > 0 ? kv_rate_decode_seconds(cfg, rate, 0, steps, B,
+                                                         run_keys_steps(cfg, use, S, P), false)
+                               : ref_s;
+            double unit_s = ref_cut_s + twin_s + (double)cands * cand_s;
+            if (rows_alone_applies(use)) {
+                /* each row again alone, on its real tokens (a row cut from
+                 * the stream takes its cut again) */
+                for (int64_t b = 0; b < B; b++) {
+                    int64_t real = 0;
+                    for (int64_t t = 0; t < P; t++) real += use->real[b * P + t];
+                    if (b == 0 && cut_cols == P) real = 0;
+                    unit_s += kv_rate_decode_seconds(cfg, rate, real, steps, 1, keys / (double)B,
+                                                     false);
+                }
+            }
+            if (calibrates && needed) unit_s += ref_s + 2.0 * seq_s;
+            if (calibrates) {
+                unit_s += 2.0 * kv_rate_decode_seconds(cfg, rate, real_positions, steps, B, keys,
+                                                       true);
+            }
             w->seconds += unit_s;
         }
+        kv_scenario_free(&sc);
+    }
+    return KV_OK;
+}
+
+/* Whether the calibration's reduction-order members are run on model cfg
+ * (DESIGN §6). The spread they measure sets the tolerance, and at real
+ * scale only two kinds of comparison are judged by a tolerance: a run on a
+ * backend other than the CPU (CUDA reduces in its own orders), and a
+ * context shift's shifted-vs-fresh run on a model where it is judged. CPU
+ * candidates are held bitwise to the reference, so a gate of only those
+ * decides nothing by the spread, and the members would cost three
+ * reference decodes of the largest unit. The fp64 shadow, which judges the
+ * reference, runs either way. The tiny set, a sharded gate and a custom
+ * batch (--prompts, --external) calibrate per unit, always in full. */
+KvStatus kv_gate_members_needed(const KvConfig *cfg, const KvGateOptions *o, bool *needed,
+                                KvError *err) {
+    *needed = o->calibrate;
+    if (!kv_gate_calibrates_per_model(cfg, o)) return KV_OK;
+    *needed = false;
+    for (int i = 0; i < o->n_backends && !*needed; i++) {
+        *needed = o->backends[i].skip[0] == '\0' && !o->backends[i].ops->host;
+    }
+    for (int i = 0; i < o->n_scenarios && !*needed; i++) {
+        KvScenario sc;
+        KvStatus st = kv_scenario_build(cfg, o->scenarios[i], o->prompt_seed, &sc, err);
+        if (st != KV_OK) return st;
+        char why[256];
+        *needed = kv_scenario_shifts(&sc) && kv_scenario_shift_judged(cfg, why, sizeof why);
         kv_scenario_free(&sc);
     }
     return KV_OK;
@@ -1259,6 +1508,33 @@ bool kv_gate_failed_since(const KvReport *rep, int64_t from) {
     return false;
 }
 
+/* Records the model's stream (stream_tape.h) when its units share one:
+ * *t unfilled otherwise. */
+static KvStatus gate_stream_record(const KvModel *m, const char *model_name,
+                                   const KvGateOptions *o, int unit, KvStreamTape *t,
+                                   KvError *err) {
+    int64_t cut[KV_PROBE_CUT_MAX], n_cut = 0;
+    KvStatus st = gate_stream_cuts(&m->config, o, unit, cut, &n_cut, err);
+    if (st != KV_OK || n_cut == 0) return st;
+    const int64_t n = cut[n_cut - 1];
+    int32_t *tokens = malloc((size_t)n * sizeof *tokens); /* (n) */
+    if (tokens == NULL) return kv_error_set(err, KV_ERR_INTERNAL, "out of memory");
+    kv_scenario_stream(&m->config, o->prompt_seed, n, tokens);
+    double est = 0.0;
+    if (o->rate != NULL && o->est_done != NULL) {
+        est = kv_rate_decode_seconds(&m->config, o->rate, n, 0, 1,
+                                     prefill_keys(&m->config, n), false);
+    }
+    char cur[320];
+    snprintf(cur, sizeof cur, "%s stream: one prefill of %lld tokens, cut for %lld references",
+             model_name, (long long)n, (long long)n_cut);
+    kv_gate_progress_print(o, cur, false);
+    st = kv_stream_tape_record(m, tokens, n, cut, n_cut, t, err);
+    free(tokens);
+    if (o->est_done != NULL) *o->est_done += est;
+    return st;
+}
+
 KvStatus kv_gate_run_model(const KvModel *m, const char *model_name, const KvGateOptions *o,
                            int *unit, KvReport *rep, KvError *err) {
     const int n = o->custom != NULL ? 1 : o->n_scenarios;
@@ -1267,6 +1543,15 @@ KvStatus kv_gate_run_model(const KvModel *m, const char *model_name, const KvGat
     if (per_model) {
         KvStatus st = gate_calibration_unit(&m->config, o, &cal, err);
         if (st != KV_OK) return st;
+    }
+    /* the single-row references' prefills, computed once (stream_tape.h) */
+    KvStreamTape stream = {0};
+    KvGateOptions with_stream = *o;
+    KvStatus st = gate_stream_record(m, model_name, o, *unit, &stream, err);
+    if (st != KV_OK) return st;
+    if (stream.filled) {
+        with_stream.stream = &stream;
+        o = &with_stream;
     }
     KvTolerances model_tol = o->tol;
     /* a pass given its clean pass's tolerance calibrates no unit */
@@ -1286,11 +1571,10 @@ KvStatus kv_gate_run_model(const KvModel *m, const char *model_name, const KvGat
         const int64_t accounted = o->runs_accounted != NULL ? *o->runs_accounted : 0;
         const int64_t unit_from = rep->n_comparisons;
         KvScenario sc = {0};
-        KvStatus st = KV_OK;
         const KvScenario *use = o->custom;
         if (use == NULL) {
             st = kv_scenario_build(&m->config, o->scenarios[i], o->prompt_seed, &sc, err);
-            if (st != KV_OK) return st;
+            if (st != KV_OK) goto cleanup;
             if (o->max_new_tokens > 0 && sc.new_tokens > o->max_new_tokens) {
                 sc.new_tokens = o->max_new_tokens;
             }
@@ -1302,7 +1586,7 @@ KvStatus kv_gate_run_model(const KvModel *m, const char *model_name, const KvGat
                           per_model ? o->scenarios[cal] : NULL,
                           per_model && !fixed && i == cal ? &model_tol : NULL, rep, err);
         kv_scenario_free(&sc);
-        if (st != KV_OK) return st;
+        if (st != KV_OK) goto cleanup;
         /* a unit the catch cut short: the runs it did not make. Only a unit
          * that caught the fault: a shortfall anywhere else stays owed, and
          * fails the gate as a run that silently did not happen. */
@@ -1313,5 +1597,7 @@ KvStatus kv_gate_run_model(const KvModel *m, const char *model_name, const KvGat
     }
     if (per_model && !fixed && o->model_tol_out != NULL) *o->model_tol_out = model_tol;
     *unit += n;
-    return KV_OK;
+cleanup:
+    kv_stream_tape_free(&stream);
+    return st;
 }

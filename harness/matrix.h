@@ -97,6 +97,9 @@ typedef struct {
     bool share_prefill;               /* CPU variant runs take the reference's first prefill
                                        * forward (prefill_tape.h); false: each computes its own
                                        * (--no-shared-prefill) */
+    const struct KvStreamTape *stream; /* set by kv_gate_run_model for one model's units
+                                        * (stream_tape.h): a reference whose first row is
+                                        * one of its cuts takes that row from it; NULL: none */
     /* progress by estimated cost (rate.h), NULL / 0 when not measured: the
      * rate, the whole gate's estimated seconds, and the estimated seconds
      * of the work done so far (runs finished, plus the running one's share) */
@@ -142,6 +145,8 @@ typedef struct {
     int64_t max_steps, max_batch, max_prompt_len; /* the largest unit's sizes */
     int64_t decodes; /* CPU decodes, all kinds: */
     int64_t references, twins, members, shadows, candidates;
+    int64_t streams; /* shared single-row prefills (stream_tape.h), one per model at most;
+                      * the references cut from one do not count their own prefills */
     int64_t tokens;  /* token positions those decodes run through the model (a candidate's
                       * shared prefill columns not counted) */
     double flop;     /* ~floating-point operations (matmuls and attention) */
@@ -153,6 +158,7 @@ typedef struct {
     double unit_bytes;
     char unit_name[160];
     double report_bytes; /* what the report holds in memory until it is written, all units */
+    double stream_bytes; /* the model's stream (stream_tape.h) held through its units */
 } KvGateWork;
 
 /* Adds to *w the CPU work of the units of one model with config cfg that
@@ -221,7 +227,7 @@ KvStatus kv_gate_run_forced_reference(const KvModel *m, const char *model_name,
  * (step, row) that differs and the message; its run_a and run_b are for
  * the caller to set. r must hold full logits. */
 KvStatus kv_gate_rows_alone(const KvModel *m, const KvRun *r, const int32_t *fed,
-                            KvComparison *c, KvError *err);
+                            const struct KvStreamTape *stream, KvComparison *c, KvError *err);
 
 /* kv_tolerances_record of o->tol, with the root max_rel_err's reason
  * saying whether it is used: set by --tol (it overrides calibration), not
@@ -273,6 +279,14 @@ KvStatus kv_gate_trim_logits(KvReport *rep, int64_t lo, int64_t hi, const int64_
  * with the most token positions, instead of each its own (DESIGN §6): the
  * real-scale set (kv_scenario_scale), calibrated, not sharded. */
 bool kv_gate_calibrates_per_model(const KvConfig *cfg, const KvGateOptions *o);
+
+/* *needed: whether the calibration's reduction-order members run on model
+ * cfg: o->calibrate, except where the model calibrates once at real scale
+ * and no comparison of the gate is judged by a tolerance (only CPU runs,
+ * held bitwise, and no context shift judged on this model): there the
+ * fp64 shadow runs alone and max_rel_err@ says why (DESIGN §6). */
+KvStatus kv_gate_members_needed(const KvConfig *cfg, const KvGateOptions *o, bool *needed,
+                                KvError *err);
 
 /* Whether a comparison of rep from index `from` on failed. */
 bool kv_gate_failed_since(const KvReport *rep, int64_t from);

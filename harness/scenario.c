@@ -227,6 +227,13 @@ KvStatus kv_scenario_custom_padded(const char *name, const int32_t *const *promp
     return KV_OK;
 }
 
+void kv_scenario_stream(const KvConfig *cfg, uint64_t seed, int64_t n, int32_t *out) {
+    KvPrng g = kv_prng_stream(seed, "scenario/real-stream/row0");
+    for (int64_t i = 0; i < n; i++) {
+        out[i] = 1 + (int32_t)kv_prng_below(&g, (uint32_t)(cfg->vocab_size - 1));
+    }
+}
+
 KvScenarioScale kv_scenario_scale(const KvConfig *cfg) {
     const int64_t w = cfg->sliding_window > 0 ? cfg->sliding_window : 16;
     return w <= KV_SCENARIO_FULL_MAX_W ? KV_SCALE_FULL : KV_SCALE_REAL;
@@ -280,6 +287,13 @@ KvStatus kv_scenario_build_at(const KvConfig *cfg, const char *name, uint64_t se
         if (rows[b] == NULL) {
             st = kv_error_set(err, KV_ERR_INTERNAL, "scenario %s: out of memory", name);
             goto cleanup;
+        }
+        if (!full && b == 0) {
+            /* at real scale every first row is a prefix of one stream, so
+             * the reference's single-row prefills share one forward
+             * (stream_tape.h) */
+            kv_scenario_stream(cfg, seed, lens[b], rows[b]);
+            continue;
         }
         char stream[96];
         snprintf(stream, sizeof stream, "scenario/%s/row%lld", name, (long long)b);

@@ -77,6 +77,11 @@ const char *const *kv_scenario_all_names(int *count);
 /* Builds scenario `name` for cfg (W = the window, or 16 without one) at
  * kv_scenario_scale(cfg). Unknown name: KV_ERR_INPUT listing the known
  * ones. */
+/* The real-scale token stream of prompt seed `seed` (its first n tokens
+ * into out (n)): every real-scale scenario's first row is a prefix of it,
+ * so their reference prefills are cut from one forward (stream_tape.h). */
+void kv_scenario_stream(const KvConfig *cfg, uint64_t seed, int64_t n, int32_t *out);
+
 KvStatus kv_scenario_build(const KvConfig *cfg, const char *name, uint64_t seed, KvScenario *out,
                            KvError *err);
 

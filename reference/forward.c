@@ -295,6 +295,23 @@ static void op_glu(const void *ap) {
 }
 
 /* Final norm of each sequence's last token, lm_head, final softcap. */
+/* The lm_head over rows of last (rows, hidden) into logits (rows, vocab),
+ * then the final softcap. */
+static void final_logits(const KvRefState *s, const float *last, int64_t rows, float *logits) {
+    const KvModel *m = s->model;
+    const KvConfig *c = &m->config;
+    kv_ref_matmul(matmul_hook(s), last, m->lm_head, rows, c->hidden_size, c->vocab_size, logits);
+    if (c->final_logit_softcapping > 0.0) {
+        const float cap = (float)c->final_logit_softcapping;
+        const int64_t count = rows * c->vocab_size;
+#pragma omp parallel for schedule(static) \
+    if (count * KV_TRANSCENDENTAL_WORK >= kv_parallel_min_work())
+        for (int64_t i = 0; i < count; i++) {
+            logits[i] = kv_softcap(logits[i], cap);
+        }
+    }
+}
+
 static void op_final(const void *ap) {
     const ArgsStepN *a = ap;
     KvRefState *s = a->s;
@@ -308,16 +325,15 @@ static void op_final(const void *ap) {
         kv_rmsnorm(s->x + (b * a->n + s->n_new[b] - 1) * hidden, m->final_norm, hidden,
                    (float)c->rms_norm_eps, kv_config_gemma_style(c), s->last + b * hidden);
     }
-    kv_ref_matmul(matmul_hook(s), s->last, m->lm_head, s->batch, hidden, c->vocab_size, s->logits);
-    if (c->final_logit_softcapping > 0.0) {
-        const float cap = (float)c->final_logit_softcapping;
-        const int64_t count = s->batch * c->vocab_size;
-#pragma omp parallel for schedule(static) \
-    if (count * KV_TRANSCENDENTAL_WORK >= kv_parallel_min_work())
-        for (int64_t i = 0; i < count; i++) {
-            s->logits[i] = kv_softcap(s->logits[i], cap);
-        }
-    }
+    final_logits(s, s->last, s->batch, s->logits);
+}
+
+void kv_ref_final_row(const KvRefState *s, const float *x, float *last, float *logits) {
+    const KvModel *m = s->model;
+    const KvConfig *c = &m->config;
+    kv_rmsnorm(x, m->final_norm, c->hidden_size, (float)c->rms_norm_eps,
+               kv_config_gemma_style(c), last);
+    final_logits(s, last, 1, logits);
 }
 
 /* Greedy argmax into the next step's input (ties to the lowest id), then

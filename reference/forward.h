@@ -37,6 +37,12 @@ KvStatus kv_ref_check_input(const KvRefState *s, const int32_t *tokens, const ui
  * advances s->len (the host count) by n afterwards. */
 void kv_ref_launch_forward(KvRefState *s, int64_t n);
 
+/* The forward's tail for one hidden row x (hidden) after the last layer:
+ * the final norm into last (hidden) and the lm_head and final softcap into
+ * logits (vocab), as a forward whose last token that row was computes them
+ * (a prefill cut from a longer one, stream_tape.h). */
+void kv_ref_final_row(const KvRefState *s, const float *x, float *last, float *logits);
+
 /* Appends n tokens to every sequence, runs the model now and copies the
  * logits (B, vocab) of each sequence's last new token. tokens, real: (B, n). */
 KvStatus kv_ref_forward(KvRefState *s, const int32_t *tokens, const uint8_t *real, int64_t n,

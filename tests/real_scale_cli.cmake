@@ -16,8 +16,12 @@ kv_expect_match("${out}" "short_prompt_crosses_window: batch 1, prompt 120 token
 set(ENV{KVREPRO_PROGRESS_EVERY} 0)
 kv_run(0 out err ${KVREPRO} gate --model "${WORK}/m" --scenarios short_prompt_crosses_window,prompt_w
        --variants ring --modes eager --repeats 1 --backends cpu --report "${WORK}/g.h5")
-kv_expect_match("${out}" "work: [0-9]+ cpu decodes \\(2 reference, 0 fresh twin, 3 calibration member, 1 fp64 shadow, 2 candidate taking the reference's first prefill forward\\), [0-9]+ token positions, ~[0-9.e+]+ GFLOP; estimated [0-9]+ min [0-9]+ s and ~[0-9.]+ GiB of memory on this machine"
+kv_expect_match("${out}" "work: [0-9]+ cpu decodes \\(2 reference, 0 fresh twin, 0 calibration member, 1 fp64 shadow, 2 candidate taking the reference's first prefill forward, 1 shared prefill stream \\(the single-row references' prefills, cut from it\\)\\), [0-9]+ token positions, ~[0-9.e+]+ GFLOP; estimated [0-9]+ min [0-9]+ s and ~[0-9.]+ GiB of memory on this machine"
                 "the work line names each kind of decode and the estimate")
+kv_expect_match("${out}" "calibration: [^\n]*/m: the 3 reduction-order members are not run: no comparison of this gate is judged by a tolerance"
+                "a CPU-only gate says why it runs no calibration member")
+kv_expect_match("${err}" "now m stream: one prefill of 128 tokens, cut for 2 references"
+                "the shared prefill named in the progress")
 kv_expect_match("${err}" "kvrepro gate: [0-9]+/[0-9]+ runs, [0-9]+s elapsed, ETA [0-9]+s; now m short_prompt_crosses_window reference/cpu/eager/r0 \\(step [1-9]"
                 "a progress line inside the reference's run")
 # --first-catch: the ETA is a bound (the fault passes stop early), and a
@@ -34,6 +38,8 @@ execute_process(COMMAND h5dump -d /tolerances "${WORK}/g.h5" OUTPUT_VARIABLE dum
                 RESULT_VARIABLE rc)
 kv_expect_match("${dump}" "the model's calibration, made once on short_prompt_crosses_window"
                 "the other unit is judged by the model's calibration")
+kv_expect_match("${dump}" "not calibrated: no tolerance decides here"
+                "the calibration unit's max_rel_err row says why it has no spread")
 
 # A matrix that would not fit in memory is refused before any work, with its
 # estimate, the limit, its largest unit and what to narrow; no report.

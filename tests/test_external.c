@@ -631,11 +631,12 @@ START_TEST(test_work_limit_applies) {
 }
 END_TEST
 
-/* The work line counts the calibration once: its members and the fp64
- * shadow are KV_ENSEMBLE_SIZE + 1 more decodes of the batch (the shadow
- * counted as one), so calibrating multiplies the reference's work by
- * KV_ENSEMBLE_SIZE + 2, not by that again (the limit above is held to
- * this figure). */
+/* The work line counts the calibration once: its members are
+ * KV_ENSEMBLE_SIZE more decodes of the batch and the fp64 shadow one more of
+ * its real tokens (it decodes each row alone: a padded batch's pads are
+ * not its work), so calibrating multiplies the reference's work by at most
+ * KV_ENSEMBLE_SIZE + 2, and by less with pads, not by that again (the limit
+ * above is held to this figure). */
 static double work_gflop(void) {
     const char *w = strstr(out, "token positions, ~");
     ck_assert_msg(w != NULL, "no work line in:\n%s", out);
@@ -650,9 +651,10 @@ START_TEST(test_work_counts_calibration_once) {
     const double plain = work_gflop();
     ck_assert_int_eq(kvrepro("gate", "--model", EXT_MODEL_DIR, "--external", ext, NULL), 0);
     const double calibrated = work_gflop();
-    ck_assert_msg(plain > 0.0 && fabs(calibrated / plain - (KV_ENSEMBLE_SIZE + 2)) < 0.05,
-                  "calibrated work %g GFLOP against %g without: ratio %g, expected %d", calibrated,
-                  plain, calibrated / plain, KV_ENSEMBLE_SIZE + 2);
+    ck_assert_msg(plain > 0.0 && calibrated / plain > KV_ENSEMBLE_SIZE + 1.5 &&
+                      calibrated / plain < KV_ENSEMBLE_SIZE + 2 - 0.01,
+                  "calibrated work %g GFLOP against %g without: ratio %g, expected %d less the "
+                  "shadow's pads", calibrated, plain, calibrated / plain, KV_ENSEMBLE_SIZE + 2);
 }
 END_TEST
 

@@ -11,6 +11,8 @@ prefill's prompt is here too (the capture prefills it whole).
 
 Token ids: row b of scenario NAME is `1 + kv_prng_below(g, vocab - 1)`
 drawn from the SplitMix64 stream `scenario/NAME/rowB` of the prompt seed
+(at real scale row 0 from `scenario/real-stream/row0`: every scenario's
+first row is a prefix of one stream, whose one forward the gate cuts)
 (model/prng.c: the stream's state is the FNV-1a 64 of the name XOR one
 SplitMix64 step of the seed; below(n) is the top 32 bits of a draw times
 n, shifted right 32). Lengths: `w * W + half * (W / 2) + w32 * (W / 32) +
@@ -99,7 +101,10 @@ def build(name: str, config: dict, seed: int = DEFAULT_PROMPT_SEED) -> ScenarioB
     prompts = []
     for b, (nw, half, w32, add) in enumerate(rows):
         n = max(1, nw * w + half * (w // 2) + w32 * (w // 32) + add)
-        state = prng_stream(seed, f"scenario/{name}/row{b}")
+        # at real scale every first row is a prefix of one stream
+        # (harness/scenario.c kv_scenario_stream)
+        stream = "scenario/real-stream/row0" if not full and b == 0 else f"scenario/{name}/row{b}"
+        state = prng_stream(seed, stream)
         prompts.append([1 + t for t in prng_below(state, vocab - 1, n)])
     longest = max(len(r) for r in prompts)
     cross = w - longest if longest < w else 0
