@@ -215,6 +215,7 @@ static void cpu_probe_observe(void *ctx, KvRefState *s, int64_t layer, KvPoint p
                            per_row / (int64_t)sizeof(float), 0);
     }
     if (pr->n_cut > 0 && pr->batch == 1) probe_cut(pr, s, layer, point, idx, base, per_row);
+    if (point == KV_POINT_RESIDUAL && pr->on_layer != NULL) pr->on_layer(pr->on_layer_ctx, layer);
 }
 
 KvStatus kv_cpu_state_probe(KvCpuState *cs, bool dump, KvError *err) {

@@ -125,6 +125,10 @@ typedef struct {
     const int64_t *cut;  /* (n_cut) ascending, each <= cut_total */
     uint64_t *cut_hash;  /* (n_cut, n_probes) */
     float *cut_x;        /* (n_cut, hidden) */
+    /* called after each layer of a forward (NULL: none): a long one's
+     * progress (stream_tape.h) */
+    void (*on_layer)(void *ctx, int64_t layer);
+    void *on_layer_ctx;
 } KvProbes;
 
 /* Most prefix cuts of one forward. */

@@ -26,8 +26,9 @@ static bool all_finite(const float *x, int64_t n) {
 }
 
 KvStatus kv_stream_tape_record(const KvModel *m, const int32_t *tokens, int64_t n,
-                               const int64_t *cut, int64_t n_cut, KvStreamTape *t,
-                               KvError *err) {
+                               const int64_t *cut, int64_t n_cut,
+                               void (*on_layer)(void *ctx, int64_t layer), void *ctx,
+                               KvStreamTape *t, KvError *err) {
     const KvConfig *c = &m->config;
     memset(t, 0, sizeof *t);
     if (n_cut < 1 || n_cut > KV_PROBE_CUT_MAX) {
@@ -80,6 +81,8 @@ KvStatus kv_stream_tape_record(const KvModel *m, const int32_t *tokens, int64_t 
     cs.probes.cut = t->cut;
     cs.probes.cut_hash = t->cut_hash;
     cs.probes.cut_x = cut_x;
+    cs.probes.on_layer = on_layer;
+    cs.probes.on_layer_ctx = ctx;
     st = kv_cpu_forward(&cs, tokens, real, n, NULL, err);
     if (st != KV_OK) goto cleanup;
     if (cs.probes.nonfinite_probe >= 0) goto cleanup; /* unfilled: runs compute their own */

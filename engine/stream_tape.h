@@ -40,10 +40,12 @@ typedef struct KvStreamTape {
  * and keeps what each prefix cut[0..n_cut) (ascending, distinct, 1..n; at
  * most KV_PROBE_CUT_MAX) needs. A forward with a non-finite probe value
  * leaves t unfilled: its runs compute their own first forward, and their
- * finite checks name the value. */
+ * finite checks name the value. on_layer (NULL: none) is called after each
+ * layer, for a progress line. */
 KvStatus kv_stream_tape_record(const KvModel *m, const int32_t *tokens, int64_t n,
-                               const int64_t *cut, int64_t n_cut, KvStreamTape *t,
-                               KvError *err);
+                               const int64_t *cut, int64_t n_cut,
+                               void (*on_layer)(void *ctx, int64_t layer), void *ctx,
+                               KvStreamTape *t, KvError *err);
 
 /* Whether a run of one row whose first forward is tokens (n) can take a
  * cut: t filled, n one of its cuts, and the tokens the stream's. */

@@ -833,6 +833,28 @@ static KvStatus shadow_judge(const KvRun *r, int64_t ref, double fp64, int64_t s
     return kv_gate_add_comparison(rep, &c, err);
 }
 
+/* The fp64 shadow's progress (KvShadowProgress): its row and layer, and
+ * its share of its estimated seconds so far. */
+typedef struct {
+    const KvGateOptions *o;
+    const char *model, *scenario;
+    int64_t batch, layers;
+    double est;
+} ShadowWatch;
+
+static void shadow_progress(void *ctx, int64_t row, int64_t layer) {
+    const ShadowWatch *w = ctx;
+    if (w->o->est_running != NULL) {
+        *w->o->est_running =
+            w->est * (double)(row * w->layers + layer + 1) / (double)(w->batch * w->layers);
+    }
+    char cur[320];
+    snprintf(cur, sizeof cur, "%s %s fp64 shadow (row %lld of %lld, layer %lld of %lld)",
+             w->model, w->scenario, (long long)row + 1, (long long)w->batch, (long long)layer + 1,
+             (long long)w->layers);
+    kv_gate_progress_print(w->o, cur, false);
+}
+
 KvStatus kv_gate_calibrate(const KvModel *m, const char *model_name, const KvScenario *sc,
                            const KvGateOptions *o, int64_t ref, bool ref_finite, KvReport *rep,
                            KvTolerances *tol, KvError *err) {
@@ -885,20 +907,23 @@ KvStatus kv_gate_calibrate(const KvModel *m, const char *model_name, const KvSce
                                  : kv_scenario_shifts(sc) ? sc->shift_step
                                                           : r->steps;
     for (int64_t i = shadow_steps; i < r->steps; i++) r->fp64_rel_err[i] = 0.0;
-    st = kv_shadow64_rel_error(m, r->batch, r->prompt_len, r->prompt, r->prompt_real,
-                               shadow_steps, r->tokens, r->logits, r->fp64_rel_err, &fp64, err);
-    if (st != KV_OK) return st;
-    if (o->rate != NULL && o->est_done != NULL) {
-        /* the shadow, in doubles summed one at a time: about twice a
-         * sequential-order member (kv_gate_work_add counts it so) */
+    /* minutes at real scale: a progress line per layer. Its estimate: in
+     * doubles summed one at a time, about twice a sequential-order member
+     * over the rows' real tokens (kv_gate_work_add counts it so). */
+    ShadowWatch watch = {o, r->model, r->scenario, r->batch, m->config.num_layers, 0.0};
+    if (o->rate != NULL) {
         int64_t real_positions = 0; /* the shadow decodes each row alone */
-        for (int64_t j = 0; j < r->batch * r->prompt_len; j++) {
-            real_positions += r->prompt_real[j];
-        }
-        *o->est_done += 2.0 * kv_rate_decode_seconds(&m->config, o->rate,
-                                                     real_positions, r->steps - 1,
-                                                     r->batch, run_keys(&m->config, sc), true);
+        for (int64_t j = 0; j < r->batch * r->prompt_len; j++) real_positions += r->prompt_real[j];
+        watch.est = 2.0 * kv_rate_decode_seconds(&m->config, o->rate, real_positions, r->steps - 1,
+                                                 r->batch, run_keys(&m->config, sc), true);
     }
+    const KvShadowProgress progress = {shadow_progress, &watch};
+    st = kv_shadow64_rel_error_watched(m, r->batch, r->prompt_len, r->prompt, r->prompt_real,
+                                       shadow_steps, r->tokens, r->logits, r->fp64_rel_err, &fp64,
+                                       &progress, err);
+    if (o->est_running != NULL) *o->est_running = 0.0;
+    if (st != KV_OK) return st;
+    if (o->est_done != NULL) *o->est_done += watch.est;
     st = shadow_judge(r, ref, fp64, shadow_steps, rep, err);
     if (st != KV_OK) return st;
     const double cal = kv_cal_tolerance(spread, fp64);
@@ -1076,8 +1101,12 @@ static KvStatus run_scenario(const KvModel *m, const char *model_name, const KvS
         if (o->runs_done != NULL) *o->runs_done += KV_ENSEMBLE_SIZE;
         char tname[KV_NAME_LEN], reason[160];
         snprintf(tname, sizeof tname, "max_rel_err@%.23s/%.27s", model_name, sc->name);
-        snprintf(reason, sizeof reason, "the model's calibration, made once on %.60s (the "
-                 "real-scale set calibrates per model)", model_cal);
+        bool needed = true;
+        st = kv_gate_members_needed(&m->config, o, &needed, err);
+        if (st != KV_OK) goto cleanup;
+        snprintf(reason, sizeof reason, "the model's calibration, made once on %.60s (%s)",
+                 model_cal, needed ? "the real-scale set calibrates per model"
+                                   : "not calibrated: no tolerance decides here");
         st = kv_gate_add_tolerance(rep, tname, tol.max_rel_err, reason, err);
     }
     if (st != KV_OK) goto cleanup;
@@ -1508,6 +1537,25 @@ bool kv_gate_failed_since(const KvReport *rep, int64_t from) {
     return false;
 }
 
+/* The stream's progress: its layer, and its share of its estimate. */
+typedef struct {
+    const KvGateOptions *o;
+    const char *model;
+    int64_t n, layers;
+    double est;
+} StreamWatch;
+
+static void stream_progress(void *ctx, int64_t layer) {
+    const StreamWatch *w = ctx;
+    if (w->o->est_running != NULL) {
+        *w->o->est_running = w->est * (double)(layer + 1) / (double)w->layers;
+    }
+    char cur[320];
+    snprintf(cur, sizeof cur, "%s stream: one prefill of %lld tokens (layer %lld of %lld)",
+             w->model, (long long)w->n, (long long)layer + 1, (long long)w->layers);
+    kv_gate_progress_print(w->o, cur, false);
+}
+
 /* Records the model's stream (stream_tape.h) when its units share one:
  * *t unfilled otherwise. */
 static KvStatus gate_stream_record(const KvModel *m, const char *model_name,
@@ -1529,8 +1577,10 @@ static KvStatus gate_stream_record(const KvModel *m, const char *model_name,
     snprintf(cur, sizeof cur, "%s stream: one prefill of %lld tokens, cut for %lld references",
              model_name, (long long)n, (long long)n_cut);
     kv_gate_progress_print(o, cur, false);
-    st = kv_stream_tape_record(m, tokens, n, cut, n_cut, t, err);
+    StreamWatch watch = {o, model_name, n, m->config.num_layers, est};
+    st = kv_stream_tape_record(m, tokens, n, cut, n_cut, stream_progress, &watch, t, err);
     free(tokens);
+    if (o->est_running != NULL) *o->est_running = 0.0;
     if (o->est_done != NULL) *o->est_done += est;
     return st;
 }

@@ -555,8 +555,11 @@ static void shadow_layer(const KvConfig *c, const KvLayerWeights *w, ShadowState
     shadow_add(s->x, s->tmp, n * hidden);
 }
 
-KvStatus kv_shadow64_logits(const KvModel *m, const int32_t *tokens, int64_t n, int64_t from,
-                            double *logits, KvError *err) {
+/* kv_shadow64_logits of row `row`, calling progress (NULL: none) after each
+ * layer. */
+static KvStatus shadow_logits(const KvModel *m, const int32_t *tokens, int64_t n, int64_t from,
+                              double *logits, const KvShadowProgress *progress, int64_t row,
+                              KvError *err) {
     if (m == NULL || tokens == NULL || logits == NULL) {
         return kv_error_set(err, KV_ERR_INPUT, "shadow64: expected a model, tokens and logits, "
                                                "found a NULL pointer");
@@ -601,7 +604,10 @@ KvStatus kv_shadow64_logits(const KvModel *m, const int32_t *tokens, int64_t n, 
     shadow_rope_tables(c, inv_f, n, s.cos_t, s.sin_t);
     if (c->rope_theta_local > 0.0) kv_rope_inv_freq(c->head_dim, c->rope_theta_local, inv_f);
     shadow_rope_tables(c, inv_f, n, s.cos_t + tab, s.sin_t + tab);
-    for (int64_t l = 0; l < c->num_layers; l++) shadow_layer(c, &m->layers[l], &s, l, n);
+    for (int64_t l = 0; l < c->num_layers; l++) {
+        shadow_layer(c, &m->layers[l], &s, l, n);
+        if (progress != NULL && progress->fn != NULL) progress->fn(progress->ctx, row, l);
+    }
     /* Final norm, lm_head and softcap only where logits are asked for. */
     const double final_cap = (double)(float)c->final_logit_softcapping;
     /* every asked-for position at once: the lm_head's weight block is then
@@ -615,6 +621,11 @@ KvStatus kv_shadow64_logits(const KvModel *m, const int32_t *tokens, int64_t n, 
 cleanup:
     shadow_state_free(&s);
     return st;
+}
+
+KvStatus kv_shadow64_logits(const KvModel *m, const int32_t *tokens, int64_t n, int64_t from,
+                            double *logits, KvError *err) {
+    return shadow_logits(m, tokens, n, from, logits, NULL, 0, err);
 }
 
 /* Checks a recorded decode's inputs before any shadow runs, so a bad call
@@ -687,6 +698,15 @@ KvStatus kv_shadow64_rel_error(const KvModel *m, int64_t batch, int64_t prompt_l
                                const int32_t *prompt, const uint8_t *prompt_real, int64_t steps,
                                const int32_t *fed, const float *logits, double *per_step,
                                double *max_rel, KvError *err) {
+    return kv_shadow64_rel_error_watched(m, batch, prompt_len, prompt, prompt_real, steps, fed,
+                                         logits, per_step, max_rel, NULL, err);
+}
+
+KvStatus kv_shadow64_rel_error_watched(const KvModel *m, int64_t batch, int64_t prompt_len,
+                                       const int32_t *prompt, const uint8_t *prompt_real,
+                                       int64_t steps, const int32_t *fed, const float *logits,
+                                       double *per_step, double *max_rel,
+                                       const KvShadowProgress *progress, KvError *err) {
     if (m == NULL || prompt == NULL || prompt_real == NULL || fed == NULL || logits == NULL ||
         max_rel == NULL) {
         return kv_error_set(err, KV_ERR_INPUT, "shadow64: expected a model, a prompt, fed "
@@ -720,7 +740,7 @@ KvStatus kv_shadow64_rel_error(const KvModel *m, int64_t batch, int64_t prompt_l
         }
         const int64_t from = n - 1; /* the prefill's last position: step 0 */
         for (int64_t s = 0; s + 1 < steps; s++) seq[n++] = fed[s * batch + b];
-        st = kv_shadow64_logits(m, seq, n, from, sh, err);
+        st = shadow_logits(m, seq, n, from, sh, progress, b, err);
         if (st != KV_OK) goto cleanup;
         for (int64_t s = 0; s < steps; s++) {
             const float *ref = logits + (s * batch + b) * vocab; /* (vocab) */

@@ -77,4 +77,18 @@ KvStatus kv_shadow64_rel_error(const KvModel *m, int64_t batch, int64_t prompt_l
                                double *per_step /* (steps) or NULL */, double *max_rel,
                                KvError *err);
 
+/* A long shadow's progress (a real model's prompt in doubles runs for
+ * minutes): fn is called after each layer of each row's forward. */
+typedef struct {
+    void (*fn)(void *ctx, int64_t row, int64_t layer);
+    void *ctx;
+} KvShadowProgress;
+
+/* kv_shadow64_rel_error, calling progress (NULL: none) as it goes. */
+KvStatus kv_shadow64_rel_error_watched(const KvModel *m, int64_t batch, int64_t prompt_len,
+                                       const int32_t *prompt, const uint8_t *prompt_real,
+                                       int64_t steps, const int32_t *fed, const float *logits,
+                                       double *per_step, double *max_rel,
+                                       const KvShadowProgress *progress, KvError *err);
+
 #endif

@@ -22,6 +22,10 @@ kv_expect_match("${out}" "calibration: [^\n]*/m: the 3 reduction-order members a
                 "a CPU-only gate says why it runs no calibration member")
 kv_expect_match("${err}" "now m stream: one prefill of 128 tokens, cut for 2 references"
                 "the shared prefill named in the progress")
+kv_expect_match("${err}" "now m stream: one prefill of 128 tokens \\(layer 1 of [0-9]+\\)"
+                "progress inside the shared prefill, layer by layer")
+kv_expect_match("${err}" "now m short_prompt_crosses_window fp64 shadow \\(row 1 of 1, layer 1 of [0-9]+\\)"
+                "progress inside the fp64 shadow, layer by layer")
 kv_expect_match("${err}" "kvrepro gate: [0-9]+/[0-9]+ runs, [0-9]+s elapsed, ETA [0-9]+s; now m short_prompt_crosses_window reference/cpu/eager/r0 \\(step [1-9]"
                 "a progress line inside the reference's run")
 # --first-catch: the ETA is a bound (the fault passes stop early), and a

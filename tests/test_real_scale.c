@@ -377,7 +377,7 @@ START_TEST(test_stream) {
     }
     KvStreamTape st;
     KvError err = {{0}};
-    ck_assert_msg(kv_stream_tape_record(&fx.model, stream, n, order, 4, &st, &err) == KV_OK, "%s",
+    ck_assert_msg(kv_stream_tape_record(&fx.model, stream, n, order, 4, NULL, NULL, &st, &err) == KV_OK, "%s",
                   err.msg);
     ck_assert(st.filled);
     for (int i = 0; i < 4; i++) {
