@@ -7,6 +7,7 @@
 #include "cpu_state.h"
 #include "fault.h"
 #include "prefill_tape.h"
+#include "probe.h"
 
 void kv_prefill_tape_free(KvPrefillTape *t) {
     if (t == NULL) return;
@@ -19,6 +20,40 @@ void kv_prefill_tape_free(KvPrefillTape *t) {
     free(t->margin);
     free(t->probe_hash);
     memset(t, 0, sizeof *t);
+}
+
+KvStatus kv_prefill_tape_alloc(KvPrefillTape *t, const KvModel *m, int64_t batch, int64_t n,
+                               bool probes, KvError *err) {
+    const KvConfig *c = &m->config;
+    const int64_t B = batch, kv_dim = c->num_kv_heads * c->head_dim, L = c->num_layers;
+    const int64_t V = c->vocab_size;
+    KvPrefillTape r = {0};
+    r.model = m;
+    r.batch = B;
+    r.n = n;
+    r.kv_dim = kv_dim;
+    r.n_layers = L;
+    r.vocab = V;
+    r.tokens = malloc((size_t)(B * n) * sizeof *r.tokens);
+    r.real = malloc((size_t)(B * n));
+    r.k = malloc((size_t)(L * B * n * kv_dim) * sizeof *r.k);
+    r.v = malloc((size_t)(L * B * n * kv_dim) * sizeof *r.v);
+    r.logits = malloc((size_t)(B * V) * sizeof *r.logits);
+    r.next_tok = malloc((size_t)B * sizeof *r.next_tok);
+    r.margin = malloc((size_t)B * sizeof *r.margin);
+    if (probes) {
+        r.n_probes = kv_probe_count(c);
+        r.probe_hash = malloc((size_t)(r.n_probes * B) * sizeof *r.probe_hash);
+    }
+    r.nonfinite_probe = r.nonfinite_row = r.nonfinite_index = -1;
+    *t = r;
+    if (!r.tokens || !r.real || !r.k || !r.v || !r.logits || !r.next_tok || !r.margin ||
+        (probes && !r.probe_hash)) {
+        kv_prefill_tape_free(t);
+        return kv_error_set(err, KV_ERR_INTERNAL, "prefill tape: out of memory (%lld layers x "
+                            "%lld rows x %lld tokens)", (long long)L, (long long)B, (long long)n);
+    }
+    return KV_OK;
 }
 
 /* Row (layer, b, slot) of the static cache (num_layers, B, max_len, kv_dim). */
@@ -39,30 +74,9 @@ KvStatus kv_cpu_tape_save(const KvCpuState *cs, const int32_t *tokens, const uin
     }
     const int64_t B = s->batch, kv_dim = c->num_kv_heads * c->head_dim, L = c->num_layers;
     const int64_t V = c->vocab_size;
-    KvPrefillTape r = {0};
-    r.model = s->model;
-    r.batch = B;
-    r.n = n;
-    r.kv_dim = kv_dim;
-    r.n_layers = L;
-    r.vocab = V;
-    r.tokens = malloc((size_t)(B * n) * sizeof *r.tokens);
-    r.real = malloc((size_t)(B * n));
-    r.k = malloc((size_t)(L * B * n * kv_dim) * sizeof *r.k);
-    r.v = malloc((size_t)(L * B * n * kv_dim) * sizeof *r.v);
-    r.logits = malloc((size_t)(B * V) * sizeof *r.logits);
-    r.next_tok = malloc((size_t)B * sizeof *r.next_tok);
-    r.margin = malloc((size_t)B * sizeof *r.margin);
-    if (cs->probes.on) {
-        r.n_probes = cs->probes.n_probes;
-        r.probe_hash = malloc((size_t)(r.n_probes * B) * sizeof *r.probe_hash);
-    }
-    if (!r.tokens || !r.real || !r.k || !r.v || !r.logits || !r.next_tok || !r.margin ||
-        (cs->probes.on && !r.probe_hash)) {
-        kv_prefill_tape_free(&r);
-        return kv_error_set(err, KV_ERR_INTERNAL, "prefill tape: out of memory (%lld layers x "
-                            "%lld rows x %lld tokens)", (long long)L, (long long)B, (long long)n);
-    }
+    KvPrefillTape r;
+    KvStatus st = kv_prefill_tape_alloc(&r, s->model, B, n, cs->probes.on, err);
+    if (st != KV_OK) return st;
     memcpy(r.tokens, tokens, (size_t)(B * n) * sizeof *tokens);
     memcpy(r.real, real, (size_t)(B * n));
     const size_t row_bytes = (size_t)kv_dim * sizeof(float);

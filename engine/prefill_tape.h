@@ -14,6 +14,7 @@
 #include <stdint.h>
 
 #include "model.h"
+#include "status.h"
 
 typedef struct KvPrefillTape {
     bool filled;          /* a forward was recorded */
@@ -33,6 +34,12 @@ typedef struct KvPrefillTape {
     int64_t nonfinite_probe, nonfinite_row, nonfinite_index;
     float nonfinite_value;
 } KvPrefillTape;
+
+/* Allocates an unfilled tape of `batch` rows of n tokens for model m (its
+ * arrays sized by m's config; probe hashes when `probes`), non-finite record
+ * empty. KV_ERR_INTERNAL when out of memory, *t then empty. */
+KvStatus kv_prefill_tape_alloc(KvPrefillTape *t, const KvModel *m, int64_t batch, int64_t n,
+                               bool probes, KvError *err);
 
 /* Frees the tape's arrays and zeroes it (NULL-safe). */
 void kv_prefill_tape_free(KvPrefillTape *t);

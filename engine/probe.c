@@ -33,6 +33,27 @@ uint64_t kv_probe_fold(uint64_t h, uint64_t slice) {
 /* Slices below which the block stays on one thread (the fork costs more). */
 #define HASH_PARALLEL_SLICES 32
 
+/* The hashes e (nb) of the nb whole slices from p: four chains side by
+ * side, and across threads in a long block. */
+static void hash_block(const unsigned char *p, int64_t nb, uint64_t *e) {
+    const int64_t groups = (nb + 3) / 4;
+#pragma omp parallel for schedule(static) if (nb >= HASH_PARALLEL_SLICES)
+    for (int64_t g = 0; g < groups; g++) {
+        const int64_t i = 4 * g;
+        if (i + 4 <= nb) {
+            uint64_t hx[4] = {KV_FNV_OFFSET, KV_FNV_OFFSET, KV_FNV_OFFSET, KV_FNV_OFFSET};
+            const void *px[4];
+            for (int j = 0; j < 4; j++) px[j] = p + (size_t)(i + j) * KV_PROBE_CHUNK;
+            kv_fnv1a_x4(hx, px, KV_PROBE_CHUNK);
+            for (int j = 0; j < 4; j++) e[i + j] = hx[j];
+        } else {
+            for (int64_t j = i; j < nb; j++) {
+                e[j] = kv_fnv1a(KV_FNV_OFFSET, p + (size_t)j * KV_PROBE_CHUNK, KV_PROBE_CHUNK);
+            }
+        }
+    }
+}
+
 uint64_t kv_probe_hash_bytes(const void *data, size_t n) {
     const unsigned char *p = data;
     uint64_t h = KV_FNV_OFFSET;
@@ -40,23 +61,7 @@ uint64_t kv_probe_hash_bytes(const void *data, size_t n) {
     uint64_t e[HASH_BLOCK_SLICES];                      /* (block) slice hashes */
     for (int64_t b0 = 0; b0 < full; b0 += HASH_BLOCK_SLICES) {
         const int64_t nb = full - b0 < HASH_BLOCK_SLICES ? full - b0 : HASH_BLOCK_SLICES;
-        const int64_t groups = (nb + 3) / 4;
-#pragma omp parallel for schedule(static) if (nb >= HASH_PARALLEL_SLICES)
-        for (int64_t g = 0; g < groups; g++) {
-            const int64_t i = 4 * g;
-            if (i + 4 <= nb) {
-                uint64_t hx[4] = {KV_FNV_OFFSET, KV_FNV_OFFSET, KV_FNV_OFFSET, KV_FNV_OFFSET};
-                const void *px[4];
-                for (int j = 0; j < 4; j++) px[j] = p + (size_t)(b0 + i + j) * KV_PROBE_CHUNK;
-                kv_fnv1a_x4(hx, px, KV_PROBE_CHUNK);
-                for (int j = 0; j < 4; j++) e[i + j] = hx[j];
-            } else {
-                for (int64_t j = i; j < nb; j++) {
-                    e[j] = kv_fnv1a(KV_FNV_OFFSET, p + (size_t)(b0 + j) * KV_PROBE_CHUNK,
-                                    KV_PROBE_CHUNK);
-                }
-            }
-        }
+        hash_block(p + (size_t)b0 * KV_PROBE_CHUNK, nb, e);
         for (int64_t j = 0; j < nb; j++) h = kv_probe_fold(h, e[j]);
     }
     const size_t at = (size_t)full * KV_PROBE_CHUNK;
@@ -64,50 +69,35 @@ uint64_t kv_probe_hash_bytes(const void *data, size_t n) {
     return h;
 }
 
+/* Emits the prefixes from *next whose whole slices are the first `folded`
+ * (h: those slices folded): h, then the hash of their remaining bytes. */
+static void emit_prefixes(const unsigned char *p, uint64_t h, size_t folded, const size_t *prefix,
+                          int64_t n_prefix, int64_t *next, uint64_t *out) {
+    for (; *next < n_prefix && prefix[*next] / KV_PROBE_CHUNK == folded; ++*next) {
+        const size_t at = folded * KV_PROBE_CHUNK;
+        out[*next] = at < prefix[*next]
+                         ? kv_probe_fold(h, kv_fnv1a(KV_FNV_OFFSET, p + at, prefix[*next] - at))
+                         : h;
+    }
+}
+
 void kv_probe_hash_prefixes(const void *data, size_t n, const size_t *prefix, int64_t n_prefix,
                             uint64_t *out) {
     const unsigned char *p = data;
     uint64_t h = KV_FNV_OFFSET;
     int64_t next = 0; /* the next prefix to emit */
-    /* A prefix of f whole slices and r more bytes is the whole row's first f
-     * slice hashes folded, then its r bytes' hash: emitted when the fold has
-     * taken exactly f slices. */
-#define EMIT_UP_TO(folded)                                                                   \
-    for (; next < n_prefix && prefix[next] / KV_PROBE_CHUNK == (size_t)(folded); next++) {   \
-        const size_t at = (size_t)(folded) * KV_PROBE_CHUNK;                                  \
-        out[next] = at < prefix[next]                                                         \
-                        ? kv_probe_fold(h, kv_fnv1a(KV_FNV_OFFSET, p + at, prefix[next] - at)) \
-                        : h;                                                                  \
-    }
     const size_t last = n_prefix > 0 ? prefix[n_prefix - 1] : 0;
     const int64_t full = (int64_t)((last < n ? last : n) / KV_PROBE_CHUNK);
     uint64_t e[HASH_BLOCK_SLICES]; /* (block) slice hashes */
-    EMIT_UP_TO(0)
+    emit_prefixes(p, h, 0, prefix, n_prefix, &next, out);
     for (int64_t b0 = 0; b0 < full; b0 += HASH_BLOCK_SLICES) {
         const int64_t nb = full - b0 < HASH_BLOCK_SLICES ? full - b0 : HASH_BLOCK_SLICES;
-        const int64_t groups = (nb + 3) / 4;
-#pragma omp parallel for schedule(static) if (nb >= HASH_PARALLEL_SLICES)
-        for (int64_t g = 0; g < groups; g++) {
-            const int64_t i = 4 * g;
-            if (i + 4 <= nb) {
-                uint64_t hx[4] = {KV_FNV_OFFSET, KV_FNV_OFFSET, KV_FNV_OFFSET, KV_FNV_OFFSET};
-                const void *px[4];
-                for (int j = 0; j < 4; j++) px[j] = p + (size_t)(b0 + i + j) * KV_PROBE_CHUNK;
-                kv_fnv1a_x4(hx, px, KV_PROBE_CHUNK);
-                for (int j = 0; j < 4; j++) e[i + j] = hx[j];
-            } else {
-                for (int64_t j = i; j < nb; j++) {
-                    e[j] = kv_fnv1a(KV_FNV_OFFSET, p + (size_t)(b0 + j) * KV_PROBE_CHUNK,
-                                    KV_PROBE_CHUNK);
-                }
-            }
-        }
+        hash_block(p + (size_t)b0 * KV_PROBE_CHUNK, nb, e);
         for (int64_t j = 0; j < nb; j++) {
             h = kv_probe_fold(h, e[j]);
-            EMIT_UP_TO(b0 + j + 1)
+            emit_prefixes(p, h, (size_t)(b0 + j + 1), prefix, n_prefix, &next, out);
         }
     }
-#undef EMIT_UP_TO
 }
 
 int64_t kv_probe_count(const KvConfig *c) {

@@ -129,28 +129,9 @@ KvStatus kv_stream_tape_cut(const KvStreamTape *t, int64_t n, KvPrefillTape *out
                             (long long)n);
     }
     const int64_t L = t->n_layers, kv_dim = t->kv_dim, V = t->vocab;
-    KvPrefillTape r = {0};
-    r.model = t->model;
-    r.batch = 1;
-    r.n = n;
-    r.kv_dim = kv_dim;
-    r.n_layers = L;
-    r.vocab = V;
-    r.n_probes = t->n_probes;
-    r.tokens = malloc((size_t)n * sizeof *r.tokens);
-    r.real = malloc((size_t)n);
-    r.k = malloc((size_t)(L * n * kv_dim) * sizeof *r.k);
-    r.v = malloc((size_t)(L * n * kv_dim) * sizeof *r.v);
-    r.logits = malloc((size_t)V * sizeof *r.logits);
-    r.next_tok = malloc(sizeof *r.next_tok);
-    r.margin = malloc(sizeof *r.margin);
-    r.probe_hash = malloc((size_t)t->n_probes * sizeof *r.probe_hash);
-    if (!r.tokens || !r.real || !r.k || !r.v || !r.logits || !r.next_tok || !r.margin ||
-        !r.probe_hash) {
-        kv_prefill_tape_free(&r);
-        return kv_error_set(err, KV_ERR_INTERNAL, "stream tape: out of memory for a cut of "
-                            "%lld tokens", (long long)n);
-    }
+    KvPrefillTape r;
+    KvStatus st = kv_prefill_tape_alloc(&r, t->model, 1, n, true, err);
+    if (st != KV_OK) return st;
     memcpy(r.tokens, t->tokens, (size_t)n * sizeof *r.tokens);
     memset(r.real, 1, (size_t)n);
     for (int64_t l = 0; l < L; l++) {
@@ -162,8 +143,6 @@ KvStatus kv_stream_tape_cut(const KvStreamTape *t, int64_t n, KvPrefillTape *out
     r.next_tok[0] = t->cut_tok[j];
     r.margin[0] = t->cut_margin[j];
     memcpy(r.probe_hash, t->cut_hash + j * t->n_probes, (size_t)t->n_probes * sizeof *r.probe_hash);
-    r.nonfinite_probe = r.nonfinite_row = r.nonfinite_index = -1;
-    r.nonfinite_value = 0.0f;
     r.filled = true;
     *out = r;
     return KV_OK;
@@ -174,11 +153,10 @@ KvStatus kv_stream_tape_cut(const KvStreamTape *t, int64_t n, KvPrefillTape *out
  * own computation: each row's matmuls, norms and attention read only its
  * own columns, so its bits do not depend on the rows beside it). */
 static KvStatus row_tape(const KvStreamTape *t, const int32_t *tokens, const uint8_t *real,
-                         int64_t n, bool *was_cut, KvPrefillTape *out, KvError *err) {
+                         int64_t n, KvPrefillTape *out, KvError *err) {
     bool all_real = true;
     for (int64_t i = 0; i < n && all_real; i++) all_real = real[i] != 0;
-    *was_cut = all_real && kv_stream_tape_fits(t, tokens, n);
-    if (*was_cut) return kv_stream_tape_cut(t, n, out, err);
+    if (all_real && kv_stream_tape_fits(t, tokens, n)) return kv_stream_tape_cut(t, n, out, err);
     KvCpuState cs;
     KvStatus st = kv_cpu_state_init(&cs, t->model, 1, n, n, NULL, err);
     if (st != KV_OK) return st;
@@ -204,36 +182,14 @@ KvStatus kv_stream_tape_rows(const KvStreamTape *t, const int32_t *tokens, const
     }
     if (!any) return KV_OK;
     const int64_t L = t->n_layers, kv_dim = t->kv_dim, V = t->vocab, NP = t->n_probes;
-    KvPrefillTape r = {0};
-    r.model = t->model;
-    r.batch = batch;
-    r.n = n;
-    r.kv_dim = kv_dim;
-    r.n_layers = L;
-    r.vocab = V;
-    r.n_probes = NP;
-    r.tokens = malloc((size_t)(batch * n) * sizeof *r.tokens);
-    r.real = malloc((size_t)(batch * n));
-    r.k = malloc((size_t)(L * batch * n * kv_dim) * sizeof *r.k);
-    r.v = malloc((size_t)(L * batch * n * kv_dim) * sizeof *r.v);
-    r.logits = malloc((size_t)(batch * V) * sizeof *r.logits);
-    r.next_tok = malloc((size_t)batch * sizeof *r.next_tok);
-    r.margin = malloc((size_t)batch * sizeof *r.margin);
-    r.probe_hash = malloc((size_t)(NP * batch) * sizeof *r.probe_hash);
-    r.nonfinite_probe = r.nonfinite_row = r.nonfinite_index = -1;
-    if (!r.tokens || !r.real || !r.k || !r.v || !r.logits || !r.next_tok || !r.margin ||
-        !r.probe_hash) {
-        kv_prefill_tape_free(&r);
-        return kv_error_set(err, KV_ERR_INTERNAL, "stream tape: out of memory for a tape of "
-                            "%lld rows x %lld tokens", (long long)batch, (long long)n);
-    }
+    KvPrefillTape r;
+    KvStatus st = kv_prefill_tape_alloc(&r, t->model, batch, n, true, err);
+    if (st != KV_OK) return st;
     memcpy(r.tokens, tokens, (size_t)(batch * n) * sizeof *tokens);
     memcpy(r.real, real, (size_t)(batch * n));
-    KvStatus st = KV_OK;
     for (int64_t b = 0; b < batch && st == KV_OK; b++) {
         KvPrefillTape one;
-        bool was_cut = false;
-        st = row_tape(t, tokens + b * n, real + b * n, n, &was_cut, &one, err);
+        st = row_tape(t, tokens + b * n, real + b * n, n, &one, err);
         if (st != KV_OK) break;
         const size_t rows = (size_t)(n * kv_dim);
         for (int64_t l = 0; l < L; l++) {
