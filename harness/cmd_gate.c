@@ -924,8 +924,8 @@ static KvStatus gate_check_work(const GateArgs *a, const KvGateOptions *o, KvRat
         }
         char streams[160] = "";
         if (w.streams > 0) {
-            snprintf(streams, sizeof streams, ", %lld shared prefill stream%s (the single-row "
-                     "references' prefills, cut from it)", (long long)w.streams,
+            snprintf(streams, sizeof streams, ", %lld shared prefill stream%s (the "
+                     "references' first rows, cut from it)", (long long)w.streams,
                      w.streams == 1 ? "" : "s");
         }
         printf("work: %lld cpu decodes (%lld reference, %lld fresh twin, %lld calibration "

@@ -1594,7 +1594,7 @@ KvStatus kv_gate_run_model(const KvModel *m, const char *model_name, const KvGat
         KvStatus st = gate_calibration_unit(&m->config, o, &cal, err);
         if (st != KV_OK) return st;
     }
-    /* the single-row references' prefills, computed once (stream_tape.h) */
+    /* the references' first rows, computed once (stream_tape.h) */
     KvStreamTape stream = {0};
     KvGateOptions with_stream = *o;
     KvStatus st = gate_stream_record(m, model_name, o, *unit, &stream, err);

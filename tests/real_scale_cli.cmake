@@ -16,7 +16,7 @@ kv_expect_match("${out}" "short_prompt_crosses_window: batch 1, prompt 120 token
 set(ENV{KVREPRO_PROGRESS_EVERY} 0)
 kv_run(0 out err ${KVREPRO} gate --model "${WORK}/m" --scenarios short_prompt_crosses_window,prompt_w
        --variants ring --modes eager --repeats 1 --backends cpu --report "${WORK}/g.h5")
-kv_expect_match("${out}" "work: [0-9]+ cpu decodes \\(2 reference, 0 fresh twin, 0 calibration member, 1 fp64 shadow, 2 candidate taking the reference's first prefill forward, 1 shared prefill stream \\(the single-row references' prefills, cut from it\\)\\), [0-9]+ token positions, ~[0-9.e+]+ GFLOP; estimated [0-9]+ min [0-9]+ s and ~[0-9.]+ GiB of memory on this machine"
+kv_expect_match("${out}" "work: [0-9]+ cpu decodes \\(2 reference, 0 fresh twin, 0 calibration member, 1 fp64 shadow, 2 candidate taking the reference's first prefill forward, 1 shared prefill stream \\(the references' first rows, cut from it\\)\\), [0-9]+ token positions, ~[0-9.e+]+ GFLOP; estimated [0-9]+ min [0-9]+ s and ~[0-9.]+ GiB of memory on this machine"
                 "the work line names each kind of decode and the estimate")
 kv_expect_match("${out}" "calibration: [^\n]*/m: the 3 reduction-order members are not run: no comparison of this gate is judged by a tolerance"
                 "a CPU-only gate says why it runs no calibration member")
