@@ -2,13 +2,14 @@
  * several runs (DESIGN §5, shared work). At real scale the scenarios' first
  * rows are prefixes of one token stream (scenario.h), and a causal forward
  * computes each position from the positions before it only, each row's
- * matmuls, norms and attention in its own fixed order: the first n rows of
- * a forward of N > n tokens are bitwise a forward of the first n. So a
- * model's single-row reference prefills are computed once, as one forward
- * of the longest, and each is cut from it: its keys and values, its probe
- * hashes over its own n tokens (kv_probe_hash_prefixes) and the final norm
- * and logits of its row n - 1. A cut is a prefill tape (prefill_tape.h)
- * that a reference run takes in place of its own first forward. */
+ * matmuls, norms and attention in its own fixed order: the first n
+ * positions of a forward of N > n tokens are bitwise a forward of the first
+ * n. So the first rows of a model's references are computed once, as one
+ * forward of the longest, and each is cut from it: its keys and values, its
+ * probe hashes over its own n tokens (kv_probe_hash_prefixes) and the final
+ * norm and logits of its position n - 1. A cut is a prefill tape
+ * (prefill_tape.h) that a reference run takes in place of its own first
+ * forward (its other rows, if any, computed alone: kv_stream_tape_rows). */
 #ifndef KV_STREAM_TAPE_H
 #define KV_STREAM_TAPE_H
 

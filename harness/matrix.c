@@ -1296,7 +1296,7 @@ KvStatus kv_gate_work_add(const KvConfig *cfg, const KvGateOptions *o, const KvR
     bool needed = true; /* the calibration's members */
     cst = kv_gate_members_needed(cfg, o, &needed, err);
     if (cst != KV_OK) return cst;
-    /* the single-row references' shared prefill (stream_tape.h) */
+    /* the references' first rows, one shared prefill (stream_tape.h) */
     int64_t cut[KV_PROBE_CUT_MAX], n_cut = 0;
     cst = gate_stream_cuts(cfg, o, *unit, cut, &n_cut, err);
     if (cst != KV_OK) return cst;
@@ -1388,8 +1388,8 @@ KvStatus kv_gate_work_add(const KvConfig *cfg, const KvGateOptions *o, const KvR
                      (long long)use->new_tokens);
         }
         const int64_t cand_tokens = B * (T - shared + replays);
-        /* a single-row reference whose first forward is cut from the stream
-         * (its fresh twin's, when also cut, is counted as a whole one) */
+        /* a reference whose first row's first forward is cut from the stream,
+         * and a fresh twin whose whole context is a cut */
         int64_t cut_cols = 0, twin_cut = 0;
         for (int64_t j = 0; j < n_cut && !kv_decode_right_padded(use->real, B, P); j++) {
             if (cut[j] == first_forward_columns(use)) cut_cols = cut[j];

@@ -145,8 +145,8 @@ typedef struct {
     int64_t max_steps, max_batch, max_prompt_len; /* the largest unit's sizes */
     int64_t decodes; /* CPU decodes, all kinds: */
     int64_t references, twins, members, shadows, candidates;
-    int64_t streams; /* shared single-row prefills (stream_tape.h), one per model at most;
-                      * the references cut from one do not count their own prefills */
+    int64_t streams; /* shared prefill streams (stream_tape.h), one per model at most; the
+                      * references whose first row is cut from one do not count that row */
     int64_t tokens;  /* token positions those decodes run through the model (a candidate's
                       * shared prefill columns not counted) */
     double flop;     /* ~floating-point operations (matmuls and attention) */

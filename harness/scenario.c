@@ -290,7 +290,7 @@ KvStatus kv_scenario_build_at(const KvConfig *cfg, const char *name, uint64_t se
         }
         if (!full && b == 0) {
             /* at real scale every first row is a prefix of one stream, so
-             * the reference's single-row prefills share one forward
+             * the references' first rows share one forward
              * (stream_tape.h) */
             kv_scenario_stream(cfg, seed, lens[b], rows[b]);
             continue;
