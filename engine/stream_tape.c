@@ -181,6 +181,8 @@ KvStatus kv_stream_tape_rows(const KvStreamTape *t, const int32_t *tokens, const
         any = all_real && kv_stream_tape_fits(t, tokens + b * n, n);
     }
     if (!any) return KV_OK;
+    /* one row that is a cut: the cut itself, not a copy of it */
+    if (batch == 1) return kv_stream_tape_cut(t, n, out, err);
     const int64_t L = t->n_layers, kv_dim = t->kv_dim, V = t->vocab, NP = t->n_probes;
     KvPrefillTape r;
     KvStatus st = kv_prefill_tape_alloc(&r, t->model, batch, n, true, err);
